@@ -1,0 +1,96 @@
+//! The task behind every process: started, one envelope at a time, stopped, then the exit notice.
+
+use std::any::Any;
+use std::panic::AssertUnwindSafe;
+
+use futures_util::FutureExt;
+
+use crate::mailbox::{Envelope, MailboxReceiver};
+use crate::{Context, ExitReason, Pid, Process, System};
+
+pub(crate) async fn run<P: Process>(
+    mut process: P,
+    mut mailbox: MailboxReceiver<P>,
+    pid: Pid<P>,
+    system: System,
+) {
+    let mut ctx = Context::new(pid, system);
+    let reason = live(&mut process, &mut mailbox, &mut ctx).await;
+    if !matches!(reason, ExitReason::Panicked(_)) {
+        let stopped = std::panic::catch_unwind(AssertUnwindSafe(|| process.stopped(&reason)));
+        if let Err(panic) = stopped {
+            tracing::warn!(process = %ctx.id(), panic = %panic_message(&*panic), "stopped() panicked");
+        }
+    }
+    drop(process);
+
+    let shared = &ctx.pid().inner;
+    shared.mailbox.close();
+    let undelivered = mailbox.close_and_drain() + ctx.undelivered;
+    shared
+        .undelivered
+        .store(undelivered, std::sync::atomic::Ordering::Release);
+    ctx.system().add_dead_letters(undelivered as u64);
+    ctx.system().unregister(ctx.id());
+    if let ExitReason::Panicked(message) = &reason {
+        tracing::error!(process = %ctx.id(), %message, "process panicked");
+    }
+    shared.finish(reason);
+}
+
+/// Runs the process until it stops, is terminated, panics, or loses every sender.
+async fn live<P: Process>(
+    process: &mut P,
+    mailbox: &mut MailboxReceiver<P>,
+    ctx: &mut Context<P>,
+) -> ExitReason {
+    if let Err(panic) = AssertUnwindSafe(process.started(ctx)).catch_unwind().await {
+        return ExitReason::Panicked(panic_message(&*panic));
+    }
+    loop {
+        if let Some(reason) = ctx.stop_requested.take() {
+            return reason;
+        }
+        let Some(envelope) = mailbox.recv().await else {
+            return ExitReason::Normal;
+        };
+        if let Some(reason) = ctx.pid().inner.terminate.get().cloned() {
+            if matches!(envelope, Envelope::Message(_)) {
+                ctx.undelivered += 1;
+            }
+            return reason;
+        }
+        let outcome = match envelope {
+            Envelope::Message(msg) => {
+                ctx.pid().inner.mailbox.release_one();
+                let outcome = AssertUnwindSafe(process.handle(msg, ctx))
+                    .catch_unwind()
+                    .await;
+                if let Some(hook) = ctx.pid().inner.after_message.get() {
+                    hook();
+                }
+                outcome
+            }
+            Envelope::Dispatch(f) => std::panic::catch_unwind(AssertUnwindSafe(|| f(process, ctx))),
+            Envelope::Exited(exit) => {
+                let (who, reason) = *exit;
+                std::panic::catch_unwind(AssertUnwindSafe(|| process.exited(who, reason, ctx)))
+            }
+            Envelope::Wake => Ok(()),
+        };
+        if let Err(panic) = outcome {
+            return ExitReason::Panicked(panic_message(&*panic));
+        }
+    }
+}
+
+/// The text of a panic payload (`panic!("...")` gives a `&str` or a `String`).
+pub(crate) fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_owned()
+    }
+}

@@ -1,0 +1,275 @@
+//! [`Pid`]: the typed handle to a local process — tell, ask, dispatch, terminate, wait.
+
+use std::fmt;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+
+use crate::mailbox::{Envelope, MailboxSender};
+use crate::{AskError, Context, ExitReason, Process, ProcessId, ProcessRef, Reply, TellError};
+
+/// A callback run once when a process ends; links are made of these.
+pub(crate) type ExitWatcher = Box<dyn FnOnce(&ExitReason) + Send>;
+
+/// A typed handle to a local process. Cheap to clone; every clone names the same process.
+///
+/// A process lives until it stops itself, is terminated, panics, or its system shuts down;
+/// dropping every `Pid` does not stop it (as in libprocess).
+pub struct Pid<P: Process> {
+    pub(crate) inner: Arc<Shared<P>>,
+}
+
+/// State shared between a process's task and every handle to it.
+pub(crate) struct Shared<P: Process> {
+    pub(crate) id: ProcessId,
+    pub(crate) mailbox: MailboxSender<P>,
+    /// Set by `terminate`; the task checks it before each envelope, so termination takes
+    /// effect after the current message rather than after the whole queue.
+    pub(crate) terminate: OnceLock<ExitReason>,
+    /// Set once, when the process has ended.
+    exit: OnceLock<ExitReason>,
+    /// Who wants to hear about the end; taken (under the lock) when `exit` is set.
+    watchers: Mutex<Vec<ExitWatcher>>,
+    /// Set once the watchers have run; `wait` returns only after that.
+    announced: AtomicBool,
+    exited: Notify,
+    /// User messages that were still queued when the process ended.
+    pub(crate) undelivered: AtomicUsize,
+    /// Runs after each handled user message; set once by a pool to track its members' load.
+    pub(crate) after_message: OnceLock<Box<dyn Fn() + Send + Sync>>,
+}
+
+impl<P: Process> Shared<P> {
+    pub(crate) fn new(id: ProcessId, mailbox: MailboxSender<P>) -> Self {
+        Shared {
+            id,
+            mailbox,
+            terminate: OnceLock::new(),
+            exit: OnceLock::new(),
+            watchers: Mutex::new(Vec::new()),
+            announced: AtomicBool::new(false),
+            exited: Notify::new(),
+            undelivered: AtomicUsize::new(0),
+            after_message: OnceLock::new(),
+        }
+    }
+
+    /// Records the end, then tells watchers and waiters. Called once, by the process's task.
+    ///
+    /// Watchers go first, so that once `wait` returns every linked process has its exit notice
+    /// queued: a message sent to it afterwards arrives after the notice.
+    pub(crate) fn finish(&self, reason: ExitReason) {
+        let watchers = {
+            let mut watchers = lock(&self.watchers);
+            let _ = self.exit.set(reason);
+            std::mem::take(&mut *watchers)
+        };
+        if let Some(reason) = self.exit.get() {
+            for watcher in watchers {
+                watcher(reason);
+            }
+        }
+        self.announced.store(true, Ordering::Release);
+        self.exited.notify_waiters();
+    }
+
+    /// Runs `watcher` when the process ends, or now if it already has.
+    pub(crate) fn on_exit(&self, watcher: ExitWatcher) {
+        let mut watchers = lock(&self.watchers);
+        match self.exit.get() {
+            Some(reason) => {
+                drop(watchers);
+                watcher(reason);
+            }
+            None => watchers.push(watcher),
+        }
+    }
+
+    pub(crate) fn request_terminate(&self, reason: ExitReason) {
+        if self.terminate.set(reason).is_ok() {
+            self.mailbox.signal(Envelope::Wake);
+        }
+    }
+
+    pub(crate) async fn wait(&self) -> ExitReason {
+        let mut notified = pin!(self.exited.notified());
+        notified.as_mut().enable();
+        if self.announced.load(Ordering::Acquire)
+            && let Some(reason) = self.exit.get()
+        {
+            return reason.clone();
+        }
+        notified.await;
+        self.exit.get().cloned().unwrap_or(ExitReason::Normal)
+    }
+}
+
+/// Locks a mutex whose data stays consistent even if a holder panicked (every critical section
+/// here is a push, a take or a lookup).
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<P: Process> Pid<P> {
+    /// This process's id.
+    pub fn id(&self) -> ProcessId {
+        self.inner.id
+    }
+
+    /// Moves `msg` into the mailbox without waiting.
+    ///
+    /// # Errors
+    /// [`TellError::Busy`] if a bounded mailbox is full, [`TellError::Stopped`] if the process
+    /// has ended; either way the message comes back.
+    pub fn tell(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
+        self.inner.mailbox.try_send(msg)
+    }
+
+    /// Moves `msg` into the mailbox, waiting for room if a bounded mailbox is full.
+    ///
+    /// # Errors
+    /// [`TellError::Stopped`] with the message if the process has ended.
+    ///
+    /// # Cancel safety
+    /// Cancelling while waiting for room drops `msg` and queues nothing.
+    pub async fn send(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
+        self.inner.mailbox.send(msg).await
+    }
+
+    /// Sends the request built by `make` and waits for the handler's answer.
+    ///
+    /// `make` receives the [`Reply`] to put in the message: `pid.ask(Msg::Get)`.
+    /// Waits for room in a bounded mailbox, like [`send`](Pid::send).
+    ///
+    /// # Errors
+    /// [`AskError::Stopped`] if the process has ended (before or while handling),
+    /// [`AskError::NoReply`] if the handler dropped the reply.
+    ///
+    /// # Cancel safety
+    /// Cancelling drops the request if it was not queued yet, and the answer if it was.
+    pub async fn ask<R>(&self, make: impl FnOnce(Reply<R>) -> P::Message) -> Result<R, AskError> {
+        let (reply, answer) = Reply::local();
+        if self.send(make(reply)).await.is_err() {
+            return Err(AskError::Stopped);
+        }
+        match answer.await {
+            Ok(value) => Ok(value),
+            Err(_dropped) if self.inner.exit.get().is_some() => Err(AskError::Stopped),
+            Err(_dropped) => Err(AskError::NoReply),
+        }
+    }
+
+    /// [`ask`](Pid::ask) with a deadline.
+    ///
+    /// # Errors
+    /// As `ask`, plus [`AskError::Timeout`] when no answer came within `timeout`.
+    ///
+    /// # Cancel safety
+    /// As `ask`.
+    pub async fn ask_timeout<R>(
+        &self,
+        timeout: Duration,
+        make: impl FnOnce(Reply<R>) -> P::Message,
+    ) -> Result<R, AskError> {
+        tokio::time::timeout(timeout, self.ask(make))
+            .await
+            .unwrap_or(Err(AskError::Timeout(timeout)))
+    }
+
+    /// Runs `f` on the process, between two messages, and returns its result.
+    ///
+    /// The closure bypasses the mailbox bound, like every control signal.
+    ///
+    /// # Errors
+    /// [`AskError::Stopped`] if the process ended before running it.
+    pub async fn dispatch<R: Send + 'static>(
+        &self,
+        f: impl FnOnce(&mut P, &mut Context<P>) -> R + Send + 'static,
+    ) -> Result<R, AskError> {
+        let (reply, answer) = Reply::local();
+        let queued = self.inner.mailbox.signal(Envelope::Dispatch(Box::new(
+            move |process: &mut P, ctx: &mut Context<P>| reply.send(f(process, ctx)),
+        )));
+        if !queued {
+            return Err(AskError::Stopped);
+        }
+        answer.await.map_err(|_| AskError::Stopped)
+    }
+
+    /// Asks the process to end after its current message, with [`ExitReason::Terminated`].
+    /// Messages still queued are counted as undelivered. Idempotent.
+    pub fn terminate(&self) {
+        self.inner.request_terminate(ExitReason::Terminated);
+    }
+
+    /// Waits until the process has ended and returns why.
+    ///
+    /// # Cancel safety
+    /// Cancel safe.
+    pub async fn wait(&self) -> ExitReason {
+        self.inner.wait().await
+    }
+
+    /// Why the process ended, or `None` while it runs.
+    pub fn exit_reason(&self) -> Option<ExitReason> {
+        self.inner.exit.get().cloned()
+    }
+
+    /// True while the process runs.
+    pub fn is_alive(&self) -> bool {
+        self.inner.exit.get().is_none()
+    }
+
+    /// The reference linked processes receive in `exited`.
+    pub fn process_ref(&self) -> ProcessRef {
+        ProcessRef::Local(self.inner.id)
+    }
+}
+
+impl<P: Process> Clone for Pid<P> {
+    fn clone(&self) -> Self {
+        Pid {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<P: Process> PartialEq for Pid<P> {
+    fn eq(&self, other: &Self) -> bool {
+        self.inner.id == other.inner.id
+    }
+}
+
+impl<P: Process> Eq for Pid<P> {}
+
+impl<P: Process> fmt::Debug for Pid<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Pid").field(&self.inner.id.0).finish()
+    }
+}
+
+/// What a [`System`](crate::System) needs of any process, whatever its type.
+pub(crate) trait Control: Send + Sync {
+    fn terminate_with(&self, reason: ExitReason);
+    fn undelivered(&self) -> usize;
+    fn wait_boxed(&self) -> futures_util::future::BoxFuture<'_, ExitReason>;
+}
+
+impl<P: Process> Control for Shared<P> {
+    fn terminate_with(&self, reason: ExitReason) {
+        self.request_terminate(reason);
+    }
+
+    fn undelivered(&self) -> usize {
+        self.undelivered.load(Ordering::Acquire)
+    }
+
+    fn wait_boxed(&self) -> futures_util::future::BoxFuture<'_, ExitReason> {
+        Box::pin(self.wait())
+    }
+}

@@ -1,0 +1,80 @@
+//! [`NodeConfig`]: size limits, queue bounds and reconnect timing of a node's transport.
+
+use std::time::Duration;
+
+/// Limits and timing of a [`Node`](crate::Node)'s links. Every limit is explicit; the defaults
+/// suit a cluster on one network.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct NodeConfig {
+    /// Largest encoded message body accepted or sent (default 4 MiB). A larger outgoing
+    /// message fails at once with [`RemoteError::Oversized`](crate::RemoteError::Oversized);
+    /// a larger incoming one is answered with that error and the link carries on.
+    pub max_message_size: usize,
+    /// Envelopes queued for one peer (default 65,536); past that, sends fail with
+    /// [`RemoteError::QueueFull`](crate::RemoteError::QueueFull) instead of growing memory.
+    pub max_queued_per_peer: usize,
+    /// Most envelopes batched into one frame (default 1,024).
+    pub max_batch: usize,
+    /// How long one connection attempt may take (default 5 s).
+    pub connect_timeout: Duration,
+    /// First delay before reconnecting to a peer (default 50 ms); doubles per failure.
+    pub reconnect_min: Duration,
+    /// Cap on the reconnect delay (default 5 s). Each delay is jittered by up to half.
+    pub reconnect_max: Duration,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            max_message_size: 4 * 1024 * 1024,
+            max_queued_per_peer: 65_536,
+            max_batch: 1024,
+            connect_timeout: Duration::from_secs(5),
+            reconnect_min: Duration::from_millis(50),
+            reconnect_max: Duration::from_secs(5),
+        }
+    }
+}
+
+impl NodeConfig {
+    /// Largest frame on the wire: a batch stops growing once it passes `max_message_size`, so
+    /// a frame holds at most about two maximal messages; the rest is headroom for envelopes.
+    pub(crate) fn max_frame_size(&self) -> usize {
+        self.max_message_size
+            .saturating_mul(4)
+            .saturating_add(1024 * 1024)
+    }
+
+    /// The delay before reconnect attempt `failures` (1-based): capped exponential, with the
+    /// upper half jittered so that peers that lost a node together do not return together.
+    pub(crate) fn reconnect_delay(&self, failures: u32) -> Duration {
+        let exp = self
+            .reconnect_min
+            .saturating_mul(1u32 << failures.saturating_sub(1).min(16));
+        let capped = exp.min(self.reconnect_max);
+        let half = capped / 2;
+        half + half.mul_f64(fastrand::f64())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reconnect_delay_grows_and_is_capped_with_jitter() {
+        let config = NodeConfig::default();
+        for failures in 1..40 {
+            let delay = config.reconnect_delay(failures);
+            let ceiling =
+                (config.reconnect_min * 2u32.pow(failures.min(16) - 1)).min(config.reconnect_max);
+            assert!(delay <= ceiling, "{failures}: {delay:?} > {ceiling:?}");
+            assert!(
+                delay >= ceiling / 2,
+                "{failures}: {delay:?} < half of {ceiling:?}"
+            );
+        }
+        assert!(config.reconnect_delay(30) <= config.reconnect_max);
+    }
+}

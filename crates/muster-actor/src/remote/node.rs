@@ -1,0 +1,472 @@
+//! [`Node`]: serves this system's named processes to other nodes and links to theirs.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use futures_util::Stream;
+use muster_proto::transport::transport_client::TransportClient;
+use muster_proto::transport::transport_server::{Transport, TransportServer};
+use muster_proto::transport::{Envelope, Frame, Kind};
+use tokio::sync::watch;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Endpoint, Server};
+use tonic::{Request, Response, Status, Streaming};
+
+use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Undelivered};
+use super::peer::{PeerLink, frames};
+use super::stats::{Stats, TransportStats};
+use super::{NodeConfig, RemotePid, Upid};
+use crate::pid::lock;
+use crate::{Pid, Process, RemoteError, System};
+
+/// Why a node could not start or a name could not be registered.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NodeError {
+    /// The listen address is not `host:port`.
+    #[error("invalid listen address {address:?}: {source}")]
+    InvalidListenAddress {
+        /// The address as given.
+        address: String,
+        /// Why it did not parse.
+        source: std::net::AddrParseError,
+    },
+    /// The port is in use, or binding failed otherwise.
+    #[error("cannot listen on {address}: {source}")]
+    Bind {
+        /// The address.
+        address: SocketAddr,
+        /// The operating system's error (e.g. address in use).
+        source: std::io::Error,
+    },
+    /// Another process is registered under that name on this node.
+    #[error("a process named {0:?} is already registered on this node")]
+    NameTaken(String),
+    /// The name cannot be part of an address.
+    #[error(transparent)]
+    InvalidName(#[from] RemoteError),
+}
+
+/// One node of a Muster cluster: a tonic server for the named processes of a [`System`], and
+/// one long-lived bidirectional stream per peer node for messages both ways.
+///
+/// Cheap to clone. Stop it with [`shutdown`](Node::shutdown).
+#[derive(Clone)]
+pub struct Node {
+    pub(crate) inner: Arc<NodeInner>,
+}
+
+pub(crate) struct NodeInner {
+    address: String,
+    pub(crate) system: System,
+    pub(crate) config: NodeConfig,
+    processes: RwLock<HashMap<String, Arc<dyn Inbox>>>,
+    peers: Mutex<HashMap<String, Arc<PeerLink>>>,
+    next_request: AtomicU64,
+    pub(crate) stats: Stats,
+    shutdown: watch::Sender<bool>,
+}
+
+impl Node {
+    /// Listens on `address` (`host:port`; port 0 picks a free one) with the default config.
+    ///
+    /// # Errors
+    /// [`NodeError::Bind`] if the port is in use or cannot be bound, naming the address.
+    pub async fn bind(system: &System, address: &str) -> Result<Node, NodeError> {
+        Node::bind_with(system, address, NodeConfig::default()).await
+    }
+
+    /// Listens on `address` with `config`.
+    ///
+    /// # Errors
+    /// As [`bind`](Node::bind).
+    pub async fn bind_with(
+        system: &System,
+        address: &str,
+        config: NodeConfig,
+    ) -> Result<Node, NodeError> {
+        let socket: SocketAddr =
+            address
+                .parse()
+                .map_err(|source| NodeError::InvalidListenAddress {
+                    address: address.to_owned(),
+                    source,
+                })?;
+        let listener = tokio::net::TcpListener::bind(socket)
+            .await
+            .map_err(|source| NodeError::Bind {
+                address: socket,
+                source,
+            })?;
+        let local = listener.local_addr().map_err(|source| NodeError::Bind {
+            address: socket,
+            source,
+        })?;
+        let (shutdown, mut stopped) = watch::channel(false);
+        let inner = Arc::new(NodeInner {
+            address: local.to_string(),
+            system: system.clone(),
+            config,
+            processes: RwLock::new(HashMap::new()),
+            peers: Mutex::new(HashMap::new()),
+            next_request: AtomicU64::new(1),
+            stats: Stats::default(),
+            shutdown,
+        });
+        let frame_limit = inner.config.max_frame_size();
+        let service = TransportServer::new(LinkService {
+            node: Arc::clone(&inner),
+        })
+        .max_decoding_message_size(frame_limit)
+        .max_encoding_message_size(frame_limit);
+        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+        let server = Server::builder()
+            .tcp_nodelay(true)
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            });
+        let address = inner.address.clone();
+        tokio::spawn(async move {
+            if let Err(e) = server.await {
+                tracing::error!(node = %address, error = %e, "transport server failed");
+            }
+        });
+        Ok(Node { inner })
+    }
+
+    /// This node's address, `host:port`.
+    pub fn address(&self) -> &str {
+        &self.inner.address
+    }
+
+    /// The system whose processes this node serves.
+    pub fn system(&self) -> &System {
+        &self.inner.system
+    }
+
+    /// Makes `pid` reachable from other nodes as `name@<this node>`. Install the message types
+    /// it accepts on the returned [`Registration`]. The name is freed when the process ends.
+    ///
+    /// # Errors
+    /// [`NodeError::NameTaken`] if the name is in use, [`NodeError::InvalidName`] if it
+    /// cannot be part of an address.
+    pub fn register<P: Process>(
+        &self,
+        name: &str,
+        pid: &Pid<P>,
+    ) -> Result<Registration<P>, NodeError> {
+        Upid::new(name, self.address())?;
+        let inbox = Arc::new(ProcessInbox::new(pid.clone()));
+        {
+            let mut processes = self
+                .inner
+                .processes
+                .write()
+                .unwrap_or_else(|p| p.into_inner());
+            if processes.contains_key(name) {
+                return Err(NodeError::NameTaken(name.to_owned()));
+            }
+            processes.insert(name.to_owned(), inbox.clone() as Arc<dyn Inbox>);
+        }
+        let node = Arc::downgrade(&self.inner);
+        let name = name.to_owned();
+        let registered = Arc::downgrade(&inbox);
+        pid.inner.on_exit(Box::new(move |_| {
+            let Some(node) = node.upgrade() else { return };
+            let mut processes = node.processes.write().unwrap_or_else(|p| p.into_inner());
+            let same = processes.get(&name).is_some_and(|current| {
+                std::ptr::addr_eq(Arc::as_ptr(current), registered.as_ptr())
+            });
+            if same {
+                processes.remove(&name);
+            }
+        }));
+        Ok(Registration { inbox })
+    }
+
+    /// A handle to the process at `upid` (which may be on this node or another).
+    pub fn remote(&self, upid: Upid) -> RemotePid {
+        RemotePid::new(self.clone(), upid)
+    }
+
+    /// Counters of what arrived and what could not be delivered.
+    pub fn stats(&self) -> TransportStats {
+        self.inner.stats.snapshot()
+    }
+
+    /// Stops serving and drops every link. Pending asks fail with `ConnectionLost`.
+    pub fn shutdown(&self) {
+        let _ = self.inner.shutdown.send(true);
+        let peers = std::mem::take(&mut *lock(&self.inner.peers));
+        for link in peers.into_values() {
+            link.lost(RemoteError::ConnectionLost(link.node.clone()));
+        }
+    }
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node")
+            .field("address", &self.inner.address)
+            .finish()
+    }
+}
+
+impl NodeInner {
+    pub(crate) fn next_request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    fn is_shut_down(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
+    /// The link to `node`, connecting (in the background) if there is none.
+    pub(crate) fn peer(self: &Arc<Self>, node: &str) -> Arc<PeerLink> {
+        let mut peers = lock(&self.peers);
+        if let Some(link) = peers.get(node) {
+            return Arc::clone(link);
+        }
+        let (link, queue) = PeerLink::new(node.to_owned(), self.config.max_queued_per_peer);
+        peers.insert(node.to_owned(), Arc::clone(&link));
+        tokio::spawn(run_outbound(Arc::clone(self), Arc::clone(&link), queue));
+        link
+    }
+
+    /// Handles one envelope that arrived on `link`.
+    fn receive(&self, link: &Arc<PeerLink>, envelope: Envelope) {
+        self.stats
+            .envelopes_received
+            .fetch_add(1, Ordering::Relaxed);
+        match Kind::try_from(envelope.kind) {
+            Ok(Kind::Tell) => {
+                if let Err(undelivered) = self.deliver(envelope, None) {
+                    self.dead_letter(&link.node, &undelivered.error);
+                }
+            }
+            Ok(Kind::Ask) => {
+                let request_id = envelope.request_id;
+                let origin = AskOrigin {
+                    link: Arc::clone(link),
+                    request_id,
+                    max_message_size: self.config.max_message_size,
+                };
+                if let Err(undelivered) = self.deliver(envelope, Some(origin)) {
+                    link.send_error(request_id, &undelivered.error);
+                    self.dead_letter(&link.node, &undelivered.error);
+                    drop(undelivered.message);
+                }
+            }
+            Ok(Kind::Reply | Kind::Error) => {
+                if !link.complete(envelope) {
+                    // The asker gave up (timeout) before the answer came.
+                    self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok(Kind::Unspecified) | Err(_) => {
+                let error =
+                    RemoteError::Malformed(format!("unknown envelope kind {}", envelope.kind));
+                if envelope.request_id != 0 {
+                    link.send_error(envelope.request_id, &error);
+                }
+                self.dead_letter(&link.node, &error);
+            }
+        }
+    }
+
+    fn deliver(&self, envelope: Envelope, ask: Option<AskOrigin>) -> Result<(), Undelivered> {
+        let size = envelope.body.len();
+        if size > self.config.max_message_size {
+            return Err(RemoteError::Oversized {
+                size,
+                limit: self.config.max_message_size,
+            }
+            .into());
+        }
+        let to = std::str::from_utf8(&envelope.to)
+            .map_err(|_| RemoteError::Malformed("process name is not UTF-8".into()))?;
+        let type_name = std::str::from_utf8(&envelope.type_name)
+            .map_err(|_| RemoteError::Malformed("type name is not UTF-8".into()))?;
+        let processes = self.processes.read().unwrap_or_else(|p| p.into_inner());
+        let inbox = processes
+            .get(to)
+            .ok_or_else(|| RemoteError::UnknownProcess(to.to_owned()))?;
+        inbox.deliver(type_name, envelope.body, ask)
+    }
+
+    fn dead_letter(&self, peer: &str, error: &RemoteError) {
+        self.system.add_dead_letters(1);
+        self.stats.count_dead_letter(error);
+        tracing::debug!(%peer, %error, "dead letter");
+    }
+
+    /// Reads a link's incoming frames until it closes.
+    async fn read_frames(&self, link: &Arc<PeerLink>, mut inbound: Streaming<Frame>) {
+        loop {
+            match inbound.message().await {
+                Ok(Some(frame)) => {
+                    self.stats.frames_received.fetch_add(1, Ordering::Relaxed);
+                    for envelope in frame.envelopes {
+                        self.receive(link, envelope);
+                    }
+                }
+                Ok(None) => return,
+                Err(status) => {
+                    tracing::warn!(peer = %link.node, error = %status, "link read failed");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Forgets `link` if it is still the registered link to its node.
+    fn remove_peer(&self, link: &Arc<PeerLink>) {
+        let mut peers = lock(&self.peers);
+        if peers.get(&link.node).is_some_and(|l| Arc::ptr_eq(l, link)) {
+            peers.remove(&link.node);
+        }
+    }
+}
+
+/// Keeps the outbound link to one peer: connect, carry frames both ways until the connection
+/// breaks, then reconnect after a capped, jittered exponential backoff. Queued envelopes wait
+/// for the next connection; asks in flight fail, and linked processes hear of the loss.
+async fn run_outbound(
+    node: Arc<NodeInner>,
+    link: Arc<PeerLink>,
+    queue: tokio::sync::mpsc::Receiver<Envelope>,
+) {
+    let queue = Arc::new(tokio::sync::Mutex::new(queue));
+    let mut stop = node.shutdown.subscribe();
+    let mut failures = 0u32;
+    while !node.is_shut_down() {
+        match connect(&node, &link, Arc::clone(&queue)).await {
+            Ok(inbound) => {
+                failures = 0;
+                tokio::select! {
+                    () = node.read_frames(&link, inbound) => {}
+                    _ = stop.wait_for(|stop| *stop) => return,
+                }
+                tracing::warn!(peer = %link.node, "link lost; reconnecting");
+                link.lost(RemoteError::ConnectionLost(link.node.clone()));
+            }
+            Err(reason) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(peer = %link.node, %reason, failures, "cannot reach peer");
+                link.lost(RemoteError::ConnectionLost(format!(
+                    "{} (unreachable: {reason})",
+                    link.node
+                )));
+            }
+        }
+        let delay = node.config.reconnect_delay(failures.max(1));
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|stop| *stop) => return,
+        }
+    }
+    node.remove_peer(&link);
+}
+
+/// One connection attempt: opens the stream and sends the greeting and queued frames.
+async fn connect(
+    node: &Arc<NodeInner>,
+    link: &Arc<PeerLink>,
+    queue: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Envelope>>>,
+) -> Result<Streaming<Frame>, String> {
+    let endpoint = Endpoint::from_shared(format!("http://{}", link.node))
+        .map_err(|e| format!("bad address: {e}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(node.config.connect_timeout);
+    let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
+    let frame_limit = node.config.max_frame_size();
+    let mut client = TransportClient::new(channel)
+        .max_decoding_message_size(frame_limit)
+        .max_encoding_message_size(frame_limit);
+    let outbound = frames(
+        Some(node.address.clone()),
+        queue,
+        node.config.max_batch,
+        node.config.max_message_size,
+    );
+    let response = client
+        .link(outbound)
+        .await
+        .map_err(|status| format!("link refused: {status}"))?;
+    Ok(response.into_inner())
+}
+
+/// An error and its causes, for a log line that says what actually failed.
+fn source_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// The server half: a peer connected to us.
+struct LinkService {
+    node: Arc<NodeInner>,
+}
+
+#[tonic::async_trait]
+impl Transport for LinkService {
+    type LinkStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send>>;
+
+    async fn link(
+        &self,
+        request: Request<Streaming<Frame>>,
+    ) -> Result<Response<Self::LinkStream>, Status> {
+        let mut inbound = request.into_inner();
+        let first = inbound
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("link closed before its hello frame"))?;
+        let Some(hello) = first.hello.as_ref() else {
+            return Err(Status::invalid_argument("the first frame must carry hello"));
+        };
+        let (link, queue) = PeerLink::new(hello.node.clone(), self.node.config.max_queued_per_peer);
+        // Sends to the peer go back over this stream, unless we already have our own link.
+        lock(&self.node.peers)
+            .entry(hello.node.clone())
+            .or_insert_with(|| Arc::clone(&link));
+        let node = Arc::clone(&self.node);
+        let reader_link = Arc::clone(&link);
+        let mut stop = self.node.shutdown.subscribe();
+        tokio::spawn(async move {
+            for envelope in first.envelopes {
+                node.receive(&reader_link, envelope);
+            }
+            tokio::select! {
+                () = node.read_frames(&reader_link, inbound) => {}
+                _ = stop.wait_for(|stop| *stop) => {}
+            }
+            node.remove_peer(&reader_link);
+            reader_link.lost(RemoteError::ConnectionLost(reader_link.node.clone()));
+        });
+        let outbound = frames(
+            None,
+            Arc::new(tokio::sync::Mutex::new(queue)),
+            self.node.config.max_batch,
+            self.node.config.max_message_size,
+        );
+        // A link never ends by itself; end it on shutdown so the server's graceful stop (which
+        // waits for open requests) completes and the peer sees the link close.
+        let mut stop = self.node.shutdown.subscribe();
+        let stopped = async move {
+            let _ = stop.wait_for(|stop| *stop).await;
+        };
+        let outbound = futures_util::StreamExt::take_until(outbound, stopped);
+        let outbound = futures_util::StreamExt::map(outbound, Ok);
+        Ok(Response::new(Box::pin(outbound)))
+    }
+}

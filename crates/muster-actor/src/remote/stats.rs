@@ -1,0 +1,72 @@
+//! [`TransportStats`]: what a node received and what it could not deliver.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crate::RemoteError;
+
+/// A snapshot of a node's transport counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct TransportStats {
+    /// Frames read from all links.
+    pub frames_received: u64,
+    /// Envelopes read from all links.
+    pub envelopes_received: u64,
+    /// Envelopes for a process name that is not registered here.
+    pub unknown_process: u64,
+    /// Envelopes of a type the target process did not install.
+    pub unknown_type: u64,
+    /// Envelopes whose body or fields did not decode.
+    pub malformed: u64,
+    /// Envelopes larger than `max_message_size`.
+    pub oversized: u64,
+    /// Envelopes the target refused (stopped, mailbox full).
+    pub rejected: u64,
+    /// Answers that arrived after their asker gave up.
+    pub late_replies: u64,
+}
+
+impl TransportStats {
+    /// Every envelope that was not delivered, of any cause.
+    pub fn dead_letters(&self) -> u64 {
+        self.unknown_process + self.unknown_type + self.malformed + self.oversized + self.rejected
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Stats {
+    pub(crate) frames_received: AtomicU64,
+    pub(crate) envelopes_received: AtomicU64,
+    unknown_process: AtomicU64,
+    unknown_type: AtomicU64,
+    malformed: AtomicU64,
+    oversized: AtomicU64,
+    rejected: AtomicU64,
+    pub(crate) late_replies: AtomicU64,
+}
+
+impl Stats {
+    pub(crate) fn count_dead_letter(&self, error: &RemoteError) {
+        let counter = match error {
+            RemoteError::UnknownProcess(_) => &self.unknown_process,
+            RemoteError::UnknownType(_) => &self.unknown_type,
+            RemoteError::Oversized { .. } => &self.oversized,
+            RemoteError::Rejected(_) => &self.rejected,
+            _ => &self.malformed,
+        };
+        counter.fetch_add(1, Relaxed);
+    }
+
+    pub(crate) fn snapshot(&self) -> TransportStats {
+        TransportStats {
+            frames_received: self.frames_received.load(Relaxed),
+            envelopes_received: self.envelopes_received.load(Relaxed),
+            unknown_process: self.unknown_process.load(Relaxed),
+            unknown_type: self.unknown_type.load(Relaxed),
+            malformed: self.malformed.load(Relaxed),
+            oversized: self.oversized.load(Relaxed),
+            rejected: self.rejected.load(Relaxed),
+            late_replies: self.late_replies.load(Relaxed),
+        }
+    }
+}

@@ -1,0 +1,169 @@
+//! [`System`]: the set of running processes — spawning, dead letters, graceful shutdown.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use crate::mailbox::{MailboxCapacity, mailbox};
+use crate::pid::{Control, Shared, lock};
+use crate::{Pid, Process, ProcessId, lifecycle};
+
+/// Registry shards: spawn and exit lock one shard, so two threads rarely meet on one lock.
+const SHARDS: usize = 16;
+
+/// A set of processes that can be shut down together. Cheap to clone: clones share the set.
+///
+/// Processes run on the ambient tokio runtime. Most programs use one system, the
+/// [`global`](System::global) one behind [`spawn`](crate::spawn); tests make their own.
+#[derive(Clone)]
+pub struct System {
+    inner: Arc<SystemInner>,
+}
+
+struct SystemInner {
+    next_id: AtomicU64,
+    processes: [Mutex<HashMap<u64, Arc<dyn Control>>>; SHARDS],
+    dead_letters: AtomicU64,
+}
+
+/// What [`System::shutdown`] stopped and what it could not deliver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ShutdownReport {
+    /// Processes that were running and have now ended.
+    pub processes: usize,
+    /// User messages still queued in their mailboxes, never handled.
+    pub undelivered: usize,
+}
+
+impl System {
+    /// An empty system.
+    pub fn new() -> Self {
+        System {
+            inner: Arc::new(SystemInner {
+                next_id: AtomicU64::new(1),
+                processes: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+                dead_letters: AtomicU64::new(0),
+            }),
+        }
+    }
+
+    /// The process-wide default system, used by [`crate::spawn`].
+    pub fn global() -> &'static System {
+        static GLOBAL: OnceLock<System> = OnceLock::new();
+        GLOBAL.get_or_init(System::new)
+    }
+
+    /// Starts `process` with an unbounded mailbox.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn<P: Process>(&self, process: P) -> Pid<P> {
+        self.spawn_with(process, MailboxCapacity::Unbounded)
+    }
+
+    /// Starts `process` with a mailbox of `capacity` user messages: beyond that,
+    /// [`Pid::tell`] answers [`TellError::Busy`](crate::TellError::Busy).
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_bounded<P: Process>(&self, process: P, capacity: usize) -> Pid<P> {
+        self.spawn_with(process, MailboxCapacity::Bounded(capacity))
+    }
+
+    /// Starts `process` with the given mailbox capacity.
+    ///
+    /// # Panics
+    /// Outside a tokio runtime.
+    pub fn spawn_with<P: Process>(&self, process: P, capacity: MailboxCapacity) -> Pid<P> {
+        let id = ProcessId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
+        let (sender, receiver) = mailbox(capacity);
+        let pid = Pid {
+            inner: Arc::new(Shared::new(id, sender)),
+        };
+        lock(self.shard(id)).insert(id.0, pid.inner.clone());
+        tokio::spawn(lifecycle::run(process, receiver, pid.clone(), self.clone()));
+        pid
+    }
+
+    /// How many processes are running.
+    pub fn len(&self) -> usize {
+        self.inner.processes.iter().map(|s| lock(s).len()).sum()
+    }
+
+    /// True when no process runs.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Messages that could not be delivered: left in a mailbox when its process ended, or
+    /// arrived from another node for a process or type that does not exist here.
+    pub fn dead_letters(&self) -> u64 {
+        self.inner.dead_letters.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn add_dead_letters(&self, n: u64) {
+        if n > 0 {
+            self.inner.dead_letters.fetch_add(n, Ordering::Relaxed);
+        }
+    }
+
+    pub(crate) fn unregister(&self, id: ProcessId) {
+        lock(self.shard(id)).remove(&id.0);
+    }
+
+    fn shard(&self, id: ProcessId) -> &Mutex<HashMap<u64, Arc<dyn Control>>> {
+        &self.inner.processes[(id.0 % SHARDS as u64) as usize]
+    }
+
+    /// Stops every process after its current message, waits for all of them to end and reports
+    /// the messages they left undelivered. Processes spawned while it runs are stopped too.
+    ///
+    /// # Cancel safety
+    /// Cancelling stops the waiting; the processes asked to stop still stop.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        let mut report = ShutdownReport::default();
+        loop {
+            let running: Vec<Arc<dyn Control>> = self
+                .inner
+                .processes
+                .iter()
+                .flat_map(|shard| lock(shard).values().cloned().collect::<Vec<_>>())
+                .collect();
+            if running.is_empty() {
+                return report;
+            }
+            for process in &running {
+                process.terminate_with(crate::ExitReason::Shutdown);
+            }
+            for process in &running {
+                process.wait_boxed().await;
+                report.processes += 1;
+                report.undelivered += process.undelivered();
+            }
+        }
+    }
+}
+
+impl Default for System {
+    fn default() -> Self {
+        System::new()
+    }
+}
+
+impl fmt::Debug for System {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("System")
+            .field("processes", &self.len())
+            .field("dead_letters", &self.dead_letters())
+            .finish()
+    }
+}
+
+/// Starts `process` in the [global](System::global) system with an unbounded mailbox.
+///
+/// # Panics
+/// Outside a tokio runtime.
+pub fn spawn<P: Process>(process: P) -> Pid<P> {
+    System::global().spawn(process)
+}

@@ -1,0 +1,424 @@
+//! The transport between nodes: two nodes over loopback in one test process, plus a raw tonic
+//! client that sends exactly the bytes a broken or hostile peer would.
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use muster_actor::{
+    AskError, Context, ExitReason, Node, NodeConfig, Process, ProcessRef, RemoteError, Reply,
+    System, Upid,
+};
+use muster_proto::transport::transport_client::TransportClient;
+use muster_proto::transport::{Envelope, ErrorCode, Frame, Hello, Kind};
+use prost::Message as _;
+use tokio::sync::mpsc;
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Ping {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+    #[prost(bytes = "vec", tag = "2")]
+    payload: Vec<u8>,
+}
+
+impl prost::Name for Ping {
+    const NAME: &'static str = "Ping";
+    const PACKAGE: &'static str = "muster.test";
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Pong {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+}
+
+impl prost::Name for Pong {
+    const NAME: &'static str = "Pong";
+    const PACKAGE: &'static str = "muster.test";
+}
+
+/// Answers pings; counts tells; forwards each told ping's seq to the test.
+struct Ponger {
+    told: mpsc::UnboundedSender<u64>,
+}
+
+enum PongerMsg {
+    Ping(Ping, Reply<Pong>),
+    Note(Ping),
+}
+
+impl Process for Ponger {
+    type Message = PongerMsg;
+    async fn handle(&mut self, msg: PongerMsg, _ctx: &mut Context<Self>) {
+        match msg {
+            PongerMsg::Ping(ping, reply) => reply.send(Pong { seq: ping.seq + 1 }),
+            PongerMsg::Note(ping) => {
+                let _ = self.told.send(ping.seq);
+            }
+        }
+    }
+}
+
+/// A node with a registered "pong" process; returns the channel of told seqs.
+async fn pong_node(
+    system: &System,
+    config: NodeConfig,
+) -> anyhow::Result<(Node, mpsc::UnboundedReceiver<u64>)> {
+    let node = Node::bind_with(system, "127.0.0.1:0", config).await?;
+    let (told, seqs) = mpsc::unbounded_channel();
+    let pid = system.spawn(Ponger { told });
+    node.register("pong", &pid)?
+        .install_ask::<Ping, Pong>(PongerMsg::Ping)
+        .install::<Ping>(PongerMsg::Note);
+    Ok((node, seqs))
+}
+
+fn pong_at(node: &Node) -> Upid {
+    Upid::new("pong", node.address()).expect("valid upid")
+}
+
+/// Polls `check` until it holds or 5 s pass (for effects on the far side of a link).
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !check() {
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test]
+async fn remote_tell_and_ask_round_trip_between_two_nodes() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, mut seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let pong = a.remote(pong_at(&b));
+
+    let answer: Pong = pong
+        .ask(Ping {
+            seq: 41,
+            payload: vec![],
+        })
+        .await?;
+    assert_eq!(answer.seq, 42);
+
+    for seq in 0..1000 {
+        pong.tell(Ping {
+            seq,
+            payload: vec![],
+        })?;
+    }
+    for expected in 0..1000 {
+        let seq = seqs.recv().await.context("ponger gone")?;
+        assert_eq!(seq, expected, "tells arrive in order");
+    }
+    assert!(
+        b.stats().frames_received < 1001,
+        "envelopes are batched into frames"
+    );
+    assert_eq!(b.stats().dead_letters(), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn unknown_process_and_unknown_type_are_errors_and_the_link_carries_on() -> anyhow::Result<()>
+{
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0").await?;
+
+    let nobody = a.remote(Upid::new("nobody", b.address())?);
+    let err = nobody.ask::<Ping, Pong>(Ping::default()).await.unwrap_err();
+    assert_eq!(
+        err,
+        AskError::Remote(RemoteError::UnknownProcess("nobody".into()))
+    );
+    nobody.tell(Ping::default())?;
+    eventually("a dead letter for the unknown process", || {
+        b.stats().unknown_process == 2
+    })
+    .await?;
+
+    // Pong is not installed as a request type on "pong".
+    let pong = a.remote(pong_at(&b));
+    let err = pong.ask::<Pong, Pong>(Pong { seq: 1 }).await.unwrap_err();
+    assert_eq!(
+        err,
+        AskError::Remote(RemoteError::UnknownType("muster.test.Pong".into()))
+    );
+
+    let answer: Pong = pong
+        .ask(Ping {
+            seq: 1,
+            payload: vec![],
+        })
+        .await?;
+    assert_eq!(answer.seq, 2, "the link still carries traffic");
+    assert!(system.dead_letters() >= 3);
+    Ok(())
+}
+
+#[tokio::test]
+async fn oversized_messages_fail_at_the_sender_with_sizes() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let mut config = NodeConfig::default();
+    config.max_message_size = 1024 * 1024;
+    let a = Node::bind_with(&system, "127.0.0.1:0", config).await?;
+    let pong = a.remote(pong_at(&b));
+    let big = Ping {
+        seq: 1,
+        payload: vec![7; 2 * 1024 * 1024],
+    };
+    match pong.tell(big.clone()) {
+        Err(RemoteError::Oversized { size, limit }) => {
+            assert!(size > 2 * 1024 * 1024);
+            assert_eq!(limit, 1024 * 1024);
+        }
+        other => anyhow::bail!("expected Oversized, got {other:?}"),
+    }
+    let err = pong.ask::<Ping, Pong>(big).await.unwrap_err();
+    assert!(matches!(
+        err,
+        AskError::Remote(RemoteError::Oversized { .. })
+    ));
+    let answer: Pong = pong
+        .ask(Ping {
+            seq: 5,
+            payload: vec![],
+        })
+        .await?;
+    assert_eq!(answer.seq, 6);
+    Ok(())
+}
+
+/// A raw link to `node`, as a misbehaving peer would open it.
+async fn raw_link(node: &Node) -> anyhow::Result<(mpsc::Sender<Frame>, tonic::Streaming<Frame>)> {
+    let mut client = TransportClient::connect(format!("http://{}", node.address()))
+        .await?
+        .max_decoding_message_size(64 * 1024 * 1024)
+        .max_encoding_message_size(64 * 1024 * 1024);
+    let (frames, rx) = mpsc::channel(16);
+    frames
+        .send(Frame {
+            hello: Some(Hello {
+                node: "127.0.0.1:1".into(),
+            }),
+            envelopes: vec![],
+        })
+        .await?;
+    let inbound = client
+        .link(tokio_stream::wrappers::ReceiverStream::new(rx))
+        .await?
+        .into_inner();
+    Ok((frames, inbound))
+}
+
+fn ask_envelope(request_id: u64, to: &str, type_name: &str, body: Vec<u8>) -> Envelope {
+    Envelope {
+        kind: Kind::Ask as i32,
+        to: Bytes::copy_from_slice(to.as_bytes()),
+        type_name: Bytes::copy_from_slice(type_name.as_bytes()),
+        body: Bytes::from(body),
+        request_id,
+        ..Envelope::default()
+    }
+}
+
+/// Reads answers until every one of `request_ids` has arrived (one frame may carry several).
+async fn answers(
+    inbound: &mut tonic::Streaming<Frame>,
+    request_ids: &[u64],
+) -> anyhow::Result<std::collections::HashMap<u64, Envelope>> {
+    let mut answers = std::collections::HashMap::new();
+    while !request_ids.iter().all(|id| answers.contains_key(id)) {
+        let frame = tokio::time::timeout(Duration::from_secs(10), inbound.message())
+            .await
+            .context("no answer within 10 s")??
+            .context("link closed")?;
+        answers.extend(frame.envelopes.into_iter().map(|e| (e.request_id, e)));
+    }
+    Ok(answers)
+}
+
+#[tokio::test]
+async fn malformed_oversized_and_unknown_kind_envelopes_get_errors_and_the_link_goes_on()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let mut config = NodeConfig::default();
+    config.max_message_size = 1024 * 1024;
+    let (b, _seqs) = pong_node(&system, config).await?;
+    let (frames, mut inbound) = raw_link(&b).await?;
+
+    // Field 1 declared as a varint but truncated: not a Ping.
+    let garbage = vec![0x08, 0xff, 0xff];
+    let oversized = Ping {
+        seq: 1,
+        payload: vec![1; 2 * 1024 * 1024],
+    }
+    .encode_to_vec();
+    let valid = Ping {
+        seq: 9,
+        payload: vec![],
+    }
+    .encode_to_vec();
+    let mut unknown_kind = ask_envelope(4, "pong", "muster.test.Ping", valid.clone());
+    unknown_kind.kind = 99;
+    let mut not_utf8 = ask_envelope(5, "pong", "muster.test.Ping", valid.clone());
+    not_utf8.to = Bytes::from_static(&[0xff, 0xfe]);
+    frames
+        .send(Frame {
+            hello: None,
+            envelopes: vec![
+                ask_envelope(1, "pong", "muster.test.Ping", garbage),
+                ask_envelope(2, "pong", "muster.test.Ping", oversized),
+                unknown_kind,
+                not_utf8,
+                ask_envelope(3, "pong", "muster.test.Ping", valid),
+            ],
+        })
+        .await?;
+
+    let mut answers = answers(&mut inbound, &[1, 2, 3, 4, 5]).await?;
+    let mut answer = |id| answers.remove(&id).context("answered twice?");
+    let malformed = answer(1)?;
+    assert_eq!(malformed.kind, Kind::Error as i32);
+    assert_eq!(malformed.error_code, ErrorCode::Malformed as i32);
+    assert!(
+        malformed.error.contains("muster.test.Ping"),
+        "{}",
+        malformed.error
+    );
+
+    let too_big = answer(2)?;
+    assert_eq!(too_big.error_code, ErrorCode::Oversized as i32);
+
+    let unknown = answer(4)?;
+    assert_eq!(unknown.error_code, ErrorCode::Malformed as i32);
+    assert!(unknown.error.contains("kind 99"), "{}", unknown.error);
+
+    let bad_name = answer(5)?;
+    assert_eq!(bad_name.error_code, ErrorCode::Malformed as i32);
+
+    let reply = answer(3)?;
+    assert_eq!(reply.kind, Kind::Reply as i32);
+    assert_eq!(Pong::decode(reply.body)?.seq, 10);
+
+    let stats = b.stats();
+    assert_eq!((stats.malformed, stats.oversized), (3, 1));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_reply_dropped_by_the_remote_handler_is_an_error_not_a_hang() -> anyhow::Result<()> {
+    struct Silent;
+    impl Process for Silent {
+        type Message = (Ping, Reply<Pong>);
+        async fn handle(&mut self, _msg: Self::Message, _ctx: &mut Context<Self>) {}
+    }
+    let system = System::new();
+    let b = Node::bind(&system, "127.0.0.1:0").await?;
+    let silent = system.spawn(Silent);
+    b.register("silent", &silent)?
+        .install_ask::<Ping, Pong>(|ping, reply| (ping, reply));
+    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let remote = a.remote(Upid::new("silent", b.address())?);
+    let err = remote.ask::<Ping, Pong>(Ping::default()).await.unwrap_err();
+    assert_eq!(err, AskError::Remote(RemoteError::NoReply));
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_name_is_freed_when_its_process_ends_and_cannot_be_taken_twice() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let (told, _rx) = mpsc::unbounded_channel();
+    let second = system.spawn(Ponger { told });
+    let taken = b.register("pong", &second).unwrap_err();
+    assert!(taken.to_string().contains("already registered"), "{taken}");
+    second.terminate();
+    second.wait().await;
+    assert!(
+        b.register(
+            "bad@name",
+            &system.spawn(Ponger {
+                told: mpsc::unbounded_channel().0
+            })
+        )
+        .is_err()
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn bind_to_a_port_in_use_names_the_address() -> anyhow::Result<()> {
+    let system = System::new();
+    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let err = Node::bind(&system, a.address()).await.unwrap_err();
+    let text = err.to_string();
+    assert!(text.contains(a.address()), "{text}");
+    assert!(Node::bind(&system, "not an address").await.is_err());
+    Ok(())
+}
+
+/// Links to a remote process and reports its exit to the test.
+struct Watcher {
+    exits: mpsc::UnboundedSender<(ProcessRef, ExitReason)>,
+}
+
+impl Process for Watcher {
+    type Message = muster_actor::RemotePid;
+    async fn handle(&mut self, remote: Self::Message, ctx: &mut Context<Self>) {
+        ctx.link_remote(&remote);
+        let _ = self.exits.send((
+            ProcessRef::Remote(remote.upid().clone()),
+            ExitReason::Normal,
+        ));
+    }
+    fn exited(&mut self, who: ProcessRef, reason: ExitReason, _ctx: &mut Context<Self>) {
+        let _ = self.exits.send((who, reason));
+    }
+}
+
+#[tokio::test]
+async fn linked_processes_hear_of_a_lost_connection_and_asks_fail() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let pong = a.remote(pong_at(&b));
+    let _: Pong = pong.ask(Ping::default()).await?;
+
+    let (exits, mut heard) = mpsc::unbounded_channel();
+    let watcher = system.spawn(Watcher { exits });
+    watcher.tell(pong.clone()).ok().context("watcher gone")?;
+    let (_, linked) = heard.recv().await.context("watcher gone")?;
+    assert_eq!(linked, ExitReason::Normal, "link made");
+
+    b.shutdown();
+    let (who, reason) = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+        .await?
+        .context("watcher gone")?;
+    assert_eq!(who, ProcessRef::Remote(pong_at(&b)));
+    assert!(
+        matches!(reason, ExitReason::ConnectionLost { .. }),
+        "{reason:?}"
+    );
+    assert!(
+        watcher.is_alive(),
+        "a lost link does not kill the linked process"
+    );
+
+    let err = pong
+        .ask_timeout::<Ping, Pong>(Duration::from_secs(10), Ping::default())
+        .await;
+    assert!(
+        matches!(err, Err(AskError::Remote(RemoteError::ConnectionLost(_)))),
+        "{err:?}"
+    );
+    Ok(())
+}

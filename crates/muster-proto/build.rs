@@ -1,0 +1,27 @@
+//! Generates the prost messages and tonic services from `proto/` at the workspace root.
+//!
+//! protoc comes from `protoc-bin-vendored` unless `$PROTOC` names another, so a fresh machine
+//! needs no system protoc.
+
+use std::path::PathBuf;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
+    let protos = [root.join("muster/transport/v1/transport.proto")];
+    for proto in &protos {
+        println!("cargo:rerun-if-changed={}", proto.display());
+    }
+    println!("cargo:rerun-if-env-changed=PROTOC");
+
+    let protoc = match std::env::var_os("PROTOC") {
+        Some(path) => PathBuf::from(path),
+        None => protoc_bin_vendored::protoc_bin_path()?,
+    };
+    let mut config = tonic_prost_build::Config::new();
+    config
+        .protoc_executable(protoc)
+        .bytes(["."])
+        .enable_type_names();
+    tonic_prost_build::configure().compile_with_config(config, &protos, &[root])?;
+    Ok(())
+}

@@ -1,0 +1,14 @@
+//! Generated prost messages and tonic services for Muster's wire protocols.
+//!
+//! This crate holds generated code only: conversions and logic live in the crates that own the
+//! domain types. One module per protobuf package under `proto/` at the workspace root.
+//!
+//! # Layout
+//! - [`transport`]: the actor transport between nodes (frames of envelopes on one stream).
+
+#![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+/// `muster.transport.v1`: the node-to-node actor transport.
+pub mod transport {
+    tonic::include_proto!("muster.transport.v1");
+}

@@ -1,0 +1,125 @@
+//! A second OS process: starts the `remote_ping` example as a server, talks to it over the
+//! transport, kills it, and checks that a linked process hears of the lost connection.
+//!
+//! `cargo test` builds the examples before running tests; the binary is found next to this
+//! test's own executable (`target/<profile>/examples/remote_ping`).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use muster::actor::{
+    AskError, Context, ExitReason, Node, Process, ProcessRef, RemoteError, RemotePid, System,
+    Upid,
+};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::mpsc;
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Ping {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+}
+
+impl prost::Name for Ping {
+    const NAME: &'static str = "Ping";
+    const PACKAGE: &'static str = "muster.example";
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+struct Pong {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+    #[prost(string, tag = "2")]
+    from: String,
+}
+
+impl prost::Name for Pong {
+    const NAME: &'static str = "Pong";
+    const PACKAGE: &'static str = "muster.example";
+}
+
+fn example_binary(name: &str) -> anyhow::Result<PathBuf> {
+    let test_exe = std::env::current_exe()?;
+    let profile_dir = test_exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .context("test executable has no target directory")?;
+    let path = profile_dir
+        .join("examples")
+        .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    if !path.exists() {
+        bail!("{} not found: run through `cargo test`, which builds examples", path.display());
+    }
+    Ok(path)
+}
+
+/// Links to a remote process when told to, and reports `exited` notices.
+struct Watcher {
+    exits: mpsc::UnboundedSender<(ProcessRef, ExitReason)>,
+}
+
+impl Process for Watcher {
+    type Message = RemotePid;
+    async fn handle(&mut self, remote: RemotePid, ctx: &mut Context<Self>) {
+        ctx.link_remote(&remote);
+    }
+    fn exited(&mut self, who: ProcessRef, reason: ExitReason, _ctx: &mut Context<Self>) {
+        let _ = self.exits.send((who, reason));
+    }
+}
+
+#[tokio::test]
+async fn talks_to_a_second_os_process_and_hears_when_it_dies() -> anyhow::Result<()> {
+    let mut server = tokio::process::Command::new(example_binary("remote_ping")?)
+        .args(["serve", "127.0.0.1:0"])
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting remote_ping serve")?;
+    let stdout = server.stdout.take().context("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .context("server did not start within 30 s")??
+        .context("server exited before listening")?;
+    let upid: Upid = first
+        .strip_prefix("serving ")
+        .with_context(|| format!("unexpected first line {first:?}"))?
+        .parse()?;
+
+    let system = System::new();
+    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let pong = node.remote(upid.clone());
+    for seq in 0..10 {
+        let answer: Pong = pong.ask_timeout(Duration::from_secs(10), Ping { seq }).await?;
+        assert_eq!(answer.seq, seq);
+        assert!(answer.from.starts_with("ponger"), "{}", answer.from);
+    }
+
+    let (exits, mut heard) = mpsc::unbounded_channel();
+    let watcher = system.spawn(Watcher { exits });
+    watcher.tell(pong.clone()).ok().context("watcher gone")?;
+    // The link is made by the watcher's handler; a dispatch after it is a barrier.
+    watcher.dispatch(|_, _| ()).await?;
+
+    server.kill().await?;
+    let (who, reason) = tokio::time::timeout(Duration::from_secs(10), heard.recv())
+        .await
+        .context("no exited notice within 10 s of the kill")?
+        .context("watcher gone")?;
+    assert_eq!(who, ProcessRef::Remote(upid));
+    assert!(matches!(reason, ExitReason::ConnectionLost { .. }), "{reason:?}");
+
+    let err = pong
+        .ask_timeout::<Ping, Pong>(Duration::from_secs(10), Ping { seq: 99 })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AskError::Remote(RemoteError::ConnectionLost(_))),
+        "{err:?}"
+    );
+    node.shutdown();
+    Ok(())
+}
