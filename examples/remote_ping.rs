@@ -21,33 +21,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use muster::actor::{Context, Node, Process, Reply, System, Upid};
-
-/// A request: prost encodes it on the wire; `prost::Name` gives its proto full name, which is
-/// how the serving node knows which decoder to use.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Ping {
-    #[prost(uint64, tag = "1")]
-    seq: u64,
-}
-
-impl prost::Name for Ping {
-    const NAME: &'static str = "Ping";
-    const PACKAGE: &'static str = "muster.example";
-}
-
-/// The answer.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Pong {
-    #[prost(uint64, tag = "1")]
-    seq: u64,
-    #[prost(string, tag = "2")]
-    from: String,
-}
-
-impl prost::Name for Pong {
-    const NAME: &'static str = "Pong";
-    const PACKAGE: &'static str = "muster.example";
-}
+// Ping and Pong are generated from proto/muster/example/v1/ping.proto. prost encodes them on the
+// wire; their proto full name (`muster.example.v1.Ping`) tells the serving node which decoder to
+// use.
+use muster::proto::example::{Ping, Pong};
 
 /// The serving process. Its message type is an ordinary Rust value; remote requests are turned
 /// into it by the decoder installed below.

@@ -10,35 +10,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster::actor::{
-    AskError, Context, ExitReason, Node, Process, ProcessRef, RemoteError, RemotePid, System,
-    Upid,
+    AskError, Context, ExitReason, Node, Process, ProcessRef, RemoteError, RemotePid, System, Upid,
 };
+use muster::proto::example::{Ping, Pong};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct Ping {
-    #[prost(uint64, tag = "1")]
-    seq: u64,
-}
-
-impl prost::Name for Ping {
-    const NAME: &'static str = "Ping";
-    const PACKAGE: &'static str = "muster.example";
-}
-
-#[derive(Clone, PartialEq, prost::Message)]
-struct Pong {
-    #[prost(uint64, tag = "1")]
-    seq: u64,
-    #[prost(string, tag = "2")]
-    from: String,
-}
-
-impl prost::Name for Pong {
-    const NAME: &'static str = "Pong";
-    const PACKAGE: &'static str = "muster.example";
-}
 
 fn example_binary(name: &str) -> anyhow::Result<PathBuf> {
     let test_exe = std::env::current_exe()?;
@@ -50,7 +26,10 @@ fn example_binary(name: &str) -> anyhow::Result<PathBuf> {
         .join("examples")
         .join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
     if !path.exists() {
-        bail!("{} not found: run through `cargo test`, which builds examples", path.display());
+        bail!(
+            "{} not found: run through `cargo test`, which builds examples",
+            path.display()
+        );
     }
     Ok(path)
 }
@@ -93,7 +72,9 @@ async fn talks_to_a_second_os_process_and_hears_when_it_dies() -> anyhow::Result
     let node = Node::bind(&system, "127.0.0.1:0").await?;
     let pong = node.remote(upid.clone());
     for seq in 0..10 {
-        let answer: Pong = pong.ask_timeout(Duration::from_secs(10), Ping { seq }).await?;
+        let answer: Pong = pong
+            .ask_timeout(Duration::from_secs(10), Ping { seq })
+            .await?;
         assert_eq!(answer.seq, seq);
         assert!(answer.from.starts_with("ponger"), "{}", answer.from);
     }
@@ -110,7 +91,10 @@ async fn talks_to_a_second_os_process_and_hears_when_it_dies() -> anyhow::Result
         .context("no exited notice within 10 s of the kill")?
         .context("watcher gone")?;
     assert_eq!(who, ProcessRef::Remote(upid));
-    assert!(matches!(reason, ExitReason::ConnectionLost { .. }), "{reason:?}");
+    assert!(
+        matches!(reason, ExitReason::ConnectionLost { .. }),
+        "{reason:?}"
+    );
 
     let err = pong
         .ask_timeout::<Ping, Pong>(Duration::from_secs(10), Ping { seq: 99 })

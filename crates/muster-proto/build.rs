@@ -7,7 +7,10 @@ use std::path::PathBuf;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
-    let protos = [root.join("muster/transport/v1/transport.proto")];
+    let protos = [
+        root.join("muster/transport/v1/transport.proto"),
+        root.join("muster/example/v1/ping.proto"),
+    ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={}", proto.display());
     }

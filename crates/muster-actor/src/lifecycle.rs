@@ -25,8 +25,7 @@ pub(crate) async fn run<P: Process>(
     drop(process);
 
     let shared = &ctx.pid().inner;
-    shared.mailbox.close();
-    let undelivered = mailbox.close_and_drain() + ctx.undelivered;
+    let undelivered = mailbox.close_and_drain(&shared.mailbox) + ctx.undelivered;
     shared
         .undelivered
         .store(undelivered, std::sync::atomic::Ordering::Release);
@@ -38,12 +37,13 @@ pub(crate) async fn run<P: Process>(
     shared.finish(reason);
 }
 
-/// Runs the process until it stops, is terminated, panics, or loses every sender.
+/// Runs the process until it stops, is terminated or panics.
 async fn live<P: Process>(
     process: &mut P,
     mailbox: &mut MailboxReceiver<P>,
     ctx: &mut Context<P>,
 ) -> ExitReason {
+    let shared = std::sync::Arc::clone(&ctx.pid().inner);
     if let Err(panic) = AssertUnwindSafe(process.started(ctx)).catch_unwind().await {
         return ExitReason::Panicked(panic_message(&*panic));
     }
@@ -51,10 +51,8 @@ async fn live<P: Process>(
         if let Some(reason) = ctx.stop_requested.take() {
             return reason;
         }
-        let Some(envelope) = mailbox.recv().await else {
-            return ExitReason::Normal;
-        };
-        if let Some(reason) = ctx.pid().inner.terminate.get().cloned() {
+        let envelope = mailbox.recv(&shared.mailbox).await;
+        if let Some(reason) = shared.terminate.get().cloned() {
             if matches!(envelope, Envelope::Message(_)) {
                 ctx.undelivered += 1;
             }
@@ -62,11 +60,11 @@ async fn live<P: Process>(
         }
         let outcome = match envelope {
             Envelope::Message(msg) => {
-                ctx.pid().inner.mailbox.release_one();
+                shared.mailbox.release_one();
                 let outcome = AssertUnwindSafe(process.handle(msg, ctx))
                     .catch_unwind()
                     .await;
-                if let Some(hook) = ctx.pid().inner.after_message.get() {
+                if let Some(hook) = shared.after_message.get() {
                     hook();
                 }
                 outcome

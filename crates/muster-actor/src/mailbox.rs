@@ -1,11 +1,21 @@
 //! The mailbox: what a process's queue carries, and the bound on user messages.
 //!
-//! Every mailbox is an unbounded tokio channel of [`Envelope`]s. A bounded mailbox puts a
-//! semaphore in front of it that counts user messages only, so control signals (an exited
-//! notice, a dispatch, a stop) always get through even when the mailbox is full.
+//! A mailbox is a `VecDeque` behind a mutex, stored inline in the process's shared state: making
+//! one allocates nothing, which keeps spawning cheap (a channel per process costs a heap block
+//! of slots and a padded header). A sender holds the lock only to push; the receiver swaps the
+//! whole queue out at once and works through the batch without touching the lock, so the two
+//! sides rarely meet. The receiver's waker is taken by the first push after it went idle.
+//!
+//! A bounded mailbox puts a semaphore in front that counts user messages only, so control
+//! signals (an exited notice, a dispatch, a stop) always get through even when it is full.
 
-use tokio::sync::{Semaphore, TryAcquireError, mpsc};
+use std::collections::VecDeque;
+use std::sync::Mutex;
+use std::task::{Poll, Waker};
 
+use tokio::sync::{Semaphore, TryAcquireError};
+
+use crate::pid::lock;
 use crate::{Context, ExitReason, Process, ProcessRef, TellError};
 
 /// A closure run on the process, with its state and context.
@@ -34,29 +44,41 @@ pub enum MailboxCapacity {
     Bounded(usize),
 }
 
-/// The sending half, kept in the process's shared state.
-pub(crate) struct MailboxSender<P: Process> {
-    tx: mpsc::UnboundedSender<Envelope<P>>,
+/// The queue, kept in the process's shared state.
+pub(crate) struct Mailbox<P: Process> {
+    queue: Mutex<Queue<Envelope<P>>>,
     limit: Option<Semaphore>,
 }
 
-/// The receiving half, owned by the process's task.
+struct Queue<T> {
+    items: VecDeque<T>,
+    /// Set by the receiver when the process ends: later pushes fail.
+    closed: bool,
+    /// The receiver, parked until the next push.
+    receiver: Option<Waker>,
+}
+
+/// The receiving side's current batch, owned by the process's task.
 pub(crate) struct MailboxReceiver<P: Process> {
-    rx: mpsc::UnboundedReceiver<Envelope<P>>,
+    batch: VecDeque<Envelope<P>>,
 }
 
-pub(crate) fn mailbox<P: Process>(
-    capacity: MailboxCapacity,
-) -> (MailboxSender<P>, MailboxReceiver<P>) {
-    let (tx, rx) = mpsc::unbounded_channel();
-    let limit = match capacity {
-        MailboxCapacity::Unbounded => None,
-        MailboxCapacity::Bounded(n) => Some(Semaphore::new(n)),
-    };
-    (MailboxSender { tx, limit }, MailboxReceiver { rx })
-}
+impl<P: Process> Mailbox<P> {
+    pub(crate) fn new(capacity: MailboxCapacity) -> Self {
+        let limit = match capacity {
+            MailboxCapacity::Unbounded => None,
+            MailboxCapacity::Bounded(n) => Some(Semaphore::new(n)),
+        };
+        Mailbox {
+            queue: Mutex::new(Queue {
+                items: VecDeque::new(),
+                closed: false,
+                receiver: None,
+            }),
+            limit,
+        }
+    }
 
-impl<P: Process> MailboxSender<P> {
     /// Queues a user message without waiting.
     pub(crate) fn try_send(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
         if let Some(limit) = &self.limit {
@@ -66,10 +88,10 @@ impl<P: Process> MailboxSender<P> {
                 Err(TryAcquireError::Closed) => return Err(TellError::Stopped(msg)),
             }
         }
-        self.push(msg)
+        self.push_message(msg)
     }
 
-    /// Queues a user message, waiting for room in a bounded mailbox.
+    /// Queues a user message, waiting for room if a bounded mailbox is full.
     pub(crate) async fn send(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
         if let Some(limit) = &self.limit {
             match limit.acquire().await {
@@ -77,22 +99,40 @@ impl<P: Process> MailboxSender<P> {
                 Err(_closed) => return Err(TellError::Stopped(msg)),
             }
         }
-        self.push(msg)
+        self.push_message(msg)
     }
 
-    fn push(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
-        self.tx
-            .send(Envelope::Message(msg))
-            .map_err(|mpsc::error::SendError(envelope)| match envelope {
+    fn push_message(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
+        self.push(Envelope::Message(msg))
+            .map_err(|envelope| match envelope {
                 Envelope::Message(msg) => TellError::Stopped(msg),
-                // `push` only ever sends `Envelope::Message`.
-                _ => unreachable!("push sent a non-message envelope"),
+                // `push` hands back exactly the envelope it was given.
+                _ => unreachable!("push_message sent a non-message envelope"),
             })
     }
 
     /// Queues a control signal; false if the process has stopped.
     pub(crate) fn signal(&self, envelope: Envelope<P>) -> bool {
-        self.tx.send(envelope).is_ok()
+        self.push(envelope).is_ok()
+    }
+
+    fn push(&self, envelope: Envelope<P>) -> Result<(), Envelope<P>> {
+        let mut queue = lock(&self.queue);
+        if queue.closed {
+            return Err(envelope);
+        }
+        queue.items.push_back(envelope);
+        let receiver = queue.receiver.take();
+        drop(queue);
+        if let Some(receiver) = receiver {
+            receiver.wake();
+        }
+        Ok(())
+    }
+
+    /// True once the process has ended (or is ending) and takes no more envelopes.
+    pub(crate) fn is_closed(&self) -> bool {
+        lock(&self.queue).closed
     }
 
     /// Called by the receiver as each user message leaves the queue.
@@ -101,29 +141,57 @@ impl<P: Process> MailboxSender<P> {
             limit.add_permits(1);
         }
     }
-
-    /// Makes every later send fail with `Stopped`, waking senders waiting for room.
-    pub(crate) fn close(&self) {
-        if let Some(limit) = &self.limit {
-            limit.close();
-        }
-    }
 }
 
 impl<P: Process> MailboxReceiver<P> {
-    pub(crate) async fn recv(&mut self) -> Option<Envelope<P>> {
-        self.rx.recv().await
+    pub(crate) fn new() -> Self {
+        MailboxReceiver {
+            batch: VecDeque::new(),
+        }
+    }
+
+    /// The next envelope, waiting for one if the queue is empty.
+    pub(crate) async fn recv(&mut self, mailbox: &Mailbox<P>) -> Envelope<P> {
+        loop {
+            if let Some(envelope) = self.batch.pop_front() {
+                // Give other tasks on this worker a turn now and then, as a channel would.
+                tokio::task::consume_budget().await;
+                return envelope;
+            }
+            std::future::poll_fn(|cx| {
+                let mut queue = lock(&mailbox.queue);
+                if queue.items.is_empty() {
+                    if !queue
+                        .receiver
+                        .as_ref()
+                        .is_some_and(|w| w.will_wake(cx.waker()))
+                    {
+                        queue.receiver = Some(cx.waker().clone());
+                    }
+                    return Poll::Pending;
+                }
+                std::mem::swap(&mut queue.items, &mut self.batch);
+                Poll::Ready(())
+            })
+            .await;
+        }
     }
 
     /// Closes the queue and counts the user messages still in it: they will never be handled.
-    pub(crate) fn close_and_drain(&mut self) -> usize {
-        self.rx.close();
-        let mut undelivered = 0;
-        while let Ok(envelope) = self.rx.try_recv() {
-            if matches!(envelope, Envelope::Message(_)) {
-                undelivered += 1;
-            }
+    /// Senders fail from now on, including those waiting for room.
+    pub(crate) fn close_and_drain(&mut self, mailbox: &Mailbox<P>) -> usize {
+        if let Some(limit) = &mailbox.limit {
+            limit.close();
         }
-        undelivered
+        let queued = {
+            let mut queue = lock(&mailbox.queue);
+            queue.closed = true;
+            queue.receiver = None;
+            std::mem::take(&mut queue.items)
+        };
+        let left = self.batch.drain(..).chain(queued);
+        // Dropped outside the lock: a message's Drop may run code (a remote reply answers).
+        left.filter(|envelope| matches!(envelope, Envelope::Message(_)))
+            .count()
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
-use crate::mailbox::{Envelope, MailboxSender};
+use crate::mailbox::{Envelope, Mailbox};
 use crate::{AskError, Context, ExitReason, Process, ProcessId, ProcessRef, Reply, TellError};
 
 /// A callback run once when a process ends; links are made of these.
@@ -25,7 +25,7 @@ pub struct Pid<P: Process> {
 /// State shared between a process's task and every handle to it.
 pub(crate) struct Shared<P: Process> {
     pub(crate) id: ProcessId,
-    pub(crate) mailbox: MailboxSender<P>,
+    pub(crate) mailbox: Mailbox<P>,
     /// Set by `terminate`; the task checks it before each envelope, so termination takes
     /// effect after the current message rather than after the whole queue.
     pub(crate) terminate: OnceLock<ExitReason>,
@@ -43,7 +43,7 @@ pub(crate) struct Shared<P: Process> {
 }
 
 impl<P: Process> Shared<P> {
-    pub(crate) fn new(id: ProcessId, mailbox: MailboxSender<P>) -> Self {
+    pub(crate) fn new(id: ProcessId, mailbox: Mailbox<P>) -> Self {
         Shared {
             id,
             mailbox,
@@ -147,8 +147,9 @@ impl<P: Process> Pid<P> {
     /// Waits for room in a bounded mailbox, like [`send`](Pid::send).
     ///
     /// # Errors
-    /// [`AskError::Stopped`] if the process has ended (before or while handling),
-    /// [`AskError::NoReply`] if the handler dropped the reply.
+    /// [`AskError::Stopped`] if the process ended before handling the request,
+    /// [`AskError::NoReply`] if the handler dropped the reply (returning without answering, or
+    /// panicking).
     ///
     /// # Cancel safety
     /// Cancelling drops the request if it was not queued yet, and the answer if it was.
@@ -159,7 +160,8 @@ impl<P: Process> Pid<P> {
         }
         match answer.await {
             Ok(value) => Ok(value),
-            Err(_dropped) if self.inner.exit.get().is_some() => Err(AskError::Stopped),
+            // The queue closes before queued requests are dropped, so this is decided.
+            Err(_dropped) if self.inner.mailbox.is_closed() => Err(AskError::Stopped),
             Err(_dropped) => Err(AskError::NoReply),
         }
     }

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::mailbox::{MailboxCapacity, mailbox};
+use crate::mailbox::{Mailbox, MailboxCapacity, MailboxReceiver};
 use crate::pid::{Control, Shared, lock};
 use crate::{Pid, Process, ProcessId, lifecycle};
 
@@ -77,12 +77,16 @@ impl System {
     /// Outside a tokio runtime.
     pub fn spawn_with<P: Process>(&self, process: P, capacity: MailboxCapacity) -> Pid<P> {
         let id = ProcessId(self.inner.next_id.fetch_add(1, Ordering::Relaxed));
-        let (sender, receiver) = mailbox(capacity);
         let pid = Pid {
-            inner: Arc::new(Shared::new(id, sender)),
+            inner: Arc::new(Shared::new(id, Mailbox::new(capacity))),
         };
         lock(self.shard(id)).insert(id.0, pid.inner.clone());
-        tokio::spawn(lifecycle::run(process, receiver, pid.clone(), self.clone()));
+        tokio::spawn(lifecycle::run(
+            process,
+            MailboxReceiver::new(),
+            pid.clone(),
+            self.clone(),
+        ));
         pid
     }
 

@@ -5,10 +5,16 @@
 //!
 //! # Layout
 //! - [`transport`]: the actor transport between nodes (frames of envelopes on one stream).
+//! - [`example`]: messages of the examples and the tests that drive them.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
 /// `muster.transport.v1`: the node-to-node actor transport.
 pub mod transport {
     tonic::include_proto!("muster.transport.v1");
+}
+
+/// `muster.example.v1`: messages of the examples.
+pub mod example {
+    tonic::include_proto!("muster.example.v1");
 }
