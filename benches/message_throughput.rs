@@ -1,12 +1,14 @@
-//! Local message throughput of `muster::actor`, each case next to raw tokio doing the same work,
-//! so the results read as ratios (muster / tokio) rather than as absolute numbers.
+//! Message throughput of `muster::actor`, locally and between two nodes, each case next to raw
+//! tokio doing the same work, so the results read as ratios (muster / baseline) rather than as
+//! absolute numbers.
 //!
 //! Every iteration moves a whole batch and waits until the receiver has handled all of it, so
 //! criterion's elem/s is messages (or round trips, or processes) per second, end to end. The
-//! runtime (multi-thread, 2 workers), the receiving process and the baseline's consumer task are
-//! set up once per group, outside the timed loop.
+//! runtime (multi-thread, 2 workers), the receiving process and the baseline's consumer task
+//! (and, for the remote groups, both nodes and their link) are set up once per group, outside
+//! the timed loop.
 //!
-//! Groups, each with its tokio baseline inside the same group:
+//! Local groups (criterion group `local`), each with its tokio baseline inside the same group:
 //! - `tell_one_to_one`: one task sends 100,000 `u64`s to one process, with `pid.tell` (unbounded
 //!   mailbox) and with `pid.send().await` (mailbox bounded at 1024, waits for room). Baselines:
 //!   the same through `mpsc::channel(1024)` and `mpsc::unbounded_channel` to a consumer task.
@@ -20,21 +22,48 @@
 //!   `tokio::spawn` 10,000 tasks that await a oneshot "stop", send stop, await the
 //!   `JoinHandle`s. Target: ≥ 1 M processes/s.
 //!
+//! Remote groups (criterion group `remote`): node A and node B are two `Node`s bound to
+//! `127.0.0.1:0` in this process, on the same runtime; A reaches B's processes through
+//! `a.remote(upid)` over one tonic bidirectional stream on one loopback TCP connection (the
+//! real transport: envelopes batched into frames, HTTP/2, prost, dispatch by type name, the
+//! process's mailbox). The baseline, `raw_tcp_prost` in each group, is the floor of the same
+//! shape: a loopback `TcpStream` (`TCP_NODELAY`, as tonic's) carrying the same prost messages
+//! with a hand-written 4-byte length prefix, buffered by `BufWriter`/`BufReader`, decoded by a
+//! reader task; no envelopes, no HTTP/2, no queue between the sender and the socket.
+//! - `remote_tell`: one task tells 100,000 `Tick { seq }` to B's `sink` process (installed with
+//!   `Registration::install`), which counts them; a full peer queue is waited out with
+//!   `yield_now` (the count of such waits is printed). Baseline: one task writes the 100,000
+//!   length-prefixed ticks and flushes; the reader task decodes and counts them. Target:
+//!   ≥ 1 M msg/s over the one connection.
+//! - `remote_ask`: one task asks B's `echo` process (`install_ask::<Ping, Pong>`) 2,000 times
+//!   in a row. Baseline: write request, flush, read the answer, 2,000 times, against a task
+//!   that reads a request, writes the answer and flushes. Target: median round trip ≤ 50 µs.
+//!   Criterion's time / 2,000 is the mean round trip; after the group the bench times 5,000
+//!   round trips one by one for each case and prints p50 / p90 / p99 (`eprintln`).
+//!
 //! The receiver signals the end of a tell batch itself: it is told first how many messages to
-//! expect and answers a oneshot when it has counted them all.
+//! expect and answers a oneshot when it has counted them all. (The remote sink runs in this
+//! process, so it is told that locally, through its `Pid`.)
 //!
 //! Run all groups with `cargo bench --bench message_throughput`, or one group by name, e.g.
-//! `cargo bench --bench message_throughput -- tell_one_to_one`.
+//! `cargo bench --bench message_throughput -- tell_one_to_one`; the remote groups alone with
+//! `cargo bench --bench message_throughput -- remote`.
 
 use std::future::Future;
 use std::hint::black_box;
-use std::time::Duration;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use criterion::measurement::WallTime;
 use criterion::{
     BenchmarkGroup, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
-use muster::actor::{Context, Pid, Process, Reply, System};
+use muster::actor::{Context, Node, Pid, Process, RemoteError, RemotePid, Reply, System, Upid};
+use tokio::io::{
+    AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufStream, BufWriter,
+};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 
@@ -404,6 +433,427 @@ fn bench_spawn_stop(c: &mut Criterion) {
     assert!(system.is_empty(), "every spawned process has ended");
 }
 
+// ---------------------------------------------------------------------------------------------
+// Remote: two nodes in this process, one tonic link over loopback, next to raw TCP + prost.
+// ---------------------------------------------------------------------------------------------
+
+/// The told message: small, as most control traffic is.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Tick {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+}
+
+impl prost::Name for Tick {
+    const NAME: &'static str = "Tick";
+    const PACKAGE: &'static str = "muster.bench";
+}
+
+/// The asked request.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Ping {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+}
+
+impl prost::Name for Ping {
+    const NAME: &'static str = "Ping";
+    const PACKAGE: &'static str = "muster.bench";
+}
+
+/// The answer.
+#[derive(Clone, PartialEq, prost::Message)]
+struct Pong {
+    #[prost(uint64, tag = "1")]
+    seq: u64,
+}
+
+impl prost::Name for Pong {
+    const NAME: &'static str = "Pong";
+    const PACKAGE: &'static str = "muster.bench";
+}
+
+/// Messages told over the link per iteration in `remote_tell`.
+const REMOTE_TELLS: u64 = 100_000;
+/// Sequential round trips per iteration in `remote_ask`.
+const REMOTE_ASKS: u64 = 2_000;
+/// Round trips timed one by one for the latency percentiles printed after `remote_ask`.
+const LATENCY_SAMPLES: usize = 5_000;
+
+/// Node B, serving `sink` (counts `Tick`s) and `echo` (answers `Ping`s), and node A, which
+/// reaches them over one link. Both nodes live in this process, on the bench runtime.
+struct Nodes {
+    system: System,
+    a: Node,
+    b: Node,
+}
+
+impl Nodes {
+    async fn bind() -> Nodes {
+        let system = System::new();
+        let b = Node::bind(&system, "127.0.0.1:0")
+            .await
+            .expect("bind node B");
+        let a = Node::bind(&system, "127.0.0.1:0")
+            .await
+            .expect("bind node A");
+        Nodes { system, a, b }
+    }
+
+    /// A handle, on node A, to the process named `name` on node B.
+    fn remote(&self, name: &str) -> RemotePid {
+        self.a
+            .remote(Upid::new(name, self.b.address()).expect("a valid upid"))
+    }
+
+    async fn shutdown(self) {
+        self.a.shutdown();
+        self.b.shutdown();
+        self.system.shutdown().await;
+    }
+}
+
+/// One timed `remote_tell` iteration: tell the sink (locally, through its `Pid`) how many ticks
+/// to expect, tell `n` ticks through node A, and wait for the sink to have counted the last.
+/// A full peer queue (`max_queued_per_peer`) is waited out, as a sender would; `waits` counts
+/// how often that happened.
+async fn remote_tell_batch(sink: Pid<Sink>, remote: RemotePid, n: u64, waits: Arc<AtomicU64>) {
+    let (done, handled) = oneshot::channel();
+    sink.tell(SinkMsg::Expect(n, done))
+        .expect("the sink process is running");
+    for seq in 0..n {
+        loop {
+            match remote.tell(Tick { seq }) {
+                Ok(()) => break,
+                Err(RemoteError::QueueFull(_)) => {
+                    waits.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+                Err(e) => panic!("remote tell failed: {e}"),
+            }
+        }
+    }
+    handled
+        .await
+        .expect("the sink answers when all ticks are in");
+}
+
+/// A connected pair of loopback sockets with Nagle off, as tonic's are.
+async fn loopback() -> (TcpStream, TcpStream) {
+    let listener = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind a loopback listener");
+    let address = listener.local_addr().expect("listener address");
+    let (client, accepted) = tokio::join!(TcpStream::connect(address), listener.accept());
+    let client = client.expect("connect over loopback");
+    let (server, _) = accepted.expect("accept over loopback");
+    for socket in [&client, &server] {
+        socket.set_nodelay(true).expect("set TCP_NODELAY");
+    }
+    (client, server)
+}
+
+/// Writes `msg` with a 4-byte little-endian length prefix (into the writer's buffer; the
+/// caller flushes). `scratch` is reused between messages.
+async fn write_framed<W, M>(writer: &mut W, msg: &M, scratch: &mut Vec<u8>)
+where
+    W: AsyncWrite + Unpin,
+    M: prost::Message,
+{
+    scratch.clear();
+    let len = u32::try_from(msg.encoded_len()).expect("a small message");
+    scratch.extend_from_slice(&len.to_le_bytes());
+    msg.encode(scratch).expect("a Vec grows as needed");
+    writer
+        .write_all(scratch)
+        .await
+        .expect("write to the loopback socket");
+}
+
+/// Reads one length-prefixed message; `None` once the peer has closed the connection.
+async fn read_framed<R, M>(reader: &mut R, scratch: &mut Vec<u8>) -> Option<M>
+where
+    R: AsyncRead + Unpin,
+    M: prost::Message + Default,
+{
+    let len = match reader.read_u32_le().await {
+        Ok(len) => len as usize,
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return None,
+        Err(e) => panic!("read from the loopback socket: {e}"),
+    };
+    scratch.resize(len, 0);
+    reader
+        .read_exact(scratch)
+        .await
+        .expect("read a whole message");
+    Some(M::decode(&scratch[..]).expect("a well-formed message"))
+}
+
+/// The sending end of the raw tell baseline: a buffered socket, and the reader task's word
+/// that another whole batch has been decoded.
+struct RawTellClient {
+    writer: BufWriter<TcpStream>,
+    batches: mpsc::UnboundedReceiver<()>,
+    scratch: Vec<u8>,
+}
+
+impl RawTellClient {
+    /// Starts the reader task on the other end of a fresh loopback connection.
+    async fn connect() -> RawTellClient {
+        let (client, server) = loopback().await;
+        let (done, batches) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            let mut reader = BufReader::new(server);
+            let mut scratch = Vec::new();
+            let mut count = 0u64;
+            while let Some(tick) = read_framed::<_, Tick>(&mut reader, &mut scratch).await {
+                black_box(tick.seq);
+                count += 1;
+                if count.is_multiple_of(REMOTE_TELLS) {
+                    let _ = done.send(());
+                }
+            }
+        });
+        RawTellClient {
+            writer: BufWriter::new(client),
+            batches,
+            scratch: Vec::new(),
+        }
+    }
+
+    /// One timed `raw_tcp_prost` tell iteration: write `REMOTE_TELLS` ticks, flush, and wait
+    /// until the reader has decoded the last.
+    async fn batch(&mut self) {
+        for seq in 0..REMOTE_TELLS {
+            write_framed(&mut self.writer, &Tick { seq }, &mut self.scratch).await;
+        }
+        self.writer
+            .flush()
+            .await
+            .expect("flush the loopback socket");
+        self.batches
+            .recv()
+            .await
+            .expect("the reader task decodes every batch");
+    }
+}
+
+fn bench_remote_tell(c: &mut Criterion) {
+    let rt = runtime();
+    let waits = Arc::new(AtomicU64::new(0));
+    let (nodes, sink, remote, raw) = rt.block_on(async {
+        let nodes = Nodes::bind().await;
+        let sink = nodes.system.spawn(Sink::default());
+        nodes
+            .b
+            .register("sink", &sink)
+            .expect("register the sink")
+            .install::<Tick>(|tick| SinkMsg::Item(tick.seq));
+        let remote = nodes.remote("sink");
+        // Connect the link outside the timed loop.
+        remote_tell_batch(sink.clone(), remote.clone(), 1, Arc::clone(&waits)).await;
+        let raw = RawTellClient::connect().await;
+        (nodes, sink, remote, Arc::new(tokio::sync::Mutex::new(raw)))
+    });
+    waits.store(0, Ordering::Relaxed);
+    let received_before = nodes.b.stats();
+
+    let mut group = c.benchmark_group("remote_tell");
+    configure(&mut group, REMOTE_TELLS);
+    group.bench_function("muster_remote_tell", |bench| {
+        bench.to_async(&rt).iter(|| {
+            on_worker(remote_tell_batch(
+                sink.clone(),
+                remote.clone(),
+                REMOTE_TELLS,
+                Arc::clone(&waits),
+            ))
+        });
+    });
+    group.bench_function("raw_tcp_prost", |bench| {
+        bench.to_async(&rt).iter(|| {
+            let raw = Arc::clone(&raw);
+            on_worker(async move { raw.lock().await.batch().await })
+        });
+    });
+    group.finish();
+
+    let received = nodes.b.stats();
+    let envelopes = received.envelopes_received - received_before.envelopes_received;
+    let frames = received.frames_received - received_before.frames_received;
+    if frames > 0 {
+        eprintln!(
+            "remote_tell: {envelopes} envelopes in {frames} frames ({:.0} per frame), \
+             {} waits on a full peer queue, {} dead letters",
+            envelopes as f64 / frames as f64,
+            waits.load(Ordering::Relaxed),
+            received.dead_letters(),
+        );
+    }
+    rt.block_on(nodes.shutdown());
+}
+
+/// Answers each remote `Ping` with its `seq`.
+struct RemoteEcho;
+
+enum RemoteEchoMsg {
+    Ping(Ping, Reply<Pong>),
+}
+
+impl Process for RemoteEcho {
+    type Message = RemoteEchoMsg;
+
+    async fn handle(&mut self, msg: RemoteEchoMsg, _ctx: &mut Context<Self>) {
+        let RemoteEchoMsg::Ping(ping, reply) = msg;
+        reply.send(Pong { seq: ping.seq });
+    }
+}
+
+/// The asking end of the raw ask baseline: one buffered socket to a task that answers each
+/// `Ping` with a `Pong` and flushes.
+struct RawAskClient {
+    stream: BufStream<TcpStream>,
+    scratch: Vec<u8>,
+}
+
+impl RawAskClient {
+    async fn connect() -> RawAskClient {
+        let (client, server) = loopback().await;
+        tokio::spawn(async move {
+            let mut stream = BufStream::new(server);
+            let mut scratch = Vec::new();
+            while let Some(ping) = read_framed::<_, Ping>(&mut stream, &mut scratch).await {
+                write_framed(&mut stream, &Pong { seq: ping.seq }, &mut scratch).await;
+                stream.flush().await.expect("flush the answer");
+            }
+        });
+        RawAskClient {
+            stream: BufStream::new(client),
+            scratch: Vec::new(),
+        }
+    }
+
+    /// One round trip: write the request, flush, read the answer.
+    async fn ask(&mut self, seq: u64) -> Pong {
+        write_framed(&mut self.stream, &Ping { seq }, &mut self.scratch).await;
+        self.stream.flush().await.expect("flush the request");
+        read_framed(&mut self.stream, &mut self.scratch)
+            .await
+            .expect("the serving task answers")
+    }
+}
+
+async fn remote_asks(echo: RemotePid, n: u64) {
+    for seq in 0..n {
+        let pong: Pong = echo.ask(Ping { seq }).await.expect("echo answers");
+        black_box(pong.seq);
+    }
+}
+
+async fn raw_asks(raw: Arc<tokio::sync::Mutex<RawAskClient>>, n: u64) {
+    let mut raw = raw.lock().await;
+    for seq in 0..n {
+        black_box(raw.ask(seq).await.seq);
+    }
+}
+
+/// Times `LATENCY_SAMPLES` round trips one by one, on a worker, for both cases, and returns
+/// the sorted samples of each.
+async fn ask_latencies(
+    echo: RemotePid,
+    raw: Arc<tokio::sync::Mutex<RawAskClient>>,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let muster = on_worker(async move {
+        let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
+        for seq in 0..LATENCY_SAMPLES as u64 {
+            let start = Instant::now();
+            let pong: Pong = echo.ask(Ping { seq }).await.expect("echo answers");
+            samples.push(start.elapsed());
+            black_box(pong.seq);
+        }
+        samples
+    });
+    let muster = muster.await;
+    let raw = on_worker(async move {
+        let mut raw = raw.lock().await;
+        let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
+        for seq in 0..LATENCY_SAMPLES as u64 {
+            let start = Instant::now();
+            black_box(raw.ask(seq).await.seq);
+            samples.push(start.elapsed());
+        }
+        samples
+    })
+    .await;
+    let sorted = |mut samples: Vec<Duration>| {
+        samples.sort_unstable();
+        samples
+    };
+    (sorted(muster), sorted(raw))
+}
+
+/// `p50 / p90 / p99` of sorted samples, in µs.
+fn percentiles(sorted: &[Duration]) -> String {
+    let at = |q: f64| {
+        let i = ((sorted.len() as f64 * q) as usize).min(sorted.len() - 1);
+        sorted[i].as_secs_f64() * 1e6
+    };
+    format!(
+        "p50 {:.1} µs, p90 {:.1} µs, p99 {:.1} µs",
+        at(0.5),
+        at(0.9),
+        at(0.99)
+    )
+}
+
+fn bench_remote_ask(c: &mut Criterion) {
+    let rt = runtime();
+    let (nodes, echo, raw) = rt.block_on(async {
+        let nodes = Nodes::bind().await;
+        let pid = nodes.system.spawn(RemoteEcho);
+        nodes
+            .b
+            .register("echo", &pid)
+            .expect("register the echo")
+            .install_ask::<Ping, Pong>(RemoteEchoMsg::Ping);
+        let echo = nodes.remote("echo");
+        // Connect the link outside the timed loop.
+        remote_asks(echo.clone(), 10).await;
+        let raw = Arc::new(tokio::sync::Mutex::new(RawAskClient::connect().await));
+        (nodes, echo, raw)
+    });
+
+    let mut ran = false;
+    let mut group = c.benchmark_group("remote_ask");
+    configure(&mut group, REMOTE_ASKS);
+    group.bench_function("muster_remote_ask", |bench| {
+        ran = true;
+        bench
+            .to_async(&rt)
+            .iter(|| on_worker(remote_asks(echo.clone(), REMOTE_ASKS)));
+    });
+    group.bench_function("raw_tcp_prost", |bench| {
+        bench
+            .to_async(&rt)
+            .iter(|| on_worker(raw_asks(Arc::clone(&raw), REMOTE_ASKS)));
+    });
+    group.finish();
+
+    // Criterion's time per iteration divided by `REMOTE_ASKS` is the mean round trip; the
+    // median (the target) needs each round trip timed on its own. Skipped when the group was
+    // filtered out.
+    if ran {
+        let (muster, raw_tcp) = rt.block_on(ask_latencies(echo.clone(), Arc::clone(&raw)));
+        eprintln!(
+            "remote_ask round trip over {LATENCY_SAMPLES} sequential asks: \
+             muster_remote_ask {}; raw_tcp_prost {}",
+            percentiles(&muster),
+            percentiles(&raw_tcp)
+        );
+    }
+    rt.block_on(nodes.shutdown());
+}
+
 criterion_group!(
     local,
     bench_tell_one_to_one,
@@ -411,6 +861,5 @@ criterion_group!(
     bench_ask_round_trip,
     bench_spawn_stop
 );
-// Remote groups (tell and ask over the tonic transport) go in their own `criterion_group!`,
-// e.g. `remote`, listed here next to `local`.
-criterion_main!(local);
+criterion_group!(remote, bench_remote_tell, bench_remote_ask);
+criterion_main!(local, remote);
