@@ -51,7 +51,13 @@ async fn live<P: Process>(
         if let Some(reason) = ctx.stop_requested.take() {
             return reason;
         }
-        let envelope = mailbox.recv(&shared.mailbox).await;
+        let Some(envelope) = mailbox.recv(&shared.mailbox).await else {
+            // Interrupted: a termination request arrived while the queue was empty.
+            if let Some(reason) = shared.terminate.get() {
+                return reason.clone();
+            }
+            continue;
+        };
         if let Some(reason) = shared.terminate.get().cloned() {
             if matches!(envelope, Envelope::Message(_)) {
                 ctx.undelivered += 1;
@@ -74,7 +80,6 @@ async fn live<P: Process>(
                 let (who, reason) = *exit;
                 std::panic::catch_unwind(AssertUnwindSafe(|| process.exited(who, reason, ctx)))
             }
-            Envelope::Wake => Ok(()),
         };
         if let Err(panic) = outcome {
             return ExitReason::Panicked(panic_message(&*panic));

@@ -30,8 +30,6 @@ pub(crate) enum Envelope<P: Process> {
     /// A linked process ended. Boxed because it is rare and large (~80 bytes): inline, it
     /// would make every mailbox slot that large, whatever the message size.
     Exited(Box<(ProcessRef, ExitReason)>),
-    /// Wakes the process so it notices a termination request.
-    Wake,
 }
 
 /// How many user messages a mailbox holds before `tell` answers `Busy`.
@@ -56,6 +54,8 @@ struct Queue<T> {
     closed: bool,
     /// The receiver, parked until the next push.
     receiver: Option<Waker>,
+    /// Set by `interrupt`: the receiver's next wait returns without an envelope.
+    interrupted: bool,
 }
 
 /// The receiving side's current batch, owned by the process's task.
@@ -74,6 +74,7 @@ impl<P: Process> Mailbox<P> {
                 items: VecDeque::new(),
                 closed: false,
                 receiver: None,
+                interrupted: false,
             }),
             limit,
         }
@@ -130,6 +131,19 @@ impl<P: Process> Mailbox<P> {
         Ok(())
     }
 
+    /// Makes the receiver look up from its queue (to notice a termination request) without
+    /// queueing anything: no allocation, and no envelope that could be mistaken for work.
+    pub(crate) fn interrupt(&self) {
+        let receiver = {
+            let mut queue = lock(&self.queue);
+            queue.interrupted = true;
+            queue.receiver.take()
+        };
+        if let Some(receiver) = receiver {
+            receiver.wake();
+        }
+    }
+
     /// True once the process has ended (or is ending) and takes no more envelopes.
     pub(crate) fn is_closed(&self) -> bool {
         lock(&self.queue).closed
@@ -150,16 +164,20 @@ impl<P: Process> MailboxReceiver<P> {
         }
     }
 
-    /// The next envelope, waiting for one if the queue is empty.
-    pub(crate) async fn recv(&mut self, mailbox: &Mailbox<P>) -> Envelope<P> {
+    /// The next envelope, waiting for one if the queue is empty; `None` if
+    /// [`interrupt`](Mailbox::interrupt)ed while waiting.
+    pub(crate) async fn recv(&mut self, mailbox: &Mailbox<P>) -> Option<Envelope<P>> {
         loop {
             if let Some(envelope) = self.batch.pop_front() {
                 // Give other tasks on this worker a turn now and then, as a channel would.
                 tokio::task::consume_budget().await;
-                return envelope;
+                return Some(envelope);
             }
-            std::future::poll_fn(|cx| {
+            let interrupted = std::future::poll_fn(|cx| {
                 let mut queue = lock(&mailbox.queue);
+                if std::mem::take(&mut queue.interrupted) {
+                    return Poll::Ready(true);
+                }
                 if queue.items.is_empty() {
                     if !queue
                         .receiver
@@ -171,9 +189,12 @@ impl<P: Process> MailboxReceiver<P> {
                     return Poll::Pending;
                 }
                 std::mem::swap(&mut queue.items, &mut self.batch);
-                Poll::Ready(())
+                Poll::Ready(false)
             })
             .await;
+            if interrupted {
+                return None;
+            }
         }
     }
 

@@ -90,7 +90,7 @@ impl<P: Process> Shared<P> {
 
     pub(crate) fn request_terminate(&self, reason: ExitReason) {
         if self.terminate.set(reason).is_ok() {
-            self.mailbox.signal(Envelope::Wake);
+            self.mailbox.interrupt();
         }
     }
 
