@@ -87,6 +87,14 @@ pub enum RemoteError {
     /// The connection to the node was lost before the answer came.
     #[error("connection to {0} lost")]
     ConnectionLost(String),
+    /// The node could not be reached (refused, timed out, no route); the link keeps retrying.
+    #[error("cannot reach {node}: {reason}")]
+    Unreachable {
+        /// The node's address, `host:port`.
+        node: String,
+        /// What the connection attempt said.
+        reason: String,
+    },
     /// Too many messages are queued for an unreachable node.
     #[error("too many messages queued for {0}")]
     QueueFull(String),

@@ -417,8 +417,81 @@ async fn linked_processes_hear_of_a_lost_connection_and_asks_fail() -> anyhow::R
         .ask_timeout::<Ping, Pong>(Duration::from_secs(10), Ping::default())
         .await;
     assert!(
-        matches!(err, Err(AskError::Remote(RemoteError::ConnectionLost(_)))),
+        matches!(
+            err,
+            Err(AskError::Remote(
+                RemoteError::ConnectionLost(_) | RemoteError::Unreachable { .. }
+            ))
+        ),
         "{err:?}"
     );
     Ok(())
+}
+
+#[tokio::test]
+async fn a_link_reconnects_when_its_peer_comes_back_on_the_same_address() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let address = b.address().to_owned();
+    let mut config = NodeConfig::default();
+    config.reconnect_max = Duration::from_millis(200);
+    let a = Node::bind_with(&system, "127.0.0.1:0", config).await?;
+    let pong = a.remote(pong_at(&b));
+    let first: Pong = pong
+        .ask(Ping {
+            seq: 1,
+            payload: vec![],
+        })
+        .await?;
+    assert_eq!(first.seq, 2);
+
+    b.shutdown();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    // The old server lets go of the port once its graceful stop completes.
+    let b = loop {
+        match pong_node_at(&system, &address).await {
+            Ok(node) => break node,
+            Err(_port_still_held) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(e.context("rebinding the peer's address")),
+        }
+    };
+
+    // Asks made while the link is down fail (lost, then unreachable); once the backoff brings the link
+    // back, the same handle works again.
+    let answer = loop {
+        match pong
+            .ask_timeout::<Ping, Pong>(
+                Duration::from_secs(1),
+                Ping {
+                    seq: 7,
+                    payload: vec![],
+                },
+            )
+            .await
+        {
+            Ok(answer) => break answer,
+            Err(
+                AskError::Remote(RemoteError::ConnectionLost(_) | RemoteError::Unreachable { .. })
+                | AskError::Timeout(_),
+            ) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => anyhow::bail!("no reconnect within 10 s: {e}"),
+        }
+    };
+    assert_eq!(answer.seq, 8);
+    b.shutdown();
+    Ok(())
+}
+
+/// A "pong" node on a given address (for a peer that comes back where it was).
+async fn pong_node_at(system: &System, address: &str) -> anyhow::Result<Node> {
+    let node = Node::bind(system, address).await?;
+    let (told, _seqs) = mpsc::unbounded_channel();
+    let pid = system.spawn(Ponger { told });
+    node.register("pong", &pid)?
+        .install_ask::<Ping, Pong>(PongerMsg::Ping);
+    Ok(node)
 }

@@ -28,7 +28,7 @@ use crate::{Pid, Process, RemoteError, System};
 #[non_exhaustive]
 pub enum NodeError {
     /// The listen address is not `host:port`.
-    #[error("invalid listen address {address:?}: {source}")]
+    #[error("invalid listen address {address:?} (expected host:port)")]
     InvalidListenAddress {
         /// The address as given.
         address: String,
@@ -36,7 +36,7 @@ pub enum NodeError {
         source: std::net::AddrParseError,
     },
     /// The port is in use, or binding failed otherwise.
-    #[error("cannot listen on {address}: {source}")]
+    #[error("cannot listen on {address}")]
     Bind {
         /// The address.
         address: SocketAddr,
@@ -358,10 +358,10 @@ async fn run_outbound(
             Err(reason) => {
                 failures = failures.saturating_add(1);
                 tracing::warn!(peer = %link.node, %reason, failures, "cannot reach peer");
-                link.lost(RemoteError::ConnectionLost(format!(
-                    "{} (unreachable: {reason})",
-                    link.node
-                )));
+                link.lost(RemoteError::Unreachable {
+                    node: link.node.clone(),
+                    reason,
+                });
             }
         }
         let delay = node.config.reconnect_delay(failures.max(1));
@@ -404,10 +404,16 @@ async fn connect(
 /// An error and its causes, for a log line that says what actually failed.
 fn source_chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
+    let mut last = text.clone();
     let mut source = error.source();
     while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
+        let cause_text = cause.to_string();
+        // tonic and hyper wrap errors in layers that repeat the same words.
+        if cause_text != last {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        last = cause_text;
         source = cause.source();
     }
     text

@@ -79,8 +79,8 @@ impl RemotePid {
     ///
     /// # Errors
     /// [`AskError::Remote`] with the far side's reason (unknown process or type, malformed,
-    /// refused, no reply), or [`RemoteError::ConnectionLost`] if the link broke or the node
-    /// could not be reached before the answer came.
+    /// refused, no reply), [`RemoteError::ConnectionLost`] if the link broke before the answer
+    /// came, or [`RemoteError::Unreachable`] if the node could not be reached.
     ///
     /// # Cancel safety
     /// Cancelling forgets the request; a late answer is counted and dropped.
