@@ -6,6 +6,10 @@
 //! members (power of two choices) and picks the lighter; a member already at the in-flight limit
 //! is "busy, go away", and the request waits in the pool's backlog until the first member frees
 //! up. Round-robin stays available for comparison.
+//!
+//! Members are not restarted: a member that ends is routed around, and once none is left, sends
+//! fail with `Stopped` and the backlog is dropped (its asks fail). Put a pool under a
+//! [`Supervisor`](crate::Supervisor)'s care by supervising the process that owns it.
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -91,6 +95,12 @@ impl PoolBuilder {
                     pool.member_done(index);
                 }
             }));
+            let pool = Arc::downgrade(&shared);
+            member.pid.inner.on_exit(Box::new(move |_| {
+                if let Some(pool) = pool.upgrade() {
+                    pool.member_exited();
+                }
+            }));
         }
         Pool { shared }
     }
@@ -138,7 +148,13 @@ impl<P: Process> Pool<P> {
     pub async fn ask<R>(&self, make: impl FnOnce(Reply<R>) -> P::Message) -> Result<R, AskError> {
         let (reply, answer) = Reply::local();
         self.tell(make(reply)).map_err(|_| AskError::Stopped)?;
-        answer.await.map_err(|_| AskError::NoReply)
+        answer.await.map_err(|_| {
+            if self.shared.any_alive() {
+                AskError::NoReply
+            } else {
+                AskError::Stopped
+            }
+        })
     }
 
     /// The members, in index order.
@@ -172,7 +188,13 @@ impl<P: Process> PoolShared<P> {
     fn route(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
         let index = match self.routing {
             Routing::RoundRobin => {
-                let index = self.next.fetch_add(1, SeqCst) % self.members.len();
+                let n = self.members.len();
+                let Some(index) = (0..n)
+                    .map(|_| self.next.fetch_add(1, SeqCst) % n)
+                    .find(|&i| self.members[i].pid.is_alive())
+                else {
+                    return Err(TellError::Stopped(msg));
+                };
                 self.members[index].load.fetch_add(1, SeqCst);
                 index
             }
@@ -208,6 +230,9 @@ impl<P: Process> PoolShared<P> {
             drop(backlog);
             return self.deliver(index, msg);
         }
+        if !self.any_alive() {
+            return Err(TellError::Stopped(msg));
+        }
         backlog.push_back(msg);
         self.backlog_len.fetch_add(1, SeqCst);
         // A member may have finished after the scan but before the push became visible, and
@@ -228,7 +253,15 @@ impl<P: Process> PoolShared<P> {
         (0..self.members.len()).find(|&i| self.try_reserve(i))
     }
 
+    fn any_alive(&self) -> bool {
+        self.members.iter().any(|m| m.pid.is_alive())
+    }
+
+    /// Takes one of `index`'s in-flight slots, if it is alive and below the limit.
     fn try_reserve(&self, index: usize) -> bool {
+        if !self.members[index].pid.is_alive() {
+            return false;
+        }
         let load = &self.members[index].load;
         let mut current = load.load(SeqCst);
         while current < self.max_in_flight {
@@ -245,6 +278,22 @@ impl<P: Process> PoolShared<P> {
         member.pid.tell(msg).inspect_err(|_| {
             member.load.fetch_sub(1, SeqCst);
         })
+    }
+
+    /// A member ended. Once none is left, nobody will take the backlog: drop it, so its asks
+    /// fail instead of waiting forever.
+    fn member_exited(&self) {
+        if self.any_alive() {
+            return;
+        }
+        let abandoned = std::mem::take(&mut *lock(&self.backlog));
+        self.backlog_len.store(0, SeqCst);
+        if !abandoned.is_empty() {
+            tracing::warn!(
+                requests = abandoned.len(),
+                "every pool member has ended; dropping the backlog"
+            );
+        }
     }
 
     /// A member handled a request: it takes the oldest backlog entry if there is one.

@@ -163,3 +163,33 @@ async fn pool_answers_and_its_loads_drain_back_to_zero() -> anyhow::Result<()> {
     assert_eq!(pool.backlog(), 0);
     Ok(())
 }
+
+#[tokio::test]
+async fn ended_members_are_routed_around_and_a_pool_with_none_left_says_stopped() {
+    let system = System::new();
+    for routing in [Routing::LeastLoaded, Routing::RoundRobin] {
+        let pool = PoolBuilder::new(3)
+            .routing(routing)
+            .spawn(&system, |index| Worker {
+                index,
+                cost: Cost::Sleep(Duration::ZERO),
+            });
+        let members = pool.members();
+        members[0].terminate();
+        members[0].wait().await;
+        for n in 0..20 {
+            let (index, square) = pool
+                .ask(|reply| WorkerMsg::Work(n, reply))
+                .await
+                .expect("a live member answers");
+            assert_ne!(index, 0, "{routing:?} routed to the ended member");
+            assert_eq!(square, n * n);
+        }
+        for member in &members[1..] {
+            member.terminate();
+            member.wait().await;
+        }
+        let asked = pool.ask(|reply| WorkerMsg::Work(2, reply)).await;
+        assert_eq!(asked, Err(muster_actor::AskError::Stopped), "{routing:?}");
+    }
+}
