@@ -95,15 +95,26 @@ impl<P: Process> Shared<P> {
     }
 
     pub(crate) async fn wait(&self) -> ExitReason {
+        // Fast path, without registering with `exited` (a lock to insert, one to remove).
+        if let Some(reason) = self.announced_exit() {
+            return reason;
+        }
         let mut notified = pin!(self.exited.notified());
         notified.as_mut().enable();
-        if self.announced.load(Ordering::Acquire)
-            && let Some(reason) = self.exit.get()
-        {
-            return reason.clone();
+        if let Some(reason) = self.announced_exit() {
+            return reason;
         }
         notified.await;
         self.exit.get().cloned().unwrap_or(ExitReason::Normal)
+    }
+
+    /// The exit reason, once the end has been announced to every watcher.
+    fn announced_exit(&self) -> Option<ExitReason> {
+        if self.announced.load(Ordering::Acquire) {
+            self.exit.get().cloned()
+        } else {
+            None
+        }
     }
 }
 
