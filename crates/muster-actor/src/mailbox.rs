@@ -38,7 +38,8 @@ pub enum MailboxCapacity {
     /// No limit: `tell` only fails once the process has stopped.
     #[default]
     Unbounded,
-    /// At most this many queued user messages.
+    /// At most this many queued user messages (at least 1; at most
+    /// `tokio::sync::Semaphore::MAX_PERMITS`).
     Bounded(usize),
 }
 
@@ -67,7 +68,7 @@ impl<P: Process> Mailbox<P> {
     pub(crate) fn new(capacity: MailboxCapacity) -> Self {
         let limit = match capacity {
             MailboxCapacity::Unbounded => None,
-            MailboxCapacity::Bounded(n) => Some(Semaphore::new(n)),
+            MailboxCapacity::Bounded(n) => Some(Semaphore::new(n.clamp(1, Semaphore::MAX_PERMITS))),
         };
         Mailbox {
             queue: Mutex::new(Queue {

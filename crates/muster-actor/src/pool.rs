@@ -244,7 +244,7 @@ impl<P: Process> PoolShared<P> {
                 drop(backlog);
                 return self.deliver(index, msg);
             }
-            self.members[index].load.fetch_sub(1, SeqCst);
+            self.release(index);
         }
         Ok(())
     }
@@ -275,9 +275,7 @@ impl<P: Process> PoolShared<P> {
 
     fn deliver(&self, index: usize, msg: P::Message) -> Result<(), TellError<P::Message>> {
         let member = &self.members[index];
-        member.pid.tell(msg).inspect_err(|_| {
-            member.load.fetch_sub(1, SeqCst);
-        })
+        member.pid.tell(msg).inspect_err(|_| self.release(index))
     }
 
     /// A member ended. Once none is left, nobody will take the backlog: drop it, so its asks
@@ -296,9 +294,17 @@ impl<P: Process> PoolShared<P> {
         }
     }
 
+    /// Gives back one of `index`'s in-flight slots. Saturating: a message told to a member
+    /// directly (through [`Pool::members`]) was never counted, and must not wrap the count.
+    fn release(&self, index: usize) {
+        let _ = self.members[index]
+            .load
+            .fetch_update(SeqCst, SeqCst, |load| load.checked_sub(1));
+    }
+
     /// A member handled a request: it takes the oldest backlog entry if there is one.
     fn member_done(&self, index: usize) {
-        self.members[index].load.fetch_sub(1, SeqCst);
+        self.release(index);
         if self.backlog_len.load(SeqCst) == 0 {
             return;
         }

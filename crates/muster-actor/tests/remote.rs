@@ -495,3 +495,108 @@ async fn pong_node_at(system: &System, address: &str) -> anyhow::Result<Node> {
         .install_ask::<Ping, Pong>(PongerMsg::Ping);
     Ok(node)
 }
+
+#[tokio::test]
+async fn after_shutdown_a_node_refuses_at_once_instead_of_hanging() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    a.shutdown();
+    let pong = a.remote(pong_at(&b));
+    let err = pong
+        .ask_timeout::<Ping, Pong>(Duration::from_secs(30), Ping::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AskError::Remote(RemoteError::ConnectionLost(_))),
+        "{err:?}"
+    );
+    assert!(matches!(
+        pong.tell(Ping::default()),
+        Err(RemoteError::ConnectionLost(_))
+    ));
+    Ok(())
+}
+
+/// Answers pings and reports each one it handled.
+struct CountingPonger {
+    handled: mpsc::UnboundedSender<u64>,
+}
+
+impl Process for CountingPonger {
+    type Message = (Ping, Reply<Pong>);
+    async fn handle(&mut self, (ping, reply): Self::Message, _ctx: &mut Context<Self>) {
+        let _ = self.handled.send(ping.seq);
+        reply.send(Pong { seq: ping.seq + 1 });
+    }
+}
+
+#[tokio::test]
+async fn asks_that_failed_while_the_peer_was_down_never_run_when_it_returns() -> anyhow::Result<()>
+{
+    let system = System::new();
+    // Reserve an address, then free it: nothing listens there for now.
+    let placeholder = Node::bind(&system, "127.0.0.1:0").await?;
+    let address = placeholder.address().to_owned();
+    placeholder.shutdown();
+
+    let mut config = NodeConfig::default();
+    config.reconnect_max = Duration::from_millis(100);
+    let a = Node::bind_with(&system, "127.0.0.1:0", config).await?;
+    let pong = a.remote(Upid::new("pong", &address)?);
+    for seq in 0..5 {
+        let failed = pong
+            .ask::<Ping, Pong>(Ping {
+                seq,
+                payload: vec![],
+            })
+            .await;
+        assert!(failed.is_err(), "nobody listens yet: {failed:?}");
+    }
+
+    let (handled, mut seen) = mpsc::unbounded_channel();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let b = loop {
+        match Node::bind(&system, &address).await {
+            Ok(node) => break node,
+            Err(_port_still_held) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let pid = system.spawn(CountingPonger { handled });
+    b.register("pong", &pid)?
+        .install_ask::<Ping, Pong>(|ping, reply| (ping, reply));
+
+    let answer = loop {
+        match pong
+            .ask_timeout::<Ping, Pong>(
+                Duration::from_secs(1),
+                Ping {
+                    seq: 100,
+                    payload: vec![],
+                },
+            )
+            .await
+        {
+            Ok(answer) => break answer,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => anyhow::bail!("no reconnect within 10 s: {e}"),
+        }
+    };
+    assert_eq!(answer.seq, 101);
+    // Everything the peer handled, in order: only the asks someone was still waiting for.
+    pid.dispatch(|_, _| ()).await?;
+    let mut handled_seqs = Vec::new();
+    while let Ok(seq) = seen.try_recv() {
+        handled_seqs.push(seq);
+    }
+    assert!(
+        handled_seqs.iter().all(|&seq| seq == 100),
+        "asks already reported as failed were run later: {handled_seqs:?}"
+    );
+    Ok(())
+}

@@ -11,7 +11,7 @@ pub struct NodeConfig {
     /// message fails at once with [`RemoteError::Oversized`](crate::RemoteError::Oversized);
     /// a larger incoming one is answered with that error and the link carries on.
     pub max_message_size: usize,
-    /// Envelopes queued for one peer (default 65,536); past that, sends fail with
+    /// Envelopes queued for one peer (default 65,536, at least 1); past that, sends fail with
     /// [`RemoteError::QueueFull`](crate::RemoteError::QueueFull) instead of growing memory.
     pub max_queued_per_peer: usize,
     /// Most envelopes batched into one frame (default 1,024).
@@ -22,6 +22,11 @@ pub struct NodeConfig {
     pub reconnect_min: Duration,
     /// Cap on the reconnect delay (default 5 s). Each delay is jittered by up to half.
     pub reconnect_max: Duration,
+    /// How often an idle link sends an HTTP/2 ping (default 10 s), so that a peer that vanished
+    /// without closing its connection is noticed.
+    pub keepalive_interval: Duration,
+    /// How long a ping may go unanswered before the link counts as lost (default 20 s).
+    pub keepalive_timeout: Duration,
 }
 
 impl Default for NodeConfig {
@@ -33,6 +38,8 @@ impl Default for NodeConfig {
             connect_timeout: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(5),
+            keepalive_interval: Duration::from_secs(10),
+            keepalive_timeout: Duration::from_secs(20),
         }
     }
 }

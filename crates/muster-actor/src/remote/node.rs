@@ -126,6 +126,8 @@ impl Node {
         let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
         let server = Server::builder()
             .tcp_nodelay(true)
+            .http2_keepalive_interval(Some(inner.config.keepalive_interval))
+            .http2_keepalive_timeout(Some(inner.config.keepalive_timeout))
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stopped.wait_for(|stop| *stop).await;
@@ -204,7 +206,7 @@ impl Node {
         let _ = self.inner.shutdown.send(true);
         let peers = std::mem::take(&mut *lock(&self.inner.peers));
         for link in peers.into_values() {
-            link.lost(RemoteError::ConnectionLost(link.node.clone()));
+            link.close(RemoteError::ConnectionLost(link.node.clone()));
         }
     }
 }
@@ -233,6 +235,10 @@ impl NodeInner {
             return Arc::clone(link);
         }
         let (link, queue) = PeerLink::new(node.to_owned(), self.config.max_queued_per_peer);
+        if self.is_shut_down() {
+            link.close(RemoteError::ConnectionLost(node.to_owned()));
+            return link;
+        }
         peers.insert(node.to_owned(), Arc::clone(&link));
         tokio::spawn(run_outbound(Arc::clone(self), Arc::clone(&link), queue));
         link
@@ -350,7 +356,7 @@ async fn run_outbound(
                 failures = 0;
                 tokio::select! {
                     () = node.read_frames(&link, inbound) => {}
-                    _ = stop.wait_for(|stop| *stop) => return,
+                    _ = stop.wait_for(|stop| *stop) => break,
                 }
                 tracing::warn!(peer = %link.node, "link lost; reconnecting");
                 link.lost(RemoteError::ConnectionLost(link.node.clone()));
@@ -367,10 +373,11 @@ async fn run_outbound(
         let delay = node.config.reconnect_delay(failures.max(1));
         tokio::select! {
             () = tokio::time::sleep(delay) => {}
-            _ = stop.wait_for(|stop| *stop) => return,
+            _ = stop.wait_for(|stop| *stop) => break,
         }
     }
     node.remove_peer(&link);
+    link.close(RemoteError::ConnectionLost(link.node.clone()));
 }
 
 /// One connection attempt: opens the stream and sends the greeting and queued frames.
@@ -382,7 +389,10 @@ async fn connect(
     let endpoint = Endpoint::from_shared(format!("http://{}", link.node))
         .map_err(|e| format!("bad address: {e}"))?
         .tcp_nodelay(true)
-        .connect_timeout(node.config.connect_timeout);
+        .connect_timeout(node.config.connect_timeout)
+        .http2_keep_alive_interval(node.config.keepalive_interval)
+        .keep_alive_timeout(node.config.keepalive_timeout)
+        .keep_alive_while_idle(true);
     let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
     let frame_limit = node.config.max_frame_size();
     let mut client = TransportClient::new(channel)
@@ -390,6 +400,7 @@ async fn connect(
         .max_encoding_message_size(frame_limit);
     let outbound = frames(
         Some(node.address.clone()),
+        Arc::clone(link),
         queue,
         node.config.max_batch,
         node.config.max_message_size,
@@ -457,10 +468,12 @@ impl Transport for LinkService {
                 _ = stop.wait_for(|stop| *stop) => {}
             }
             node.remove_peer(&reader_link);
-            reader_link.lost(RemoteError::ConnectionLost(reader_link.node.clone()));
+            // An accepted link ends with its stream; the next send makes a fresh one.
+            reader_link.close(RemoteError::ConnectionLost(reader_link.node.clone()));
         });
         let outbound = frames(
             None,
+            Arc::clone(&link),
             Arc::new(tokio::sync::Mutex::new(queue)),
             self.node.config.max_batch,
             self.node.config.max_message_size,

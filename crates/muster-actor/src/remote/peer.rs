@@ -2,6 +2,7 @@
 //! stream that carries the queue over the link's tonic stream.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use futures_util::Stream;
@@ -17,24 +18,35 @@ pub(crate) type AskOutcome = Result<Envelope, RemoteError>;
 /// Tells a linked local process that a remote process is gone.
 pub(crate) type RemoteWatcher = Box<dyn Fn(ProcessRef, ExitReason) + Send + Sync>;
 
+/// Asks waiting for answers; `closed` is kept under the same lock so that no ask can register
+/// after the final failure has gone out.
+#[derive(Default)]
+pub(crate) struct Pending {
+    asks: HashMap<u64, oneshot::Sender<AskOutcome>>,
+    closed: bool,
+}
+
 /// One peer node, as seen from this node.
 pub(crate) struct PeerLink {
     /// The peer's listen address, `host:port`.
     pub(crate) node: String,
     tx: mpsc::Sender<Envelope>,
     /// Asks sent to the peer and not yet answered, by request id.
-    pending: Mutex<HashMap<u64, oneshot::Sender<AskOutcome>>>,
+    pending: Mutex<Pending>,
+    /// Set for good by [`close`](PeerLink::close): the link will never carry anything again.
+    closed: AtomicBool,
     /// Local processes linked to processes on the peer.
     watchers: Mutex<Vec<(Upid, RemoteWatcher)>>,
 }
 
 impl PeerLink {
     pub(crate) fn new(node: String, capacity: usize) -> (Arc<Self>, mpsc::Receiver<Envelope>) {
-        let (tx, rx) = mpsc::channel(capacity);
+        let (tx, rx) = mpsc::channel(capacity.max(1));
         let link = Arc::new(PeerLink {
             node,
             tx,
-            pending: Mutex::new(HashMap::new()),
+            pending: Mutex::new(Pending::default()),
+            closed: AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
         });
         (link, rx)
@@ -42,6 +54,9 @@ impl PeerLink {
 
     /// Queues an envelope for the peer.
     pub(crate) fn send(&self, envelope: Envelope) -> Result<(), RemoteError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(RemoteError::ConnectionLost(self.node.clone()));
+        }
         self.tx.try_send(envelope).map_err(|e| match e {
             mpsc::error::TrySendError::Full(_) => RemoteError::QueueFull(self.node.clone()),
             mpsc::error::TrySendError::Closed(_) => RemoteError::ConnectionLost(self.node.clone()),
@@ -64,20 +79,36 @@ impl PeerLink {
     }
 
     /// Records an ask about to be sent; its answer arrives on the returned receiver.
-    pub(crate) fn expect(&self, request_id: u64) -> oneshot::Receiver<AskOutcome> {
+    ///
+    /// # Errors
+    /// `ConnectionLost` if the link has closed for good.
+    pub(crate) fn expect(
+        &self,
+        request_id: u64,
+    ) -> Result<oneshot::Receiver<AskOutcome>, RemoteError> {
         let (tx, rx) = oneshot::channel();
-        lock(&self.pending).insert(request_id, tx);
-        rx
+        let mut pending = lock(&self.pending);
+        if pending.closed {
+            return Err(RemoteError::ConnectionLost(self.node.clone()));
+        }
+        pending.asks.insert(request_id, tx);
+        Ok(rx)
     }
 
     /// Forgets an ask whose caller gave up.
     pub(crate) fn forget(&self, request_id: u64) {
-        lock(&self.pending).remove(&request_id);
+        lock(&self.pending).asks.remove(&request_id);
+    }
+
+    /// True while someone still waits for the answer to `request_id`: an ask whose caller was
+    /// already told it failed must not be sent later and run behind the caller's back.
+    pub(crate) fn is_pending(&self, request_id: u64) -> bool {
+        lock(&self.pending).asks.contains_key(&request_id)
     }
 
     /// Hands a reply or error envelope to its ask; false if no ask waits for it.
     pub(crate) fn complete(&self, envelope: Envelope) -> bool {
-        match lock(&self.pending).remove(&envelope.request_id) {
+        match lock(&self.pending).asks.remove(&envelope.request_id) {
             Some(waiter) => {
                 let _ = waiter.send(Ok(envelope));
                 true
@@ -94,7 +125,23 @@ impl PeerLink {
     /// The link is gone or could not be made: every pending ask fails with `error`, and every
     /// linked process hears that its remote process's connection was lost.
     pub(crate) fn lost(&self, error: RemoteError) {
-        let pending = std::mem::take(&mut *lock(&self.pending));
+        self.fail(error, false);
+    }
+
+    /// As [`lost`](PeerLink::lost), and for good: later sends and asks fail at once.
+    pub(crate) fn close(&self, error: RemoteError) {
+        self.fail(error, true);
+    }
+
+    fn fail(&self, error: RemoteError, for_good: bool) {
+        let pending = {
+            let mut pending = lock(&self.pending);
+            if for_good {
+                pending.closed = true;
+                self.closed.store(true, Ordering::Release);
+            }
+            std::mem::take(&mut pending.asks)
+        };
         for (_, waiter) in pending {
             let _ = waiter.send(Err(error.clone()));
         }
@@ -114,6 +161,7 @@ impl PeerLink {
 /// The receiver is shared so that a reconnect picks up where the lost connection stopped.
 pub(crate) fn frames(
     hello: Option<String>,
+    link: Arc<PeerLink>,
     queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Envelope>>>,
     max_batch: usize,
     max_batch_bytes: usize,
@@ -122,33 +170,49 @@ pub(crate) fn frames(
         hello: Some(Hello { node }),
         envelopes: Vec::new(),
     });
-    let batches = futures_util::stream::unfold(queue, move |queue| async move {
-        let envelopes = {
-            let mut rx = queue.lock().await;
-            let first = rx.recv().await?;
-            let mut bytes = first.body.len();
-            let mut envelopes = Vec::with_capacity(16);
-            envelopes.push(first);
-            while envelopes.len() < max_batch && bytes < max_batch_bytes {
-                match rx.try_recv() {
-                    Ok(envelope) => {
-                        bytes += envelope.body.len();
-                        envelopes.push(envelope);
+    let batches = futures_util::stream::unfold(queue, move |queue| {
+        let link = Arc::clone(&link);
+        async move {
+            let envelopes = {
+                let mut rx = queue.lock().await;
+                let mut envelopes = Vec::with_capacity(16);
+                let mut bytes = 0;
+                while envelopes.is_empty() {
+                    let first = rx.recv().await?;
+                    if link.still_wanted(&first) {
+                        bytes += first.body.len();
+                        envelopes.push(first);
                     }
-                    Err(_) => break,
                 }
-            }
-            envelopes
-        };
-        Some((
-            Frame {
-                hello: None,
-                envelopes,
-            },
-            queue,
-        ))
+                while envelopes.len() < max_batch && bytes < max_batch_bytes {
+                    match rx.try_recv() {
+                        Ok(envelope) if link.still_wanted(&envelope) => {
+                            bytes += envelope.body.len();
+                            envelopes.push(envelope);
+                        }
+                        Ok(_abandoned) => {}
+                        Err(_) => break,
+                    }
+                }
+                envelopes
+            };
+            Some((
+                Frame {
+                    hello: None,
+                    envelopes,
+                },
+                queue,
+            ))
+        }
     });
     futures_util::StreamExt::chain(futures_util::stream::iter(greeting), batches)
+}
+
+impl PeerLink {
+    /// False for an ask whose caller has already been told it failed (or gave up).
+    fn still_wanted(&self, envelope: &Envelope) -> bool {
+        envelope.kind != Kind::Ask as i32 || self.is_pending(envelope.request_id)
+    }
 }
 
 /// The wire form of an error: a code and a detail.
@@ -159,6 +223,7 @@ pub(crate) fn encode_error(error: &RemoteError) -> (ErrorCode, String) {
         RemoteError::Malformed(detail) => (ErrorCode::Malformed, detail.clone()),
         RemoteError::Oversized { size, limit } => (ErrorCode::Oversized, format!("{size}/{limit}")),
         RemoteError::NoReply => (ErrorCode::NoReply, String::new()),
+        RemoteError::Rejected(detail) => (ErrorCode::ProcessStopped, detail.clone()),
         other => (ErrorCode::ProcessStopped, other.to_string()),
     }
 }

@@ -92,7 +92,7 @@ impl RemotePid {
         let request_id = self.node.inner.next_request_id();
         let envelope = self.envelope(Kind::Ask, &request, request_id)?;
         let link = self.link();
-        let answer = link.expect(request_id);
+        let answer = link.expect(request_id)?;
         let pending = Pending {
             link: &link,
             request_id,

@@ -193,3 +193,25 @@ async fn ended_members_are_routed_around_and_a_pool_with_none_left_says_stopped(
         assert_eq!(asked, Err(muster_actor::AskError::Stopped), "{routing:?}");
     }
 }
+
+#[tokio::test]
+async fn a_message_told_to_a_member_directly_does_not_wedge_the_pool() {
+    let system = System::new();
+    let pool = PoolBuilder::new(1).spawn(&system, |index| Worker {
+        index,
+        cost: Cost::Sleep(Duration::ZERO),
+    });
+    let member = &pool.members()[0];
+    let (index, square) = member
+        .ask(|reply| WorkerMsg::Work(3, reply))
+        .await
+        .expect("the member answers");
+    assert_eq!((index, square), (0, 9));
+    assert_eq!(
+        pool.loads(),
+        vec![0],
+        "an unrouted message is not released twice"
+    );
+    let answer = pool.ask(|reply| WorkerMsg::Work(4, reply)).await;
+    assert_eq!(answer, Ok((0, 16)));
+}
