@@ -30,7 +30,7 @@
 //! shape: a loopback `TcpStream` (`TCP_NODELAY`, as tonic's) carrying the same prost messages
 //! with a hand-written 4-byte length prefix, buffered by `BufWriter`/`BufReader`, decoded by a
 //! reader task; no envelopes, no HTTP/2, no queue between the sender and the socket.
-//! - `remote_tell`: one task tells 100,000 `Tick { seq }` to B's `sink` process (installed with
+//! - `remote_tell`: one task tells 100,000 `Ping { seq }` to B's `sink` process (installed with
 //!   `Registration::install`), which counts them; a full peer queue is waited out with
 //!   `yield_now` (the count of such waits is printed). Baseline: one task writes the 100,000
 //!   length-prefixed ticks and flushes; the reader task decodes and counts them. Target:
@@ -60,6 +60,7 @@ use criterion::{
     BenchmarkGroup, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
 use muster::actor::{Context, Node, Pid, Process, RemoteError, RemotePid, Reply, System, Upid};
+use muster::proto::example::{Ping, Pong};
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufStream, BufWriter,
 };
@@ -437,41 +438,8 @@ fn bench_spawn_stop(c: &mut Criterion) {
 // Remote: two nodes in this process, one tonic link over loopback, next to raw TCP + prost.
 // ---------------------------------------------------------------------------------------------
 
-/// The told message: small, as most control traffic is.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Tick {
-    #[prost(uint64, tag = "1")]
-    seq: u64,
-}
-
-impl prost::Name for Tick {
-    const NAME: &'static str = "Tick";
-    const PACKAGE: &'static str = "muster.bench";
-}
-
-/// The asked request.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Ping {
-    #[prost(uint64, tag = "1")]
-    seq: u64,
-}
-
-impl prost::Name for Ping {
-    const NAME: &'static str = "Ping";
-    const PACKAGE: &'static str = "muster.bench";
-}
-
-/// The answer.
-#[derive(Clone, PartialEq, prost::Message)]
-struct Pong {
-    #[prost(uint64, tag = "1")]
-    seq: u64,
-}
-
-impl prost::Name for Pong {
-    const NAME: &'static str = "Pong";
-    const PACKAGE: &'static str = "muster.bench";
-}
+// The remote groups use the examples' messages (proto/muster/example/v1/ping.proto): `Ping` is
+// both the told message and the asked request, `Pong` the answer.
 
 /// Messages told over the link per iteration in `remote_tell`.
 const REMOTE_TELLS: u64 = 100_000;
@@ -480,7 +448,7 @@ const REMOTE_ASKS: u64 = 2_000;
 /// Round trips timed one by one for the latency percentiles printed after `remote_ask`.
 const LATENCY_SAMPLES: usize = 5_000;
 
-/// Node B, serving `sink` (counts `Tick`s) and `echo` (answers `Ping`s), and node A, which
+/// Node B, serving `sink` (counts told `Ping`s) and `echo` (answers `Ping`s), and node A, which
 /// reaches them over one link. Both nodes live in this process, on the bench runtime.
 struct Nodes {
     system: System,
@@ -523,7 +491,7 @@ async fn remote_tell_batch(sink: Pid<Sink>, remote: RemotePid, n: u64, waits: Ar
         .expect("the sink process is running");
     for seq in 0..n {
         loop {
-            match remote.tell(Tick { seq }) {
+            match remote.tell(Ping { seq }) {
                 Ok(()) => break,
                 Err(RemoteError::QueueFull(_)) => {
                     waits.fetch_add(1, Ordering::Relaxed);
@@ -606,7 +574,7 @@ impl RawTellClient {
             let mut reader = BufReader::new(server);
             let mut scratch = Vec::new();
             let mut count = 0u64;
-            while let Some(tick) = read_framed::<_, Tick>(&mut reader, &mut scratch).await {
+            while let Some(tick) = read_framed::<_, Ping>(&mut reader, &mut scratch).await {
                 black_box(tick.seq);
                 count += 1;
                 if count.is_multiple_of(REMOTE_TELLS) {
@@ -625,7 +593,7 @@ impl RawTellClient {
     /// until the reader has decoded the last.
     async fn batch(&mut self) {
         for seq in 0..REMOTE_TELLS {
-            write_framed(&mut self.writer, &Tick { seq }, &mut self.scratch).await;
+            write_framed(&mut self.writer, &Ping { seq }, &mut self.scratch).await;
         }
         self.writer
             .flush()
@@ -648,7 +616,7 @@ fn bench_remote_tell(c: &mut Criterion) {
             .b
             .register("sink", &sink)
             .expect("register the sink")
-            .install::<Tick>(|tick| SinkMsg::Item(tick.seq));
+            .install::<Ping>(|ping| SinkMsg::Item(ping.seq));
         let remote = nodes.remote("sink");
         // Connect the link outside the timed loop.
         remote_tell_batch(sink.clone(), remote.clone(), 1, Arc::clone(&waits)).await;
@@ -705,7 +673,10 @@ impl Process for RemoteEcho {
 
     async fn handle(&mut self, msg: RemoteEchoMsg, _ctx: &mut Context<Self>) {
         let RemoteEchoMsg::Ping(ping, reply) = msg;
-        reply.send(Pong { seq: ping.seq });
+        reply.send(Pong {
+            seq: ping.seq,
+            from: String::new(),
+        });
     }
 }
 
@@ -723,7 +694,15 @@ impl RawAskClient {
             let mut stream = BufStream::new(server);
             let mut scratch = Vec::new();
             while let Some(ping) = read_framed::<_, Ping>(&mut stream, &mut scratch).await {
-                write_framed(&mut stream, &Pong { seq: ping.seq }, &mut scratch).await;
+                write_framed(
+                    &mut stream,
+                    &Pong {
+                        seq: ping.seq,
+                        from: String::new(),
+                    },
+                    &mut scratch,
+                )
+                .await;
                 stream.flush().await.expect("flush the answer");
             }
         });

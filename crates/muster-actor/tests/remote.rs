@@ -447,16 +447,11 @@ async fn a_link_reconnects_when_its_peer_comes_back_on_the_same_address() -> any
 
     b.shutdown();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    // The old server lets go of the port once its graceful stop completes.
-    let b = loop {
-        match pong_node_at(&system, &address).await {
-            Ok(node) => break node,
-            Err(_port_still_held) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => return Err(e.context("rebinding the peer's address")),
-        }
-    };
+    let b = rebind(&system, &address).await?;
+    let (told, _seqs) = mpsc::unbounded_channel();
+    let pid = system.spawn(Ponger { told });
+    b.register("pong", &pid)?
+        .install_ask::<Ping, Pong>(PongerMsg::Ping);
 
     // Asks made while the link is down fail (lost, then unreachable); once the backoff brings the link
     // back, the same handle works again.
@@ -486,36 +481,19 @@ async fn a_link_reconnects_when_its_peer_comes_back_on_the_same_address() -> any
     Ok(())
 }
 
-/// A "pong" node on a given address (for a peer that comes back where it was).
-async fn pong_node_at(system: &System, address: &str) -> anyhow::Result<Node> {
-    let node = Node::bind(system, address).await?;
-    let (told, _seqs) = mpsc::unbounded_channel();
-    let pid = system.spawn(Ponger { told });
-    node.register("pong", &pid)?
-        .install_ask::<Ping, Pong>(PongerMsg::Ping);
-    Ok(node)
-}
-
-#[tokio::test]
-async fn after_shutdown_a_node_refuses_at_once_instead_of_hanging() -> anyhow::Result<()> {
-    let system = System::new();
-    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
-    let a = Node::bind(&system, "127.0.0.1:0").await?;
-    a.shutdown();
-    let pong = a.remote(pong_at(&b));
-    let err = pong
-        .ask_timeout::<Ping, Pong>(Duration::from_secs(30), Ping::default())
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, AskError::Remote(RemoteError::ConnectionLost(_))),
-        "{err:?}"
-    );
-    assert!(matches!(
-        pong.tell(Ping::default()),
-        Err(RemoteError::ConnectionLost(_))
-    ));
-    Ok(())
+/// Binds a node on `address` again, once the server that had it lets go of the port (its
+/// graceful stop completes in the background).
+async fn rebind(system: &System, address: &str) -> anyhow::Result<Node> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        match Node::bind(system, address).await {
+            Ok(node) => return Ok(node),
+            Err(_port_still_held) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => return Err(anyhow::Error::new(e).context("rebinding a peer's address")),
+        }
+    }
 }
 
 /// Answers pings and reports each one it handled.
@@ -556,15 +534,7 @@ async fn asks_that_failed_while_the_peer_was_down_never_run_when_it_returns() ->
 
     let (handled, mut seen) = mpsc::unbounded_channel();
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    let b = loop {
-        match Node::bind(&system, &address).await {
-            Ok(node) => break node,
-            Err(_port_still_held) if tokio::time::Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err(e) => return Err(e.into()),
-        }
-    };
+    let b = rebind(&system, &address).await?;
     let pid = system.spawn(CountingPonger { handled });
     b.register("pong", &pid)?
         .install_ask::<Ping, Pong>(|ping, reply| (ping, reply));
@@ -598,5 +568,26 @@ async fn asks_that_failed_while_the_peer_was_down_never_run_when_it_returns() ->
         handled_seqs.iter().all(|&seq| seq == 100),
         "asks already reported as failed were run later: {handled_seqs:?}"
     );
+    Ok(())
+}
+#[tokio::test]
+async fn after_shutdown_a_node_refuses_at_once_instead_of_hanging() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    a.shutdown();
+    let pong = a.remote(pong_at(&b));
+    let err = pong
+        .ask_timeout::<Ping, Pong>(Duration::from_secs(30), Ping::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, AskError::Remote(RemoteError::ConnectionLost(_))),
+        "{err:?}"
+    );
+    assert!(matches!(
+        pong.tell(Ping::default()),
+        Err(RemoteError::ConnectionLost(_))
+    ));
     Ok(())
 }
