@@ -18,22 +18,16 @@ pub(crate) type AskOutcome = Result<Envelope, RemoteError>;
 /// Tells a linked local process that a remote process is gone.
 pub(crate) type RemoteWatcher = Box<dyn Fn(ProcessRef, ExitReason) + Send + Sync>;
 
-/// Asks waiting for answers; `closed` is kept under the same lock so that no ask can register
-/// after the final failure has gone out.
-#[derive(Default)]
-pub(crate) struct Pending {
-    asks: HashMap<u64, oneshot::Sender<AskOutcome>>,
-    closed: bool,
-}
-
 /// One peer node, as seen from this node.
 pub(crate) struct PeerLink {
     /// The peer's listen address, `host:port`.
     pub(crate) node: String,
     tx: mpsc::Sender<Envelope>,
     /// Asks sent to the peer and not yet answered, by request id.
-    pending: Mutex<Pending>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<AskOutcome>>>,
     /// Set for good by [`close`](PeerLink::close): the link will never carry anything again.
+    /// Written under the `pending` lock, so an ask that registers under that lock and still
+    /// sees it unset is failed by the close.
     closed: AtomicBool,
     /// Local processes linked to processes on the peer.
     watchers: Mutex<Vec<(Upid, RemoteWatcher)>>,
@@ -45,7 +39,7 @@ impl PeerLink {
         let link = Arc::new(PeerLink {
             node,
             tx,
-            pending: Mutex::new(Pending::default()),
+            pending: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
         });
@@ -88,27 +82,27 @@ impl PeerLink {
     ) -> Result<oneshot::Receiver<AskOutcome>, RemoteError> {
         let (tx, rx) = oneshot::channel();
         let mut pending = lock(&self.pending);
-        if pending.closed {
+        if self.closed.load(Ordering::Acquire) {
             return Err(RemoteError::ConnectionLost(self.node.clone()));
         }
-        pending.asks.insert(request_id, tx);
+        pending.insert(request_id, tx);
         Ok(rx)
     }
 
     /// Forgets an ask whose caller gave up.
     pub(crate) fn forget(&self, request_id: u64) {
-        lock(&self.pending).asks.remove(&request_id);
+        lock(&self.pending).remove(&request_id);
     }
 
     /// True while someone still waits for the answer to `request_id`: an ask whose caller was
     /// already told it failed must not be sent later and run behind the caller's back.
     pub(crate) fn is_pending(&self, request_id: u64) -> bool {
-        lock(&self.pending).asks.contains_key(&request_id)
+        lock(&self.pending).contains_key(&request_id)
     }
 
     /// Hands a reply or error envelope to its ask; false if no ask waits for it.
     pub(crate) fn complete(&self, envelope: Envelope) -> bool {
-        match lock(&self.pending).asks.remove(&envelope.request_id) {
+        match lock(&self.pending).remove(&envelope.request_id) {
             Some(waiter) => {
                 let _ = waiter.send(Ok(envelope));
                 true
@@ -137,10 +131,9 @@ impl PeerLink {
         let pending = {
             let mut pending = lock(&self.pending);
             if for_good {
-                pending.closed = true;
                 self.closed.store(true, Ordering::Release);
             }
-            std::mem::take(&mut pending.asks)
+            std::mem::take(&mut *pending)
         };
         for (_, waiter) in pending {
             let _ = waiter.send(Err(error.clone()));
@@ -170,6 +163,8 @@ pub(crate) fn frames(
         hello: Some(Hello { node }),
         envelopes: Vec::new(),
     });
+    // At least one envelope per frame, whatever the config says.
+    let max_batch = max_batch.max(1);
     let batches = futures_util::stream::unfold(queue, move |queue| {
         let link = Arc::clone(&link);
         async move {
@@ -177,21 +172,19 @@ pub(crate) fn frames(
                 let mut rx = queue.lock().await;
                 let mut envelopes = Vec::with_capacity(16);
                 let mut bytes = 0;
-                while envelopes.is_empty() {
-                    let first = rx.recv().await?;
-                    if link.still_wanted(&first) {
-                        bytes += first.body.len();
-                        envelopes.push(first);
-                    }
-                }
+                // Wait for the first envelope; then take what is ready, up to the batch limits.
                 while envelopes.len() < max_batch && bytes < max_batch_bytes {
-                    match rx.try_recv() {
-                        Ok(envelope) if link.still_wanted(&envelope) => {
-                            bytes += envelope.body.len();
-                            envelopes.push(envelope);
+                    let envelope = if envelopes.is_empty() {
+                        rx.recv().await?
+                    } else {
+                        match rx.try_recv() {
+                            Ok(envelope) => envelope,
+                            Err(_) => break,
                         }
-                        Ok(_abandoned) => {}
-                        Err(_) => break,
+                    };
+                    if link.still_wanted(&envelope) {
+                        bytes += envelope.body.len();
+                        envelopes.push(envelope);
                     }
                 }
                 envelopes
