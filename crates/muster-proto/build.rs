@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = [
         root.join("muster/transport/v1/transport.proto"),
         root.join("muster/example/v1/ping.proto"),
+        root.join("muster/registry/v1/raft.proto"),
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={}", proto.display());

@@ -6,6 +6,7 @@
 //! # Layout
 //! - [`transport`]: the actor transport between nodes (frames of envelopes on one stream).
 //! - [`example`]: messages of the examples and the tests that drive them.
+//! - [`registry`]: raft traffic between masters.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
@@ -17,4 +18,9 @@ pub mod transport {
 /// `muster.example.v1`: messages of the examples.
 pub mod example {
     tonic::include_proto!("muster.example.v1");
+}
+
+/// `muster.registry.v1`: raft traffic between the masters of one registry group.
+pub mod registry {
+    tonic::include_proto!("muster.registry.v1");
 }

@@ -12,6 +12,7 @@ use muster_proto::transport::transport_client::TransportClient;
 use muster_proto::transport::transport_server::{Transport, TransportServer};
 use muster_proto::transport::{Envelope, Frame, Kind};
 use tokio::sync::watch;
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
@@ -89,6 +90,17 @@ impl Node {
         address: &str,
         config: NodeConfig,
     ) -> Result<Node, NodeError> {
+        let listener = Node::listen(address).await?;
+        Node::serve(system, listener, config, Routes::default())
+    }
+
+    /// Binds `address` (`host:port`; port 0 picks a free one) for [`serve`](Node::serve), so a
+    /// caller can learn the address before it builds the other services the node will serve.
+    ///
+    /// # Errors
+    /// [`NodeError::InvalidListenAddress`], or [`NodeError::Bind`] naming the address if the
+    /// port is in use or cannot be bound.
+    pub async fn listen(address: &str) -> Result<tokio::net::TcpListener, NodeError> {
         let socket: SocketAddr =
             address
                 .parse()
@@ -96,14 +108,27 @@ impl Node {
                     address: address.to_owned(),
                     source,
                 })?;
-        let listener = tokio::net::TcpListener::bind(socket)
+        tokio::net::TcpListener::bind(socket)
             .await
             .map_err(|source| NodeError::Bind {
                 address: socket,
                 source,
-            })?;
+            })
+    }
+
+    /// Serves the transport on `listener`, together with the other tonic services in
+    /// `routes` (a master adds its raft and operator services), on one port.
+    ///
+    /// # Errors
+    /// [`NodeError::Bind`] if the listener has no local address.
+    pub fn serve(
+        system: &System,
+        listener: tokio::net::TcpListener,
+        config: NodeConfig,
+        routes: Routes,
+    ) -> Result<Node, NodeError> {
         let local = listener.local_addr().map_err(|source| NodeError::Bind {
-            address: socket,
+            address: SocketAddr::from(([0, 0, 0, 0], 0)),
             source,
         })?;
         let (shutdown, mut stopped) = watch::channel(false);
@@ -128,6 +153,7 @@ impl Node {
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(inner.config.keepalive_interval))
             .http2_keepalive_timeout(Some(inner.config.keepalive_timeout))
+            .add_routes(routes)
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, async move {
                 let _ = stopped.wait_for(|stop| *stop).await;

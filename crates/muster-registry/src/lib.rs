@@ -1,0 +1,29 @@
+//! Muster's replicated registry: what must survive a master failover, and nothing more.
+//!
+//! The masters of a cluster form one raft group (openraft 0.9, storage v2). The leading master
+//! writes admitted and unreachable agents through a [`Registrar`], which packs the operations
+//! queued while a write is in flight into the next raft entry. Every master keeps the log and
+//! state machine in sled ([`store`]), and raft traffic travels over tonic ([`network`]).
+//!
+//! # Layout
+//! - [`types`]: the raft type config, agent records, [`Op`]s and their outcomes.
+//! - [`RegistryState`]: the contents and the rules that change them.
+//! - [`store`]: the sled log and state machine.
+//! - [`network`]: the raft client and server over tonic.
+//! - [`RegistryNode`]: one master's raft member, started from a [`RegistryConfig`].
+//! - [`Registrar`]: the batching writer process.
+
+pub mod network;
+mod node;
+mod registrar;
+mod state;
+pub mod store;
+pub mod types;
+
+pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
+pub use registrar::{
+    MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteError, WriteResult,
+};
+pub use state::RegistryState;
+pub use store::RegistryReader;
+pub use types::{AgentId, AgentInfo, Op, OpError, Outcome, Resources, UnreachableAgent};

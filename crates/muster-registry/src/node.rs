@@ -1,0 +1,299 @@
+//! One master's member of the registry raft group.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use muster_proto::registry::raft_server::RaftServer;
+use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
+use tokio::sync::watch;
+
+use crate::network::{NetworkFactory, RaftService};
+use crate::registrar::WriteError;
+use crate::store::{self, RegistryReader, StoreError};
+use crate::types::{Batch, BatchOutcome, NodeId, Raft};
+
+/// How to start a registry member.
+#[derive(Clone, Debug)]
+pub struct RegistryConfig {
+    /// This master's id in the group.
+    pub id: NodeId,
+    /// Every member of the group, this one included: id to the `host:port` that serves its
+    /// raft (and the rest of the master's API).
+    pub members: BTreeMap<NodeId, String>,
+    /// Where sled keeps the log and state machine.
+    pub data_dir: PathBuf,
+    /// How often the leader sends heartbeats.
+    pub heartbeat_interval: Duration,
+    /// A follower that hears no heartbeat for a random time in this range starts an election.
+    pub election_timeout: (Duration, Duration),
+    /// Build a snapshot (and purge the log behind it) after this many entries.
+    pub snapshot_after_entries: u64,
+    /// How many entries to keep in the log behind a snapshot, for followers that lag a little.
+    pub entries_kept_after_snapshot: u64,
+}
+
+impl RegistryConfig {
+    /// A single-member group: the dev cluster and the benches.
+    pub fn single(id: NodeId, address: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+        RegistryConfig {
+            id,
+            members: BTreeMap::from([(id, address.into())]),
+            data_dir: data_dir.into(),
+            heartbeat_interval: Duration::from_millis(100),
+            election_timeout: (Duration::from_millis(400), Duration::from_millis(800)),
+            snapshot_after_entries: 5_000,
+            entries_kept_after_snapshot: 1_000,
+        }
+    }
+}
+
+/// Why a registry member could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RegistryError {
+    /// The data directory could not be opened.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The config does not describe a group this member belongs to.
+    #[error("invalid registry config: {0}")]
+    Config(String),
+    /// openraft refused to start.
+    #[error("raft failed to start: {0}")]
+    Raft(String),
+}
+
+/// The current leader, as this member knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leadership {
+    /// The leader's id and address, if there is one.
+    pub leader: Option<(NodeId, String)>,
+    /// Whether this member is the leader.
+    pub is_self: bool,
+    /// The raft term.
+    pub term: u64,
+}
+
+/// A running registry member: the raft handle, read access to the applied registry, and the
+/// service to serve peers' raft traffic.
+#[derive(Clone)]
+pub struct RegistryNode {
+    id: NodeId,
+    raft: Raft,
+    reader: RegistryReader,
+    leadership: watch::Receiver<Leadership>,
+    members: Arc<BTreeMap<NodeId, String>>,
+}
+
+impl fmt::Debug for RegistryNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryNode")
+            .field("id", &self.id)
+            .field("members", &self.members)
+            .finish()
+    }
+}
+
+impl RegistryNode {
+    /// Opens the store and starts raft. On first start every member initializes the group
+    /// with the same membership (openraft accepts this); later starts recover from disk.
+    ///
+    /// Serve [`raft_service`](Self::raft_service) on this member's address so peers reach it.
+    ///
+    /// # Errors
+    /// [`RegistryError`] naming the data directory, the config problem, or openraft's refusal.
+    pub async fn start(config: RegistryConfig) -> Result<Self, RegistryError> {
+        if !config.members.contains_key(&config.id) {
+            return Err(RegistryError::Config(format!(
+                "member id {} is not among the members {:?}",
+                config.id,
+                config.members.keys().collect::<Vec<_>>()
+            )));
+        }
+        let (min, max) = config.election_timeout;
+        let raft_config = Config {
+            cluster_name: "muster-registry".into(),
+            heartbeat_interval: config.heartbeat_interval.as_millis() as u64,
+            election_timeout_min: min.as_millis() as u64,
+            election_timeout_max: max.as_millis() as u64,
+            snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
+            max_in_snapshot_log_to_keep: config.entries_kept_after_snapshot,
+            ..Config::default()
+        }
+        .validate()
+        .map_err(|e| RegistryError::Config(e.to_string()))?;
+
+        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
+            RegistryError::Config(format!(
+                "cannot create the data dir {}: {e}",
+                config.data_dir.display()
+            ))
+        })?;
+        let (log, state_machine) = store::open(&config.data_dir)?;
+        let reader = state_machine.reader();
+        let raft = Raft::new(
+            config.id,
+            Arc::new(raft_config),
+            NetworkFactory,
+            log,
+            state_machine,
+        )
+        .await
+        .map_err(|e| RegistryError::Raft(e.to_string()))?;
+
+        let initialized = raft
+            .is_initialized()
+            .await
+            .map_err(|e| RegistryError::Raft(e.to_string()))?;
+        if !initialized {
+            let members: BTreeMap<NodeId, BasicNode> = config
+                .members
+                .iter()
+                .map(|(id, addr)| (*id, BasicNode::new(addr)))
+                .collect();
+            match raft.initialize(members).await {
+                Ok(()) | Err(RaftError::APIError(InitializeError::NotAllowed(_))) => {}
+                Err(e) => return Err(RegistryError::Raft(e.to_string())),
+            }
+        }
+
+        let leadership = watch_leadership(&raft, config.id);
+        Ok(RegistryNode {
+            id: config.id,
+            raft,
+            reader,
+            leadership,
+            members: Arc::new(config.members),
+        })
+    }
+
+    /// This member's id.
+    pub fn id(&self) -> NodeId {
+        self.id
+    }
+
+    /// The raft handle.
+    pub fn raft(&self) -> &Raft {
+        &self.raft
+    }
+
+    /// Read access to the applied registry.
+    pub fn reader(&self) -> &RegistryReader {
+        &self.reader
+    }
+
+    /// The members of the group, id to address.
+    pub fn members(&self) -> &BTreeMap<NodeId, String> {
+        &self.members
+    }
+
+    /// The service that answers peers' raft traffic; add it to this member's tonic server.
+    pub fn raft_service(&self) -> RaftServer<RaftService> {
+        RaftService::new(self.raft.clone()).into_server()
+    }
+
+    /// Follows who leads. Changes when the leader or the term changes.
+    pub fn leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.clone()
+    }
+
+    /// Writes one batch as one raft entry and returns each operation's result. Only the leader
+    /// writes; others answer [`WriteError::NotLeader`] with the leader if known.
+    ///
+    /// # Errors
+    /// [`WriteError`].
+    pub async fn write(&self, batch: Batch) -> Result<BatchOutcome, WriteError> {
+        match self.raft.client_write(batch).await {
+            Ok(response) => Ok(response.data),
+            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
+                Err(WriteError::NotLeader {
+                    leader: forward
+                        .leader_id
+                        .zip(forward.leader_node.map(|node| node.addr)),
+                })
+            }
+            Err(e) => Err(WriteError::Failed(e.to_string())),
+        }
+    }
+
+    /// Waits until this member is leader and has applied every entry committed before it
+    /// became leader, so the registry it reads is complete.
+    ///
+    /// # Errors
+    /// [`WriteError::NotLeader`] if leadership moved meanwhile.
+    pub async fn catch_up(&self) -> Result<(), WriteError> {
+        match self.raft.ensure_linearizable().await {
+            Ok(Some(log_id)) => {
+                self.reader.wait_applied(log_id.index).await;
+                Ok(())
+            }
+            Ok(None) => Ok(()),
+            Err(RaftError::APIError(CheckIsLeaderError::ForwardToLeader(f))) => {
+                Err(WriteError::NotLeader {
+                    leader: f.leader_id.zip(f.leader_node.map(|node| node.addr)),
+                })
+            }
+            Err(RaftError::APIError(CheckIsLeaderError::QuorumNotEnough(e))) => {
+                Err(WriteError::Failed(e.to_string()))
+            }
+            Err(e) => Err(WriteError::Failed(e.to_string())),
+        }
+    }
+
+    /// Stops raft. The store is closed when the last handle is dropped.
+    pub async fn shutdown(&self) {
+        if let Err(e) = self.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft did not stop cleanly");
+        }
+    }
+
+    /// Members other than this one.
+    pub fn peers(&self) -> BTreeSet<NodeId> {
+        self.members
+            .keys()
+            .copied()
+            .filter(|id| *id != self.id)
+            .collect()
+    }
+}
+
+/// Turns openraft's server metrics into a [`Leadership`] watch that changes only when the
+/// leader or term does.
+fn watch_leadership(raft: &Raft, me: NodeId) -> watch::Receiver<Leadership> {
+    let mut metrics = raft.server_metrics();
+    let read = move |m: &openraft::metrics::RaftServerMetrics<NodeId, BasicNode>| {
+        let leader = m.current_leader.map(|id| {
+            let addr = m
+                .membership_config
+                .membership()
+                .get_node(&id)
+                .map(|node| node.addr.clone())
+                .unwrap_or_default();
+            (id, addr)
+        });
+        Leadership {
+            is_self: m.state == ServerState::Leader && m.current_leader == Some(me),
+            leader,
+            term: m.vote.leader_id().term,
+        }
+    };
+    let (tx, rx) = watch::channel(read(&metrics.borrow()));
+    tokio::spawn(async move {
+        while metrics.changed().await.is_ok() {
+            let now = read(&metrics.borrow_and_update());
+            tx.send_if_modified(|current| {
+                let changed = *current != now;
+                if changed {
+                    *current = now;
+                }
+                changed
+            });
+            if tx.is_closed() {
+                break;
+            }
+        }
+    });
+    rx
+}

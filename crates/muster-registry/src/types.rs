@@ -1,0 +1,162 @@
+//! What the registry stores and the operations that change it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::io::Cursor; // `declare_raft_types!` names `Cursor` unqualified.
+
+use serde::{Deserialize, Serialize};
+
+openraft::declare_raft_types!(
+    /// openraft's type configuration for the registry: a raft entry carries a [`Batch`] of
+    /// operations and yields one [`BatchOutcome`].
+    pub TypeConfig:
+        D = Batch,
+        R = BatchOutcome,
+        NodeId = NodeId,
+        Node = openraft::BasicNode,
+);
+
+/// A master's id within its registry group.
+pub type NodeId = u64;
+
+/// The raft handle of a registry node.
+pub type Raft = openraft::Raft<TypeConfig>;
+
+/// An agent's id, assigned by the registry when the agent is first admitted (`agent-1`, ...).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct AgentId(pub String);
+
+impl fmt::Display for AgentId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Resources an agent offers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Resources {
+    /// CPU cores (fractions allowed).
+    pub cpus: f64,
+    /// Memory in MiB.
+    pub mem_mb: u64,
+}
+
+/// What the registry remembers of an agent: enough to know it after a failover.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AgentInfo {
+    /// The agent's host name.
+    pub hostname: String,
+    /// Where the agent process is reached (`agent@host:port`).
+    pub address: String,
+    /// What it offers.
+    pub resources: Resources,
+    /// Attributes schedulers constrain on (`rack = "r1"`).
+    pub attributes: BTreeMap<String, String>,
+}
+
+/// An agent the master has stopped hearing from, and when it was marked (Unix milliseconds).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnreachableAgent {
+    /// The agent as it was admitted.
+    pub info: AgentInfo,
+    /// When the master marked it unreachable, in milliseconds since the Unix epoch.
+    pub marked_at_ms: u64,
+}
+
+/// One change to the registry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Op {
+    /// Admit a new agent; the registry assigns its id.
+    AdmitAgent(AgentInfo),
+    /// Store an admitted agent's changed info, or take back an unreachable or forgotten agent
+    /// under its old id.
+    UpdateAgent {
+        /// The agent.
+        id: AgentId,
+        /// Its info now.
+        info: AgentInfo,
+    },
+    /// Move an admitted agent to the unreachable set.
+    MarkUnreachable {
+        /// The agent.
+        id: AgentId,
+        /// When, in milliseconds since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Forget an agent, admitted or unreachable.
+    RemoveAgent(AgentId),
+}
+
+/// What one [`Op`] did.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// The agent was admitted under this id.
+    Admitted(AgentId),
+    /// The agent's info is stored (and it is no longer unreachable).
+    Updated,
+    /// The agent is now unreachable.
+    MarkedUnreachable,
+    /// The agent is forgotten.
+    Removed,
+}
+
+/// Why an [`Op`] changed nothing.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum OpError {
+    /// The operation names an agent the registry does not know (in that state).
+    #[error("agent {0} is not in the registry")]
+    UnknownAgent(AgentId),
+    /// The applied entry carried fewer results than operations (a registry bug).
+    #[error("the registry returned no result for this operation")]
+    MissingResult,
+}
+
+/// The operations of one raft entry. Operations queued while a write is in flight travel
+/// together in the next entry.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    /// Applied in order.
+    pub ops: Vec<Op>,
+}
+
+impl fmt::Display for Batch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "batch of {} ops", self.ops.len())
+    }
+}
+
+/// One result per operation of a [`Batch`], in order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct BatchOutcome {
+    /// The results.
+    pub results: Vec<Result<Outcome, OpError>>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_batch_survives_its_json_round_trip() {
+        let batch = Batch {
+            ops: vec![
+                Op::AdmitAgent(AgentInfo {
+                    hostname: "h1".into(),
+                    address: "agent@127.0.0.1:1".into(),
+                    resources: Resources {
+                        cpus: 0.5,
+                        mem_mb: 128,
+                    },
+                    attributes: [("rack".to_owned(), "r1".to_owned())].into(),
+                }),
+                Op::MarkUnreachable {
+                    id: AgentId("agent-1".into()),
+                    at_ms: 7,
+                },
+            ],
+        };
+        let json = serde_json::to_vec(&batch).expect("encode");
+        let back: Batch = serde_json::from_slice(&json).expect("decode");
+        assert_eq!(back, batch);
+    }
+}

@@ -1,0 +1,264 @@
+//! Three registry members over tonic on loopback, each on its own sled store: election, batched
+//! writes, losing the leader, and a member that returns after the log was purged catching up
+//! by snapshot.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use muster_actor::{Node, NodeConfig, Pid, System};
+use muster_registry::types::NodeId;
+use muster_registry::{
+    AgentInfo, Op, Outcome, Registrar, RegistrarMsg, RegistrarStats, RegistryConfig, RegistryError,
+    RegistryNode,
+};
+use tokio::time::{Instant, timeout};
+use tonic::service::Routes;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+/// One member: its raft and the tonic server that carries its raft traffic.
+struct Member {
+    registry: RegistryNode,
+    server: Node,
+}
+
+impl Member {
+    async fn stop(self) {
+        self.registry.shutdown().await;
+        self.server.shutdown();
+    }
+}
+
+fn config(id: NodeId, members: &BTreeMap<NodeId, String>, dir: &Path) -> RegistryConfig {
+    let mut config = RegistryConfig::single(id, "unused", dir.join(format!("m{id}")));
+    config.members = members.clone();
+    config.heartbeat_interval = Duration::from_millis(50);
+    config.election_timeout = (Duration::from_millis(200), Duration::from_millis(400));
+    config.snapshot_after_entries = 50;
+    config.entries_kept_after_snapshot = 0;
+    config
+}
+
+/// Starts member `id`, binding its address (again, after a stop, once the old server and
+/// store have let go).
+async fn start(system: &System, config: RegistryConfig) -> anyhow::Result<Member> {
+    let address = config.members[&config.id].clone();
+    let deadline = Instant::now() + DEADLINE;
+    let registry = loop {
+        match RegistryNode::start(config.clone()).await {
+            Ok(registry) => break registry,
+            // The stopped member's store closes once its last handle is dropped.
+            Err(RegistryError::Store(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    let listener = loop {
+        match Node::listen(&address).await {
+            Ok(listener) => break listener,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e).context("rebinding a member's address"),
+        }
+    };
+    let routes = Routes::new(registry.raft_service());
+    let server = Node::serve(system, listener, NodeConfig::default(), routes)?;
+    Ok(Member { registry, server })
+}
+
+async fn free_addresses(n: u64) -> anyhow::Result<BTreeMap<NodeId, String>> {
+    let mut members = BTreeMap::new();
+    for id in 1..=n {
+        let listener = Node::listen("127.0.0.1:0").await?;
+        members.insert(id, listener.local_addr()?.to_string());
+    }
+    Ok(members)
+}
+
+/// Waits until some member of `members` leads and the others agree on it.
+async fn leader(members: &BTreeMap<NodeId, Member>) -> anyhow::Result<NodeId> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let views: Vec<_> = members
+            .values()
+            .map(|m| m.registry.leadership().borrow().clone())
+            .collect();
+        let leader_of = |v: &muster_registry::Leadership| v.leader.as_ref().map(|(id, _)| *id);
+        let claimed = views.iter().find(|v| v.is_self).and_then(leader_of);
+        if let Some(id) = claimed
+            && views.iter().all(|v| leader_of(v) == Some(id))
+        {
+            return Ok(id);
+        }
+        if Instant::now() > deadline {
+            bail!("no leader agreed on within {DEADLINE:?}: {views:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn agent(n: usize) -> AgentInfo {
+    AgentInfo {
+        hostname: format!("host-{n}"),
+        address: format!("agent@10.0.0.{}:5051", n % 250),
+        ..AgentInfo::default()
+    }
+}
+
+/// Admits `count` agents through `registrar` at once and returns their ids.
+async fn admit(registrar: &Pid<Registrar>, count: usize) -> anyhow::Result<Vec<String>> {
+    let mut pending = Vec::new();
+    for n in 0..count {
+        let registrar = registrar.clone();
+        pending.push(tokio::spawn(async move {
+            registrar
+                .ask(|reply| RegistrarMsg::Write(Op::AdmitAgent(agent(n)), reply))
+                .await
+        }));
+    }
+    let mut ids = Vec::new();
+    for written in pending {
+        match written.await?? {
+            Ok(Outcome::Admitted(id)) => ids.push(id.0),
+            other => bail!("admission failed: {other:?}"),
+        }
+    }
+    Ok(ids)
+}
+
+async fn wait_agents(registry: &RegistryNode, count: usize) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DEADLINE;
+    while registry.reader().read(|state| state.agents.len()) < count {
+        if Instant::now() > deadline {
+            bail!("member {} never applied {count} agents", registry.id());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_members_elect_replicate_and_survive_losing_the_leader() -> anyhow::Result<()> {
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let addresses = free_addresses(3).await?;
+    let mut members = BTreeMap::new();
+    for id in addresses.keys() {
+        members.insert(
+            *id,
+            start(&system, config(*id, &addresses, dir.path())).await?,
+        );
+    }
+
+    // Concurrent writes through one registrar share raft entries, and each caller gets its
+    // own result.
+    let first = leader(&members).await?;
+    let registrar = system.spawn(Registrar::new(members[&first].registry.clone()));
+    let ids = timeout(DEADLINE, admit(&registrar, 500)).await??;
+    let mut distinct = ids.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(distinct.len(), 500, "every caller got its own agent id");
+    let stats: RegistrarStats = registrar.ask(RegistrarMsg::Stats).await?;
+    assert_eq!(stats.ops, 500);
+    assert!(
+        stats.entries < 100,
+        "500 concurrent writes went out in {} raft entries",
+        stats.entries
+    );
+    for member in members.values() {
+        wait_agents(&member.registry, 500).await?;
+    }
+
+    // A follower not the leader refuses writes and names the leader.
+    let follower = *members
+        .keys()
+        .find(|id| **id != first)
+        .context("a follower")?;
+    let refused = members[&follower]
+        .registry
+        .write(muster_registry::types::Batch::default())
+        .await;
+    match refused {
+        Err(muster_registry::WriteError::NotLeader {
+            leader: Some((id, address)),
+        }) => {
+            assert_eq!(id, first);
+            assert_eq!(address, addresses[&first]);
+        }
+        other => bail!("a follower accepted a write: {other:?}"),
+    }
+
+    // Lose the leader: the other two elect a new one that has every admitted agent.
+    registrar.terminate();
+    members.remove(&first).context("leader")?.stop().await;
+    let second = leader(&members).await?;
+    assert_ne!(second, first);
+    members[&second].registry.catch_up().await?;
+    assert_eq!(
+        members[&second].registry.reader().read(|s| s.agents.len()),
+        500
+    );
+
+    // Write past the snapshot threshold while the old leader is away, so the log it missed is
+    // purged; back, it catches up by snapshot over tonic.
+    let registrar = system.spawn(Registrar::new(members[&second].registry.clone()));
+    for _ in 0..64 {
+        timeout(DEADLINE, admit(&registrar, 1)).await??;
+    }
+    let mut metrics = members[&second].registry.raft().metrics();
+    timeout(
+        DEADLINE,
+        metrics.wait_for(|m| m.purged.is_some_and(|id| id.index > 0)),
+    )
+    .await
+    .context("the leader never purged its log behind a snapshot")??;
+    let back = start(&system, config(first, &addresses, dir.path())).await?;
+    wait_agents(&back.registry, 564).await?;
+    assert!(
+        back.registry.raft().metrics().borrow().snapshot.is_some(),
+        "the returning member was sent the leader's snapshot"
+    );
+    let leader_state = members[&second].registry.reader().read(|s| s.clone());
+    assert_eq!(back.registry.reader().read(|s| s.clone()), leader_state);
+    members.insert(first, back);
+
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_restarted_from_disk_keeps_what_it_applied() -> anyhow::Result<()> {
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let addresses = free_addresses(1).await?;
+    let mut members =
+        BTreeMap::from([(1, start(&system, config(1, &addresses, dir.path())).await?)]);
+    leader(&members).await?;
+    let registrar = system.spawn(Registrar::new(members[&1].registry.clone()));
+    let mut admitted = admit(&registrar, 120).await?;
+    registrar.terminate();
+    registrar.wait().await;
+    members.remove(&1).context("member")?.stop().await;
+
+    let members = BTreeMap::from([(1, start(&system, config(1, &addresses, dir.path())).await?)]);
+    leader(&members).await?;
+    members[&1].registry.catch_up().await?;
+    let mut recovered = members[&1]
+        .registry
+        .reader()
+        .read(|s| s.agents.keys().map(|id| id.0.clone()).collect::<Vec<_>>());
+    admitted.sort();
+    recovered.sort();
+    assert_eq!(recovered, admitted);
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    Ok(())
+}
