@@ -4,9 +4,16 @@
 //! `muster` alone:
 //! - [`actor`]: processes, pids, mailboxes, links, timers, pools, supervision, remote nodes
 //!   (`muster-actor`);
-//! - [`proto`]: the generated wire types (`muster-proto`).
+//! - [`proto`]: the generated wire types (`muster-proto`);
+//! - [`registry`]: the replicated registry, openraft on sled (`muster-registry`);
+//! - [`master`]: the master process and server (`muster-master`);
+//! - [`agent`]: the agent process (`muster-agent`).
 //!
-//! Start with `examples/README.md` and `cargo run --example ping_pong`.
+//! Its binary, `muster`, runs a one-process dev cluster (`muster dev`) and shows a cluster's
+//! state (`muster status`).
 
 pub use muster_actor as actor;
+pub use muster_agent as agent;
+pub use muster_master as master;
 pub use muster_proto as proto;
+pub use muster_registry as registry;

@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         root.join("muster/transport/v1/transport.proto"),
         root.join("muster/example/v1/ping.proto"),
         root.join("muster/registry/v1/raft.proto"),
+        root.join("muster/cluster/v1/cluster.proto"),
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={}", proto.display());

@@ -7,6 +7,7 @@
 //! - [`transport`]: the actor transport between nodes (frames of envelopes on one stream).
 //! - [`example`]: messages of the examples and the tests that drive them.
 //! - [`registry`]: raft traffic between masters.
+//! - [`cluster`]: masters and agents, and the operator API.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
@@ -23,4 +24,9 @@ pub mod example {
 /// `muster.registry.v1`: raft traffic between the masters of one registry group.
 pub mod registry {
     tonic::include_proto!("muster.registry.v1");
+}
+
+/// `muster.cluster.v1`: masters and agents, and the operator API.
+pub mod cluster {
+    tonic::include_proto!("muster.cluster.v1");
 }

@@ -1,0 +1,195 @@
+//! [`AgentConfig`]: where the masters are, where the agent keeps its state, what it offers, and
+//! the timing of registration.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use muster_actor::Upid;
+
+use crate::AgentError;
+
+/// How an agent finds its masters, where it keeps its state and what it offers.
+///
+/// [`AgentConfig::new`] fills in everything but the masters and the data directory with
+/// defaults (the machine's hostname, CPUs and memory; Mesos's timings).
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentConfig {
+    /// The masters' addresses, `host:port`, tried in this order.
+    pub masters: Vec<String>,
+    /// Where the agent keeps its id (`agent_id`), task checkpoints (`meta/`) and the tasks'
+    /// working directories (`tasks/<task id>`).
+    pub data_dir: PathBuf,
+    /// The hostname the agent reports.
+    pub hostname: String,
+    /// What the agent offers: CPUs and memory in MiB.
+    pub resources: (f64, u64),
+    /// Free-form attributes the agent reports (rack, zone, ...).
+    pub attributes: BTreeMap<String, String>,
+    /// Upper bound of the random delay before the first registration attempt and after losing a
+    /// master, and the base of the exponential backoff between failed rounds (default 1 s).
+    pub registration_backoff_initial: Duration,
+    /// Cap on the backoff between failed registration rounds (default 60 s).
+    pub registration_backoff_max: Duration,
+    /// How long the agent waits for a ping from its master before it counts the master as lost
+    /// and re-registers (default 75 s: Mesos's 15 s ping interval times 5).
+    pub master_silence_timeout: Duration,
+    /// How long one registration request may wait for an answer (default 5 s).
+    pub ask_timeout: Duration,
+    /// How many completed tasks the agent remembers (default 1000); the oldest go first.
+    pub completed_task_history: usize,
+}
+
+/// Default of [`AgentConfig::registration_backoff_initial`].
+pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+/// Default of [`AgentConfig::registration_backoff_max`].
+pub const DEFAULT_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Default of [`AgentConfig::master_silence_timeout`]: 15 s pings, 5 missed.
+pub const DEFAULT_MASTER_SILENCE_TIMEOUT: Duration = Duration::from_secs(75);
+/// Default of [`AgentConfig::ask_timeout`].
+pub const DEFAULT_ASK_TIMEOUT: Duration = Duration::from_secs(5);
+/// Default of [`AgentConfig::completed_task_history`].
+pub const DEFAULT_COMPLETED_TASK_HISTORY: usize = 1000;
+
+impl AgentConfig {
+    /// A config for the given masters (`host:port`) and data directory, with this machine's
+    /// hostname, CPU count and memory, no attributes, and the default timings.
+    pub fn new(masters: Vec<String>, data_dir: impl Into<PathBuf>) -> Self {
+        AgentConfig {
+            masters,
+            data_dir: data_dir.into(),
+            hostname: default_hostname(),
+            resources: (default_cpus(), default_mem_mb()),
+            attributes: BTreeMap::new(),
+            registration_backoff_initial: DEFAULT_BACKOFF_INITIAL,
+            registration_backoff_max: DEFAULT_BACKOFF_MAX,
+            master_silence_timeout: DEFAULT_MASTER_SILENCE_TIMEOUT,
+            ask_timeout: DEFAULT_ASK_TIMEOUT,
+            completed_task_history: DEFAULT_COMPLETED_TASK_HISTORY,
+        }
+    }
+
+    /// The masters' process addresses, `master@host:port`, in order.
+    ///
+    /// # Errors
+    /// [`AgentError::InvalidConfig`] if there is no master, or one is not `host:port`.
+    pub fn master_upids(&self) -> Result<Vec<Upid>, AgentError> {
+        if self.masters.is_empty() {
+            return Err(AgentError::InvalidConfig(
+                "no master address given (expected at least one host:port)".into(),
+            ));
+        }
+        self.masters
+            .iter()
+            .map(|address| {
+                Upid::new("master", address.trim()).map_err(|e| {
+                    AgentError::InvalidConfig(format!("master address {address:?}: {e}"))
+                })
+            })
+            .collect()
+    }
+
+    /// Checks the values that the agent cannot work with.
+    ///
+    /// # Errors
+    /// [`AgentError::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<(), AgentError> {
+        self.master_upids()?;
+        let invalid = |what: &str| Err(AgentError::InvalidConfig(what.to_owned()));
+        if self.data_dir.as_os_str().is_empty() {
+            return invalid("data_dir is empty");
+        }
+        if self.hostname.trim().is_empty() {
+            return invalid("hostname is empty");
+        }
+        let (cpus, _) = self.resources;
+        if !cpus.is_finite() || cpus < 0.0 {
+            return Err(AgentError::InvalidConfig(format!(
+                "cpus must be a non-negative number, not {cpus}"
+            )));
+        }
+        if self.registration_backoff_initial.is_zero() {
+            return invalid("registration_backoff_initial must be greater than zero");
+        }
+        if self.registration_backoff_max < self.registration_backoff_initial {
+            return invalid(
+                "registration_backoff_max must be at least registration_backoff_initial",
+            );
+        }
+        if self.master_silence_timeout.is_zero() {
+            return invalid("master_silence_timeout must be greater than zero");
+        }
+        if self.ask_timeout.is_zero() {
+            return invalid("ask_timeout must be greater than zero");
+        }
+        Ok(())
+    }
+}
+
+/// This machine's hostname, from the kernel or `$HOSTNAME`; `localhost` if neither says.
+pub fn default_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|name| name.trim().to_owned())
+        .filter(|name| !name.is_empty())
+        .or_else(|| {
+            std::env::var("HOSTNAME")
+                .ok()
+                .filter(|name| !name.is_empty())
+        })
+        .unwrap_or_else(|| "localhost".to_owned())
+}
+
+/// The CPUs this process may use (1 if unknown).
+fn default_cpus() -> f64 {
+    std::thread::available_parallelism().map_or(1.0, |n| n.get() as f64)
+}
+
+/// The machine's memory in MiB from `/proc/meminfo` (1024 if unknown).
+fn default_mem_mb() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("MemTotal:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+        })
+        .map_or(1024, |kib| kib / 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_mesos_timings_and_validate() {
+        let config = AgentConfig::new(vec!["127.0.0.1:5050".into()], "/tmp/x");
+        assert_eq!(config.registration_backoff_initial, Duration::from_secs(1));
+        assert_eq!(config.registration_backoff_max, Duration::from_secs(60));
+        assert_eq!(config.master_silence_timeout, Duration::from_secs(75));
+        assert_eq!(config.ask_timeout, Duration::from_secs(5));
+        assert_eq!(config.completed_task_history, 1000);
+        assert!(!config.hostname.is_empty());
+        assert!(config.validate().is_ok());
+    }
+
+    #[test]
+    fn bad_values_are_named() {
+        let mut config = AgentConfig::new(vec![], "/tmp/x");
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("no master"), "{err}");
+        config.masters = vec!["nohostport".into()];
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("nohostport"), "{err}");
+        config.masters = vec!["h:1".into()];
+        config.registration_backoff_initial = Duration::ZERO;
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("registration_backoff_initial"), "{err}");
+    }
+}

@@ -1,0 +1,30 @@
+//! Muster's agent: the process on every worker machine that joins it to the cluster.
+//!
+//! An agent registers with the leading master (following `NotLeader` hints from standbys),
+//! stores the id it is given, answers the master's pings, and runs the tasks the master sends
+//! as child processes in their own working directories. When it loses its master — the link
+//! breaks, or no ping comes for a while — or restarts with a stored id, it re-registers with its
+//! full state in one message, after a random delay and with capped exponential backoff, so that
+//! a master failover is not a connection storm.
+//!
+//! # Layout
+//! - [`start`], [`AgentHandle`], [`Agent`]: the agent process and its handle.
+//! - [`AgentConfig`]: masters, data directory, resources, timings.
+//! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs).
+//! - [`AgentError`]: why an agent could not start.
+//!
+//! The `muster-agent` binary wraps this for operators.
+
+mod agent;
+mod backoff;
+mod config;
+mod error;
+pub mod store;
+mod tasks;
+
+pub use agent::{Agent, AgentHandle, AgentMsg, AgentSnapshot, AgentStatus, start};
+pub use config::{
+    AgentConfig, DEFAULT_ASK_TIMEOUT, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
+    DEFAULT_COMPLETED_TASK_HISTORY, DEFAULT_MASTER_SILENCE_TIMEOUT, default_hostname,
+};
+pub use error::AgentError;

@@ -1,0 +1,212 @@
+//! `muster-agent`: runs a Muster agent on this machine until SIGINT or SIGTERM.
+//!
+//! Settings come from flags and, optionally, a TOML file (`--config`) with the same keys;
+//! flags win. Logs go to stderr through `tracing` (`RUST_LOG`, default `info`); the one line
+//! on stdout says where the agent listens.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use muster_actor::{Node, System};
+use muster_agent::AgentConfig;
+use serde::Deserialize;
+
+/// Default listen address.
+const DEFAULT_LISTEN: &str = "127.0.0.1:5051";
+
+/// Runs a Muster agent: registers with the leading master and runs the tasks it is sent.
+#[derive(Debug, Parser)]
+#[command(name = "muster-agent", version, about, long_about = None)]
+struct Args {
+    /// Address to listen on, as the masters reach it [default: 127.0.0.1:5051]
+    #[arg(long, value_name = "HOST:PORT")]
+    listen: Option<String>,
+    /// A master's address; repeat for each master (required unless in the config file)
+    #[arg(long = "master", value_name = "HOST:PORT")]
+    masters: Vec<String>,
+    /// Where the agent keeps its id, task checkpoints and task working directories
+    /// (required unless in the config file)
+    #[arg(long, value_name = "PATH")]
+    data_dir: Option<PathBuf>,
+    /// Hostname to report [default: this machine's]
+    #[arg(long)]
+    hostname: Option<String>,
+    /// CPUs to offer [default: this machine's]
+    #[arg(long)]
+    cpus: Option<f64>,
+    /// Memory to offer, in MiB [default: this machine's]
+    #[arg(long, value_name = "MIB")]
+    mem_mb: Option<u64>,
+    /// An attribute to report; repeat for each
+    #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
+    attributes: Vec<(String, String)>,
+    /// A TOML file with the same keys (listen, master, data_dir, hostname, cpus, mem_mb,
+    /// [attributes]); flags override it
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+/// The config file: the flags' keys, in snake case (kebab case is accepted too).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    #[serde(default, alias = "masters")]
+    master: Vec<String>,
+    #[serde(alias = "data-dir")]
+    data_dir: Option<PathBuf>,
+    hostname: Option<String>,
+    cpus: Option<f64>,
+    #[serde(alias = "mem-mb")]
+    mem_mb: Option<u64>,
+    #[serde(default, alias = "attribute")]
+    attributes: BTreeMap<String, String>,
+}
+
+/// `key=value`, with a non-empty key.
+fn parse_attribute(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.trim().is_empty() => {
+            Ok((key.trim().to_owned(), value.trim().to_owned()))
+        }
+        _ => Err(format!(
+            "expected key=value with a non-empty key, got {text:?}"
+        )),
+    }
+}
+
+fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("cannot read config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+/// The listen address and the agent config, from the flags over the file.
+fn settings(args: Args) -> anyhow::Result<(String, AgentConfig)> {
+    let file = match &args.config {
+        Some(path) => load_file(path)?,
+        None => FileConfig::default(),
+    };
+    let listen = args
+        .listen
+        .or(file.listen)
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+    let masters = if args.masters.is_empty() {
+        file.master
+    } else {
+        args.masters
+    };
+    if masters.is_empty() {
+        bail!("no master given: pass --master HOST:PORT (or set `master` in the config file)");
+    }
+    let Some(data_dir) = args.data_dir.or(file.data_dir) else {
+        bail!(
+            "no data directory given: pass --data-dir PATH (or set `data_dir` in the config file)"
+        );
+    };
+    let mut config = AgentConfig::new(masters, data_dir);
+    if let Some(hostname) = args.hostname.or(file.hostname) {
+        config.hostname = hostname;
+    }
+    if let Some(cpus) = args.cpus.or(file.cpus) {
+        config.resources.0 = cpus;
+    }
+    if let Some(mem_mb) = args.mem_mb.or(file.mem_mb) {
+        config.resources.1 = mem_mb;
+    }
+    config.attributes = file.attributes;
+    config.attributes.extend(args.attributes);
+    config.validate()?;
+    Ok((listen, config))
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+}
+
+/// Waits for SIGINT or SIGTERM; the handlers are installed when this is called, not when it is
+/// first polled.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt =
+        signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    let mut terminate =
+        signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    Ok(async move {
+        tokio::select! {
+            _ = interrupt.recv() => "SIGINT",
+            _ = terminate.recv() => "SIGTERM",
+        }
+    })
+}
+
+async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
+    muster_agent::store::check_data_dir(&config.data_dir)?;
+    if listen
+        .parse::<SocketAddr>()
+        .is_ok_and(|addr| addr.ip().is_unspecified())
+    {
+        tracing::warn!(
+            %listen,
+            "listening on an unspecified address: masters cannot reach the agent by it; \
+             pass the address they should use"
+        );
+    }
+    let signal = shutdown_signal()?;
+    let system = System::new();
+    let node = Node::bind(&system, &listen).await?;
+    let address = node.address().to_owned();
+    let agent = match muster_agent::start(&node, config).await {
+        Ok(agent) => agent,
+        Err(e) => {
+            node.shutdown();
+            system.shutdown().await;
+            return Err(e.into());
+        }
+    };
+    {
+        let mut stdout = std::io::stdout().lock();
+        writeln!(
+            stdout,
+            "muster-agent listening on {address} ({})",
+            agent.upid()
+        )
+        .and_then(|()| stdout.flush())
+        .context("cannot write to stdout")?;
+    }
+    let which = signal.await;
+    tracing::info!(signal = which, "shutting down");
+    agent.stop().await;
+    node.shutdown();
+    system.shutdown().await;
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_tracing();
+    let outcome = settings(args).and_then(|(listen, config)| {
+        tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .context("cannot start the tokio runtime")?
+            .block_on(run(listen, config))
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("muster-agent: error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,259 @@
+//! The agent's files under its data directory:
+//!
+//! - `agent_id`: the id the master gave it, written atomically (temporary file, fsync, rename,
+//!   fsync of the directory) so that a restarted agent re-registers instead of registering anew;
+//! - `meta/tasks/<task id>.pb`: one checkpoint per task it knows (a prost-encoded
+//!   [`RunTask`] holding the framework and the task with its latest state), so that a restarted
+//!   agent can tell the master what became of them;
+//! - `tasks/<task id>/`: each task's working directory, with its `stdout` and `stderr`.
+
+use std::fs;
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use muster_proto::cluster::{Framework, RunTask, Task};
+use prost::Message as _;
+
+use crate::AgentError;
+
+/// Name of the file holding the agent id, in the data directory.
+pub const AGENT_ID_FILE: &str = "agent_id";
+
+const PROBE_FILE: &str = ".muster-agent-probe";
+
+/// Creates the data directory if needed and checks that the agent can write in it, by writing
+/// and removing a probe file.
+///
+/// # Errors
+/// [`AgentError::DataDir`] naming the directory and what the operating system said.
+pub fn check_data_dir(path: &Path) -> Result<(), AgentError> {
+    let fail = |source| AgentError::DataDir {
+        path: path.to_owned(),
+        source,
+    };
+    fs::create_dir_all(path).map_err(fail)?;
+    let probe = path.join(PROBE_FILE);
+    fs::write(&probe, b"probe").map_err(fail)?;
+    fs::remove_file(&probe).map_err(fail)?;
+    Ok(())
+}
+
+/// The stored agent id, if the agent has one.
+///
+/// # Errors
+/// [`AgentError::StateFile`] if the file exists but cannot be read,
+/// [`AgentError::InvalidStoredId`] if it is empty or not UTF-8.
+pub fn read_agent_id(data_dir: &Path) -> Result<Option<String>, AgentError> {
+    let path = data_dir.join(AGENT_ID_FILE);
+    let bytes = match fs::read(&path) {
+        Ok(bytes) => bytes,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => return Err(AgentError::StateFile { path, source }),
+    };
+    let text = String::from_utf8(bytes).map_err(|_| AgentError::InvalidStoredId {
+        path: path.clone(),
+        reason: "not UTF-8".into(),
+    })?;
+    let id = text.trim();
+    if id.is_empty() {
+        return Err(AgentError::InvalidStoredId {
+            path,
+            reason: "the file is empty".into(),
+        });
+    }
+    Ok(Some(id.to_owned()))
+}
+
+/// Stores the agent id: writes a temporary file, syncs it, renames it over `agent_id` and syncs
+/// the directory, so that a crash leaves either the old file or the new one.
+///
+/// # Errors
+/// [`AgentError::StateFile`] naming the file that could not be written.
+pub fn write_agent_id(data_dir: &Path, id: &str) -> Result<(), AgentError> {
+    let path = data_dir.join(AGENT_ID_FILE);
+    write_atomically(&path, format!("{id}\n").as_bytes(), true)
+        .map_err(|source| AgentError::StateFile { path, source })
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+/// With `durable`, the file and then the directory are fsynced.
+fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+    let dir = path
+        .parent()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no directory"))?;
+    let mut tmp_name = path
+        .file_name()
+        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?
+        .to_owned();
+    tmp_name.push(".tmp");
+    let tmp = dir.join(tmp_name);
+    {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(bytes)?;
+        if durable {
+            file.sync_all()?;
+        }
+    }
+    fs::rename(&tmp, path)?;
+    if durable {
+        // Makes the rename itself durable. Directories cannot be opened for sync everywhere;
+        // where they can (Linux), a failure is an error.
+        fs::File::open(dir)?.sync_all()?;
+    }
+    Ok(())
+}
+
+/// The directory of task checkpoints.
+fn checkpoint_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("meta").join("tasks")
+}
+
+/// The working directory of task `task_id` (which [`check_task_id`] accepted).
+pub(crate) fn task_dir(data_dir: &Path, task_id: &str) -> PathBuf {
+    data_dir.join("tasks").join(task_id)
+}
+
+/// A task id must name a directory: non-empty, no `/`, no NUL, not `.` or `..`, at most 255
+/// bytes.
+pub(crate) fn check_task_id(task_id: &str) -> Result<(), String> {
+    if task_id.is_empty() {
+        return Err("the task has an empty id".into());
+    }
+    if task_id == "." || task_id == ".." || task_id.contains(['/', '\0']) || task_id.len() > 200 {
+        return Err(format!(
+            "task id {task_id:?} cannot name a directory (no '/', NUL, '.' or '..', at most 200 bytes)"
+        ));
+    }
+    Ok(())
+}
+
+/// Records `task` of `framework` (its latest state) under the data directory.
+pub(crate) fn write_checkpoint(
+    data_dir: &Path,
+    framework: &Framework,
+    task: &Task,
+) -> io::Result<()> {
+    let dir = checkpoint_dir(data_dir);
+    fs::create_dir_all(&dir)?;
+    let record = RunTask {
+        framework: Some(framework.clone()),
+        task: Some(task.clone()),
+    };
+    write_atomically(
+        &dir.join(format!("{}.pb", task.id)),
+        &record.encode_to_vec(),
+        false,
+    )
+}
+
+/// Forgets the checkpoint of task `task_id` (dropped from the completed history).
+pub(crate) fn remove_checkpoint(data_dir: &Path, task_id: &str) -> io::Result<()> {
+    match fs::remove_file(checkpoint_dir(data_dir).join(format!("{task_id}.pb"))) {
+        Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// A task read back from its checkpoint.
+#[derive(Debug)]
+pub(crate) struct Checkpoint {
+    pub(crate) written: SystemTime,
+    pub(crate) framework: Framework,
+    pub(crate) task: Task,
+}
+
+/// Every readable task checkpoint, oldest first. A checkpoint that cannot be read or decoded
+/// is skipped with a warning: one bad file must not keep the agent from starting.
+pub(crate) fn read_checkpoints(data_dir: &Path) -> Result<Vec<Checkpoint>, AgentError> {
+    let dir = checkpoint_dir(data_dir);
+    let entries = match fs::read_dir(&dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => return Err(AgentError::StateFile { path: dir, source }),
+    };
+    let mut found = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|source| AgentError::StateFile {
+            path: dir.clone(),
+            source,
+        })?;
+        let path = entry.path();
+        if path.extension().is_none_or(|ext| ext != "pb") {
+            continue;
+        }
+        let read = fs::read(&path).and_then(|bytes| {
+            let written = entry.metadata()?.modified()?;
+            RunTask::decode(bytes.as_slice())
+                .map(|record| (written, record))
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+        });
+        match read {
+            Ok((
+                written,
+                RunTask {
+                    framework: Some(framework),
+                    task: Some(task),
+                },
+            )) if !task.id.is_empty() => found.push(Checkpoint {
+                written,
+                framework,
+                task,
+            }),
+            Ok(_) => {
+                tracing::warn!(path = %path.display(), "skipping a task checkpoint without a task or framework");
+            }
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "skipping an unreadable task checkpoint");
+            }
+        }
+    }
+    found.sort_by(|a, b| {
+        a.written
+            .cmp(&b.written)
+            .then_with(|| a.task.id.cmp(&b.task.id))
+    });
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_id_round_trips_and_leaves_no_temporary_file() -> Result<(), AgentError> {
+        let dir = tempfile::tempdir().map_err(|source| AgentError::DataDir {
+            path: "tempdir".into(),
+            source,
+        })?;
+        assert_eq!(read_agent_id(dir.path())?, None);
+        write_agent_id(dir.path(), "a-1")?;
+        assert_eq!(read_agent_id(dir.path())?.as_deref(), Some("a-1"));
+        write_agent_id(dir.path(), "a-2")?;
+        assert_eq!(read_agent_id(dir.path())?.as_deref(), Some("a-2"));
+        assert!(!dir.path().join("agent_id.tmp").exists());
+        Ok(())
+    }
+
+    #[test]
+    fn an_empty_id_file_is_an_error_naming_the_file() {
+        let Ok(dir) = tempfile::tempdir() else {
+            panic!("no tempdir")
+        };
+        let path = dir.path().join(AGENT_ID_FILE);
+        assert!(fs::write(&path, "\n").is_ok());
+        let err = read_agent_id(dir.path())
+            .map(|_| ())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("agent_id") && err.contains("empty"), "{err}");
+    }
+
+    #[test]
+    fn task_ids_that_cannot_name_a_directory_are_refused() {
+        assert!(check_task_id("web-1").is_ok());
+        for bad in ["", ".", "..", "a/b", "a\0b"] {
+            assert!(check_task_id(bad).is_err(), "{bad:?}");
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! The agent's book of tasks: the running ones with their frameworks, and a bounded history of
+//! completed tasks and frameworks.
+
+use std::collections::{BTreeMap, VecDeque};
+
+use muster_actor::TimerHandle;
+use muster_proto::cluster::{Framework, Task, TaskState};
+
+use crate::store::Checkpoint;
+
+/// A task whose child process runs.
+#[derive(Debug)]
+struct Active {
+    task: Task,
+    /// The future that waits for the child; cancelling it drops the child, which kills it.
+    waiter: Option<TimerHandle>,
+}
+
+/// What finishing a task changed, for the checkpoints.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    /// The framework and the task in its final state.
+    pub(crate) framework: Framework,
+    pub(crate) task: Task,
+    /// Completed tasks dropped from the history to make room.
+    pub(crate) evicted: Vec<String>,
+}
+
+/// Running and completed tasks and frameworks. Dropping it kills every running task's child.
+#[derive(Debug)]
+pub(crate) struct Tasks {
+    history: usize,
+    /// Frameworks with at least one running task, by id.
+    frameworks: BTreeMap<String, Framework>,
+    active: BTreeMap<String, Active>,
+    /// Oldest first.
+    completed: VecDeque<Task>,
+    /// Frameworks whose tasks all completed, oldest first.
+    completed_frameworks: VecDeque<Framework>,
+}
+
+impl Tasks {
+    pub(crate) fn new(history: usize) -> Self {
+        Tasks {
+            history,
+            frameworks: BTreeMap::new(),
+            active: BTreeMap::new(),
+            completed: VecDeque::new(),
+            completed_frameworks: VecDeque::new(),
+        }
+    }
+
+    /// True if a task with this id runs or is in the completed history.
+    pub(crate) fn knows(&self, task_id: &str) -> bool {
+        self.active.contains_key(task_id) || self.completed.iter().any(|t| t.id == task_id)
+    }
+
+    /// A framework this agent has seen (running tasks first, then completed).
+    pub(crate) fn framework(&self, id: &str) -> Option<&Framework> {
+        self.frameworks
+            .get(id)
+            .or_else(|| self.completed_frameworks.iter().find(|f| f.id == id))
+    }
+
+    /// Records a task whose child process has started.
+    pub(crate) fn add_running(
+        &mut self,
+        framework: Framework,
+        task: Task,
+        waiter: Option<TimerHandle>,
+    ) {
+        self.completed_frameworks.retain(|f| f.id != framework.id);
+        self.frameworks.insert(framework.id.clone(), framework);
+        self.active.insert(task.id.clone(), Active { task, waiter });
+    }
+
+    /// Moves a running task to the completed history with its final state. `None` if no such
+    /// task runs.
+    pub(crate) fn finish(
+        &mut self,
+        task_id: &str,
+        state: TaskState,
+        exit_code: i32,
+    ) -> Option<Finished> {
+        let Active { mut task, .. } = self.active.remove(task_id)?;
+        task.state = state as i32;
+        task.exit_code = exit_code;
+        let framework_id = task.framework_id.clone();
+        let framework = self
+            .frameworks
+            .get(&framework_id)
+            .cloned()
+            .unwrap_or_else(|| Framework {
+                id: framework_id.clone(),
+                name: String::new(),
+            });
+        let framework_done = !self
+            .active
+            .values()
+            .any(|a| a.task.framework_id == framework_id);
+        if framework_done && let Some(done) = self.frameworks.remove(&framework_id) {
+            self.push_completed_framework(done);
+        }
+        let evicted = self.push_completed(task.clone());
+        Some(Finished {
+            framework,
+            task,
+            evicted,
+        })
+    }
+
+    /// Adds a completed task, dropping the oldest beyond the history; returns the dropped ids.
+    fn push_completed(&mut self, task: Task) -> Vec<String> {
+        self.completed.push_back(task);
+        let mut evicted = Vec::new();
+        while self.completed.len() > self.history {
+            if let Some(old) = self.completed.pop_front() {
+                evicted.push(old.id);
+            }
+        }
+        evicted
+    }
+
+    fn push_completed_framework(&mut self, framework: Framework) {
+        self.completed_frameworks.retain(|f| f.id != framework.id);
+        self.completed_frameworks.push_back(framework);
+        while self.completed_frameworks.len() > self.history.max(1) {
+            self.completed_frameworks.pop_front();
+        }
+    }
+
+    /// Takes back what a previous run of the agent checkpointed. Nothing runs yet, so a task
+    /// that was running then (its child ended with the old agent) counts as completed in state
+    /// LOST. Returns the tasks whose state changed (to checkpoint again) and the ids dropped
+    /// from the history.
+    pub(crate) fn recover(
+        &mut self,
+        checkpoints: Vec<Checkpoint>,
+    ) -> (Vec<(Framework, Task)>, Vec<String>) {
+        let mut changed = Vec::new();
+        let mut evicted = Vec::new();
+        for Checkpoint {
+            framework,
+            mut task,
+            ..
+        } in checkpoints
+        {
+            if self.knows(&task.id) {
+                continue;
+            }
+            if !is_terminal(task.state) {
+                task.state = TaskState::Lost as i32;
+                changed.push((framework.clone(), task.clone()));
+            }
+            self.push_completed_framework(framework);
+            evicted.extend(self.push_completed(task));
+        }
+        (changed, evicted)
+    }
+
+    /// Frameworks with running tasks.
+    pub(crate) fn frameworks(&self) -> Vec<Framework> {
+        self.frameworks.values().cloned().collect()
+    }
+
+    /// Running tasks.
+    pub(crate) fn running(&self) -> Vec<Task> {
+        self.active.values().map(|a| a.task.clone()).collect()
+    }
+
+    /// Frameworks whose tasks all completed, oldest first.
+    pub(crate) fn completed_frameworks(&self) -> Vec<Framework> {
+        self.completed_frameworks.iter().cloned().collect()
+    }
+
+    /// Completed tasks, oldest first.
+    pub(crate) fn completed(&self) -> Vec<Task> {
+        self.completed.iter().cloned().collect()
+    }
+
+    /// Kills every running task's child (by dropping it).
+    pub(crate) fn kill_all(&mut self) {
+        for active in self.active.values_mut() {
+            if let Some(waiter) = active.waiter.take() {
+                waiter.cancel();
+            }
+        }
+    }
+}
+
+impl Drop for Tasks {
+    fn drop(&mut self) {
+        self.kill_all();
+    }
+}
+
+/// True for a state a task does not leave.
+fn is_terminal(state: i32) -> bool {
+    matches!(
+        TaskState::try_from(state),
+        Ok(TaskState::Finished | TaskState::Failed | TaskState::Killed | TaskState::Lost)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str, framework: &str) -> Task {
+        Task {
+            id: id.into(),
+            framework_id: framework.into(),
+            state: TaskState::Running as i32,
+            ..Task::default()
+        }
+    }
+
+    fn framework(id: &str) -> Framework {
+        Framework {
+            id: id.into(),
+            name: format!("{id}-name"),
+        }
+    }
+
+    #[test]
+    fn history_is_bounded_and_frameworks_complete_with_their_last_task() {
+        let mut tasks = Tasks::new(2);
+        for id in ["a", "b", "c"] {
+            tasks.add_running(framework("f"), task(id, "f"), None);
+        }
+        tasks.add_running(framework("g"), task("d", "g"), None);
+        let Some(done) = tasks.finish("a", TaskState::Finished, 0) else {
+            panic!("a runs")
+        };
+        assert_eq!(done.framework.name, "f-name");
+        assert!(done.evicted.is_empty());
+        assert_eq!(tasks.frameworks().len(), 2, "f still has b and c");
+        assert!(tasks.finish("b", TaskState::Failed, 3).is_some());
+        let Some(done) = tasks.finish("c", TaskState::Finished, 0) else {
+            panic!("c runs")
+        };
+        assert_eq!(done.evicted, vec!["a".to_owned()]);
+        assert_eq!(tasks.frameworks(), vec![framework("g")]);
+        assert_eq!(tasks.completed_frameworks(), vec![framework("f")]);
+        assert!(tasks.knows("b") && tasks.knows("d") && !tasks.knows("a"));
+        assert!(tasks.finish("zz", TaskState::Finished, 0).is_none());
+    }
+}

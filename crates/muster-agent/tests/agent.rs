@@ -1,0 +1,688 @@
+//! The agent against fake masters: processes registered as `master` on their own nodes in this
+//! test process, answering registrations as the test tells them and reporting what they got.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
+use muster_agent::{AgentConfig, AgentHandle, AgentSnapshot, AgentStatus};
+use muster_proto::cluster::{
+    Framework, NotLeader, Ping, Pong, RegisterAgent, RegistrationReply, ReregisterAgent, RunTask,
+    RunTaskReply, Task, TaskState, registration_reply,
+};
+use tokio::sync::mpsc;
+
+/// How long any one expected event may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// How a fake master answers registrations.
+#[derive(Debug, Clone)]
+enum Answer {
+    /// Admit a new agent under this id; take re-registering agents back under their own id.
+    Admit(String),
+    /// Say "not the leader", naming this leader (empty: unknown).
+    NotLeader(String),
+    /// Refuse, with this reason.
+    Refuse(String),
+}
+
+impl Answer {
+    fn reply(&self, reregistering: Option<&str>) -> RegistrationReply {
+        let result = match (self, reregistering) {
+            (Answer::Admit(_), Some(id)) => registration_reply::Result::AgentId(id.to_owned()),
+            (Answer::Admit(id), None) => registration_reply::Result::AgentId(id.clone()),
+            (Answer::NotLeader(leader), _) => registration_reply::Result::NotLeader(NotLeader {
+                leader: leader.clone(),
+            }),
+            (Answer::Refuse(reason), _) => registration_reply::Result::Refused(reason.clone()),
+        };
+        RegistrationReply {
+            result: Some(result),
+        }
+    }
+}
+
+/// What a fake master received.
+#[derive(Debug)]
+enum Got {
+    Register(RegisterAgent),
+    Reregister(ReregisterAgent),
+}
+
+struct FakeMaster {
+    answer: Arc<Mutex<Answer>>,
+    got: mpsc::UnboundedSender<Got>,
+}
+
+enum FakeMsg {
+    Register(RegisterAgent, Reply<RegistrationReply>),
+    Reregister(ReregisterAgent, Reply<RegistrationReply>),
+}
+
+impl Process for FakeMaster {
+    type Message = FakeMsg;
+
+    async fn handle(&mut self, msg: FakeMsg, _ctx: &mut Context<Self>) {
+        let answer = self
+            .answer
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        match msg {
+            FakeMsg::Register(request, reply) => {
+                reply.send(answer.reply(None));
+                let _ = self.got.send(Got::Register(request));
+            }
+            FakeMsg::Reregister(request, reply) => {
+                reply.send(answer.reply(Some(&request.agent_id)));
+                let _ = self.got.send(Got::Reregister(request));
+            }
+        }
+    }
+}
+
+/// A fake master on its own system and node.
+struct MasterNode {
+    system: System,
+    node: Node,
+    answer: Arc<Mutex<Answer>>,
+    got: mpsc::UnboundedReceiver<Got>,
+    _pid: Pid<FakeMaster>,
+}
+
+impl MasterNode {
+    async fn start(answer: Answer) -> anyhow::Result<Self> {
+        let system = System::new();
+        let node = Node::bind(&system, "127.0.0.1:0").await?;
+        let (tx, got) = mpsc::unbounded_channel();
+        let answer = Arc::new(Mutex::new(answer));
+        let pid = system.spawn(FakeMaster {
+            answer: Arc::clone(&answer),
+            got: tx,
+        });
+        node.register("master", &pid)?
+            .install_ask::<RegisterAgent, RegistrationReply>(FakeMsg::Register)
+            .install_ask::<ReregisterAgent, RegistrationReply>(FakeMsg::Reregister);
+        Ok(MasterNode {
+            system,
+            node,
+            answer,
+            got,
+            _pid: pid,
+        })
+    }
+
+    fn address(&self) -> String {
+        self.node.address().to_owned()
+    }
+
+    fn upid(&self) -> anyhow::Result<Upid> {
+        Ok(Upid::new("master", self.node.address())?)
+    }
+
+    fn set_answer(&self, answer: Answer) {
+        *self.answer.lock().unwrap_or_else(|p| p.into_inner()) = answer;
+    }
+
+    /// The next registration this master receives.
+    async fn next(&mut self) -> anyhow::Result<Got> {
+        tokio::time::timeout(PATIENCE, self.got.recv())
+            .await
+            .with_context(|| format!("master {} got no registration in time", self.address()))?
+            .context("fake master gone")
+    }
+
+    async fn next_register(&mut self) -> anyhow::Result<RegisterAgent> {
+        match self.next().await? {
+            Got::Register(request) => Ok(request),
+            other => bail!("expected RegisterAgent, got {other:?}"),
+        }
+    }
+
+    async fn next_reregister(&mut self) -> anyhow::Result<ReregisterAgent> {
+        match self.next().await? {
+            Got::Reregister(request) => Ok(request),
+            other => bail!("expected ReregisterAgent, got {other:?}"),
+        }
+    }
+
+    /// Nothing received so far (without waiting).
+    fn got_nothing(&mut self) -> bool {
+        self.got.try_recv().is_err()
+    }
+
+    async fn run_task(&self, agent: &Upid, request: RunTask) -> anyhow::Result<RunTaskReply> {
+        Ok(self
+            .node
+            .remote(agent.clone())
+            .ask_timeout::<RunTask, RunTaskReply>(PATIENCE, request)
+            .await?)
+    }
+
+    async fn ping(&self, agent: &Upid) -> anyhow::Result<Pong> {
+        let ping = Ping {
+            master: self.upid()?.to_string(),
+        };
+        Ok(self
+            .node
+            .remote(agent.clone())
+            .ask_timeout::<Ping, Pong>(PATIENCE, ping)
+            .await?)
+    }
+
+    async fn shutdown(&self) {
+        self.node.shutdown();
+        self.system.shutdown().await;
+    }
+}
+
+/// An agent on its own system and node.
+struct AgentNode {
+    system: System,
+    node: Node,
+    handle: AgentHandle,
+}
+
+impl AgentNode {
+    async fn start(config: AgentConfig) -> anyhow::Result<Self> {
+        let system = System::new();
+        let node = Node::bind(&system, "127.0.0.1:0").await?;
+        let handle = muster_agent::start(&node, config).await?;
+        Ok(AgentNode {
+            system,
+            node,
+            handle,
+        })
+    }
+
+    fn upid(&self) -> &Upid {
+        self.handle.upid()
+    }
+
+    /// Waits until the agent is registered with `master`.
+    async fn registered_with(&self, master: &Upid) -> anyhow::Result<String> {
+        let mut status = self.handle.status();
+        let seen = tokio::time::timeout(
+            PATIENCE,
+            status.wait_for(|s| {
+                matches!(s, AgentStatus::Registered { master: m, .. } if m == master)
+                    || *s == AgentStatus::Stopped
+            }),
+        )
+        .await
+        .with_context(|| format!("agent not registered with {master} in time"))?
+        .context("agent gone")?;
+        match &*seen {
+            AgentStatus::Registered { agent_id, .. } => Ok(agent_id.clone()),
+            other => bail!("agent ended up {other:?}"),
+        }
+    }
+
+    /// Polls the agent's state until `check` holds.
+    async fn wait_until(
+        &self,
+        what: &str,
+        check: impl Fn(&AgentSnapshot) -> bool,
+    ) -> anyhow::Result<AgentSnapshot> {
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        loop {
+            let snapshot = self.handle.snapshot().await?;
+            if check(&snapshot) {
+                return Ok(snapshot);
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}; agent state: {snapshot:#?}"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn stop(&self) {
+        self.handle.stop().await;
+        self.node.shutdown();
+        self.system.shutdown().await;
+    }
+}
+
+/// A config with short timings for tests.
+fn config(masters: &[String], data_dir: &Path) -> AgentConfig {
+    let mut config = AgentConfig::new(masters.to_vec(), data_dir);
+    config.hostname = "test-host".into();
+    config.resources = (4.0, 8192);
+    config.attributes.insert("rack".into(), "r1".into());
+    config.registration_backoff_initial = Duration::from_millis(20);
+    config.registration_backoff_max = Duration::from_millis(200);
+    config.ask_timeout = Duration::from_secs(2);
+    config
+}
+
+fn framework() -> Framework {
+    Framework {
+        id: "fw-1".into(),
+        name: "test framework".into(),
+    }
+}
+
+fn shell_task(id: &str, script: &str) -> RunTask {
+    RunTask {
+        framework: Some(framework()),
+        task: Some(Task {
+            id: id.into(),
+            name: id.into(),
+            command: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            ..Task::default()
+        }),
+    }
+}
+
+fn find<'a>(tasks: &'a [Task], id: &str) -> Option<&'a Task> {
+    tasks.iter().find(|t| t.id == id)
+}
+
+fn state_of(tasks: &[Task], id: &str) -> Option<TaskState> {
+    find(tasks, id).and_then(|t| TaskState::try_from(t.state).ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn first_registration_stores_the_id_on_disk() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-1".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+
+    let request = master.next_register().await?;
+    let info = request.info.context("RegisterAgent without info")?;
+    assert_eq!(info.address, agent.upid().to_string());
+    assert_eq!(info.hostname, "test-host");
+    assert_eq!(info.attributes.get("rack").map(String::as_str), Some("r1"));
+    let resources = info.resources.context("no resources")?;
+    assert_eq!((resources.cpus, resources.mem_mb), (4.0, 8192));
+
+    let (id, with) = tokio::time::timeout(PATIENCE, agent.handle.registered()).await??;
+    assert_eq!(id, "agent-1");
+    assert_eq!(with, master.upid()?);
+    let stored = std::fs::read_to_string(dir.path().join("agent_id"))?;
+    assert_eq!(stored.trim(), "agent-1");
+    assert!(!dir.path().join("agent_id.tmp").exists());
+    assert_eq!(agent.handle.agent_id().await?.as_deref(), Some("agent-1"));
+
+    let pong = master.ping(agent.upid()).await?;
+    assert_eq!(pong.agent_id, "agent-1");
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_reregisters_with_its_stored_id_and_tasks() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-7".into())).await?;
+    let first = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    first.registered_with(&master.upid()?).await?;
+
+    let reply = master
+        .run_task(first.upid(), shell_task("done", "exit 0"))
+        .await?;
+    assert_eq!(reply.error, "");
+    let reply = master
+        .run_task(first.upid(), shell_task("long", "sleep 30"))
+        .await?;
+    assert_eq!(reply.error, "");
+    first
+        .wait_until("task `done` to finish", |s| {
+            state_of(&s.completed_tasks, "done") == Some(TaskState::Finished)
+        })
+        .await?;
+    first.stop().await;
+
+    // A new node (new address), same data directory.
+    let second = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    let request = master.next_reregister().await?;
+    assert_eq!(request.agent_id, "agent-7");
+    let info = request.info.context("ReregisterAgent without info")?;
+    assert_eq!(info.address, second.upid().to_string());
+    assert_eq!(
+        state_of(&request.completed_tasks, "done"),
+        Some(TaskState::Finished)
+    );
+    // Its child ended with the old agent: the new one reports it lost.
+    assert_eq!(
+        state_of(&request.completed_tasks, "long"),
+        Some(TaskState::Lost)
+    );
+    assert!(request.tasks.is_empty(), "{:?}", request.tasks);
+    assert_eq!(request.completed_frameworks, vec![framework()]);
+    assert_eq!(second.registered_with(&master.upid()?).await?, "agent-7");
+    assert!(master.got_nothing(), "no fresh RegisterAgent");
+
+    // Task ids stay unique across the restart.
+    let reply = master
+        .run_task(second.upid(), shell_task("done", "exit 0"))
+        .await?;
+    assert!(reply.error.contains("already exists"), "{}", reply.error);
+    second.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_not_leader_hint_sends_the_agent_to_the_leader() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut leader = MasterNode::start(Answer::Admit("agent-b".into())).await?;
+    let mut standby = MasterNode::start(Answer::NotLeader(leader.upid()?.to_string())).await?;
+    // Only the standby is configured: the agent can find the leader by the hint alone.
+    let agent = AgentNode::start(config(&[standby.address()], dir.path())).await?;
+
+    standby.next_register().await?;
+    leader.next_register().await?;
+    assert_eq!(agent.registered_with(&leader.upid()?).await?, "agent-b");
+    agent.stop().await;
+    standby.shutdown().await;
+    leader.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_empty_hint_sends_the_agent_to_the_next_master() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut standby = MasterNode::start(Answer::NotLeader(String::new())).await?;
+    let mut leader = MasterNode::start(Answer::Admit("agent-c".into())).await?;
+    let agent =
+        AgentNode::start(config(&[standby.address(), leader.address()], dir.path())).await?;
+
+    standby.next_register().await?;
+    leader.next_register().await?;
+    assert_eq!(agent.registered_with(&leader.upid()?).await?, "agent-c");
+    agent.stop().await;
+    standby.shutdown().await;
+    leader.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refusal_is_retried_later() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Refuse("not today".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+
+    master.next_register().await?;
+    ensure!(matches!(
+        *agent.handle.status().borrow(),
+        AgentStatus::Registering
+    ));
+    master.set_answer(Answer::Admit("agent-r".into()));
+    // The agent comes back after its backoff, without anyone prodding it.
+    master.next_register().await?;
+    assert_eq!(agent.registered_with(&master.upid()?).await?, "agent-r");
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn losing_the_master_node_moves_the_agent_and_its_running_task_to_another_master()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut a = MasterNode::start(Answer::Admit("agent-9".into())).await?;
+    let mut b = MasterNode::start(Answer::Admit("from-b".into())).await?;
+    let agent = AgentNode::start(config(&[a.address(), b.address()], dir.path())).await?;
+    a.next_register().await?;
+    assert_eq!(agent.registered_with(&a.upid()?).await?, "agent-9");
+
+    let reply = a
+        .run_task(agent.upid(), shell_task("long", "sleep 30"))
+        .await?;
+    assert_eq!(reply.error, "");
+    let reply = a
+        .run_task(agent.upid(), shell_task("quick", "exit 0"))
+        .await?;
+    assert_eq!(reply.error, "");
+    agent
+        .wait_until("task `quick` to finish", |s| {
+            state_of(&s.completed_tasks, "quick") == Some(TaskState::Finished)
+        })
+        .await?;
+
+    a.shutdown().await;
+    let request = b.next_reregister().await?;
+    assert_eq!(request.agent_id, "agent-9");
+    assert_eq!(state_of(&request.tasks, "long"), Some(TaskState::Running));
+    assert_eq!(
+        state_of(&request.completed_tasks, "quick"),
+        Some(TaskState::Finished)
+    );
+    assert_eq!(request.frameworks, vec![framework()]);
+    assert_eq!(agent.registered_with(&b.upid()?).await?, "agent-9");
+    let snapshot = agent.handle.snapshot().await?;
+    assert_eq!(state_of(&snapshot.tasks, "long"), Some(TaskState::Running));
+    agent.stop().await;
+    b.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_master_counts_as_lost() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-s".into())).await?;
+    let mut config = config(&[master.address()], dir.path());
+    config.master_silence_timeout = Duration::from_millis(300);
+    let agent = AgentNode::start(config).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    // The fake master never pings: the agent gives up on it and re-registers.
+    let request = master.next_reregister().await?;
+    assert_eq!(request.agent_id, "agent-s");
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pings_keep_the_master_from_counting_as_lost() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-p".into())).await?;
+    let mut config = config(&[master.address()], dir.path());
+    config.master_silence_timeout = Duration::from_secs(1);
+    let agent = AgentNode::start(config).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    // Three silence timeouts' worth of pings, ten per timeout (pacing, not synchronisation).
+    for _ in 0..30 {
+        assert_eq!(master.ping(agent.upid()).await?.agent_id, "agent-p");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    ensure!(
+        master.got_nothing(),
+        "the agent re-registered although pinged"
+    );
+    ensure!(
+        matches!(
+            *agent.handle.status().borrow(),
+            AgentStatus::Registered { .. }
+        ),
+        "still registered"
+    );
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_task_runs_real_children_and_refuses_bad_requests() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-t".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    let to = agent.upid().clone();
+
+    let mut with_env = shell_task("fail", "echo \"$GREETING\" > out.txt; exit 3");
+    if let Some(task) = with_env.task.as_mut() {
+        task.env.insert("GREETING".into(), "hello".into());
+    }
+    assert_eq!(master.run_task(&to, with_env).await?.error, "");
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("long", "sleep 30"))
+            .await?
+            .error,
+        ""
+    );
+    let snapshot = agent
+        .wait_until("task `fail` to complete", |s| {
+            find(&s.completed_tasks, "fail").is_some()
+        })
+        .await?;
+    let failed = find(&snapshot.completed_tasks, "fail").context("fail")?;
+    assert_eq!(TaskState::try_from(failed.state)?, TaskState::Failed);
+    assert_eq!(failed.exit_code, 3);
+    assert_eq!(failed.framework_id, "fw-1");
+    assert_eq!(state_of(&snapshot.tasks, "long"), Some(TaskState::Running));
+    assert_eq!(snapshot.frameworks, vec![framework()]);
+    // It ran in its own working directory, with its environment.
+    let out = std::fs::read_to_string(dir.path().join("tasks/fail/out.txt"))?;
+    assert_eq!(out.trim(), "hello");
+
+    // A command that cannot start: an error naming it, nothing running.
+    let mut bad = shell_task("bad", "");
+    if let Some(task) = bad.task.as_mut() {
+        task.command = "/nonexistent/muster-test-command".into();
+        task.args.clear();
+    }
+    let error = master.run_task(&to, bad).await?.error;
+    assert!(
+        error.contains("/nonexistent/muster-test-command") && error.contains("bad"),
+        "{error}"
+    );
+    let snapshot = agent.handle.snapshot().await?;
+    assert!(find(&snapshot.tasks, "bad").is_none());
+    assert!(find(&snapshot.completed_tasks, "bad").is_none());
+
+    // Duplicates, and requests that name no framework or no usable id.
+    let error = master
+        .run_task(&to, shell_task("long", "exit 0"))
+        .await?
+        .error;
+    assert!(error.contains("already exists"), "{error}");
+    let error = master
+        .run_task(&to, shell_task("fail", "exit 0"))
+        .await?
+        .error;
+    assert!(error.contains("already exists"), "{error}");
+    let mut no_framework = shell_task("orphan", "exit 0");
+    no_framework.framework = None;
+    let error = master.run_task(&to, no_framework).await?.error;
+    assert!(error.contains("no framework"), "{error}");
+    let error = master
+        .run_task(&to, shell_task("../escape", "exit 0"))
+        .await?
+        .error;
+    assert!(error.contains("cannot name a directory"), "{error}");
+    let error = master
+        .run_task(
+            &to,
+            RunTask {
+                framework: Some(framework()),
+                task: None,
+            },
+        )
+        .await?
+        .error;
+    assert!(error.contains("no task"), "{error}");
+
+    let snapshot = agent.handle.snapshot().await?;
+    assert_eq!(snapshot.tasks.len(), 1, "{:?}", snapshot.tasks);
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+/// True once process `pid` has ended (gone, or a zombie nobody reaped yet).
+fn has_ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name in parentheses.
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .is_some_and(|(_, rest)| rest.trim_start().starts_with(['Z', 'X'])),
+        Err(_) => true,
+    }
+}
+
+/// Reads a pid a task wrote to a file in its working directory, once it is there.
+async fn pid_in(path: &Path) -> anyhow::Result<u32> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(pid) = text.trim().parse()
+        {
+            return Ok(pid);
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "no pid in {} in time",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn ends(pid: u32, what: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !has_ended(pid) {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "{what} (pid {pid}) still runs"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_s_processes_end_with_it_and_with_the_agent() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-k".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    let to = agent.upid().clone();
+
+    // The task's main process exits and leaves a background process behind.
+    let script = "sleep 30 & echo $! > bg.pid; exit 0";
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("leaves", script))
+            .await?
+            .error,
+        ""
+    );
+    let straggler = pid_in(&dir.path().join("tasks/leaves/bg.pid")).await?;
+    agent
+        .wait_until("task `leaves` to finish", |s| {
+            state_of(&s.completed_tasks, "leaves") == Some(TaskState::Finished)
+        })
+        .await?;
+    ends(straggler, "the finished task's background process").await?;
+
+    // A running task and its child end when the agent stops.
+    let script = "echo $$ > leader.pid; sleep 30 & echo $! > child.pid; wait";
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("runs", script))
+            .await?
+            .error,
+        ""
+    );
+    let leader = pid_in(&dir.path().join("tasks/runs/leader.pid")).await?;
+    let child = pid_in(&dir.path().join("tasks/runs/child.pid")).await?;
+    ensure!(!has_ended(leader) && !has_ended(child), "the task runs");
+    agent.stop().await;
+    ends(leader, "the task's main process").await?;
+    ends(child, "the task's child").await?;
+    master.shutdown().await;
+    Ok(())
+}

@@ -1,0 +1,205 @@
+//! The `muster-agent` binary: its help, its errors (exit status and text), and a clean start
+//! and stop on SIGTERM.
+
+use std::io::{BufRead as _, BufReader};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, ensure};
+
+const BIN: &str = env!("CARGO_BIN_EXE_muster-agent");
+
+/// Runs the binary to its end (it must end by itself: these are error paths).
+fn run(args: &[&str]) -> anyhow::Result<Output> {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("cannot run muster-agent")?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while child.try_wait()?.is_none() {
+        if Instant::now() > deadline {
+            child.kill()?;
+            anyhow::bail!("muster-agent {args:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Ok(child.wait_with_output()?)
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn help_lists_the_flags() -> anyhow::Result<()> {
+    let output = run(&["--help"])?;
+    ensure!(output.status.success(), "{output:?}");
+    let text = String::from_utf8_lossy(&output.stdout);
+    for flag in [
+        "--listen",
+        "--master",
+        "--data-dir",
+        "--hostname",
+        "--cpus",
+        "--mem-mb",
+        "--attribute",
+        "--config",
+    ] {
+        ensure!(
+            text.contains(flag),
+            "--help does not mention {flag}:\n{text}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_port_in_use_is_an_error_naming_the_address() -> anyhow::Result<()> {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = taken.local_addr()?.to_string();
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().to_string_lossy().into_owned();
+    let output = run(&[
+        "--listen",
+        &address,
+        "--master",
+        "127.0.0.1:1",
+        "--data-dir",
+        &data_dir,
+    ])?;
+    ensure!(
+        !output.status.success(),
+        "started on a taken port: {output:?}"
+    );
+    let text = stderr(&output);
+    ensure!(
+        text.contains(&format!("cannot listen on {address}")) && text.contains("in use"),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn an_unwritable_data_dir_is_an_error_naming_it() -> anyhow::Result<()> {
+    // A path through a regular file cannot be created, even by root.
+    let dir = tempfile::tempdir()?;
+    let file = dir.path().join("a-file");
+    std::fs::write(&file, "not a directory")?;
+    let data_dir = file.join("data").to_string_lossy().into_owned();
+    let output = run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--master",
+        "127.0.0.1:1",
+        "--data-dir",
+        &data_dir,
+    ])?;
+    ensure!(!output.status.success(), "{output:?}");
+    let text = stderr(&output);
+    ensure!(
+        text.contains("data directory") && text.contains(&data_dir),
+        "{text}"
+    );
+    Ok(())
+}
+
+#[test]
+fn bad_attributes_and_config_files_are_errors_naming_the_problem() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().to_string_lossy().into_owned();
+
+    let output = run(&[
+        "--master",
+        "127.0.0.1:1",
+        "--data-dir",
+        &data_dir,
+        "--attribute",
+        "no-equals-sign",
+    ])?;
+    ensure!(!output.status.success(), "{output:?}");
+    let text = stderr(&output);
+    ensure!(
+        text.contains("--attribute") && text.contains("key=value"),
+        "{text}"
+    );
+
+    let config = dir.path().join("agent.toml");
+    std::fs::write(&config, "master = [\"127.0.0.1:1\"]\ncpus = \"many\"\n")?;
+    let config = config.to_string_lossy().into_owned();
+    let output = run(&["--config", &config, "--data-dir", &data_dir])?;
+    ensure!(!output.status.success(), "{output:?}");
+    let text = stderr(&output);
+    ensure!(text.contains(&config) && text.contains("cpus"), "{text}");
+
+    let output = run(&["--data-dir", &data_dir])?;
+    ensure!(!output.status.success(), "{output:?}");
+    ensure!(stderr(&output).contains("--master"), "{}", stderr(&output));
+    Ok(())
+}
+
+#[test]
+fn it_prints_where_it_listens_and_stops_on_sigterm() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = dir.path().join("agent.toml");
+    let data_dir = dir.path().join("data");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nmaster = [\"127.0.0.1:1\"]\ndata_dir = {:?}\n\
+             [attributes]\nrack = \"r1\"\n",
+            data_dir.to_string_lossy()
+        ),
+    )?;
+    let mut child = Command::new(BIN)
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let read = BufReader::new(stdout).read_line(&mut line).map(|_| line);
+        let _ = tx.send(read);
+    });
+    let outcome = (|| {
+        let line = rx
+            .recv_timeout(Duration::from_secs(20))
+            .context("no line on stdout in time")??;
+        let address = line
+            .strip_prefix("muster-agent listening on ")
+            .and_then(|rest| rest.split_once(' '))
+            .map(|(address, _)| address.to_owned())
+            .with_context(|| format!("unexpected first line {line:?}"))?;
+        ensure!(
+            line.trim_end().ends_with(&format!("(agent@{address})")),
+            "{line:?}"
+        );
+        ensure!(data_dir.is_dir(), "the data directory was created");
+        let killed = Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status()?;
+        ensure!(killed.success(), "kill failed");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(status) = child.try_wait()? {
+                ensure!(status.success(), "exit status after SIGTERM: {status}");
+                return Ok(());
+            }
+            ensure!(Instant::now() < deadline, "did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    })();
+    if outcome.is_err() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    outcome
+}

@@ -1,0 +1,24 @@
+//! Muster's master: admits agents, watches their health, and after a failover rebuilds the
+//! cluster from the agents as they re-register.
+//!
+//! Several masters form one registry raft group ([`muster_registry`]); the raft leader is the
+//! leading master and the others stand by, answering agents with the leader's address. Agents
+//! talk to the `master` process over the actor transport; operators use the gRPC
+//! [`OperatorService`], served on the same port.
+//!
+//! # Layout
+//! - [`MasterConfig`]: settings, with Mesos's defaults.
+//! - [`Master`], [`MasterMsg`]: the process.
+//! - [`OperatorService`]: cluster state and metrics over gRPC.
+//! - [`MasterServer`]: port, registry, process and API started together.
+
+mod cluster;
+mod config;
+mod master;
+mod operator;
+mod server;
+
+pub use config::MasterConfig;
+pub use master::{Master, MasterMsg};
+pub use operator::OperatorService;
+pub use server::{MasterError, MasterServer};

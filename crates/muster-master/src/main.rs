@@ -1,0 +1,187 @@
+//! `muster-master`: runs one master of a Muster cluster.
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use muster_master::{MasterConfig, MasterServer};
+use serde::Deserialize;
+
+/// Runs one master of a Muster cluster. Several masters (`--peer` for each, this one
+/// included) form one raft group; the raft leader is the leading master.
+#[derive(Debug, Parser)]
+#[command(name = "muster-master", version)]
+struct Flags {
+    /// TOML file with any of the settings below (flags win).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// This master's id in the group.
+    #[arg(long)]
+    id: Option<u64>,
+    /// Address to listen on, HOST:PORT [default: 127.0.0.1:5050].
+    #[arg(long)]
+    listen: Option<String>,
+    /// A member of the group, ID=HOST:PORT; repeat for each, this master included. None: a
+    /// group of one.
+    #[arg(long = "peer", value_name = "ID=HOST:PORT")]
+    peers: Vec<String>,
+    /// Where the registry is stored.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+    /// How often to ping each agent, e.g. 15s [default: 15s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    ping_interval: Option<Duration>,
+    /// Missed pings after which an agent is unreachable [default: 5].
+    #[arg(long)]
+    max_missed_pings: Option<u32>,
+    /// How long a new leader waits for agents to re-register, e.g. 10m [default: 10m].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    reregistration_timeout: Option<Duration>,
+    /// Largest share (0..1) of agents the deadline may mark unreachable [default: 1].
+    #[arg(long)]
+    removal_limit: Option<f64>,
+}
+
+/// The config file: the same settings as the flags.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    id: Option<u64>,
+    listen: Option<String>,
+    peers: Option<Vec<String>>,
+    data_dir: Option<PathBuf>,
+    ping_interval: Option<String>,
+    max_missed_pings: Option<u32>,
+    reregistration_timeout: Option<String>,
+    removal_limit: Option<f64>,
+}
+
+fn parse_peer(peer: &str) -> anyhow::Result<(u64, String)> {
+    let (id, address) = peer
+        .split_once('=')
+        .with_context(|| format!("peer {peer:?} is not ID=HOST:PORT"))?;
+    let id = id
+        .parse()
+        .with_context(|| format!("peer {peer:?}: {id:?} is not a numeric id"))?;
+    if address.parse::<std::net::SocketAddr>().is_err() {
+        bail!("peer {peer:?}: {address:?} is not HOST:PORT with a numeric host");
+    }
+    Ok((id, address.to_owned()))
+}
+
+fn duration(name: &str, text: Option<String>) -> anyhow::Result<Option<Duration>> {
+    text.map(|t| {
+        humantime::parse_duration(&t).with_context(|| format!("{name} = {t:?} is not a duration"))
+    })
+    .transpose()
+}
+
+fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
+    let file = match &flags.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the config file {}", path.display()))?;
+            toml::from_str::<FileConfig>(&text)
+                .with_context(|| format!("bad config file {}", path.display()))?
+        }
+        None => FileConfig::default(),
+    };
+    let defaults = MasterConfig::default();
+    let peers = if flags.peers.is_empty() {
+        file.peers.unwrap_or_default()
+    } else {
+        flags.peers
+    };
+    let members = peers
+        .iter()
+        .map(|p| parse_peer(p))
+        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
+    Ok(MasterConfig {
+        id: flags.id.or(file.id).unwrap_or(defaults.id),
+        listen: flags.listen.or(file.listen).unwrap_or(defaults.listen),
+        members,
+        data_dir: flags
+            .data_dir
+            .or(file.data_dir)
+            .context("--data-dir is required (or data_dir in the config file)")?,
+        ping_interval: flags
+            .ping_interval
+            .or(duration("ping_interval", file.ping_interval)?)
+            .unwrap_or(defaults.ping_interval),
+        max_missed_pings: flags
+            .max_missed_pings
+            .or(file.max_missed_pings)
+            .unwrap_or(defaults.max_missed_pings),
+        reregistration_timeout: flags
+            .reregistration_timeout
+            .or(duration(
+                "reregistration_timeout",
+                file.reregistration_timeout,
+            )?)
+            .unwrap_or(defaults.reregistration_timeout),
+        removal_limit: flags
+            .removal_limit
+            .or(file.removal_limit)
+            .unwrap_or(defaults.removal_limit),
+        ..defaults
+    })
+}
+
+async fn run(flags: Flags) -> anyhow::Result<()> {
+    let config = config(flags)?;
+    let data_dir = config.data_dir.clone();
+    let id = config.id;
+    let master = MasterServer::start(config).await?;
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "muster-master {id} listening on {addr} (master@{addr}), registry in {}",
+        data_dir.display(),
+        addr = master.address()
+    )?;
+    out.flush()?;
+    drop(out);
+    shutdown_signal().await?;
+    tracing::info!("shutting down");
+    master.shutdown().await;
+    Ok(())
+}
+
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted.context("cannot listen for SIGINT")?,
+        _ = terminate.recv() => {}
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let flags = Flags::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("muster-master: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(flags)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("muster-master: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

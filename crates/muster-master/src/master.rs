@@ -1,0 +1,721 @@
+//! The master process: registration, re-registration, agent health and failover recovery.
+//!
+//! Every master runs one. The one whose registry member leads the raft group is the leading
+//! master; the others are standbys and answer agents with the leader's address. A master that
+//! becomes leader catches up with the registry, loads the admitted agents, and rebuilds agents,
+//! frameworks and tasks from their re-registrations while it goes on answering requests.
+//! Agents not back by the deadline are marked unreachable, up to the removal limit.
+//!
+//! Handlers never wait: registry writes and pings are deferred, and their results come back as
+//! continuations on the process.
+
+use std::collections::HashSet;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use muster_actor::{Context, Node, Pid, Process, Reply, TimerHandle, Upid};
+use muster_proto::cluster as pb;
+use muster_registry::{
+    AgentId, Leadership, Op, Outcome, Registrar, RegistrarMsg, RegistrarStats, RegistryNode,
+    WriteError,
+};
+use tokio::time::Instant;
+
+use crate::cluster::{AgentEntry, Cluster, registry_info, same_info, wire_info};
+use crate::config::MasterConfig;
+
+/// What a master handles: agents' and operators' requests, and its own timers and
+/// continuations.
+#[derive(Debug)]
+pub enum MasterMsg {
+    /// An agent asks to be admitted.
+    Register(pb::RegisterAgent, Reply<pb::RegistrationReply>),
+    /// An agent comes back with everything it runs.
+    Reregister(pb::ReregisterAgent, Reply<pb::RegistrationReply>),
+    /// The cluster as this master sees it.
+    GetState(Reply<pb::ClusterState>),
+    /// This master's counters.
+    GetMetrics(Reply<pb::MasterMetrics>),
+    /// Launch a task on an agent.
+    LaunchTask(pb::LaunchTaskRequest, Reply<Result<(), String>>),
+    /// The node to reach agents through (pings, launches). Without one the master only answers.
+    UseNode(Node),
+    /// The registry's leader changed.
+    Leadership(Leadership),
+    /// Time to ping the connected agents.
+    PingAgents,
+    /// The re-registration deadline of the recovery begun in `term`.
+    ReregistrationDeadline {
+        /// The term the recovery belongs to.
+        term: u64,
+    },
+}
+
+/// The master's counters.
+#[derive(Clone, Copy, Debug, Default)]
+struct Metrics {
+    registered: u64,
+    reregistered: u64,
+    unreachable: u64,
+    messages: u64,
+    recovery: Option<Duration>,
+}
+
+/// A failover recovery in progress.
+#[derive(Debug)]
+struct Recovery {
+    started: Instant,
+    awaiting: HashSet<String>,
+    admitted: usize,
+    deadline: TimerHandle,
+}
+
+#[derive(Debug)]
+enum Role {
+    /// Another master leads (or none does yet).
+    Standby { leader: Option<(u64, String)> },
+    /// This master leads but is still catching up with the registry; requests wait.
+    Starting { term: u64, waiting: Vec<MasterMsg> },
+    /// This master leads.
+    Leading {
+        term: u64,
+        registrar: Pid<Registrar>,
+        recovery: Option<Recovery>,
+    },
+}
+
+/// The master process.
+#[derive(Debug)]
+pub struct Master {
+    config: MasterConfig,
+    /// This master's `host:port`.
+    address: String,
+    registry: RegistryNode,
+    node: Option<Node>,
+    role: Role,
+    cluster: Cluster,
+    metrics: Metrics,
+    term: u64,
+}
+
+fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
+    pb::RegistrationReply {
+        result: Some(pb::registration_reply::Result::NotLeader(pb::NotLeader {
+            leader: leader
+                .map(|(_, address)| format!("master@{address}"))
+                .unwrap_or_default(),
+        })),
+    }
+}
+
+fn admitted(id: String) -> pb::RegistrationReply {
+    pb::RegistrationReply {
+        result: Some(pb::registration_reply::Result::AgentId(id)),
+    }
+}
+
+fn refused(why: String) -> pb::RegistrationReply {
+    pb::RegistrationReply {
+        result: Some(pb::registration_reply::Result::Refused(why)),
+    }
+}
+
+/// A registry write as a future the process can defer.
+fn write_registry(
+    registrar: &Pid<Registrar>,
+    op: Op,
+) -> impl std::future::Future<Output = Result<muster_registry::WriteResult, muster_actor::AskError>>
++ Send
++ 'static {
+    let registrar = registrar.clone();
+    async move { registrar.ask(|r| RegistrarMsg::Write(op, r)).await }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+impl Master {
+    /// A master for the registry member `registry`, listening at `address`.
+    pub fn new(config: MasterConfig, address: String, registry: RegistryNode) -> Self {
+        Master {
+            config,
+            address,
+            registry,
+            node: None,
+            role: Role::Standby { leader: None },
+            cluster: Cluster::default(),
+            metrics: Metrics::default(),
+            term: 0,
+        }
+    }
+
+    fn leader(&self) -> Option<(u64, String)> {
+        match &self.role {
+            Role::Standby { leader } => leader.clone(),
+            Role::Starting { .. } | Role::Leading { .. } => {
+                Some((self.registry.id(), self.address.clone()))
+            }
+        }
+    }
+
+    fn leading_term(&self) -> Option<u64> {
+        match &self.role {
+            Role::Leading { term, .. } => Some(*term),
+            _ => None,
+        }
+    }
+
+    fn on_message(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {
+        self.metrics.messages += 1;
+        // Requests that need the registry wait while a new leader catches up with it.
+        if let Role::Starting { waiting, .. } = &mut self.role
+            && matches!(
+                msg,
+                MasterMsg::Register(..) | MasterMsg::Reregister(..) | MasterMsg::LaunchTask(..)
+            )
+        {
+            waiting.push(msg);
+            return;
+        }
+        match msg {
+            MasterMsg::Register(request, reply) => self.register(request, reply, ctx),
+            MasterMsg::Reregister(request, reply) => self.reregister(request, reply, ctx),
+            MasterMsg::GetState(reply) => reply.send(self.state()),
+            MasterMsg::GetMetrics(reply) => self.send_metrics(reply, ctx),
+            MasterMsg::LaunchTask(request, reply) => self.launch(request, reply, ctx),
+            MasterMsg::UseNode(node) => self.node = Some(node),
+            MasterMsg::Leadership(leadership) => self.on_leadership(leadership, ctx),
+            MasterMsg::PingAgents => self.ping_agents(ctx),
+            MasterMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
+        }
+    }
+
+    // ---- leadership ----
+
+    fn on_leadership(&mut self, leadership: Leadership, ctx: &mut Context<Self>) {
+        let current = match &self.role {
+            Role::Starting { term, .. } | Role::Leading { term, .. } => Some(*term),
+            Role::Standby { .. } => None,
+        };
+        if leadership.is_self {
+            if current != Some(leadership.term) {
+                self.become_leader(leadership.term, ctx);
+            }
+        } else {
+            if current.is_some() {
+                tracing::warn!(leader = ?leadership.leader, "no longer the leading master");
+            }
+            self.stop_leading();
+            self.role = Role::Standby {
+                leader: leadership.leader,
+            };
+        }
+    }
+
+    fn stop_leading(&mut self) {
+        if let Role::Leading { registrar, .. } = &self.role {
+            registrar.terminate();
+        }
+        let waiting = match std::mem::replace(&mut self.role, Role::Standby { leader: None }) {
+            Role::Starting { waiting, .. } => waiting,
+            _ => Vec::new(),
+        };
+        for msg in waiting {
+            match msg {
+                MasterMsg::Register(_, reply) | MasterMsg::Reregister(_, reply) => {
+                    reply.send(not_leader(None));
+                }
+                MasterMsg::LaunchTask(_, reply) => {
+                    reply.send(Err("the master lost leadership".into()));
+                }
+                _ => {}
+            }
+        }
+        self.cluster = Cluster::default();
+    }
+
+    fn become_leader(&mut self, term: u64, ctx: &mut Context<Self>) {
+        self.stop_leading();
+        tracing::info!(term, "leading master: catching up with the registry");
+        self.term = term;
+        self.role = Role::Starting {
+            term,
+            waiting: Vec::new(),
+        };
+        let registry = self.registry.clone();
+        ctx.defer(
+            async move { registry.catch_up().await },
+            move |master: &mut Master, ctx, caught_up| master.start_leading(term, caught_up, ctx),
+        );
+    }
+
+    fn start_leading(
+        &mut self,
+        term: u64,
+        caught_up: Result<(), WriteError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if !matches!(&self.role, Role::Starting { term: t, .. } if *t == term) {
+            return;
+        }
+        if let Err(e) = caught_up {
+            tracing::warn!(error = %e, "could not catch up with the registry; standing by");
+            self.stop_leading();
+            return;
+        }
+        let Role::Starting { waiting, .. } =
+            std::mem::replace(&mut self.role, Role::Standby { leader: None })
+        else {
+            return;
+        };
+        let registrar = ctx.spawn(Registrar::new(self.registry.clone()));
+        let admitted: Vec<(String, AgentEntry)> = self.registry.reader().read(|state| {
+            state
+                .agents
+                .iter()
+                .map(|(id, info)| (id.0.clone(), AgentEntry::awaiting(info)))
+                .collect()
+        });
+        let recovery = if admitted.is_empty() {
+            None
+        } else {
+            let deadline = ctx.delay(
+                self.config.reregistration_timeout,
+                MasterMsg::ReregistrationDeadline { term },
+            );
+            Some(Recovery {
+                started: Instant::now(),
+                awaiting: admitted.iter().map(|(id, _)| id.clone()).collect(),
+                admitted: admitted.len(),
+                deadline,
+            })
+        };
+        tracing::info!(
+            term,
+            admitted = admitted.len(),
+            deadline = ?self.config.reregistration_timeout,
+            "leading master: waiting for admitted agents to re-register"
+        );
+        self.cluster.agents = admitted.into_iter().collect();
+        self.role = Role::Leading {
+            term,
+            registrar,
+            recovery,
+        };
+        for msg in waiting {
+            self.on_message(msg, ctx);
+        }
+    }
+
+    // ---- registration ----
+
+    fn register(
+        &mut self,
+        request: pb::RegisterAgent,
+        reply: Reply<pb::RegistrationReply>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Role::Leading { registrar, .. } = &self.role else {
+            return reply.send(not_leader(self.leader().as_ref()));
+        };
+        let Some(info) = request.info else {
+            return reply.send(refused("RegisterAgent carries no agent info".into()));
+        };
+        let write = write_registry(registrar, Op::AdmitAgent(registry_info(&info)));
+        let term = self.term;
+        ctx.defer(
+            write,
+            move |master: &mut Master, _ctx, written| match written {
+                Ok(Ok(Outcome::Admitted(id))) => {
+                    if master.leading_term() == Some(term) {
+                        tracing::info!(agent = %id, address = %info.address, "agent registered");
+                        master.metrics.registered += 1;
+                        master.cluster.agents.insert(
+                            id.0.clone(),
+                            AgentEntry::connected(info, Vec::new(), Vec::new()),
+                        );
+                    }
+                    reply.send(admitted(id.0));
+                }
+                Ok(Err(WriteError::NotLeader { leader })) => {
+                    reply.send(not_leader(leader.as_ref()))
+                }
+                Ok(other) => reply.send(refused(format!("registry write failed: {other:?}"))),
+                Err(e) => reply.send(refused(format!("registrar unavailable: {e}"))),
+            },
+        );
+    }
+
+    fn reregister(
+        &mut self,
+        request: pb::ReregisterAgent,
+        reply: Reply<pb::RegistrationReply>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Role::Leading { registrar, .. } = &self.role else {
+            return reply.send(not_leader(self.leader().as_ref()));
+        };
+        let registrar = registrar.clone();
+        let Some(info) = request.info.as_ref() else {
+            return reply.send(refused("ReregisterAgent carries no agent info".into()));
+        };
+        if request.agent_id.is_empty() {
+            return reply.send(refused("ReregisterAgent carries no agent id".into()));
+        }
+        let id = AgentId(request.agent_id.clone());
+        let unchanged = self.registry.reader().read(|state| {
+            state
+                .agents
+                .get(&id)
+                .is_some_and(|stored| same_info(info, stored))
+        });
+        if unchanged {
+            // The common case after a failover: nothing to write.
+            let id = self.readmit(request);
+            return reply.send(admitted(id));
+        }
+        // Changed info, or an agent marked unreachable (or forgotten) coming back: store it
+        // first, then take it back.
+        let info = registry_info(info);
+        let write = write_registry(&registrar, Op::UpdateAgent { id, info });
+        let term = self.term;
+        ctx.defer(
+            write,
+            move |master: &mut Master, _ctx, written| match written {
+                Ok(Ok(_)) => {
+                    if master.leading_term() == Some(term) {
+                        let id = master.readmit(request);
+                        reply.send(admitted(id));
+                    } else {
+                        reply.send(not_leader(master.leader().as_ref()));
+                    }
+                }
+                Ok(Err(WriteError::NotLeader { leader })) => {
+                    reply.send(not_leader(leader.as_ref()))
+                }
+                Ok(Err(e)) => reply.send(refused(format!("registry write failed: {e}"))),
+                Err(e) => reply.send(refused(format!("registrar unavailable: {e}"))),
+            },
+        );
+    }
+
+    /// Rebuilds an agent, its tasks and frameworks from its re-registration.
+    fn readmit(&mut self, request: pb::ReregisterAgent) -> String {
+        let pb::ReregisterAgent {
+            agent_id,
+            info,
+            frameworks,
+            tasks,
+            completed_frameworks,
+            completed_tasks,
+        } = request;
+        self.cluster.add_frameworks(frameworks);
+        for framework in completed_frameworks {
+            if !self.cluster.frameworks.contains_key(&framework.id) {
+                self.cluster.completed_frameworks.insert(framework.id);
+            }
+        }
+        self.cluster.agents.insert(
+            agent_id.clone(),
+            AgentEntry::connected(info.unwrap_or_default(), tasks, completed_tasks),
+        );
+        self.metrics.reregistered += 1;
+        if let Role::Leading { recovery, .. } = &mut self.role
+            && let Some(progress) = recovery
+        {
+            progress.awaiting.remove(&agent_id);
+            if progress.awaiting.is_empty() {
+                let took = progress.started.elapsed();
+                tracing::info!(
+                    agents = progress.admitted,
+                    took = ?took,
+                    "every admitted agent re-registered; recovery done"
+                );
+                self.metrics.recovery = Some(took);
+                progress.deadline.cancel();
+                *recovery = None;
+            }
+        }
+        agent_id
+    }
+
+    fn on_deadline(&mut self, term: u64, ctx: &mut Context<Self>) {
+        let Role::Leading {
+            term: leading,
+            recovery,
+            ..
+        } = &mut self.role
+        else {
+            return;
+        };
+        if *leading != term {
+            return;
+        }
+        let Some(progress) = recovery.take() else {
+            return;
+        };
+        self.metrics.recovery = Some(progress.started.elapsed());
+        let mut missing: Vec<String> = progress.awaiting.into_iter().collect();
+        missing.sort();
+        let allowed = (self.config.removal_limit * progress.admitted as f64).floor() as usize;
+        if missing.len() > allowed {
+            let kept = missing.split_off(allowed);
+            tracing::error!(
+                missing = kept.len() + missing.len(),
+                admitted = progress.admitted,
+                limit = self.config.removal_limit,
+                kept = kept.len(),
+                "more agents missed the re-registration deadline than the removal limit \
+                 allows: marking only {} unreachable and keeping the rest",
+                missing.len()
+            );
+        }
+        for id in missing {
+            tracing::warn!(agent = %id, "agent did not re-register by the deadline");
+            self.mark_unreachable(id, ctx);
+        }
+    }
+
+    fn mark_unreachable(&mut self, id: String, ctx: &mut Context<Self>) {
+        let Role::Leading { registrar, .. } = &self.role else {
+            return;
+        };
+        let write = write_registry(
+            registrar,
+            Op::MarkUnreachable {
+                id: AgentId(id.clone()),
+                at_ms: now_ms(),
+            },
+        );
+        ctx.defer(
+            write,
+            move |master: &mut Master, _ctx, written| match written {
+                Ok(Ok(_)) => {
+                    master.metrics.unreachable += 1;
+                    master.cluster.agents.remove(&id);
+                    tracing::warn!(agent = %id, "agent marked unreachable");
+                }
+                other => {
+                    tracing::warn!(agent = %id, result = ?other, "could not mark agent unreachable")
+                }
+            },
+        );
+    }
+
+    // ---- health ----
+
+    fn ping_agents(&mut self, ctx: &mut Context<Self>) {
+        let (Some(node), Some(_)) = (&self.node, self.leading_term()) else {
+            return;
+        };
+        let me = format!("master@{}", self.address);
+        let timeout = self.config.ping_timeout;
+        for (id, agent) in &mut self.cluster.agents {
+            if !agent.connected || agent.ping_in_flight {
+                continue;
+            }
+            let Ok(upid) = agent.info.address.parse::<Upid>() else {
+                agent.missed_pings += 1;
+                continue;
+            };
+            agent.ping_in_flight = true;
+            let remote = node.remote(upid);
+            let ping = pb::Ping { master: me.clone() };
+            let id = id.clone();
+            ctx.defer(
+                async move {
+                    remote
+                        .ask_timeout::<pb::Ping, pb::Pong>(timeout, ping)
+                        .await
+                },
+                move |master: &mut Master, ctx, answered| master.on_pong(id, answered.is_ok(), ctx),
+            );
+        }
+    }
+
+    fn on_pong(&mut self, id: String, answered: bool, ctx: &mut Context<Self>) {
+        let max = self.config.max_missed_pings;
+        let Some(agent) = self.cluster.agents.get_mut(&id) else {
+            return;
+        };
+        agent.ping_in_flight = false;
+        if answered {
+            agent.missed_pings = 0;
+            return;
+        }
+        agent.missed_pings += 1;
+        tracing::debug!(agent = %id, missed = agent.missed_pings, "agent missed a ping");
+        if agent.missed_pings >= max && agent.connected {
+            agent.connected = false;
+            tracing::warn!(agent = %id, missed = max, "agent missed too many pings");
+            self.mark_unreachable(id, ctx);
+        }
+    }
+
+    // ---- tasks ----
+
+    fn launch(
+        &mut self,
+        request: pb::LaunchTaskRequest,
+        reply: Reply<Result<(), String>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            let leader = self.leader().map(|(_, a)| a).unwrap_or_default();
+            return reply.send(Err(format!("not the leading master (leader: {leader:?})")));
+        }
+        let Some(node) = &self.node else {
+            return reply.send(Err("this master has no transport to reach agents".into()));
+        };
+        let Some(agent) = self.cluster.agents.get(&request.agent_id) else {
+            return reply.send(Err(format!("unknown agent {:?}", request.agent_id)));
+        };
+        if !agent.connected {
+            return reply.send(Err(format!("agent {} is not connected", request.agent_id)));
+        }
+        let (Some(framework), Some(mut task)) = (request.framework, request.task) else {
+            return reply.send(Err("LaunchTask needs a framework and a task".into()));
+        };
+        if task.id.is_empty() {
+            return reply.send(Err("the task has no id".into()));
+        }
+        let upid = match agent.info.address.parse::<Upid>() {
+            Ok(upid) => upid,
+            Err(e) => return reply.send(Err(format!("agent address: {e}"))),
+        };
+        task.framework_id = framework.id.clone();
+        let run = pb::RunTask {
+            framework: Some(framework.clone()),
+            task: Some(task.clone()),
+        };
+        let remote = node.remote(upid);
+        let timeout = self.config.ping_timeout;
+        let agent_id = request.agent_id;
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<pb::RunTask, pb::RunTaskReply>(timeout, run)
+                    .await
+            },
+            move |master: &mut Master, _ctx, answered| match answered {
+                Ok(answer) if answer.error.is_empty() => {
+                    if let Some(agent) = master.cluster.agents.get_mut(&agent_id) {
+                        task.state = pb::TaskState::Running as i32;
+                        agent.tasks.push(task);
+                    }
+                    master.cluster.add_frameworks(vec![framework]);
+                    reply.send(Ok(()));
+                }
+                Ok(answer) => reply.send(Err(format!("agent refused the task: {}", answer.error))),
+                Err(e) => reply.send(Err(format!("agent unreachable: {e}"))),
+            },
+        );
+    }
+
+    // ---- reports ----
+
+    fn state(&self) -> pb::ClusterState {
+        let leader = self.leader();
+        let is_leader = self.leading_term().is_some();
+        let mut state = pb::ClusterState {
+            leader: leader.map(|(_, a)| a).unwrap_or_default(),
+            is_leader,
+            term: self.term,
+            recovering: matches!(
+                &self.role,
+                Role::Starting { .. }
+                    | Role::Leading {
+                        recovery: Some(_),
+                        ..
+                    }
+            ),
+            ..pb::ClusterState::default()
+        };
+        if !is_leader {
+            return state;
+        }
+        let mut agents: Vec<pb::AgentState> = self
+            .cluster
+            .agents
+            .iter()
+            .map(|(id, agent)| pb::AgentState {
+                id: id.clone(),
+                info: Some(agent.info.clone()),
+                tasks: agent.tasks.clone(),
+                completed_tasks: agent.completed_tasks.clone(),
+                connected: agent.connected,
+            })
+            .collect();
+        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        state.agents = agents;
+        let mut frameworks: Vec<pb::Framework> =
+            self.cluster.frameworks.values().cloned().collect();
+        frameworks.sort_by(|a, b| a.id.cmp(&b.id));
+        state.frameworks = frameworks;
+        state.unreachable = self.registry.reader().read(|registry| {
+            registry
+                .unreachable
+                .iter()
+                .map(|(id, agent)| pb::UnreachableAgent {
+                    id: id.0.clone(),
+                    info: Some(wire_info(&agent.info)),
+                    marked_at_ms: agent.marked_at_ms,
+                })
+                .collect()
+        });
+        state
+    }
+
+    fn send_metrics(&self, reply: Reply<pb::MasterMetrics>, ctx: &mut Context<Self>) {
+        let metrics = pb::MasterMetrics {
+            is_leader: self.leading_term().is_some(),
+            agents_registered: self.metrics.registered,
+            agents_reregistered: self.metrics.reregistered,
+            agents_unreachable: self.metrics.unreachable,
+            messages_handled: self.metrics.messages,
+            recovery_seconds: self.metrics.recovery.map_or(0.0, |d| d.as_secs_f64()),
+            agents_connected: self.cluster.connected_agents() as u64,
+            registry_entries: 0,
+        };
+        let Role::Leading { registrar, .. } = &self.role else {
+            return reply.send(metrics);
+        };
+        let registrar = registrar.clone();
+        let stats = async move { registrar.ask(RegistrarMsg::Stats).await };
+        ctx.defer(stats, move |_master: &mut Master, _ctx, stats| {
+            let stats: RegistrarStats = stats.unwrap_or_default();
+            reply.send(pb::MasterMetrics {
+                registry_entries: stats.entries,
+                ..metrics
+            });
+        });
+    }
+}
+
+impl Process for Master {
+    type Message = MasterMsg;
+
+    async fn started(&mut self, ctx: &mut Context<Self>) {
+        // Follow the registry's leadership as messages to this process.
+        let mut leadership = self.registry.leadership();
+        let me = ctx.pid().clone();
+        tokio::spawn(async move {
+            loop {
+                let now = leadership.borrow_and_update().clone();
+                if me.tell(MasterMsg::Leadership(now)).is_err() {
+                    return;
+                }
+                if leadership.changed().await.is_err() {
+                    return;
+                }
+            }
+        });
+        ctx.interval(self.config.ping_interval, || MasterMsg::PingAgents);
+    }
+
+    async fn handle(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {
+        self.on_message(msg, ctx);
+    }
+}

@@ -1,0 +1,128 @@
+//! A whole master: its port, registry member, master process and operator API, started
+//! together.
+
+use std::collections::BTreeMap;
+
+use muster_actor::{Node, NodeConfig, NodeError, Pid, System};
+use muster_proto::cluster as pb;
+use muster_registry::{RegistryConfig, RegistryError, RegistryNode};
+use tonic::service::Routes;
+
+use crate::config::MasterConfig;
+use crate::master::{Master, MasterMsg};
+use crate::operator::OperatorService;
+
+/// Why a master could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum MasterError {
+    /// The listening address is malformed or the port is taken.
+    #[error(transparent)]
+    Listen(#[from] NodeError),
+    /// The registry could not start (data dir, raft).
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    /// The config is inconsistent.
+    #[error("invalid master config: {0}")]
+    Config(String),
+}
+
+/// A running master.
+#[derive(Debug)]
+pub struct MasterServer {
+    system: System,
+    node: Node,
+    registry: RegistryNode,
+    master: Pid<Master>,
+    address: String,
+}
+
+impl MasterServer {
+    /// Binds the port, starts the registry member, spawns the master process, and serves the
+    /// actor transport, raft and the operator API on the one port.
+    ///
+    /// # Errors
+    /// [`MasterError`] naming the address, data dir or config problem.
+    pub async fn start(config: MasterConfig) -> Result<Self, MasterError> {
+        let listener = Node::listen(&config.listen).await?;
+        let local = listener
+            .local_addr()
+            .map_err(|e| MasterError::Config(format!("listening socket has no address: {e}")))?
+            .to_string();
+        let members = if config.members.is_empty() {
+            BTreeMap::from([(config.id, local.clone())])
+        } else {
+            config.members.clone()
+        };
+        let address = members.get(&config.id).cloned().ok_or_else(|| {
+            MasterError::Config(format!(
+                "master id {} is not among the peers {:?}",
+                config.id,
+                members.keys().collect::<Vec<_>>()
+            ))
+        })?;
+        if config.removal_limit.is_nan() || !(0.0..=1.0).contains(&config.removal_limit) {
+            return Err(MasterError::Config(format!(
+                "removal limit {} is not a share between 0 and 1",
+                config.removal_limit
+            )));
+        }
+        if config.ping_interval.is_zero() {
+            return Err(MasterError::Config("ping interval must be non-zero".into()));
+        }
+        let registry = RegistryNode::start(RegistryConfig {
+            id: config.id,
+            members,
+            data_dir: config.data_dir.clone(),
+            heartbeat_interval: config.raft_heartbeat,
+            election_timeout: config.raft_election_timeout,
+            snapshot_after_entries: 5_000,
+            entries_kept_after_snapshot: 1_000,
+        })
+        .await?;
+
+        let system = System::new();
+        let master = system.spawn(Master::new(config, address.clone(), registry.clone()));
+        let routes = Routes::new(registry.raft_service())
+            .add_service(OperatorService::new(master.clone()).into_server());
+        let node = Node::serve(&system, listener, NodeConfig::default(), routes)?;
+        // Only fails if the master already ended, which `start` would have no way to cause.
+        let _ = master.tell(MasterMsg::UseNode(node.clone()));
+        node.register("master", &master)?
+            .install_ask::<pb::RegisterAgent, pb::RegistrationReply>(MasterMsg::Register)
+            .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(MasterMsg::Reregister);
+        Ok(MasterServer {
+            system,
+            node,
+            registry,
+            master,
+            address,
+        })
+    }
+
+    /// The address agents, peers and operators use (`host:port`).
+    pub fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// The master process.
+    pub fn pid(&self) -> &Pid<Master> {
+        &self.master
+    }
+
+    /// This master's registry member.
+    pub fn registry(&self) -> &RegistryNode {
+        &self.registry
+    }
+
+    /// The node serving the port.
+    pub fn node(&self) -> &Node {
+        &self.node
+    }
+
+    /// Stops serving, stops raft and ends the master's processes.
+    pub async fn shutdown(self) {
+        self.node.shutdown();
+        self.registry.shutdown().await;
+        self.system.shutdown().await;
+    }
+}

@@ -1,0 +1,336 @@
+//! Masters in one test process, agents played by the test over the real transport: standby
+//! redirects, failover rebuilt from re-registrations, the re-registration deadline and the
+//! removal limit.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use muster_actor::{Node, System, Upid};
+use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_proto::cluster as pb;
+use muster_proto::cluster::registration_reply::Result as Registration;
+use tokio::time::Instant;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+fn master_config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> MasterConfig {
+    MasterConfig {
+        id,
+        listen: members[&id].clone(),
+        members: members.clone(),
+        data_dir: dir.join(format!("master-{id}")),
+        raft_heartbeat: Duration::from_millis(50),
+        raft_election_timeout: (Duration::from_millis(200), Duration::from_millis(400)),
+        ..MasterConfig::default()
+    }
+}
+
+async fn free_addresses(n: u64) -> anyhow::Result<BTreeMap<u64, String>> {
+    let mut members = BTreeMap::new();
+    for id in 1..=n {
+        let listener = Node::listen("127.0.0.1:0").await?;
+        members.insert(id, listener.local_addr()?.to_string());
+    }
+    Ok(members)
+}
+
+/// Starts a master, retrying while its port or store is still held by a stopped predecessor.
+async fn start(config: MasterConfig) -> anyhow::Result<MasterServer> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        match MasterServer::start(config.clone()).await {
+            Ok(master) => return Ok(master),
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e).context("starting a master"),
+        }
+    }
+}
+
+/// An agent played by the test: what it would send, sent from its own node.
+struct FakeAgent {
+    id: String,
+    info: pb::AgentInfo,
+    tasks: Vec<pb::Task>,
+}
+
+fn agent_info(n: usize, node: &Node) -> pb::AgentInfo {
+    pb::AgentInfo {
+        hostname: format!("host-{n}"),
+        address: format!("agent@{}", node.address()),
+        resources: Some(pb::Resources {
+            cpus: 20.0,
+            mem_mb: 10240,
+        }),
+        attributes: [("rack".to_owned(), format!("r{}", n % 2))].into(),
+    }
+}
+
+fn tasks(agent: usize) -> Vec<pb::Task> {
+    (0..2)
+        .map(|t| pb::Task {
+            id: format!("task-{agent}-{t}"),
+            framework_id: format!("framework-{t}"),
+            state: pb::TaskState::Running as i32,
+            ..pb::Task::default()
+        })
+        .collect()
+}
+
+/// Sends `request` to any master, following "not leader" redirects, until one admits it.
+async fn ask_until_admitted<M>(
+    node: &Node,
+    masters: &[String],
+    request: M,
+) -> anyhow::Result<String>
+where
+    M: prost::Message + prost::Name + Clone + 'static,
+{
+    let deadline = Instant::now() + DEADLINE;
+    let mut target = format!("master@{}", masters[0]);
+    let mut next = 0;
+    loop {
+        if Instant::now() > deadline {
+            bail!("no master admitted the agent within {DEADLINE:?}");
+        }
+        let upid: Upid = target.parse()?;
+        let answer = node
+            .remote(upid)
+            .ask_timeout::<M, pb::RegistrationReply>(Duration::from_secs(2), request.clone())
+            .await;
+        match answer.map(|a| a.result) {
+            Ok(Some(Registration::AgentId(id))) => return Ok(id),
+            Ok(Some(Registration::NotLeader(hint))) if !hint.leader.is_empty() => {
+                target = hint.leader;
+            }
+            Ok(Some(Registration::Refused(why))) => bail!("refused: {why}"),
+            _ => {
+                // No leader known yet, or that master is gone: try the next one shortly.
+                next = (next + 1) % masters.len();
+                target = format!("master@{}", masters[next]);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+async fn leader(masters: &BTreeMap<u64, MasterServer>) -> anyhow::Result<u64> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        for (id, master) in masters {
+            let metrics = master.pid().ask(MasterMsg::GetMetrics).await?;
+            if metrics.is_leader {
+                return Ok(*id);
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("no leading master within {DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn state_when(
+    master: &MasterServer,
+    what: &str,
+    done: impl Fn(&pb::ClusterState) -> bool,
+) -> anyhow::Result<pb::ClusterState> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let state = master.pid().ask(MasterMsg::GetState).await?;
+        if done(&state) {
+            return Ok(state);
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {DEADLINE:?}: {state:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn register_agents(
+    node: &Node,
+    addresses: &[String],
+    count: usize,
+) -> anyhow::Result<Vec<FakeAgent>> {
+    let mut agents = Vec::new();
+    for n in 0..count {
+        let info = agent_info(n, node);
+        let register = pb::RegisterAgent {
+            info: Some(info.clone()),
+        };
+        let id = ask_until_admitted(node, addresses, register).await?;
+        agents.push(FakeAgent {
+            id,
+            info,
+            tasks: tasks(n),
+        });
+    }
+    Ok(agents)
+}
+
+async fn reregister(node: &Node, addresses: &[String], agent: &FakeAgent) -> anyhow::Result<()> {
+    let request = pb::ReregisterAgent {
+        agent_id: agent.id.clone(),
+        info: Some(agent.info.clone()),
+        frameworks: (0..2)
+            .map(|t| pb::Framework {
+                id: format!("framework-{t}"),
+                name: format!("framework {t}"),
+            })
+            .collect(),
+        tasks: agent.tasks.clone(),
+        ..pb::ReregisterAgent::default()
+    };
+    let id = ask_until_admitted(node, addresses, request).await?;
+    assert_eq!(id, agent.id, "re-registration keeps the agent's id");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(3).await?;
+    let addresses: Vec<String> = members.values().cloned().collect();
+    let mut masters = BTreeMap::new();
+    for id in members.keys() {
+        masters.insert(*id, start(master_config(*id, &members, dir.path())).await?);
+    }
+    let first = leader(&masters).await?;
+
+    let system = System::new();
+    let agents_node = Node::bind(&system, "127.0.0.1:0").await?;
+    let agents = register_agents(&agents_node, &addresses, 5).await?;
+    for agent in &agents {
+        reregister(&agents_node, &addresses, agent).await?;
+    }
+    let state = masters[&first].pid().ask(MasterMsg::GetState).await?;
+    assert_eq!(state.agents.len(), 5);
+    assert!(
+        state
+            .agents
+            .iter()
+            .all(|a| a.connected && a.tasks.len() == 2)
+    );
+
+    // A standby answers with the leader's address.
+    let standby = *masters
+        .keys()
+        .find(|id| **id != first)
+        .context("a standby")?;
+    let redirect = agents_node
+        .remote(format!("master@{}", members[&standby]).parse()?)
+        .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
+            Duration::from_secs(5),
+            pb::RegisterAgent {
+                info: Some(agents[0].info.clone()),
+            },
+        )
+        .await?;
+    assert_eq!(
+        redirect.result,
+        Some(Registration::NotLeader(pb::NotLeader {
+            leader: format!("master@{}", members[&first]),
+        }))
+    );
+
+    // The leader dies; a standby takes over and waits for the admitted agents.
+    masters.remove(&first).context("leader")?.shutdown().await;
+    let second = leader(&masters).await?;
+    let recovering = state_when(&masters[&second], "loading admitted agents", |s| {
+        s.is_leader && s.agents.len() == 5
+    })
+    .await?;
+    assert!(recovering.recovering);
+    assert!(recovering.agents.iter().all(|a| !a.connected));
+
+    for agent in &agents {
+        reregister(&agents_node, &addresses, agent).await?;
+    }
+    let rebuilt = state_when(&masters[&second], "the rebuild", |s| !s.recovering).await?;
+    assert_eq!(rebuilt.agents.len(), 5);
+    for agent in &agents {
+        let got = rebuilt
+            .agents
+            .iter()
+            .find(|a| a.id == agent.id)
+            .context("agent missing after failover")?;
+        assert!(got.connected);
+        assert_eq!(got.tasks, agent.tasks);
+    }
+    assert_eq!(rebuilt.frameworks.len(), 2);
+    let metrics = masters[&second].pid().ask(MasterMsg::GetMetrics).await?;
+    assert_eq!(metrics.agents_reregistered, 5);
+    assert_eq!(
+        metrics.registry_entries, 0,
+        "unchanged agents cost no registry write"
+    );
+    assert!(metrics.recovery_seconds > 0.0);
+
+    agents_node.shutdown();
+    for master in masters.into_values() {
+        master.shutdown().await;
+    }
+    Ok(())
+}
+
+/// Registers `count` agents with a single master, restarts it, brings back `returning` of
+/// them, and returns the state once the re-registration deadline has passed.
+async fn restart_with_missing_agents(
+    count: usize,
+    returning: usize,
+    removal_limit: f64,
+) -> anyhow::Result<(pb::ClusterState, Vec<FakeAgent>)> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(1).await?;
+    let addresses: Vec<String> = members.values().cloned().collect();
+    let config = MasterConfig {
+        reregistration_timeout: Duration::from_millis(500),
+        removal_limit,
+        ..master_config(1, &members, dir.path())
+    };
+    let master = start(config.clone()).await?;
+    let system = System::new();
+    let agents_node = Node::bind(&system, "127.0.0.1:0").await?;
+    let agents = register_agents(&agents_node, &addresses, count).await?;
+    master.shutdown().await;
+
+    let master = start(config).await?;
+    for agent in &agents[..returning] {
+        reregister(&agents_node, &addresses, agent).await?;
+    }
+    let marked = (count - returning).min((removal_limit * count as f64).floor() as usize);
+    let state = state_when(&master, "the re-registration deadline", |s| {
+        s.is_leader
+            && !s.recovering
+            && s.unreachable.len() == marked
+            && s.agents.len() == count - marked
+    })
+    .await?;
+    agents_node.shutdown();
+    master.shutdown().await;
+    Ok((state, agents))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_away_past_the_deadline_is_marked_unreachable() -> anyhow::Result<()> {
+    let (state, agents) = restart_with_missing_agents(5, 4, 1.0).await?;
+    let unreachable: Vec<&str> = state.unreachable.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(unreachable, [agents[4].id.as_str()]);
+    assert_eq!(state.agents.len(), 4);
+    assert!(state.agents.iter().all(|a| a.connected));
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_removal_limit_keeps_agents_when_most_stay_away() -> anyhow::Result<()> {
+    // 4 of 5 stay away; a 40% limit allows 2 to be marked, and the other 2 are kept.
+    let (state, _agents) = restart_with_missing_agents(5, 1, 0.4).await?;
+    assert_eq!(state.unreachable.len(), 2);
+    assert_eq!(state.agents.len(), 3);
+    assert_eq!(state.agents.iter().filter(|a| a.connected).count(), 1);
+    Ok(())
+}

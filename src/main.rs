@@ -1,0 +1,220 @@
+//! `muster`: a one-process dev cluster (`muster dev`) and a cluster's state (`muster status`).
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+use muster::actor::{Node, System};
+use muster::agent::AgentConfig;
+use muster::master::{MasterConfig, MasterMsg, MasterServer};
+use muster::proto::cluster as pb;
+use muster::proto::cluster::operator_client::OperatorClient;
+
+/// Muster: cluster coordination on a libprocess-style actor runtime.
+#[derive(Debug, Parser)]
+#[command(name = "muster", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a single-node master and one agent in this process, on a temporary data dir.
+    Dev {
+        /// The master's address (agents, operators and `muster status` use it).
+        #[arg(long, default_value = "127.0.0.1:5050")]
+        listen: String,
+        /// The agent's address.
+        #[arg(long, default_value = "127.0.0.1:5051")]
+        agent_listen: String,
+        /// Keep data here instead of a temporary dir removed on exit.
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+    },
+    /// Show the cluster: the leader, agents with their tasks, frameworks.
+    Status {
+        /// Any master's address; a standby's answer leads to the leader.
+        #[arg(long, default_value = "127.0.0.1:5050")]
+        master: String,
+    },
+}
+
+async fn dev(
+    listen: String,
+    agent_listen: String,
+    data_dir: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let temporary = match data_dir {
+        Some(_) => None,
+        None => Some(tempfile::Builder::new().prefix("muster-dev-").tempdir()?),
+    };
+    let data_dir = match (&temporary, data_dir) {
+        (Some(dir), _) => dir.path().to_owned(),
+        (None, Some(dir)) => dir,
+        (None, None) => bail!("no data dir"),
+    };
+    let master = MasterServer::start(MasterConfig {
+        listen,
+        data_dir: data_dir.join("master"),
+        ..MasterConfig::default()
+    })
+    .await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+        if tokio::time::Instant::now() > deadline {
+            bail!("the dev master did not become leader within 30 s");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let system = System::new();
+    let node = Node::bind(&system, &agent_listen).await?;
+    let mut agent_config =
+        AgentConfig::new(vec![master.address().to_owned()], data_dir.join("agent"));
+    agent_config.registration_backoff_initial = Duration::from_millis(100);
+    let agent = muster::agent::start(&node, agent_config).await?;
+    let (agent_id, _) = tokio::time::timeout(Duration::from_secs(30), agent.registered())
+        .await
+        .context("the dev agent did not register within 30 s")??;
+
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "muster dev cluster running")?;
+    writeln!(
+        out,
+        "  master  {addr}  (master@{addr}, operator API)",
+        addr = master.address()
+    )?;
+    writeln!(out, "  agent   {}  {}", agent.upid(), agent_id)?;
+    writeln!(out, "  data    {}", data_dir.display())?;
+    writeln!(
+        out,
+        "Try `muster status` in another terminal. Ctrl-C stops the cluster."
+    )?;
+    out.flush()?;
+    drop(out);
+
+    tokio::signal::ctrl_c().await?;
+    agent.stop().await;
+    node.shutdown();
+    master.shutdown().await;
+    Ok(())
+}
+
+async fn status(master: String) -> anyhow::Result<()> {
+    let mut address = master;
+    let state = loop {
+        let mut client = OperatorClient::connect(format!("http://{address}"))
+            .await
+            .with_context(|| format!("cannot reach a master at {address}"))?;
+        let state = client
+            .get_state(pb::GetStateRequest {})
+            .await
+            .with_context(|| format!("the master at {address} did not answer"))?
+            .into_inner();
+        if state.is_leader {
+            break state;
+        }
+        if state.leader.is_empty() || state.leader == address {
+            bail!("the master at {address} is a standby and knows no leader yet");
+        }
+        address = state.leader;
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(
+        out,
+        "leader {} (term {}){}",
+        state.leader,
+        state.term,
+        if state.recovering { ", recovering" } else { "" }
+    )?;
+    writeln!(
+        out,
+        "agents: {} ({} connected), {} unreachable",
+        state.agents.len(),
+        state.agents.iter().filter(|a| a.connected).count(),
+        state.unreachable.len()
+    )?;
+    if !state.agents.is_empty() {
+        writeln!(
+            out,
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  CONNECTED",
+            "ID", "HOSTNAME", "ADDRESS", "CPUS", "MEM MB", "TASKS"
+        )?;
+    }
+    for agent in &state.agents {
+        let info = agent.info.clone().unwrap_or_default();
+        let resources = info.resources.unwrap_or_default();
+        writeln!(
+            out,
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {}",
+            agent.id,
+            info.hostname,
+            info.address,
+            resources.cpus,
+            resources.mem_mb,
+            agent.tasks.len(),
+            agent.connected
+        )?;
+        for task in &agent.tasks {
+            let task_state = pb::TaskState::try_from(task.state)
+                .map(|s| s.as_str_name().trim_start_matches("TASK_STATE_").to_owned())
+                .unwrap_or_else(|_| task.state.to_string());
+            writeln!(
+                out,
+                "      task {} ({}) {} {}",
+                task.id, task.framework_id, task_state, task.command
+            )?;
+        }
+    }
+    for agent in &state.unreachable {
+        writeln!(
+            out,
+            "  unreachable {} since {} ms",
+            agent.id, agent.marked_at_ms
+        )?;
+    }
+    if !state.frameworks.is_empty() {
+        let names: Vec<&str> = state.frameworks.iter().map(|f| f.id.as_str()).collect();
+        writeln!(out, "frameworks: {}", names.join(", "))?;
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("muster: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async {
+        match cli.command {
+            Command::Dev {
+                listen,
+                agent_listen,
+                data_dir,
+            } => dev(listen, agent_listen, data_dir).await,
+            Command::Status { master } => status(master).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("muster: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
