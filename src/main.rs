@@ -97,10 +97,21 @@ async fn dev(
     out.flush()?;
     drop(out);
 
-    tokio::signal::ctrl_c().await?;
+    shutdown_signal().await?;
     agent.stop().await;
     node.shutdown();
     master.shutdown().await;
+    Ok(())
+}
+
+/// Waits for SIGINT (Ctrl-C) or SIGTERM.
+async fn shutdown_signal() -> anyhow::Result<()> {
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("cannot listen for SIGTERM")?;
+    tokio::select! {
+        interrupted = tokio::signal::ctrl_c() => interrupted.context("cannot listen for SIGINT")?,
+        _ = terminate.recv() => {}
+    }
     Ok(())
 }
 

@@ -334,3 +334,64 @@ async fn the_removal_limit_keeps_agents_when_most_stay_away() -> anyhow::Result<
     assert_eq!(state.agents.iter().filter(|a| a.connected).count(), 1);
     Ok(())
 }
+
+/// Answers the master's pings, as a healthy agent does.
+struct Ponger;
+
+impl muster_actor::Process for Ponger {
+    type Message = (pb::Ping, muster_actor::Reply<pb::Pong>);
+    async fn handle(&mut self, (_, reply): Self::Message, _ctx: &mut muster_actor::Context<Self>) {
+        reply.send(pb::Pong::default());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(1).await?;
+    let addresses: Vec<String> = members.values().cloned().collect();
+    let master = start(MasterConfig {
+        ping_interval: Duration::from_millis(50),
+        ping_timeout: Duration::from_millis(500),
+        max_missed_pings: 3,
+        ..master_config(1, &members, dir.path())
+    })
+    .await?;
+    let system = System::new();
+    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    node.register("agent", &system.spawn(Ponger))?
+        .install_ask::<pb::Ping, pb::Pong>(|ping, reply| (ping, reply));
+
+    let healthy = pb::AgentInfo {
+        address: format!("agent@{}", node.address()),
+        ..agent_info(0, &node)
+    };
+    let silent = pb::AgentInfo {
+        address: format!("silent@{}", node.address()),
+        ..agent_info(1, &node)
+    };
+    let healthy = ask_until_admitted(
+        &node,
+        &addresses,
+        pb::RegisterAgent {
+            info: Some(healthy),
+        },
+    )
+    .await?;
+    let silent =
+        ask_until_admitted(&node, &addresses, pb::RegisterAgent { info: Some(silent) }).await?;
+
+    let state = state_when(&master, "the silent agent marked unreachable", |s| {
+        s.unreachable.len() == 1 && s.agents.len() == 1
+    })
+    .await?;
+    assert_eq!(state.unreachable[0].id, silent);
+    assert_eq!(state.agents[0].id, healthy);
+    assert!(state.agents[0].connected);
+    let metrics = master.pid().ask(MasterMsg::GetMetrics).await?;
+    assert_eq!(metrics.agents_unreachable, 1);
+
+    node.shutdown();
+    master.shutdown().await;
+    Ok(())
+}
