@@ -7,12 +7,14 @@
 //!
 //! # Layout
 //! - [`types`]: the raft type config, agent records, [`Op`]s and their outcomes.
+//! - [`jobs`]: jobs and evaluations.
 //! - [`RegistryState`]: the contents and the rules that change them.
 //! - [`store`]: the sled log and state machine.
 //! - [`network`]: the raft client and server over tonic.
 //! - [`RegistryNode`]: one master's raft member, started from a [`RegistryConfig`].
 //! - [`Registrar`]: the batching writer process.
 
+pub mod jobs;
 pub mod network;
 mod node;
 mod registrar;

@@ -6,6 +6,8 @@ use std::io::Cursor; // `declare_raft_types!` names `Cursor` unqualified.
 
 use serde::{Deserialize, Serialize};
 
+use crate::jobs::{EvalId, EvalStatus, Evaluation, Job};
+
 openraft::declare_raft_types!(
     /// openraft's type configuration for the registry: a raft entry carries a [`Batch`] of
     /// operations and yields one [`BatchOutcome`].
@@ -85,6 +87,24 @@ pub enum Op {
     },
     /// Forget an agent, admitted or unreachable.
     RemoveAgent(AgentId),
+    /// Store a job, new or changed; the registry bumps its version.
+    UpsertJob(Job),
+    /// Store evaluations, new or changed. Each takes the entry's index as its modify index,
+    /// and as its create index if it is new.
+    UpsertEvals(Vec<Evaluation>),
+    /// Set the status of many evaluations at once (the broker's batched cancellations).
+    /// Unknown ids are skipped.
+    SetEvalStatus {
+        /// The evaluations.
+        ids: Vec<EvalId>,
+        /// Their new status.
+        status: EvalStatus,
+        /// Why, for operators.
+        description: String,
+    },
+    /// Several operations applied in order in the same raft entry (a job and its
+    /// evaluation; an agent marked unreachable and the evaluations that follow).
+    Together(Vec<Op>),
 }
 
 /// What one [`Op`] did.
@@ -98,6 +118,15 @@ pub enum Outcome {
     MarkedUnreachable,
     /// The agent is forgotten.
     Removed,
+    /// The job is stored at this version.
+    JobStored {
+        /// Its version now.
+        version: u64,
+    },
+    /// This many evaluations were stored or changed.
+    EvalsStored(usize),
+    /// The results of a [`Op::Together`], in order.
+    Together(Vec<Result<Outcome, OpError>>),
 }
 
 /// Why an [`Op`] changed nothing.

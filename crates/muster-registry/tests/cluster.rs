@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, NodeConfig, Pid, System};
+use muster_registry::jobs::{Evaluation, Job, SchedulerType, Trigger};
 use muster_registry::types::NodeId;
 use muster_registry::{
     AgentInfo, Op, Outcome, Registrar, RegistrarMsg, RegistrarStats, RegistryConfig, RegistryError,
@@ -243,6 +244,27 @@ async fn a_member_restarted_from_disk_keeps_what_it_applied() -> anyhow::Result<
     leader(&members).await?;
     let registrar = system.spawn(Registrar::new(members[&1].registry.clone()));
     let mut admitted = admit(&registrar, 120).await?;
+    let job = Job {
+        name: "web".into(),
+        priority: 50,
+        scheduler: SchedulerType::Service,
+        groups: Vec::new(),
+        stopped: false,
+        version: 0,
+    };
+    let eval = Evaluation::new(&job, Trigger::JobRegister);
+    let written = registrar
+        .ask(|r| {
+            RegistrarMsg::Write(
+                Op::Together(vec![
+                    Op::UpsertJob(job),
+                    Op::UpsertEvals(vec![eval.clone()]),
+                ]),
+                r,
+            )
+        })
+        .await?;
+    assert!(matches!(written, Ok(Outcome::Together(_))), "{written:?}");
     registrar.terminate();
     registrar.wait().await;
     members.remove(&1).context("member")?.stop().await;
@@ -257,6 +279,13 @@ async fn a_member_restarted_from_disk_keeps_what_it_applied() -> anyhow::Result<
     admitted.sort();
     recovered.sort();
     assert_eq!(recovered, admitted);
+    let (jobs, evals) = members[&1]
+        .registry
+        .reader()
+        .read(|s| (s.jobs.clone(), s.evals.clone()));
+    assert_eq!(jobs["web"].version, 1);
+    assert_eq!(evals[&eval.id].job, "web");
+    assert!(evals[&eval.id].create_index > 0);
     for member in members.into_values() {
         member.stop().await;
     }

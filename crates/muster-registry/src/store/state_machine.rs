@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{decode, encode};
+use crate::jobs::EvalId;
 use crate::state::{RegistryState, Touched};
 use crate::types::{AgentId, BatchOutcome, NodeId, TypeConfig};
 
@@ -31,6 +32,8 @@ const MEMBERSHIP: &str = "meta/membership";
 const LAST_AGENT_NUMBER: &str = "meta/last_agent_number";
 const AGENT: &str = "agent/";
 const UNREACHABLE: &str = "unreachable/";
+const JOB: &str = "job/";
+const EVAL: &str = "eval/";
 const SNAPSHOT_META: &[u8] = b"meta";
 const SNAPSHOT_DATA: &[u8] = b"data";
 
@@ -102,8 +105,21 @@ impl RegistryReader {
     }
 }
 
-fn key(prefix: &str, id: &AgentId) -> Vec<u8> {
+fn key(prefix: &str, id: &impl std::fmt::Display) -> Vec<u8> {
     format!("{prefix}{id}").into_bytes()
+}
+
+/// Puts `value` under `key`, or removes the key when there is none.
+fn put_or_remove<T: Serialize>(
+    batch: &mut sled::Batch,
+    key: Vec<u8>,
+    value: Option<&T>,
+) -> Result<(), serde_json::Error> {
+    match value {
+        Some(value) => batch.insert(key, encode(value)?),
+        None => batch.remove(key),
+    }
+    Ok(())
 }
 
 impl StateMachineStore {
@@ -133,6 +149,12 @@ impl StateMachineStore {
                     .state
                     .unreachable
                     .insert(AgentId(id.to_owned()), agent);
+            } else if let Some(job) = name.strip_prefix(JOB) {
+                let value = decode(&v).map_err(bad)?;
+                applied.state.jobs.insert(job.to_owned(), value);
+            } else if let Some(id) = name.strip_prefix(EVAL) {
+                let value = decode(&v).map_err(bad)?;
+                applied.state.evals.insert(EvalId(id.to_owned()), value);
             }
         }
         let index = applied.last_applied.map_or(0, |id| id.index);
@@ -177,6 +199,12 @@ impl StateMachineStore {
         }
         for (id, agent) in &applied.state.unreachable {
             batch.insert(key(UNREACHABLE, id), encode(agent).map_err(|e| write(&e))?);
+        }
+        for (name, job) in &applied.state.jobs {
+            batch.insert(key(JOB, name), encode(job).map_err(|e| write(&e))?);
+        }
+        for (id, eval) in &applied.state.evals {
+            batch.insert(key(EVAL, id), encode(eval).map_err(|e| write(&e))?);
         }
         Ok(batch)
     }
@@ -247,7 +275,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         results: batch
                             .ops
                             .into_iter()
-                            .map(|op| applied.state.apply(op, &mut touched))
+                            .map(|op| applied.state.apply(op, entry.log_id.index, &mut touched))
                             .collect(),
                     },
                     EntryPayload::Membership(membership) => {
@@ -259,20 +287,21 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             }
             let mut batch = sled::Batch::default();
             put_meta(&mut batch, &applied).map_err(|e| write(&e))?;
-            for id in &touched.agents {
-                match applied.state.agents.get(id) {
-                    Some(info) => {
-                        batch.insert(key(AGENT, id), encode(info).map_err(|e| write(&e))?)
-                    }
-                    None => batch.remove(key(AGENT, id)),
+            let state = &applied.state;
+            let mut put = || -> Result<(), serde_json::Error> {
+                for id in &touched.agents {
+                    put_or_remove(&mut batch, key(AGENT, id), state.agents.get(id))?;
+                    put_or_remove(&mut batch, key(UNREACHABLE, id), state.unreachable.get(id))?;
                 }
-                match applied.state.unreachable.get(id) {
-                    Some(agent) => {
-                        batch.insert(key(UNREACHABLE, id), encode(agent).map_err(|e| write(&e))?)
-                    }
-                    None => batch.remove(key(UNREACHABLE, id)),
+                for name in &touched.jobs {
+                    put_or_remove(&mut batch, key(JOB, name), state.jobs.get(name))?;
                 }
-            }
+                for id in &touched.evals {
+                    put_or_remove(&mut batch, key(EVAL, id), state.evals.get(id))?;
+                }
+                Ok(())
+            };
+            put().map_err(|e| write(&e))?;
             (batch, applied.last_applied.map_or(0, |id| id.index))
         };
         self.state.apply_batch(batch).map_err(|e| write(&e))?;

@@ -1,0 +1,622 @@
+//! The evaluation broker, with Nomad's semantics (seed 000).
+//!
+//! - **ready** queues, one per scheduler type, ordered by priority then age;
+//! - **unacked**: evaluations handed to a worker with a token and a nack timer;
+//! - **pending**: at most one evaluation per job is ready or unacked; the job's others wait here;
+//! - **cancelable**: on an ack, every pending evaluation of that job but the newest is dropped
+//!   and later marked canceled in the registry in batches, one raft entry per batch;
+//! - **failed**: evaluations nacked (or timed out) `delivery_limit` times.
+//!
+//! Workers pull with a long poll ([`BrokerMsg::Dequeue`]), so work goes to whoever is free.
+//! The broker lives beside the leading master; a new leader rebuilds it from the registry with
+//! [`BrokerMsg::Restore`].
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+use std::{fmt, mem};
+
+use muster_actor::{Context, Pid, Process, Reply, TimerHandle};
+use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType};
+use muster_registry::{Op, Registrar, RegistrarMsg};
+
+/// Where the broker writes evaluation status changes (cancellations, failures): one call is
+/// one registry write. [`registrar_writer`] makes one for the leading master's registrar.
+#[derive(Clone)]
+pub struct RegistryWriter {
+    write: Arc<dyn Fn(Op) -> WriteFuture + Send + Sync>,
+}
+
+/// The future a [`RegistryWriter`] returns: `Err` names why the write failed.
+pub type WriteFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+
+impl RegistryWriter {
+    /// A writer calling `write` for each registry write.
+    pub fn new(write: impl Fn(Op) -> WriteFuture + Send + Sync + 'static) -> Self {
+        RegistryWriter {
+            write: Arc::new(write),
+        }
+    }
+
+    fn write(&self, op: Op) -> WriteFuture {
+        (self.write)(op)
+    }
+}
+
+impl fmt::Debug for RegistryWriter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegistryWriter").finish_non_exhaustive()
+    }
+}
+
+/// A [`RegistryWriter`] through `registrar`, so the writes share raft entries with the
+/// master's other registry writes.
+pub fn registrar_writer(registrar: Pid<Registrar>) -> RegistryWriter {
+    RegistryWriter::new(move |op| {
+        let registrar = registrar.clone();
+        Box::pin(async move {
+            match registrar.ask(|r| RegistrarMsg::Write(op, r)).await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(format!("registrar unavailable: {e}")),
+            }
+        })
+    })
+}
+
+/// The broker's settings (Nomad's defaults).
+#[derive(Clone, Debug)]
+pub struct BrokerConfig {
+    /// How long a worker may hold an evaluation before it counts as nacked (Nomad: 60 s).
+    pub nack_timeout: Duration,
+    /// Deliveries after which an evaluation goes to the failed queue (Nomad: 3).
+    pub delivery_limit: u32,
+    /// Delay before an evaluation nacked for the first time is ready again (Nomad: 1 s).
+    pub initial_nack_delay: Duration,
+    /// Delay after later nacks (Nomad: 20 s).
+    pub subsequent_nack_delay: Duration,
+    /// The most evaluation ids one cancellation write carries.
+    pub max_cancel_batch: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig {
+            nack_timeout: Duration::from_secs(60),
+            delivery_limit: 3,
+            initial_nack_delay: Duration::from_secs(1),
+            subsequent_nack_delay: Duration::from_secs(20),
+            max_cancel_batch: 10_000,
+        }
+    }
+}
+
+/// An evaluation handed to a worker, with the token that acks or nacks it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Delivery {
+    /// The evaluation.
+    pub eval: Evaluation,
+    /// Proves the worker holds it.
+    pub token: String,
+}
+
+/// Why an ack or nack was refused.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BrokerError {
+    /// The evaluation is not handed out (it was acked, nacked, or timed out).
+    #[error("evaluation {0} is not outstanding")]
+    NotOutstanding(EvalId),
+    /// The token is not the one the evaluation was handed out with.
+    #[error("token does not match evaluation {0}'s delivery")]
+    TokenMismatch(EvalId),
+    /// The broker is disabled (this master does not lead).
+    #[error("the broker is disabled")]
+    Disabled,
+}
+
+/// Counts per scheduler type.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueStats {
+    /// Ready to hand out.
+    pub ready: usize,
+    /// Handed out, not yet acked.
+    pub unacked: usize,
+    /// Waiting behind their job's evaluation in flight.
+    pub pending: usize,
+    /// Dropped, not yet marked canceled in the registry.
+    pub cancelable: usize,
+    /// Past the delivery limit.
+    pub failed: usize,
+}
+
+/// The broker's counters.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BrokerStats {
+    /// Per scheduler type.
+    pub by_scheduler: BTreeMap<SchedulerType, QueueStats>,
+    /// Evaluations marked canceled in the registry so far.
+    pub canceled: u64,
+    /// Registry writes the broker made (cancellations and failures).
+    pub registry_writes: u64,
+    /// Evaluations handed out so far (counting redeliveries).
+    pub delivered: u64,
+}
+
+impl BrokerStats {
+    /// The sum over scheduler types.
+    pub fn total(&self) -> QueueStats {
+        self.by_scheduler
+            .values()
+            .fold(QueueStats::default(), |sum, q| QueueStats {
+                ready: sum.ready + q.ready,
+                unacked: sum.unacked + q.unacked,
+                pending: sum.pending + q.pending,
+                cancelable: sum.cancelable + q.cancelable,
+                failed: sum.failed + q.failed,
+            })
+    }
+}
+
+/// What the broker handles.
+#[derive(Debug)]
+pub enum BrokerMsg {
+    /// New or changed evaluations, already written to the registry.
+    Enqueue(Vec<Evaluation>),
+    /// Hand out the best ready evaluation for one of `schedulers`, waiting up to `timeout`
+    /// for one; `None` if none came.
+    Dequeue {
+        /// The scheduler types the worker runs.
+        schedulers: Vec<SchedulerType>,
+        /// How long to wait.
+        timeout: Duration,
+        /// The answer.
+        reply: Reply<Result<Option<Delivery>, BrokerError>>,
+    },
+    /// The worker is done with the evaluation.
+    Ack {
+        /// The evaluation.
+        eval: EvalId,
+        /// Its delivery token.
+        token: String,
+        /// The answer.
+        reply: Reply<Result<(), BrokerError>>,
+    },
+    /// The worker gives the evaluation back.
+    Nack {
+        /// The evaluation.
+        eval: EvalId,
+        /// Its delivery token.
+        token: String,
+        /// The answer.
+        reply: Reply<Result<(), BrokerError>>,
+    },
+    /// Counters.
+    Stats(Reply<BrokerStats>),
+    /// Start serving with `writer` for registry writes (this master leads); `evals` are the
+    /// registry's pending evaluations.
+    Restore {
+        /// Where cancellations and failures are written.
+        writer: RegistryWriter,
+        /// Pending evaluations from the registry.
+        evals: Vec<Evaluation>,
+    },
+    /// Stop serving and drop everything (leadership lost).
+    Disable,
+    /// A nack timer fired.
+    #[doc(hidden)]
+    NackTimeout {
+        /// The evaluation.
+        eval: EvalId,
+        /// The delivery it timed.
+        token: String,
+    },
+    /// A nacked evaluation's delay is over.
+    #[doc(hidden)]
+    Requeue(Evaluation),
+    /// A waiting dequeue timed out.
+    #[doc(hidden)]
+    DequeueTimeout(u64),
+}
+
+/// Orders ready evaluations: higher priority first, then older (lower create index).
+type ReadyKey = (std::cmp::Reverse<u8>, u64, EvalId);
+
+fn ready_key(eval: &Evaluation) -> ReadyKey {
+    (
+        std::cmp::Reverse(eval.priority),
+        eval.create_index,
+        eval.id.clone(),
+    )
+}
+
+#[derive(Debug)]
+struct Unacked {
+    eval: Evaluation,
+    token: String,
+    timer: TimerHandle,
+}
+
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    schedulers: Vec<SchedulerType>,
+    reply: Reply<Result<Option<Delivery>, BrokerError>>,
+    timer: TimerHandle,
+}
+
+/// The broker process.
+#[derive(Debug)]
+pub struct EvalBroker {
+    config: BrokerConfig,
+    writer: Option<RegistryWriter>,
+    ready: BTreeMap<SchedulerType, BTreeMap<ReadyKey, Evaluation>>,
+    unacked: HashMap<EvalId, Unacked>,
+    /// The job's evaluation that is ready, unacked or waiting out a nack delay.
+    in_flight: HashMap<String, EvalId>,
+    /// Per job, the evaluations waiting behind the one in flight.
+    pending: HashMap<String, Vec<Evaluation>>,
+    cancelable: Vec<Evaluation>,
+    failed: Vec<Evaluation>,
+    /// Failed evaluations not yet marked in the registry.
+    failed_unwritten: Vec<EvalId>,
+    deliveries: HashMap<EvalId, u32>,
+    waiters: VecDeque<Waiter>,
+    next_waiter: u64,
+    writing: bool,
+    stats: BrokerStats,
+}
+
+impl EvalBroker {
+    /// A disabled broker; [`BrokerMsg::Restore`] enables it.
+    pub fn new(config: BrokerConfig) -> Self {
+        EvalBroker {
+            config,
+            writer: None,
+            ready: BTreeMap::new(),
+            unacked: HashMap::new(),
+            in_flight: HashMap::new(),
+            pending: HashMap::new(),
+            cancelable: Vec::new(),
+            failed: Vec::new(),
+            failed_unwritten: Vec::new(),
+            deliveries: HashMap::new(),
+            waiters: VecDeque::new(),
+            next_waiter: 0,
+            writing: false,
+            stats: BrokerStats::default(),
+        }
+    }
+
+    fn enabled(&self) -> bool {
+        self.writer.is_some()
+    }
+
+    fn enqueue(&mut self, eval: Evaluation, ctx: &mut Context<Self>) {
+        if eval.status != EvalStatus::Pending {
+            return;
+        }
+        match self.in_flight.get(&eval.job) {
+            Some(current) if *current != eval.id => {
+                self.pending.entry(eval.job.clone()).or_default().push(eval);
+            }
+            Some(_) => {}
+            None => {
+                self.in_flight.insert(eval.job.clone(), eval.id.clone());
+                self.make_ready(eval, ctx);
+            }
+        }
+    }
+
+    fn make_ready(&mut self, eval: Evaluation, ctx: &mut Context<Self>) {
+        // A waiting worker takes it at once.
+        if let Some(position) = self
+            .waiters
+            .iter()
+            .position(|w| w.schedulers.contains(&eval.scheduler))
+            && let Some(waiter) = self.waiters.remove(position)
+        {
+            waiter.timer.cancel();
+            let delivery = self.deliver(eval, ctx);
+            waiter.reply.send(Ok(Some(delivery)));
+            return;
+        }
+        self.ready
+            .entry(eval.scheduler)
+            .or_default()
+            .insert(ready_key(&eval), eval);
+    }
+
+    /// Hands `eval` out: a fresh token and a nack timer.
+    fn deliver(&mut self, eval: Evaluation, ctx: &mut Context<Self>) -> Delivery {
+        let token = format!("{:032x}", fastrand::u128(..));
+        *self.deliveries.entry(eval.id.clone()).or_default() += 1;
+        self.stats.delivered += 1;
+        let timer = ctx.delay(
+            self.config.nack_timeout,
+            BrokerMsg::NackTimeout {
+                eval: eval.id.clone(),
+                token: token.clone(),
+            },
+        );
+        self.unacked.insert(
+            eval.id.clone(),
+            Unacked {
+                eval: eval.clone(),
+                token: token.clone(),
+                timer,
+            },
+        );
+        Delivery { eval, token }
+    }
+
+    fn dequeue(
+        &mut self,
+        schedulers: Vec<SchedulerType>,
+        timeout: Duration,
+        reply: Reply<Result<Option<Delivery>, BrokerError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if !self.enabled() {
+            return reply.send(Err(BrokerError::Disabled));
+        }
+        // The best head among the worker's scheduler types.
+        let best = schedulers
+            .iter()
+            .filter_map(|s| {
+                let queue = self.ready.get(s)?;
+                let (key, _) = queue.first_key_value()?;
+                Some((key.clone(), *s))
+            })
+            .min();
+        if let Some((key, scheduler)) = best
+            && let Some(eval) = self.ready.get_mut(&scheduler).and_then(|q| q.remove(&key))
+        {
+            let delivery = self.deliver(eval, ctx);
+            return reply.send(Ok(Some(delivery)));
+        }
+        if timeout.is_zero() {
+            return reply.send(Ok(None));
+        }
+        let id = self.next_waiter;
+        self.next_waiter += 1;
+        let timer = ctx.delay(timeout, BrokerMsg::DequeueTimeout(id));
+        self.waiters.push_back(Waiter {
+            id,
+            schedulers,
+            reply,
+            timer,
+        });
+    }
+
+    fn take_unacked(&mut self, eval: &EvalId, token: &str) -> Result<Evaluation, BrokerError> {
+        match self.unacked.get(eval) {
+            None => Err(BrokerError::NotOutstanding(eval.clone())),
+            Some(held) if held.token != token => Err(BrokerError::TokenMismatch(eval.clone())),
+            Some(_) => {
+                let held = self
+                    .unacked
+                    .remove(eval)
+                    .ok_or_else(|| BrokerError::NotOutstanding(eval.clone()))?;
+                held.timer.cancel();
+                Ok(held.eval)
+            }
+        }
+    }
+
+    fn ack(
+        &mut self,
+        eval: &EvalId,
+        token: &str,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), BrokerError> {
+        let eval = self.take_unacked(eval, token)?;
+        self.deliveries.remove(&eval.id);
+        self.release_job(&eval.job, ctx);
+        Ok(())
+    }
+
+    /// The job's evaluation in flight is done: its newest pending evaluation becomes ready and
+    /// the others cancelable.
+    fn release_job(&mut self, job: &str, ctx: &mut Context<Self>) {
+        self.in_flight.remove(job);
+        let Some(mut waiting) = self.pending.remove(job) else {
+            return;
+        };
+        let newest = waiting
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, e)| (e.create_index, e.modify_index))
+            .map(|(i, _)| i);
+        if let Some(newest) = newest {
+            let next = waiting.swap_remove(newest);
+            self.cancelable.append(&mut waiting);
+            self.in_flight.insert(next.job.clone(), next.id.clone());
+            self.make_ready(next, ctx);
+        }
+        self.write_next(ctx);
+    }
+
+    fn nack(
+        &mut self,
+        eval: &EvalId,
+        token: &str,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), BrokerError> {
+        let eval = self.take_unacked(eval, token)?;
+        let deliveries = self.deliveries.get(&eval.id).copied().unwrap_or(0);
+        if deliveries >= self.config.delivery_limit {
+            tracing::warn!(eval = %eval.id, job = %eval.job, deliveries, "evaluation failed: delivery limit reached");
+            self.deliveries.remove(&eval.id);
+            self.failed_unwritten.push(eval.id.clone());
+            let job = eval.job.clone();
+            self.failed.push(eval);
+            self.release_job(&job, ctx);
+        } else {
+            let delay = if deliveries <= 1 {
+                self.config.initial_nack_delay
+            } else {
+                self.config.subsequent_nack_delay
+            };
+            // The job stays in flight while the evaluation waits out its delay.
+            ctx.delay(delay, BrokerMsg::Requeue(eval));
+        }
+        Ok(())
+    }
+
+    /// Writes the next batch of cancellations (and failures) if no write is in flight.
+    fn write_next(&mut self, ctx: &mut Context<Self>) {
+        if self.writing || (self.cancelable.is_empty() && self.failed_unwritten.is_empty()) {
+            return;
+        }
+        let Some(writer) = self.writer.clone() else {
+            return;
+        };
+        let take = self.cancelable.len().min(self.config.max_cancel_batch);
+        let canceled: Vec<Evaluation> = self.cancelable.drain(..take).collect();
+        let failed = mem::take(&mut self.failed_unwritten);
+        let mut ops = Vec::new();
+        if !canceled.is_empty() {
+            ops.push(Op::SetEvalStatus {
+                ids: canceled.iter().map(|e| e.id.clone()).collect(),
+                status: EvalStatus::Canceled,
+                description: "canceled: a newer evaluation of the job was processed".into(),
+            });
+        }
+        if !failed.is_empty() {
+            ops.push(Op::SetEvalStatus {
+                ids: failed.clone(),
+                status: EvalStatus::Failed,
+                description: "failed: delivery limit reached".into(),
+            });
+        }
+        self.writing = true;
+        self.stats.registry_writes += 1;
+        let op = Op::Together(ops);
+        ctx.defer(
+            writer.write(op),
+            move |broker: &mut EvalBroker, ctx, written| {
+                broker.writing = false;
+                match written {
+                    Ok(()) => broker.stats.canceled += canceled.len() as u64,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not write cancellations; retrying");
+                        if broker.enabled() {
+                            broker.cancelable.extend(canceled);
+                            broker.failed_unwritten.extend(failed);
+                        }
+                        return;
+                    }
+                }
+                broker.write_next(ctx);
+            },
+        );
+    }
+
+    fn stats(&self) -> BrokerStats {
+        let mut stats = BrokerStats {
+            by_scheduler: SchedulerType::ALL
+                .iter()
+                .map(|s| (*s, QueueStats::default()))
+                .collect(),
+            ..self.stats.clone()
+        };
+        let mut count = |scheduler: SchedulerType, field: fn(&mut QueueStats) -> &mut usize| {
+            if let Some(q) = stats.by_scheduler.get_mut(&scheduler) {
+                *field(q) += 1;
+            }
+        };
+        for (scheduler, queue) in &self.ready {
+            for _ in queue.values() {
+                count(*scheduler, |q| &mut q.ready);
+            }
+        }
+        for held in self.unacked.values() {
+            count(held.eval.scheduler, |q| &mut q.unacked);
+        }
+        for eval in self.pending.values().flatten() {
+            count(eval.scheduler, |q| &mut q.pending);
+        }
+        for eval in &self.cancelable {
+            count(eval.scheduler, |q| &mut q.cancelable);
+        }
+        for eval in &self.failed {
+            count(eval.scheduler, |q| &mut q.failed);
+        }
+        stats
+    }
+
+    fn disable(&mut self) {
+        self.writer = None;
+        for held in self.unacked.values() {
+            held.timer.cancel();
+        }
+        for waiter in self.waiters.drain(..) {
+            waiter.timer.cancel();
+            waiter.reply.send(Err(BrokerError::Disabled));
+        }
+        self.ready.clear();
+        self.unacked.clear();
+        self.in_flight.clear();
+        self.pending.clear();
+        self.cancelable.clear();
+        self.failed.clear();
+        self.failed_unwritten.clear();
+        self.deliveries.clear();
+    }
+}
+
+impl Process for EvalBroker {
+    type Message = BrokerMsg;
+
+    async fn handle(&mut self, msg: BrokerMsg, ctx: &mut Context<Self>) {
+        match msg {
+            BrokerMsg::Enqueue(evals) => {
+                if self.enabled() {
+                    for eval in evals {
+                        self.enqueue(eval, ctx);
+                    }
+                }
+            }
+            BrokerMsg::Dequeue {
+                schedulers,
+                timeout,
+                reply,
+            } => self.dequeue(schedulers, timeout, reply, ctx),
+            BrokerMsg::Ack { eval, token, reply } => reply.send(self.ack(&eval, &token, ctx)),
+            BrokerMsg::Nack { eval, token, reply } => reply.send(self.nack(&eval, &token, ctx)),
+            BrokerMsg::Stats(reply) => reply.send(self.stats()),
+            BrokerMsg::Restore { writer, evals } => {
+                self.disable();
+                self.writer = Some(writer);
+                let mut evals: Vec<Evaluation> = evals
+                    .into_iter()
+                    .filter(|e| e.status == EvalStatus::Pending)
+                    .collect();
+                evals.sort_by_key(|e| e.create_index);
+                for eval in evals {
+                    self.enqueue(eval, ctx);
+                }
+            }
+            BrokerMsg::Disable => self.disable(),
+            BrokerMsg::NackTimeout { eval, token } => {
+                if self.nack(&eval, &token, ctx).is_ok() {
+                    tracing::warn!(eval = %eval, "evaluation not acked in time: nacked");
+                }
+            }
+            BrokerMsg::Requeue(eval) => {
+                if self.enabled() && self.in_flight.get(&eval.job) == Some(&eval.id) {
+                    self.make_ready(eval, ctx);
+                }
+            }
+            BrokerMsg::DequeueTimeout(id) => {
+                if let Some(position) = self.waiters.iter().position(|w| w.id == id)
+                    && let Some(waiter) = self.waiters.remove(position)
+                {
+                    waiter.reply.send(Ok(None));
+                }
+            }
+        }
+    }
+}

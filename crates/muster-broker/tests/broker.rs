@@ -1,0 +1,299 @@
+//! The eval broker's semantics under tokio's paused clock: priority order, one evaluation in
+//! flight per job, cancelable on ack (written in one batch), long-poll dequeue, nack delays,
+//! the delivery limit, nack timeouts, and restore after a failover.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use muster_actor::{Pid, System};
+use muster_broker::{
+    BrokerConfig, BrokerError, BrokerMsg, BrokerStats, Delivery, EvalBroker, RegistryWriter,
+};
+use muster_registry::Op;
+use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
+
+/// Records every registry write the broker makes.
+#[derive(Clone, Default)]
+struct Writes(Arc<Mutex<Vec<Op>>>);
+
+impl Writes {
+    fn writer(&self) -> RegistryWriter {
+        let writes = self.0.clone();
+        RegistryWriter::new(move |op| {
+            writes.lock().expect("writes").push(op);
+            Box::pin(async { Ok(()) })
+        })
+    }
+
+    /// The ids set to `status`, write by write.
+    fn status_writes(&self, status: EvalStatus) -> Vec<Vec<EvalId>> {
+        let mut found = Vec::new();
+        for op in self.0.lock().expect("writes").iter() {
+            let Op::Together(ops) = op else { continue };
+            for op in ops {
+                if let Op::SetEvalStatus { ids, status: s, .. } = op
+                    && *s == status
+                {
+                    found.push(ids.clone());
+                }
+            }
+        }
+        found
+    }
+}
+
+fn eval(id: &str, job: &str, priority: u8, create_index: u64) -> Evaluation {
+    Evaluation {
+        id: EvalId(id.into()),
+        job: job.into(),
+        priority,
+        scheduler: SchedulerType::Service,
+        trigger: Trigger::JobRegister,
+        status: EvalStatus::Pending,
+        status_description: String::new(),
+        create_index,
+        modify_index: create_index,
+        snapshot_index: 0,
+    }
+}
+
+fn start(config: BrokerConfig, writes: &Writes, evals: Vec<Evaluation>) -> Pid<EvalBroker> {
+    let broker = System::new().spawn(EvalBroker::new(config));
+    broker
+        .tell(BrokerMsg::Restore {
+            writer: writes.writer(),
+            evals,
+        })
+        .map_err(drop)
+        .expect("broker runs");
+    broker
+}
+
+async fn dequeue(broker: &Pid<EvalBroker>, timeout: Duration) -> Option<Delivery> {
+    broker
+        .ask(|reply| BrokerMsg::Dequeue {
+            schedulers: vec![SchedulerType::Service, SchedulerType::Batch],
+            timeout,
+            reply,
+        })
+        .await
+        .expect("broker answers")
+        .expect("broker enabled")
+}
+
+async fn ack(broker: &Pid<EvalBroker>, delivery: &Delivery) -> Result<(), BrokerError> {
+    let (eval, token) = (delivery.eval.id.clone(), delivery.token.clone());
+    broker
+        .ask(|reply| BrokerMsg::Ack { eval, token, reply })
+        .await
+        .expect("broker answers")
+}
+
+async fn nack(broker: &Pid<EvalBroker>, delivery: &Delivery) -> Result<(), BrokerError> {
+    let (eval, token) = (delivery.eval.id.clone(), delivery.token.clone());
+    broker
+        .ask(|reply| BrokerMsg::Nack { eval, token, reply })
+        .await
+        .expect("broker answers")
+}
+
+async fn stats(broker: &Pid<EvalBroker>) -> BrokerStats {
+    broker.ask(BrokerMsg::Stats).await.expect("broker answers")
+}
+
+fn id(delivery: &Option<Delivery>) -> Option<&str> {
+    delivery.as_ref().map(|d| d.eval.id.0.as_str())
+}
+
+#[tokio::test(start_paused = true)]
+async fn ready_evaluations_go_out_by_priority_then_age() {
+    let writes = Writes::default();
+    let broker = start(
+        BrokerConfig::default(),
+        &writes,
+        vec![
+            eval("low-old", "a", 50, 1),
+            eval("high", "b", 70, 2),
+            eval("low-new", "c", 50, 3),
+        ],
+    );
+    let zero = Duration::ZERO;
+    assert_eq!(id(&dequeue(&broker, zero).await), Some("high"));
+    assert_eq!(id(&dequeue(&broker, zero).await), Some("low-old"));
+    assert_eq!(id(&dequeue(&broker, zero).await), Some("low-new"));
+    assert_eq!(id(&dequeue(&broker, zero).await), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_evaluation_in_flight_per_job_and_the_rest_cancelable_on_ack() {
+    let writes = Writes::default();
+    let mut evals = vec![eval("first", "job", 50, 1)];
+    evals.extend((2..=1000).map(|n| eval(&format!("e{n}"), "job", 50, n)));
+    let broker = start(BrokerConfig::default(), &writes, evals);
+
+    let first = dequeue(&broker, Duration::ZERO).await;
+    assert_eq!(id(&first), Some("first"));
+    assert_eq!(id(&dequeue(&broker, Duration::ZERO).await), None);
+    assert_eq!(stats(&broker).await.total().pending, 999);
+
+    ack(&broker, first.as_ref().expect("delivery"))
+        .await
+        .expect("ack");
+    // The newest pending evaluation is next; the other 998 are canceled in one write.
+    let next = dequeue(&broker, Duration::ZERO).await;
+    assert_eq!(id(&next), Some("e1000"));
+    let canceled = writes.status_writes(EvalStatus::Canceled);
+    assert_eq!(canceled.len(), 1, "one registry write for the whole batch");
+    assert_eq!(canceled[0].len(), 998);
+    assert!(!canceled[0].contains(&EvalId("e1000".into())));
+    let after = stats(&broker).await;
+    assert_eq!(after.total().pending, 0);
+    assert_eq!(after.total().cancelable, 0);
+    assert_eq!(after.canceled, 998);
+    assert_eq!(after.registry_writes, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn dequeue_waits_for_work_and_times_out() {
+    let writes = Writes::default();
+    let broker = start(BrokerConfig::default(), &writes, Vec::new());
+    let waiting = {
+        let broker = broker.clone();
+        tokio::spawn(async move { dequeue(&broker, Duration::from_secs(5)).await })
+    };
+    // Let the dequeue park, then enqueue: the parked worker gets it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    broker
+        .tell(BrokerMsg::Enqueue(vec![eval("late", "j", 50, 1)]))
+        .map_err(drop)
+        .expect("broker runs");
+    assert_eq!(id(&waiting.await.expect("task")), Some("late"));
+
+    let started = tokio::time::Instant::now();
+    assert_eq!(id(&dequeue(&broker, Duration::from_secs(5)).await), None);
+    assert_eq!(started.elapsed(), Duration::from_secs(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn nacks_delay_redelivery_and_the_delivery_limit_fails_the_evaluation() {
+    let writes = Writes::default();
+    let config = BrokerConfig::default();
+    let broker = start(
+        config.clone(),
+        &writes,
+        vec![eval("flaky", "j", 50, 1), eval("behind", "j", 50, 2)],
+    );
+
+    let first = dequeue(&broker, Duration::ZERO)
+        .await
+        .expect("first delivery");
+    nack(&broker, &first).await.expect("nack");
+    assert_eq!(
+        id(&dequeue(&broker, Duration::ZERO).await),
+        None,
+        "not ready during the delay"
+    );
+    // A long poll: the evaluation comes back once its delay is over.
+    let started = tokio::time::Instant::now();
+    let second = dequeue(&broker, Duration::from_secs(60))
+        .await
+        .expect("second delivery");
+    assert_eq!(started.elapsed(), config.initial_nack_delay);
+    assert_eq!(second.eval.id.0, "flaky");
+    nack(&broker, &second).await.expect("nack");
+    let started = tokio::time::Instant::now();
+    let third = dequeue(&broker, Duration::from_secs(60))
+        .await
+        .expect("third delivery");
+    assert_eq!(
+        started.elapsed(),
+        config.subsequent_nack_delay,
+        "later nacks wait longer"
+    );
+    nack(&broker, &third).await.expect("nack");
+
+    // Past the limit: failed, written as such, and the job's next evaluation is ready.
+    let after = stats(&broker).await;
+    assert_eq!(after.total().failed, 1);
+    assert_eq!(
+        writes.status_writes(EvalStatus::Failed),
+        vec![vec![EvalId("flaky".into())]]
+    );
+    assert_eq!(id(&dequeue(&broker, Duration::ZERO).await), Some("behind"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unacked_evaluation_is_nacked_when_its_timer_runs_out() {
+    let writes = Writes::default();
+    let config = BrokerConfig::default();
+    let broker = start(config.clone(), &writes, vec![eval("slow", "j", 50, 1)]);
+    let first = dequeue(&broker, Duration::ZERO).await.expect("delivery");
+    let started = tokio::time::Instant::now();
+    let again = dequeue(&broker, Duration::from_secs(600))
+        .await
+        .expect("redelivered");
+    assert_eq!(
+        started.elapsed(),
+        config.nack_timeout + config.initial_nack_delay
+    );
+    assert_eq!(again.eval.id.0, "slow");
+    assert_ne!(again.token, first.token);
+    // The old token no longer acks.
+    assert_eq!(
+        ack(&broker, &first).await,
+        Err(BrokerError::TokenMismatch(EvalId("slow".into())))
+    );
+    ack(&broker, &again).await.expect("ack with the new token");
+    assert_eq!(
+        ack(&broker, &again).await,
+        Err(BrokerError::NotOutstanding(EvalId("slow".into())))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn disable_refuses_work_and_restore_rebuilds_from_the_registry() {
+    let writes = Writes::default();
+    let broker = start(
+        BrokerConfig::default(),
+        &writes,
+        vec![eval("a", "j", 50, 1)],
+    );
+    let waiting = {
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            broker
+                .ask(|reply| BrokerMsg::Dequeue {
+                    schedulers: vec![SchedulerType::System],
+                    timeout: Duration::from_secs(60),
+                    reply,
+                })
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    broker
+        .tell(BrokerMsg::Disable)
+        .map_err(drop)
+        .expect("broker runs");
+    assert_eq!(
+        waiting.await.expect("task").expect("answer"),
+        Err(BrokerError::Disabled)
+    );
+
+    let mut done = eval("done", "k", 50, 2);
+    done.status = EvalStatus::Complete;
+    broker
+        .tell(BrokerMsg::Restore {
+            writer: writes.writer(),
+            evals: vec![eval("a", "j", 50, 1), done, eval("b", "l", 60, 3)],
+        })
+        .map_err(drop)
+        .expect("broker runs");
+    assert_eq!(id(&dequeue(&broker, Duration::ZERO).await), Some("b"));
+    assert_eq!(id(&dequeue(&broker, Duration::ZERO).await), Some("a"));
+    assert_eq!(
+        id(&dequeue(&broker, Duration::ZERO).await),
+        None,
+        "completed ones are not restored"
+    );
+}
