@@ -1,4 +1,7 @@
-//! `muster`: a one-process dev cluster (`muster dev`) and a cluster's state (`muster status`).
+//! `muster`: a one-process dev cluster (`muster dev`), a cluster's state (`muster status`), and
+//! jobs (`muster job run FILE`, `muster job status NAME`, `muster job stop NAME`).
+
+mod job_file;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -40,6 +43,33 @@ enum Command {
         /// Any master's address; a standby's answer leads to the leader.
         #[arg(long, default_value = "127.0.0.1:5050")]
         master: String,
+    },
+    /// Run, inspect and stop jobs.
+    Job {
+        #[command(subcommand)]
+        command: JobCommand,
+        /// Any master's address; a standby's answer leads to the leader.
+        #[arg(long, global = true, default_value = "127.0.0.1:5050")]
+        master: String,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum JobCommand {
+    /// Submit the job in a TOML file (new or changed).
+    Run {
+        /// The job file (see examples/jobs/hello.toml).
+        file: PathBuf,
+    },
+    /// Show a job: its tasks, where they run, and its evaluations.
+    Status {
+        /// The job's name.
+        name: String,
+    },
+    /// Stop a job's tasks.
+    Stop {
+        /// The job's name.
+        name: String,
     },
 }
 
@@ -115,9 +145,12 @@ async fn shutdown_signal() -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn status(master: String) -> anyhow::Result<()> {
+/// A client of the leading master, found from any master.
+async fn leader_client(
+    master: String,
+) -> anyhow::Result<(OperatorClient<tonic::transport::Channel>, pb::ClusterState)> {
     let mut address = master;
-    let state = loop {
+    loop {
         let mut client = OperatorClient::connect(format!("http://{address}"))
             .await
             .with_context(|| format!("cannot reach a master at {address}"))?;
@@ -127,13 +160,94 @@ async fn status(master: String) -> anyhow::Result<()> {
             .with_context(|| format!("the master at {address} did not answer"))?
             .into_inner();
         if state.is_leader {
-            break state;
+            return Ok((client, state));
         }
         if state.leader.is_empty() || state.leader == address {
             bail!("the master at {address} is a standby and knows no leader yet");
         }
         address = state.leader;
-    };
+    }
+}
+
+async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
+    let (mut client, _) = leader_client(master).await?;
+    let mut out = std::io::stdout().lock();
+    match command {
+        JobCommand::Run { file } => {
+            let spec = job_file::read(&file)?;
+            let name = spec.name.clone();
+            let reply = client
+                .submit_job(pb::SubmitJobRequest { job: Some(spec) })
+                .await
+                .map_err(|status| anyhow::anyhow!("{}", status.message()))?
+                .into_inner();
+            writeln!(
+                out,
+                "job {name} submitted (version {}, evaluation {})",
+                reply.version, reply.eval_id
+            )?;
+        }
+        JobCommand::Stop { name } => {
+            let reply = client
+                .stop_job(pb::StopJobRequest { name: name.clone() })
+                .await
+                .map_err(|status| anyhow::anyhow!("{}", status.message()))?
+                .into_inner();
+            writeln!(out, "job {name} stopping (evaluation {})", reply.eval_id)?;
+        }
+        JobCommand::Status { name } => {
+            let status = client
+                .job_status(pb::JobStatusRequest { name })
+                .await
+                .map_err(|status| anyhow::anyhow!("{}", status.message()))?
+                .into_inner();
+            let spec = status.job.unwrap_or_default();
+            writeln!(
+                out,
+                "job {} ({}, priority {}, version {}){}",
+                spec.name,
+                spec.r#type,
+                spec.priority,
+                status.version,
+                if status.stopped { ", stopped" } else { "" }
+            )?;
+            writeln!(out, "tasks:")?;
+            if status.tasks.is_empty() {
+                writeln!(out, "  (none yet)")?;
+            }
+            for task in &status.tasks {
+                let Some(t) = &task.task else { continue };
+                writeln!(
+                    out,
+                    "  {:<28} {:<10} exit {:<4} on {}  (id {})",
+                    t.name,
+                    state_name(t.state),
+                    t.exit_code,
+                    task.agent_id,
+                    t.id
+                )?;
+            }
+            writeln!(out, "evaluations (newest first):")?;
+            for eval in &status.evals {
+                writeln!(
+                    out,
+                    "  {}  {:<9} {}  {}",
+                    eval.id, eval.status, eval.trigger, eval.description
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn state_name(state: i32) -> String {
+    pb::TaskState::try_from(state)
+        .map(|s| s.as_str_name().trim_start_matches("TASK_STATE_").to_owned())
+        .unwrap_or_else(|_| state.to_string())
+}
+
+async fn status(master: String) -> anyhow::Result<()> {
+    let (_, state) = leader_client(master).await?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -171,9 +285,7 @@ async fn status(master: String) -> anyhow::Result<()> {
             agent.connected
         )?;
         for task in &agent.tasks {
-            let task_state = pb::TaskState::try_from(task.state)
-                .map(|s| s.as_str_name().trim_start_matches("TASK_STATE_").to_owned())
-                .unwrap_or_else(|_| task.state.to_string());
+            let task_state = state_name(task.state);
             writeln!(
                 out,
                 "      task {} ({}) {} {}",
@@ -219,6 +331,7 @@ fn main() -> ExitCode {
                 data_dir,
             } => dev(listen, agent_listen, data_dir).await,
             Command::Status { master } => status(master).await,
+            Command::Job { command, master } => job(master, command).await,
         }
     });
     match result {

@@ -1,23 +1,26 @@
 //! The [`Agent`] process: finds the leading master and registers with it, re-registers with
-//! its full state when it loses the master, answers pings, and runs tasks as child processes.
+//! its full state when it loses the master, answers pings, runs tasks as child processes, stops
+//! them when asked, and tells the master whenever a task changes state.
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
+use std::time::Duration;
 
 use muster_actor::{
     AskError, Context, ExitReason, Node, Pid, Process, ProcessRef, Reply, TimerHandle, Upid,
 };
 use muster_proto::cluster::{
-    AgentInfo, Framework, Ping, Pong, RegisterAgent, RegistrationReply, ReregisterAgent, Resources,
-    RunTask, RunTaskReply, Task, TaskState, registration_reply,
+    AgentInfo, Framework, KillTask, KillTaskReply, Ping, Pong, RegisterAgent, RegistrationReply,
+    ReregisterAgent, Resources, RunTask, RunTaskReply, Task, TaskState, TaskStatusUpdate,
+    registration_reply,
 };
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
 
 use crate::store;
-use crate::tasks::Tasks;
+use crate::tasks::{KillRequest, Tasks};
 use crate::{AgentConfig, AgentError, backoff};
 
 /// How many `NotLeader` redirects one registration round follows before it gives up on them
@@ -61,7 +64,7 @@ pub struct AgentSnapshot {
 }
 
 /// A message to the [`Agent`] process. Built by the node for remote asks, or with
-/// [`AgentMsg::ping`] and [`AgentMsg::run_task`] for local ones.
+/// [`AgentMsg::ping`], [`AgentMsg::run_task`] and [`AgentMsg::kill_task`] for local ones.
 pub struct AgentMsg(Msg);
 
 impl AgentMsg {
@@ -74,6 +77,13 @@ impl AgentMsg {
     pub fn run_task(request: RunTask, reply: Reply<RunTaskReply>) -> Self {
         AgentMsg(Msg::RunTask(request, reply))
     }
+
+    /// A master's request to stop a running task (SIGTERM to its process group, SIGKILL after
+    /// [`kill_grace`](AgentConfig::kill_grace)); answered at once, with an empty error if the
+    /// task runs. Its end follows as a `TaskStatusUpdate` in state KILLED.
+    pub fn kill_task(request: KillTask, reply: Reply<KillTaskReply>) -> Self {
+        AgentMsg(Msg::KillTask(request, reply))
+    }
 }
 
 impl fmt::Debug for AgentMsg {
@@ -81,6 +91,7 @@ impl fmt::Debug for AgentMsg {
         let kind = match &self.0 {
             Msg::Ping(..) => "Ping",
             Msg::RunTask(..) => "RunTask",
+            Msg::KillTask(..) => "KillTask",
             Msg::Start => "Start",
             Msg::Round { .. } => "Round",
             Msg::Replied { .. } => "Replied",
@@ -96,6 +107,7 @@ impl fmt::Debug for AgentMsg {
 enum Msg {
     Ping(Ping, Reply<Pong>),
     RunTask(RunTask, Reply<RunTaskReply>),
+    KillTask(KillTask, Reply<KillTaskReply>),
     /// Sent once by [`start`] after the process is registered on the node.
     Start,
     /// Time for a registration round (after the initial delay or a backoff).
@@ -115,7 +127,7 @@ enum Msg {
     /// A task's child process ended (or waiting for it failed).
     TaskExited {
         task_id: String,
-        status: std::io::Result<ExitStatus>,
+        ended: Ended,
     },
     AgentId(Reply<Option<String>>),
     Snapshot(Reply<AgentSnapshot>),
@@ -158,6 +170,9 @@ pub struct Agent {
     /// Masters this process is linked to (until their link's loss is reported).
     linked: HashSet<Upid>,
     tasks: Tasks,
+    /// Task status updates not yet sent to a master (the agent was not registered), oldest
+    /// first, the latest per task only; bounded (see [`Agent::report`]).
+    unsent_updates: VecDeque<Task>,
 }
 
 impl fmt::Debug for Agent {
@@ -244,9 +259,14 @@ impl AgentHandle {
 
 /// Starts an agent on `node`: checks the data directory, reads the stored id and task
 /// checkpoints, spawns the [`Agent`] process on the node's system, registers it as `agent` with
-/// the asks `Ping -> Pong` and `RunTask -> RunTaskReply`, and lets it look for the leading
-/// master (after a random delay below
+/// the asks `Ping -> Pong`, `RunTask -> RunTaskReply` and `KillTask -> KillTaskReply`, and lets
+/// it look for the leading master (after a random delay below
 /// [`registration_backoff_initial`](AgentConfig::registration_backoff_initial)).
+///
+/// Whenever a task changes state (RUNNING once its process started; FINISHED, FAILED or
+/// KILLED when it ended) the agent tells the master it is registered with a
+/// `TaskStatusUpdate`; updates that find it unregistered are sent after the next successful
+/// (re-)registration, the latest per task only.
 ///
 /// An agent with a stored id re-registers under it with its full state; one without registers
 /// anew and stores the id the master gives it.
@@ -328,13 +348,15 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         silence_timer: None,
         linked: HashSet::new(),
         tasks,
+        unsent_updates: VecDeque::new(),
     };
     let pid = node.system().spawn(agent);
     match node.register("agent", &pid) {
         Ok(registration) => {
             registration
                 .install_ask::<Ping, Pong>(AgentMsg::ping)
-                .install_ask::<RunTask, RunTaskReply>(AgentMsg::run_task);
+                .install_ask::<RunTask, RunTaskReply>(AgentMsg::run_task)
+                .install_ask::<KillTask, KillTaskReply>(AgentMsg::kill_task);
         }
         Err(e) => {
             pid.terminate();
@@ -379,6 +401,13 @@ impl Process for Agent {
                 };
                 reply.send(RunTaskReply { error });
             }
+            Msg::KillTask(request, reply) => {
+                let error = self.kill_task(&request.task_id);
+                if !error.is_empty() {
+                    tracing::warn!(%error, "cannot kill a task");
+                }
+                reply.send(KillTaskReply { error });
+            }
             Msg::Start => {
                 let delay = backoff::initial_delay(
                     self.config.registration_backoff_initial,
@@ -413,7 +442,7 @@ impl Process for Agent {
                     self.check_silence(ctx);
                 }
             }
-            Msg::TaskExited { task_id, status } => self.task_exited(&task_id, status).await,
+            Msg::TaskExited { task_id, ended } => self.task_exited(&task_id, ended).await,
             Msg::AgentId(reply) => reply.send(self.agent_id.clone()),
             Msg::Snapshot(reply) => reply.send(self.snapshot()),
         }
@@ -679,6 +708,55 @@ impl Agent {
             agent_id: id,
             master,
         });
+        self.send_updates();
+    }
+
+    // ---- task status updates ----------------------------------------------------------------
+
+    /// Tells the master that `task` changed state (the task as the agent now has it), now if
+    /// the agent is registered, else after its next registration. Kept updates are bounded:
+    /// one per task, at most as many as the agent has running tasks plus completed history;
+    /// beyond that the oldest go (the master rebuilds from the re-registration anyway).
+    fn report(&mut self, task: Task) {
+        self.unsent_updates.retain(|t| t.id != task.id);
+        self.unsent_updates.push_back(task);
+        let bound = self
+            .tasks
+            .running_count()
+            .saturating_add(1)
+            .saturating_add(self.config.completed_task_history);
+        while self.unsent_updates.len() > bound {
+            if let Some(dropped) = self.unsent_updates.pop_front() {
+                tracing::debug!(task = %dropped.id, "dropping an old unsent task status update");
+            }
+        }
+        self.send_updates();
+    }
+
+    /// Sends the kept task status updates to the master, if the agent is registered; an update
+    /// that cannot be queued for the master stays for the next registration.
+    fn send_updates(&mut self) {
+        let (Connection::Registered { master }, Some(agent_id)) =
+            (&self.connection, &self.agent_id)
+        else {
+            return;
+        };
+        if self.unsent_updates.is_empty() {
+            return;
+        }
+        let remote = self.node.remote(master.clone());
+        let mut kept = VecDeque::new();
+        for task in self.unsent_updates.drain(..) {
+            let update = TaskStatusUpdate {
+                agent_id: agent_id.clone(),
+                task: Some(task.clone()),
+            };
+            if let Err(error) = remote.tell(update) {
+                tracing::warn!(%master, task = %task.id, %error, "cannot send a task status update; keeping it");
+                kept.push_back(task);
+            }
+        }
+        self.unsent_updates = kept;
     }
 
     fn arm_silence_timer(&mut self, ctx: &mut Context<Self>, after: std::time::Duration) {
@@ -785,13 +863,30 @@ impl Agent {
         }
 
         let task_id = id.clone();
-        let waiter = ctx.defer(child.wait(), move |_agent: &mut Agent, ctx, status| {
-            let _ = ctx
-                .pid()
-                .tell(AgentMsg(Msg::TaskExited { task_id, status }));
+        let (kill, killed) = oneshot::channel();
+        let waiter = ctx.defer(child.wait(killed), move |_agent: &mut Agent, ctx, ended| {
+            let _ = ctx.pid().tell(AgentMsg(Msg::TaskExited { task_id, ended }));
         });
-        self.tasks.add_running(framework, task, Some(waiter));
+        self.report(task.clone());
+        self.tasks
+            .add_running(framework, task, Some(waiter), Some(kill));
         Ok(())
+    }
+
+    /// Starts stopping a running task; an empty string if it runs, else why not.
+    fn kill_task(&mut self, task_id: &str) -> String {
+        let grace = self.config.kill_grace;
+        match self.tasks.kill(task_id, grace) {
+            KillRequest::Stopping => {
+                tracing::info!(task = %task_id, ?grace, "killing the task");
+                String::new()
+            }
+            KillRequest::Ended(state) => format!(
+                "task {task_id:?} has already ended ({})",
+                state.as_str_name()
+            ),
+            KillRequest::Unknown => format!("no task {task_id:?} runs on this agent"),
+        }
     }
 
     /// The framework a task belongs to: the request's, checked against the task's
@@ -826,11 +921,13 @@ impl Agent {
         }
     }
 
-    async fn task_exited(&mut self, task_id: &str, status: std::io::Result<ExitStatus>) {
-        let (state, exit_code) = match &status {
+    async fn task_exited(&mut self, task_id: &str, ended: Ended) {
+        let (state, exit_code) = match &ended.status {
             Ok(status) => {
                 let code = exit_code(status);
-                let state = if status.success() {
+                let state = if ended.killed {
+                    TaskState::Killed
+                } else if status.success() {
                     TaskState::Finished
                 } else {
                     TaskState::Failed
@@ -839,13 +936,19 @@ impl Agent {
             }
             Err(error) => {
                 tracing::warn!(task = %task_id, %error, "cannot wait for the task's process");
-                (TaskState::Failed, -1)
+                let state = if ended.killed {
+                    TaskState::Killed
+                } else {
+                    TaskState::Failed
+                };
+                (state, -1)
             }
         };
         let Some(finished) = self.tasks.finish(task_id, state, exit_code) else {
             return;
         };
         tracing::info!(task = %task_id, state = ?state, exit_code, "task completed");
+        self.report(finished.task.clone());
         let data_dir = self.config.data_dir.clone();
         let task_id = task_id.to_owned();
         let done = blocking(move || {
@@ -868,6 +971,14 @@ impl Agent {
     }
 }
 
+/// How a task's child process ended.
+struct Ended {
+    /// Its exit status, or why waiting for it failed.
+    status: std::io::Result<ExitStatus>,
+    /// True if it was asked to stop (and signalled) before it ended.
+    killed: bool,
+}
+
 /// A task's child process, leader of its own process group. When the leader ends, or the
 /// process is dropped before that (the agent stopped), the whole group is killed: a task's
 /// processes do not outlive it.
@@ -883,22 +994,54 @@ impl TaskProcess {
         TaskProcess { child, group }
     }
 
-    /// Waits for the leader, then kills whatever it left behind in its group.
-    async fn wait(mut self) -> std::io::Result<ExitStatus> {
-        let status = self.child.wait().await;
+    /// Waits for the leader, then kills whatever it left behind in its group. A grace period
+    /// arriving on `kill` first stops the group: SIGTERM, then SIGKILL if the leader is still
+    /// there when the grace period is over.
+    ///
+    /// The signals are sent from here, before the leader is reaped, so that the group id
+    /// cannot have been reused by then.
+    async fn wait(mut self, mut kill: oneshot::Receiver<Duration>) -> Ended {
+        let grace = tokio::select! {
+            biased;
+            status = self.child.wait() => {
+                self.kill_group();
+                return Ended { status, killed: false };
+            }
+            Ok(grace) = &mut kill => grace,
+        };
+        self.signal_group(libc::SIGTERM);
+        let status = match tokio::time::timeout(grace, self.child.wait()).await {
+            Ok(status) => status,
+            Err(_) => {
+                tracing::info!(group = ?self.group, ?grace, "task still runs after its grace period; sending SIGKILL");
+                self.signal_group(libc::SIGKILL);
+                self.child.wait().await
+            }
+        };
         self.kill_group();
-        status
+        Ended {
+            status,
+            killed: true,
+        }
     }
 
-    fn kill_group(&mut self) {
-        if let Some(group) = self.group.take() {
-            // SAFETY: killpg takes two integers and touches no memory of ours. While the group
-            // has members its id cannot name another group (a pid in use as a group id is not
-            // reused); an empty group gives ESRCH, which there is nothing to do about.
+    /// Sends `signal` to the group while it may still have members.
+    fn signal_group(&self, signal: libc::c_int) {
+        if let Some(group) = self.group {
+            // SAFETY: killpg takes two integers and touches no memory of ours. The id cannot
+            // name another group: before the leader is reaped its pid is not reused, and after
+            // that (the one SIGKILL of `kill_group`) the group's remaining members keep it in
+            // use; an empty group gives ESRCH, which there is nothing to do about.
             unsafe {
-                libc::killpg(group, libc::SIGKILL);
+                libc::killpg(group, signal);
             }
         }
+    }
+
+    /// Kills the whole group, once: the leader has been reaped, or is about to be dropped.
+    fn kill_group(&mut self) {
+        self.signal_group(libc::SIGKILL);
+        self.group = None;
     }
 }
 

@@ -38,6 +38,9 @@ pub struct AgentConfig {
     pub ask_timeout: Duration,
     /// How many completed tasks the agent remembers (default 1000); the oldest go first.
     pub completed_task_history: usize,
+    /// How long a task asked to stop (`KillTask`) has between SIGTERM to its process group and
+    /// SIGKILL (default 5 s; zero sends SIGKILL at once).
+    pub kill_grace: Duration,
 }
 
 /// Default of [`AgentConfig::registration_backoff_initial`].
@@ -50,6 +53,8 @@ pub const DEFAULT_MASTER_SILENCE_TIMEOUT: Duration = Duration::from_secs(75);
 pub const DEFAULT_ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default of [`AgentConfig::completed_task_history`].
 pub const DEFAULT_COMPLETED_TASK_HISTORY: usize = 1000;
+/// Default of [`AgentConfig::kill_grace`].
+pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
 
 impl AgentConfig {
     /// A config for the given masters (`host:port`) and data directory, with this machine's
@@ -66,6 +71,7 @@ impl AgentConfig {
             master_silence_timeout: DEFAULT_MASTER_SILENCE_TIMEOUT,
             ask_timeout: DEFAULT_ASK_TIMEOUT,
             completed_task_history: DEFAULT_COMPLETED_TASK_HISTORY,
+            kill_grace: DEFAULT_KILL_GRACE,
         }
     }
 
@@ -175,6 +181,7 @@ mod tests {
         assert_eq!(config.master_silence_timeout, Duration::from_secs(75));
         assert_eq!(config.ask_timeout, Duration::from_secs(5));
         assert_eq!(config.completed_task_history, 1000);
+        assert_eq!(config.kill_grace, Duration::from_secs(5));
         assert!(!config.hostname.is_empty());
         assert!(config.validate().is_ok());
     }

@@ -25,6 +25,7 @@ mod tasks;
 pub use agent::{Agent, AgentHandle, AgentMsg, AgentSnapshot, AgentStatus, start};
 pub use config::{
     AgentConfig, DEFAULT_ASK_TIMEOUT, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
-    DEFAULT_COMPLETED_TASK_HISTORY, DEFAULT_MASTER_SILENCE_TIMEOUT, default_hostname,
+    DEFAULT_COMPLETED_TASK_HISTORY, DEFAULT_KILL_GRACE, DEFAULT_MASTER_SILENCE_TIMEOUT,
+    default_hostname,
 };
 pub use error::AgentError;

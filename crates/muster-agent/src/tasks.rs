@@ -2,9 +2,11 @@
 //! completed tasks and frameworks.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
 
 use muster_actor::TimerHandle;
 use muster_proto::cluster::{Framework, Task, TaskState};
+use tokio::sync::oneshot;
 
 use crate::store::Checkpoint;
 
@@ -14,6 +16,21 @@ struct Active {
     task: Task,
     /// The future that waits for the child; cancelling it drops the child, which kills it.
     waiter: Option<TimerHandle>,
+    /// Asks that future to stop the child (SIGTERM, then SIGKILL after the grace period);
+    /// taken by the first kill request.
+    kill: Option<oneshot::Sender<Duration>>,
+}
+
+/// What became of a request to kill a task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum KillRequest {
+    /// The task runs: its process is being stopped (or was already, or has just ended and
+    /// its end is on its way).
+    Stopping,
+    /// The task has already ended, in this state.
+    Ended(TaskState),
+    /// No such task.
+    Unknown,
 }
 
 /// What finishing a task changed, for the checkpoints.
@@ -62,16 +79,43 @@ impl Tasks {
             .or_else(|| self.completed_frameworks.iter().find(|f| f.id == id))
     }
 
-    /// Records a task whose child process has started.
+    /// Records a task whose child process has started: `waiter` waits for it, `kill` asks the
+    /// waiter to stop it with that grace period.
     pub(crate) fn add_running(
         &mut self,
         framework: Framework,
         task: Task,
         waiter: Option<TimerHandle>,
+        kill: Option<oneshot::Sender<Duration>>,
     ) {
         self.completed_frameworks.retain(|f| f.id != framework.id);
         self.frameworks.insert(framework.id.clone(), framework);
-        self.active.insert(task.id.clone(), Active { task, waiter });
+        self.active
+            .insert(task.id.clone(), Active { task, waiter, kill });
+    }
+
+    /// Asks a running task's waiter to stop its process (SIGTERM, SIGKILL after `grace`).
+    /// A second request for the same task changes nothing (the first grace period stands).
+    pub(crate) fn kill(&mut self, task_id: &str, grace: Duration) -> KillRequest {
+        if let Some(active) = self.active.get_mut(task_id) {
+            if let Some(kill) = active.kill.take() {
+                // An error means the waiter is done: the process ended by itself just now,
+                // and its end is already on its way to the agent.
+                let _ = kill.send(grace);
+            }
+            return KillRequest::Stopping;
+        }
+        match self.completed.iter().rev().find(|t| t.id == task_id) {
+            Some(task) => KillRequest::Ended(
+                TaskState::try_from(task.state).unwrap_or(TaskState::Unspecified),
+            ),
+            None => KillRequest::Unknown,
+        }
+    }
+
+    /// How many tasks run.
+    pub(crate) fn running_count(&self) -> usize {
+        self.active.len()
     }
 
     /// Moves a running task to the completed history with its final state. `None` if no such
@@ -226,9 +270,9 @@ mod tests {
     fn history_is_bounded_and_frameworks_complete_with_their_last_task() {
         let mut tasks = Tasks::new(2);
         for id in ["a", "b", "c"] {
-            tasks.add_running(framework("f"), task(id, "f"), None);
+            tasks.add_running(framework("f"), task(id, "f"), None, None);
         }
-        tasks.add_running(framework("g"), task("d", "g"), None);
+        tasks.add_running(framework("g"), task("d", "g"), None, None);
         let Some(done) = tasks.finish("a", TaskState::Finished, 0) else {
             panic!("a runs")
         };
@@ -244,5 +288,29 @@ mod tests {
         assert_eq!(tasks.completed_frameworks(), vec![framework("f")]);
         assert!(tasks.knows("b") && tasks.knows("d") && !tasks.knows("a"));
         assert!(tasks.finish("zz", TaskState::Finished, 0).is_none());
+    }
+
+    #[test]
+    fn a_kill_reaches_the_waiter_once_and_ended_or_unknown_tasks_are_told_apart() {
+        let mut tasks = Tasks::new(10);
+        let (kill, mut killed) = oneshot::channel();
+        tasks.add_running(framework("f"), task("a", "f"), None, Some(kill));
+        let grace = Duration::from_millis(250);
+        assert_eq!(tasks.kill("a", grace), KillRequest::Stopping);
+        assert_eq!(killed.try_recv(), Ok(grace));
+        // Asked again while it is still stopping: nothing more is sent, still fine.
+        assert_eq!(tasks.kill("a", Duration::ZERO), KillRequest::Stopping);
+        assert!(tasks.finish("a", TaskState::Killed, 143).is_some());
+        assert_eq!(
+            tasks.kill("a", grace),
+            KillRequest::Ended(TaskState::Killed)
+        );
+        assert_eq!(tasks.kill("b", grace), KillRequest::Unknown);
+        // A waiter that is already done (its process ended by itself): still stopping, its
+        // end is on its way.
+        let (kill, done) = oneshot::channel::<Duration>();
+        drop(done);
+        tasks.add_running(framework("f"), task("c", "f"), None, Some(kill));
+        assert_eq!(tasks.kill("c", grace), KillRequest::Stopping);
     }
 }

@@ -9,8 +9,8 @@ use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle, AgentSnapshot, AgentStatus};
 use muster_proto::cluster::{
-    Framework, NotLeader, Ping, Pong, RegisterAgent, RegistrationReply, ReregisterAgent, RunTask,
-    RunTaskReply, Task, TaskState, registration_reply,
+    Framework, KillTask, KillTaskReply, NotLeader, Ping, Pong, RegisterAgent, RegistrationReply,
+    ReregisterAgent, RunTask, RunTaskReply, Task, TaskState, TaskStatusUpdate, registration_reply,
 };
 use tokio::sync::mpsc;
 
@@ -51,14 +51,25 @@ enum Got {
     Reregister(ReregisterAgent),
 }
 
+/// A task status update a fake master received, with how many registrations it had admitted
+/// by then (so a test can tell whether an update came before or after a re-registration).
+#[derive(Debug)]
+struct Update {
+    admitted_before: usize,
+    update: TaskStatusUpdate,
+}
+
 struct FakeMaster {
     answer: Arc<Mutex<Answer>>,
     got: mpsc::UnboundedSender<Got>,
+    admitted: usize,
+    updates: mpsc::UnboundedSender<Update>,
 }
 
 enum FakeMsg {
     Register(RegisterAgent, Reply<RegistrationReply>),
     Reregister(ReregisterAgent, Reply<RegistrationReply>),
+    Status(TaskStatusUpdate),
 }
 
 impl Process for FakeMaster {
@@ -70,6 +81,11 @@ impl Process for FakeMaster {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .clone();
+        if matches!(msg, FakeMsg::Register(..) | FakeMsg::Reregister(..))
+            && matches!(answer, Answer::Admit(_))
+        {
+            self.admitted += 1;
+        }
         match msg {
             FakeMsg::Register(request, reply) => {
                 reply.send(answer.reply(None));
@@ -78,6 +94,12 @@ impl Process for FakeMaster {
             FakeMsg::Reregister(request, reply) => {
                 reply.send(answer.reply(Some(&request.agent_id)));
                 let _ = self.got.send(Got::Reregister(request));
+            }
+            FakeMsg::Status(update) => {
+                let _ = self.updates.send(Update {
+                    admitted_before: self.admitted,
+                    update,
+                });
             }
         }
     }
@@ -89,6 +111,7 @@ struct MasterNode {
     node: Node,
     answer: Arc<Mutex<Answer>>,
     got: mpsc::UnboundedReceiver<Got>,
+    updates: mpsc::UnboundedReceiver<Update>,
     _pid: Pid<FakeMaster>,
 }
 
@@ -97,19 +120,24 @@ impl MasterNode {
         let system = System::new();
         let node = Node::bind(&system, "127.0.0.1:0").await?;
         let (tx, got) = mpsc::unbounded_channel();
+        let (updates_tx, updates) = mpsc::unbounded_channel();
         let answer = Arc::new(Mutex::new(answer));
         let pid = system.spawn(FakeMaster {
             answer: Arc::clone(&answer),
             got: tx,
+            admitted: 0,
+            updates: updates_tx,
         });
         node.register("master", &pid)?
             .install_ask::<RegisterAgent, RegistrationReply>(FakeMsg::Register)
-            .install_ask::<ReregisterAgent, RegistrationReply>(FakeMsg::Reregister);
+            .install_ask::<ReregisterAgent, RegistrationReply>(FakeMsg::Reregister)
+            .install::<TaskStatusUpdate>(FakeMsg::Status);
         Ok(MasterNode {
             system,
             node,
             answer,
             got,
+            updates,
             _pid: pid,
         })
     }
@@ -159,6 +187,49 @@ impl MasterNode {
             .remote(agent.clone())
             .ask_timeout::<RunTask, RunTaskReply>(PATIENCE, request)
             .await?)
+    }
+
+    async fn kill_task(&self, agent: &Upid, task_id: &str) -> anyhow::Result<KillTaskReply> {
+        let request = KillTask {
+            task_id: task_id.into(),
+        };
+        Ok(self
+            .node
+            .remote(agent.clone())
+            .ask_timeout::<KillTask, KillTaskReply>(PATIENCE, request)
+            .await?)
+    }
+
+    /// The next task status update this master receives.
+    async fn next_update(&mut self) -> anyhow::Result<Update> {
+        tokio::time::timeout(PATIENCE, self.updates.recv())
+            .await
+            .with_context(|| {
+                format!(
+                    "master {} got no task status update in time",
+                    self.address()
+                )
+            })?
+            .context("fake master gone")
+    }
+
+    /// The next task status update, which must be for `task_id` in `state`; returns its task.
+    async fn expect_update(
+        &mut self,
+        agent_id: &str,
+        task_id: &str,
+        state: TaskState,
+    ) -> anyhow::Result<Task> {
+        let Update { update, .. } = self.next_update().await?;
+        let task = update.task.context("TaskStatusUpdate without a task")?;
+        ensure!(
+            update.agent_id == agent_id && task.id == task_id && task.state == state as i32,
+            "expected {task_id} {state:?} from {agent_id}, got {:?} {:?} from {}",
+            task.id,
+            TaskState::try_from(task.state),
+            update.agent_id
+        );
+        Ok(task)
     }
 
     async fn ping(&self, agent: &Upid) -> anyhow::Result<Pong> {
@@ -684,5 +755,246 @@ async fn a_task_s_processes_end_with_it_and_with_the_agent() -> anyhow::Result<(
     ends(leader, "the task's main process").await?;
     ends(child, "the task's child").await?;
     master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_master_is_told_when_a_task_runs_and_when_it_ends() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-u".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    let to = agent.upid().clone();
+
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("ok", "exit 0"))
+            .await?
+            .error,
+        ""
+    );
+    let running = master
+        .expect_update("agent-u", "ok", TaskState::Running)
+        .await?;
+    assert_eq!(running.framework_id, "fw-1");
+    assert_eq!(running.command, "sh");
+    let finished = master
+        .expect_update("agent-u", "ok", TaskState::Finished)
+        .await?;
+    assert_eq!(finished.exit_code, 0);
+
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("three", "exit 3"))
+            .await?
+            .error,
+        ""
+    );
+    master
+        .expect_update("agent-u", "three", TaskState::Running)
+        .await?;
+    let failed = master
+        .expect_update("agent-u", "three", TaskState::Failed)
+        .await?;
+    assert_eq!(failed.exit_code, 3);
+
+    // What the master was told is what the agent has.
+    let snapshot = agent.handle.snapshot().await?;
+    assert_eq!(find(&snapshot.completed_tasks, "ok"), Some(&finished));
+    assert_eq!(find(&snapshot.completed_tasks, "three"), Some(&failed));
+    // A refused task changes no state: no update for it.
+    let error = master
+        .run_task(&to, shell_task("three", "exit 0"))
+        .await?
+        .error;
+    assert!(error.contains("already exists"), "{error}");
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("last", "exit 0"))
+            .await?
+            .error,
+        ""
+    );
+    master
+        .expect_update("agent-u", "last", TaskState::Running)
+        .await?;
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_task_stops_a_task_that_honours_sigterm_within_the_grace() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-x".into())).await?;
+    let mut config = config(&[master.address()], dir.path());
+    let grace = Duration::from_secs(10);
+    config.kill_grace = grace;
+    let agent = AgentNode::start(config).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    let to = agent.upid().clone();
+
+    let script = "echo $$ > leader.pid; sleep 30 & echo $! > child.pid; wait";
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("long", script))
+            .await?
+            .error,
+        ""
+    );
+    master
+        .expect_update("agent-x", "long", TaskState::Running)
+        .await?;
+    let leader = pid_in(&dir.path().join("tasks/long/leader.pid")).await?;
+    let child = pid_in(&dir.path().join("tasks/long/child.pid")).await?;
+
+    let asked = tokio::time::Instant::now();
+    assert_eq!(master.kill_task(&to, "long").await?.error, "");
+    let killed = master
+        .expect_update("agent-x", "long", TaskState::Killed)
+        .await?;
+    let took = asked.elapsed();
+    ensure!(
+        took < grace,
+        "a task that honours SIGTERM took {took:?} to stop (grace {grace:?})"
+    );
+    // The shell died of the SIGTERM: 128 + 15.
+    assert_eq!(killed.exit_code, 143);
+    ends(leader, "the killed task's main process").await?;
+    ends(child, "the killed task's child").await?;
+
+    let snapshot = agent.handle.snapshot().await?;
+    assert!(snapshot.tasks.is_empty(), "{:?}", snapshot.tasks);
+    assert_eq!(find(&snapshot.completed_tasks, "long"), Some(&killed));
+    // An ended task cannot be killed again.
+    let error = master.kill_task(&to, "long").await?.error;
+    assert!(
+        error.contains("\"long\"") && error.contains("already ended"),
+        "{error}"
+    );
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_task_sends_sigkill_after_the_grace_to_a_task_that_ignores_sigterm()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-y".into())).await?;
+    let mut config = config(&[master.address()], dir.path());
+    let grace = Duration::from_millis(300);
+    config.kill_grace = grace;
+    let agent = AgentNode::start(config).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    let to = agent.upid().clone();
+
+    // The pid files are written after the trap is set: once they are there, SIGTERM is ignored
+    // (by the shell and, inherited, by its child).
+    let script = "trap '' TERM; echo $$ > leader.pid; sleep 30 & echo $! > child.pid; wait";
+    assert_eq!(
+        master
+            .run_task(&to, shell_task("stubborn", script))
+            .await?
+            .error,
+        ""
+    );
+    master
+        .expect_update("agent-y", "stubborn", TaskState::Running)
+        .await?;
+    let leader = pid_in(&dir.path().join("tasks/stubborn/leader.pid")).await?;
+    let child = pid_in(&dir.path().join("tasks/stubborn/child.pid")).await?;
+
+    let asked = tokio::time::Instant::now();
+    assert_eq!(master.kill_task(&to, "stubborn").await?.error, "");
+    let killed = master
+        .expect_update("agent-y", "stubborn", TaskState::Killed)
+        .await?;
+    let took = asked.elapsed();
+    ensure!(
+        took >= grace,
+        "a task that ignores SIGTERM ended after {took:?}, before the grace of {grace:?}"
+    );
+    // The shell died of the SIGKILL: 128 + 9.
+    assert_eq!(killed.exit_code, 137);
+    ends(leader, "the killed task's main process").await?;
+    ends(child, "the killed task's child").await?;
+    let snapshot = agent.handle.snapshot().await?;
+    assert_eq!(
+        state_of(&snapshot.completed_tasks, "stubborn"),
+        Some(TaskState::Killed)
+    );
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_task_for_an_unknown_task_names_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-z".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+
+    let error = master.kill_task(agent.upid(), "no-such-task").await?.error;
+    assert!(error.contains("\"no-such-task\""), "{error}");
+    let snapshot = agent.handle.snapshot().await?;
+    assert!(snapshot.tasks.is_empty() && snapshot.completed_tasks.is_empty());
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_update_made_while_unregistered_is_sent_after_the_next_registration()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut a = MasterNode::start(Answer::Admit("agent-q".into())).await?;
+    let mut b = MasterNode::start(Answer::Refuse("not yet".into())).await?;
+    let agent = AgentNode::start(config(&[a.address(), b.address()], dir.path())).await?;
+    a.next_register().await?;
+    agent.registered_with(&a.upid()?).await?;
+    let to = agent.upid().clone();
+    assert_eq!(
+        a.run_task(&to, shell_task("q", "sleep 30")).await?.error,
+        ""
+    );
+    a.expect_update("agent-q", "q", TaskState::Running).await?;
+
+    // A goes away; B refuses: the agent has no master.
+    a.shutdown().await;
+    b.next_reregister().await?;
+    // The task ends meanwhile (B's node asks for it: any node can).
+    assert_eq!(b.kill_task(&to, "q").await?.error, "");
+    agent
+        .wait_until("task `q` to be killed", |s| {
+            state_of(&s.completed_tasks, "q") == Some(TaskState::Killed)
+                && s.status == AgentStatus::Registering
+        })
+        .await?;
+
+    b.set_answer(Answer::Admit("unused".into()));
+    assert_eq!(agent.registered_with(&b.upid()?).await?, "agent-q");
+    // Only the latest state of the task, and only after B took the agent.
+    let Update {
+        admitted_before,
+        update,
+    } = b.next_update().await?;
+    let task = update.task.context("TaskStatusUpdate without a task")?;
+    assert_eq!(
+        (update.agent_id.as_str(), task.id.as_str()),
+        ("agent-q", "q")
+    );
+    assert_eq!(TaskState::try_from(task.state)?, TaskState::Killed);
+    assert_eq!(
+        admitted_before, 1,
+        "the update reached B before B admitted the agent"
+    );
+    agent.stop().await;
+    b.shutdown().await;
     Ok(())
 }

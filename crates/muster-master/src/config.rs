@@ -6,6 +6,16 @@ use std::time::Duration;
 
 use muster_registry::types::NodeId;
 
+/// How the master's scheduler workers choose agents.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Placement {
+    /// Fill agents one after another (Nomad's default): fewer agents in use.
+    #[default]
+    Binpack,
+    /// Spread each job's tasks evenly over the agents.
+    Spread,
+}
+
 /// A master's settings. Defaults follow Mesos where it has one.
 #[derive(Clone, Debug)]
 pub struct MasterConfig {
@@ -31,6 +41,10 @@ pub struct MasterConfig {
     /// The largest share of admitted agents the deadline may mark unreachable; past it the
     /// master logs loudly and keeps them (Mesos: 100%).
     pub removal_limit: f64,
+    /// Scheduler workers this master runs (they work only while it leads).
+    pub workers: usize,
+    /// How its workers place tasks.
+    pub placement: Placement,
     /// raft heartbeat interval.
     pub raft_heartbeat: Duration,
     /// raft election timeout range.
@@ -49,6 +63,8 @@ impl Default for MasterConfig {
             max_missed_pings: 5,
             reregistration_timeout: Duration::from_secs(600),
             removal_limit: 1.0,
+            workers: 2,
+            placement: Placement::Binpack,
             raft_heartbeat: Duration::from_millis(100),
             raft_election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
         }

@@ -9,16 +9,21 @@
 //! # Layout
 //! - [`MasterConfig`]: settings, with Mesos's defaults.
 //! - [`Master`], [`MasterMsg`]: the process.
-//! - [`OperatorService`]: cluster state and metrics over gRPC.
+//! - [`OperatorService`]: cluster state, metrics and jobs over gRPC.
+//! - [`jobs`]: job specs: validation and conversion.
 //! - [`MasterServer`]: port, registry, process and API started together.
+//! - [`Workers`], [`LocalBackend`]: scheduler workers inside the master process.
 
 mod cluster;
 mod config;
+pub mod jobs;
 mod master;
 mod operator;
 mod server;
+mod workers;
 
-pub use config::MasterConfig;
-pub use master::{Master, MasterMsg};
+pub use config::{MasterConfig, Placement};
+pub use master::{Master, MasterMsg, SchedulingPids};
 pub use operator::OperatorService;
 pub use server::{MasterError, MasterServer};
+pub use workers::{LocalBackend, Workers};

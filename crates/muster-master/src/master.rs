@@ -12,16 +12,23 @@
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use muster_actor::{Context, Node, Pid, Process, Reply, TimerHandle, Upid};
+use muster_actor::{Context, Node, Pid, Process, Reply, System, TimerHandle, Upid};
+use muster_broker::blocked::{BlockedEvals, ChannelSink, SinkReceivers};
+use muster_broker::{BrokerConfig, EvalBroker};
 use muster_proto::cluster as pb;
+use muster_registry::jobs::Evaluation;
 use muster_registry::{
     AgentId, Leadership, Op, Outcome, Registrar, RegistrarMsg, RegistrarStats, RegistryNode,
     WriteError,
 };
+use muster_scheduler::{ClusterSnapshot, Demand, Plan, PlanResult};
 use tokio::time::Instant;
 
 use crate::cluster::{AgentEntry, Cluster, registry_info, same_info, wire_info};
 use crate::config::MasterConfig;
+
+mod plans;
+mod scheduling;
 
 /// What a master handles: agents' and operators' requests, and its own timers and
 /// continuations.
@@ -48,6 +55,49 @@ pub enum MasterMsg {
         /// The term the recovery belongs to.
         term: u64,
     },
+    /// Submit a job (new or changed).
+    SubmitJob(
+        Option<pb::JobSpec>,
+        Reply<Result<pb::SubmitJobReply, String>>,
+    ),
+    /// Stop a job.
+    StopJob(String, Reply<Result<pb::SubmitJobReply, String>>),
+    /// A job, its tasks and evaluations.
+    JobStatus(String, Reply<Result<pb::JobStatusReply, String>>),
+    /// The master's eval broker and blocked-queue.
+    Scheduling(Reply<SchedulingPids>),
+    /// The blocked-queue released these evaluations.
+    EvalsUnblocked(Vec<Evaluation>),
+    /// The blocked-queue canceled these evaluations.
+    EvalsCanceled(Vec<Evaluation>),
+    /// The cluster as schedulers see it.
+    Snapshot(Reply<ClusterSnapshot>),
+    /// Apply a scheduler's plan.
+    SubmitPlan(Plan, Reply<Result<PlanResult, String>>),
+    /// A worker could not place everything the evaluation asks for.
+    BlockEval {
+        /// The evaluation.
+        eval: Evaluation,
+        /// What did not fit.
+        unplaced: Vec<Demand>,
+        /// The snapshot index the plan was made against.
+        snapshot_index: u64,
+        /// Done once recorded.
+        reply: Reply<Result<(), String>>,
+    },
+    /// A worker planned the evaluation fully.
+    CompleteEval(Evaluation, Reply<Result<(), String>>),
+    /// An agent reports a task's state.
+    TaskStatus(pb::TaskStatusUpdate),
+}
+
+/// The processes beside the master that hold its scheduling state.
+#[derive(Clone, Debug)]
+pub struct SchedulingPids {
+    /// The eval broker.
+    pub broker: Pid<EvalBroker>,
+    /// The blocked-queue.
+    pub blocked: Pid<BlockedEvals>,
 }
 
 /// The master's counters.
@@ -58,6 +108,7 @@ struct Metrics {
     unreachable: u64,
     messages: u64,
     recovery: Option<Duration>,
+    plans: u64,
 }
 
 /// A failover recovery in progress.
@@ -87,6 +138,9 @@ enum Role {
 #[derive(Debug)]
 pub struct Master {
     config: MasterConfig,
+    broker: Pid<EvalBroker>,
+    blocked: Pid<BlockedEvals>,
+    blocked_out: Option<SinkReceivers>,
     /// This master's `host:port`.
     address: String,
     registry: RegistryNode,
@@ -95,6 +149,8 @@ pub struct Master {
     cluster: Cluster,
     metrics: Metrics,
     term: u64,
+    /// Bumped on every change to agents or tasks; snapshots and plans carry it.
+    state_index: u64,
 }
 
 fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
@@ -137,9 +193,19 @@ fn now_ms() -> u64 {
 }
 
 impl Master {
-    /// A master for the registry member `registry`, listening at `address`.
-    pub fn new(config: MasterConfig, address: String, registry: RegistryNode) -> Self {
+    /// A master for the registry member `registry`, listening at `address`. Its eval broker
+    /// and blocked-queue run as processes of `system`.
+    pub fn new(
+        config: MasterConfig,
+        address: String,
+        registry: RegistryNode,
+        system: &System,
+    ) -> Self {
+        let (sink, blocked_out) = ChannelSink::new();
         Master {
+            broker: system.spawn(EvalBroker::new(BrokerConfig::default())),
+            blocked: system.spawn(BlockedEvals::new(sink)),
+            blocked_out: Some(blocked_out),
             config,
             address,
             registry,
@@ -148,6 +214,7 @@ impl Master {
             cluster: Cluster::default(),
             metrics: Metrics::default(),
             term: 0,
+            state_index: 0,
         }
     }
 
@@ -173,7 +240,15 @@ impl Master {
         if let Role::Starting { waiting, .. } = &mut self.role
             && matches!(
                 msg,
-                MasterMsg::Register(..) | MasterMsg::Reregister(..) | MasterMsg::LaunchTask(..)
+                MasterMsg::Register(..)
+                    | MasterMsg::Reregister(..)
+                    | MasterMsg::LaunchTask(..)
+                    | MasterMsg::SubmitJob(..)
+                    | MasterMsg::StopJob(..)
+                    | MasterMsg::JobStatus(..)
+                    | MasterMsg::SubmitPlan(..)
+                    | MasterMsg::BlockEval { .. }
+                    | MasterMsg::CompleteEval(..)
             )
         {
             waiting.push(msg);
@@ -189,6 +264,29 @@ impl Master {
             MasterMsg::Leadership(leadership) => self.on_leadership(leadership, ctx),
             MasterMsg::PingAgents => self.ping_agents(ctx),
             MasterMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
+            MasterMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
+            MasterMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
+            MasterMsg::JobStatus(name, reply) => reply.send(self.job_status(&name)),
+            MasterMsg::Scheduling(reply) => reply.send(SchedulingPids {
+                broker: self.broker.clone(),
+                blocked: self.blocked.clone(),
+            }),
+            MasterMsg::EvalsUnblocked(evals) => self.evals_unblocked(evals, ctx),
+            MasterMsg::EvalsCanceled(evals) => self.evals_canceled(evals, ctx),
+            MasterMsg::Snapshot(reply) => reply.send(self.snapshot()),
+            MasterMsg::SubmitPlan(plan, reply) => self.apply_plan(plan, reply, ctx),
+            MasterMsg::BlockEval {
+                eval,
+                unplaced,
+                snapshot_index,
+                reply,
+            } => self.block_eval(eval, unplaced, snapshot_index, reply, ctx),
+            MasterMsg::CompleteEval(eval, reply) => self.complete_eval(eval, reply, ctx),
+            MasterMsg::TaskStatus(update) => {
+                if let Some(task) = update.task {
+                    self.task_updated(update.agent_id, task, ctx);
+                }
+            }
         }
     }
 
@@ -217,6 +315,7 @@ impl Master {
     fn stop_leading(&mut self) {
         if let Role::Leading { registrar, .. } = &self.role {
             registrar.terminate();
+            self.stop_scheduling();
         }
         let waiting = match std::mem::replace(&mut self.role, Role::Standby { leader: None }) {
             Role::Starting { waiting, .. } => waiting,
@@ -228,6 +327,18 @@ impl Master {
                     reply.send(not_leader(None));
                 }
                 MasterMsg::LaunchTask(_, reply) => {
+                    reply.send(Err("the master lost leadership".into()));
+                }
+                MasterMsg::SubmitJob(_, reply) | MasterMsg::StopJob(_, reply) => {
+                    reply.send(Err("the master lost leadership".into()));
+                }
+                MasterMsg::JobStatus(_, reply) => {
+                    reply.send(Err("the master lost leadership".into()));
+                }
+                MasterMsg::SubmitPlan(_, reply) => {
+                    reply.send(Err("the master lost leadership".into()));
+                }
+                MasterMsg::BlockEval { reply, .. } | MasterMsg::CompleteEval(_, reply) => {
                     reply.send(Err("the master lost leadership".into()));
                 }
                 _ => {}
@@ -304,6 +415,7 @@ impl Master {
             registrar,
             recovery,
         };
+        self.restore_scheduling();
         for msg in waiting {
             self.on_message(msg, ctx);
         }
@@ -327,7 +439,7 @@ impl Master {
         let term = self.term;
         ctx.defer(
             write,
-            move |master: &mut Master, _ctx, written| match written {
+            move |master: &mut Master, ctx, written| match written {
                 Ok(Ok(Outcome::Admitted(id))) => {
                     if master.leading_term() == Some(term) {
                         tracing::info!(agent = %id, address = %info.address, "agent registered");
@@ -336,6 +448,7 @@ impl Master {
                             id.0.clone(),
                             AgentEntry::connected(info, Vec::new(), Vec::new()),
                         );
+                        master.agent_joined(&id.0, ctx);
                     }
                     reply.send(admitted(id.0));
                 }
@@ -383,10 +496,12 @@ impl Master {
         let term = self.term;
         ctx.defer(
             write,
-            move |master: &mut Master, _ctx, written| match written {
+            move |master: &mut Master, ctx, written| match written {
                 Ok(Ok(_)) => {
                     if master.leading_term() == Some(term) {
                         let id = master.readmit(request);
+                        // It was unreachable, forgotten or changed: its capacity is news.
+                        master.agent_joined(&id, ctx);
                         reply.send(admitted(id));
                     } else {
                         reply.send(not_leader(master.leader().as_ref()));
@@ -478,30 +593,23 @@ impl Master {
         }
     }
 
+    /// Moves an agent to unreachable, with an evaluation for each job it ran a task of (and
+    /// each system job), all in one raft entry.
     fn mark_unreachable(&mut self, id: String, ctx: &mut Context<Self>) {
-        let Role::Leading { registrar, .. } = &self.role else {
-            return;
+        let evals = self.evals_for_lost_agent(&id);
+        let op = Op::MarkUnreachable {
+            id: AgentId(id.clone()),
+            at_ms: now_ms(),
         };
-        let write = write_registry(
-            registrar,
-            Op::MarkUnreachable {
-                id: AgentId(id.clone()),
-                at_ms: now_ms(),
-            },
-        );
-        ctx.defer(
-            write,
-            move |master: &mut Master, _ctx, written| match written {
-                Ok(Ok(_)) => {
-                    master.metrics.unreachable += 1;
-                    master.cluster.agents.remove(&id);
-                    tracing::warn!(agent = %id, "agent marked unreachable");
-                }
-                other => {
-                    tracing::warn!(agent = %id, result = ?other, "could not mark agent unreachable")
-                }
-            },
-        );
+        self.write_with_evals(vec![op], evals, ctx, move |master, written| match written {
+            Ok(_) => {
+                master.metrics.unreachable += 1;
+                master.cluster.agents.remove(&id);
+                master.next_index();
+                tracing::warn!(agent = %id, "agent marked unreachable");
+            }
+            Err(e) => tracing::warn!(agent = %id, error = %e, "could not mark agent unreachable"),
+        });
     }
 
     // ---- health ----
@@ -585,7 +693,11 @@ impl Master {
             Ok(upid) => upid,
             Err(e) => return reply.send(Err(format!("agent address: {e}"))),
         };
+        if agent.tasks.iter().any(|t| t.id == task.id) {
+            return reply.send(Err(format!("task {:?} already runs there", task.id)));
+        }
         task.framework_id = framework.id.clone();
+        task.state = pb::TaskState::Staging as i32;
         let run = pb::RunTask {
             framework: Some(framework.clone()),
             task: Some(task.clone()),
@@ -593,23 +705,29 @@ impl Master {
         let remote = node.remote(upid);
         let timeout = self.config.ping_timeout;
         let agent_id = request.agent_id;
+        let task_id = task.id.clone();
+        // Recorded before it is sent: the agent's first status update may come before the
+        // answer to the launch.
+        if let Some(agent) = self.cluster.agents.get_mut(&agent_id) {
+            agent.tasks.push(task);
+        }
+        self.cluster.add_frameworks(vec![framework]);
         ctx.defer(
             async move {
                 remote
                     .ask_timeout::<pb::RunTask, pb::RunTaskReply>(timeout, run)
                     .await
             },
-            move |master: &mut Master, _ctx, answered| match answered {
-                Ok(answer) if answer.error.is_empty() => {
-                    if let Some(agent) = master.cluster.agents.get_mut(&agent_id) {
-                        task.state = pb::TaskState::Running as i32;
-                        agent.tasks.push(task);
-                    }
-                    master.cluster.add_frameworks(vec![framework]);
-                    reply.send(Ok(()));
+            move |master: &mut Master, _ctx, answered| {
+                let refused = match answered {
+                    Ok(answer) if answer.error.is_empty() => return reply.send(Ok(())),
+                    Ok(answer) => format!("agent refused the task: {}", answer.error),
+                    Err(e) => format!("agent unreachable: {e}"),
+                };
+                if let Some(agent) = master.cluster.agents.get_mut(&agent_id) {
+                    agent.tasks.retain(|t| t.id != task_id);
                 }
-                Ok(answer) => reply.send(Err(format!("agent refused the task: {}", answer.error))),
-                Err(e) => reply.send(Err(format!("agent unreachable: {e}"))),
+                reply.send(Err(refused));
             },
         );
     }
@@ -713,6 +831,29 @@ impl Process for Master {
             }
         });
         ctx.interval(self.config.ping_interval, || MasterMsg::PingAgents);
+        // What the blocked-queue releases or cancels comes back here to be recorded.
+        if let Some(SinkReceivers {
+            mut unblocked,
+            mut canceled,
+        }) = self.blocked_out.take()
+        {
+            let me = ctx.pid().clone();
+            tokio::spawn(async move {
+                while let Some(evals) = unblocked.recv().await {
+                    if me.tell(MasterMsg::EvalsUnblocked(evals)).is_err() {
+                        return;
+                    }
+                }
+            });
+            let me = ctx.pid().clone();
+            tokio::spawn(async move {
+                while let Some(evals) = canceled.recv().await {
+                    if me.tell(MasterMsg::EvalsCanceled(evals)).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
     }
 
     async fn handle(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {

@@ -67,4 +67,46 @@ impl Operator for OperatorService {
             .map_err(Status::failed_precondition)?;
         Ok(Response::new(pb::LaunchTaskReply {}))
     }
+
+    async fn submit_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::SubmitJobReply>, Status> {
+        let spec = request.into_inner().job;
+        let reply = self
+            .master
+            .ask(|reply| MasterMsg::SubmitJob(spec, reply))
+            .await
+            .map_err(unavailable)?
+            .map_err(Status::failed_precondition)?;
+        Ok(Response::new(reply))
+    }
+
+    async fn stop_job(
+        &self,
+        request: Request<pb::StopJobRequest>,
+    ) -> Result<Response<pb::SubmitJobReply>, Status> {
+        let name = request.into_inner().name;
+        let reply = self
+            .master
+            .ask(|reply| MasterMsg::StopJob(name, reply))
+            .await
+            .map_err(unavailable)?
+            .map_err(Status::failed_precondition)?;
+        Ok(Response::new(reply))
+    }
+
+    async fn job_status(
+        &self,
+        request: Request<pb::JobStatusRequest>,
+    ) -> Result<Response<pb::JobStatusReply>, Status> {
+        let name = request.into_inner().name;
+        let reply = self
+            .master
+            .ask(|reply| MasterMsg::JobStatus(name, reply))
+            .await
+            .map_err(unavailable)?
+            .map_err(Status::not_found)?;
+        Ok(Response::new(reply))
+    }
 }

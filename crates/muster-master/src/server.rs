@@ -8,9 +8,10 @@ use muster_proto::cluster as pb;
 use muster_registry::{RegistryConfig, RegistryError, RegistryNode};
 use tonic::service::Routes;
 
-use crate::config::MasterConfig;
+use crate::config::{MasterConfig, Placement};
 use crate::master::{Master, MasterMsg};
 use crate::operator::OperatorService;
+use crate::workers::{LocalBackend, Workers};
 
 /// Why a master could not start.
 #[derive(Debug, thiserror::Error)]
@@ -34,6 +35,7 @@ pub struct MasterServer {
     registry: RegistryNode,
     master: Pid<Master>,
     address: String,
+    workers: Workers,
 }
 
 impl MasterServer {
@@ -80,8 +82,15 @@ impl MasterServer {
         })
         .await?;
 
+        let workers = config.workers;
+        let placement = config.placement;
         let system = System::new();
-        let master = system.spawn(Master::new(config, address.clone(), registry.clone()));
+        let master = system.spawn(Master::new(
+            config,
+            address.clone(),
+            registry.clone(),
+            &system,
+        ));
         let routes = Routes::new(registry.raft_service())
             .add_service(OperatorService::new(master.clone()).into_server());
         let node = Node::serve(&system, listener, NodeConfig::default(), routes)?;
@@ -89,8 +98,22 @@ impl MasterServer {
         let _ = master.tell(MasterMsg::UseNode(node.clone()));
         node.register("master", &master)?
             .install_ask::<pb::RegisterAgent, pb::RegistrationReply>(MasterMsg::Register)
-            .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(MasterMsg::Reregister);
+            .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(MasterMsg::Reregister)
+            .install::<pb::TaskStatusUpdate>(MasterMsg::TaskStatus);
+        let scheduling = master
+            .ask(MasterMsg::Scheduling)
+            .await
+            .map_err(|e| MasterError::Config(format!("the master process did not start: {e}")))?;
+        let backend = LocalBackend::new(master.clone(), scheduling.broker);
+        let config = muster_scheduler::WorkerConfig::default();
+        let workers = match placement {
+            Placement::Binpack => {
+                Workers::start(workers, backend, config, muster_scheduler::binpack)
+            }
+            Placement::Spread => Workers::start(workers, backend, config, muster_scheduler::spread),
+        };
         Ok(MasterServer {
+            workers,
             system,
             node,
             registry,
@@ -121,6 +144,7 @@ impl MasterServer {
 
     /// Stops serving, stops raft and ends the master's processes.
     pub async fn shutdown(self) {
+        self.workers.stop().await;
         self.node.shutdown();
         self.registry.shutdown().await;
         self.system.shutdown().await;

@@ -155,6 +155,8 @@ pub enum Trigger {
     AgentUpdate(AgentId),
     /// Capacity freed up for a blocked evaluation.
     Unblocked,
+    /// One of the job's tasks ended on its own (this task id).
+    TaskEnded(String),
 }
 
 /// A unit of scheduling work for one job.

@@ -1,0 +1,467 @@
+//! The leading master's plan applier and the views schedulers plan against.
+//!
+//! Schedulers plan optimistically and concurrently against a [`ClusterSnapshot`]; the master
+//! applies their plans one at a time (it is one process), checking each placement against the
+//! agents as they are now: what fits is committed and launched, what no longer fits goes back
+//! rejected so the scheduler can refresh and try again (Nomad's plan applier, seed 003).
+
+use muster_actor::{Context, Reply, Upid};
+use muster_broker::blocked::{BlockedEval, BlockedMsg, CapacityChange, Demand as BlockedDemand};
+use muster_proto::cluster as pb;
+use muster_registry::jobs::{EvalStatus, Evaluation, SchedulerType, Trigger};
+use muster_registry::{AgentId, Op, Resources};
+use muster_scheduler::{
+    AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult, Stop, TaskState, TaskView,
+};
+
+use super::scheduling::{GROUP_LABEL, JOB_LABEL, task_job};
+use super::{Master, Role};
+use crate::cluster::registry_info;
+
+/// How many ended tasks an agent's entry keeps for `muster job status`.
+const COMPLETED_HISTORY: usize = 1_000;
+
+fn resources_of(task: &pb::Task) -> Resources {
+    let r = task.resources.unwrap_or_default();
+    Resources {
+        cpus: r.cpus,
+        mem_mb: r.mem_mb,
+    }
+}
+
+fn task_state(state: i32) -> TaskState {
+    match pb::TaskState::try_from(state) {
+        Ok(pb::TaskState::Running) => TaskState::Running,
+        Ok(pb::TaskState::Finished) => TaskState::Finished,
+        Ok(pb::TaskState::Failed) => TaskState::Failed,
+        Ok(pb::TaskState::Killed) => TaskState::Killed,
+        Ok(pb::TaskState::Lost) => TaskState::Lost,
+        _ => TaskState::Pending,
+    }
+}
+
+fn is_terminal(task: &pb::Task) -> bool {
+    task_state(task.state).is_terminal()
+}
+
+fn view(task: &pb::Task) -> TaskView {
+    let label = |key: &str| {
+        task.labels
+            .iter()
+            .find(|l| l.key == key)
+            .map(|l| l.value.clone())
+            .unwrap_or_default()
+    };
+    TaskView {
+        id: task.id.clone(),
+        name: task.name.clone(),
+        job: label(JOB_LABEL),
+        group: label(GROUP_LABEL),
+        resources: resources_of(task),
+        state: task_state(task.state),
+    }
+}
+
+fn used(tasks: &[pb::Task]) -> Resources {
+    tasks
+        .iter()
+        .filter(|t| !is_terminal(t))
+        .fold(Resources::default(), |sum, t| {
+            let r = resources_of(t);
+            Resources {
+                cpus: sum.cpus + r.cpus,
+                mem_mb: sum.mem_mb + r.mem_mb,
+            }
+        })
+}
+
+fn free(total: &Resources, used: &Resources) -> Resources {
+    Resources {
+        cpus: (total.cpus - used.cpus).max(0.0),
+        mem_mb: total.mem_mb.saturating_sub(used.mem_mb),
+    }
+}
+
+impl Master {
+    /// The index the cluster state is at: it counts changes to agents and tasks, and never
+    /// falls behind the registry's applied index, so snapshots, plans, evaluations and the
+    /// blocked-queue's capacity changes share one order.
+    pub(super) fn current_index(&self) -> u64 {
+        self.state_index.max(self.registry.reader().applied_index())
+    }
+
+    /// Records a change to agents or tasks and returns its index.
+    pub(super) fn next_index(&mut self) -> u64 {
+        self.state_index = self.current_index() + 1;
+        self.state_index
+    }
+
+    /// The cluster as schedulers see it: connected agents with their tasks, and the jobs.
+    pub(super) fn snapshot(&self) -> ClusterSnapshot {
+        let jobs = self.registry.reader().read(|state| state.jobs.clone());
+        let mut agents: Vec<AgentView> = self
+            .cluster
+            .agents
+            .iter()
+            .filter(|(_, agent)| agent.connected)
+            .map(|(id, agent)| {
+                let info = registry_info(&agent.info);
+                AgentView {
+                    id: AgentId(id.clone()),
+                    attributes: info.attributes,
+                    total: info.resources,
+                    tasks: agent
+                        .tasks
+                        .iter()
+                        .chain(agent.completed_tasks.iter().rev().take(100))
+                        .map(view)
+                        .collect(),
+                }
+            })
+            .collect();
+        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        ClusterSnapshot {
+            index: self.current_index(),
+            agents,
+            jobs,
+        }
+    }
+
+    /// Applies one plan: stops first, then each placement that still fits.
+    pub(super) fn apply_plan(
+        &mut self,
+        plan: Plan,
+        reply: Reply<Result<PlanResult, String>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let mut result = PlanResult::default();
+        for stop in plan.stop {
+            if self.stop_task(&stop, ctx) {
+                result.stopped.push(stop);
+            }
+        }
+        for placement in plan.place {
+            let fits = self
+                .cluster
+                .agents
+                .get(&placement.agent.0)
+                .is_some_and(|agent| {
+                    let total = registry_info(&agent.info).resources;
+                    let free = free(&total, &used(&agent.tasks));
+                    agent.connected
+                        && placement.resources.cpus <= free.cpus + 1e-9
+                        && placement.resources.mem_mb <= free.mem_mb
+                });
+            if fits {
+                self.launch_placement(&placement, ctx);
+                result.committed.push(placement);
+            } else {
+                result.rejected.push(placement);
+            }
+        }
+        result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
+            self.next_index()
+        } else {
+            self.current_index()
+        };
+        self.metrics.plans += 1;
+        reply.send(Ok(result));
+    }
+
+    fn launch_placement(&mut self, placement: &Placement, ctx: &mut Context<Self>) {
+        let task = pb::Task {
+            id: placement.task_id.clone(),
+            name: placement.name.clone(),
+            framework_id: placement.job.clone(),
+            resources: Some(pb::Resources {
+                cpus: placement.resources.cpus,
+                mem_mb: placement.resources.mem_mb,
+            }),
+            labels: vec![
+                pb::Label {
+                    key: JOB_LABEL.into(),
+                    value: placement.job.clone(),
+                },
+                pb::Label {
+                    key: GROUP_LABEL.into(),
+                    value: placement.group.clone(),
+                },
+            ],
+            state: pb::TaskState::Staging as i32,
+            exit_code: 0,
+            command: placement.command.clone(),
+            args: placement.args.clone(),
+            env: placement
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        };
+        self.cluster.add_frameworks(vec![pb::Framework {
+            id: placement.job.clone(),
+            name: placement.job.clone(),
+        }]);
+        let Some(agent) = self.cluster.agents.get_mut(&placement.agent.0) else {
+            return;
+        };
+        agent.tasks.push(task.clone());
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
+            // No way to reach it (in-process benches): it stays staged.
+            return;
+        };
+        let remote = node.remote(upid);
+        let run = pb::RunTask {
+            framework: Some(pb::Framework {
+                id: placement.job.clone(),
+                name: placement.job.clone(),
+            }),
+            task: Some(task.clone()),
+        };
+        let agent_id = placement.agent.0.clone();
+        let timeout = self.config.ping_timeout;
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<pb::RunTask, pb::RunTaskReply>(timeout, run)
+                    .await
+            },
+            move |master: &mut Master, ctx, answered| {
+                let error = match answered {
+                    Ok(answer) if answer.error.is_empty() => return,
+                    Ok(answer) => answer.error,
+                    Err(e) => format!("agent unreachable: {e}"),
+                };
+                tracing::warn!(agent = %agent_id, task = %task.id, %error, "launch failed");
+                let mut failed = task;
+                failed.state = pb::TaskState::Failed as i32;
+                failed.exit_code = -1;
+                master.task_updated(agent_id, failed, ctx);
+            },
+        );
+    }
+
+    /// Marks a task killed (it frees its resources now) and tells its agent to stop it.
+    fn stop_task(&mut self, stop: &Stop, ctx: &mut Context<Self>) -> bool {
+        let Some(agent) = self.cluster.agents.get_mut(&stop.agent.0) else {
+            return false;
+        };
+        let Some(task) = agent.tasks.iter_mut().find(|t| t.id == stop.task_id) else {
+            return false;
+        };
+        task.state = pb::TaskState::Killed as i32;
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
+            return true;
+        };
+        let remote = node.remote(upid);
+        let kill = pb::KillTask {
+            task_id: stop.task_id.clone(),
+        };
+        let timeout = self.config.ping_timeout;
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<pb::KillTask, pb::KillTaskReply>(timeout, kill)
+                    .await
+            },
+            |_master: &mut Master, _ctx, answered| {
+                if let Err(e) = answered {
+                    tracing::warn!(error = %e, "could not ask an agent to kill a task");
+                }
+            },
+        );
+        true
+    }
+
+    /// An agent reports a task's state (or a launch failed). Ended tasks move to the history,
+    /// their capacity goes to the blocked-queue, and a service job whose task ended on its own
+    /// gets an evaluation to replace it.
+    pub(super) fn task_updated(
+        &mut self,
+        agent_id: String,
+        task: pb::Task,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(agent) = self.cluster.agents.get_mut(&agent_id) else {
+            return;
+        };
+        let ended = is_terminal(&task);
+        let position = agent.tasks.iter().position(|t| t.id == task.id);
+        let was_killed = position
+            .and_then(|i| agent.tasks.get(i))
+            .is_some_and(|t| t.state == pb::TaskState::Killed as i32);
+        match (position, ended) {
+            (Some(i), false) => agent.tasks[i] = task.clone(),
+            (Some(i), true) => {
+                agent.tasks.swap_remove(i);
+                agent.completed_tasks.push(task.clone());
+                if agent.completed_tasks.len() > COMPLETED_HISTORY {
+                    agent.completed_tasks.remove(0);
+                }
+            }
+            (None, false) => agent.tasks.push(task.clone()),
+            (None, true) => return,
+        }
+        let info = registry_info(&agent.info);
+        let free_now = free(&info.resources, &used(&agent.tasks));
+        let index = self.next_index();
+        if !ended {
+            return;
+        }
+        let change = CapacityChange {
+            agent: AgentId(agent_id.clone()),
+            attributes: info.attributes.clone(),
+            free: free_now,
+            index,
+        };
+        let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
+        let replace = !was_killed
+            && task.state != pb::TaskState::Finished as i32
+            && task_job(&task).is_some_and(|job| {
+                self.registry.reader().read(|s| {
+                    s.jobs
+                        .get(job)
+                        .is_some_and(|j| !j.stopped && j.scheduler != SchedulerType::Batch)
+                })
+            });
+        if replace && let Some(job) = task_job(&task).map(str::to_owned) {
+            let Some(job) = self.registry.reader().read(|s| s.jobs.get(&job).cloned()) else {
+                return;
+            };
+            let eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
+            self.write_with_evals(Vec::new(), vec![eval], ctx, |_master, written| {
+                if let Err(e) = written {
+                    tracing::warn!(error = %e, "could not write the replacement evaluation");
+                }
+            });
+        }
+    }
+
+    /// A worker could not place everything: the evaluation is recorded blocked and waits in
+    /// the blocked-queue for capacity.
+    pub(super) fn block_eval(
+        &mut self,
+        mut eval: Evaluation,
+        unplaced: Vec<Demand>,
+        snapshot_index: u64,
+        reply: Reply<Result<(), String>>,
+        ctx: &mut Context<Self>,
+    ) {
+        eval.status = EvalStatus::Blocked;
+        eval.status_description = format!("{} task groups did not fit", unplaced.len());
+        eval.snapshot_index = snapshot_index;
+        let demands = unplaced
+            .into_iter()
+            .map(|d| BlockedDemand {
+                resources: d.resources,
+                constraints: d.constraints,
+            })
+            .collect();
+        self.write_status(eval.clone(), ctx, move |master, written| {
+            if written.is_ok() {
+                let _ = master
+                    .blocked
+                    .tell(BlockedMsg::Block(BlockedEval { eval, demands }));
+            }
+            reply.send(written);
+        });
+    }
+
+    /// A worker planned the evaluation fully.
+    pub(super) fn complete_eval(
+        &mut self,
+        mut eval: Evaluation,
+        reply: Reply<Result<(), String>>,
+        ctx: &mut Context<Self>,
+    ) {
+        eval.status = EvalStatus::Complete;
+        self.write_status(eval, ctx, move |_master, written| reply.send(written));
+    }
+
+    fn write_status(
+        &mut self,
+        eval: Evaluation,
+        ctx: &mut Context<Self>,
+        done: impl FnOnce(&mut Master, Result<(), String>) + Send + 'static,
+    ) {
+        let Role::Leading { registrar, .. } = &self.role else {
+            let why = self.not_leading();
+            return done(self, Err(why));
+        };
+        let write = super::write_registry(registrar, Op::UpsertEvals(vec![eval]));
+        ctx.defer(write, move |master: &mut Master, _ctx, written| {
+            let written = match written {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(e) => Err(format!("registrar unavailable: {e}")),
+            };
+            done(master, written);
+        });
+    }
+
+    /// A newly registered or returning agent: its capacity may unblock evaluations, and every
+    /// system job gets an evaluation to place a task on it.
+    pub(super) fn agent_joined(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
+        let index = self.next_index();
+        let Some(agent) = self.cluster.agents.get(agent_id) else {
+            return;
+        };
+        let info = registry_info(&agent.info);
+        let change = CapacityChange {
+            agent: AgentId(agent_id.to_owned()),
+            attributes: info.attributes,
+            free: free(&info.resources, &used(&agent.tasks)),
+            index,
+        };
+        let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
+        let evals: Vec<Evaluation> = self.registry.reader().read(|state| {
+            state
+                .jobs
+                .values()
+                .filter(|j| j.scheduler == SchedulerType::System && !j.stopped)
+                .map(|j| Evaluation::new(j, Trigger::AgentUpdate(AgentId(agent_id.to_owned()))))
+                .collect()
+        });
+        if !evals.is_empty() {
+            self.write_with_evals(Vec::new(), evals, ctx, |_master, written| {
+                if let Err(e) = written {
+                    tracing::warn!(error = %e, "could not write system-job evaluations");
+                }
+            });
+        }
+    }
+
+    /// Evaluations for every job with a task on the agent, and every system job: written in
+    /// the same raft entry as the agent's move to unreachable.
+    pub(super) fn evals_for_lost_agent(&self, agent_id: &str) -> Vec<Evaluation> {
+        let mut jobs: Vec<String> = self
+            .cluster
+            .agents
+            .get(agent_id)
+            .map(|agent| {
+                agent
+                    .tasks
+                    .iter()
+                    .filter(|t| !is_terminal(t))
+                    .filter_map(|t| task_job(t).map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default();
+        jobs.sort();
+        jobs.dedup();
+        self.registry.reader().read(|state| {
+            state
+                .jobs
+                .values()
+                .filter(|j| {
+                    !j.stopped && (j.scheduler == SchedulerType::System || jobs.contains(&j.name))
+                })
+                .map(|j| {
+                    Evaluation::new(j, Trigger::AgentUnreachable(AgentId(agent_id.to_owned())))
+                })
+                .collect()
+        })
+    }
+}

@@ -1,0 +1,173 @@
+//! Scheduler workers inside the master process: a [`Backend`] that talks to the master and
+//! its broker by moving messages, and the workers the master server runs.
+
+use std::time::Duration;
+
+use muster_actor::{AskError, Pid};
+use muster_broker::{BrokerMsg, EvalBroker};
+use muster_registry::jobs::{EvalId, Evaluation, SchedulerType};
+use muster_scheduler::{
+    Assignment, Backend, ClusterSnapshot, Demand, Plan, PlanResult, Scheduler, Worker,
+    WorkerConfig, WorkerError, WorkerStats,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::master::{Master, MasterMsg};
+
+/// A worker's way to the leading master when it runs in the same process.
+#[derive(Clone, Debug)]
+pub struct LocalBackend {
+    master: Pid<Master>,
+    broker: Pid<EvalBroker>,
+}
+
+impl LocalBackend {
+    /// Talks to `master` and its `broker`.
+    pub fn new(master: Pid<Master>, broker: Pid<EvalBroker>) -> Self {
+        LocalBackend { master, broker }
+    }
+}
+
+fn gone(e: AskError) -> WorkerError {
+    WorkerError::Unavailable(e.to_string())
+}
+
+impl Backend for LocalBackend {
+    async fn dequeue(
+        &self,
+        schedulers: &[SchedulerType],
+        timeout: Duration,
+    ) -> Result<Option<Assignment>, WorkerError> {
+        let schedulers = schedulers.to_vec();
+        let delivery = self
+            .broker
+            .ask(|reply| BrokerMsg::Dequeue {
+                schedulers,
+                timeout,
+                reply,
+            })
+            .await
+            .map_err(gone)?
+            .map_err(|e| WorkerError::Dequeue(e.to_string()))?;
+        Ok(delivery.map(|d| Assignment {
+            eval: d.eval,
+            token: d.token,
+        }))
+    }
+
+    async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
+        let snapshot = self.master.ask(MasterMsg::Snapshot).await.map_err(gone)?;
+        if snapshot.index < min_index {
+            return Err(WorkerError::StaleSnapshot {
+                min_index,
+                got: snapshot.index,
+            });
+        }
+        Ok(snapshot)
+    }
+
+    async fn submit(&self, plan: Plan) -> Result<PlanResult, WorkerError> {
+        let eval = plan.eval.clone();
+        self.master
+            .ask(|reply| MasterMsg::SubmitPlan(plan, reply))
+            .await
+            .map_err(gone)?
+            .map_err(|reason| WorkerError::Submit { eval, reason })
+    }
+
+    async fn ack(&self, eval: &EvalId, token: &str) -> Result<(), WorkerError> {
+        let (id, token) = (eval.clone(), token.to_owned());
+        self.broker
+            .ask(|reply| BrokerMsg::Ack {
+                eval: id,
+                token,
+                reply,
+            })
+            .await
+            .map_err(gone)?
+            .map_err(|e| WorkerError::Ack {
+                eval: eval.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    async fn nack(&self, eval: &EvalId, token: &str) -> Result<(), WorkerError> {
+        let (id, token) = (eval.clone(), token.to_owned());
+        self.broker
+            .ask(|reply| BrokerMsg::Nack {
+                eval: id,
+                token,
+                reply,
+            })
+            .await
+            .map_err(gone)?
+            .map_err(|e| WorkerError::Nack {
+                eval: eval.clone(),
+                reason: e.to_string(),
+            })
+    }
+
+    async fn block(&self, eval: Evaluation, unplaced: Vec<Demand>) -> Result<(), WorkerError> {
+        let id = eval.id.clone();
+        let snapshot_index = eval.snapshot_index;
+        self.master
+            .ask(|reply| MasterMsg::BlockEval {
+                eval,
+                unplaced,
+                snapshot_index,
+                reply,
+            })
+            .await
+            .map_err(gone)?
+            .map_err(|reason| WorkerError::Block { eval: id, reason })
+    }
+
+    async fn complete(&self, eval: &Evaluation) -> Result<(), WorkerError> {
+        let id = eval.id.clone();
+        let eval = eval.clone();
+        self.master
+            .ask(|reply| MasterMsg::CompleteEval(eval, reply))
+            .await
+            .map_err(gone)?
+            .map_err(|reason| WorkerError::Complete { eval: id, reason })
+    }
+}
+
+/// Scheduler workers running in this process until told to stop.
+#[derive(Debug)]
+pub struct Workers {
+    stop: watch::Sender<bool>,
+    running: Vec<JoinHandle<WorkerStats>>,
+}
+
+impl Workers {
+    /// Starts `count` workers against `backend`, each with the scheduler `make` builds.
+    pub fn start<S: Scheduler + Sync + 'static>(
+        count: usize,
+        backend: LocalBackend,
+        config: WorkerConfig,
+        mut make: impl FnMut() -> S,
+    ) -> Self {
+        let (stop, stopped) = watch::channel(false);
+        let running = (0..count)
+            .map(|_| {
+                let worker = Worker::new(backend.clone(), make(), config.clone());
+                tokio::spawn(worker.run(stopped.clone()))
+            })
+            .collect();
+        Workers { stop, running }
+    }
+
+    /// Stops the workers after their current evaluation and returns what each did.
+    pub async fn stop(self) -> Vec<WorkerStats> {
+        let _ = self.stop.send(true);
+        let mut stats = Vec::new();
+        for worker in self.running {
+            if let Ok(done) = worker.await {
+                stats.push(done);
+            }
+        }
+        stats
+    }
+}

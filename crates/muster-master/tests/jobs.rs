@@ -1,0 +1,151 @@
+//! Jobs on a real master: submitting writes the job and its evaluation in one raft entry and
+//! hands the evaluation to the broker; bad specs are refused naming the field; stopping adds
+//! an evaluation behind the first; a restarted master rebuilds its broker from the registry.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use muster_broker::{BrokerMsg, BrokerStats};
+use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_proto::cluster as pb;
+use tokio::time::Instant;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+async fn start(dir: &Path) -> anyhow::Result<MasterServer> {
+    let config = MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.join("master"),
+        // No workers: the broker's queues stay as the master filled them.
+        workers: 0,
+        ..MasterConfig::default()
+    };
+    let deadline = Instant::now() + DEADLINE;
+    let master = loop {
+        match MasterServer::start(config.clone()).await {
+            Ok(master) => break master,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e).context("starting the master"),
+        }
+    };
+    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+        if Instant::now() > deadline {
+            bail!("the master did not lead");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(master)
+}
+
+fn spec(name: &str) -> pb::JobSpec {
+    pb::JobSpec {
+        name: name.into(),
+        priority: 60,
+        r#type: "service".into(),
+        groups: vec![pb::TaskGroupSpec {
+            name: "web".into(),
+            count: 3,
+            resources: Some(pb::Resources {
+                cpus: 0.5,
+                mem_mb: 128,
+            }),
+            command: "sleep".into(),
+            args: vec!["60".into()],
+            ..pb::TaskGroupSpec::default()
+        }],
+    }
+}
+
+async fn broker_stats(master: &MasterServer) -> anyhow::Result<BrokerStats> {
+    let pids = master.pid().ask(MasterMsg::Scheduling).await?;
+    Ok(pids.broker.ask(BrokerMsg::Stats).await?)
+}
+
+async fn submit(
+    master: &MasterServer,
+    spec: pb::JobSpec,
+) -> anyhow::Result<Result<pb::SubmitJobReply, String>> {
+    Ok(master
+        .pid()
+        .ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+        .await?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = start(dir.path()).await?;
+
+    let submitted = submit(&master, spec("shop"))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!(submitted.version, 1);
+    let status = master
+        .pid()
+        .ask(|reply| MasterMsg::JobStatus("shop".into(), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!(status.job.as_ref().map(|j| j.groups[0].count), Some(3));
+    assert_eq!(status.evals.len(), 1);
+    assert_eq!(status.evals[0].id, submitted.eval_id);
+    assert_eq!(status.evals[0].status, "pending");
+    assert!(status.evals[0].create_index > 0);
+    assert_eq!(broker_stats(&master).await?.total().ready, 1);
+
+    // A bad spec is refused, naming the field, and changes nothing.
+    let mut bad = spec("shop");
+    bad.groups[0].resources = Some(pb::Resources {
+        cpus: -1.0,
+        mem_mb: 128,
+    });
+    let refused = submit(&master, bad).await?;
+    match refused {
+        Err(e) => assert!(e.contains("groups[0].resources.cpus"), "{e}"),
+        Ok(reply) => bail!("accepted a negative cpu count: {reply:?}"),
+    }
+
+    // Stopping adds an evaluation, which waits behind the one in flight.
+    let stopped = master
+        .pid()
+        .ask(|reply| MasterMsg::StopJob("shop".into(), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    assert_eq!(stopped.version, 2);
+    let stats = broker_stats(&master).await?.total();
+    assert_eq!((stats.ready, stats.pending), (1, 1));
+    let unknown = master
+        .pid()
+        .ask(|reply| MasterMsg::StopJob("nope".into(), reply))
+        .await?;
+    assert!(
+        matches!(&unknown, Err(e) if e.contains("no job named \"nope\"")),
+        "{unknown:?}"
+    );
+
+    // A new leader rebuilds the broker from the registry.
+    master.shutdown().await;
+    let master = start(dir.path()).await?;
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let stats = broker_stats(&master).await?.total();
+        if (stats.ready, stats.pending) == (1, 1) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the broker was not rebuilt: {stats:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = master
+        .pid()
+        .ask(|reply| MasterMsg::JobStatus("shop".into(), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    assert!(status.stopped);
+    assert_eq!(status.version, 2);
+    master.shutdown().await;
+    Ok(())
+}

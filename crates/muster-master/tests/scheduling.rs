@@ -1,0 +1,300 @@
+//! Jobs scheduled end to end in one test process: a real master with its scheduler workers,
+//! real agents on their own nodes running real child processes. A job too big for the cluster
+//! places what fits and blocks; an agent joining releases the blocked evaluation and the rest
+//! is placed. A batch job runs to completion and reports its exit.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use muster_actor::{Node, System};
+use muster_agent::{AgentConfig, AgentHandle};
+use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_proto::cluster as pb;
+use tokio::time::Instant;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+
+async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
+    let master = MasterServer::start(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.join("master"),
+        ..MasterConfig::default()
+    })
+    .await?;
+    let deadline = Instant::now() + DEADLINE;
+    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+        if Instant::now() > deadline {
+            bail!("the master did not lead");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(master)
+}
+
+async fn start_agent(
+    master: &MasterServer,
+    dir: &Path,
+    name: &str,
+    cpus: f64,
+) -> anyhow::Result<(Node, AgentHandle)> {
+    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.join(name));
+    config.hostname = name.into();
+    config.resources = (cpus, 1024);
+    config.attributes = BTreeMap::from([("name".to_owned(), name.to_owned())]);
+    config.registration_backoff_initial = Duration::from_millis(20);
+    let agent = muster_agent::start(&node, config).await?;
+    tokio::time::timeout(DEADLINE, agent.registered())
+        .await
+        .context("the agent did not register")??;
+    Ok((node, agent))
+}
+
+fn group(name: &str, count: u32, cpus: f64, command: &str, args: &[&str]) -> pb::TaskGroupSpec {
+    pb::TaskGroupSpec {
+        name: name.into(),
+        count,
+        resources: Some(pb::Resources { cpus, mem_mb: 64 }),
+        command: command.into(),
+        args: args.iter().map(|a| (*a).to_owned()).collect(),
+        ..pb::TaskGroupSpec::default()
+    }
+}
+
+async fn submit(master: &MasterServer, spec: pb::JobSpec) -> anyhow::Result<()> {
+    master
+        .pid()
+        .ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+async fn job_when(
+    master: &MasterServer,
+    name: &str,
+    what: &str,
+    done: impl Fn(&pb::JobStatusReply) -> bool,
+) -> anyhow::Result<pb::JobStatusReply> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = master
+            .pid()
+            .ask(|reply| MasterMsg::JobStatus(name.to_owned(), reply))
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        if done(&status) {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {DEADLINE:?}: {status:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn live(status: &pb::JobStatusReply) -> Vec<&pb::JobTask> {
+    let ended = [
+        pb::TaskState::Finished as i32,
+        pb::TaskState::Failed as i32,
+        pb::TaskState::Killed as i32,
+        pb::TaskState::Lost as i32,
+    ];
+    status
+        .tasks
+        .iter()
+        .filter(|t| t.task.as_ref().is_some_and(|t| !ended.contains(&t.state)))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let dir = tempfile::tempdir()?;
+    let master = start_master(dir.path()).await?;
+    let (_first_node, first) = start_agent(&master, dir.path(), "first", 2.0).await?;
+
+    submit(
+        &master,
+        pb::JobSpec {
+            name: "web".into(),
+            r#type: "service".into(),
+            groups: vec![group("server", 3, 1.0, "sleep", &["30"])],
+            ..pb::JobSpec::default()
+        },
+    )
+    .await?;
+    let blocked = job_when(
+        &master,
+        "web",
+        "two tasks placed and the rest blocked",
+        |s| live(s).len() == 2 && s.evals.iter().any(|e| e.status == "blocked"),
+    )
+    .await?;
+    let (first_id, _) = first.registered().await?;
+    assert!(live(&blocked).iter().all(|t| t.agent_id == first_id));
+
+    // A second agent joins: the blocked evaluation is released and the third task placed there.
+    let (_second_node, second) = start_agent(&master, dir.path(), "second", 2.0).await?;
+    let (second_id, _) = second.registered().await?;
+    let placed = job_when(&master, "web", "the third task placed", |s| {
+        live(s).len() == 3
+    })
+    .await?;
+    assert_eq!(
+        live(&placed)
+            .iter()
+            .filter(|t| t.agent_id == second_id)
+            .count(),
+        1
+    );
+    let mut names: Vec<String> = live(&placed)
+        .iter()
+        .filter_map(|t| t.task.as_ref().map(|t| t.name.clone()))
+        .collect();
+    names.sort();
+    assert_eq!(names, ["web.server[0]", "web.server[1]", "web.server[2]"]);
+
+    // The agents really run them.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let running = first.snapshot().await?.tasks.len() + second.snapshot().await?.tasks.len();
+        if running == 3 {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the agents run {running} tasks, not 3");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    first.stop().await;
+    second.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+fn state_of(task: &pb::JobTask) -> i32 {
+    task.task.as_ref().map_or(0, |t| t.state)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let master = start_master(dir.path()).await?;
+    let (_node, agent) = start_agent(&master, dir.path(), "only", 4.0).await?;
+
+    // A batch task runs to completion, and the agent's report reaches the master.
+    submit(
+        &master,
+        pb::JobSpec {
+            name: "once".into(),
+            r#type: "batch".into(),
+            groups: vec![group("run", 1, 0.5, "sh", &["-c", "exit 0"])],
+            ..pb::JobSpec::default()
+        },
+    )
+    .await?;
+    let finished = job_when(&master, "once", "the batch task finishing", |s| {
+        s.tasks.len() == 1
+            && s.tasks
+                .iter()
+                .all(|t| state_of(t) == pb::TaskState::Finished as i32)
+    })
+    .await?;
+    assert_eq!(
+        finished.tasks[0].task.as_ref().map(|t| t.exit_code),
+        Some(0)
+    );
+
+    // A service task that fails is replaced by a new task in the same slot.
+    submit(
+        &master,
+        pb::JobSpec {
+            name: "flaky".into(),
+            r#type: "service".into(),
+            groups: vec![group("svc", 1, 0.5, "sh", &["-c", "exit 3"])],
+            ..pb::JobSpec::default()
+        },
+    )
+    .await?;
+    let replaced = job_when(&master, "flaky", "a failed task replaced", |s| {
+        s.tasks
+            .iter()
+            .filter(|t| state_of(t) == pb::TaskState::Failed as i32)
+            .count()
+            >= 2
+    })
+    .await?;
+    assert!(
+        replaced
+            .evals
+            .iter()
+            .any(|e| e.trigger.starts_with("TaskEnded"))
+    );
+    let ids: std::collections::BTreeSet<&str> = replaced
+        .tasks
+        .iter()
+        .filter_map(|t| t.task.as_ref().map(|t| t.id.as_str()))
+        .collect();
+    assert_eq!(
+        ids.len(),
+        replaced.tasks.len(),
+        "every replacement has a fresh id"
+    );
+    master
+        .pid()
+        .ask(|reply| MasterMsg::StopJob("flaky".into(), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+
+    // Stopping a job kills its running tasks.
+    submit(
+        &master,
+        pb::JobSpec {
+            name: "sleepy".into(),
+            r#type: "service".into(),
+            groups: vec![group("nap", 2, 0.5, "sleep", &["30"])],
+            ..pb::JobSpec::default()
+        },
+    )
+    .await?;
+    job_when(&master, "sleepy", "two tasks running", |s| {
+        s.tasks
+            .iter()
+            .filter(|t| state_of(t) == pb::TaskState::Running as i32)
+            .count()
+            == 2
+    })
+    .await?;
+    master
+        .pid()
+        .ask(|reply| MasterMsg::StopJob("sleepy".into(), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    job_when(&master, "sleepy", "both tasks killed", |s| {
+        s.stopped
+            && s.tasks.len() == 2
+            && s.tasks
+                .iter()
+                .all(|t| state_of(t) == pb::TaskState::Killed as i32)
+    })
+    .await?;
+    let deadline = Instant::now() + DEADLINE;
+    while !agent.snapshot().await?.tasks.is_empty() {
+        if Instant::now() > deadline {
+            bail!("the agent still runs the stopped job's tasks");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}

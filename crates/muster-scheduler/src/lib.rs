@@ -1,0 +1,45 @@
+//! Muster's scheduler SDK: everything a program needs to turn evaluations into plans.
+//!
+//! Scheduling follows Nomad's optimistic model (seed 003): many workers, in this process or
+//! others, each pull an evaluation from the broker, plan against a snapshot of the cluster that
+//! may already be stale, and submit the plan to the leading master, whose serial plan applier
+//! commits the placements that still fit and rejects the others. A worker whose placements were
+//! rejected refreshes its snapshot and plans again, a bounded number of times; what still does
+//! not fit blocks the evaluation until capacity changes.
+//!
+//! Writing a scheduler is usually writing a [`Placer`]: given one task slot and the agents it
+//! fits on, pick one. [`PlacingScheduler`] does the rest (reconciliation, resource accounting,
+//! constraints, unplaced demands). The built-in [`binpack()`] fills agents one after another;
+//! [`spread()`] evens a job out over all agents, which makes concurrent optimistic schedulers
+//! collide far less.
+//!
+//! # Layout
+//! - [`plan`]: what a scheduler sees ([`ClusterSnapshot`], [`AgentView`], [`TaskView`]) and what
+//!   it produces ([`Plan`] of [`Placement`]s and [`Stop`]s, [`Demand`]s left unplaced), and the
+//!   applier's answer ([`PlanResult`]).
+//! - [`reconcile`](mod@reconcile): [`reconcile()`], the slots a job wants, which are missing, and
+//!   which tasks must stop; shared by every scheduler.
+//! - [`scheduler`]: the [`Scheduler`] and [`Placer`] traits, [`PlacingScheduler`], and the
+//!   built-in [`binpack()`] and [`spread()`].
+//! - [`worker`]: the [`Backend`] a worker talks to (broker, snapshots, plan applier, registry)
+//!   and the [`Worker`] loop: dequeue, snapshot, schedule, submit, retry, block or complete,
+//!   ack.
+
+pub mod plan;
+pub mod reconcile;
+mod resources;
+pub mod scheduler;
+pub mod worker;
+
+pub use plan::{
+    AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult, Stop, TaskState, TaskView,
+};
+pub use reconcile::{Reconciled, SlotRequest, reconcile};
+pub use resources::utilization;
+pub use scheduler::{
+    BinPack, Candidate, FnPlacer, Placer, PlacingScheduler, Scheduler, Spread, binpack, spread,
+};
+pub use worker::{
+    Assignment, Backend, DEFAULT_MAX_ATTEMPTS, Outcome, Worker, WorkerConfig, WorkerError,
+    WorkerStats,
+};

@@ -1,0 +1,290 @@
+//! What a scheduler sees, what it proposes, and what the plan applier answers.
+//!
+//! A [`ClusterSnapshot`] is a consistent view of the cluster at one state index. A scheduler
+//! turns it and an [`Evaluation`](muster_registry::jobs::Evaluation) into a [`Plan`]: tasks to
+//! place, tasks to stop, and [`Demand`]s it could not place. The leading master applies plans
+//! one at a time and answers each with a [`PlanResult`]; placements that no longer fit (another
+//! scheduler got there first) come back rejected.
+
+use std::collections::BTreeMap;
+
+use muster_registry::jobs::{Constraint, EvalId, Job};
+use muster_registry::{AgentId, Resources};
+
+use crate::resources;
+
+/// A consistent view of the cluster: the input of every scheduler.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterSnapshot {
+    /// The state index this view is as of; plans carry it so the applier knows how stale they
+    /// are.
+    pub index: u64,
+    /// The agents that can take work, with their tasks.
+    pub agents: Vec<AgentView>,
+    /// The registered jobs, by name.
+    pub jobs: BTreeMap<String, Job>,
+}
+
+impl ClusterSnapshot {
+    /// The agent with this id, if it is in the snapshot.
+    pub fn agent(&self, id: &AgentId) -> Option<&AgentView> {
+        self.agents.iter().find(|agent| &agent.id == id)
+    }
+}
+
+/// One agent as a scheduler sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentView {
+    /// Its id.
+    pub id: AgentId,
+    /// Attributes constraints are checked against (`rack = "r1"`).
+    pub attributes: BTreeMap<String, String>,
+    /// Everything it offers.
+    pub total: Resources,
+    /// Its tasks, running and recently ended.
+    pub tasks: Vec<TaskView>,
+}
+
+impl AgentView {
+    /// The resources its non-terminal tasks hold.
+    pub fn used(&self) -> Resources {
+        self.tasks
+            .iter()
+            .filter(|task| !task.state.is_terminal())
+            .fold(Resources::default(), |used, task| {
+                resources::add(&used, &task.resources)
+            })
+    }
+
+    /// What is left for new tasks: its total minus what its non-terminal tasks hold, never
+    /// below zero.
+    pub fn free(&self) -> Resources {
+        resources::sub(&self.total, &self.used())
+    }
+
+    /// Whether a task needing `need` fits in what is free now.
+    pub fn fits(&self, need: &Resources) -> bool {
+        resources::fits(need, &self.free())
+    }
+
+    /// Whether every one of `constraints` admits this agent's attributes.
+    pub fn admits(&self, constraints: &[Constraint]) -> bool {
+        constraints.iter().all(|c| c.admits(&self.attributes))
+    }
+}
+
+/// Where a task is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum TaskState {
+    /// Placed; not started yet.
+    Pending,
+    /// Running.
+    Running,
+    /// Exited successfully.
+    Finished,
+    /// Exited with an error.
+    Failed,
+    /// Stopped on request.
+    Killed,
+    /// Its agent was lost.
+    Lost,
+}
+
+impl TaskState {
+    /// Whether the task has ended: it holds no resources and will not run again.
+    pub fn is_terminal(self) -> bool {
+        !matches!(self, TaskState::Pending | TaskState::Running)
+    }
+}
+
+/// One task on an agent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaskView {
+    /// Its unique id (`web.frontend[0]-1a2b3c4d`).
+    pub id: String,
+    /// The slot it fills (`web.frontend[0]`; system jobs: `web.frontend[agent-1]`).
+    pub name: String,
+    /// Its job.
+    pub job: String,
+    /// Its task group.
+    pub group: String,
+    /// What it holds while not terminal.
+    pub resources: Resources,
+    /// Where it is.
+    pub state: TaskState,
+}
+
+/// A task to start on an agent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// The agent.
+    pub agent: AgentId,
+    /// A fresh unique id: `{name}-{8 hex digits}`.
+    pub task_id: String,
+    /// The slot it fills.
+    pub name: String,
+    /// Its job.
+    pub job: String,
+    /// Its task group.
+    pub group: String,
+    /// What it needs.
+    pub resources: Resources,
+    /// The program it runs.
+    pub command: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its environment.
+    pub env: BTreeMap<String, String>,
+}
+
+/// A task to stop.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stop {
+    /// The agent it runs on.
+    pub agent: AgentId,
+    /// The task.
+    pub task_id: String,
+}
+
+/// What one task group could not place: enough for the blocked-queue to know which capacity
+/// changes might let it fit (the master converts it to the broker's demand).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Demand {
+    /// What one of its tasks needs.
+    pub resources: Resources,
+    /// Conditions on the agent's attributes; all must admit.
+    pub constraints: Vec<Constraint>,
+}
+
+/// A scheduler's proposal for one evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The evaluation it answers.
+    pub eval: EvalId,
+    /// The job.
+    pub job: String,
+    /// The job's version it was planned for (0 if the job is gone).
+    pub job_version: u64,
+    /// The index of the snapshot it was planned against.
+    pub snapshot_index: u64,
+    /// Tasks to start.
+    pub place: Vec<Placement>,
+    /// Tasks to stop.
+    pub stop: Vec<Stop>,
+    /// What did not fit: one demand per task group that had tasks left unplaced.
+    pub unplaced: Vec<Demand>,
+}
+
+impl Plan {
+    /// A plan that changes nothing.
+    pub fn empty(eval: EvalId, job: impl Into<String>, snapshot_index: u64) -> Self {
+        Plan {
+            eval,
+            job: job.into(),
+            job_version: 0,
+            snapshot_index,
+            place: Vec::new(),
+            stop: Vec::new(),
+            unplaced: Vec::new(),
+        }
+    }
+
+    /// Whether applying it would change nothing (it may still report unplaced demands).
+    pub fn is_noop(&self) -> bool {
+        self.place.is_empty() && self.stop.is_empty()
+    }
+}
+
+/// The plan applier's answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanResult {
+    /// Placements it committed.
+    pub committed: Vec<Placement>,
+    /// Placements that no longer fit (or were otherwise refused).
+    pub rejected: Vec<Placement>,
+    /// Stops it committed.
+    pub stopped: Vec<Stop>,
+    /// The state index after applying; a scheduler that plans again refreshes its snapshot to
+    /// at least this index.
+    pub index: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn task(id: &str, cpus: f64, mem_mb: u64, state: TaskState) -> TaskView {
+        TaskView {
+            id: id.into(),
+            name: id.into(),
+            job: "j".into(),
+            group: "g".into(),
+            resources: Resources { cpus, mem_mb },
+            state,
+        }
+    }
+
+    #[test]
+    fn only_live_tasks_take_resources() {
+        let agent = AgentView {
+            id: AgentId("a".into()),
+            attributes: BTreeMap::new(),
+            total: Resources {
+                cpus: 4.0,
+                mem_mb: 4096,
+            },
+            tasks: vec![
+                task("1", 1.0, 1024, TaskState::Running),
+                task("2", 0.5, 512, TaskState::Pending),
+                task("3", 2.0, 2048, TaskState::Finished),
+                task("4", 2.0, 2048, TaskState::Failed),
+                task("5", 2.0, 2048, TaskState::Killed),
+                task("6", 2.0, 2048, TaskState::Lost),
+            ],
+        };
+        assert_eq!(
+            agent.free(),
+            Resources {
+                cpus: 2.5,
+                mem_mb: 2560
+            }
+        );
+        assert!(agent.fits(&Resources {
+            cpus: 2.5,
+            mem_mb: 2560
+        }));
+        assert!(!agent.fits(&Resources {
+            cpus: 2.6,
+            mem_mb: 1
+        }));
+    }
+
+    #[test]
+    fn an_overcommitted_agent_has_nothing_free() {
+        let agent = AgentView {
+            id: AgentId("a".into()),
+            attributes: BTreeMap::new(),
+            total: Resources {
+                cpus: 1.0,
+                mem_mb: 100,
+            },
+            tasks: vec![task("1", 2.0, 200, TaskState::Running)],
+        };
+        assert_eq!(agent.free(), Resources::default());
+    }
+
+    #[test]
+    fn terminal_states() {
+        use TaskState::*;
+        for (state, terminal) in [
+            (Pending, false),
+            (Running, false),
+            (Finished, true),
+            (Failed, true),
+            (Killed, true),
+            (Lost, true),
+        ] {
+            assert_eq!(state.is_terminal(), terminal, "{state:?}");
+        }
+    }
+}

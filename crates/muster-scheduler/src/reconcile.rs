@@ -1,0 +1,205 @@
+//! Reconciliation: which task slots a job wants, which of them no task fills, and which of
+//! the job's tasks must stop. Every scheduler starts from it.
+//!
+//! Rules:
+//! - Service and batch groups want `count` slots, named `{job}.{group}[{i}]`.
+//! - System groups want one slot per agent whose attributes their constraints admit, named
+//!   `{job}.{group}[{agent id}]`, to be placed on that agent only.
+//! - A slot is filled by a non-terminal task of that name (and group, and for system slots on
+//!   that agent). A batch slot is also filled by a [`Finished`](TaskState::Finished) task: it
+//!   ran to completion. A service or system slot whose task ended is placed again.
+//! - Non-terminal tasks of the job that fill no wanted slot stop: the count was lowered, the
+//!   group removed, the agent no longer eligible, or a second task fills the same slot (the
+//!   running one, then the lowest agent and task id, stays). A stopped job, or one missing from
+//!   the snapshot, stops all its non-terminal tasks.
+//! - Terminal tasks are never stopped.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::sync::Arc;
+
+use muster_registry::jobs::{Constraint, Evaluation, Job, SchedulerType, TaskGroup};
+use muster_registry::{AgentId, Resources};
+
+use crate::plan::{ClusterSnapshot, Placement, Stop, TaskState, TaskView};
+
+/// A task slot that no task fills: what a scheduler must place.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SlotRequest {
+    /// The slot's name (`web.frontend[0]`); a task placed for it carries this name.
+    pub name: String,
+    /// The job.
+    pub job: String,
+    /// The task group, as the snapshot's job has it.
+    pub group: Arc<TaskGroup>,
+    /// For a system slot, the one agent it may be placed on.
+    pub agent: Option<AgentId>,
+}
+
+impl SlotRequest {
+    /// What a task of this slot needs.
+    pub fn resources(&self) -> &Resources {
+        &self.group.resources
+    }
+
+    /// The conditions on the agent it runs on.
+    pub fn constraints(&self) -> &[Constraint] {
+        &self.group.constraints
+    }
+
+    /// A fresh task id for this slot: `{name}-{8 random hex digits}`.
+    pub fn new_task_id(&self) -> String {
+        format!("{}-{:08x}", self.name, fastrand::u32(..))
+    }
+
+    /// A placement of this slot on `agent`, with a fresh task id.
+    pub fn placement(&self, agent: AgentId) -> Placement {
+        Placement {
+            agent,
+            task_id: self.new_task_id(),
+            name: self.name.clone(),
+            job: self.job.clone(),
+            group: self.group.name.clone(),
+            resources: self.group.resources.clone(),
+            command: self.group.command.clone(),
+            args: self.group.args.clone(),
+            env: self.group.env.clone(),
+        }
+    }
+}
+
+/// The outcome of [`reconcile()`].
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reconciled {
+    /// The job.
+    pub job: String,
+    /// Its version in the snapshot (0 if it is missing).
+    pub job_version: u64,
+    /// Its scheduler type in the snapshot (`None` if it is missing).
+    pub scheduler: Option<SchedulerType>,
+    /// Every slot the job wants, in order: by group as the job lists them, then by index (or
+    /// agent id for system groups).
+    pub wanted: Vec<String>,
+    /// The wanted slots no task fills, in the same order.
+    pub missing: Vec<SlotRequest>,
+    /// Tasks to stop, ordered by agent then task id.
+    pub stop: Vec<Stop>,
+}
+
+/// Reconciles the evaluation's job in `snapshot`: see the [module docs](self) for the rules.
+pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
+    let job_name = eval.job.as_str();
+    let stored = snapshot.jobs.get(job_name);
+    let slots = match stored {
+        Some(job) if !job.stopped => wanted_slots(job_name, job, snapshot),
+        _ => Vec::new(),
+    };
+    let by_name: HashMap<&str, usize> = slots
+        .iter()
+        .enumerate()
+        .map(|(i, slot)| (slot.name.as_str(), i))
+        .collect();
+    let batch = stored.is_some_and(|job| job.scheduler == SchedulerType::Batch);
+
+    let mut holders: Vec<Option<(&AgentId, &TaskView)>> = vec![None; slots.len()];
+    let mut finished = vec![false; slots.len()];
+    let mut stop = Vec::new();
+    for agent in &snapshot.agents {
+        for task in agent.tasks.iter().filter(|task| task.job == job_name) {
+            let slot = by_name.get(task.name.as_str()).copied().filter(|&i| {
+                let slot = &slots[i];
+                slot.group.name == task.group && slot.agent.as_ref().is_none_or(|a| a == &agent.id)
+            });
+            if task.state.is_terminal() {
+                if let (true, TaskState::Finished, Some(i)) = (batch, task.state, slot) {
+                    finished[i] = true;
+                }
+                continue;
+            }
+            let Some(i) = slot else {
+                stop.push(stop_of(&agent.id, task));
+                continue;
+            };
+            match holders[i] {
+                None => holders[i] = Some((&agent.id, task)),
+                Some(held) if keep_first((&agent.id, task), held) => {
+                    stop.push(stop_of(held.0, held.1));
+                    holders[i] = Some((&agent.id, task));
+                }
+                Some(_) => stop.push(stop_of(&agent.id, task)),
+            }
+        }
+    }
+    stop.sort();
+
+    let wanted = slots.iter().map(|slot| slot.name.clone()).collect();
+    let missing = slots
+        .into_iter()
+        .enumerate()
+        .filter(|&(i, _)| holders[i].is_none() && !finished[i])
+        .map(|(_, slot)| slot)
+        .collect();
+    Reconciled {
+        job: job_name.to_owned(),
+        job_version: stored.map_or(0, |job| job.version),
+        scheduler: stored.map(|job| job.scheduler),
+        wanted,
+        missing,
+        stop,
+    }
+}
+
+/// Every slot `job` wants. A group name repeated within the job counts once (the first).
+fn wanted_slots(job_name: &str, job: &Job, snapshot: &ClusterSnapshot) -> Vec<SlotRequest> {
+    let mut seen = HashSet::new();
+    let mut slots = Vec::new();
+    for group in &job.groups {
+        if !seen.insert(group.name.as_str()) {
+            continue;
+        }
+        let shared = Arc::new(group.clone());
+        let slot = |name: String, agent: Option<AgentId>| SlotRequest {
+            name,
+            job: job_name.to_owned(),
+            group: Arc::clone(&shared),
+            agent,
+        };
+        match job.scheduler {
+            SchedulerType::Service | SchedulerType::Batch => {
+                slots.extend(
+                    (0..group.count).map(|i| slot(format!("{job_name}.{}[{i}]", group.name), None)),
+                );
+            }
+            SchedulerType::System => {
+                let eligible: BTreeSet<&AgentId> = snapshot
+                    .agents
+                    .iter()
+                    .filter(|agent| agent.admits(&group.constraints))
+                    .map(|agent| &agent.id)
+                    .collect();
+                slots.extend(
+                    eligible.into_iter().map(|id| {
+                        slot(format!("{job_name}.{}[{id}]", group.name), Some(id.clone()))
+                    }),
+                );
+            }
+        }
+    }
+    slots
+}
+
+/// Of two live tasks filling one slot, whether `a` should stay rather than `b`: a running task
+/// over a pending one, then the lowest agent id, then the lowest task id.
+fn keep_first(a: (&AgentId, &TaskView), b: (&AgentId, &TaskView)) -> bool {
+    rank(a) < rank(b)
+}
+
+fn rank<'a>((agent, task): (&'a AgentId, &'a TaskView)) -> (bool, &'a AgentId, &'a str) {
+    (task.state != TaskState::Running, agent, &task.id)
+}
+
+fn stop_of(agent: &AgentId, task: &TaskView) -> Stop {
+    Stop {
+        agent: agent.clone(),
+        task_id: task.id.clone(),
+    }
+}

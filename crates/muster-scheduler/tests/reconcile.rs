@@ -1,0 +1,381 @@
+//! Reconciliation: which slots a job wants, which are missing, which tasks stop.
+
+mod common;
+
+use std::collections::HashSet;
+
+use common::*;
+use muster_registry::jobs::{ConstraintOp, SchedulerType};
+use muster_scheduler::{Reconciled, Stop, TaskState, reconcile};
+
+fn missing_names(r: &Reconciled) -> Vec<&str> {
+    r.missing.iter().map(|s| s.name.as_str()).collect()
+}
+
+fn stopped_ids(r: &Reconciled) -> Vec<&str> {
+    r.stop.iter().map(|s| s.task_id.as_str()).collect()
+}
+
+#[test]
+fn service_count_up_wants_only_the_new_slots() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 3, 1.0, 100)],
+    );
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running)],
+        )],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert_eq!(r.wanted, ["web.fe[0]", "web.fe[1]", "web.fe[2]"]);
+    assert_eq!(missing_names(&r), ["web.fe[1]", "web.fe[2]"]);
+    assert!(r.stop.is_empty());
+    assert_eq!(r.job_version, 1);
+    assert_eq!(r.scheduler, Some(SchedulerType::Service));
+    assert!(
+        r.missing
+            .iter()
+            .all(|s| s.agent.is_none() && s.group.name == "fe")
+    );
+}
+
+#[test]
+fn service_count_down_stops_the_extra_tasks() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 1, 1.0, 100)],
+    );
+    let snap = snapshot(
+        7,
+        vec![
+            on(
+                agent("a1", 8.0, 8192),
+                vec![
+                    task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running),
+                    task("web.fe[2]", "web", "fe", 1.0, 100, TaskState::Pending),
+                ],
+            ),
+            on(
+                agent("a2", 8.0, 8192),
+                vec![task("web.fe[1]", "web", "fe", 1.0, 100, TaskState::Running)],
+            ),
+        ],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert!(r.missing.is_empty());
+    assert_eq!(
+        r.stop,
+        [
+            Stop {
+                agent: id("a1"),
+                task_id: "web.fe[2]-t".into()
+            },
+            Stop {
+                agent: id("a2"),
+                task_id: "web.fe[1]-t".into()
+            },
+        ]
+    );
+}
+
+#[test]
+fn ended_service_tasks_are_placed_again_and_not_stopped() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 4, 1.0, 100)],
+    );
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![
+                task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Failed),
+                task("web.fe[1]", "web", "fe", 1.0, 100, TaskState::Running),
+                task("web.fe[2]", "web", "fe", 1.0, 100, TaskState::Lost),
+                task("web.fe[3]", "web", "fe", 1.0, 100, TaskState::Finished),
+            ],
+        )],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert_eq!(missing_names(&r), ["web.fe[0]", "web.fe[2]", "web.fe[3]"]);
+    assert!(r.stop.is_empty(), "terminal tasks are never stopped");
+}
+
+#[test]
+fn batch_slots_that_finished_are_not_placed_again() {
+    let etl = job(
+        "etl",
+        SchedulerType::Batch,
+        vec![group("step", 4, 1.0, 100)],
+    );
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![
+                task("etl.step[0]", "etl", "step", 1.0, 100, TaskState::Finished),
+                task("etl.step[1]", "etl", "step", 1.0, 100, TaskState::Failed),
+                task("etl.step[2]", "etl", "step", 1.0, 100, TaskState::Running),
+            ],
+        )],
+        vec![etl.clone()],
+    );
+    let r = reconcile(&eval_for(&etl), &snap);
+    assert_eq!(missing_names(&r), ["etl.step[1]", "etl.step[3]"]);
+    assert!(r.stop.is_empty());
+}
+
+#[test]
+fn system_jobs_want_one_slot_per_eligible_agent() {
+    let logs = job(
+        "logs",
+        SchedulerType::System,
+        vec![constrained(
+            group("ship", 0, 0.5, 64),
+            "rack",
+            ConstraintOp::Equal,
+            "r1",
+        )],
+    );
+    let snap = snapshot(
+        7,
+        vec![
+            // Listed out of order: slots come out ordered by agent id.
+            on(
+                with_attr(agent("a3", 4.0, 4096), "rack", "r2"),
+                vec![task(
+                    "logs.ship[a3]",
+                    "logs",
+                    "ship",
+                    0.5,
+                    64,
+                    TaskState::Running,
+                )],
+            ),
+            with_attr(agent("a2", 4.0, 4096), "rack", "r1"),
+            on(
+                with_attr(agent("a1", 4.0, 4096), "rack", "r1"),
+                vec![task(
+                    "logs.ship[a1]",
+                    "logs",
+                    "ship",
+                    0.5,
+                    64,
+                    TaskState::Running,
+                )],
+            ),
+            agent("a4", 4.0, 4096),
+        ],
+        vec![logs.clone()],
+    );
+    let r = reconcile(&eval_for(&logs), &snap);
+    assert_eq!(r.wanted, ["logs.ship[a1]", "logs.ship[a2]"]);
+    assert_eq!(missing_names(&r), ["logs.ship[a2]"]);
+    assert_eq!(r.missing[0].agent, Some(id("a2")));
+    // a3 is no longer eligible (rack r2): its task stops.
+    assert_eq!(
+        r.stop,
+        [Stop {
+            agent: id("a3"),
+            task_id: "logs.ship[a3]-t".into()
+        }]
+    );
+}
+
+#[test]
+fn system_slots_of_a_gone_agent_are_no_longer_wanted() {
+    let logs = job(
+        "logs",
+        SchedulerType::System,
+        vec![group("ship", 0, 0.5, 64)],
+    );
+    let before = snapshot(
+        7,
+        vec![agent("a1", 4.0, 4096), agent("a2", 4.0, 4096)],
+        vec![logs.clone()],
+    );
+    let r = reconcile(&eval_for(&logs), &before);
+    assert_eq!(missing_names(&r), ["logs.ship[a1]", "logs.ship[a2]"]);
+
+    let after = snapshot(
+        8,
+        vec![on(
+            agent("a1", 4.0, 4096),
+            vec![task(
+                "logs.ship[a1]",
+                "logs",
+                "ship",
+                0.5,
+                64,
+                TaskState::Running,
+            )],
+        )],
+        vec![logs.clone()],
+    );
+    let r = reconcile(&eval_for(&logs), &after);
+    assert_eq!(r.wanted, ["logs.ship[a1]"]);
+    assert!(r.missing.is_empty());
+    assert!(r.stop.is_empty());
+}
+
+#[test]
+fn a_system_task_on_the_wrong_agent_does_not_fill_the_slot() {
+    let logs = job(
+        "logs",
+        SchedulerType::System,
+        vec![group("ship", 0, 0.5, 64)],
+    );
+    let snap = snapshot(
+        7,
+        vec![
+            agent("a1", 4.0, 4096),
+            on(
+                agent("a2", 4.0, 4096),
+                vec![
+                    task("logs.ship[a1]", "logs", "ship", 0.5, 64, TaskState::Running),
+                    task("logs.ship[a2]", "logs", "ship", 0.5, 64, TaskState::Running),
+                ],
+            ),
+        ],
+        vec![logs.clone()],
+    );
+    let r = reconcile(&eval_for(&logs), &snap);
+    assert_eq!(missing_names(&r), ["logs.ship[a1]"]);
+    assert_eq!(r.missing[0].agent, Some(id("a1")));
+    assert_eq!(stopped_ids(&r), ["logs.ship[a1]-t"]);
+}
+
+#[test]
+fn a_stopped_job_stops_all_its_live_tasks() {
+    let mut web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 2, 1.0, 100)],
+    );
+    let tasks = vec![
+        task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running),
+        task("web.fe[1]", "web", "fe", 1.0, 100, TaskState::Pending),
+        task("web.fe[9]", "web", "fe", 1.0, 100, TaskState::Finished),
+        task("db.main[0]", "db", "main", 1.0, 100, TaskState::Running),
+    ];
+    let eval = eval_for(&web);
+    web.stopped = true;
+    let snap = snapshot(
+        7,
+        vec![on(agent("a1", 8.0, 8192), tasks.clone())],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval, &snap);
+    assert!(r.wanted.is_empty() && r.missing.is_empty());
+    assert_eq!(stopped_ids(&r), ["web.fe[0]-t", "web.fe[1]-t"]);
+
+    // A job missing from the snapshot (deregistered) is treated the same.
+    let gone = snapshot(7, vec![on(agent("a1", 8.0, 8192), tasks)], vec![]);
+    let r = reconcile(&eval, &gone);
+    assert_eq!(stopped_ids(&r), ["web.fe[0]-t", "web.fe[1]-t"]);
+    assert_eq!((r.job_version, r.scheduler), (0, None));
+}
+
+#[test]
+fn a_removed_group_stops_its_tasks() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 1, 1.0, 100)],
+    );
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![
+                task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running),
+                task("web.cache[0]", "web", "cache", 1.0, 100, TaskState::Running),
+            ],
+        )],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert!(r.missing.is_empty());
+    assert_eq!(stopped_ids(&r), ["web.cache[0]-t"]);
+}
+
+#[test]
+fn of_two_tasks_in_one_slot_the_running_one_stays() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 1, 1.0, 100)],
+    );
+    let mut pending = task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Pending);
+    pending.id = "web.fe[0]-aaaa".into();
+    let mut running = task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running);
+    running.id = "web.fe[0]-bbbb".into();
+    // Whichever order the snapshot lists them in.
+    for tasks in [
+        vec![pending.clone(), running.clone()],
+        vec![running.clone(), pending.clone()],
+    ] {
+        let snap = snapshot(
+            7,
+            vec![on(agent("a1", 8.0, 8192), tasks)],
+            vec![web.clone()],
+        );
+        let r = reconcile(&eval_for(&web), &snap);
+        assert!(r.missing.is_empty());
+        assert_eq!(stopped_ids(&r), ["web.fe[0]-aaaa"]);
+    }
+}
+
+#[test]
+fn other_jobs_tasks_are_left_alone() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 1, 1.0, 100)],
+    );
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![task("db.fe[5]", "db", "fe", 1.0, 100, TaskState::Running)],
+        )],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert_eq!(missing_names(&r), ["web.fe[0]"]);
+    assert!(r.stop.is_empty());
+}
+
+#[test]
+fn every_placement_gets_a_fresh_unique_task_id() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 200, 1.0, 100)],
+    );
+    let snap = snapshot(7, vec![], vec![web.clone()]);
+    let r = reconcile(&eval_for(&web), &snap);
+    let mut ids = HashSet::new();
+    for slot in &r.missing {
+        for _ in 0..5 {
+            let placement = slot.placement(id("a1"));
+            let suffix = placement
+                .task_id
+                .strip_prefix(&format!("{}-", slot.name))
+                .expect("id starts with the slot name");
+            assert_eq!(suffix.len(), 8, "{}", placement.task_id);
+            assert!(suffix.bytes().all(|b| b.is_ascii_hexdigit()));
+            assert!(ids.insert(placement.task_id), "duplicate task id");
+        }
+    }
+    assert_eq!(ids.len(), 1000);
+}
