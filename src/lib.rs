@@ -7,6 +7,8 @@
 //! - [`proto`]: the generated wire types (`muster-proto`);
 //! - [`registry`]: the replicated registry, openraft on sled (`muster-registry`);
 //! - [`master`]: the master process and server (`muster-master`);
+//! - [`scheduler`]: the scheduler SDK: write a scheduler, run workers in your own program
+//!   against the leading master (`muster-scheduler`);
 //! - [`agent`]: the agent process (`muster-agent`).
 //!
 //! Its binary, `muster`, runs a one-process dev cluster (`muster dev`) and shows a cluster's
@@ -17,3 +19,4 @@ pub use muster_agent as agent;
 pub use muster_master as master;
 pub use muster_proto as proto;
 pub use muster_registry as registry;
+pub use muster_scheduler as scheduler;

@@ -37,6 +37,10 @@ enum Command {
         /// Keep data here instead of a temporary dir removed on exit.
         #[arg(long)]
         data_dir: Option<PathBuf>,
+        /// Scheduler workers in the master; 0 leaves scheduling to workers in other programs
+        /// (see examples/custom_scheduler.rs).
+        #[arg(long, default_value_t = MasterConfig::default().workers)]
+        workers: usize,
     },
     /// Show the cluster: the leader, agents with their tasks, frameworks.
     Status {
@@ -77,6 +81,7 @@ async fn dev(
     listen: String,
     agent_listen: String,
     data_dir: Option<PathBuf>,
+    workers: usize,
 ) -> anyhow::Result<()> {
     let temporary = match data_dir {
         Some(_) => None,
@@ -90,6 +95,7 @@ async fn dev(
     let master = MasterServer::start(MasterConfig {
         listen,
         data_dir: data_dir.join("master"),
+        workers,
         ..MasterConfig::default()
     })
     .await?;
@@ -120,6 +126,12 @@ async fn dev(
     )?;
     writeln!(out, "  agent   {}  {}", agent.upid(), agent_id)?;
     writeln!(out, "  data    {}", data_dir.display())?;
+    if workers == 0 {
+        writeln!(
+            out,
+            "  no scheduler workers in the master: jobs wait for yours (examples/custom_scheduler.rs)"
+        )?;
+    }
     writeln!(
         out,
         "Try `muster status` in another terminal. Ctrl-C stops the cluster."
@@ -329,7 +341,8 @@ fn main() -> ExitCode {
                 listen,
                 agent_listen,
                 data_dir,
-            } => dev(listen, agent_listen, data_dir).await,
+                workers,
+            } => dev(listen, agent_listen, data_dir, workers).await,
             Command::Status { master } => status(master).await,
             Command::Job { command, master } => job(master, command).await,
         }

@@ -12,6 +12,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         root.join("muster/example/v1/ping.proto"),
         root.join("muster/registry/v1/raft.proto"),
         root.join("muster/cluster/v1/cluster.proto"),
+        root.join("muster/scheduling/v1/scheduling.proto"),
     ];
     for proto in &protos {
         println!("cargo:rerun-if-changed={}", proto.display());

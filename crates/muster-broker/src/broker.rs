@@ -310,7 +310,15 @@ impl EvalBroker {
     }
 
     fn make_ready(&mut self, eval: Evaluation, ctx: &mut Context<Self>) {
-        // A waiting worker takes it at once.
+        // A waiting worker takes it at once; one that gave up (its request dropped) is skipped
+        // rather than handed work that would sit unacked until the nack timer.
+        self.waiters.retain(|w| {
+            let gone = w.reply.is_closed();
+            if gone {
+                w.timer.cancel();
+            }
+            !gone
+        });
         if let Some(position) = self
             .waiters
             .iter()

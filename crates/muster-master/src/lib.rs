@@ -4,7 +4,8 @@
 //! Several masters form one registry raft group ([`muster_registry`]); the raft leader is the
 //! leading master and the others stand by, answering agents with the leader's address. Agents
 //! talk to the `master` process over the actor transport; operators use the gRPC
-//! [`OperatorService`], served on the same port.
+//! [`OperatorService`], and scheduler workers in other programs the [`SchedulingService`],
+//! both served on the same port.
 //!
 //! # Layout
 //! - [`MasterConfig`]: settings, with Mesos's defaults.
@@ -13,17 +14,21 @@
 //! - [`jobs`]: job specs: validation and conversion.
 //! - [`MasterServer`]: port, registry, process and API started together.
 //! - [`Workers`], [`LocalBackend`]: scheduler workers inside the master process.
+//! - [`SchedulingService`]: the broker and plan applier over gRPC, for workers in other
+//!   programs (their side: [`muster_scheduler::RemoteBackend`]).
 
 mod cluster;
 mod config;
 pub mod jobs;
 mod master;
 mod operator;
+mod scheduling_service;
 mod server;
 mod workers;
 
 pub use config::{MasterConfig, Placement};
 pub use master::{Master, MasterMsg, SchedulingPids};
 pub use operator::OperatorService;
+pub use scheduling_service::SchedulingService;
 pub use server::{MasterError, MasterServer};
 pub use workers::{LocalBackend, Workers};

@@ -44,6 +44,10 @@ struct Flags {
     /// Largest share (0..1) of agents the deadline may mark unreachable [default: 1].
     #[arg(long)]
     removal_limit: Option<f64>,
+    /// Scheduler workers this master runs while it leads; 0 leaves scheduling to workers in
+    /// other programs (see examples/custom_scheduler.rs) [default: 2].
+    #[arg(long)]
+    workers: Option<usize>,
 }
 
 /// The config file: the same settings as the flags.
@@ -58,6 +62,7 @@ struct FileConfig {
     max_missed_pings: Option<u32>,
     reregistration_timeout: Option<String>,
     removal_limit: Option<f64>,
+    workers: Option<usize>,
 }
 
 fn parse_peer(peer: &str) -> anyhow::Result<(u64, String)> {
@@ -127,6 +132,7 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
             .removal_limit
             .or(file.removal_limit)
             .unwrap_or(defaults.removal_limit),
+        workers: flags.workers.or(file.workers).unwrap_or(defaults.workers),
         ..defaults
     })
 }

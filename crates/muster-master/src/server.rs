@@ -1,5 +1,5 @@
-//! A whole master: its port, registry member, master process and operator API, started
-//! together.
+//! A whole master: its port, registry member, master process, operator and scheduling APIs,
+//! started together.
 
 use std::collections::BTreeMap;
 
@@ -11,6 +11,7 @@ use tonic::service::Routes;
 use crate::config::{MasterConfig, Placement};
 use crate::master::{Master, MasterMsg};
 use crate::operator::OperatorService;
+use crate::scheduling_service::SchedulingService;
 use crate::workers::{LocalBackend, Workers};
 
 /// Why a master could not start.
@@ -91,8 +92,14 @@ impl MasterServer {
             registry.clone(),
             &system,
         ));
+        let scheduling = master
+            .ask(MasterMsg::Scheduling)
+            .await
+            .map_err(|e| MasterError::Config(format!("the master process did not start: {e}")))?;
+        let backend = LocalBackend::new(master.clone(), scheduling.broker);
         let routes = Routes::new(registry.raft_service())
-            .add_service(OperatorService::new(master.clone()).into_server());
+            .add_service(OperatorService::new(master.clone()).into_server())
+            .add_service(SchedulingService::new(backend.clone(), address.clone()).into_server());
         let node = Node::serve(&system, listener, NodeConfig::default(), routes)?;
         // Only fails if the master already ended, which `start` would have no way to cause.
         let _ = master.tell(MasterMsg::UseNode(node.clone()));
@@ -100,11 +107,6 @@ impl MasterServer {
             .install_ask::<pb::RegisterAgent, pb::RegistrationReply>(MasterMsg::Register)
             .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(MasterMsg::Reregister)
             .install::<pb::TaskStatusUpdate>(MasterMsg::TaskStatus);
-        let scheduling = master
-            .ask(MasterMsg::Scheduling)
-            .await
-            .map_err(|e| MasterError::Config(format!("the master process did not start: {e}")))?;
-        let backend = LocalBackend::new(master.clone(), scheduling.broker);
         let config = muster_scheduler::WorkerConfig::default();
         let workers = match placement {
             Placement::Binpack => {

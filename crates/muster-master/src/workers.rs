@@ -27,6 +27,16 @@ impl LocalBackend {
     pub fn new(master: Pid<Master>, broker: Pid<EvalBroker>) -> Self {
         LocalBackend { master, broker }
     }
+
+    /// The master process it talks to.
+    pub fn master(&self) -> &Pid<Master> {
+        &self.master
+    }
+
+    /// The eval broker it talks to.
+    pub fn broker(&self) -> &Pid<EvalBroker> {
+        &self.broker
+    }
 }
 
 fn gone(e: AskError) -> WorkerError {

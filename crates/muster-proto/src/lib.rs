@@ -8,6 +8,7 @@
 //! - [`example`]: messages of the examples and the tests that drive them.
 //! - [`registry`]: raft traffic between masters.
 //! - [`cluster`]: masters and agents, and the operator API.
+//! - [`scheduling`]: scheduler workers in other programs and the leading master.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
 
@@ -29,4 +30,9 @@ pub mod registry {
 /// `muster.cluster.v1`: masters and agents, and the operator API.
 pub mod cluster {
     tonic::include_proto!("muster.cluster.v1");
+}
+
+/// `muster.scheduling.v1`: scheduler workers in their own programs and the leading master.
+pub mod scheduling {
+    tonic::include_proto!("muster.scheduling.v1");
 }

@@ -24,9 +24,12 @@
 //! - [`worker`]: the [`Backend`] a worker talks to (broker, snapshots, plan applier, registry)
 //!   and the [`Worker`] loop: dequeue, snapshot, schedule, submit, retry, block or complete,
 //!   ack.
+//! - [`remote`]: workers in their own program: [`RemoteBackend`] reaches the leading master
+//!   over gRPC, following the leader; the SDK's types to and from their messages.
 
 pub mod plan;
 pub mod reconcile;
+pub mod remote;
 mod resources;
 pub mod scheduler;
 pub mod worker;
@@ -35,6 +38,7 @@ pub use plan::{
     AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult, Stop, TaskState, TaskView,
 };
 pub use reconcile::{Reconciled, SlotRequest, reconcile};
+pub use remote::{RemoteBackend, RemoteConfig, RemoteError};
 pub use resources::utilization;
 pub use scheduler::{
     BinPack, Candidate, FnPlacer, Placer, PlacingScheduler, Scheduler, Spread, binpack, spread,

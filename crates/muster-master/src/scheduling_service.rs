@@ -1,0 +1,211 @@
+//! The scheduling API: scheduler workers in other programs reach the leading master's eval
+//! broker and plan applier over gRPC (`muster.scheduling.v1`), on the master's port.
+//!
+//! Each call does what a worker inside the master does: it goes through a [`LocalBackend`],
+//! so the two kinds of worker share one copy of the logic. A standby answers
+//! `FAILED_PRECONDITION` naming the leader ([`muster_scheduler::remote::not_leader`]); the other
+//! statuses are listed in [`muster_scheduler::remote`].
+
+use muster_actor::AskError;
+use muster_proto::scheduling as pb;
+use muster_proto::scheduling::scheduling_server::{Scheduling, SchedulingServer};
+use muster_registry::jobs::{EvalId, Evaluation, SchedulerType};
+use muster_scheduler::remote::{
+    self, ConversionError, DEFAULT_MAX_MESSAGE_SIZE, IntoProto, MAX_DEQUEUE_TIMEOUT,
+};
+use muster_scheduler::{Backend, Demand, Plan, WorkerError};
+use tonic::{Request, Response, Status};
+
+use crate::master::MasterMsg;
+use crate::workers::LocalBackend;
+
+/// The tonic service; each call is an ask to the master process or its broker.
+#[derive(Clone, Debug)]
+pub struct SchedulingService {
+    backend: LocalBackend,
+    address: String,
+}
+
+impl SchedulingService {
+    /// Answers for the master and broker of `backend`; `address` is this master's `host:port`
+    /// as its peers know it.
+    pub fn new(backend: LocalBackend, address: impl Into<String>) -> Self {
+        SchedulingService {
+            backend,
+            address: address.into(),
+        }
+    }
+
+    /// The service, ready to add to a tonic server, taking and sending messages up to
+    /// [`DEFAULT_MAX_MESSAGE_SIZE`] (snapshots of big clusters are big).
+    pub fn into_server(self) -> SchedulingServer<SchedulingService> {
+        SchedulingServer::new(self)
+            .max_decoding_message_size(DEFAULT_MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(DEFAULT_MAX_MESSAGE_SIZE)
+    }
+
+    /// `Ok` if this master leads; otherwise the answer that sends the caller on.
+    async fn leading(&self) -> Result<(), Status> {
+        let master = self.backend.master();
+        if master
+            .ask(MasterMsg::GetMetrics)
+            .await
+            .map_err(unavailable)?
+            .is_leader
+        {
+            return Ok(());
+        }
+        // A standby's state is only the leader's address: cheap to ask for.
+        let state = master.ask(MasterMsg::GetState).await.map_err(unavailable)?;
+        if state.is_leader {
+            Ok(())
+        } else if state.leader.is_empty() {
+            Err(Status::unavailable(
+                "not the leading master, and no leader is known yet",
+            ))
+        } else if state.leader == self.address {
+            Err(Status::unavailable(
+                "this master is taking over as the leader; try again shortly",
+            ))
+        } else {
+            Err(remote::not_leader(&state.leader))
+        }
+    }
+
+    /// The answer to a failed call: a standby's redirect if this master no longer leads,
+    /// otherwise the refusal.
+    async fn refused(&self, error: WorkerError) -> Status {
+        match error {
+            WorkerError::Unavailable(why) => Status::unavailable(why),
+            WorkerError::StaleSnapshot { min_index, got } => remote::stale_snapshot(min_index, got),
+            refusal => match self.leading().await {
+                Err(redirect) => redirect,
+                Ok(()) => Status::aborted(reason(refusal)),
+            },
+        }
+    }
+}
+
+fn unavailable(e: AskError) -> Status {
+    Status::unavailable(format!("the master process is not answering: {e}"))
+}
+
+fn invalid(e: ConversionError) -> Status {
+    Status::invalid_argument(e.to_string())
+}
+
+/// The reason alone, as the worker wraps it in its own error again.
+fn reason(error: WorkerError) -> String {
+    match error {
+        WorkerError::Dequeue(reason)
+        | WorkerError::Snapshot { reason, .. }
+        | WorkerError::Submit { reason, .. }
+        | WorkerError::Ack { reason, .. }
+        | WorkerError::Nack { reason, .. }
+        | WorkerError::Block { reason, .. }
+        | WorkerError::Complete { reason, .. } => reason,
+        other => other.to_string(),
+    }
+}
+
+#[tonic::async_trait]
+impl Scheduling for SchedulingService {
+    async fn dequeue(
+        &self,
+        request: Request<pb::DequeueRequest>,
+    ) -> Result<Response<pb::DequeueReply>, Status> {
+        let request = request.into_inner();
+        if request.schedulers.is_empty() {
+            return Err(invalid(ConversionError::new(
+                "schedulers",
+                "at least one scheduler type is needed",
+            )));
+        }
+        let schedulers = remote::repeated_field::<SchedulerType>(request.schedulers, "schedulers")
+            .map_err(invalid)?;
+        let timeout = std::time::Duration::from_millis(request.timeout_ms).min(MAX_DEQUEUE_TIMEOUT);
+        match self.backend.dequeue(&schedulers, timeout).await {
+            Ok(assignment) => Ok(Response::new(pb::DequeueReply {
+                assignment: assignment.map(IntoProto::into_proto),
+            })),
+            Err(error) => Err(self.refused(error).await),
+        }
+    }
+
+    async fn snapshot(
+        &self,
+        request: Request<pb::SnapshotRequest>,
+    ) -> Result<Response<pb::ClusterSnapshot>, Status> {
+        let min_index = request.into_inner().min_index;
+        // A standby's snapshot is empty, not an error: ask who leads first.
+        self.leading().await?;
+        match self.backend.snapshot(min_index).await {
+            Ok(snapshot) => Ok(Response::new(snapshot.into_proto())),
+            Err(error) => Err(self.refused(error).await),
+        }
+    }
+
+    async fn submit_plan(
+        &self,
+        request: Request<pb::SubmitPlanRequest>,
+    ) -> Result<Response<pb::PlanResult>, Status> {
+        let plan: Plan =
+            remote::required_field(request.into_inner().plan, "plan").map_err(invalid)?;
+        match self.backend.submit(plan).await {
+            Ok(result) => Ok(Response::new(result.into_proto())),
+            Err(error) => Err(self.refused(error).await),
+        }
+    }
+
+    async fn ack(
+        &self,
+        request: Request<pb::AckRequest>,
+    ) -> Result<Response<pb::AckReply>, Status> {
+        let request = request.into_inner();
+        let eval = EvalId(request.eval_id);
+        match self.backend.ack(&eval, &request.token).await {
+            Ok(()) => Ok(Response::new(pb::AckReply {})),
+            Err(error) => Err(self.refused(error).await),
+        }
+    }
+
+    async fn nack(
+        &self,
+        request: Request<pb::NackRequest>,
+    ) -> Result<Response<pb::NackReply>, Status> {
+        let request = request.into_inner();
+        let eval = EvalId(request.eval_id);
+        match self.backend.nack(&eval, &request.token).await {
+            Ok(()) => Ok(Response::new(pb::NackReply {})),
+            Err(error) => Err(self.refused(error).await),
+        }
+    }
+
+    async fn block(
+        &self,
+        request: Request<pb::BlockRequest>,
+    ) -> Result<Response<pb::BlockReply>, Status> {
+        let request = request.into_inner();
+        let eval: Evaluation =
+            remote::required_field(request.evaluation, "evaluation").map_err(invalid)?;
+        let unplaced: Vec<Demand> =
+            remote::repeated_field(request.unplaced, "unplaced").map_err(invalid)?;
+        match self.backend.block(eval, unplaced).await {
+            Ok(()) => Ok(Response::new(pb::BlockReply {})),
+            Err(error) => Err(self.refused(error).await),
+        }
+    }
+
+    async fn complete(
+        &self,
+        request: Request<pb::CompleteRequest>,
+    ) -> Result<Response<pb::CompleteReply>, Status> {
+        let eval: Evaluation =
+            remote::required_field(request.into_inner().evaluation, "evaluation")
+                .map_err(invalid)?;
+        match self.backend.complete(&eval).await {
+            Ok(()) => Ok(Response::new(pb::CompleteReply {})),
+            Err(error) => Err(self.refused(error).await),
+        }
+    }
+}

@@ -1,0 +1,168 @@
+//! Your own scheduler, in your own program: it places each task on the agent that runs the
+//! fewest tasks, and talks to the leading master over gRPC.
+//!
+//! Run it against a dev cluster whose master runs no scheduler workers of its own, so that
+//! every job goes through this program. In one terminal:
+//!
+//! ```text
+//! cargo run -- dev --workers 0
+//! ```
+//!
+//! In another (as many `--master` as you have masters; a standby sends the workers on to the
+//! leader):
+//!
+//! ```text
+//! cargo run --example custom_scheduler -- --master 127.0.0.1:5050 --workers 2
+//! ```
+//!
+//! In a third, submit a job and watch it:
+//!
+//! ```text
+//! cargo run -- job run examples/jobs/hello.toml
+//! cargo run -- job status hello
+//! ```
+//!
+//! This program prints each choice its placer makes and how each evaluation ended. Stop it
+//! with Ctrl-C: a job submitted then stays pending until a scheduler runs again. (If the master
+//! runs workers of its own, the default `--workers 2`, they and this program share the
+//! evaluations, each taking whichever the broker hands it.)
+//!
+//! How it fits together: for every change to a job the master makes an *evaluation* and queues
+//! it in its broker. A [`Worker`] takes one (`dequeue`), gets a snapshot of the cluster, and asks
+//! its scheduler for a plan. [`PlacingScheduler`] does the bookkeeping (which of the job's task
+//! slots are missing, which tasks must stop, which agents have room and meet the constraints)
+//! and asks the placer below to choose an agent for each missing slot. The worker sends the plan
+//! to the leading master, whose plan applier commits what still fits (another scheduler may
+//! have taken the room meanwhile: then the worker plans again), and settles the evaluation.
+//! [`RemoteBackend`] is the worker's way to the master: gRPC on the master's port.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use muster::registry::AgentId;
+use muster::scheduler::{
+    Candidate, Outcome, PlacingScheduler, RemoteBackend, Scheduler, SlotRequest, Worker,
+    WorkerConfig, WorkerStats,
+};
+use tokio::sync::watch;
+
+/// The one decision this scheduler makes: of the agents the task fits on (`candidates`, never
+/// empty, ordered by id), take the one with the fewest live tasks, counting those this plan
+/// already put there. Returning `None` would leave the slot unplaced.
+fn fewest_tasks(slot: &SlotRequest, candidates: &[Candidate<'_>]) -> Option<AgentId> {
+    let chosen = candidates.iter().min_by_key(|candidate| candidate.tasks)?;
+    let others: Vec<String> = candidates
+        .iter()
+        .map(|c| format!("{} has {}", c.id(), c.tasks))
+        .collect();
+    println!(
+        "placing {} on {} ({})",
+        slot.name,
+        chosen.id(),
+        others.join(", ")
+    );
+    Some(chosen.id().clone())
+}
+
+/// One worker: take an evaluation, settle it, print how it ended; until told to stop.
+async fn work<S: Scheduler>(
+    number: usize,
+    mut worker: Worker<RemoteBackend, S>,
+    mut stop: watch::Receiver<bool>,
+) -> WorkerStats {
+    while !*stop.borrow_and_update() {
+        // Waits up to the dequeue timeout (1 s) for an evaluation; stopping takes effect
+        // between evaluations, never in the middle of one.
+        match worker.run_once().await {
+            Ok(None) => {}
+            Ok(Some(Outcome::Completed {
+                eval,
+                placed,
+                stopped,
+                ..
+            })) => println!(
+                "worker {number}: evaluation {eval} complete: {placed} placed, {stopped} stopped"
+            ),
+            Ok(Some(Outcome::Blocked {
+                eval,
+                placed,
+                unplaced,
+                ..
+            })) => println!(
+                "worker {number}: evaluation {eval} blocked: {placed} placed, {} group(s) wait for room",
+                unplaced.len()
+            ),
+            Ok(Some(Outcome::Nacked { eval, error })) => {
+                println!("worker {number}: evaluation {eval} handed back: {error}");
+            }
+            Err(error) => {
+                // No master reachable, or no leader yet: try again shortly.
+                eprintln!("worker {number}: {error}");
+                tokio::select! {
+                    _ = stop.changed() => {}
+                    () = tokio::time::sleep(Duration::from_secs(1)) => {}
+                }
+            }
+        }
+    }
+    worker.stats().clone()
+}
+
+/// `--master HOST:PORT` (repeatable; default 127.0.0.1:5050) and `--workers N` (default 2).
+fn parse_args() -> anyhow::Result<(Vec<String>, usize)> {
+    let mut masters = Vec::new();
+    let mut workers = 2;
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--master" => masters.push(args.next().context("--master needs HOST:PORT")?),
+            "--workers" => {
+                let n = args.next().context("--workers needs a number")?;
+                workers = n
+                    .parse()
+                    .with_context(|| format!("--workers {n:?} is not a number"))?;
+            }
+            _ => bail!("usage: custom_scheduler [--master HOST:PORT]... [--workers N]"),
+        }
+    }
+    if masters.is_empty() {
+        masters.push("127.0.0.1:5050".to_owned());
+    }
+    Ok((masters, workers))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let (masters, count) = parse_args()?;
+
+    // Connects lazily: the masters need not be up yet. The workers share its connections.
+    let backend = RemoteBackend::connect(masters.clone())?;
+    let (stop, stopped) = watch::channel(false);
+    let mut running = Vec::new();
+    for number in 1..=count {
+        let scheduler = PlacingScheduler::from_fn("fewest-tasks", fewest_tasks);
+        // Default config: every scheduler type (service, batch, system), up to 3 plans per
+        // evaluation when placements are rejected.
+        let worker = Worker::new(backend.clone(), scheduler, WorkerConfig::default());
+        running.push(tokio::spawn(work(number, worker, stopped.clone())));
+    }
+    println!(
+        "{count} fewest-tasks worker(s) scheduling for {}; Ctrl-C stops",
+        masters.join(", ")
+    );
+
+    tokio::signal::ctrl_c().await?;
+    println!("stopping after the evaluations in progress");
+    let _ = stop.send(true);
+    for (number, worker) in (1..).zip(running) {
+        let stats = worker.await?;
+        println!(
+            "worker {number}: {} evaluations, {} placements committed, {} rejected",
+            stats.dequeued, stats.placements_committed, stats.placements_rejected
+        );
+    }
+    Ok(())
+}
