@@ -298,3 +298,76 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     master.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = MasterServer::start(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("master"),
+        ping_interval: Duration::from_millis(100),
+        ping_timeout: Duration::from_millis(500),
+        max_missed_pings: 2,
+        placement: muster_master::Placement::Spread,
+        ..MasterConfig::default()
+    })
+    .await?;
+    let deadline = Instant::now() + DEADLINE;
+    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+        if Instant::now() > deadline {
+            bail!("the master did not lead");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let (doomed_node, doomed) = start_agent(&master, dir.path(), "doomed", 2.0).await?;
+    let (_node, survivor) = start_agent(&master, dir.path(), "survivor", 2.0).await?;
+    let (doomed_id, _) = doomed.registered().await?;
+    let (survivor_id, _) = survivor.registered().await?;
+
+    submit(
+        &master,
+        pb::JobSpec {
+            name: "api".into(),
+            r#type: "service".into(),
+            groups: vec![group("server", 2, 0.5, "sleep", &["30"])],
+            ..pb::JobSpec::default()
+        },
+    )
+    .await?;
+    // Spread: one task on each agent.
+    job_when(&master, "api", "one task on each agent", |s| {
+        let on = |agent: &str| live(s).iter().filter(|t| t.agent_id == agent).count();
+        on(&doomed_id) == 1 && on(&survivor_id) == 1
+    })
+    .await?;
+
+    // The doomed agent's node goes away: it misses its pings, is marked unreachable with an
+    // evaluation for the job in the same write, and its task is placed on the survivor.
+    doomed.stop().await;
+    doomed_node.shutdown();
+    let rescheduled = job_when(&master, "api", "the lost task placed again", |s| {
+        live(s).iter().filter(|t| t.agent_id == survivor_id).count() == 2
+    })
+    .await?;
+    assert!(
+        rescheduled
+            .evals
+            .iter()
+            .any(|e| e.trigger.contains("AgentUnreachable")),
+        "{:?}",
+        rescheduled.evals
+    );
+    let state = master.pid().ask(MasterMsg::GetState).await?;
+    assert_eq!(
+        state
+            .unreachable
+            .iter()
+            .map(|a| a.id.as_str())
+            .collect::<Vec<_>>(),
+        [doomed_id.as_str()]
+    );
+
+    survivor.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
