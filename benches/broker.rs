@@ -114,6 +114,8 @@ impl Storm {
             data_dir: dir.path().join("master"),
             workers: 0,
             ping_interval: Duration::from_secs(3600),
+            // The stand-in agents do not heartbeat: no TTL runs out inside a run.
+            heartbeat_min_ttl: Duration::from_secs(24 * 3600),
             ..MasterConfig::default()
         })
         .await

@@ -145,6 +145,8 @@ impl Fixture {
             data_dir: dir.path().join("master"),
             // No pings inside the measurement; the deadline is far beyond it.
             ping_interval: Duration::from_secs(3600),
+            // The stand-in agents do not heartbeat: no TTL runs out inside a run.
+            heartbeat_min_ttl: Duration::from_secs(24 * 3600),
             ..MasterConfig::default()
         };
         let master = start(&config).await;

@@ -1,6 +1,7 @@
-//! The [`Agent`] process: finds the leading master and registers with it, re-registers with
-//! its full state when it loses the master, answers pings, runs tasks as child processes, stops
-//! them when asked, and tells the master whenever a task changes state.
+//! The [`Agent`] process: finds the leading master and registers with it, heartbeats to it
+//! within the TTL it gives, re-registers with its full state when it loses the master (or the
+//! master refuses a heartbeat), answers pings, runs tasks as child processes, stops them when
+//! asked, and tells the master whenever a task changes state.
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -9,12 +10,13 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use muster_actor::{
-    AskError, Context, ExitReason, Node, Pid, Process, ProcessRef, Reply, TimerHandle, Upid,
+    AskError, Context, ExitReason, Node, Pid, Process, ProcessRef, RemoteError, Reply, TimerHandle,
+    Upid,
 };
 use muster_proto::cluster::{
-    AgentInfo, Framework, KillTask, KillTaskReply, Ping, Pong, RegisterAgent, RegistrationReply,
-    ReregisterAgent, Resources, RunTask, RunTaskReply, Task, TaskState, TaskStatusUpdate,
-    registration_reply,
+    AgentInfo, Framework, Heartbeat, HeartbeatReply, KillTask, KillTaskReply, Ping, Pong,
+    RegisterAgent, RegistrationReply, ReregisterAgent, Resources, RunTask, RunTaskReply, Task,
+    TaskState, TaskStatusUpdate, heartbeat_reply, registration_reply,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -26,6 +28,9 @@ use crate::{AgentConfig, AgentError, backoff};
 /// How many `NotLeader` redirects one registration round follows before it gives up on them
 /// (standbys that point at each other must not keep the agent busy forever).
 const MAX_REDIRECTS: u32 = 8;
+
+/// The shortest wait between two heartbeats, whatever TTL the master gives.
+const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(10);
 
 /// Where the agent stands with the masters.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,6 +101,7 @@ impl fmt::Debug for AgentMsg {
             Msg::Round { .. } => "Round",
             Msg::Replied { .. } => "Replied",
             Msg::CheckSilence { .. } => "CheckSilence",
+            Msg::SendHeartbeat { .. } => "SendHeartbeat",
             Msg::TaskExited { .. } => "TaskExited",
             Msg::AgentId(_) => "AgentId",
             Msg::Snapshot(_) => "Snapshot",
@@ -124,6 +130,10 @@ enum Msg {
     CheckSilence {
         generation: u64,
     },
+    /// Time for the next heartbeat.
+    SendHeartbeat {
+        generation: u64,
+    },
     /// A task's child process ended (or waiting for it failed).
     TaskExited {
         task_id: String,
@@ -147,6 +157,18 @@ enum Connection {
     Registered { master: Upid },
 }
 
+/// Whether the current master takes heartbeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Heartbeats {
+    /// Not known yet: the first heartbeat is out.
+    Unknown,
+    /// It answers them with TTLs: its answers (within the master-silence timeout) say it is
+    /// there.
+    Active,
+    /// It does not (a master from before heartbeats): its pings say it is there.
+    Unsupported,
+}
+
 /// The agent process. Start it with [`start`]; it lives on the node's system, registered as
 /// `agent`.
 pub struct Agent {
@@ -164,9 +186,15 @@ pub struct Agent {
     failed_rounds: u32,
     /// The master lost last: tried last in the next rounds, since it is probably down.
     lost: Option<Upid>,
-    /// When the current master last pinged (or the agent registered).
+    /// When the current master was last heard from: it pinged, answered a heartbeat, or took
+    /// the registration.
     last_ping: Instant,
     silence_timer: Option<TimerHandle>,
+    /// Whether the current master takes heartbeats.
+    heartbeats: Heartbeats,
+    /// The master to try first in the next round (one that refused a heartbeat: it leads, but
+    /// wants the agent to re-register).
+    preferred: Option<Upid>,
     /// Masters this process is linked to (until their link's loss is reported).
     linked: HashSet<Upid>,
     tasks: Tasks,
@@ -271,6 +299,12 @@ impl AgentHandle {
 /// An agent with a stored id re-registers under it with its full state; one without registers
 /// anew and stores the id the master gives it.
 ///
+/// After every (re-)registration the agent sends the master a `Heartbeat` at once and then
+/// again at half of each TTL the master answers with. A refused heartbeat makes it re-register
+/// (that master first); `NotLeader`, a failed heartbeat, or one unanswered for
+/// [`master_silence_timeout`](AgentConfig::master_silence_timeout) with no ping meanwhile
+/// counts the master as lost. A master that does not take heartbeats is watched by its pings.
+///
 /// # Errors
 /// [`AgentError::InvalidConfig`], [`AgentError::DataDir`] if the data directory cannot be
 /// created or written, [`AgentError::StateFile`]/[`AgentError::InvalidStoredId`] for a stored id
@@ -346,6 +380,8 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         lost: None,
         last_ping: Instant::now(),
         silence_timer: None,
+        heartbeats: Heartbeats::Unknown,
+        preferred: None,
         linked: HashSet::new(),
         tasks,
         unsent_updates: VecDeque::new(),
@@ -442,6 +478,11 @@ impl Process for Agent {
                     self.check_silence(ctx);
                 }
             }
+            Msg::SendHeartbeat { generation } => {
+                if generation == self.generation {
+                    self.send_heartbeat(ctx);
+                }
+            }
             Msg::TaskExited { task_id, ended } => self.task_exited(&task_id, ended).await,
             Msg::AgentId(reply) => reply.send(self.agent_id.clone()),
             Msg::Snapshot(reply) => reply.send(self.snapshot()),
@@ -518,6 +559,10 @@ impl Agent {
             && self.masters.contains(lost)
         {
             queue.push_back(lost.clone());
+        }
+        if let Some(preferred) = self.preferred.take() {
+            queue.retain(|m| *m != preferred);
+            queue.push_front(preferred);
         }
         self.connection = Connection::Trying {
             queue,
@@ -690,6 +735,7 @@ impl Agent {
         self.failed_rounds = 0;
         self.lost = None;
         self.last_ping = Instant::now();
+        self.heartbeats = Heartbeats::Unknown;
         self.arm_silence_timer(ctx, self.config.master_silence_timeout);
 
         if self.agent_id.as_deref() != Some(id.as_str()) {
@@ -709,6 +755,110 @@ impl Agent {
             master,
         });
         self.send_updates();
+        self.send_heartbeat(ctx);
+    }
+
+    // ---- heartbeats -------------------------------------------------------------------------
+
+    /// Sends a heartbeat to the master the agent is registered with; the answer comes back as
+    /// a continuation. It may wait up to the master-silence timeout.
+    fn send_heartbeat(&mut self, ctx: &mut Context<Self>) {
+        let (Connection::Registered { master }, Some(agent_id)) =
+            (&self.connection, &self.agent_id)
+        else {
+            return;
+        };
+        let remote = self.node.remote(master.clone());
+        let timeout = self.config.master_silence_timeout;
+        let heartbeat = Heartbeat {
+            agent_id: agent_id.clone(),
+        };
+        let generation = self.generation;
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<Heartbeat, HeartbeatReply>(timeout, heartbeat)
+                    .await
+            },
+            move |agent: &mut Agent, ctx, answered| {
+                if generation == agent.generation {
+                    agent.on_heartbeat_answer(ctx, answered);
+                }
+            },
+        );
+    }
+
+    /// The master answered a heartbeat (or did not): heartbeat again at half the TTL it gave,
+    /// re-register if it refused, look for the leader if it is no longer it or cannot be
+    /// reached.
+    fn on_heartbeat_answer(
+        &mut self,
+        ctx: &mut Context<Self>,
+        answered: Result<HeartbeatReply, AskError>,
+    ) {
+        let Connection::Registered { master } = &self.connection else {
+            return;
+        };
+        let master = master.clone();
+        match answered.map(|reply| reply.result) {
+            Ok(Some(heartbeat_reply::Result::TtlMs(ttl_ms))) => {
+                if self.heartbeats != Heartbeats::Active {
+                    tracing::debug!(%master, ttl_ms, "the master takes heartbeats");
+                    self.heartbeats = Heartbeats::Active;
+                    // From now on a heartbeat that stays unanswered says the master is gone;
+                    // a long TTL must not look like silence.
+                    if let Some(timer) = self.silence_timer.take() {
+                        timer.cancel();
+                    }
+                }
+                self.last_ping = Instant::now();
+                let next = (Duration::from_millis(ttl_ms) / 2).max(MIN_HEARTBEAT_INTERVAL);
+                let generation = self.generation;
+                ctx.delay(next, AgentMsg(Msg::SendHeartbeat { generation }));
+            }
+            Ok(Some(heartbeat_reply::Result::Refused(reason))) => {
+                tracing::warn!(%master, %reason, "master refused the heartbeat; re-registering");
+                self.reregister_with(ctx, master);
+            }
+            Ok(Some(heartbeat_reply::Result::NotLeader(hint))) => {
+                tracing::warn!(%master, leader = %hint.leader, "master no longer leads; re-registering");
+                self.lose_master(ctx);
+            }
+            Ok(None) => {
+                tracing::warn!(%master, "heartbeat reply without a result; re-registering");
+                self.lose_master(ctx);
+            }
+            Err(AskError::Remote(RemoteError::UnknownType(_))) => {
+                tracing::info!(%master, "master does not take heartbeats; going by its pings");
+                self.heartbeats = Heartbeats::Unsupported;
+            }
+            Err(AskError::Timeout(waited)) if self.last_ping.elapsed() < waited => {
+                // It still pings, so it is there: try again.
+                tracing::debug!(%master, "heartbeat unanswered but the master pings; again");
+                self.send_heartbeat(ctx);
+            }
+            Err(error) => {
+                tracing::warn!(%master, %error, "heartbeat failed; counting the master as lost");
+                self.lose_master(ctx);
+            }
+        }
+    }
+
+    /// The master leads but wants the agent to re-register: do so, with it first, after a
+    /// short random delay (a master that lost many agents at once must not get them all
+    /// back at once).
+    fn reregister_with(&mut self, ctx: &mut Context<Self>, master: Upid) {
+        self.generation += 1;
+        if let Some(timer) = self.silence_timer.take() {
+            timer.cancel();
+        }
+        self.failed_rounds = 0;
+        self.lost = None;
+        self.preferred = Some(master);
+        self.status.send_replace(AgentStatus::Registering);
+        let delay =
+            backoff::initial_delay(self.config.registration_backoff_initial, fastrand::f64());
+        self.schedule_round(ctx, delay);
     }
 
     // ---- task status updates ----------------------------------------------------------------
@@ -771,6 +921,10 @@ impl Agent {
         let Connection::Registered { master } = &self.connection else {
             return;
         };
+        if self.heartbeats == Heartbeats::Active {
+            // Unanswered heartbeats are what count now.
+            return;
+        }
         let silent = self.last_ping.elapsed();
         let limit = self.config.master_silence_timeout;
         if silent >= limit {

@@ -31,8 +31,9 @@ pub struct AgentConfig {
     pub registration_backoff_initial: Duration,
     /// Cap on the backoff between failed registration rounds (default 60 s).
     pub registration_backoff_max: Duration,
-    /// How long the agent waits for a ping from its master before it counts the master as lost
-    /// and re-registers (default 75 s: Mesos's 15 s ping interval times 5).
+    /// How long a heartbeat may go unanswered (and no ping come) before the agent counts its
+    /// master as lost and re-registers; with a master that does not take heartbeats, how long
+    /// the agent waits for a ping (default 75 s: Mesos's 15 s ping interval times 5).
     pub master_silence_timeout: Duration,
     /// How long one registration request may wait for an answer (default 5 s).
     pub ask_timeout: Duration,

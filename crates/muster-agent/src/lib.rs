@@ -1,11 +1,14 @@
 //! Muster's agent: the process on every worker machine that joins it to the cluster.
 //!
 //! An agent registers with the leading master (following `NotLeader` hints from standbys),
-//! stores the id it is given, answers the master's pings, and runs the tasks the master sends
-//! as child processes in their own working directories. When it loses its master — the link
-//! breaks, or no ping comes for a while — or restarts with a stored id, it re-registers with its
-//! full state in one message, after a random delay and with capped exponential backoff, so that
-//! a master failover is not a connection storm.
+//! stores the id it is given, heartbeats to the master within the TTL each answer gives (at
+//! half of it), answers the master's pings, and runs the tasks the master sends as child
+//! processes in their own working directories. When it loses its master — the link breaks, a
+//! heartbeat goes unanswered (or, with a master that takes no heartbeats, no ping comes) for a
+//! while, or the master says it no longer leads — or the master refuses a heartbeat, or the
+//! agent restarts with a stored id, it re-registers with its full state in one message, after a
+//! random delay and with capped exponential backoff, so that a master failover is not a
+//! connection storm.
 //!
 //! # Layout
 //! - [`start`], [`AgentHandle`], [`Agent`]: the agent process and its handle.

@@ -2,9 +2,11 @@
 //! frameworks. None of it is in the registry; a new leader rebuilds it from re-registrations.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use muster_proto::cluster as pb;
 use muster_registry::{AgentInfo, Resources};
+use muster_scheduler::AgentView;
 
 /// An agent the leading master knows.
 #[derive(Debug)]
@@ -16,6 +18,10 @@ pub(crate) struct AgentEntry {
     pub(crate) connected: bool,
     pub(crate) missed_pings: u32,
     pub(crate) ping_in_flight: bool,
+    /// What schedulers see of it, built on demand and dropped whenever its tasks or info
+    /// change (go through [`Cluster::agent_mut`] to change them), so a snapshot shares the
+    /// views of every agent that did not change.
+    pub(crate) view: Option<Arc<AgentView>>,
 }
 
 impl AgentEntry {
@@ -28,6 +34,7 @@ impl AgentEntry {
             connected: false,
             missed_pings: 0,
             ping_in_flight: false,
+            view: None,
         }
     }
 
@@ -44,6 +51,7 @@ impl AgentEntry {
             connected: true,
             missed_pings: 0,
             ping_in_flight: false,
+            view: None,
         }
     }
 }
@@ -64,6 +72,13 @@ impl Cluster {
                 self.frameworks.insert(framework.id.clone(), framework);
             }
         }
+    }
+
+    /// The agent, to change its tasks or info: its scheduler view is rebuilt on next use.
+    pub(crate) fn agent_mut(&mut self, id: &str) -> Option<&mut AgentEntry> {
+        let agent = self.agents.get_mut(id)?;
+        agent.view = None;
+        Some(agent)
     }
 
     pub(crate) fn connected_agents(&self) -> usize {

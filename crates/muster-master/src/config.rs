@@ -29,12 +29,32 @@ pub struct MasterConfig {
     pub members: BTreeMap<NodeId, String>,
     /// Where the registry is stored.
     pub data_dir: PathBuf,
-    /// How often the leading master pings each agent (Mesos: 15 s).
+    /// Whether the leading master also pings each agent, Mesos-style (default: off; agents'
+    /// heartbeats are what keeps them connected). When on, an agent that misses
+    /// [`max_missed_pings`](Self::max_missed_pings) pings in a row is marked unreachable even
+    /// if it heartbeats.
+    pub pings: bool,
+    /// How often the leading master pings each agent, when [`pings`](Self::pings) is on
+    /// (Mesos: 15 s).
     pub ping_interval: Duration,
     /// How long to wait for each pong.
     pub ping_timeout: Duration,
     /// Missed pings in a row after which an agent is marked unreachable (Mesos: 5).
     pub max_missed_pings: u32,
+    /// The shortest heartbeat TTL the leading master gives an agent (Nomad: 10 s).
+    pub heartbeat_min_ttl: Duration,
+    /// The heartbeats per second the leading master aims to handle at most (Nomad: 50): an
+    /// agent's TTL is `max(heartbeat_min_ttl, agents / heartbeats_per_second seconds)` plus a
+    /// random stagger of up to as much again. Zero, negative or NaN: no scaling (min TTL only).
+    pub heartbeats_per_second: f64,
+    /// How long past its TTL an agent's heartbeat may be late before the agent is marked
+    /// unreachable (Nomad: 10 s).
+    pub heartbeat_grace: Duration,
+    /// The first TTL of every agent a new leading master loads from the registry (Nomad:
+    /// 300 s): none of them is marked unreachable for missing heartbeats before this (plus the
+    /// grace) has passed since the master took the lead. Agents that never re-register are
+    /// still handled by the re-registration deadline and the removal limit.
+    pub failover_heartbeat_ttl: Duration,
     /// How long a new leading master waits for admitted agents to re-register before it
     /// marks the missing ones unreachable (Mesos: 10 min).
     pub reregistration_timeout: Duration,
@@ -58,9 +78,14 @@ impl Default for MasterConfig {
             listen: "127.0.0.1:5050".into(),
             members: BTreeMap::new(),
             data_dir: PathBuf::from("muster-master-data"),
+            pings: false,
             ping_interval: Duration::from_secs(15),
             ping_timeout: Duration::from_secs(15),
             max_missed_pings: 5,
+            heartbeat_min_ttl: Duration::from_secs(10),
+            heartbeats_per_second: 50.0,
+            heartbeat_grace: Duration::from_secs(10),
+            failover_heartbeat_ttl: Duration::from_secs(300),
             reregistration_timeout: Duration::from_secs(600),
             removal_limit: 1.0,
             workers: 2,

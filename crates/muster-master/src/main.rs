@@ -32,9 +32,25 @@ struct Flags {
     /// Where the registry is stored.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-    /// How often to ping each agent, e.g. 15s [default: 15s].
+    /// Also ping each agent, Mesos-style (off unless given; heartbeats keep agents connected).
+    #[arg(long)]
+    pings: bool,
+    /// How often to ping each agent when pinging, e.g. 15s [default: 15s].
     #[arg(long, value_parser = humantime::parse_duration)]
     ping_interval: Option<Duration>,
+    /// Shortest heartbeat TTL given to agents, e.g. 10s [default: 10s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    heartbeat_min_ttl: Option<Duration>,
+    /// Heartbeats per second the master aims to handle; TTLs grow with the agents to keep to
+    /// it [default: 50].
+    #[arg(long)]
+    heartbeats_per_second: Option<f64>,
+    /// How late past its TTL a heartbeat may be, e.g. 10s [default: 10s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    heartbeat_grace: Option<Duration>,
+    /// First TTL of every agent after this master takes the lead, e.g. 5m [default: 5m].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    failover_heartbeat_ttl: Option<Duration>,
     /// Missed pings after which an agent is unreachable [default: 5].
     #[arg(long)]
     max_missed_pings: Option<u32>,
@@ -58,7 +74,12 @@ struct FileConfig {
     listen: Option<String>,
     peers: Option<Vec<String>>,
     data_dir: Option<PathBuf>,
+    pings: Option<bool>,
     ping_interval: Option<String>,
+    heartbeat_min_ttl: Option<String>,
+    heartbeats_per_second: Option<f64>,
+    heartbeat_grace: Option<String>,
+    failover_heartbeat_ttl: Option<String>,
     max_missed_pings: Option<u32>,
     reregistration_timeout: Option<String>,
     removal_limit: Option<f64>,
@@ -113,6 +134,26 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
             .data_dir
             .or(file.data_dir)
             .context("--data-dir is required (or data_dir in the config file)")?,
+        pings: flags.pings || file.pings.unwrap_or(defaults.pings),
+        heartbeat_min_ttl: flags
+            .heartbeat_min_ttl
+            .or(duration("heartbeat_min_ttl", file.heartbeat_min_ttl)?)
+            .unwrap_or(defaults.heartbeat_min_ttl),
+        heartbeats_per_second: flags
+            .heartbeats_per_second
+            .or(file.heartbeats_per_second)
+            .unwrap_or(defaults.heartbeats_per_second),
+        heartbeat_grace: flags
+            .heartbeat_grace
+            .or(duration("heartbeat_grace", file.heartbeat_grace)?)
+            .unwrap_or(defaults.heartbeat_grace),
+        failover_heartbeat_ttl: flags
+            .failover_heartbeat_ttl
+            .or(duration(
+                "failover_heartbeat_ttl",
+                file.failover_heartbeat_ttl,
+            )?)
+            .unwrap_or(defaults.failover_heartbeat_ttl),
         ping_interval: flags
             .ping_interval
             .or(duration("ping_interval", file.ping_interval)?)
@@ -139,6 +180,15 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let config = config(flags)?;
+    if config.heartbeats_per_second.is_nan() || config.heartbeats_per_second <= 0.0 {
+        bail!(
+            "heartbeats per second must be a positive number, not {}",
+            config.heartbeats_per_second
+        );
+    }
+    if config.heartbeat_min_ttl.is_zero() {
+        bail!("the minimum heartbeat TTL must be non-zero");
+    }
     let data_dir = config.data_dir.clone();
     let id = config.id;
     let master = MasterServer::start(config).await?;

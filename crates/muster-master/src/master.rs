@@ -6,10 +6,16 @@
 //! frameworks and tasks from their re-registrations while it goes on answering requests.
 //! Agents not back by the deadline are marked unreachable, up to the removal limit.
 //!
+//! Agents stay connected by heartbeating (Nomad's model): each heartbeat is answered with a TTL
+//! that grows with the number of agents, so that the leading master handles a bounded rate of
+//! them, and an agent whose TTL and grace pass without one is marked unreachable. A new leader
+//! gives every agent it loads from the registry a long first TTL. Mesos-style pings can be
+//! turned on as well ([`MasterConfig::pings`]).
+//!
 //! Handlers never wait: registry writes and pings are deferred, and their results come back as
 //! continuations on the process.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use muster_actor::{Context, Node, Pid, Process, Reply, System, TimerHandle, Upid};
@@ -50,6 +56,10 @@ pub enum MasterMsg {
     Leadership(Leadership),
     /// Time to ping the connected agents.
     PingAgents,
+    /// An agent's heartbeat.
+    Heartbeat(pb::Heartbeat, Reply<pb::HeartbeatReply>),
+    /// Time to mark the agents whose heartbeat deadline passed unreachable.
+    CheckHeartbeats,
     /// The re-registration deadline of the recovery begun in `term`.
     ReregistrationDeadline {
         /// The term the recovery belongs to.
@@ -134,6 +144,85 @@ enum Role {
     },
 }
 
+/// The heartbeat deadlines of the agents the leading master tracks, in the order they fall due:
+/// one periodic sweep takes the overdue ones, with no timer per agent.
+#[derive(Debug, Default)]
+struct HeartbeatDeadlines {
+    by_deadline: BTreeSet<(Instant, String)>,
+    by_agent: HashMap<String, Instant>,
+}
+
+impl HeartbeatDeadlines {
+    /// How many agents are tracked.
+    fn len(&self) -> usize {
+        self.by_agent.len()
+    }
+
+    fn get(&self, id: &str) -> Option<Instant> {
+        self.by_agent.get(id).copied()
+    }
+
+    /// Sets (or moves) the agent's deadline.
+    fn set(&mut self, id: &str, deadline: Instant) {
+        if let Some(old) = self.by_agent.insert(id.to_owned(), deadline) {
+            self.by_deadline.remove(&(old, id.to_owned()));
+        }
+        self.by_deadline.insert((deadline, id.to_owned()));
+    }
+
+    fn remove(&mut self, id: &str) {
+        if let Some(old) = self.by_agent.remove(id) {
+            self.by_deadline.remove(&(old, id.to_owned()));
+        }
+    }
+
+    /// Takes out the agents whose deadline is at or before `now`, earliest first.
+    fn take_expired(&mut self, now: Instant) -> Vec<String> {
+        let mut expired = Vec::new();
+        while let Some((deadline, _)) = self.by_deadline.first() {
+            if *deadline > now {
+                break;
+            }
+            if let Some((_, id)) = self.by_deadline.pop_first() {
+                self.by_agent.remove(&id);
+                expired.push(id);
+            }
+        }
+        expired
+    }
+
+    fn clear(&mut self) {
+        self.by_deadline.clear();
+        self.by_agent.clear();
+    }
+}
+
+/// The longest heartbeat TTL the master gives, whatever the config says (keeps the arithmetic
+/// on instants from overflowing).
+const MAX_HEARTBEAT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// The TTL before stagger for `agents` agents: `max(min_ttl, agents / per_second s)`.
+fn heartbeat_base_ttl(min_ttl: Duration, per_second: f64, agents: usize) -> Duration {
+    let scaled = if per_second > 0.0 {
+        Duration::try_from_secs_f64(agents as f64 / per_second).unwrap_or(MAX_HEARTBEAT_TTL)
+    } else {
+        Duration::ZERO
+    };
+    min_ttl.max(scaled).min(MAX_HEARTBEAT_TTL)
+}
+
+/// How often the leading master looks for overdue heartbeats: a tenth of the minimum TTL,
+/// between 10 ms and 1 s.
+fn heartbeat_sweep_period(min_ttl: Duration) -> Duration {
+    (min_ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
+}
+
+fn heartbeat_reply(result: pb::heartbeat_reply::Result) -> pb::HeartbeatReply {
+    pb::HeartbeatReply {
+        result: Some(result),
+    }
+}
+
 /// The master process.
 #[derive(Debug)]
 pub struct Master {
@@ -151,6 +240,9 @@ pub struct Master {
     term: u64,
     /// Bumped on every change to agents or tasks; snapshots and plans carry it.
     state_index: u64,
+    /// While leading: when each tracked agent's next heartbeat is due at the latest (TTL plus
+    /// grace).
+    heartbeats: HeartbeatDeadlines,
 }
 
 fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
@@ -215,6 +307,7 @@ impl Master {
             metrics: Metrics::default(),
             term: 0,
             state_index: 0,
+            heartbeats: HeartbeatDeadlines::default(),
         }
     }
 
@@ -242,6 +335,7 @@ impl Master {
                 msg,
                 MasterMsg::Register(..)
                     | MasterMsg::Reregister(..)
+                    | MasterMsg::Heartbeat(..)
                     | MasterMsg::LaunchTask(..)
                     | MasterMsg::SubmitJob(..)
                     | MasterMsg::StopJob(..)
@@ -263,6 +357,8 @@ impl Master {
             MasterMsg::UseNode(node) => self.node = Some(node),
             MasterMsg::Leadership(leadership) => self.on_leadership(leadership, ctx),
             MasterMsg::PingAgents => self.ping_agents(ctx),
+            MasterMsg::Heartbeat(heartbeat, reply) => self.on_heartbeat(heartbeat, reply),
+            MasterMsg::CheckHeartbeats => self.check_heartbeats(ctx),
             MasterMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
             MasterMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
             MasterMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
@@ -326,6 +422,11 @@ impl Master {
                 MasterMsg::Register(_, reply) | MasterMsg::Reregister(_, reply) => {
                     reply.send(not_leader(None));
                 }
+                MasterMsg::Heartbeat(_, reply) => {
+                    reply.send(heartbeat_reply(pb::heartbeat_reply::Result::NotLeader(
+                        pb::NotLeader::default(),
+                    )));
+                }
                 MasterMsg::LaunchTask(_, reply) => {
                     reply.send(Err("the master lost leadership".into()));
                 }
@@ -345,6 +446,7 @@ impl Master {
             }
         }
         self.cluster = Cluster::default();
+        self.heartbeats.clear();
     }
 
     fn become_leader(&mut self, term: u64, ctx: &mut Context<Self>) {
@@ -409,6 +511,13 @@ impl Master {
             deadline = ?self.config.reregistration_timeout,
             "leading master: waiting for admitted agents to re-register"
         );
+        // Every loaded agent's first TTL is the long failover one, counted from now.
+        let first_deadline = Instant::now()
+            + self.config.failover_heartbeat_ttl.min(MAX_HEARTBEAT_TTL)
+            + self.config.heartbeat_grace.min(MAX_HEARTBEAT_TTL);
+        for (id, _) in &admitted {
+            self.heartbeats.set(id, first_deadline);
+        }
         self.cluster.agents = admitted.into_iter().collect();
         self.role = Role::Leading {
             term,
@@ -448,6 +557,7 @@ impl Master {
                             id.0.clone(),
                             AgentEntry::connected(info, Vec::new(), Vec::new()),
                         );
+                        master.heartbeat_received(&id.0);
                         master.agent_joined(&id.0, ctx);
                     }
                     reply.send(admitted(id.0));
@@ -536,6 +646,18 @@ impl Master {
             agent_id.clone(),
             AgentEntry::connected(info.unwrap_or_default(), tasks, completed_tasks),
         );
+        // A re-registration counts as a heartbeat, but does not cut short the long first TTL
+        // a new leader gave the agent.
+        let first = self.heartbeats.get(&agent_id);
+        self.heartbeat_received(&agent_id);
+        if let Some(first) = first
+            && self
+                .heartbeats
+                .get(&agent_id)
+                .is_some_and(|now| now < first)
+        {
+            self.heartbeats.set(&agent_id, first);
+        }
         self.metrics.reregistered += 1;
         if let Role::Leading { recovery, .. } = &mut self.role
             && let Some(progress) = recovery
@@ -605,6 +727,7 @@ impl Master {
             Ok(_) => {
                 master.metrics.unreachable += 1;
                 master.cluster.agents.remove(&id);
+                master.heartbeats.remove(&id);
                 master.next_index();
                 tracing::warn!(agent = %id, "agent marked unreachable");
             }
@@ -613,6 +736,69 @@ impl Master {
     }
 
     // ---- health ----
+
+    /// Answers an agent's heartbeat with its next TTL, and moves its deadline.
+    fn on_heartbeat(&mut self, heartbeat: pb::Heartbeat, reply: Reply<pb::HeartbeatReply>) {
+        use pb::heartbeat_reply::Result as Answer;
+        if self.leading_term().is_none() {
+            let leader = self
+                .leader()
+                .map(|(_, address)| format!("master@{address}"))
+                .unwrap_or_default();
+            return reply.send(heartbeat_reply(Answer::NotLeader(pb::NotLeader { leader })));
+        }
+        let id = heartbeat.agent_id;
+        let connected = self.cluster.agents.get(&id).is_some_and(|a| a.connected);
+        if !connected {
+            let why = if id.is_empty() {
+                "the heartbeat carries no agent id".to_owned()
+            } else if self.cluster.agents.contains_key(&id) {
+                format!("agent {id} has not re-registered with this master; re-register")
+            } else {
+                format!("agent {id} is not registered (unknown or unreachable); re-register")
+            };
+            return reply.send(heartbeat_reply(Answer::Refused(why)));
+        }
+        let ttl = self.heartbeat_received(&id);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        reply.send(heartbeat_reply(Answer::TtlMs(ttl_ms)));
+    }
+
+    /// The agent was just heard from: gives it a new TTL (with stagger) and moves its deadline
+    /// to that TTL plus the grace from now. Returns the TTL.
+    fn heartbeat_received(&mut self, id: &str) -> Duration {
+        // The agent itself counts: a first heartbeat is for one more agent.
+        let agents = self.heartbeats.len() + usize::from(self.heartbeats.get(id).is_none());
+        let base = heartbeat_base_ttl(
+            self.config.heartbeat_min_ttl,
+            self.config.heartbeats_per_second,
+            agents,
+        );
+        let ttl = base + base.mul_f64(fastrand::f64());
+        let deadline = Instant::now() + ttl + self.config.heartbeat_grace.min(MAX_HEARTBEAT_TTL);
+        self.heartbeats.set(id, deadline);
+        ttl
+    }
+
+    /// Marks the connected agents whose heartbeat deadline passed unreachable. Agents still
+    /// awaited after a failover are left to the re-registration deadline (and its removal
+    /// limit).
+    fn check_heartbeats(&mut self, ctx: &mut Context<Self>) {
+        if self.leading_term().is_none() {
+            return;
+        }
+        for id in self.heartbeats.take_expired(Instant::now()) {
+            let Some(agent) = self.cluster.agents.get_mut(&id) else {
+                continue;
+            };
+            if !agent.connected {
+                continue;
+            }
+            agent.connected = false;
+            tracing::warn!(agent = %id, "agent missed its heartbeat deadline");
+            self.mark_unreachable(id, ctx);
+        }
+    }
 
     fn ping_agents(&mut self, ctx: &mut Context<Self>) {
         let (Some(node), Some(_)) = (&self.node, self.leading_term()) else {
@@ -708,7 +894,7 @@ impl Master {
         let task_id = task.id.clone();
         // Recorded before it is sent: the agent's first status update may come before the
         // answer to the launch.
-        if let Some(agent) = self.cluster.agents.get_mut(&agent_id) {
+        if let Some(agent) = self.cluster.agent_mut(&agent_id) {
             agent.tasks.push(task);
         }
         self.cluster.add_frameworks(vec![framework]);
@@ -724,7 +910,7 @@ impl Master {
                     Ok(answer) => format!("agent refused the task: {}", answer.error),
                     Err(e) => format!("agent unreachable: {e}"),
                 };
-                if let Some(agent) = master.cluster.agents.get_mut(&agent_id) {
+                if let Some(agent) = master.cluster.agent_mut(&agent_id) {
                     agent.tasks.retain(|t| t.id != task_id);
                 }
                 reply.send(Err(refused));
@@ -830,7 +1016,13 @@ impl Process for Master {
                 }
             }
         });
-        ctx.interval(self.config.ping_interval, || MasterMsg::PingAgents);
+        if self.config.pings {
+            ctx.interval(self.config.ping_interval, || MasterMsg::PingAgents);
+        }
+        ctx.interval(
+            heartbeat_sweep_period(self.config.heartbeat_min_ttl),
+            || MasterMsg::CheckHeartbeats,
+        );
         // What the blocked-queue releases or cancels comes back here to be recorded.
         if let Some(SinkReceivers {
             mut unblocked,
@@ -858,5 +1050,57 @@ impl Process for Master {
 
     async fn handle(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {
         self.on_message(msg, ctx);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ttl_grows_with_the_agents_past_the_minimum() {
+        let min = Duration::from_secs(10);
+        assert_eq!(heartbeat_base_ttl(min, 50.0, 0), min);
+        assert_eq!(heartbeat_base_ttl(min, 50.0, 500), min);
+        assert_eq!(
+            heartbeat_base_ttl(min, 50.0, 40_000),
+            Duration::from_secs(800)
+        );
+        assert_eq!(heartbeat_base_ttl(min, 0.0, 40_000), min);
+        assert_eq!(heartbeat_base_ttl(min, f64::NAN, 40_000), min);
+        assert_eq!(heartbeat_base_ttl(min, 1e-300, 40_000), MAX_HEARTBEAT_TTL);
+    }
+
+    #[test]
+    fn the_sweep_period_is_a_tenth_of_the_minimum_ttl_within_bounds() {
+        assert_eq!(
+            heartbeat_sweep_period(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            heartbeat_sweep_period(Duration::from_millis(200)),
+            Duration::from_millis(20)
+        );
+        assert_eq!(
+            heartbeat_sweep_period(Duration::ZERO),
+            Duration::from_millis(10)
+        );
+    }
+
+    #[test]
+    fn deadlines_come_out_in_order_and_move_when_set_again() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let mut deadlines = HeartbeatDeadlines::default();
+        deadlines.set("a", at(30));
+        deadlines.set("b", at(10));
+        deadlines.set("c", at(20));
+        deadlines.set("b", at(40));
+        deadlines.remove("c");
+        assert_eq!(deadlines.len(), 2);
+        assert!(deadlines.take_expired(at(29)).is_empty());
+        assert_eq!(deadlines.take_expired(at(40)), ["a", "b"]);
+        assert_eq!(deadlines.len(), 0);
+        assert_eq!(deadlines.by_deadline.len(), 0);
     }
 }

@@ -106,6 +106,7 @@ impl MasterServer {
         node.register("master", &master)?
             .install_ask::<pb::RegisterAgent, pb::RegistrationReply>(MasterMsg::Register)
             .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(MasterMsg::Reregister)
+            .install_ask::<pb::Heartbeat, pb::HeartbeatReply>(MasterMsg::Heartbeat)
             .install::<pb::TaskStatusUpdate>(MasterMsg::TaskStatus);
         let config = muster_scheduler::WorkerConfig::default();
         let workers = match placement {

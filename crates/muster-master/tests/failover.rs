@@ -351,6 +351,8 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
     let members = free_addresses(1).await?;
     let addresses: Vec<String> = members.values().cloned().collect();
     let master = start(MasterConfig {
+        // Pings are off by default (heartbeats keep agents connected); this test is about them.
+        pings: true,
         ping_interval: Duration::from_millis(50),
         ping_timeout: Duration::from_millis(500),
         max_missed_pings: 3,

@@ -305,9 +305,10 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
     let master = MasterServer::start(MasterConfig {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.path().join("master"),
-        ping_interval: Duration::from_millis(100),
-        ping_timeout: Duration::from_millis(500),
-        max_missed_pings: 2,
+        // Agents stay connected by heartbeating (at half their TTL); short TTLs so that the
+        // lost one is noticed quickly.
+        heartbeat_min_ttl: Duration::from_millis(500),
+        heartbeat_grace: Duration::from_millis(500),
         placement: muster_master::Placement::Spread,
         ..MasterConfig::default()
     })
@@ -341,7 +342,7 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
     })
     .await?;
 
-    // The doomed agent's node goes away: it misses its pings, is marked unreachable with an
+    // The doomed agent's node goes away: it misses its heartbeats, is marked unreachable with an
     // evaluation for the job in the same write, and its task is placed on the survivor.
     doomed.stop().await;
     doomed_node.shutdown();

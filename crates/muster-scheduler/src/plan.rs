@@ -7,6 +7,7 @@
 //! scheduler got there first) come back rejected.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use muster_registry::jobs::{Constraint, EvalId, Job};
 use muster_registry::{AgentId, Resources};
@@ -19,8 +20,10 @@ pub struct ClusterSnapshot {
     /// The state index this view is as of; plans carry it so the applier knows how stale they
     /// are.
     pub index: u64,
-    /// The agents that can take work, with their tasks.
-    pub agents: Vec<AgentView>,
+    /// The agents that can take work, with their tasks. Shared: a master keeps one view per
+    /// agent and rebuilds only the agents that changed, so a snapshot costs a pointer per
+    /// agent, not a copy of every task.
+    pub agents: Vec<Arc<AgentView>>,
     /// The registered jobs, by name.
     pub jobs: BTreeMap<String, Job>,
 }
@@ -28,7 +31,10 @@ pub struct ClusterSnapshot {
 impl ClusterSnapshot {
     /// The agent with this id, if it is in the snapshot.
     pub fn agent(&self, id: &AgentId) -> Option<&AgentView> {
-        self.agents.iter().find(|agent| &agent.id == id)
+        self.agents
+            .iter()
+            .map(|agent| &**agent)
+            .find(|agent| &agent.id == id)
     }
 }
 

@@ -558,7 +558,11 @@ impl IntoProto for ClusterSnapshot {
     fn into_proto(self) -> pb::ClusterSnapshot {
         pb::ClusterSnapshot {
             index: self.index,
-            agents: self.agents.into_proto(),
+            agents: self
+                .agents
+                .into_iter()
+                .map(|agent| Arc::unwrap_or_clone(agent).into_proto())
+                .collect(),
             jobs: self
                 .jobs
                 .into_iter()
@@ -579,7 +583,10 @@ impl FromProto for ClusterSnapshot {
         }
         Ok(ClusterSnapshot {
             index: proto.index,
-            agents: each(proto.agents, "agents")?,
+            agents: each::<AgentView>(proto.agents, "agents")?
+                .into_iter()
+                .map(Arc::new)
+                .collect(),
             jobs,
         })
     }
@@ -1400,7 +1407,7 @@ mod tests {
         ];
         ClusterSnapshot {
             index: 42,
-            agents: vec![AgentView {
+            agents: vec![Arc::new(AgentView {
                 id: AgentId("agent-1".into()),
                 attributes: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
                 total: resources(8.0, 4096),
@@ -1416,7 +1423,7 @@ mod tests {
                         state: *state,
                     })
                     .collect(),
-            }],
+            })],
             jobs: BTreeMap::from([("web".to_owned(), job())]),
         }
     }

@@ -195,7 +195,7 @@ fn build_plan<P: Placer + ?Sized>(
     };
 
     // Agents by id; an id listed twice counts once (the first).
-    let mut agents: Vec<&AgentView> = snapshot.agents.iter().collect();
+    let mut agents: Vec<&AgentView> = snapshot.agents.iter().map(|a| &**a).collect();
     agents.sort_by(|a, b| a.id.cmp(&b.id));
     agents.dedup_by(|later, earlier| later.id == earlier.id);
     let mut standings: Vec<Standing<'_>> = agents

@@ -161,6 +161,7 @@ impl Backend for Fake {
                 .iter_mut()
                 .filter(|a| a.id == stop.agent)
             {
+                let agent = Arc::make_mut(agent);
                 for task in agent.tasks.iter_mut().filter(|t| t.id == stop.task_id) {
                     task.state = TaskState::Killed;
                 }
@@ -179,7 +180,7 @@ impl Backend for Fake {
                         && agent.fits(&placement.resources)
                         && agent.tasks.iter().all(|t| t.id != placement.task_id) =>
                 {
-                    agent.tasks.push(TaskView {
+                    Arc::make_mut(agent).tasks.push(TaskView {
                         id: placement.task_id.clone(),
                         name: placement.name.clone(),
                         job: placement.job.clone(),
@@ -319,7 +320,7 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
     fake.lock()
         .before_submit
         .push_back(Box::new(|cluster: &mut ClusterSnapshot| {
-            cluster.agents[0].tasks.push(task(
+            Arc::make_mut(&mut cluster.agents[0]).tasks.push(task(
                 "other.x[0]",
                 "other",
                 "x",
@@ -403,7 +404,7 @@ async fn a_lack_of_capacity_blocks_the_evaluation() {
     // Capacity arrives and the evaluation comes back: only the two missing slots are placed.
     {
         let mut state = fake.lock();
-        state.cluster.agents.push(agent("a2", 4.0, 4096));
+        state.cluster.agents.push(Arc::new(agent("a2", 4.0, 4096)));
         state.cluster.index += 1;
     }
     let mut again = eval.clone();

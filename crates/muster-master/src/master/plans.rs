@@ -5,6 +5,8 @@
 //! agents as they are now: what fits is committed and launched, what no longer fits goes back
 //! rejected so the scheduler can refresh and try again (Nomad's plan applier, seed 003).
 
+use std::sync::Arc;
+
 use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::{BlockedEval, BlockedMsg, CapacityChange, Demand as BlockedDemand};
 use muster_proto::cluster as pb;
@@ -97,29 +99,33 @@ impl Master {
     }
 
     /// The cluster as schedulers see it: connected agents with their tasks, and the jobs.
-    pub(super) fn snapshot(&self) -> ClusterSnapshot {
+    /// Agents whose tasks did not change since the last snapshot share their views with it.
+    pub(super) fn snapshot(&mut self) -> ClusterSnapshot {
         let jobs = self.registry.reader().read(|state| state.jobs.clone());
-        let mut agents: Vec<AgentView> = self
+        let mut agents: Vec<Arc<AgentView>> = self
             .cluster
             .agents
-            .iter()
+            .iter_mut()
             .filter(|(_, agent)| agent.connected)
             .map(|(id, agent)| {
-                let info = registry_info(&agent.info);
-                AgentView {
-                    id: AgentId(id.clone()),
-                    attributes: info.attributes,
-                    total: info.resources,
-                    tasks: agent
-                        .tasks
-                        .iter()
-                        .chain(agent.completed_tasks.iter().rev().take(100))
-                        .map(view)
-                        .collect(),
-                }
+                let view = agent.view.get_or_insert_with(|| {
+                    let info = registry_info(&agent.info);
+                    Arc::new(AgentView {
+                        id: AgentId(id.clone()),
+                        attributes: info.attributes,
+                        total: info.resources,
+                        tasks: agent
+                            .tasks
+                            .iter()
+                            .chain(agent.completed_tasks.iter().rev().take(100))
+                            .map(view)
+                            .collect(),
+                    })
+                });
+                Arc::clone(view)
             })
             .collect();
-        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        agents.sort_unstable_by(|a, b| a.id.cmp(&b.id));
         ClusterSnapshot {
             index: self.current_index(),
             agents,
@@ -204,7 +210,7 @@ impl Master {
             id: placement.job.clone(),
             name: placement.job.clone(),
         }]);
-        let Some(agent) = self.cluster.agents.get_mut(&placement.agent.0) else {
+        let Some(agent) = self.cluster.agent_mut(&placement.agent.0) else {
             return;
         };
         agent.tasks.push(task.clone());
@@ -245,7 +251,7 @@ impl Master {
 
     /// Marks a task killed (it frees its resources now) and tells its agent to stop it.
     fn stop_task(&mut self, stop: &Stop, ctx: &mut Context<Self>) -> bool {
-        let Some(agent) = self.cluster.agents.get_mut(&stop.agent.0) else {
+        let Some(agent) = self.cluster.agent_mut(&stop.agent.0) else {
             return false;
         };
         let Some(task) = agent.tasks.iter_mut().find(|t| t.id == stop.task_id) else {
@@ -284,7 +290,7 @@ impl Master {
         task: pb::Task,
         ctx: &mut Context<Self>,
     ) {
-        let Some(agent) = self.cluster.agents.get_mut(&agent_id) else {
+        let Some(agent) = self.cluster.agent_mut(&agent_id) else {
             return;
         };
         let ended = is_terminal(&task);

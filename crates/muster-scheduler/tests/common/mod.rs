@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use muster_registry::jobs::{
     Constraint, ConstraintOp, Evaluation, Job, SchedulerType, TaskGroup, Trigger,
@@ -75,7 +76,7 @@ pub(crate) fn eval_for(job: &Job) -> Evaluation {
 pub(crate) fn snapshot(index: u64, agents: Vec<AgentView>, jobs: Vec<Job>) -> ClusterSnapshot {
     ClusterSnapshot {
         index,
-        agents,
+        agents: agents.into_iter().map(Arc::new).collect(),
         jobs: jobs
             .into_iter()
             .map(|job| (job.name.clone(), job))
@@ -112,6 +113,7 @@ pub(crate) fn on(mut agent: AgentView, tasks: Vec<TaskView>) -> AgentView {
 pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
     for stop in &plan.stop {
         for agent in snapshot.agents.iter_mut().filter(|a| a.id == stop.agent) {
+            let agent = Arc::make_mut(agent);
             for task in agent.tasks.iter_mut().filter(|t| t.id == stop.task_id) {
                 task.state = TaskState::Killed;
             }
@@ -119,6 +121,7 @@ pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
     }
     for placement in &plan.place {
         if let Some(agent) = snapshot.agents.iter_mut().find(|a| a.id == placement.agent) {
+            let agent = Arc::make_mut(agent);
             agent.tasks.push(TaskView {
                 id: placement.task_id.clone(),
                 name: placement.name.clone(),

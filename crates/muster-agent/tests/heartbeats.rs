@@ -1,0 +1,279 @@
+//! The agent's heartbeats against a fake master that takes them: sent right after registering
+//! and then at half of each TTL the master gives; a refused heartbeat makes the agent
+//! re-register, an unanswered one makes it count the master as lost.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
+use muster_agent::{AgentConfig, AgentHandle, AgentStatus};
+use muster_proto::cluster::{
+    Heartbeat, HeartbeatReply, RegisterAgent, RegistrationReply, ReregisterAgent, heartbeat_reply,
+    registration_reply,
+};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How long any one expected event may take before the test fails.
+const PATIENCE: Duration = Duration::from_secs(15);
+
+/// How the fake master answers heartbeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Beats {
+    /// With this TTL.
+    Ttl(Duration),
+    /// Refuse the next one, then go back to this TTL.
+    RefuseOnce(Duration),
+    /// Never answer (the replies are kept, so the agent's asks time out).
+    Silent,
+}
+
+/// What the fake master received, and when.
+#[derive(Debug)]
+enum Got {
+    Register,
+    Reregister(String),
+    Heartbeat(String, Instant),
+}
+
+struct FakeMaster {
+    beats: Arc<Mutex<Beats>>,
+    got: mpsc::UnboundedSender<Got>,
+    unanswered: Vec<Reply<HeartbeatReply>>,
+}
+
+enum FakeMsg {
+    Register(Reply<RegistrationReply>),
+    Reregister(String, Reply<RegistrationReply>),
+    Heartbeat(Heartbeat, Reply<HeartbeatReply>),
+}
+
+fn admitted(id: &str) -> RegistrationReply {
+    RegistrationReply {
+        result: Some(registration_reply::Result::AgentId(id.to_owned())),
+    }
+}
+
+impl Process for FakeMaster {
+    type Message = FakeMsg;
+
+    async fn handle(&mut self, msg: FakeMsg, _ctx: &mut Context<Self>) {
+        match msg {
+            FakeMsg::Register(reply) => {
+                reply.send(admitted("agent-h"));
+                let _ = self.got.send(Got::Register);
+            }
+            FakeMsg::Reregister(agent_id, reply) => {
+                reply.send(admitted(&agent_id));
+                let _ = self.got.send(Got::Reregister(agent_id));
+            }
+            FakeMsg::Heartbeat(heartbeat, reply) => {
+                let _ = self
+                    .got
+                    .send(Got::Heartbeat(heartbeat.agent_id, Instant::now()));
+                let mut beats = self.beats.lock().unwrap_or_else(|p| p.into_inner());
+                let result = match *beats {
+                    Beats::Ttl(ttl) => {
+                        heartbeat_reply::Result::TtlMs(ttl.as_millis().try_into().unwrap_or(0))
+                    }
+                    Beats::RefuseOnce(then) => {
+                        *beats = Beats::Ttl(then);
+                        heartbeat_reply::Result::Refused("unknown agent; re-register".into())
+                    }
+                    Beats::Silent => {
+                        self.unanswered.push(reply);
+                        return;
+                    }
+                };
+                reply.send(HeartbeatReply {
+                    result: Some(result),
+                });
+            }
+        }
+    }
+}
+
+/// A fake master and an agent, each on its own system and node.
+struct Setup {
+    systems: Vec<System>,
+    nodes: Vec<Node>,
+    beats: Arc<Mutex<Beats>>,
+    got: mpsc::UnboundedReceiver<Got>,
+    master: Upid,
+    agent: AgentHandle,
+    _pid: Pid<FakeMaster>,
+    _dir: tempfile::TempDir,
+}
+
+impl Setup {
+    async fn start(beats: Beats, tweak: impl FnOnce(&mut AgentConfig)) -> anyhow::Result<Self> {
+        let master_system = System::new();
+        let master_node = Node::bind(&master_system, "127.0.0.1:0").await?;
+        let (tx, got) = mpsc::unbounded_channel();
+        let beats = Arc::new(Mutex::new(beats));
+        let pid = master_system.spawn(FakeMaster {
+            beats: Arc::clone(&beats),
+            got: tx,
+            unanswered: Vec::new(),
+        });
+        master_node
+            .register("master", &pid)?
+            .install_ask::<RegisterAgent, RegistrationReply>(|_, reply| FakeMsg::Register(reply))
+            .install_ask::<ReregisterAgent, RegistrationReply>(|request, reply| {
+                FakeMsg::Reregister(request.agent_id, reply)
+            })
+            .install_ask::<Heartbeat, HeartbeatReply>(FakeMsg::Heartbeat);
+        let master = Upid::new("master", master_node.address())?;
+
+        let dir = tempfile::tempdir()?;
+        let mut config = AgentConfig::new(vec![master_node.address().to_owned()], dir.path());
+        config.hostname = "test-host".into();
+        config.resources = (1.0, 1024);
+        config.registration_backoff_initial = Duration::from_millis(20);
+        config.registration_backoff_max = Duration::from_millis(200);
+        config.ask_timeout = Duration::from_secs(2);
+        tweak(&mut config);
+        let agent_system = System::new();
+        let agent_node = Node::bind(&agent_system, "127.0.0.1:0").await?;
+        let agent = muster_agent::start(&agent_node, config).await?;
+        Ok(Setup {
+            systems: vec![agent_system, master_system],
+            nodes: vec![agent_node, master_node],
+            beats,
+            got,
+            master,
+            agent,
+            _pid: pid,
+            _dir: dir,
+        })
+    }
+
+    fn set(&self, beats: Beats) {
+        *self.beats.lock().unwrap_or_else(|p| p.into_inner()) = beats;
+    }
+
+    async fn next(&mut self) -> anyhow::Result<Got> {
+        tokio::time::timeout(PATIENCE, self.got.recv())
+            .await
+            .context("the fake master got nothing in time")?
+            .context("fake master gone")
+    }
+
+    /// The next heartbeat's arrival; it must name `agent-h`.
+    async fn next_heartbeat(&mut self) -> anyhow::Result<Instant> {
+        match self.next().await? {
+            Got::Heartbeat(id, at) if id == "agent-h" => Ok(at),
+            other => bail!("expected a heartbeat from agent-h, got {other:?}"),
+        }
+    }
+
+    async fn registered(&self) -> anyhow::Result<()> {
+        let (id, master) = tokio::time::timeout(PATIENCE, self.agent.registered()).await??;
+        ensure!(id == "agent-h" && master == self.master, "{id} at {master}");
+        Ok(())
+    }
+
+    async fn stop(self) {
+        self.agent.stop().await;
+        for node in &self.nodes {
+            node.shutdown();
+        }
+        for system in self.systems {
+            system.shutdown().await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_heartbeats_within_its_ttl_and_reregisters_when_refused() -> anyhow::Result<()> {
+    let ttl = Duration::from_millis(400);
+    let mut setup = Setup::start(Beats::Ttl(ttl), |_| {}).await?;
+    ensure!(matches!(setup.next().await?, Got::Register));
+    setup.registered().await?;
+
+    // The first right after registering, then one per half TTL: never late, never early.
+    let mut last = setup.next_heartbeat().await?;
+    for _ in 0..5 {
+        let at = setup.next_heartbeat().await?;
+        let gap = at - last;
+        ensure!(
+            gap >= ttl / 2 - Duration::from_millis(10) && gap < ttl,
+            "{gap:?} between heartbeats with a TTL of {ttl:?}"
+        );
+        last = at;
+    }
+
+    // A refused heartbeat: the agent re-registers under its id, then heartbeats again.
+    setup.set(Beats::RefuseOnce(ttl));
+    loop {
+        match setup.next().await? {
+            Got::Heartbeat(..) => continue,
+            Got::Reregister(id) => {
+                ensure!(id == "agent-h");
+                break;
+            }
+            Got::Register => bail!("registered anew instead of re-registering"),
+        }
+    }
+    setup.registered().await?;
+    setup.next_heartbeat().await?;
+    setup.next_heartbeat().await?;
+    ensure!(matches!(
+        *setup.agent.status().borrow(),
+        AgentStatus::Registered { .. }
+    ));
+    setup.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_stops_answering_heartbeats_counts_as_lost() -> anyhow::Result<()> {
+    // A TTL far beyond the silence timeout: only the unanswered heartbeat can tell.
+    let mut setup = Setup::start(Beats::Ttl(Duration::from_millis(200)), |config| {
+        config.master_silence_timeout = Duration::from_millis(300);
+    })
+    .await?;
+    ensure!(matches!(setup.next().await?, Got::Register));
+    setup.registered().await?;
+    setup.next_heartbeat().await?;
+    setup.next_heartbeat().await?;
+    setup.set(Beats::Silent);
+    loop {
+        match setup.next().await? {
+            Got::Heartbeat(..) => continue,
+            Got::Reregister(id) => {
+                ensure!(id == "agent-h");
+                break;
+            }
+            Got::Register => bail!("registered anew instead of re-registering"),
+        }
+    }
+    setup.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_ttl_does_not_count_as_silence() -> anyhow::Result<()> {
+    // The master answers at once but gives a TTL ten times the silence timeout: the agent must
+    // stay registered through several silence timeouts without a heartbeat.
+    let mut setup = Setup::start(Beats::Ttl(Duration::from_secs(6)), |config| {
+        config.master_silence_timeout = Duration::from_millis(300);
+    })
+    .await?;
+    ensure!(matches!(setup.next().await?, Got::Register));
+    setup.registered().await?;
+    setup.next_heartbeat().await?;
+    // Pacing, not synchronisation: three silence timeouts pass.
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    ensure!(
+        setup.got.try_recv().is_err(),
+        "the agent re-registered or heartbeat early"
+    );
+    ensure!(matches!(
+        *setup.agent.status().borrow(),
+        AgentStatus::Registered { .. }
+    ));
+    setup.stop().await;
+    Ok(())
+}
