@@ -940,10 +940,25 @@ impl Master {
         if !is_leader {
             return state;
         }
+        state.unreachable = self.registry.reader().read(|registry| {
+            registry
+                .unreachable
+                .iter()
+                .map(|(id, agent)| pb::UnreachableAgent {
+                    id: id.0.clone(),
+                    info: Some(wire_info(&agent.info)),
+                    marked_at_ms: agent.marked_at_ms,
+                })
+                .collect()
+        });
+        // An agent just marked unreachable leaves the in-memory table only when its registry
+        // write is answered; one report never lists it in both places.
+        let marked: HashSet<&str> = state.unreachable.iter().map(|a| a.id.as_str()).collect();
         let mut agents: Vec<pb::AgentState> = self
             .cluster
             .agents
             .iter()
+            .filter(|(id, _)| !marked.contains(id.as_str()))
             .map(|(id, agent)| pb::AgentState {
                 id: id.clone(),
                 info: Some(agent.info.clone()),
@@ -958,17 +973,6 @@ impl Master {
             self.cluster.frameworks.values().cloned().collect();
         frameworks.sort_by(|a, b| a.id.cmp(&b.id));
         state.frameworks = frameworks;
-        state.unreachable = self.registry.reader().read(|registry| {
-            registry
-                .unreachable
-                .iter()
-                .map(|(id, agent)| pb::UnreachableAgent {
-                    id: id.0.clone(),
-                    info: Some(wire_info(&agent.info)),
-                    marked_at_ms: agent.marked_at_ms,
-                })
-                .collect()
-        });
         state
     }
 

@@ -11,13 +11,13 @@ use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::{BlockedEval, BlockedMsg, CapacityChange, Demand as BlockedDemand};
 use muster_proto::cluster as pb;
 use muster_registry::jobs::{EvalStatus, Evaluation, SchedulerType, Trigger};
-use muster_registry::{AgentId, Op, Resources};
+use muster_registry::{AgentId, Resources};
 use muster_scheduler::{
     AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult, Stop, TaskState, TaskView,
 };
 
+use super::Master;
 use super::scheduling::{GROUP_LABEL, JOB_LABEL, task_job};
-use super::{Master, Role};
 use crate::cluster::registry_info;
 
 /// How many ended tasks an agent's entry keeps for `muster job status`.
@@ -386,24 +386,19 @@ impl Master {
         self.write_status(eval, ctx, move |_master, written| reply.send(written));
     }
 
+    /// Records an evaluation's new status (complete, blocked) in the registry.
     fn write_status(
         &mut self,
         eval: Evaluation,
         ctx: &mut Context<Self>,
         done: impl FnOnce(&mut Master, Result<(), String>) + Send + 'static,
     ) {
-        let Role::Leading { registrar, .. } = &self.role else {
+        if self.leading_term().is_none() {
             let why = self.not_leading();
             return done(self, Err(why));
-        };
-        let write = super::write_registry(registrar, Op::UpsertEvals(vec![eval]));
-        ctx.defer(write, move |master: &mut Master, _ctx, written| {
-            let written = match written {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(e) => Err(format!("registrar unavailable: {e}")),
-            };
-            done(master, written);
+        }
+        self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, written| {
+            done(master, written.map(drop).map_err(|e| e.to_string()));
         });
     }
 

@@ -62,8 +62,8 @@ impl Master {
         let _ = self.blocked.tell(BlockedMsg::Disable);
     }
 
-    /// Writes `ops` and `evals` in one raft entry, then hands the stored evaluations to the
-    /// broker; `done` gets the entry's outcome.
+    /// Writes `ops` and `evals` in one raft entry, then hands the stored pending evaluations
+    /// to the broker; `done` gets the entry's outcome.
     pub(super) fn write_with_evals(
         &mut self,
         ops: Vec<Op>,
@@ -74,7 +74,13 @@ impl Master {
         let Role::Leading { registrar, .. } = &self.role else {
             return done(self, Err(WriteError::NotLeader { leader: None }));
         };
-        let ids: Vec<_> = evals.iter().map(|e| e.id.clone()).collect();
+        // Only pending evaluations go to the broker; a completed or blocked one is just
+        // recorded.
+        let ids: Vec<_> = evals
+            .iter()
+            .filter(|e| e.status == EvalStatus::Pending)
+            .map(|e| e.id.clone())
+            .collect();
         let mut all = ops;
         if !evals.is_empty() {
             all.push(Op::UpsertEvals(evals));
