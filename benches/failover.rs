@@ -27,6 +27,8 @@
 //! Before each size the bench prints (eprintln) the master's memory per agent: the heap in use
 //! (glibc `mallinfo2`) after a recovery minus before its messages were built, divided by the
 //! agents. The messages are moved into the master, so this is what the master holds for them.
+//! That needs glibc's allocator, so this bench, unlike the binaries and the other benches,
+//! does not switch to mimalloc: its times are with the system allocator.
 //! Targets (2-core machine): 40k agents in ≤ 1.9 s in-process and ≤ 6 s over tonic; with
 //! history ≤ 13.5 s in-process.
 

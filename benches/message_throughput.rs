@@ -68,6 +68,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::runtime::Runtime;
 use tokio::sync::{mpsc, oneshot};
 
+/// The allocator Muster's binaries use (README, performance), so figures match them; the
+/// baselines in the same run use it too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Messages per iteration in the tell groups.
 const TELLS: u64 = 100_000;
 /// Sequential round trips per iteration in `ask_round_trip`.

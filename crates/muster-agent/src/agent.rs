@@ -14,9 +14,9 @@ use muster_actor::{
     Upid,
 };
 use muster_proto::cluster::{
-    AgentInfo, Framework, Heartbeat, HeartbeatReply, KillTask, KillTaskReply, Ping, Pong,
-    RegisterAgent, RegistrationReply, ReregisterAgent, Resources, RunTask, RunTaskReply, Task,
-    TaskState, TaskStatusUpdate, heartbeat_reply, registration_reply,
+    AgentInfo, Framework, Heartbeat, HeartbeatReply, KillTask, KillTaskReply, LaunchTasks, Ping,
+    Pong, RegisterAgent, RegistrationReply, ReregisterAgent, Resources, RunTask, RunTaskReply,
+    Task, TaskState, TaskStatusUpdate, heartbeat_reply, registration_reply,
 };
 use tokio::sync::{oneshot, watch};
 use tokio::time::Instant;
@@ -80,7 +80,13 @@ impl AgentMsg {
 
     /// A master's request to run a task; answered with an empty error on success.
     pub fn run_task(request: RunTask, reply: Reply<RunTaskReply>) -> Self {
-        AgentMsg(Msg::RunTask(request, reply))
+        AgentMsg(Msg::RunTask(Box::new(request), reply))
+    }
+
+    /// A master's one-way request to run the tasks of one plan. Each task's start or refusal
+    /// (FAILED, with the reason in its `message`) follows as a `TaskStatusUpdate`.
+    pub fn launch_tasks(launch: LaunchTasks) -> Self {
+        AgentMsg(Msg::LaunchTasks(launch))
     }
 
     /// A master's request to stop a running task (SIGTERM to its process group, SIGKILL after
@@ -96,6 +102,7 @@ impl fmt::Debug for AgentMsg {
         let kind = match &self.0 {
             Msg::Ping(..) => "Ping",
             Msg::RunTask(..) => "RunTask",
+            Msg::LaunchTasks(..) => "LaunchTasks",
             Msg::KillTask(..) => "KillTask",
             Msg::Start => "Start",
             Msg::Round { .. } => "Round",
@@ -112,7 +119,8 @@ impl fmt::Debug for AgentMsg {
 
 enum Msg {
     Ping(Ping, Reply<Pong>),
-    RunTask(RunTask, Reply<RunTaskReply>),
+    RunTask(Box<RunTask>, Reply<RunTaskReply>),
+    LaunchTasks(LaunchTasks),
     KillTask(KillTask, Reply<KillTaskReply>),
     /// Sent once by [`start`] after the process is registered on the node.
     Start,
@@ -287,7 +295,8 @@ impl AgentHandle {
 
 /// Starts an agent on `node`: checks the data directory, reads the stored id and task
 /// checkpoints, spawns the [`Agent`] process on the node's system, registers it as `agent` with
-/// the asks `Ping -> Pong`, `RunTask -> RunTaskReply` and `KillTask -> KillTaskReply`, and lets
+/// the asks `Ping -> Pong`, `RunTask -> RunTaskReply` and `KillTask -> KillTaskReply` and the
+/// tell `LaunchTasks`, and lets
 /// it look for the leading master (after a random delay below
 /// [`registration_backoff_initial`](AgentConfig::registration_backoff_initial)).
 ///
@@ -392,6 +401,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
             registration
                 .install_ask::<Ping, Pong>(AgentMsg::ping)
                 .install_ask::<RunTask, RunTaskReply>(AgentMsg::run_task)
+                .install::<LaunchTasks>(AgentMsg::launch_tasks)
                 .install_ask::<KillTask, KillTaskReply>(AgentMsg::kill_task);
         }
         Err(e) => {
@@ -428,7 +438,7 @@ impl Process for Agent {
         match msg {
             Msg::Ping(ping, reply) => self.on_ping(&ping, reply),
             Msg::RunTask(request, reply) => {
-                let error = match self.run_task(request, ctx).await {
+                let error = match self.run_task(*request, ctx).await {
                     Ok(()) => String::new(),
                     Err(error) => {
                         tracing::warn!(%error, "refused a task");
@@ -436,6 +446,24 @@ impl Process for Agent {
                     }
                 };
                 reply.send(RunTaskReply { error });
+            }
+            Msg::LaunchTasks(launch) => {
+                for request in launch.tasks {
+                    let refused = request.task.clone();
+                    let Err(error) = self.run_task(request, ctx).await else {
+                        continue;
+                    };
+                    tracing::warn!(%error, "refused a task");
+                    // A task that runs under this id already is not the one refused.
+                    if let Some(mut task) = refused
+                        && !self.tasks.knows(&task.id)
+                    {
+                        task.state = TaskState::Failed as i32;
+                        task.exit_code = -1;
+                        task.message = error;
+                        self.report(task);
+                    }
+                }
             }
             Msg::KillTask(request, reply) => {
                 let error = self.kill_task(&request.task_id);

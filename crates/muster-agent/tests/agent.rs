@@ -9,8 +9,9 @@ use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle, AgentSnapshot, AgentStatus};
 use muster_proto::cluster::{
-    Framework, KillTask, KillTaskReply, NotLeader, Ping, Pong, RegisterAgent, RegistrationReply,
-    ReregisterAgent, RunTask, RunTaskReply, Task, TaskState, TaskStatusUpdate, registration_reply,
+    Framework, KillTask, KillTaskReply, LaunchTasks, NotLeader, Ping, Pong, RegisterAgent,
+    RegistrationReply, ReregisterAgent, RunTask, RunTaskReply, Task, TaskState, TaskStatusUpdate,
+    registration_reply,
 };
 use tokio::sync::mpsc;
 
@@ -667,6 +668,62 @@ async fn run_task_runs_real_children_and_refuses_bad_requests() -> anyhow::Resul
 
     let snapshot = agent.handle.snapshot().await?;
     assert_eq!(snapshot.tasks.len(), 1, "{:?}", snapshot.tasks);
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-l".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    let to = agent.upid().clone();
+
+    let mut bad = shell_task("bad", "");
+    if let Some(task) = bad.task.as_mut() {
+        task.command = "/nonexistent/muster-launch-command".into();
+        task.args.clear();
+    }
+    // One message, no answer: three tasks, the middle one cannot start, the last repeats a
+    // running task's id.
+    let launch = LaunchTasks {
+        tasks: vec![
+            shell_task("first", "sleep 30"),
+            bad,
+            shell_task("first", "exit 0"),
+        ],
+    };
+    master.node.remote(to.clone()).tell(launch)?;
+
+    master
+        .expect_update("agent-l", "first", TaskState::Running)
+        .await?;
+    let refused = master
+        .expect_update("agent-l", "bad", TaskState::Failed)
+        .await?;
+    assert!(
+        refused
+            .message
+            .contains("/nonexistent/muster-launch-command"),
+        "the reason travels with the update: {:?}",
+        refused.message
+    );
+    assert_eq!(refused.exit_code, -1);
+    // The duplicate is refused without an update that would end the running `first`.
+    let snapshot = agent.handle.snapshot().await?;
+    assert_eq!(state_of(&snapshot.tasks, "first"), Some(TaskState::Running));
+    assert!(find(&snapshot.tasks, "bad").is_none());
+    // Updates come in order: the next one is for a later launch, none for the duplicate.
+    let later = LaunchTasks {
+        tasks: vec![shell_task("later", "sleep 30")],
+    };
+    master.node.remote(to.clone()).tell(later)?;
+    master
+        .expect_update("agent-l", "later", TaskState::Running)
+        .await?;
     agent.stop().await;
     master.shutdown().await;
     Ok(())

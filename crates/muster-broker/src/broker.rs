@@ -246,6 +246,48 @@ struct Waiter {
     timer: TimerHandle,
 }
 
+/// Evaluations dropped for a newer one of their job and not yet marked canceled in the
+/// registry, oldest first, with their count per scheduler type for stats.
+#[derive(Debug, Default)]
+struct Cancelable {
+    evals: Vec<Evaluation>,
+    counts: BTreeMap<SchedulerType, usize>,
+}
+
+impl Cancelable {
+    fn extend(&mut self, evals: impl IntoIterator<Item = Evaluation>) {
+        for eval in evals {
+            *self.counts.entry(eval.scheduler).or_default() += 1;
+            self.evals.push(eval);
+        }
+    }
+
+    /// Takes out the oldest `max` (or all, if fewer).
+    fn take(&mut self, max: usize) -> Vec<Evaluation> {
+        let take = self.evals.len().min(max);
+        let taken: Vec<Evaluation> = self.evals.drain(..take).collect();
+        for eval in &taken {
+            if let Some(count) = self.counts.get_mut(&eval.scheduler) {
+                *count = count.saturating_sub(1);
+            }
+        }
+        taken
+    }
+
+    fn count(&self, scheduler: SchedulerType) -> usize {
+        self.counts.get(&scheduler).copied().unwrap_or(0)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.evals.is_empty()
+    }
+
+    fn clear(&mut self) {
+        self.evals.clear();
+        self.counts.clear();
+    }
+}
+
 /// The broker process.
 #[derive(Debug)]
 pub struct EvalBroker {
@@ -257,7 +299,7 @@ pub struct EvalBroker {
     in_flight: HashMap<String, EvalId>,
     /// Per job, the evaluations waiting behind the one in flight.
     pending: HashMap<String, Vec<Evaluation>>,
-    cancelable: Vec<Evaluation>,
+    cancelable: Cancelable,
     failed: Vec<Evaluation>,
     /// Failed evaluations not yet marked in the registry.
     failed_unwritten: Vec<EvalId>,
@@ -278,7 +320,7 @@ impl EvalBroker {
             unacked: HashMap::new(),
             in_flight: HashMap::new(),
             pending: HashMap::new(),
-            cancelable: Vec::new(),
+            cancelable: Cancelable::default(),
             failed: Vec::new(),
             failed_unwritten: Vec::new(),
             deliveries: HashMap::new(),
@@ -439,7 +481,7 @@ impl EvalBroker {
             .map(|(i, _)| i);
         if let Some(newest) = newest {
             let next = waiting.swap_remove(newest);
-            self.cancelable.append(&mut waiting);
+            self.cancelable.extend(waiting);
             self.in_flight.insert(next.job.clone(), next.id.clone());
             self.make_ready(next, ctx);
         }
@@ -481,8 +523,7 @@ impl EvalBroker {
         let Some(writer) = self.writer.clone() else {
             return;
         };
-        let take = self.cancelable.len().min(self.config.max_cancel_batch);
-        let canceled: Vec<Evaluation> = self.cancelable.drain(..take).collect();
+        let canceled = self.cancelable.take(self.config.max_cancel_batch);
         let failed = mem::take(&mut self.failed_unwritten);
         let mut ops = Vec::new();
         if !canceled.is_empty() {
@@ -535,22 +576,26 @@ impl EvalBroker {
                 *field(q) += 1;
             }
         };
-        for (scheduler, queue) in &self.ready {
-            for _ in queue.values() {
-                count(*scheduler, |q| &mut q.ready);
-            }
-        }
         for held in self.unacked.values() {
             count(held.eval.scheduler, |q| &mut q.unacked);
         }
-        for eval in self.pending.values().flatten() {
-            count(eval.scheduler, |q| &mut q.pending);
-        }
-        for eval in &self.cancelable {
-            count(eval.scheduler, |q| &mut q.cancelable);
-        }
         for eval in &self.failed {
             count(eval.scheduler, |q| &mut q.failed);
+        }
+        // The big queues are counted without walking them: ready by its per-type maps,
+        // pending by job (a job's evaluations share its scheduler type), cancelable by the
+        // counts it keeps.
+        for (scheduler, q) in &mut stats.by_scheduler {
+            q.ready = self.ready.get(scheduler).map_or(0, BTreeMap::len);
+            q.cancelable = self.cancelable.count(*scheduler);
+        }
+        for waiting in self.pending.values() {
+            if let Some(q) = waiting
+                .first()
+                .and_then(|e| stats.by_scheduler.get_mut(&e.scheduler))
+            {
+                q.pending += waiting.len();
+            }
         }
         stats
     }

@@ -596,7 +596,7 @@ impl Master {
         });
         if unchanged {
             // The common case after a failover: nothing to write.
-            let id = self.readmit(request);
+            let id = self.readmit(request, ctx);
             return reply.send(admitted(id));
         }
         // Changed info, or an agent marked unreachable (or forgotten) coming back: store it
@@ -609,7 +609,7 @@ impl Master {
             move |master: &mut Master, ctx, written| match written {
                 Ok(Ok(_)) => {
                     if master.leading_term() == Some(term) {
-                        let id = master.readmit(request);
+                        let id = master.readmit(request, ctx);
                         // It was unreachable, forgotten or changed: its capacity is news.
                         master.agent_joined(&id, ctx);
                         reply.send(admitted(id));
@@ -626,8 +626,10 @@ impl Master {
         );
     }
 
-    /// Rebuilds an agent, its tasks and frameworks from its re-registration.
-    fn readmit(&mut self, request: pb::ReregisterAgent) -> String {
+    /// Rebuilds an agent, its tasks and frameworks from its re-registration. A task this
+    /// master had on the agent that the agent does not report (its launch was lost on the way,
+    /// or the agent lost its state) is LOST, and its job gets an evaluation to replace it.
+    fn readmit(&mut self, request: pb::ReregisterAgent, ctx: &mut Context<Self>) -> String {
         let pb::ReregisterAgent {
             agent_id,
             info,
@@ -636,6 +638,24 @@ impl Master {
             completed_frameworks,
             completed_tasks,
         } = request;
+        let lost: Vec<pb::Task> = self
+            .cluster
+            .agents
+            .get(&agent_id)
+            .map(|known| {
+                let reported: HashSet<&str> = tasks
+                    .iter()
+                    .chain(&completed_tasks)
+                    .map(|t| t.id.as_str())
+                    .collect();
+                known
+                    .tasks
+                    .iter()
+                    .filter(|t| !plans::is_terminal(t) && !reported.contains(t.id.as_str()))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
         self.cluster.add_frameworks(frameworks);
         for framework in completed_frameworks {
             if !self.cluster.frameworks.contains_key(&framework.id) {
@@ -674,6 +694,15 @@ impl Master {
                 progress.deadline.cancel();
                 *recovery = None;
             }
+        }
+        for mut task in lost {
+            tracing::warn!(agent = %agent_id, task = %task.id, "the re-registered agent does not know a task launched on it");
+            if let Some(agent) = self.cluster.agent_mut(&agent_id) {
+                agent.tasks.push(task.clone());
+            }
+            task.state = pb::TaskState::Lost as i32;
+            task.message = "the agent did not report it when it re-registered".into();
+            self.task_updated(agent_id.clone(), task, ctx);
         }
         agent_id
     }

@@ -372,3 +372,106 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
     master.shutdown().await;
     Ok(())
 }
+
+/// An agent that re-registers without a task the master launched on it (the one-way launch
+/// was lost, or the agent lost its state): the task is LOST and the job gets a replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = start_master(dir.path()).await?;
+    let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
+    // A stand-in agent: a node with no process behind the agent's name, so every launch sent
+    // to it is lost on arrival.
+    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let info = pb::AgentInfo {
+        hostname: "forgetful".into(),
+        address: format!("agent@{}", node.address()),
+        resources: Some(pb::Resources {
+            cpus: 4.0,
+            mem_mb: 4096,
+        }),
+        ..pb::AgentInfo::default()
+    };
+    let registered = node
+        .remote(master_upid.clone())
+        .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
+            DEADLINE,
+            pb::RegisterAgent {
+                info: Some(info.clone()),
+            },
+        )
+        .await?;
+    let Some(pb::registration_reply::Result::AgentId(agent_id)) = registered.result else {
+        bail!("registration failed: {registered:?}");
+    };
+
+    submit(
+        &master,
+        pb::JobSpec {
+            name: "web".into(),
+            r#type: "service".into(),
+            groups: vec![group("server", 1, 1.0, "sleep", &["30"])],
+            ..pb::JobSpec::default()
+        },
+    )
+    .await?;
+    let staged = job_when(&master, "web", "the task staged", |s| live(s).len() == 1).await?;
+    let first = live(&staged)[0]
+        .task
+        .as_ref()
+        .map(|t| t.id.clone())
+        .context("a task")?;
+
+    // It comes back (say after a lost link) running nothing.
+    let reregistered = node
+        .remote(master_upid)
+        .ask_timeout::<pb::ReregisterAgent, pb::RegistrationReply>(
+            DEADLINE,
+            pb::ReregisterAgent {
+                agent_id: agent_id.clone(),
+                info: Some(info),
+                ..pb::ReregisterAgent::default()
+            },
+        )
+        .await?;
+    anyhow::ensure!(
+        matches!(
+            reregistered.result,
+            Some(pb::registration_reply::Result::AgentId(_))
+        ),
+        "re-registration refused: {reregistered:?}"
+    );
+    let replaced = job_when(&master, "web", "the lost task replaced", |s| {
+        let lost = s.tasks.iter().any(|t| {
+            t.task
+                .as_ref()
+                .is_some_and(|t| t.id == first && t.state == pb::TaskState::Lost as i32)
+        });
+        lost && live(s).len() == 1
+    })
+    .await?;
+    let lost = replaced
+        .tasks
+        .iter()
+        .filter_map(|t| t.task.as_ref())
+        .find(|t| t.id == first)
+        .context("the lost task")?;
+    assert!(
+        lost.message.contains("did not report"),
+        "{:?}",
+        lost.message
+    );
+    let replacement = live(&replaced)[0].task.as_ref().context("a task")?;
+    assert_ne!(replacement.id, first, "a new task replaces it");
+    assert!(
+        replaced
+            .evals
+            .iter()
+            .any(|e| e.trigger.contains("TaskEnded")),
+        "{:?}",
+        replaced.evals
+    );
+    node.shutdown();
+    master.shutdown().await;
+    Ok(())
+}

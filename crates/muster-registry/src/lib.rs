@@ -26,6 +26,6 @@ pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
 pub use registrar::{
     MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteError, WriteResult,
 };
-pub use state::RegistryState;
+pub use state::{ENDED_EVALS_KEPT_PER_JOB, RegistryState};
 pub use store::RegistryReader;
 pub use types::{AgentId, AgentInfo, Op, OpError, Outcome, Resources, UnreachableAgent};

@@ -1,17 +1,23 @@
 //! The registry's contents in memory and the rules that change them.
 //!
-//! Pure logic: the sled store persists what [`RegistryState::apply`] touched, and readers see
-//! the same value through a [`RegistryReader`](crate::RegistryReader).
+//! Pure logic: the state machine applies committed entries with [`RegistryState::apply`] and
+//! snapshots the result; readers see it through a [`RegistryReader`](crate::RegistryReader).
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{EvalId, Evaluation, Job};
+use crate::jobs::{EvalId, EvalStatus, Evaluation, Job};
 use crate::types::{AgentId, AgentInfo, Op, OpError, Outcome, UnreachableAgent};
 
-/// Admitted and unreachable agents, and the counter that names new agents.
+/// How many ended (complete, failed, canceled) evaluations the registry keeps per job, newest
+/// first; older ones are collected as soon as a newer one ends. Pending and blocked
+/// evaluations are always kept.
+pub const ENDED_EVALS_KEPT_PER_JOB: usize = 20;
+
+/// Admitted and unreachable agents, the counter that names new agents, jobs and evaluations.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "Contents")]
 pub struct RegistryState {
     /// Agents the master admitted and has not marked unreachable.
     pub agents: BTreeMap<AgentId, AgentInfo>,
@@ -21,43 +27,113 @@ pub struct RegistryState {
     pub last_agent_number: u64,
     /// Jobs by name.
     pub jobs: BTreeMap<String, Job>,
-    /// Evaluations by id, whatever their status.
+    /// Evaluations by id: every pending and blocked one, and the newest
+    /// [`ENDED_EVALS_KEPT_PER_JOB`] ended ones of each job.
     pub evals: BTreeMap<EvalId, Evaluation>,
+    /// Ended evaluations by job, oldest first: what evaluation GC removes. Derived from
+    /// `evals`, never stored.
+    #[serde(skip)]
+    ended: BTreeMap<String, BTreeSet<EndedKey>>,
 }
 
-/// The agent ids an [`apply`](RegistryState::apply) touched, so the store writes only those.
-#[derive(Debug, Default)]
-pub(crate) struct Touched {
-    pub(crate) agents: BTreeSet<AgentId>,
-    pub(crate) jobs: BTreeSet<String>,
-    pub(crate) evals: BTreeSet<EvalId>,
+/// Orders a job's ended evaluations: by the entry that ended them, then by age.
+type EndedKey = (u64, u64, EvalId);
+
+fn ended_key(eval: &Evaluation) -> EndedKey {
+    (eval.modify_index, eval.create_index, eval.id.clone())
+}
+
+fn has_ended(status: EvalStatus) -> bool {
+    matches!(
+        status,
+        EvalStatus::Complete | EvalStatus::Failed | EvalStatus::Canceled
+    )
+}
+
+/// The stored form of [`RegistryState`]: everything but the derived index.
+#[derive(Deserialize)]
+struct Contents {
+    agents: BTreeMap<AgentId, AgentInfo>,
+    unreachable: BTreeMap<AgentId, UnreachableAgent>,
+    last_agent_number: u64,
+    jobs: BTreeMap<String, Job>,
+    evals: BTreeMap<EvalId, Evaluation>,
+}
+
+impl From<Contents> for RegistryState {
+    fn from(contents: Contents) -> Self {
+        let mut state = RegistryState {
+            agents: contents.agents,
+            unreachable: contents.unreachable,
+            last_agent_number: contents.last_agent_number,
+            jobs: contents.jobs,
+            evals: contents.evals,
+            ended: BTreeMap::new(),
+        };
+        state.index_ended();
+        state
+    }
 }
 
 impl RegistryState {
+    /// Rebuilds the index of ended evaluations from `evals`, after loading them.
+    pub(crate) fn index_ended(&mut self) {
+        self.ended.clear();
+        for eval in self.evals.values().filter(|e| has_ended(e.status)) {
+            self.ended
+                .entry(eval.job.clone())
+                .or_default()
+                .insert(ended_key(eval));
+        }
+    }
+
+    /// Removes an evaluation, and its place in the ended-evaluation index.
+    fn take_eval(&mut self, id: &EvalId) -> Option<Evaluation> {
+        let eval = self.evals.remove(id)?;
+        if has_ended(eval.status)
+            && let Some(ended) = self.ended.get_mut(&eval.job)
+        {
+            ended.remove(&ended_key(&eval));
+        }
+        Some(eval)
+    }
+
+    /// Stores `eval` (already stamped with its indexes), keeping the ended-evaluation index
+    /// right and collecting the job's oldest ended evaluations past the limit.
+    fn put_eval(&mut self, eval: Evaluation) {
+        self.take_eval(&eval.id);
+        if !has_ended(eval.status) {
+            self.evals.insert(eval.id.clone(), eval);
+            return;
+        }
+        let ended = self.ended.entry(eval.job.clone()).or_default();
+        ended.insert(ended_key(&eval));
+        self.evals.insert(eval.id.clone(), eval);
+        while ended.len() > ENDED_EVALS_KEPT_PER_JOB {
+            let Some((_, _, oldest)) = ended.pop_first() else {
+                break;
+            };
+            self.evals.remove(&oldest);
+        }
+    }
+
     #[cfg(test)]
-    fn apply_at(&mut self, op: Op, touched: &mut Touched) -> Result<Outcome, OpError> {
-        self.apply(op, 1, touched)
+    fn apply_at(&mut self, op: Op) -> Result<Outcome, OpError> {
+        self.apply(op, 1)
     }
 
     /// Applies one operation of the raft entry at `index`.
-    pub(crate) fn apply(
-        &mut self,
-        op: Op,
-        index: u64,
-        touched: &mut Touched,
-    ) -> Result<Outcome, OpError> {
+    pub(crate) fn apply(&mut self, op: Op, index: u64) -> Result<Outcome, OpError> {
         match op {
             Op::AdmitAgent(info) => {
                 self.last_agent_number += 1;
                 let id = AgentId(format!("agent-{}", self.last_agent_number));
                 self.agents.insert(id.clone(), info);
-                touched.agents.insert(id.clone());
                 Ok(Outcome::Admitted(id))
             }
             Op::UpdateAgent { id, info } => {
                 self.unreachable.remove(&id);
                 self.agents.insert(id.clone(), info);
-                touched.agents.insert(id);
                 Ok(Outcome::Updated)
             }
             Op::MarkUnreachable { id, at_ms } => {
@@ -72,7 +148,6 @@ impl RegistryState {
                         marked_at_ms: at_ms,
                     },
                 );
-                touched.agents.insert(id);
                 Ok(Outcome::MarkedUnreachable)
             }
             Op::RemoveAgent(id) => {
@@ -81,13 +156,11 @@ impl RegistryState {
                 if !known {
                     return Err(OpError::UnknownAgent(id));
                 }
-                touched.agents.insert(id);
                 Ok(Outcome::Removed)
             }
             Op::UpsertJob(mut job) => {
                 let version = self.jobs.get(&job.name).map_or(1, |old| old.version + 1);
                 job.version = version;
-                touched.jobs.insert(job.name.clone());
                 self.jobs.insert(job.name.clone(), job);
                 Ok(Outcome::JobStored { version })
             }
@@ -99,8 +172,7 @@ impl RegistryState {
                         .get(&eval.id)
                         .map_or(index, |old| old.create_index);
                     eval.modify_index = index;
-                    touched.evals.insert(eval.id.clone());
-                    self.evals.insert(eval.id.clone(), eval);
+                    self.put_eval(eval);
                 }
                 Ok(Outcome::EvalsStored(count))
             }
@@ -111,20 +183,18 @@ impl RegistryState {
             } => {
                 let mut changed = 0;
                 for id in ids {
-                    if let Some(eval) = self.evals.get_mut(&id) {
+                    if let Some(mut eval) = self.take_eval(&id) {
                         eval.status = status;
                         eval.status_description.clone_from(&description);
                         eval.modify_index = index;
-                        touched.evals.insert(id);
+                        self.put_eval(eval);
                         changed += 1;
                     }
                 }
                 Ok(Outcome::EvalsStored(changed))
             }
             Op::Together(ops) => Ok(Outcome::Together(
-                ops.into_iter()
-                    .map(|op| self.apply(op, index, touched))
-                    .collect(),
+                ops.into_iter().map(|op| self.apply(op, index)).collect(),
             )),
         }
     }
@@ -144,63 +214,48 @@ mod tests {
     #[test]
     fn admitted_agents_get_fresh_ids_that_are_never_reused() {
         let mut state = RegistryState::default();
-        let mut touched = Touched::default();
-        let a = state.apply_at(Op::AdmitAgent(info("a")), &mut touched);
-        let b = state.apply_at(Op::AdmitAgent(info("b")), &mut touched);
+        let a = state.apply_at(Op::AdmitAgent(info("a")));
+        let b = state.apply_at(Op::AdmitAgent(info("b")));
         assert_eq!(a, Ok(Outcome::Admitted(AgentId("agent-1".into()))));
         assert_eq!(b, Ok(Outcome::Admitted(AgentId("agent-2".into()))));
-        let removed = state.apply_at(Op::RemoveAgent(AgentId("agent-2".into())), &mut touched);
+        let removed = state.apply_at(Op::RemoveAgent(AgentId("agent-2".into())));
         assert_eq!(removed, Ok(Outcome::Removed));
-        let c = state.apply_at(Op::AdmitAgent(info("c")), &mut touched);
+        let c = state.apply_at(Op::AdmitAgent(info("c")));
         assert_eq!(c, Ok(Outcome::Admitted(AgentId("agent-3".into()))));
     }
 
     #[test]
     fn unreachable_agents_move_out_and_back() {
         let mut state = RegistryState::default();
-        let mut touched = Touched::default();
         let id = AgentId("agent-1".into());
-        state
-            .apply_at(Op::AdmitAgent(info("a")), &mut touched)
-            .expect("admit");
-        let marked = state.apply_at(
-            Op::MarkUnreachable {
-                id: id.clone(),
-                at_ms: 42,
-            },
-            &mut touched,
-        );
+        state.apply_at(Op::AdmitAgent(info("a"))).expect("admit");
+        let marked = state.apply_at(Op::MarkUnreachable {
+            id: id.clone(),
+            at_ms: 42,
+        });
         assert_eq!(marked, Ok(Outcome::MarkedUnreachable));
         assert!(state.agents.is_empty());
         assert_eq!(state.unreachable[&id].marked_at_ms, 42);
 
-        let again = state.apply_at(
-            Op::MarkUnreachable {
-                id: id.clone(),
-                at_ms: 43,
-            },
-            &mut touched,
-        );
+        let again = state.apply_at(Op::MarkUnreachable {
+            id: id.clone(),
+            at_ms: 43,
+        });
         assert_eq!(again, Err(OpError::UnknownAgent(id.clone())));
 
-        let back = state.apply_at(
-            Op::UpdateAgent {
-                id: id.clone(),
-                info: info("a2"),
-            },
-            &mut touched,
-        );
+        let back = state.apply_at(Op::UpdateAgent {
+            id: id.clone(),
+            info: info("a2"),
+        });
         assert_eq!(back, Ok(Outcome::Updated));
         assert!(state.unreachable.is_empty());
         assert_eq!(state.agents[&id].hostname, "a2");
-        assert_eq!(touched.agents.len(), 1);
     }
 
     #[test]
     fn jobs_get_versions_and_evals_get_indexes_and_statuses() {
         use crate::jobs::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
         let mut state = RegistryState::default();
-        let mut touched = Touched::default();
         let job = Job {
             name: "web".into(),
             priority: 50,
@@ -216,7 +271,6 @@ mod tests {
                 Op::UpsertEvals(vec![eval.clone()]),
             ]),
             7,
-            &mut touched,
         );
         assert_eq!(
             together,
@@ -226,7 +280,7 @@ mod tests {
             ]))
         );
         assert_eq!(state.evals[&eval.id].create_index, 7);
-        let again = state.apply(Op::UpsertJob(job), 9, &mut touched);
+        let again = state.apply(Op::UpsertJob(job), 9);
         assert_eq!(again, Ok(Outcome::JobStored { version: 2 }));
 
         let canceled = state.apply(
@@ -236,12 +290,83 @@ mod tests {
                 description: "newer".into(),
             },
             11,
-            &mut touched,
         );
         assert_eq!(canceled, Ok(Outcome::EvalsStored(1)));
         let stored = &state.evals[&eval.id];
         assert_eq!(stored.status, EvalStatus::Canceled);
         assert_eq!((stored.create_index, stored.modify_index), (7, 11));
-        assert!(touched.jobs.contains("web") && touched.evals.contains(&eval.id));
+    }
+
+    #[test]
+    fn ended_evaluations_past_the_limit_are_collected_oldest_first() {
+        use crate::jobs::{Evaluation, Job, SchedulerType, Trigger};
+        let job = |name: &str| Job {
+            name: name.into(),
+            priority: 50,
+            scheduler: SchedulerType::System,
+            groups: Vec::new(),
+            stopped: false,
+            version: 0,
+        };
+        let mut state = RegistryState::default();
+        let storm: Vec<Evaluation> = (0..100)
+            .map(|_| Evaluation::new(&job("web"), Trigger::JobRegister))
+            .collect();
+        let other = Evaluation::new(&job("db"), Trigger::JobRegister);
+        let mut all = storm.clone();
+        all.push(other.clone());
+        state.apply(Op::UpsertEvals(all), 1).expect("stored");
+        // The first 10 complete, one by one; then 80 of the others are canceled at once.
+        for (n, eval) in storm.iter().take(10).enumerate() {
+            let mut done = eval.clone();
+            done.status = EvalStatus::Complete;
+            state
+                .apply(Op::UpsertEvals(vec![done]), 2 + n as u64)
+                .expect("stored");
+        }
+        let canceled = state.apply(
+            Op::SetEvalStatus {
+                ids: storm[10..90].iter().map(|e| e.id.clone()).collect(),
+                status: EvalStatus::Canceled,
+                description: "newer".into(),
+            },
+            20,
+        );
+        assert_eq!(canceled, Ok(Outcome::EvalsStored(80)));
+
+        let web: Vec<&Evaluation> = state.evals.values().filter(|e| e.job == "web").collect();
+        let ended = web.iter().filter(|e| has_ended(e.status)).count();
+        let pending = web
+            .iter()
+            .filter(|e| e.status == EvalStatus::Pending)
+            .count();
+        assert_eq!(ended, ENDED_EVALS_KEPT_PER_JOB);
+        assert_eq!(pending, 10, "pending evaluations are never collected");
+        assert!(
+            web.iter().all(|e| e.status != EvalStatus::Complete),
+            "the completes ended before the cancellations: they went first"
+        );
+        assert!(
+            state.evals.contains_key(&other.id),
+            "another job's are kept"
+        );
+        assert_eq!(state.evals.len(), ENDED_EVALS_KEPT_PER_JOB + 10 + 1);
+
+        // The index is derived: a state read back from its stored form collects the same way.
+        let mut reloaded: RegistryState =
+            serde_json::from_slice(&serde_json::to_vec(&state).expect("encodes")).expect("decodes");
+        assert_eq!(reloaded, state);
+        for state in [&mut state, &mut reloaded] {
+            let mut done = storm[95].clone();
+            done.status = EvalStatus::Complete;
+            state
+                .apply(Op::UpsertEvals(vec![done]), 30)
+                .expect("stored");
+        }
+        assert_eq!(reloaded, state);
+        assert_eq!(
+            state.evals.values().filter(|e| e.job == "web").count(),
+            ENDED_EVALS_KEPT_PER_JOB + 9
+        );
     }
 }

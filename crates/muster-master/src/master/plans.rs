@@ -5,6 +5,7 @@
 //! agents as they are now: what fits is committed and launched, what no longer fits goes back
 //! rejected so the scheduler can refresh and try again (Nomad's plan applier, seed 003).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use muster_actor::{Context, Reply, Upid};
@@ -42,7 +43,8 @@ fn task_state(state: i32) -> TaskState {
     }
 }
 
-fn is_terminal(task: &pb::Task) -> bool {
+/// Whether the task ended (finished, failed, killed, lost).
+pub(super) fn is_terminal(task: &pb::Task) -> bool {
     task_state(task.state).is_terminal()
 }
 
@@ -61,6 +63,15 @@ fn view(task: &pb::Task) -> TaskView {
         group: label(GROUP_LABEL),
         resources: resources_of(task),
         state: task_state(task.state),
+    }
+}
+
+/// What an agent offers in all.
+fn total_of(info: &pb::AgentInfo) -> Resources {
+    let r = info.resources.unwrap_or_default();
+    Resources {
+        cpus: r.cpus,
+        mem_mb: r.mem_mb,
     }
 }
 
@@ -149,24 +160,33 @@ impl Master {
                 result.stopped.push(stop);
             }
         }
+        // One launch message per agent for the whole plan.
+        let mut launches: HashMap<String, Vec<pb::RunTask>> = HashMap::new();
         for placement in plan.place {
             let fits = self
                 .cluster
                 .agents
                 .get(&placement.agent.0)
                 .is_some_and(|agent| {
-                    let total = registry_info(&agent.info).resources;
-                    let free = free(&total, &used(&agent.tasks));
+                    let free = free(&total_of(&agent.info), &used(&agent.tasks));
                     agent.connected
                         && placement.resources.cpus <= free.cpus + 1e-9
                         && placement.resources.mem_mb <= free.mem_mb
                 });
             if fits {
-                self.launch_placement(&placement, ctx);
+                if let Some(run) = self.stage_placement(&placement) {
+                    launches
+                        .entry(placement.agent.0.clone())
+                        .or_default()
+                        .push(run);
+                }
                 result.committed.push(placement);
             } else {
                 result.rejected.push(placement);
             }
+        }
+        for (agent_id, tasks) in launches {
+            self.send_launch(agent_id, tasks, ctx);
         }
         result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
             self.next_index()
@@ -177,7 +197,12 @@ impl Master {
         reply.send(Ok(result));
     }
 
-    fn launch_placement(&mut self, placement: &Placement, ctx: &mut Context<Self>) {
+    /// Records a placement's task on its agent, staging; returns what to send the agent.
+    fn stage_placement(&mut self, placement: &Placement) -> Option<pb::RunTask> {
+        let framework = pb::Framework {
+            id: placement.job.clone(),
+            name: placement.job.clone(),
+        };
         let task = pb::Task {
             id: placement.task_id.clone(),
             name: placement.name.clone(),
@@ -205,48 +230,40 @@ impl Master {
                 .iter()
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect(),
+            message: String::new(),
         };
-        self.cluster.add_frameworks(vec![pb::Framework {
-            id: placement.job.clone(),
-            name: placement.job.clone(),
-        }]);
-        let Some(agent) = self.cluster.agent_mut(&placement.agent.0) else {
-            return;
-        };
+        if !self.cluster.frameworks.contains_key(&framework.id) {
+            self.cluster.add_frameworks(vec![framework.clone()]);
+        }
+        let agent = self.cluster.agent_mut(&placement.agent.0)?;
         agent.tasks.push(task.clone());
-        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
-            // No way to reach it (in-process benches): it stays staged.
+        Some(pb::RunTask {
+            framework: Some(framework),
+            task: Some(task),
+        })
+    }
+
+    /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
+    /// comes back as a status update). Tasks that cannot even be sent fail now.
+    fn send_launch(&mut self, agent_id: String, tasks: Vec<pb::RunTask>, ctx: &mut Context<Self>) {
+        let Some(agent) = self.cluster.agents.get(&agent_id) else {
             return;
         };
-        let remote = node.remote(upid);
-        let run = pb::RunTask {
-            framework: Some(pb::Framework {
-                id: placement.job.clone(),
-                name: placement.job.clone(),
-            }),
-            task: Some(task.clone()),
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
+            // No way to reach it (in-process benches): the tasks stay staged.
+            return;
         };
-        let agent_id = placement.agent.0.clone();
-        let timeout = self.config.ping_timeout;
-        ctx.defer(
-            async move {
-                remote
-                    .ask_timeout::<pb::RunTask, pb::RunTaskReply>(timeout, run)
-                    .await
-            },
-            move |master: &mut Master, ctx, answered| {
-                let error = match answered {
-                    Ok(answer) if answer.error.is_empty() => return,
-                    Ok(answer) => answer.error,
-                    Err(e) => format!("agent unreachable: {e}"),
-                };
-                tracing::warn!(agent = %agent_id, task = %task.id, %error, "launch failed");
-                let mut failed = task;
-                failed.state = pb::TaskState::Failed as i32;
-                failed.exit_code = -1;
-                master.task_updated(agent_id, failed, ctx);
-            },
-        );
+        let staged: Vec<pb::Task> = tasks.iter().filter_map(|run| run.task.clone()).collect();
+        let Err(e) = node.remote(upid).tell(pb::LaunchTasks { tasks }) else {
+            return;
+        };
+        tracing::warn!(agent = %agent_id, error = %e, tasks = staged.len(), "launch failed");
+        for mut failed in staged {
+            failed.state = pb::TaskState::Failed as i32;
+            failed.exit_code = -1;
+            failed.message = format!("could not send the launch to the agent: {e}");
+            self.task_updated(agent_id.clone(), failed, ctx);
+        }
     }
 
     /// Marks a task killed (it frees its resources now) and tells its agent to stop it.
@@ -310,15 +327,18 @@ impl Master {
             (None, false) => agent.tasks.push(task.clone()),
             (None, true) => return,
         }
-        let info = registry_info(&agent.info);
-        let free_now = free(&info.resources, &used(&agent.tasks));
+        // What an ended task freed goes to the blocked-queue.
+        let freed = ended.then(|| {
+            let info = registry_info(&agent.info);
+            (info.attributes, free(&info.resources, &used(&agent.tasks)))
+        });
         let index = self.next_index();
-        if !ended {
+        let Some((attributes, free_now)) = freed else {
             return;
-        }
+        };
         let change = CapacityChange {
             agent: AgentId(agent_id.clone()),
-            attributes: info.attributes.clone(),
+            attributes,
             free: free_now,
             index,
         };

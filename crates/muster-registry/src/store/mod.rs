@@ -3,12 +3,11 @@
 //! One `sled::Db` per master, because a flush syncs the whole database. Trees:
 //! - `log`: raft entries keyed by big-endian index;
 //! - `raft`: the vote, the last purged log id and the committed log id;
-//! - `state`: the state machine, one key per agent plus its `meta/` keys, written with one
-//!   atomic batch per `apply`;
-//! - `snapshot`: the current snapshot.
+//! - `snapshot`: the current snapshot, the only durable copy of the state machine (which lives
+//!   in memory and is rebuilt on start from the snapshot plus the log).
 //!
 //! Every write that openraft is told is persisted has been flushed first: the vote, appended
-//! entries, truncation, purge, applied state and snapshots.
+//! entries, truncation, purge and snapshots.
 
 mod log;
 mod state_machine;
@@ -65,11 +64,13 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
         })
     };
     let log = LogStore::new(db.clone(), tree("log")?, tree("raft")?);
-    let state_machine = StateMachineStore::load(db.clone(), tree("state")?, tree("snapshot")?)
-        .map_err(|(key, reason)| StoreError::Corrupt {
-            path: path.to_owned(),
-            key,
-            reason,
+    let state_machine =
+        StateMachineStore::load(db.clone(), tree("snapshot")?).map_err(|(key, reason)| {
+            StoreError::Corrupt {
+                path: path.to_owned(),
+                key,
+                reason,
+            }
         })?;
     Ok((log, state_machine))
 }

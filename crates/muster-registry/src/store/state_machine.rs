@@ -1,8 +1,11 @@
-//! openraft's state machine on sled: the registry's contents, applied entries and snapshots.
+//! openraft's state machine: the registry's contents in memory, and snapshots on sled.
 //!
-//! The contents live in memory ([`RegistryState`]) for readers and in the `state` tree for
-//! restarts. An `apply` changes the memory copy, then writes what it touched and the new
-//! last-applied id in one atomic sled batch and flushes before it returns.
+//! The contents live in memory ([`RegistryState`]), where `apply` changes them and readers see
+//! them. What makes them durable is the raft log (every entry is flushed before it counts)
+//! plus the snapshot, which openraft builds every few thousand entries and which is flushed
+//! before the log behind it is purged. On start the store loads the snapshot; openraft then
+//! re-applies the log from there up to the committed id it saved (openraft's recommended
+//! design: no state machine write per entry).
 
 // openraft's error types are large by design and these functions return them as openraft asks.
 #![allow(clippy::result_large_err)]
@@ -20,20 +23,12 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::{decode, encode};
-use crate::jobs::EvalId;
-use crate::state::{RegistryState, Touched};
-use crate::types::{AgentId, BatchOutcome, NodeId, TypeConfig};
+use crate::state::RegistryState;
+use crate::types::{BatchOutcome, NodeId, TypeConfig};
 
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
-const LAST_APPLIED: &str = "meta/last_applied";
-const MEMBERSHIP: &str = "meta/membership";
-const LAST_AGENT_NUMBER: &str = "meta/last_agent_number";
-const AGENT: &str = "agent/";
-const UNREACHABLE: &str = "unreachable/";
-const JOB: &str = "job/";
-const EVAL: &str = "eval/";
 const SNAPSHOT_META: &[u8] = b"meta";
 const SNAPSHOT_DATA: &[u8] = b"data";
 
@@ -56,7 +51,6 @@ struct Shared {
 #[derive(Clone)]
 pub struct StateMachineStore {
     db: sled::Db,
-    state: sled::Tree,
     snapshot: sled::Tree,
     shared: Arc<Shared>,
 }
@@ -105,62 +99,32 @@ impl RegistryReader {
     }
 }
 
-fn key(prefix: &str, id: &impl std::fmt::Display) -> Vec<u8> {
-    format!("{prefix}{id}").into_bytes()
-}
-
-/// Puts `value` under `key`, or removes the key when there is none.
-fn put_or_remove<T: Serialize>(
-    batch: &mut sled::Batch,
-    key: Vec<u8>,
-    value: Option<&T>,
-) -> Result<(), serde_json::Error> {
-    match value {
-        Some(value) => batch.insert(key, encode(value)?),
-        None => batch.remove(key),
-    }
-    Ok(())
-}
-
 impl StateMachineStore {
-    /// Loads the applied state from the `state` tree. Errors name the key that did not decode.
-    pub(super) fn load(
-        db: sled::Db,
-        state: sled::Tree,
-        snapshot: sled::Tree,
-    ) -> Result<Self, (String, String)> {
+    /// Loads the current snapshot, if there is one: the state the log is re-applied onto.
+    /// Errors name the key that did not decode.
+    pub(super) fn load(db: sled::Db, snapshot: sled::Tree) -> Result<Self, (String, String)> {
+        let read = |key: &[u8]| {
+            snapshot
+                .get(key)
+                .map_err(|e| (String::from_utf8_lossy(key).into_owned(), e.to_string()))
+        };
         let mut applied = Applied::default();
-        for item in state.iter() {
-            let (k, v) = item.map_err(|e| (String::new(), e.to_string()))?;
-            let name = String::from_utf8_lossy(&k).into_owned();
-            let bad = |e: serde_json::Error| (name.clone(), e.to_string());
-            if name == LAST_APPLIED {
-                applied.last_applied = decode(&v).map_err(bad)?;
-            } else if name == MEMBERSHIP {
-                applied.membership = decode(&v).map_err(bad)?;
-            } else if name == LAST_AGENT_NUMBER {
-                applied.state.last_agent_number = decode(&v).map_err(bad)?;
-            } else if let Some(id) = name.strip_prefix(AGENT) {
-                let info = decode(&v).map_err(bad)?;
-                applied.state.agents.insert(AgentId(id.to_owned()), info);
-            } else if let Some(id) = name.strip_prefix(UNREACHABLE) {
-                let agent = decode(&v).map_err(bad)?;
-                applied
-                    .state
-                    .unreachable
-                    .insert(AgentId(id.to_owned()), agent);
-            } else if let Some(job) = name.strip_prefix(JOB) {
-                let value = decode(&v).map_err(bad)?;
-                applied.state.jobs.insert(job.to_owned(), value);
-            } else if let Some(id) = name.strip_prefix(EVAL) {
-                let value = decode(&v).map_err(bad)?;
-                applied.state.evals.insert(EvalId(id.to_owned()), value);
-            }
+        if let (Some(meta), Some(data)) = (read(SNAPSHOT_META)?, read(SNAPSHOT_DATA)?) {
+            let bad = |key: &[u8]| {
+                let key = String::from_utf8_lossy(key).into_owned();
+                move |e: serde_json::Error| (format!("snapshot/{key}"), e.to_string())
+            };
+            let meta: SnapshotMeta<NodeId, openraft::BasicNode> =
+                decode(&meta).map_err(bad(SNAPSHOT_META))?;
+            applied = Applied {
+                last_applied: meta.last_log_id,
+                membership: meta.last_membership,
+                state: decode(&data).map_err(bad(SNAPSHOT_DATA))?,
+            };
         }
         let index = applied.last_applied.map_or(0, |id| id.index);
         Ok(StateMachineStore {
             db,
-            state,
             snapshot,
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
@@ -182,31 +146,6 @@ impl StateMachineStore {
             .applied
             .read()
             .unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Encodes the whole of `applied` as one sled batch that first removes every key.
-    fn full_batch(&self, applied: &Applied) -> Result<sled::Batch, StorageIOError<NodeId>> {
-        let write = |e: &dyn std::error::Error| {
-            StorageIOError::write_state_machine(AnyError::error(e.to_string()))
-        };
-        let mut batch = sled::Batch::default();
-        for k in self.state.iter().keys() {
-            batch.remove(k.map_err(|e| write(&e))?);
-        }
-        put_meta(&mut batch, applied).map_err(|e| write(&e))?;
-        for (id, info) in &applied.state.agents {
-            batch.insert(key(AGENT, id), encode(info).map_err(|e| write(&e))?);
-        }
-        for (id, agent) in &applied.state.unreachable {
-            batch.insert(key(UNREACHABLE, id), encode(agent).map_err(|e| write(&e))?);
-        }
-        for (name, job) in &applied.state.jobs {
-            batch.insert(key(JOB, name), encode(job).map_err(|e| write(&e))?);
-        }
-        for (id, eval) in &applied.state.evals {
-            batch.insert(key(EVAL, id), encode(eval).map_err(|e| write(&e))?);
-        }
-        Ok(batch)
     }
 
     async fn flush(&self, error: fn(AnyError) -> StorageIOError<NodeId>) -> StoreResult<()> {
@@ -236,13 +175,6 @@ impl StateMachineStore {
     }
 }
 
-fn put_meta(batch: &mut sled::Batch, applied: &Applied) -> Result<(), serde_json::Error> {
-    batch.insert(LAST_APPLIED, encode(&applied.last_applied)?);
-    batch.insert(MEMBERSHIP, encode(&applied.membership)?);
-    batch.insert(LAST_AGENT_NUMBER, encode(&applied.state.last_agent_number)?);
-    Ok(())
-}
-
 impl RaftStateMachine<TypeConfig> for StateMachineStore {
     type SnapshotBuilder = SnapshotBuilder;
 
@@ -256,17 +188,13 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let write = |e: &dyn std::error::Error| {
-            StorageIOError::write_state_machine(AnyError::error(e.to_string()))
-        };
         let mut outcomes = Vec::new();
-        let (batch, index) = {
+        let index = {
             let mut applied = self
                 .shared
                 .applied
                 .write()
                 .unwrap_or_else(|p| p.into_inner());
-            let mut touched = Touched::default();
             for entry in entries {
                 applied.last_applied = Some(entry.log_id);
                 let outcome = match entry.payload {
@@ -275,7 +203,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                         results: batch
                             .ops
                             .into_iter()
-                            .map(|op| applied.state.apply(op, entry.log_id.index, &mut touched))
+                            .map(|op| applied.state.apply(op, entry.log_id.index))
                             .collect(),
                     },
                     EntryPayload::Membership(membership) => {
@@ -285,28 +213,8 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
                 };
                 outcomes.push(outcome);
             }
-            let mut batch = sled::Batch::default();
-            put_meta(&mut batch, &applied).map_err(|e| write(&e))?;
-            let state = &applied.state;
-            let mut put = || -> Result<(), serde_json::Error> {
-                for id in &touched.agents {
-                    put_or_remove(&mut batch, key(AGENT, id), state.agents.get(id))?;
-                    put_or_remove(&mut batch, key(UNREACHABLE, id), state.unreachable.get(id))?;
-                }
-                for name in &touched.jobs {
-                    put_or_remove(&mut batch, key(JOB, name), state.jobs.get(name))?;
-                }
-                for id in &touched.evals {
-                    put_or_remove(&mut batch, key(EVAL, id), state.evals.get(id))?;
-                }
-                Ok(())
-            };
-            put().map_err(|e| write(&e))?;
-            (batch, applied.last_applied.map_or(0, |id| id.index))
+            applied.last_applied.map_or(0, |id| id.index)
         };
-        self.state.apply_batch(batch).map_err(|e| write(&e))?;
-        self.flush(|e: AnyError| StorageIOError::write_state_machine(e))
-            .await?;
         self.publish(index);
         Ok(outcomes)
     }
@@ -337,10 +245,6 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             membership: meta.last_membership.clone(),
             state,
         };
-        let batch = self.full_batch(&applied)?;
-        self.state
-            .apply_batch(batch)
-            .map_err(|e| StorageIOError::write_state_machine(&e))?;
         self.save_snapshot(meta, &data)?;
         self.flush(|e: AnyError| StorageIOError::write_state_machine(e))
             .await?;
