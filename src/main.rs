@@ -244,6 +244,9 @@ async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
                     task.agent_id,
                     t.id
                 )?;
+                if !t.message.is_empty() {
+                    writeln!(out, "    {}", t.message)?;
+                }
             }
             writeln!(out, "evaluations (newest first):")?;
             for eval in &status.evals {

@@ -2,6 +2,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -11,6 +12,31 @@ use crate::{Pid, Process, ProcessId, lifecycle};
 
 /// Registry shards: spawn and exit lock one shard, so two threads rarely meet on one lock.
 const SHARDS: usize = 16;
+
+/// One shard of the running processes, by id.
+type Processes = HashMap<u64, Arc<dyn Control>, BuildHasherDefault<IdHasher>>;
+
+/// Hashes process ids, which are unique sequential numbers the system hands out (nobody can
+/// choose them to collide), with one multiplication (Fibonacci hashing) instead of SipHash:
+/// spawn and exit each hash once on the hot path.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u64(u64::from(byte));
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = (self.0 ^ id).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
 
 /// A set of processes that can be shut down together. Cheap to clone: clones share the set.
 ///
@@ -23,7 +49,7 @@ pub struct System {
 
 struct SystemInner {
     next_id: AtomicU64,
-    processes: [Mutex<HashMap<u64, Arc<dyn Control>>>; SHARDS],
+    processes: [Mutex<Processes>; SHARDS],
     dead_letters: AtomicU64,
 }
 
@@ -42,7 +68,7 @@ impl System {
         System {
             inner: Arc::new(SystemInner {
                 next_id: AtomicU64::new(1),
-                processes: std::array::from_fn(|_| Mutex::new(HashMap::new())),
+                processes: std::array::from_fn(|_| Mutex::new(Processes::default())),
                 dead_letters: AtomicU64::new(0),
             }),
         }
@@ -116,7 +142,7 @@ impl System {
         lock(self.shard(id)).remove(&id.0);
     }
 
-    fn shard(&self, id: ProcessId) -> &Mutex<HashMap<u64, Arc<dyn Control>>> {
+    fn shard(&self, id: ProcessId) -> &Mutex<Processes> {
         &self.inner.processes[(id.0 % SHARDS as u64) as usize]
     }
 

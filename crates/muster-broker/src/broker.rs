@@ -5,7 +5,11 @@
 //! - **pending**: at most one evaluation per job is ready or unacked; the job's others wait here;
 //! - **cancelable**: on an ack, every pending evaluation of that job but the newest is dropped
 //!   and later marked canceled in the registry in batches, one raft entry per batch;
-//! - **failed**: evaluations nacked (or timed out) `delivery_limit` times.
+//! - **failed**: evaluations nacked (or timed out) `delivery_limit` times. Each gets a
+//!   follow-up, a new evaluation of its job written with the failure and held back a minute
+//!   or more (Nomad's failed follow-up);
+//! - **delayed**: evaluations whose `wait_until_ms` lies ahead (a follow-up, a crash-looping
+//!   task's replacement) wait on one timer, then are enqueued as if new.
 //!
 //! Workers pull with a long poll ([`BrokerMsg::Dequeue`]), so work goes to whoever is free.
 //! The broker lives beside the leading master; a new leader rebuilds it from the registry with
@@ -18,8 +22,10 @@ use std::sync::Arc;
 use std::time::Duration;
 use std::{fmt, mem};
 
+use tokio::time::Instant;
+
 use muster_actor::{Context, Pid, Process, Reply, TimerHandle};
-use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType};
+use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
 use muster_registry::{Op, Registrar, RegistrarMsg};
 
 /// Where the broker writes evaluation status changes (cancellations, failures): one call is
@@ -79,6 +85,10 @@ pub struct BrokerConfig {
     pub subsequent_nack_delay: Duration,
     /// The most evaluation ids one cancellation write carries.
     pub max_cancel_batch: usize,
+    /// How long the follow-up of a failed evaluation waits at least (Nomad: 1 min).
+    pub failed_follow_up_delay: Duration,
+    /// A random extra wait of up to this much, so failures do not retry in step (Nomad: 5 min).
+    pub failed_follow_up_jitter: Duration,
 }
 
 impl Default for BrokerConfig {
@@ -89,6 +99,8 @@ impl Default for BrokerConfig {
             initial_nack_delay: Duration::from_secs(1),
             subsequent_nack_delay: Duration::from_secs(20),
             max_cancel_batch: 10_000,
+            failed_follow_up_delay: Duration::from_secs(60),
+            failed_follow_up_jitter: Duration::from_secs(300),
         }
     }
 }
@@ -129,6 +141,8 @@ pub struct QueueStats {
     pub cancelable: usize,
     /// Past the delivery limit.
     pub failed: usize,
+    /// Held back until their `wait_until_ms`.
+    pub delayed: usize,
 }
 
 /// The broker's counters.
@@ -155,6 +169,7 @@ impl BrokerStats {
                 pending: sum.pending + q.pending,
                 cancelable: sum.cancelable + q.cancelable,
                 failed: sum.failed + q.failed,
+                delayed: sum.delayed + q.delayed,
             })
     }
 }
@@ -218,6 +233,9 @@ pub enum BrokerMsg {
     /// A waiting dequeue timed out.
     #[doc(hidden)]
     DequeueTimeout(u64),
+    /// The earliest held-back evaluation may be due.
+    #[doc(hidden)]
+    DelayOver,
 }
 
 /// Orders ready evaluations: higher priority first, then older (lower create index).
@@ -303,6 +321,12 @@ pub struct EvalBroker {
     failed: Vec<Evaluation>,
     /// Failed evaluations not yet marked in the registry.
     failed_unwritten: Vec<EvalId>,
+    /// Follow-ups of failed evaluations, not yet written to the registry.
+    follow_ups_unwritten: Vec<Evaluation>,
+    /// Evaluations held back until their `wait_until_ms`, by when (on tokio's clock).
+    delayed: BTreeMap<(Instant, EvalId), Evaluation>,
+    /// The timer for the earliest of `delayed`.
+    delay_timer: Option<(Instant, TimerHandle)>,
     deliveries: HashMap<EvalId, u32>,
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
@@ -323,6 +347,9 @@ impl EvalBroker {
             cancelable: Cancelable::default(),
             failed: Vec::new(),
             failed_unwritten: Vec::new(),
+            follow_ups_unwritten: Vec::new(),
+            delayed: BTreeMap::new(),
+            delay_timer: None,
             deliveries: HashMap::new(),
             waiters: VecDeque::new(),
             next_waiter: 0,
@@ -339,6 +366,13 @@ impl EvalBroker {
         if eval.status != EvalStatus::Pending {
             return;
         }
+        let wait = Duration::from_millis(eval.wait_until_ms.saturating_sub(now_ms()));
+        if !wait.is_zero() {
+            let due = Instant::now() + wait;
+            self.delayed.insert((due, eval.id.clone()), eval);
+            self.arm_delay_timer(ctx);
+            return;
+        }
         match self.in_flight.get(&eval.job) {
             Some(current) if *current != eval.id => {
                 self.pending.entry(eval.job.clone()).or_default().push(eval);
@@ -349,6 +383,39 @@ impl EvalBroker {
                 self.make_ready(eval, ctx);
             }
         }
+    }
+
+    /// Keeps one timer, for the earliest held-back evaluation.
+    fn arm_delay_timer(&mut self, ctx: &mut Context<Self>) {
+        let Some(&(earliest, _)) = self.delayed.first_key_value().map(|(k, _)| k) else {
+            return;
+        };
+        if let Some((at, timer)) = &self.delay_timer {
+            if *at <= earliest {
+                return;
+            }
+            timer.cancel();
+        }
+        let timer = ctx.delay(
+            earliest.saturating_duration_since(Instant::now()),
+            BrokerMsg::DelayOver,
+        );
+        self.delay_timer = Some((earliest, timer));
+    }
+
+    /// Enqueues the held-back evaluations that are due.
+    fn release_delayed(&mut self, ctx: &mut Context<Self>) {
+        self.delay_timer = None;
+        let now = Instant::now();
+        while let Some(entry) = self.delayed.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let mut eval = entry.remove();
+            eval.wait_until_ms = 0;
+            self.enqueue(eval, ctx);
+        }
+        self.arm_delay_timer(ctx);
     }
 
     fn make_ready(&mut self, eval: Evaluation, ctx: &mut Context<Self>) {
@@ -500,6 +567,7 @@ impl EvalBroker {
             tracing::warn!(eval = %eval.id, job = %eval.job, deliveries, "evaluation failed: delivery limit reached");
             self.deliveries.remove(&eval.id);
             self.failed_unwritten.push(eval.id.clone());
+            self.follow_ups_unwritten.push(self.follow_up(&eval));
             let job = eval.job.clone();
             self.failed.push(eval);
             self.release_job(&job, ctx);
@@ -515,9 +583,33 @@ impl EvalBroker {
         Ok(())
     }
 
-    /// Writes the next batch of cancellations (and failures) if no write is in flight.
+    /// A later retry of a failed evaluation (Nomad's failed follow-up): a new evaluation of
+    /// the job, held back for the configured delay plus jitter.
+    fn follow_up(&self, failed: &Evaluation) -> Evaluation {
+        let jitter = self.config.failed_follow_up_jitter.mul_f64(fastrand::f64());
+        let wait = self.config.failed_follow_up_delay + jitter;
+        Evaluation {
+            id: EvalId::random(),
+            trigger: Trigger::FailedFollowUp(failed.id.clone()),
+            status: EvalStatus::Pending,
+            status_description: format!("retries failed evaluation {}", failed.id),
+            create_index: 0,
+            modify_index: 0,
+            snapshot_index: 0,
+            wait_until_ms: now_ms()
+                .saturating_add(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+            ..failed.clone()
+        }
+    }
+
+    /// Writes the next batch of cancellations (and failures with their follow-ups) if no write
+    /// is in flight.
     fn write_next(&mut self, ctx: &mut Context<Self>) {
-        if self.writing || (self.cancelable.is_empty() && self.failed_unwritten.is_empty()) {
+        if self.writing
+            || (self.cancelable.is_empty()
+                && self.failed_unwritten.is_empty()
+                && self.follow_ups_unwritten.is_empty())
+        {
             return;
         }
         let Some(writer) = self.writer.clone() else {
@@ -525,6 +617,7 @@ impl EvalBroker {
         };
         let canceled = self.cancelable.take(self.config.max_cancel_batch);
         let failed = mem::take(&mut self.failed_unwritten);
+        let follow_ups = mem::take(&mut self.follow_ups_unwritten);
         let mut ops = Vec::new();
         if !canceled.is_empty() {
             ops.push(Op::SetEvalStatus {
@@ -540,6 +633,9 @@ impl EvalBroker {
                 description: "failed: delivery limit reached".into(),
             });
         }
+        if !follow_ups.is_empty() {
+            ops.push(Op::UpsertEvals(follow_ups.clone()));
+        }
         self.writing = true;
         self.stats.registry_writes += 1;
         let op = Op::Together(ops);
@@ -548,12 +644,20 @@ impl EvalBroker {
             move |broker: &mut EvalBroker, ctx, written| {
                 broker.writing = false;
                 match written {
-                    Ok(()) => broker.stats.canceled += canceled.len() as u64,
+                    Ok(()) => {
+                        broker.stats.canceled += canceled.len() as u64;
+                        if broker.enabled() {
+                            for follow_up in follow_ups {
+                                broker.enqueue(follow_up, ctx);
+                            }
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "could not write cancellations; retrying");
                         if broker.enabled() {
                             broker.cancelable.extend(canceled);
                             broker.failed_unwritten.extend(failed);
+                            broker.follow_ups_unwritten.extend(follow_ups);
                         }
                         return;
                     }
@@ -581,6 +685,9 @@ impl EvalBroker {
         }
         for eval in &self.failed {
             count(eval.scheduler, |q| &mut q.failed);
+        }
+        for eval in self.delayed.values() {
+            count(eval.scheduler, |q| &mut q.delayed);
         }
         // The big queues are counted without walking them: ready by its per-type maps,
         // pending by job (a job's evaluations share its scheduler type), cancelable by the
@@ -616,6 +723,11 @@ impl EvalBroker {
         self.cancelable.clear();
         self.failed.clear();
         self.failed_unwritten.clear();
+        self.follow_ups_unwritten.clear();
+        self.delayed.clear();
+        if let Some((_, timer)) = self.delay_timer.take() {
+            timer.cancel();
+        }
         self.deliveries.clear();
     }
 }
@@ -663,6 +775,11 @@ impl Process for EvalBroker {
                     self.make_ready(eval, ctx);
                 }
             }
+            BrokerMsg::DelayOver => {
+                if self.enabled() {
+                    self.release_delayed(ctx);
+                }
+            }
             BrokerMsg::DequeueTimeout(id) => {
                 if let Some(position) = self.waiters.iter().position(|w| w.id == id)
                     && let Some(waiter) = self.waiters.remove(position)
@@ -672,4 +789,12 @@ impl Process for EvalBroker {
             }
         }
     }
+}
+
+/// The wall clock in Unix ms, what `wait_until_ms` counts in (it must mean the same on the
+/// next leader).
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -30,6 +30,7 @@ fn eval(id: &str, job: &str, create_index: u64, snapshot_index: u64) -> Evaluati
         create_index,
         modify_index: create_index,
         snapshot_index,
+        wait_until_ms: 0,
     }
 }
 

@@ -54,7 +54,14 @@ fn eval(id: &str, job: &str, priority: u8, create_index: u64) -> Evaluation {
         create_index,
         modify_index: create_index,
         snapshot_index: 0,
+        wait_until_ms: 0,
     }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
 }
 
 fn start(config: BrokerConfig, writes: &Writes, evals: Vec<Evaluation>) -> Pid<EvalBroker> {
@@ -220,6 +227,70 @@ async fn nacks_delay_redelivery_and_the_delivery_limit_fails_the_evaluation() {
         vec![vec![EvalId("flaky".into())]]
     );
     assert_eq!(id(&dequeue(&broker, Duration::ZERO).await), Some("behind"));
+
+    // The failure was written with a follow-up: a new evaluation of the job, held back at
+    // least the follow-up delay.
+    let follow_ups: Vec<Evaluation> = writes
+        .0
+        .lock()
+        .expect("writes")
+        .iter()
+        .filter_map(|op| match op {
+            Op::Together(ops) => Some(ops.clone()),
+            _ => None,
+        })
+        .flatten()
+        .filter_map(|op| match op {
+            Op::UpsertEvals(evals) => Some(evals),
+            _ => None,
+        })
+        .flatten()
+        .collect();
+    assert_eq!(follow_ups.len(), 1, "{follow_ups:?}");
+    let follow_up = &follow_ups[0];
+    assert_eq!(follow_up.job, "j");
+    assert_eq!(
+        follow_up.trigger,
+        Trigger::FailedFollowUp(EvalId("flaky".into()))
+    );
+    assert_eq!(follow_up.status, EvalStatus::Pending);
+    let delay_ms = config.failed_follow_up_delay.as_millis() as u64;
+    let jitter_ms = config.failed_follow_up_jitter.as_millis() as u64;
+    let wait = follow_up.wait_until_ms.saturating_sub(now_ms());
+    assert!(
+        wait + 1_000 >= delay_ms && wait <= delay_ms + jitter_ms,
+        "follow-up waits {wait} ms"
+    );
+    assert_eq!(stats(&broker).await.total().delayed, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_evaluation_with_a_wait_is_held_back_until_then() {
+    let writes = Writes::default();
+    let mut later = eval("later", "j", 90, 1);
+    later.wait_until_ms = now_ms() + 30_000;
+    let broker = start(
+        BrokerConfig::default(),
+        &writes,
+        vec![later, eval("now", "k", 50, 2)],
+    );
+    // The held-back one does not go first, though its priority is higher, nor hold up its
+    // job's place: it is not in flight yet.
+    assert_eq!(id(&dequeue(&broker, Duration::ZERO).await), Some("now"));
+    assert_eq!(id(&dequeue(&broker, Duration::ZERO).await), None);
+    let held = stats(&broker).await.total();
+    assert_eq!((held.delayed, held.ready, held.pending), (1, 0, 0));
+
+    // A long poll gets it when its time comes, not before.
+    let started = tokio::time::Instant::now();
+    let delivered = dequeue(&broker, Duration::from_secs(600)).await;
+    assert_eq!(id(&delivered), Some("later"));
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_secs(29) && waited <= Duration::from_secs(31),
+        "held back {waited:?}"
+    );
+    assert_eq!(stats(&broker).await.total().delayed, 0);
 }
 
 #[tokio::test(start_paused = true)]

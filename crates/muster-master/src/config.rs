@@ -61,6 +61,13 @@ pub struct MasterConfig {
     /// The largest share of admitted agents the deadline may mark unreachable; past it the
     /// master logs loudly and keeps them (Mesos: 100%).
     pub removal_limit: f64,
+    /// How long the replacement of a service or system task that failed waits when the same
+    /// slot failed just before: this, doubled for each further failure in a row, up to
+    /// `reschedule_max_delay` (a first failure is replaced at once). A slot that has not
+    /// failed for ten times the maximum starts over.
+    pub reschedule_delay: Duration,
+    /// The longest a crash-looping task's replacement waits.
+    pub reschedule_max_delay: Duration,
     /// Scheduler workers this master runs (they work only while it leads).
     pub workers: usize,
     /// How its workers place tasks.
@@ -88,6 +95,8 @@ impl Default for MasterConfig {
             failover_heartbeat_ttl: Duration::from_secs(300),
             reregistration_timeout: Duration::from_secs(600),
             removal_limit: 1.0,
+            reschedule_delay: Duration::from_secs(10),
+            reschedule_max_delay: Duration::from_secs(300),
             workers: 2,
             placement: Placement::Binpack,
             raft_heartbeat: Duration::from_millis(100),

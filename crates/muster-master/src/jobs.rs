@@ -147,6 +147,8 @@ pub fn job_from_spec(spec: &pb::JobSpec) -> Result<Job, JobSpecError> {
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect::<BTreeMap<_, _>>(),
             constraints,
+            // The registry sets it when it stores the job.
+            spec_version: 0,
         });
     }
     Ok(Job {

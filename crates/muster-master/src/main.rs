@@ -60,6 +60,13 @@ struct Flags {
     /// Missed pings after which an agent is unreachable [default: 5].
     #[arg(long)]
     max_missed_pings: Option<u32>,
+    /// First wait before a crash-looping task is replaced again, doubling per failure, e.g.
+    /// 10s [default: 10s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    reschedule_delay: Option<Duration>,
+    /// Longest wait before a crash-looping task is replaced, e.g. 5m [default: 5m].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    reschedule_max_delay: Option<Duration>,
     /// How long a new leader waits for agents to re-register, e.g. 10m [default: 10m].
     #[arg(long, value_parser = humantime::parse_duration)]
     reregistration_timeout: Option<Duration>,
@@ -87,6 +94,8 @@ struct FileConfig {
     heartbeat_grace: Option<String>,
     failover_heartbeat_ttl: Option<String>,
     max_missed_pings: Option<u32>,
+    reschedule_delay: Option<String>,
+    reschedule_max_delay: Option<String>,
     reregistration_timeout: Option<String>,
     removal_limit: Option<f64>,
     workers: Option<usize>,
@@ -160,6 +169,14 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
                 file.failover_heartbeat_ttl,
             )?)
             .unwrap_or(defaults.failover_heartbeat_ttl),
+        reschedule_delay: flags
+            .reschedule_delay
+            .or(duration("reschedule_delay", file.reschedule_delay)?)
+            .unwrap_or(defaults.reschedule_delay),
+        reschedule_max_delay: flags
+            .reschedule_max_delay
+            .or(duration("reschedule_max_delay", file.reschedule_max_delay)?)
+            .unwrap_or(defaults.reschedule_max_delay),
         ping_interval: flags
             .ping_interval
             .or(duration("ping_interval", file.ping_interval)?)

@@ -33,6 +33,7 @@ use tokio::time::Instant;
 use crate::cluster::{AgentEntry, Cluster, registry_info, same_info, wire_info};
 use crate::config::MasterConfig;
 
+mod crash_loops;
 mod plans;
 mod scheduling;
 
@@ -243,6 +244,8 @@ pub struct Master {
     /// While leading: when each tracked agent's next heartbeat is due at the latest (TTL plus
     /// grace).
     heartbeats: HeartbeatDeadlines,
+    /// Task slots that failed in a row, for the back-off of their replacements.
+    crash_loops: crash_loops::CrashLoops,
 }
 
 fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
@@ -278,7 +281,7 @@ fn write_registry(
     async move { registrar.ask(|r| RegistrarMsg::Write(op, r)).await }
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as u64)
@@ -308,6 +311,7 @@ impl Master {
             term: 0,
             state_index: 0,
             heartbeats: HeartbeatDeadlines::default(),
+            crash_loops: crash_loops::CrashLoops::default(),
         }
     }
 
@@ -738,16 +742,19 @@ impl Master {
                 missing.len()
             );
         }
+        // Their tasks never reached this master, so it cannot tell which service jobs ran
+        // there: the first one marked carries an evaluation of every service job.
+        let mut unknown_tasks = true;
         for id in missing {
             tracing::warn!(agent = %id, "agent did not re-register by the deadline");
-            self.mark_unreachable(id, ctx);
+            self.mark_unreachable(id, std::mem::take(&mut unknown_tasks), ctx);
         }
     }
 
     /// Moves an agent to unreachable, with an evaluation for each job it ran a task of (and
-    /// each system job), all in one raft entry.
-    fn mark_unreachable(&mut self, id: String, ctx: &mut Context<Self>) {
-        let evals = self.evals_for_lost_agent(&id);
+    /// each system job; with `unknown_tasks`, each service job too), all in one raft entry.
+    fn mark_unreachable(&mut self, id: String, unknown_tasks: bool, ctx: &mut Context<Self>) {
+        let evals = self.evals_for_lost_agent(&id, unknown_tasks);
         let op = Op::MarkUnreachable {
             id: AgentId(id.clone()),
             at_ms: now_ms(),
@@ -825,7 +832,7 @@ impl Master {
             }
             agent.connected = false;
             tracing::warn!(agent = %id, "agent missed its heartbeat deadline");
-            self.mark_unreachable(id, ctx);
+            self.mark_unreachable(id, false, ctx);
         }
     }
 
@@ -873,7 +880,7 @@ impl Master {
         if agent.missed_pings >= max && agent.connected {
             agent.connected = false;
             tracing::warn!(agent = %id, missed = max, "agent missed too many pings");
-            self.mark_unreachable(id, ctx);
+            self.mark_unreachable(id, false, ctx);
         }
     }
 

@@ -283,7 +283,7 @@ async fn restart_with_missing_agents(
     count: usize,
     returning: usize,
     removal_limit: f64,
-) -> anyhow::Result<(pb::ClusterState, Vec<FakeAgent>)> {
+) -> anyhow::Result<(pb::ClusterState, Vec<FakeAgent>, pb::JobStatusReply)> {
     let dir = tempfile::tempdir()?;
     let members = free_addresses(1).await?;
     let addresses: Vec<String> = members.values().cloned().collect();
@@ -296,6 +296,27 @@ async fn restart_with_missing_agents(
     let system = System::new();
     let agents_node = Node::bind(&system, "127.0.0.1:0").await?;
     let agents = register_agents(&agents_node, &addresses, count).await?;
+    // A service job: where its tasks ran dies with this master.
+    let web = pb::JobSpec {
+        name: "web".into(),
+        r#type: "service".into(),
+        groups: vec![pb::TaskGroupSpec {
+            name: "server".into(),
+            count: 1,
+            resources: Some(pb::Resources {
+                cpus: 0.5,
+                mem_mb: 64,
+            }),
+            command: "sleep".into(),
+            ..pb::TaskGroupSpec::default()
+        }],
+        ..pb::JobSpec::default()
+    };
+    master
+        .pid()
+        .ask(|reply| MasterMsg::SubmitJob(Some(web), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
     master.shutdown().await;
 
     let master = start(config).await?;
@@ -310,25 +331,39 @@ async fn restart_with_missing_agents(
             && s.agents.len() == count - marked
     })
     .await?;
+    let web = master
+        .pid()
+        .ask(|reply| MasterMsg::JobStatus("web".into(), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
     agents_node.shutdown();
     master.shutdown().await;
-    Ok((state, agents))
+    Ok((state, agents, web))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_away_past_the_deadline_is_marked_unreachable() -> anyhow::Result<()> {
-    let (state, agents) = restart_with_missing_agents(5, 4, 1.0).await?;
+    let (state, agents, web) = restart_with_missing_agents(5, 4, 1.0).await?;
     let unreachable: Vec<&str> = state.unreachable.iter().map(|a| a.id.as_str()).collect();
     assert_eq!(unreachable, [agents[4].id.as_str()]);
     assert_eq!(state.agents.len(), 4);
     assert!(state.agents.iter().all(|a| a.connected));
+    // The new master never learned where the service job's task ran: the job is evaluated
+    // anyway, in the same entry as the mark.
+    assert!(
+        web.evals
+            .iter()
+            .any(|e| e.trigger.contains("AgentUnreachable") && e.trigger.contains(&agents[4].id)),
+        "{:?}",
+        web.evals
+    );
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_removal_limit_keeps_agents_when_most_stay_away() -> anyhow::Result<()> {
     // 4 of 5 stay away; a 40% limit allows 2 to be marked, and the other 2 are kept.
-    let (state, _agents) = restart_with_missing_agents(5, 1, 0.4).await?;
+    let (state, _agents, _web) = restart_with_missing_agents(5, 1, 0.4).await?;
     assert_eq!(state.unreachable.len(), 2);
     assert_eq!(state.agents.len(), 3);
     assert_eq!(state.agents.iter().filter(|a| a.connected).count(), 1);

@@ -248,6 +248,23 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
         replaced.tasks.len(),
         "every replacement has a fresh id"
     );
+    // It keeps failing: the replacement after the second failure in a row is held back
+    // (10 s by default, doubling after that) instead of restarting it at once.
+    let backing_off = job_when(&master, "flaky", "a held-back replacement", |s| {
+        s.evals
+            .iter()
+            .any(|e| e.description.contains("ended 2 times in a row"))
+    })
+    .await?;
+    let held = backing_off
+        .evals
+        .iter()
+        .find(|e| e.description.contains("ended 2 times in a row"))
+        .context("the held-back evaluation")?;
+    assert!(
+        held.description.contains("replaced after 10s") && held.trigger.starts_with("TaskEnded"),
+        "{held:?}"
+    );
     master
         .pid()
         .ask(|reply| MasterMsg::StopJob("flaky".into(), reply))
@@ -472,6 +489,89 @@ async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> any
         replaced.evals
     );
     node.shutdown();
+    master.shutdown().await;
+    Ok(())
+}
+
+/// Resubmitting a job replaces the tasks of the groups whose definition changed (Nomad's
+/// destructive update) and only those: a count change alone adds tasks beside the running ones.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = start_master(dir.path()).await?;
+    let (_node, agent) = start_agent(&master, dir.path(), "only", 4.0).await?;
+    let spec = |a_count: u32, b_args: &[&str]| pb::JobSpec {
+        name: "site".into(),
+        r#type: "service".into(),
+        groups: vec![
+            group("a", a_count, 0.5, "sleep", &["30"]),
+            group("b", 1, 0.5, "sleep", b_args),
+        ],
+        ..pb::JobSpec::default()
+    };
+    let in_group = |task: &pb::Task, group: &str| task.name.starts_with(&format!("site.{group}["));
+    let running = |s: &pb::JobStatusReply, group: &str| -> Vec<pb::Task> {
+        s.tasks
+            .iter()
+            .filter_map(|t| t.task.as_ref())
+            .filter(|t| in_group(t, group) && t.state == pb::TaskState::Running as i32)
+            .cloned()
+            .collect()
+    };
+
+    submit(&master, spec(1, &["30"])).await?;
+    let first = job_when(&master, "site", "both groups running", |s| {
+        running(s, "a").len() == 1 && running(s, "b").len() == 1
+    })
+    .await?;
+    let a_id = running(&first, "a")[0].id.clone();
+    let b_id = running(&first, "b")[0].id.clone();
+
+    // `a` unchanged but for its count, `b`'s arguments changed.
+    submit(&master, spec(2, &["31"])).await?;
+    let is_live = |s: &pb::JobStatusReply, id: &str| {
+        live(s)
+            .iter()
+            .any(|t| t.task.as_ref().is_some_and(|t| t.id == id))
+    };
+    let updated = job_when(&master, "site", "b replaced and a second a placed", |s| {
+        let b_killed = s
+            .tasks
+            .iter()
+            .filter_map(|t| t.task.as_ref())
+            .any(|t| t.id == b_id && t.state == pb::TaskState::Killed as i32);
+        let new_b = running(s, "b");
+        b_killed
+            && is_live(s, &a_id)
+            && live(s).len() == 3
+            && new_b.len() == 1
+            && new_b[0].id != b_id
+    })
+    .await?;
+    let new_b = &running(&updated, "b")[0];
+    assert_eq!(
+        new_b.args,
+        ["31"],
+        "the replacement runs the new definition"
+    );
+    let live_a: Vec<&pb::Task> = live(&updated)
+        .iter()
+        .filter_map(|t| t.task.as_ref())
+        .filter(|t| in_group(t, "a"))
+        .collect();
+    assert_eq!(live_a.len(), 2, "{live_a:?}");
+    assert!(
+        updated
+            .tasks
+            .iter()
+            .filter_map(|t| t.task.as_ref())
+            .filter(|t| in_group(t, "a"))
+            .all(|t| t.state != pb::TaskState::Killed as i32),
+        "a count change restarts nothing: {:#?}",
+        updated.tasks
+    );
+
+    agent.stop().await;
     master.shutdown().await;
     Ok(())
 }

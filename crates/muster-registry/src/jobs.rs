@@ -91,6 +91,34 @@ pub struct TaskGroup {
     pub env: BTreeMap<String, String>,
     /// Conditions on the agents its tasks may run on.
     pub constraints: Vec<Constraint>,
+    /// The job version at which this group's task definition (everything but `count`) last
+    /// changed; tasks placed at an older job version are replaced. Set by the registry when it
+    /// stores the job (0 in jobs stored before it existed: their tasks are never outdated).
+    #[serde(default)]
+    pub spec_version: u64,
+}
+
+impl TaskGroup {
+    /// Whether `other` defines the same tasks: everything but the name, the count and the spec
+    /// version is equal. A change the scheduler must replace running tasks for.
+    pub fn same_task_definition(&self, other: &TaskGroup) -> bool {
+        // Destructured so that a new field cannot be forgotten here.
+        let TaskGroup {
+            name: _,
+            count: _,
+            resources,
+            command,
+            args,
+            env,
+            constraints,
+            spec_version: _,
+        } = self;
+        *resources == other.resources
+            && *command == other.command
+            && *args == other.args
+            && *env == other.env
+            && *constraints == other.constraints
+    }
 }
 
 /// What a user asked to run.
@@ -157,6 +185,8 @@ pub enum Trigger {
     Unblocked,
     /// One of the job's tasks ended on its own (this task id).
     TaskEnded(String),
+    /// This evaluation of the job failed (it reached the delivery limit): a later retry.
+    FailedFollowUp(EvalId),
 }
 
 /// A unit of scheduling work for one job.
@@ -183,6 +213,10 @@ pub struct Evaluation {
     pub modify_index: u64,
     /// For a blocked evaluation: the registry index of the snapshot it was planned against.
     pub snapshot_index: u64,
+    /// Unix time in ms before which the broker holds it back (0: at once): a crash-looping
+    /// task's replacement backs off, a failed evaluation's follow-up waits.
+    #[serde(default)]
+    pub wait_until_ms: u64,
 }
 
 impl Evaluation {
@@ -199,6 +233,7 @@ impl Evaluation {
             create_index: 0,
             modify_index: 0,
             snapshot_index: 0,
+            wait_until_ms: 0,
         }
     }
 }

@@ -159,8 +159,18 @@ impl RegistryState {
                 Ok(Outcome::Removed)
             }
             Op::UpsertJob(mut job) => {
-                let version = self.jobs.get(&job.name).map_or(1, |old| old.version + 1);
+                let old = self.jobs.get(&job.name);
+                let version = old.map_or(1, |old| old.version + 1);
                 job.version = version;
+                // A group whose tasks are defined as before keeps its spec version (a count
+                // or `stopped` change restarts nothing); a new or changed one gets this version,
+                // so that its tasks placed earlier are replaced.
+                for group in &mut job.groups {
+                    group.spec_version = old
+                        .and_then(|old| old.groups.iter().find(|g| g.name == group.name))
+                        .filter(|previous| previous.same_task_definition(group))
+                        .map_or(version, |previous| previous.spec_version);
+                }
                 self.jobs.insert(job.name.clone(), job);
                 Ok(Outcome::JobStored { version })
             }
@@ -368,5 +378,122 @@ mod tests {
             state.evals.values().filter(|e| e.job == "web").count(),
             ENDED_EVALS_KEPT_PER_JOB + 9
         );
+    }
+
+    /// A job of `groups`, each given as (name, count, command).
+    fn job_of(groups: &[(&str, u32, &str)]) -> crate::jobs::Job {
+        use crate::jobs::{Job, SchedulerType, TaskGroup};
+        Job {
+            name: "web".into(),
+            priority: 50,
+            scheduler: SchedulerType::Service,
+            groups: groups
+                .iter()
+                .map(|&(name, count, command)| TaskGroup {
+                    name: name.into(),
+                    count,
+                    command: command.into(),
+                    ..TaskGroup::default()
+                })
+                .collect(),
+            stopped: false,
+            version: 0,
+        }
+    }
+
+    /// Stores `job` and returns each of its groups' spec versions, by name.
+    fn spec_versions(state: &mut RegistryState, job: crate::jobs::Job) -> Vec<(String, u64)> {
+        let name = job.name.clone();
+        state.apply_at(Op::UpsertJob(job)).expect("stored");
+        state.jobs[&name]
+            .groups
+            .iter()
+            .map(|g| (g.name.clone(), g.spec_version))
+            .collect()
+    }
+
+    fn pairs(expected: &[(&str, u64)]) -> Vec<(String, u64)> {
+        expected.iter().map(|&(n, v)| (n.to_owned(), v)).collect()
+    }
+
+    #[test]
+    fn a_new_job_gets_its_version_as_every_groups_spec_version() {
+        let mut state = RegistryState::default();
+        let mut job = job_of(&[("a", 1, "sleep"), ("b", 2, "sleep")]);
+        // Whatever the submitter sent is overwritten.
+        job.groups[0].spec_version = 42;
+        assert_eq!(spec_versions(&mut state, job), pairs(&[("a", 1), ("b", 1)]));
+    }
+
+    #[test]
+    fn a_count_change_keeps_the_spec_version() {
+        let mut state = RegistryState::default();
+        spec_versions(&mut state, job_of(&[("a", 1, "sleep")]));
+        let scaled = spec_versions(&mut state, job_of(&[("a", 5, "sleep")]));
+        assert_eq!(scaled, pairs(&[("a", 1)]));
+        assert_eq!(state.jobs["web"].version, 2);
+    }
+
+    #[test]
+    fn a_changed_definition_bumps_only_that_group() {
+        let mut state = RegistryState::default();
+        spec_versions(&mut state, job_of(&[("a", 1, "sleep"), ("b", 1, "sleep")]));
+        spec_versions(&mut state, job_of(&[("a", 1, "sleep"), ("b", 1, "sleep")]));
+        let changed = spec_versions(&mut state, job_of(&[("a", 1, "sleep"), ("b", 1, "true")]));
+        assert_eq!(changed, pairs(&[("a", 1), ("b", 3)]));
+
+        // Any part of the definition counts: args, env, resources, constraints.
+        let mut job = job_of(&[("a", 1, "sleep"), ("b", 1, "true")]);
+        job.groups[0].args = vec!["31".into()];
+        assert_eq!(
+            spec_versions(&mut state, job.clone()),
+            pairs(&[("a", 4), ("b", 3)])
+        );
+        job.groups[1].env.insert("K".into(), "v".into());
+        assert_eq!(
+            spec_versions(&mut state, job.clone()),
+            pairs(&[("a", 4), ("b", 5)])
+        );
+        job.groups[0].resources.mem_mb = 64;
+        assert_eq!(
+            spec_versions(&mut state, job.clone()),
+            pairs(&[("a", 6), ("b", 5)])
+        );
+        job.groups[1].constraints.push(crate::jobs::Constraint {
+            attribute: "rack".into(),
+            op: crate::jobs::ConstraintOp::Equal,
+            value: "r1".into(),
+        });
+        assert_eq!(spec_versions(&mut state, job), pairs(&[("a", 6), ("b", 7)]));
+    }
+
+    #[test]
+    fn a_new_group_gets_the_new_version_and_a_renamed_one_counts_as_new() {
+        let mut state = RegistryState::default();
+        spec_versions(&mut state, job_of(&[("a", 1, "sleep")]));
+        let added = spec_versions(&mut state, job_of(&[("a", 1, "sleep"), ("b", 1, "sleep")]));
+        assert_eq!(added, pairs(&[("a", 1), ("b", 2)]));
+        let renamed = spec_versions(&mut state, job_of(&[("c", 1, "sleep"), ("b", 1, "sleep")]));
+        assert_eq!(renamed, pairs(&[("c", 3), ("b", 2)]));
+    }
+
+    #[test]
+    fn resubmitting_or_stopping_an_identical_job_keeps_every_spec_version() {
+        let mut state = RegistryState::default();
+        let job = job_of(&[("a", 1, "sleep"), ("b", 2, "sleep")]);
+        spec_versions(&mut state, job.clone());
+        let again = spec_versions(&mut state, job.clone());
+        assert_eq!(again, pairs(&[("a", 1), ("b", 1)]));
+        assert_eq!(state.jobs["web"].version, 2);
+
+        // Stopping stores the job as it is with `stopped` set; starting it again likewise.
+        let mut stopped = state.jobs["web"].clone();
+        stopped.stopped = true;
+        assert_eq!(
+            spec_versions(&mut state, stopped),
+            pairs(&[("a", 1), ("b", 1)])
+        );
+        assert_eq!(spec_versions(&mut state, job), pairs(&[("a", 1), ("b", 1)]));
+        assert_eq!(state.jobs["web"].version, 4);
     }
 }

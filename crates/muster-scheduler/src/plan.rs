@@ -118,6 +118,9 @@ pub struct TaskView {
     pub resources: Resources,
     /// Where it is.
     pub state: TaskState,
+    /// The job version it was placed at; 0 if unknown (launched by an operator, or before
+    /// tasks carried it): such a task is never outdated.
+    pub job_version: u64,
 }
 
 /// A task to start on an agent.
@@ -141,6 +144,10 @@ pub struct Placement {
     pub args: Vec<String>,
     /// Its environment.
     pub env: BTreeMap<String, String>,
+    /// The job version it was placed at; 0 if unknown. A task placed at a version older than
+    /// its group's [`spec_version`](muster_registry::jobs::TaskGroup::spec_version) is
+    /// outdated and replaced.
+    pub job_version: u64,
 }
 
 /// A task to stop.
@@ -227,6 +234,7 @@ mod tests {
             group: "g".into(),
             resources: Resources { cpus, mem_mb },
             state,
+            job_version: 0,
         }
     }
 

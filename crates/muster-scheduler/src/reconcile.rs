@@ -7,7 +7,13 @@
 //!   `{job}.{group}[{agent id}]`, to be placed on that agent only.
 //! - A slot is filled by a non-terminal task of that name (and group, and for system slots on
 //!   that agent). A batch slot is also filled by a [`Finished`](TaskState::Finished) task: it
-//!   ran to completion. A service or system slot whose task ended is placed again.
+//!   ran to completion (an update of the job never runs it again). A service or system slot
+//!   whose task ended is placed again.
+//! - A non-terminal task placed at a job version older than its group's
+//!   [`spec_version`](TaskGroup::spec_version) is outdated: the group's task definition changed
+//!   since (Nomad's destructive update). It stops and its slot counts as missing, placed anew
+//!   with the current definition. A change of `count` alone leaves the spec version, and so
+//!   the running tasks, alone; a task of unknown version (0) is current.
 //! - Non-terminal tasks of the job that fill no wanted slot stop: the count was lowered, the
 //!   group removed, the agent no longer eligible, or a second task fills the same slot (the
 //!   running one, then the lowest agent and task id, stays). A stopped job, or one missing from
@@ -31,6 +37,8 @@ pub struct SlotRequest {
     pub job: String,
     /// The task group, as the snapshot's job has it.
     pub group: Arc<TaskGroup>,
+    /// The job's version in the snapshot: a task placed for the slot carries it.
+    pub job_version: u64,
     /// For a system slot, the one agent it may be placed on.
     pub agent: Option<AgentId>,
 }
@@ -63,6 +71,7 @@ impl SlotRequest {
             command: self.group.command.clone(),
             args: self.group.args.clone(),
             env: self.group.env.clone(),
+            job_version: self.job_version,
         }
     }
 }
@@ -119,6 +128,11 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
                 stop.push(stop_of(&agent.id, task));
                 continue;
             };
+            if is_outdated(task, &slots[i].group) {
+                // Never a holder: the slot stays missing and is placed anew.
+                stop.push(stop_of(&agent.id, task));
+                continue;
+            }
             match holders[i] {
                 None => holders[i] = Some((&agent.id, task)),
                 Some(held) if keep_first((&agent.id, task), held) => {
@@ -161,6 +175,7 @@ fn wanted_slots(job_name: &str, job: &Job, snapshot: &ClusterSnapshot) -> Vec<Sl
             name,
             job: job_name.to_owned(),
             group: Arc::clone(&shared),
+            job_version: job.version,
             agent,
         };
         match job.scheduler {
@@ -185,6 +200,12 @@ fn wanted_slots(job_name: &str, job: &Job, snapshot: &ClusterSnapshot) -> Vec<Sl
         }
     }
     slots
+}
+
+/// Whether `task` was placed before `group`'s task definition last changed. A task of unknown
+/// version (0) is not.
+fn is_outdated(task: &TaskView, group: &TaskGroup) -> bool {
+    task.job_version != 0 && task.job_version < group.spec_version
 }
 
 /// Of two live tasks filling one slot, whether `a` should stay rather than `b`: a running task

@@ -374,6 +374,7 @@ impl IntoProto for TaskGroup {
             args: self.args,
             env: unsorted(self.env),
             constraints: self.constraints.into_proto(),
+            spec_version: self.spec_version,
         }
     }
 }
@@ -390,6 +391,7 @@ impl FromProto for TaskGroup {
             args: proto.args,
             env: sorted(proto.env),
             constraints: each(proto.constraints, "constraints")?,
+            spec_version: proto.spec_version,
         })
     }
 }
@@ -436,6 +438,7 @@ impl IntoProto for Trigger {
             Trigger::AgentUpdate(agent) => Kind::AgentUpdate(agent.0),
             Trigger::Unblocked => Kind::Unblocked(pb::trigger::Unblocked {}),
             Trigger::TaskEnded(task) => Kind::TaskEnded(task),
+            Trigger::FailedFollowUp(eval) => Kind::FailedFollowUp(eval.0),
         };
         pb::Trigger { kind: Some(kind) }
     }
@@ -453,6 +456,7 @@ impl FromProto for Trigger {
             Some(Kind::AgentUpdate(agent)) => Ok(Trigger::AgentUpdate(AgentId(agent))),
             Some(Kind::Unblocked(_)) => Ok(Trigger::Unblocked),
             Some(Kind::TaskEnded(task)) => Ok(Trigger::TaskEnded(task)),
+            Some(Kind::FailedFollowUp(eval)) => Ok(Trigger::FailedFollowUp(EvalId(eval))),
             None => Err(ConversionError::new("", "none of its kinds is set")),
         }
     }
@@ -473,6 +477,7 @@ impl IntoProto for Evaluation {
             create_index: self.create_index,
             modify_index: self.modify_index,
             snapshot_index: self.snapshot_index,
+            wait_until_ms: self.wait_until_ms,
         }
     }
 }
@@ -492,6 +497,7 @@ impl FromProto for Evaluation {
             create_index: proto.create_index,
             modify_index: proto.modify_index,
             snapshot_index: proto.snapshot_index,
+            wait_until_ms: proto.wait_until_ms,
         })
     }
 }
@@ -507,6 +513,7 @@ impl IntoProto for TaskView {
             group: self.group,
             resources: Some(self.resources.into_proto()),
             state: self.state.into_proto(),
+            job_version: self.job_version,
         }
     }
 }
@@ -522,6 +529,7 @@ impl FromProto for TaskView {
             group: proto.group,
             resources: required(proto.resources, "resources")?,
             state: read(proto.state, "state")?,
+            job_version: proto.job_version,
         })
     }
 }
@@ -606,6 +614,7 @@ impl IntoProto for Placement {
             command: self.command,
             args: self.args,
             env: unsorted(self.env),
+            job_version: self.job_version,
         }
     }
 }
@@ -624,6 +633,7 @@ impl FromProto for Placement {
             command: proto.command,
             args: proto.args,
             env: sorted(proto.env),
+            job_version: proto.job_version,
         })
     }
 }
@@ -1361,6 +1371,7 @@ mod tests {
                     rack(ConstraintOp::Equal, "r1"),
                     rack(ConstraintOp::NotEqual, "r2"),
                 ],
+                spec_version: 7,
             }],
             stopped: true,
             version: 9,
@@ -1379,6 +1390,7 @@ mod tests {
             create_index: 1,
             modify_index: 2,
             snapshot_index: 3,
+            wait_until_ms: 4,
         }
     }
 
@@ -1393,6 +1405,7 @@ mod tests {
             command: "sh".into(),
             args: vec!["-c".into(), "true".into()],
             env: BTreeMap::from([("B".to_owned(), "2".to_owned())]),
+            job_version: 9,
         }
     }
 
@@ -1421,6 +1434,8 @@ mod tests {
                         group: "fe".into(),
                         resources: resources(0.5, 32),
                         state: *state,
+                        // 0 (unknown) included.
+                        job_version: i as u64,
                     })
                     .collect(),
             })],
@@ -1448,6 +1463,7 @@ mod tests {
             Trigger::AgentUpdate(AgentId("agent-4".into())),
             Trigger::Unblocked,
             Trigger::TaskEnded("web.fe[0]-1".into()),
+            Trigger::FailedFollowUp(EvalId("e-0".into())),
         ];
         let statuses = [
             EvalStatus::Pending,

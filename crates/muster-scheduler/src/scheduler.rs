@@ -390,6 +390,7 @@ mod tests {
                 },
                 ..TaskGroup::default()
             }),
+            job_version: 1,
             agent: None,
         }
     }

@@ -582,6 +582,7 @@ mod tests {
             command: String::new(),
             args: Vec::new(),
             env: BTreeMap::new(),
+            job_version: 1,
         };
         assert_eq!(demand_of(&placement("fe"), &snapshot).constraints, [rack]);
         // A group the snapshot no longer has: no constraints to report.

@@ -532,3 +532,46 @@ fn malformed_amounts_do_not_panic() {
         assert!(plan.unplaced.iter().any(|d| d.resources.cpus.is_infinite()));
     }
 }
+
+#[test]
+fn an_updated_group_is_replaced_once_then_planning_converges() {
+    let mut web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 2, 1.0, 256), group("db", 1, 1.0, 256)],
+    );
+    let mut snap = snapshot(3, vec![agent("a1", 8.0, 8192)], vec![web.clone()]);
+    let first = binpack().schedule(&eval_for(&web), &snap);
+    apply(&mut snap, &first);
+    assert!(first.place.iter().all(|p| p.job_version == 1));
+
+    // Version 2 changes `fe`'s arguments (the registry bumps its spec version) and `db`'s count.
+    web.version = 2;
+    web.groups[0].args = vec!["31".into()];
+    web.groups[0].spec_version = 2;
+    web.groups[1].count = 2;
+    snap.jobs.insert("web".into(), web.clone());
+    let update = binpack().schedule(&eval_for(&web), &snap);
+    let fe_before: Vec<&str> = first
+        .place
+        .iter()
+        .filter(|p| p.group == "fe")
+        .map(|p| p.task_id.as_str())
+        .collect();
+    let mut stopped: Vec<&str> = update.stop.iter().map(|s| s.task_id.as_str()).collect();
+    stopped.sort();
+    let mut expected = fe_before.clone();
+    expected.sort();
+    assert_eq!(stopped, expected, "only fe's tasks stop");
+    assert_eq!(
+        placed_names(&update),
+        ["web.db[1]", "web.fe[0]", "web.fe[1]"]
+    );
+    assert!(update.place.iter().all(|p| p.job_version == 2));
+    let new_fe = update.place.iter().filter(|p| p.group == "fe");
+    assert!(new_fe.clone().count() == 2 && new_fe.clone().all(|p| p.args == ["31"]));
+
+    apply(&mut snap, &update);
+    let again = binpack().schedule(&eval_for(&web), &snap);
+    assert!(again.is_noop(), "{again:?}");
+}

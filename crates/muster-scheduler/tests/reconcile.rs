@@ -379,3 +379,146 @@ fn every_placement_gets_a_fresh_unique_task_id() {
     }
     assert_eq!(ids.len(), 1000);
 }
+
+/// A task of `job`/`group` in `slot`, placed at `job_version`.
+fn placed_at(
+    slot: &str,
+    job: &str,
+    group: &str,
+    job_version: u64,
+    state: TaskState,
+) -> muster_scheduler::TaskView {
+    let mut task = task(slot, job, group, 1.0, 100, state);
+    task.job_version = job_version;
+    task
+}
+
+#[test]
+fn tasks_placed_before_their_groups_definition_changed_are_replaced() {
+    // Version 3: `fe`'s definition changed at 3, `db`'s at 1 (its count changed since).
+    let mut fe = group("fe", 2, 1.0, 100);
+    fe.spec_version = 3;
+    let mut db = group("db", 2, 1.0, 100);
+    db.spec_version = 1;
+    let mut web = job("web", SchedulerType::Service, vec![fe, db]);
+    web.version = 3;
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![
+                placed_at("web.fe[0]", "web", "fe", 2, TaskState::Running),
+                placed_at("web.fe[1]", "web", "fe", 3, TaskState::Running),
+                placed_at("web.db[0]", "web", "db", 1, TaskState::Running),
+                placed_at("web.db[1]", "web", "db", 2, TaskState::Pending),
+            ],
+        )],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert_eq!(stopped_ids(&r), ["web.fe[0]-t"]);
+    assert_eq!(missing_names(&r), ["web.fe[0]"]);
+    // The replacement carries the job's current version: it is current from now on.
+    assert_eq!(r.missing[0].placement(id("a1")).job_version, 3);
+}
+
+#[test]
+fn a_task_of_unknown_version_is_current() {
+    let mut fe = group("fe", 1, 1.0, 100);
+    fe.spec_version = 5;
+    let mut web = job("web", SchedulerType::Service, vec![fe]);
+    web.version = 5;
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![placed_at("web.fe[0]", "web", "fe", 0, TaskState::Running)],
+        )],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert!(r.stop.is_empty() && r.missing.is_empty());
+}
+
+#[test]
+fn an_outdated_task_never_holds_its_slot_against_a_current_one() {
+    // The replacement is already placed, the outdated task not stopped yet (a stale snapshot,
+    // or the stop did not reach the agent): the current one stays, though it is only pending.
+    let mut fe = group("fe", 1, 1.0, 100);
+    fe.spec_version = 2;
+    let mut web = job("web", SchedulerType::Service, vec![fe]);
+    web.version = 2;
+    let mut old = placed_at("web.fe[0]", "web", "fe", 1, TaskState::Running);
+    old.id = "web.fe[0]-aaaa".into();
+    let mut new = placed_at("web.fe[0]", "web", "fe", 2, TaskState::Pending);
+    new.id = "web.fe[0]-bbbb".into();
+    let snap = snapshot(
+        7,
+        vec![on(agent("a1", 8.0, 8192), vec![old, new])],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert!(r.missing.is_empty());
+    assert_eq!(stopped_ids(&r), ["web.fe[0]-aaaa"]);
+}
+
+#[test]
+fn an_update_replaces_running_batch_tasks_but_never_reruns_finished_ones() {
+    let mut step = group("step", 3, 1.0, 100);
+    step.spec_version = 2;
+    let mut etl = job("etl", SchedulerType::Batch, vec![step]);
+    etl.version = 2;
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![
+                placed_at("etl.step[0]", "etl", "step", 1, TaskState::Finished),
+                placed_at("etl.step[1]", "etl", "step", 1, TaskState::Running),
+                placed_at("etl.step[2]", "etl", "step", 1, TaskState::Failed),
+            ],
+        )],
+        vec![etl.clone()],
+    );
+    let r = reconcile(&eval_for(&etl), &snap);
+    assert_eq!(stopped_ids(&r), ["etl.step[1]-t"]);
+    assert_eq!(missing_names(&r), ["etl.step[1]", "etl.step[2]"]);
+}
+
+#[test]
+fn outdated_system_tasks_are_replaced_on_their_own_agent() {
+    let mut ship = group("ship", 0, 0.5, 64);
+    ship.spec_version = 4;
+    let mut logs = job("logs", SchedulerType::System, vec![ship]);
+    logs.version = 4;
+    let snap = snapshot(
+        7,
+        vec![
+            on(
+                agent("a1", 4.0, 4096),
+                vec![placed_at(
+                    "logs.ship[a1]",
+                    "logs",
+                    "ship",
+                    3,
+                    TaskState::Running,
+                )],
+            ),
+            on(
+                agent("a2", 4.0, 4096),
+                vec![placed_at(
+                    "logs.ship[a2]",
+                    "logs",
+                    "ship",
+                    4,
+                    TaskState::Running,
+                )],
+            ),
+        ],
+        vec![logs.clone()],
+    );
+    let r = reconcile(&eval_for(&logs), &snap);
+    assert_eq!(stopped_ids(&r), ["logs.ship[a1]-t"]);
+    assert_eq!(missing_names(&r), ["logs.ship[a1]"]);
+    assert_eq!(r.missing[0].agent, Some(id("a1")));
+}

@@ -187,6 +187,7 @@ impl Backend for Fake {
                         group: placement.group.clone(),
                         resources: placement.resources.clone(),
                         state: TaskState::Pending,
+                        job_version: placement.job_version,
                     });
                     result.committed.push(placement);
                 }

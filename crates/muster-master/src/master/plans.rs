@@ -18,7 +18,7 @@ use muster_scheduler::{
 };
 
 use super::Master;
-use super::scheduling::{GROUP_LABEL, JOB_LABEL, task_job};
+use super::scheduling::{GROUP_LABEL, JOB_LABEL, VERSION_LABEL, task_job};
 use crate::cluster::registry_info;
 
 /// How many ended tasks an agent's entry keeps for `muster job status`.
@@ -63,6 +63,8 @@ fn view(task: &pb::Task) -> TaskView {
         group: label(GROUP_LABEL),
         resources: resources_of(task),
         state: task_state(task.state),
+        // Missing or malformed (a task not launched by the plan applier): unknown, current.
+        job_version: label(VERSION_LABEL).parse().unwrap_or(0),
     }
 }
 
@@ -220,6 +222,10 @@ impl Master {
                     key: GROUP_LABEL.into(),
                     value: placement.group.clone(),
                 },
+                pb::Label {
+                    key: VERSION_LABEL.into(),
+                    value: placement.job_version.to_string(),
+                },
             ],
             state: pb::TaskState::Staging as i32,
             exit_code: 0,
@@ -300,7 +306,8 @@ impl Master {
 
     /// An agent reports a task's state (or a launch failed). Ended tasks move to the history,
     /// their capacity goes to the blocked-queue, and a service job whose task ended on its own
-    /// gets an evaluation to replace it.
+    /// gets an evaluation to replace it (held back when the same slot keeps failing: see
+    /// [`MasterConfig::reschedule_delay`](crate::MasterConfig::reschedule_delay)).
     pub(super) fn task_updated(
         &mut self,
         agent_id: String,
@@ -356,7 +363,22 @@ impl Master {
             let Some(job) = self.registry.reader().read(|s| s.jobs.get(&job).cloned()) else {
                 return;
             };
-            let eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
+            let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
+            let (failures, wait) = self.crash_loops.failed(
+                &task.name,
+                tokio::time::Instant::now(),
+                self.config.reschedule_delay,
+                self.config.reschedule_max_delay,
+            );
+            if !wait.is_zero() {
+                let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+                eval.wait_until_ms = super::now_ms().saturating_add(wait_ms);
+                eval.status_description = format!(
+                    "{} ended {failures} times in a row: replaced after {wait:?}",
+                    task.name
+                );
+                tracing::warn!(slot = %task.name, failures, ?wait, "task crash-looping: its replacement backs off");
+            }
             self.write_with_evals(Vec::new(), vec![eval], ctx, |_master, written| {
                 if let Err(e) = written {
                     tracing::warn!(error = %e, "could not write the replacement evaluation");
@@ -454,9 +476,14 @@ impl Master {
         }
     }
 
-    /// Evaluations for every job with a task on the agent, and every system job: written in
-    /// the same raft entry as the agent's move to unreachable.
-    pub(super) fn evals_for_lost_agent(&self, agent_id: &str) -> Vec<Evaluation> {
+    /// Evaluations for every job with a task on the agent, and every system job (with
+    /// `all_service_jobs`, every service job too): written in the same raft entry as the
+    /// agent's move to unreachable.
+    pub(super) fn evals_for_lost_agent(
+        &self,
+        agent_id: &str,
+        all_service_jobs: bool,
+    ) -> Vec<Evaluation> {
         let mut jobs: Vec<String> = self
             .cluster
             .agents
@@ -477,7 +504,10 @@ impl Master {
                 .jobs
                 .values()
                 .filter(|j| {
-                    !j.stopped && (j.scheduler == SchedulerType::System || jobs.contains(&j.name))
+                    !j.stopped
+                        && (j.scheduler == SchedulerType::System
+                            || (all_service_jobs && j.scheduler == SchedulerType::Service)
+                            || jobs.contains(&j.name))
                 })
                 .map(|j| {
                     Evaluation::new(j, Trigger::AgentUnreachable(AgentId(agent_id.to_owned())))

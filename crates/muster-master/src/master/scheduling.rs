@@ -14,8 +14,10 @@ use crate::jobs::{job_from_spec, spec_from_job};
 /// The job label the master puts on every task it launches for a job.
 pub(crate) const JOB_LABEL: &str = "muster/job";
 /// The task-group label.
-#[allow(dead_code)] // read by the plan applier
 pub(crate) const GROUP_LABEL: &str = "muster/group";
+/// The label with the job version a task was placed at: the scheduler replaces tasks placed
+/// before their group's definition last changed. Absent on tasks launched otherwise.
+pub(crate) const VERSION_LABEL: &str = "muster/job-version";
 
 fn label<'t>(task: &'t pb::Task, key: &str) -> Option<&'t str> {
     task.labels

@@ -41,6 +41,7 @@ pub(crate) fn group(name: &str, count: u32, cpus: f64, mem_mb: u64) -> TaskGroup
         args: vec!["1000".to_owned()],
         env: BTreeMap::from([("ROLE".to_owned(), name.to_owned())]),
         constraints: Vec::new(),
+        spec_version: 0,
     }
 }
 
@@ -100,6 +101,7 @@ pub(crate) fn task(
         group: group.to_owned(),
         resources: res(cpus, mem_mb),
         state,
+        job_version: 0,
     }
 }
 
@@ -129,6 +131,7 @@ pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
                 group: placement.group.clone(),
                 resources: placement.resources.clone(),
                 state: TaskState::Pending,
+                job_version: placement.job_version,
             });
         }
     }
