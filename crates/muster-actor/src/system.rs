@@ -24,7 +24,10 @@ struct IdHasher(u64);
 
 impl Hasher for IdHasher {
     fn finish(&self) -> u64 {
-        self.0
+        // A multiplication mixes upwards: the low bits of ids in one shard (equal modulo the
+        // shard count) stay equal, and the table picks buckets by the low bits. Rotating
+        // brings the well-mixed high half down.
+        self.0.rotate_left(32)
     }
 
     fn write(&mut self, bytes: &[u8]) {

@@ -331,6 +331,9 @@ pub struct EvalBroker {
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
     writing: bool,
+    /// Bumped by every restore and disable: a registry write that completes in a later
+    /// session is not this session's business.
+    session: u64,
     stats: BrokerStats,
 }
 
@@ -354,6 +357,7 @@ impl EvalBroker {
             waiters: VecDeque::new(),
             next_waiter: 0,
             writing: false,
+            session: 0,
             stats: BrokerStats::default(),
         }
     }
@@ -366,7 +370,8 @@ impl EvalBroker {
         if eval.status != EvalStatus::Pending {
             return;
         }
-        let wait = Duration::from_millis(eval.wait_until_ms.saturating_sub(now_ms()));
+        // At most a day: a wall clock far ahead (or a bad value) must not park it for good.
+        let wait = Duration::from_millis(eval.wait_until_ms.saturating_sub(now_ms())).min(MAX_WAIT);
         if !wait.is_zero() {
             let due = Instant::now() + wait;
             self.delayed.insert((due, eval.id.clone()), eval);
@@ -639,9 +644,15 @@ impl EvalBroker {
         self.writing = true;
         self.stats.registry_writes += 1;
         let op = Op::Together(ops);
+        let session = self.session;
         ctx.defer(
             writer.write(op),
             move |broker: &mut EvalBroker, ctx, written| {
+                if broker.session != session {
+                    // Written (or not) for a session since disabled: the registry, which the
+                    // restore read, is the truth now.
+                    return;
+                }
                 broker.writing = false;
                 match written {
                     Ok(()) => {
@@ -709,6 +720,8 @@ impl EvalBroker {
 
     fn disable(&mut self) {
         self.writer = None;
+        self.session += 1;
+        self.writing = false;
         for held in self.unacked.values() {
             held.timer.cancel();
         }
@@ -790,6 +803,9 @@ impl Process for EvalBroker {
         }
     }
 }
+
+/// The longest the broker holds an evaluation back.
+const MAX_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The wall clock in Unix ms, what `wait_until_ms` counts in (it must mean the same on the
 /// next leader).

@@ -68,6 +68,9 @@ pub struct MasterConfig {
     pub reschedule_delay: Duration,
     /// The longest a crash-looping task's replacement waits.
     pub reschedule_max_delay: Duration,
+    /// How long a launched task may stay STAGING with no word from its agent (launches are
+    /// one-way, and can be lost with a broken link) before it counts as LOST and is replaced.
+    pub launch_timeout: Duration,
     /// Scheduler workers this master runs (they work only while it leads).
     pub workers: usize,
     /// How its workers place tasks.
@@ -97,6 +100,7 @@ impl Default for MasterConfig {
             removal_limit: 1.0,
             reschedule_delay: Duration::from_secs(10),
             reschedule_max_delay: Duration::from_secs(300),
+            launch_timeout: Duration::from_secs(60),
             workers: 2,
             placement: Placement::Binpack,
             raft_heartbeat: Duration::from_millis(100),

@@ -67,6 +67,10 @@ struct Flags {
     /// Longest wait before a crash-looping task is replaced, e.g. 5m [default: 5m].
     #[arg(long, value_parser = humantime::parse_duration)]
     reschedule_max_delay: Option<Duration>,
+    /// How long a launched task may go unconfirmed by its agent before it is lost and
+    /// replaced, e.g. 1m [default: 1m].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    launch_timeout: Option<Duration>,
     /// How long a new leader waits for agents to re-register, e.g. 10m [default: 10m].
     #[arg(long, value_parser = humantime::parse_duration)]
     reregistration_timeout: Option<Duration>,
@@ -96,6 +100,7 @@ struct FileConfig {
     max_missed_pings: Option<u32>,
     reschedule_delay: Option<String>,
     reschedule_max_delay: Option<String>,
+    launch_timeout: Option<String>,
     reregistration_timeout: Option<String>,
     removal_limit: Option<f64>,
     workers: Option<usize>,
@@ -177,6 +182,10 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
             .reschedule_max_delay
             .or(duration("reschedule_max_delay", file.reschedule_max_delay)?)
             .unwrap_or(defaults.reschedule_max_delay),
+        launch_timeout: flags
+            .launch_timeout
+            .or(duration("launch_timeout", file.launch_timeout)?)
+            .unwrap_or(defaults.launch_timeout),
         ping_interval: flags
             .ping_interval
             .or(duration("ping_interval", file.ping_interval)?)

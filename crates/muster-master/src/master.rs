@@ -61,6 +61,10 @@ pub enum MasterMsg {
     Heartbeat(pb::Heartbeat, Reply<pb::HeartbeatReply>),
     /// Time to mark the agents whose heartbeat deadline passed unreachable.
     CheckHeartbeats,
+    /// Launched tasks (agent id, task id) whose launch timeout ran out: the ones still
+    /// STAGING are lost.
+    #[doc(hidden)]
+    LaunchesTimedOut(Vec<(String, String)>),
     /// The re-registration deadline of the recovery begun in `term`.
     ReregistrationDeadline {
         /// The term the recovery belongs to.
@@ -363,6 +367,7 @@ impl Master {
             MasterMsg::PingAgents => self.ping_agents(ctx),
             MasterMsg::Heartbeat(heartbeat, reply) => self.on_heartbeat(heartbeat, reply),
             MasterMsg::CheckHeartbeats => self.check_heartbeats(ctx),
+            MasterMsg::LaunchesTimedOut(staged) => self.launches_timed_out(staged, ctx),
             MasterMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
             MasterMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
             MasterMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
@@ -630,9 +635,8 @@ impl Master {
         );
     }
 
-    /// Rebuilds an agent, its tasks and frameworks from its re-registration. A task this
-    /// master had on the agent that the agent does not report (its launch was lost on the way,
-    /// or the agent lost its state) is LOST, and its job gets an evaluation to replace it.
+    /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
+    /// this master knew of it with what it reports (see `settle_reregistered`).
     fn readmit(&mut self, request: pb::ReregisterAgent, ctx: &mut Context<Self>) -> String {
         let pb::ReregisterAgent {
             agent_id,
@@ -642,31 +646,13 @@ impl Master {
             completed_frameworks,
             completed_tasks,
         } = request;
-        let lost: Vec<pb::Task> = self
-            .cluster
-            .agents
-            .get(&agent_id)
-            .map(|known| {
-                let reported: HashSet<&str> = tasks
-                    .iter()
-                    .chain(&completed_tasks)
-                    .map(|t| t.id.as_str())
-                    .collect();
-                known
-                    .tasks
-                    .iter()
-                    .filter(|t| !plans::is_terminal(t) && !reported.contains(t.id.as_str()))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default();
         self.cluster.add_frameworks(frameworks);
         for framework in completed_frameworks {
             if !self.cluster.frameworks.contains_key(&framework.id) {
                 self.cluster.completed_frameworks.insert(framework.id);
             }
         }
-        self.cluster.agents.insert(
+        let previous = self.cluster.agents.insert(
             agent_id.clone(),
             AgentEntry::connected(info.unwrap_or_default(), tasks, completed_tasks),
         );
@@ -699,14 +685,8 @@ impl Master {
                 *recovery = None;
             }
         }
-        for mut task in lost {
-            tracing::warn!(agent = %agent_id, task = %task.id, "the re-registered agent does not know a task launched on it");
-            if let Some(agent) = self.cluster.agent_mut(&agent_id) {
-                agent.tasks.push(task.clone());
-            }
-            task.state = pb::TaskState::Lost as i32;
-            task.message = "the agent did not report it when it re-registered".into();
-            self.task_updated(agent_id.clone(), task, ctx);
+        if let Some(previous) = previous {
+            self.settle_reregistered(&agent_id, previous, ctx);
         }
         agent_id
     }
@@ -729,6 +709,7 @@ impl Master {
         self.metrics.recovery = Some(progress.started.elapsed());
         let mut missing: Vec<String> = progress.awaiting.into_iter().collect();
         missing.sort();
+        let all_missing = missing.len();
         let allowed = (self.config.removal_limit * progress.admitted as f64).floor() as usize;
         if missing.len() > allowed {
             let kept = missing.split_off(allowed);
@@ -743,31 +724,45 @@ impl Master {
             );
         }
         // Their tasks never reached this master, so it cannot tell which service jobs ran
-        // there: the first one marked carries an evaluation of every service job.
-        let mut unknown_tasks = true;
-        for id in missing {
+        // there: the first one marked carries an evaluation of every service job. Not when
+        // the removal limit keeps some: their tasks may still run, unseen.
+        let unknown_tasks = missing.len() == all_missing;
+        for id in &missing {
             tracing::warn!(agent = %id, "agent did not re-register by the deadline");
-            self.mark_unreachable(id, std::mem::take(&mut unknown_tasks), ctx);
         }
+        self.mark_unreachable(missing, unknown_tasks, ctx);
     }
 
-    /// Moves an agent to unreachable, with an evaluation for each job it ran a task of (and
-    /// each system job; with `unknown_tasks`, each service job too), all in one raft entry.
-    fn mark_unreachable(&mut self, id: String, unknown_tasks: bool, ctx: &mut Context<Self>) {
-        let evals = self.evals_for_lost_agent(&id, unknown_tasks);
-        let op = Op::MarkUnreachable {
-            id: AgentId(id.clone()),
-            at_ms: now_ms(),
-        };
-        self.write_with_evals(vec![op], evals, ctx, move |master, written| match written {
+    /// Moves agents found gone together (one heartbeat sweep, one deadline) to unreachable,
+    /// with one evaluation for each job any of them ran a task of (and each system job; with
+    /// `unknown_tasks`, each service job too), all in one raft entry: 500 agents lost at once
+    /// make one evaluation per job, not one per job per agent.
+    fn mark_unreachable(&mut self, ids: Vec<String>, unknown_tasks: bool, ctx: &mut Context<Self>) {
+        if ids.is_empty() {
+            return;
+        }
+        let evals = self.evals_for_lost_agents(&ids, unknown_tasks);
+        let at_ms = now_ms();
+        let ops = ids
+            .iter()
+            .map(|id| Op::MarkUnreachable {
+                id: AgentId(id.clone()),
+                at_ms,
+            })
+            .collect();
+        self.write_with_evals(ops, evals, ctx, move |master, written| match written {
             Ok(_) => {
-                master.metrics.unreachable += 1;
-                master.cluster.agents.remove(&id);
-                master.heartbeats.remove(&id);
+                for id in &ids {
+                    master.metrics.unreachable += 1;
+                    master.cluster.agents.remove(id);
+                    master.heartbeats.remove(id);
+                    tracing::warn!(agent = %id, "agent marked unreachable");
+                }
                 master.next_index();
-                tracing::warn!(agent = %id, "agent marked unreachable");
             }
-            Err(e) => tracing::warn!(agent = %id, error = %e, "could not mark agent unreachable"),
+            Err(e) => {
+                tracing::warn!(agents = ids.len(), error = %e, "could not mark agents unreachable")
+            }
         });
     }
 
@@ -823,6 +818,7 @@ impl Master {
         if self.leading_term().is_none() {
             return;
         }
+        let mut gone = Vec::new();
         for id in self.heartbeats.take_expired(Instant::now()) {
             let Some(agent) = self.cluster.agents.get_mut(&id) else {
                 continue;
@@ -832,8 +828,9 @@ impl Master {
             }
             agent.connected = false;
             tracing::warn!(agent = %id, "agent missed its heartbeat deadline");
-            self.mark_unreachable(id, false, ctx);
+            gone.push(id);
         }
+        self.mark_unreachable(gone, false, ctx);
     }
 
     fn ping_agents(&mut self, ctx: &mut Context<Self>) {
@@ -880,7 +877,7 @@ impl Master {
         if agent.missed_pings >= max && agent.connected {
             agent.connected = false;
             tracing::warn!(agent = %id, missed = max, "agent missed too many pings");
-            self.mark_unreachable(id, false, ctx);
+            self.mark_unreachable(vec![id], false, ctx);
         }
     }
 

@@ -361,6 +361,20 @@ async fn an_agent_away_past_the_deadline_is_marked_unreachable() -> anyhow::Resu
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_lost_together_make_one_evaluation_per_job() -> anyhow::Result<()> {
+    // 3 of 5 stay away: marked in one raft entry, with one evaluation of the job, not three.
+    let (state, _agents, web) = restart_with_missing_agents(5, 2, 1.0).await?;
+    assert_eq!(state.unreachable.len(), 3);
+    let marks = web
+        .evals
+        .iter()
+        .filter(|e| e.trigger.contains("AgentUnreachable"))
+        .count();
+    assert_eq!(marks, 1, "{:?}", web.evals);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_removal_limit_keeps_agents_when_most_stay_away() -> anyhow::Result<()> {
     // 4 of 5 stay away; a 40% limit allows 2 to be marked, and the other 2 are kept.
     let (state, _agents, _web) = restart_with_missing_agents(5, 1, 0.4).await?;

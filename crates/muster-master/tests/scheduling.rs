@@ -575,3 +575,137 @@ async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow
     master.shutdown().await;
     Ok(())
 }
+
+/// A stand-in agent that records what the master sends it and runs nothing.
+struct Recorder {
+    launches: tokio::sync::mpsc::UnboundedSender<pb::LaunchTasks>,
+    kills: tokio::sync::mpsc::UnboundedSender<pb::KillTask>,
+}
+
+enum RecorderMsg {
+    Launch(pb::LaunchTasks),
+    Kill(pb::KillTask, muster_actor::Reply<pb::KillTaskReply>),
+}
+
+impl muster_actor::Process for Recorder {
+    type Message = RecorderMsg;
+    async fn handle(&mut self, msg: RecorderMsg, _ctx: &mut muster_actor::Context<Self>) {
+        match msg {
+            RecorderMsg::Launch(launch) => {
+                let _ = self.launches.send(launch);
+            }
+            RecorderMsg::Kill(kill, reply) => {
+                let _ = self.kills.send(kill);
+                reply.send(pb::KillTaskReply::default());
+            }
+        }
+    }
+}
+
+/// A launch the agent never confirms is LOST after the launch timeout and replaced; when the
+/// agent reports the lost task running after all, the master kills it rather than let it run
+/// beside its replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = MasterServer::start(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("master"),
+        launch_timeout: Duration::from_millis(300),
+        ..MasterConfig::default()
+    })
+    .await?;
+    let deadline = Instant::now() + DEADLINE;
+    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+        anyhow::ensure!(Instant::now() < deadline, "the master did not lead");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
+    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let (launches, mut launched) = tokio::sync::mpsc::unbounded_channel();
+    let (kills, mut killed) = tokio::sync::mpsc::unbounded_channel();
+    let recorder = node.system().spawn(Recorder { launches, kills });
+    node.register("agent", &recorder)?
+        .install::<pb::LaunchTasks>(RecorderMsg::Launch)
+        .install_ask::<pb::KillTask, pb::KillTaskReply>(RecorderMsg::Kill);
+    let registered = node
+        .remote(master_upid.clone())
+        .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
+            DEADLINE,
+            pb::RegisterAgent {
+                info: Some(pb::AgentInfo {
+                    hostname: "silent".into(),
+                    address: format!("agent@{}", node.address()),
+                    resources: Some(pb::Resources {
+                        cpus: 4.0,
+                        mem_mb: 4096,
+                    }),
+                    ..pb::AgentInfo::default()
+                }),
+            },
+        )
+        .await?;
+    let Some(pb::registration_reply::Result::AgentId(agent_id)) = registered.result else {
+        bail!("registration failed: {registered:?}");
+    };
+
+    submit(
+        &master,
+        pb::JobSpec {
+            name: "web".into(),
+            r#type: "service".into(),
+            groups: vec![group("server", 1, 1.0, "sleep", &["30"])],
+            ..pb::JobSpec::default()
+        },
+    )
+    .await?;
+    // The launch arrives; the agent says nothing about it.
+    let launch = tokio::time::timeout(DEADLINE, launched.recv())
+        .await?
+        .context("a launch")?;
+    let first = launch
+        .tasks
+        .first()
+        .and_then(|run| run.task.clone())
+        .context("a task in the launch")?;
+    let replaced = job_when(
+        &master,
+        "web",
+        "the unconfirmed task lost and replaced",
+        |s| {
+            let lost = s.tasks.iter().any(|t| {
+                t.task
+                    .as_ref()
+                    .is_some_and(|t| t.id == first.id && t.state == pb::TaskState::Lost as i32)
+            });
+            lost && live(s).len() == 1
+        },
+    )
+    .await?;
+    let lost = replaced
+        .tasks
+        .iter()
+        .filter_map(|t| t.task.as_ref())
+        .find(|t| t.id == first.id)
+        .context("the lost task")?;
+    assert!(
+        lost.message.contains("no word from the agent"),
+        "{:?}",
+        lost.message
+    );
+
+    // Late news: the agent reports the lost task running. The master kills it.
+    let mut running = first.clone();
+    running.state = pb::TaskState::Running as i32;
+    node.remote(master_upid).tell(pb::TaskStatusUpdate {
+        agent_id: agent_id.clone(),
+        task: Some(running),
+    })?;
+    let kill = tokio::time::timeout(DEADLINE, killed.recv())
+        .await?
+        .context("a kill")?;
+    assert_eq!(kill.task_id, first.id);
+    node.shutdown();
+    master.shutdown().await;
+    Ok(())
+}

@@ -50,8 +50,10 @@ fn has_ended(status: EvalStatus) -> bool {
     )
 }
 
-/// The stored form of [`RegistryState`]: everything but the derived index.
-#[derive(Deserialize)]
+/// The stored form of [`RegistryState`]: everything but the derived index. Every field may be
+/// missing (state stored before it existed).
+#[derive(Default, Deserialize)]
+#[serde(default)]
 struct Contents {
     agents: BTreeMap<AgentId, AgentInfo>,
     unreachable: BTreeMap<AgentId, UnreachableAgent>,
@@ -94,6 +96,10 @@ impl RegistryState {
             && let Some(ended) = self.ended.get_mut(&eval.job)
         {
             ended.remove(&ended_key(&eval));
+            if ended.is_empty() {
+                // As a freshly decoded state has it: no entry for a job with none.
+                self.ended.remove(&eval.job);
+            }
         }
         Some(eval)
     }

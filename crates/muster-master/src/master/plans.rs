@@ -5,7 +5,7 @@
 //! agents as they are now: what fits is committed and launched, what no longer fits goes back
 //! rejected so the scheduler can refresh and try again (Nomad's plan applier, seed 003).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_actor::{Context, Reply, Upid};
@@ -17,9 +17,9 @@ use muster_scheduler::{
     AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult, Stop, TaskState, TaskView,
 };
 
-use super::Master;
 use super::scheduling::{GROUP_LABEL, JOB_LABEL, VERSION_LABEL, task_job};
-use crate::cluster::registry_info;
+use super::{Master, MasterMsg};
+use crate::cluster::{AgentEntry, registry_info};
 
 /// How many ended tasks an agent's entry keeps for `muster job status`.
 const COMPLETED_HISTORY: usize = 1_000;
@@ -187,8 +187,23 @@ impl Master {
                 result.rejected.push(placement);
             }
         }
+        let staged: Vec<(String, String)> = launches
+            .iter()
+            .flat_map(|(agent_id, runs)| {
+                runs.iter().filter_map(|run| {
+                    let task = run.task.as_ref()?;
+                    Some((agent_id.clone(), task.id.clone()))
+                })
+            })
+            .collect();
         for (agent_id, tasks) in launches {
             self.send_launch(agent_id, tasks, ctx);
+        }
+        if !staged.is_empty() && self.node.is_some() {
+            ctx.delay(
+                self.config.launch_timeout,
+                MasterMsg::LaunchesTimedOut(staged),
+            );
         }
         result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
             self.next_index()
@@ -331,7 +346,28 @@ impl Master {
                     agent.completed_tasks.remove(0);
                 }
             }
-            (None, false) => agent.tasks.push(task.clone()),
+            (None, false) => {
+                let given_up = agent
+                    .completed_tasks
+                    .iter()
+                    .any(|t| t.id == task.id && t.state == pb::TaskState::Lost as i32);
+                let mut adopted = task.clone();
+                if given_up {
+                    // Reported after this master gave it up as lost and replaced it: it
+                    // must not run beside its replacement.
+                    adopted.state = pb::TaskState::Killed as i32;
+                }
+                agent.tasks.push(adopted);
+                if given_up {
+                    let stop = Stop {
+                        agent: AgentId(agent_id.clone()),
+                        task_id: task.id.clone(),
+                    };
+                    tracing::warn!(agent = %agent_id, task = %task.id, "a task given up as lost reports in: killing it");
+                    self.stop_task(&stop, ctx);
+                    return;
+                }
+            }
             (None, true) => return,
         }
         // What an ended task freed goes to the blocked-queue.
@@ -354,9 +390,12 @@ impl Master {
             && task.state != pb::TaskState::Finished as i32
             && task_job(&task).is_some_and(|job| {
                 self.registry.reader().read(|s| {
-                    s.jobs
-                        .get(job)
-                        .is_some_and(|j| !j.stopped && j.scheduler != SchedulerType::Batch)
+                    s.jobs.get(job).is_some_and(|j| {
+                        // A batch task that failed has run; one lost never did.
+                        !j.stopped
+                            && (j.scheduler != SchedulerType::Batch
+                                || task.state == pb::TaskState::Lost as i32)
+                    })
                 })
             });
         if replace && let Some(job) = task_job(&task).map(str::to_owned) {
@@ -384,6 +423,98 @@ impl Master {
                     tracing::warn!(error = %e, "could not write the replacement evaluation");
                 }
             });
+        }
+    }
+
+    /// An agent re-registered with what it runs; `previous` is what this master had for it.
+    /// - A task the master had running there that the agent ended while away (it is in the
+    ///   agent's completed tasks) is updated as ended: its job may get a replacement.
+    /// - One the agent does not report at all (its launch was lost on the way, or the agent
+    ///   lost its state) is LOST, and its job gets an evaluation to replace it.
+    /// - One the agent runs that this master gave up on (marked LOST and replaced) is killed,
+    ///   so its slot does not end up with two tasks.
+    pub(super) fn settle_reregistered(
+        &mut self,
+        agent_id: &str,
+        previous: AgentEntry,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(agent) = self.cluster.agents.get(agent_id) else {
+            return;
+        };
+        let given_up: HashSet<&str> = previous
+            .completed_tasks
+            .iter()
+            .filter(|t| t.state == pb::TaskState::Lost as i32)
+            .map(|t| t.id.as_str())
+            .collect();
+        let to_kill: Vec<Stop> = agent
+            .tasks
+            .iter()
+            .filter(|t| given_up.contains(t.id.as_str()))
+            .map(|t| Stop {
+                agent: AgentId(agent_id.to_owned()),
+                task_id: t.id.clone(),
+            })
+            .collect();
+        let mut ended_away = Vec::new();
+        let mut lost = Vec::new();
+        for known in previous.tasks.into_iter().filter(|t| !is_terminal(t)) {
+            if agent.tasks.iter().any(|t| t.id == known.id) {
+                continue;
+            }
+            match agent.completed_tasks.iter().find(|t| t.id == known.id) {
+                Some(ended) => ended_away.push((known, ended.clone())),
+                None => lost.push(known),
+            }
+        }
+        for stop in to_kill {
+            tracing::warn!(agent = %agent_id, task = %stop.task_id, "the agent runs a task already given up as lost: killing it");
+            self.stop_task(&stop, ctx);
+        }
+        for (known, ended) in ended_away {
+            if let Some(agent) = self.cluster.agent_mut(agent_id) {
+                agent.completed_tasks.retain(|t| t.id != ended.id);
+                agent.tasks.push(known);
+            }
+            self.task_updated(agent_id.to_owned(), ended, ctx);
+        }
+        for mut task in lost {
+            tracing::warn!(agent = %agent_id, task = %task.id, "the re-registered agent does not know a task launched on it");
+            if let Some(agent) = self.cluster.agent_mut(agent_id) {
+                agent.tasks.push(task.clone());
+            }
+            task.state = pb::TaskState::Lost as i32;
+            task.message = "the agent did not report it when it re-registered".into();
+            self.task_updated(agent_id.to_owned(), task, ctx);
+        }
+    }
+
+    /// Launches in `staged` (agent id, task id) that are still STAGING: no word from the agent
+    /// since (a one-way launch can be lost with a broken link): LOST, and replaced.
+    pub(super) fn launches_timed_out(
+        &mut self,
+        staged: Vec<(String, String)>,
+        ctx: &mut Context<Self>,
+    ) {
+        for (agent_id, task_id) in staged {
+            let Some(task) = self.cluster.agents.get(&agent_id).and_then(|agent| {
+                agent
+                    .tasks
+                    .iter()
+                    .find(|t| t.id == task_id && t.state == pb::TaskState::Staging as i32)
+                    .cloned()
+            }) else {
+                continue;
+            };
+            tracing::warn!(agent = %agent_id, task = %task_id, "no word from the agent about a launched task: lost");
+            let mut lost = task;
+            lost.state = pb::TaskState::Lost as i32;
+            lost.message = format!(
+                "no word from the agent within {:?} of the launch",
+                self.config.launch_timeout
+            );
+            self.task_updated(agent_id, lost, ctx);
         }
     }
 
@@ -476,41 +607,51 @@ impl Master {
         }
     }
 
-    /// Evaluations for every job with a task on the agent, and every system job (with
-    /// `all_service_jobs`, every service job too): written in the same raft entry as the
-    /// agent's move to unreachable.
-    pub(super) fn evals_for_lost_agent(
+    /// One evaluation for every job with a task on any of the agents, and every system job
+    /// (with `all_service_jobs`, every service job too): written in the same raft entry as the
+    /// agents' move to unreachable. Each names the first of the agents that ran the job (the
+    /// first agent, for a system job).
+    pub(super) fn evals_for_lost_agents(
         &self,
-        agent_id: &str,
+        agent_ids: &[String],
         all_service_jobs: bool,
     ) -> Vec<Evaluation> {
-        let mut jobs: Vec<String> = self
-            .cluster
-            .agents
-            .get(agent_id)
-            .map(|agent| {
-                agent
-                    .tasks
-                    .iter()
-                    .filter(|t| !is_terminal(t))
-                    .filter_map(|t| task_job(t).map(str::to_owned))
-                    .collect()
-            })
-            .unwrap_or_default();
-        jobs.sort();
-        jobs.dedup();
+        let Some(first) = agent_ids.first() else {
+            return Vec::new();
+        };
+        // Each job with a task on them, and the first of them it ran on.
+        let mut ran_on: HashMap<&str, &str> = HashMap::new();
+        for agent_id in agent_ids {
+            let Some(agent) = self.cluster.agents.get(agent_id) else {
+                continue;
+            };
+            for job in agent
+                .tasks
+                .iter()
+                .filter(|t| !is_terminal(t))
+                .filter_map(task_job)
+            {
+                ran_on.entry(job).or_insert(agent_id);
+            }
+        }
         self.registry.reader().read(|state| {
             state
                 .jobs
                 .values()
-                .filter(|j| {
-                    !j.stopped
-                        && (j.scheduler == SchedulerType::System
-                            || (all_service_jobs && j.scheduler == SchedulerType::Service)
-                            || jobs.contains(&j.name))
-                })
-                .map(|j| {
-                    Evaluation::new(j, Trigger::AgentUnreachable(AgentId(agent_id.to_owned())))
+                .filter(|j| !j.stopped)
+                .filter_map(|j| {
+                    let agent = match ran_on.get(j.name.as_str()) {
+                        Some(agent) => *agent,
+                        None if j.scheduler == SchedulerType::System => first.as_str(),
+                        None if all_service_jobs && j.scheduler == SchedulerType::Service => {
+                            first.as_str()
+                        }
+                        None => return None,
+                    };
+                    Some(Evaluation::new(
+                        j,
+                        Trigger::AgentUnreachable(AgentId(agent.to_owned())),
+                    ))
                 })
                 .collect()
         })

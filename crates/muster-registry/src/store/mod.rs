@@ -63,6 +63,12 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
             source,
         })
     };
+    // Before the state machine lived in memory it was also written to a `state` tree: the
+    // snapshot and the log hold everything it had.
+    db.drop_tree("state").map_err(|source| StoreError::Open {
+        path: path.to_owned(),
+        source,
+    })?;
     let log = LogStore::new(db.clone(), tree("log")?, tree("raft")?);
     let state_machine =
         StateMachineStore::load(db.clone(), tree("snapshot")?).map_err(|(key, reason)| {

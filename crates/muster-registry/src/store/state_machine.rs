@@ -45,6 +45,11 @@ struct Shared {
     /// The last applied log index, for readers waiting on a write.
     applied_index: watch::Sender<u64>,
     snapshots_built: std::sync::atomic::AtomicU64,
+    /// The last log id the stored snapshot covers. A build runs beside `apply` and
+    /// `install_snapshot`, so an older snapshot may finish after a newer one was stored (an
+    /// install from the leader, which purged the log behind it): it must not replace it, or
+    /// the next start would have no log to re-apply from.
+    stored_snapshot: std::sync::Mutex<Option<LogId<NodeId>>>,
 }
 
 /// The state-machine half of the store. Clones share the same state.
@@ -109,6 +114,7 @@ impl StateMachineStore {
                 .map_err(|e| (String::from_utf8_lossy(key).into_owned(), e.to_string()))
         };
         let mut applied = Applied::default();
+        let mut stored_snapshot = None;
         if let (Some(meta), Some(data)) = (read(SNAPSHOT_META)?, read(SNAPSHOT_DATA)?) {
             let bad = |key: &[u8]| {
                 let key = String::from_utf8_lossy(key).into_owned();
@@ -116,6 +122,7 @@ impl StateMachineStore {
             };
             let meta: SnapshotMeta<NodeId, openraft::BasicNode> =
                 decode(&meta).map_err(bad(SNAPSHOT_META))?;
+            stored_snapshot = meta.last_log_id;
             applied = Applied {
                 last_applied: meta.last_log_id,
                 membership: meta.last_membership,
@@ -130,6 +137,7 @@ impl StateMachineStore {
                 applied: RwLock::new(applied),
                 applied_index: watch::Sender::new(index),
                 snapshots_built: Default::default(),
+                stored_snapshot: std::sync::Mutex::new(stored_snapshot),
             }),
         })
     }
@@ -163,10 +171,20 @@ impl StateMachineStore {
         let error = |e: &dyn std::error::Error| {
             StorageIOError::write_snapshot(Some(meta.signature()), AnyError::error(e.to_string()))
         };
+        let mut stored = self
+            .shared
+            .stored_snapshot
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if *stored > meta.last_log_id {
+            // A newer snapshot is stored already; this one is only for openraft's use.
+            return Ok(());
+        }
         let mut batch = sled::Batch::default();
         batch.insert(SNAPSHOT_META, encode(meta).map_err(|e| error(&e))?);
         batch.insert(SNAPSHOT_DATA, data);
         self.snapshot.apply_batch(batch).map_err(|e| error(&e))?;
+        *stored = meta.last_log_id;
         Ok(())
     }
 
@@ -316,5 +334,39 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             meta,
             snapshot: Box::new(Cursor::new(data)),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use openraft::{CommittedLeaderId, LogId, SnapshotMeta, StoredMembership};
+
+    use crate::types::NodeId;
+
+    fn meta(index: u64) -> SnapshotMeta<NodeId, openraft::BasicNode> {
+        SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), index)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: format!("snapshot-{index}"),
+        }
+    }
+
+    #[test]
+    fn an_older_snapshot_finishing_late_does_not_replace_a_newer_one() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        {
+            let (_log, sm) = super::super::open(dir.path()).expect("opens");
+            // The leader's snapshot at 500 is installed while a local build from 100 runs.
+            sm.save_snapshot(&meta(500), b"{}").expect("stored");
+            sm.save_snapshot(&meta(100), b"{}")
+                .expect("skipped, not an error");
+        }
+        let (_log, sm) = super::super::open(dir.path()).expect("opens again");
+        let at = sm.read().last_applied.map(|id| id.index);
+        assert_eq!(
+            at,
+            Some(500),
+            "the start re-applies the log after the newer snapshot"
+        );
     }
 }

@@ -1,0 +1,948 @@
+//! Scenario 2 of the broker bench, on the real master: 500 of 5,000 agents miss their
+//! heartbeats at once.
+//!
+//! The cluster: 5,000 agents, 100 service jobs of count 1,000 (100,000 tasks, 20 on every
+//! agent, from 20 different jobs) and 100 system jobs (one task on every agent: 500,000
+//! tasks). Every task needs cpus 0.01 and 1 MiB; every agent offers 16 cpus and 64 GiB, so
+//! everything fits. The lost agents are the first 500 registered; each service job has 100
+//! tasks on them.
+//!
+//! Setup (untimed), without scheduling 600,000 placements: a master with no worker admits the
+//! 5,000 agents (before any job exists, so no registration makes system-job evaluations) and
+//! stores the 200 jobs. It is shut down and a new master starts on the same data dir: a
+//! failover. The new leader gives every admitted agent the same first heartbeat deadline
+//! (`failover_heartbeat_ttl` + `heartbeat_grace` after it takes the lead), and rebuilds its
+//! view of the cluster from the agents' re-registrations: each agent re-registers with its 120
+//! tasks, RUNNING, built as the master's plan applier builds the tasks it launches for a job
+//! (slot name, job and group labels, framework = job). A re-registration keeps the shared
+//! first deadline only if the agent's normal heartbeat deadline would fall before it, so the
+//! normal TTL is made short (`heartbeats_per_second` 500: 10 s to 20 s with 5,000 agents) and
+//! the failover TTL long (25 s; asserted). The 4,500 agents that stay then heartbeat as real
+//! agents do (at once, then at half of each TTL the master answers with, until the end of the
+//! iteration); the 500 lost ones never do. Right after the re-registrations 2 scheduler
+//! workers (binpack, in this process, as in `storm`) start and drain the 200 evaluations of the
+//! job submissions, which the new leader's broker restored: every task is in place, so they
+//! place nothing (asserted). All of this must be done before the shared deadline (asserted;
+//! it takes about 5 s).
+//!
+//! Timed: from the shared deadline to an empty broker. At the deadline the master's heartbeat
+//! sweep (every 10 ms here) takes the 500 agents out in one pass and marks them unreachable in
+//! one raft entry, with one evaluation for each job any of them ran a task of and each system
+//! job: 200 evaluations (one per agent and job, as Nomad makes them, would be 120 per agent,
+//! 60,000 in all, left to the broker to coalesce). The clock starts at the deadline itself, which the bench
+//! knows to well under a millisecond: the last agent re-registers alone, ending the master's
+//! recovery, whose clock starts when it sets the deadline, and the master reports how long
+//! the recovery took. (The earliest bound is used, so the time may be overstated by the width
+//! of the bound, never understated.) The clock stops when all 500 are recorded unreachable and
+//! the broker is empty (nothing ready, unacked, pending or cancelable: every cancellation
+//! written). Inside the interval the 4,500 live agents go on heartbeating (about 600 a
+//! second), as they would, and the bench polls the master's metrics and the broker's stats
+//! every millisecond.
+//!
+//! Printed on the first iteration (eprintln): the setup's phases and the growth of resident
+//! memory; then agents marked unreachable and when the sweep and the registry writes were
+//! seen, evaluations created, scheduler runs (total, per job, most for one job), tasks placed
+//! (500 × 20 = 10,000 replacement service tasks) and placements the applier rejected (the 2
+//! binpack workers often pick the same agent; rejected ones are planned again), evaluations
+//! canceled and the broker's registry writes for them, raft entries written during the
+//! interval, the time, and the workers' time in backend calls. Asserted: the 500 were taken
+//! out together and no other agent, no evaluation failed or blocked, all 10,000 replacements
+//! placed, every evaluation created run or canceled. Targets (from the issue): at most 2
+//! scheduler runs per job, cancellation raft entries in the tens.
+//!
+//! Baseline `channel_drain`, same run: the scenario's 60,000 (agent, job) pairs as evaluations
+//! through a tokio channel to 2 consumer tasks that only count them.
+//!
+//! The agents are 5,000 processes of this program on one `Node`, reached by the master over
+//! the real transport; they accept every task (`RunTask` asks and `LaunchTasks` tells), kill
+//! and ping, and report nothing. An iteration takes about 36 s (the 25 s failover TTL is most
+//! of it); the group runs 11 (one warm-up, 10 samples), about 7 minutes.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode};
+use futures_util::future::join_all;
+use muster::actor::{Context, Node, Pid, Process, Reply, System};
+use muster::master::{LocalBackend, MasterConfig, MasterMsg, MasterServer};
+use muster::proto::cluster as pb;
+use muster::proto::cluster::heartbeat_reply::Result as HeartbeatAnswer;
+use muster::proto::cluster::registration_reply::Result as Registration;
+use muster::registry::AgentId;
+use muster::registry::jobs::{EvalId, EvalStatus, Evaluation, Job, SchedulerType, Trigger};
+use muster_broker::{BrokerMsg, BrokerStats, EvalBroker};
+use muster_scheduler::{WorkerConfig, WorkerStats};
+use tokio::runtime::Runtime;
+use tokio::sync::{mpsc, watch};
+
+const AGENTS: usize = 5_000;
+/// The agents that miss their heartbeats: the first this many registered.
+const LOST: usize = 500;
+const SERVICE_JOBS: usize = 100;
+const SERVICE_COUNT: usize = 1_000;
+const SYSTEM_JOBS: usize = 100;
+/// Service tasks per agent.
+const SERVICE_PER_AGENT: usize = SERVICE_JOBS * SERVICE_COUNT / AGENTS;
+const _: () = assert!(SERVICE_PER_AGENT * AGENTS == SERVICE_JOBS * SERVICE_COUNT);
+const SERVICE_GROUP: &str = "web";
+const SYSTEM_GROUP: &str = "daemon";
+/// The labels the master puts on the tasks it launches for a job
+/// (`muster-master/src/master/scheduling.rs`).
+const JOB_LABEL: &str = "muster/job";
+const GROUP_LABEL: &str = "muster/group";
+const TASK_CPUS: f64 = 0.01;
+const TASK_MEM_MB: u64 = 1;
+
+/// Every admitted agent's first deadline after the failover is this (plus the grace) after the
+/// new master takes the lead.
+const FAILOVER_TTL: Duration = Duration::from_secs(25);
+const HEARTBEAT_GRACE: Duration = Duration::from_secs(1);
+/// Makes the normal TTL 10 s (up to 20 s with stagger) for 5,000 agents.
+const HEARTBEATS_PER_SECOND: f64 = 500.0;
+/// Below the scaled TTL, so it never applies; it sets the heartbeat sweep to every 10 ms.
+const HEARTBEAT_MIN_TTL: Duration = Duration::from_millis(100);
+/// How long before the earliest possible deadline the bench starts watching for the sweep.
+const WATCH_AHEAD: Duration = Duration::from_millis(200);
+
+/// A stand-in agent: accepts every task, kill and ping.
+struct FakeAgent;
+
+enum FakeAgentMsg {
+    Run(Reply<pb::RunTaskReply>),
+    Launch,
+    Kill(Reply<pb::KillTaskReply>),
+    Ping(Reply<pb::Pong>),
+}
+
+impl Process for FakeAgent {
+    type Message = FakeAgentMsg;
+    async fn handle(&mut self, msg: FakeAgentMsg, _ctx: &mut Context<Self>) {
+        match msg {
+            FakeAgentMsg::Run(reply) => reply.send(pb::RunTaskReply::default()),
+            FakeAgentMsg::Launch => {}
+            FakeAgentMsg::Kill(reply) => reply.send(pb::KillTaskReply::default()),
+            FakeAgentMsg::Ping(reply) => reply.send(pb::Pong::default()),
+        }
+    }
+}
+
+fn service_job_name(j: usize) -> String {
+    format!("service-{j:03}")
+}
+
+fn system_job_name(j: usize) -> String {
+    format!("system-{j:03}")
+}
+
+fn job_spec(name: String, kind: &str, group: &str, count: u32) -> pb::JobSpec {
+    pb::JobSpec {
+        name,
+        priority: 50,
+        r#type: kind.into(),
+        groups: vec![pb::TaskGroupSpec {
+            name: group.into(),
+            count,
+            resources: Some(pb::Resources {
+                cpus: TASK_CPUS,
+                mem_mb: TASK_MEM_MB,
+            }),
+            command: group.into(),
+            ..pb::TaskGroupSpec::default()
+        }],
+    }
+}
+
+/// The service job and slot index of agent `n`'s `s`-th service task: slots are dealt out in
+/// turn, so any 5 consecutive agents run a task of every service job.
+fn service_slot(n: usize, s: usize) -> (usize, usize) {
+    let slot = n * SERVICE_PER_AGENT + s;
+    (slot % SERVICE_JOBS, slot / SERVICE_JOBS)
+}
+
+fn agent_info(n: usize, agents_address: &str) -> pb::AgentInfo {
+    pb::AgentInfo {
+        hostname: format!("host-{n}"),
+        address: format!("agent-{n}@{agents_address}"),
+        resources: Some(pb::Resources {
+            cpus: 16.0,
+            mem_mb: 65_536,
+        }),
+        attributes: Default::default(),
+    }
+}
+
+/// A running task of `job` in slot `name`, as the master's plan applier builds it
+/// (`launch_placement` in `muster-master/src/master/plans.rs`): framework = job, job and
+/// group labels, the group's resources and command.
+fn task(job: &str, group: &str, name: String, id: String) -> pb::Task {
+    pb::Task {
+        id,
+        name,
+        framework_id: job.to_owned(),
+        resources: Some(pb::Resources {
+            cpus: TASK_CPUS,
+            mem_mb: TASK_MEM_MB,
+        }),
+        labels: vec![
+            pb::Label {
+                key: JOB_LABEL.into(),
+                value: job.to_owned(),
+            },
+            pb::Label {
+                key: GROUP_LABEL.into(),
+                value: group.to_owned(),
+            },
+        ],
+        state: pb::TaskState::Running as i32,
+        command: group.to_owned(),
+        ..pb::Task::default()
+    }
+}
+
+/// What agent `n`, admitted as `id`, tells the new leader: its 20 service tasks and 100
+/// system tasks, named as the schedulers name their slots (`{job}.{group}[{index}]`,
+/// `{job}.{group}[{agent id}]`), and their frameworks.
+fn reregistration(n: usize, id: &str, agents_address: &str) -> pb::ReregisterAgent {
+    let mut tasks = Vec::with_capacity(SERVICE_PER_AGENT + SYSTEM_JOBS);
+    let mut frameworks = Vec::with_capacity(SERVICE_PER_AGENT + SYSTEM_JOBS);
+    for s in 0..SERVICE_PER_AGENT {
+        let (j, index) = service_slot(n, s);
+        let job = service_job_name(j);
+        let name = format!("{job}.{SERVICE_GROUP}[{index}]");
+        let task_id = format!("{name}-{n:08x}");
+        tasks.push(task(&job, SERVICE_GROUP, name, task_id));
+        frameworks.push(job);
+    }
+    for j in 0..SYSTEM_JOBS {
+        let job = system_job_name(j);
+        let name = format!("{job}.{SYSTEM_GROUP}[{id}]");
+        let task_id = format!("{name}-{n:08x}");
+        tasks.push(task(&job, SYSTEM_GROUP, name, task_id));
+        frameworks.push(job);
+    }
+    frameworks.sort();
+    frameworks.dedup();
+    pb::ReregisterAgent {
+        agent_id: id.to_owned(),
+        info: Some(agent_info(n, agents_address)),
+        frameworks: frameworks
+            .into_iter()
+            .map(|job| pb::Framework {
+                id: job.clone(),
+                name: job,
+            })
+            .collect(),
+        tasks,
+        ..pb::ReregisterAgent::default()
+    }
+}
+
+/// The evaluations marking the lost agents unreachable creates, all in one sweep: one per job
+/// any of them ran a task of, and one per system job.
+fn evaluations_expected() -> usize {
+    let mut jobs: Vec<usize> = (0..LOST)
+        .flat_map(|n| (0..SERVICE_PER_AGENT).map(move |s| service_slot(n, s).0))
+        .collect();
+    jobs.sort_unstable();
+    jobs.dedup();
+    jobs.len() + SYSTEM_JOBS
+}
+
+/// The (lost agent, job) pairs: one per job each lost agent ran a task of, and one per system
+/// job: the evaluations one per agent and job would make.
+fn agent_job_pairs() -> usize {
+    (0..LOST)
+        .map(|n| {
+            let mut jobs: Vec<usize> = (0..SERVICE_PER_AGENT)
+                .map(|s| service_slot(n, s).0)
+                .collect();
+            jobs.sort_unstable();
+            jobs.dedup();
+            jobs.len() + SYSTEM_JOBS
+        })
+        .sum()
+}
+
+/// The process's resident memory (`/proc/self/statm`), whatever the allocator; 0 if it
+/// cannot be read.
+fn resident() -> u64 {
+    // SAFETY: sysconf only reads a system setting; it has no preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .map_or(0, |pages| pages * page)
+}
+
+fn mib(bytes: i64) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0)
+}
+
+async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
+    master
+        .pid()
+        .ask(MasterMsg::GetMetrics)
+        .await
+        .expect("master answers")
+}
+
+async fn broker_stats(broker: &Pid<EvalBroker>) -> BrokerStats {
+    broker.ask(BrokerMsg::Stats).await.expect("broker answers")
+}
+
+fn broker_empty(stats: &BrokerStats) -> bool {
+    let total = stats.total();
+    total.ready + total.unacked + total.pending + total.cancelable == 0
+}
+
+/// Starts a master and waits until it leads. A restart on the same data dir may have to wait
+/// for the previous master's store to close. Returns it with bounds on when it took the lead:
+/// no earlier than the first, no later than the second (within about a millisecond).
+async fn start_master(config: &MasterConfig) -> (MasterServer, Instant, Instant) {
+    let starting = Instant::now();
+    let deadline = starting + Duration::from_secs(30);
+    let master = loop {
+        match MasterServer::start(config.clone()).await {
+            Ok(master) => break master,
+            Err(e) => {
+                assert!(Instant::now() < deadline, "master did not start: {e}");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+    };
+    // Not leading when it answered: it took the lead after the question was sent.
+    let mut not_before = starting;
+    loop {
+        let asked = Instant::now();
+        if metrics(&master).await.is_leader {
+            return (master, not_before, Instant::now());
+        }
+        not_before = asked;
+        assert!(Instant::now() < deadline, "master did not lead");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// What the workers did, counted in their backend: the master's [`WorkerStats`] come only
+/// when the workers stop.
+#[derive(Debug, Default)]
+struct Counts {
+    runs: HashMap<String, u64>,
+    placed: u64,
+    rejected: u64,
+    stopped: u64,
+    blocked: u64,
+    /// Time in each backend call, both workers together.
+    spent: BTreeMap<&'static str, Duration>,
+}
+
+impl Counts {
+    fn runs(&self) -> u64 {
+        self.runs.values().sum()
+    }
+}
+
+/// The master's in-process backend, counting scheduler runs per job and plan results.
+#[derive(Clone)]
+struct Counting {
+    inner: LocalBackend,
+    counts: Arc<Mutex<Counts>>,
+}
+
+impl Counting {
+    fn take(&self) -> Counts {
+        std::mem::take(&mut *self.counts.lock().expect("counts"))
+    }
+
+    async fn time<T>(&self, what: &'static str, call: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let out = call.await;
+        let mut counts = self.counts.lock().expect("counts");
+        *counts.spent.entry(what).or_default() += started.elapsed();
+        out
+    }
+}
+
+impl muster_scheduler::Backend for Counting {
+    async fn dequeue(
+        &self,
+        schedulers: &[SchedulerType],
+        timeout: Duration,
+    ) -> Result<Option<muster_scheduler::Assignment>, muster_scheduler::WorkerError> {
+        let assignment = self
+            .time("dequeue", self.inner.dequeue(schedulers, timeout))
+            .await;
+        if let Ok(Some(assignment)) = &assignment {
+            let mut counts = self.counts.lock().expect("counts");
+            *counts.runs.entry(assignment.eval.job.clone()).or_default() += 1;
+        }
+        assignment
+    }
+    async fn snapshot(
+        &self,
+        min_index: u64,
+    ) -> Result<muster_scheduler::ClusterSnapshot, muster_scheduler::WorkerError> {
+        self.time("snapshot", self.inner.snapshot(min_index)).await
+    }
+    async fn submit(
+        &self,
+        plan: muster_scheduler::Plan,
+    ) -> Result<muster_scheduler::PlanResult, muster_scheduler::WorkerError> {
+        let result = self.time("submit", self.inner.submit(plan)).await;
+        if let Ok(result) = &result {
+            let mut counts = self.counts.lock().expect("counts");
+            counts.placed += result.committed.len() as u64;
+            counts.rejected += result.rejected.len() as u64;
+            counts.stopped += result.stopped.len() as u64;
+        }
+        result
+    }
+    async fn ack(&self, eval: &EvalId, token: &str) -> Result<(), muster_scheduler::WorkerError> {
+        self.time("ack", self.inner.ack(eval, token)).await
+    }
+    async fn nack(&self, eval: &EvalId, token: &str) -> Result<(), muster_scheduler::WorkerError> {
+        self.time("nack", self.inner.nack(eval, token)).await
+    }
+    async fn block(
+        &self,
+        eval: Evaluation,
+        unplaced: Vec<muster_scheduler::Demand>,
+    ) -> Result<(), muster_scheduler::WorkerError> {
+        self.counts.lock().expect("counts").blocked += 1;
+        self.time("block", self.inner.block(eval, unplaced)).await
+    }
+    async fn complete(&self, eval: &Evaluation) -> Result<(), muster_scheduler::WorkerError> {
+        self.time("complete", self.inner.complete(eval)).await
+    }
+}
+
+/// Heartbeats as an agent does (at once, then at half of each TTL) until `stop`; counts
+/// heartbeats the master did not answer with a TTL.
+async fn heartbeat(
+    master: Pid<muster::master::Master>,
+    agent_id: String,
+    mut stop: watch::Receiver<bool>,
+    refused: Arc<AtomicU64>,
+) {
+    loop {
+        let request = pb::Heartbeat {
+            agent_id: agent_id.clone(),
+        };
+        let answer = master
+            .ask(|r| MasterMsg::Heartbeat(request, r))
+            .await
+            .map(|reply| reply.result);
+        let Ok(Some(HeartbeatAnswer::TtlMs(ttl_ms))) = answer else {
+            refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(ttl_ms) / 2) => {}
+            _ = stop.changed() => return,
+        }
+    }
+}
+
+/// The cluster re-registered with a new leading master, the job submissions' evaluations
+/// drained, the shared deadline still ahead.
+struct Recovered {
+    _dir: tempfile::TempDir,
+    master: MasterServer,
+    agents_node: Node,
+    _agents: Vec<Pid<FakeAgent>>,
+    broker: Pid<EvalBroker>,
+    backend: Counting,
+    workers: Vec<tokio::task::JoinHandle<WorkerStats>>,
+    stop: watch::Sender<bool>,
+    heartbeats: Vec<tokio::task::JoinHandle<()>>,
+    refused: Arc<AtomicU64>,
+    /// The shared deadline is no earlier than this.
+    earliest_deadline: Instant,
+    /// And no later than this.
+    latest_deadline: Instant,
+    setup: String,
+    resident_before: u64,
+}
+
+impl Recovered {
+    async fn build(report: bool) -> Recovered {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let first = MasterConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: dir.path().join("master"),
+            workers: 0,
+            ping_interval: Duration::from_secs(3600),
+            // Nothing times out on the first master: it only admits and stores.
+            heartbeat_min_ttl: Duration::from_secs(24 * 3600),
+            ..MasterConfig::default()
+        };
+        let (master, _, _) = start_master(&first).await;
+
+        let system = System::new();
+        let agents_node = Node::bind(&system, "127.0.0.1:0")
+            .await
+            .expect("agents node");
+        let mut agents = Vec::with_capacity(AGENTS);
+        for n in 0..AGENTS {
+            let agent = system.spawn(FakeAgent);
+            agents_node
+                .register(&format!("agent-{n}"), &agent)
+                .expect("name free")
+                .install_ask::<pb::RunTask, pb::RunTaskReply>(|_, r| FakeAgentMsg::Run(r))
+                .install::<pb::LaunchTasks>(|_| FakeAgentMsg::Launch)
+                .install_ask::<pb::KillTask, pb::KillTaskReply>(|_, r| FakeAgentMsg::Kill(r))
+                .install_ask::<pb::Ping, pb::Pong>(|_, r| FakeAgentMsg::Ping(r));
+            agents.push(agent);
+        }
+        let address = agents_node.address().to_owned();
+
+        // Admitted before any job exists: no registration makes a system-job evaluation.
+        let pid = master.pid().clone();
+        let ids: Vec<String> = join_all((0..AGENTS).map(|n| {
+            let pid = pid.clone();
+            let info = agent_info(n, &address);
+            async move {
+                pid.ask(|r| MasterMsg::Register(pb::RegisterAgent { info: Some(info) }, r))
+                    .await
+            }
+        }))
+        .await
+        .into_iter()
+        .map(|reply| match reply.expect("master answers").result {
+            Some(Registration::AgentId(id)) => id,
+            other => panic!("registration failed: {other:?}"),
+        })
+        .collect();
+        let specs = (0..SERVICE_JOBS)
+            .map(|j| {
+                job_spec(
+                    service_job_name(j),
+                    "service",
+                    SERVICE_GROUP,
+                    SERVICE_COUNT as u32,
+                )
+            })
+            .chain(
+                (0..SYSTEM_JOBS).map(|j| job_spec(system_job_name(j), "system", SYSTEM_GROUP, 0)),
+            );
+        for spec in specs {
+            pid.ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+                .await
+                .expect("master answers")
+                .expect("job accepted");
+        }
+
+        let resident_before = resident();
+        let messages: Vec<pb::ReregisterAgent> = ids
+            .iter()
+            .enumerate()
+            .map(|(n, id)| reregistration(n, id, &address))
+            .collect();
+
+        // The failover.
+        master.shutdown().await;
+        let second = MasterConfig {
+            heartbeat_min_ttl: HEARTBEAT_MIN_TTL,
+            heartbeats_per_second: HEARTBEATS_PER_SECOND,
+            heartbeat_grace: HEARTBEAT_GRACE,
+            failover_heartbeat_ttl: FAILOVER_TTL,
+            reregistration_timeout: Duration::from_secs(3600),
+            // The stand-in agents never confirm a launch; the replacements stay staged.
+            launch_timeout: Duration::from_secs(3600),
+            ..first
+        };
+        let starting = Instant::now();
+        let (master, lead_not_before, leading) = start_master(&second).await;
+
+        // All agents but the last re-register at once, then the last alone: its
+        // re-registration ends the recovery between `asked` and `answered`.
+        let pid = master.pid().clone();
+        let mut messages = messages;
+        let last = messages.pop().expect("agents");
+        let mut replies = join_all(messages.into_iter().map(|message| {
+            let pid = pid.clone();
+            async move { pid.ask(|r| MasterMsg::Reregister(message, r)).await }
+        }))
+        .await;
+        let asked = Instant::now();
+        replies.push(pid.ask(|r| MasterMsg::Reregister(last, r)).await);
+        let answered = Instant::now();
+        for reply in replies {
+            let reply = reply.expect("master answers");
+            assert!(
+                matches!(reply.result, Some(Registration::AgentId(_))),
+                "re-registration refused: {reply:?}"
+            );
+        }
+        let reregistered = answered;
+        // The master starts the recovery's clock as it takes the lead and gives every agent
+        // the shared deadline, and reports how long the recovery took: so the deadline is
+        // known to within the last re-registration's round trip (and within when it took the
+        // lead, a looser bound).
+        let recovery = metrics(&master).await.recovery_seconds;
+        assert!(
+            recovery > 0.0,
+            "the last re-registration ended the recovery"
+        );
+        let recovery = Duration::from_secs_f64(recovery);
+        let ttl = FAILOVER_TTL + HEARTBEAT_GRACE;
+        let earliest_deadline = (lead_not_before + ttl).max(asked - recovery + ttl);
+        let latest_deadline = (leading + ttl).min(answered - recovery + ttl);
+        assert!(
+            earliest_deadline <= latest_deadline,
+            "the deadline's bounds agree"
+        );
+        // A re-registration keeps the shared first deadline only if the agent's normal one
+        // (now + up to twice the base TTL + grace) would come before it.
+        let longest_normal = Duration::from_secs_f64(2.0 * AGENTS as f64 / HEARTBEATS_PER_SECOND);
+        assert!(
+            reregistered + longest_normal + HEARTBEAT_GRACE <= earliest_deadline,
+            "the re-registrations took {:?} after the master started: too late for every agent \
+             to keep the shared failover deadline; raise FAILOVER_TTL",
+            reregistered - starting
+        );
+
+        let pids = pid
+            .ask(MasterMsg::Scheduling)
+            .await
+            .expect("master answers");
+        let backend = Counting {
+            inner: LocalBackend::new(pid.clone(), pids.broker.clone()),
+            counts: Arc::default(),
+        };
+        let (stop, stopped) = watch::channel(false);
+        let workers: Vec<_> = (0..2)
+            .map(|_| {
+                let worker = muster_scheduler::Worker::new(
+                    backend.clone(),
+                    muster_scheduler::binpack(),
+                    WorkerConfig {
+                        dequeue_timeout: Duration::from_millis(50),
+                        ..WorkerConfig::default()
+                    },
+                );
+                tokio::spawn(worker.run(stopped.clone()))
+            })
+            .collect();
+        // The agents that stay heartbeat; the first LOST never do.
+        let refused = Arc::new(AtomicU64::new(0));
+        let heartbeats: Vec<_> = ids[LOST..]
+            .iter()
+            .map(|id| {
+                tokio::spawn(heartbeat(
+                    pid.clone(),
+                    id.clone(),
+                    stopped.clone(),
+                    refused.clone(),
+                ))
+            })
+            .collect();
+
+        // The job submissions' evaluations, restored by the new leader, find everything in
+        // place.
+        let restored = broker_stats(&pids.broker).await;
+        while !broker_empty(&broker_stats(&pids.broker).await) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let drained = Instant::now();
+        let counts = backend.take();
+        let setup_metrics = metrics(&master).await;
+        assert!(
+            drained < earliest_deadline - WATCH_AHEAD,
+            "setup ran {:?} past the master's start, too close to the shared deadline ({:?}); \
+             raise FAILOVER_TTL",
+            drained - starting,
+            FAILOVER_TTL + HEARTBEAT_GRACE
+        );
+        assert_eq!(
+            (
+                setup_metrics.agents_connected,
+                setup_metrics.agents_unreachable
+            ),
+            (AGENTS as u64, 0),
+            "every agent connected before the deadline"
+        );
+        assert_eq!(counts.placed, 0, "the setup's evaluations place nothing");
+        let resident_after = resident();
+        let setup = if report {
+            format!(
+                "lost_agents setup: failover master leading in {:?}; {AGENTS} re-registrations \
+                 ({} tasks) in {:?}; {} restored evaluations drained in {:?} ({} runs, {} \
+                 placed); deadline {:?} to {:?} after the start, {:?} of slack; resident \
+                 memory +{:.0} MiB (the re-registrations moved into the master, its views and \
+                 broker)",
+                leading - starting,
+                AGENTS * (SERVICE_PER_AGENT + SYSTEM_JOBS),
+                reregistered - leading,
+                restored.total().ready + restored.total().unacked + restored.total().pending,
+                drained - reregistered,
+                counts.runs(),
+                counts.placed,
+                earliest_deadline - starting,
+                latest_deadline - starting,
+                earliest_deadline - drained,
+                mib(resident_after as i64 - resident_before as i64),
+            )
+        } else {
+            String::new()
+        };
+        Recovered {
+            _dir: dir,
+            master,
+            agents_node,
+            _agents: agents,
+            broker: pids.broker,
+            backend,
+            workers,
+            stop,
+            heartbeats,
+            refused,
+            earliest_deadline,
+            latest_deadline,
+            setup,
+            resident_before,
+        }
+    }
+
+    /// Waits for the deadline, and times the master from it to an empty broker.
+    async fn lose_agents(self, report: bool) -> Duration {
+        tokio::time::sleep_until((self.earliest_deadline - WATCH_AHEAD).into()).await;
+        let before = metrics(&self.master).await;
+        let broker_before = broker_stats(&self.broker).await;
+        // The workers' idle dequeues since the setup.
+        let idle = self.backend.take();
+        assert_eq!(idle.runs(), 0, "nothing to schedule before the deadline");
+        // The clock starts at the shared deadline: at the earliest it can be, so it counts up
+        // to `latest_deadline - earliest_deadline` (well under a millisecond) too much.
+        let started = self.earliest_deadline;
+        let (swept, connected, mut unreachable) = loop {
+            let now = metrics(&self.master).await;
+            if now.agents_connected < AGENTS as u64 {
+                break (Instant::now(), now.agents_connected, now.agents_unreachable);
+            }
+            assert!(
+                Instant::now() < self.latest_deadline + Duration::from_secs(5),
+                "no agent was taken out by 5 s past the deadline"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        };
+        // How the agents' moves to unreachable land (each entry the registrar writes carries
+        // the moves queued while the one before it was written), as polled.
+        let mut landed = vec![(swept - started, unreachable)];
+        let mut marked = None;
+        loop {
+            if marked.is_none() {
+                let now = metrics(&self.master).await;
+                if now.agents_unreachable != unreachable {
+                    unreachable = now.agents_unreachable;
+                    landed.push((started.elapsed(), unreachable));
+                }
+                if unreachable >= LOST as u64 {
+                    marked = Some(started.elapsed());
+                }
+            }
+            if marked.is_some() && broker_empty(&broker_stats(&self.broker).await) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        let took = started.elapsed();
+
+        let _ = self.stop.send(true);
+        let mut stats = Vec::new();
+        for worker in self.workers {
+            stats.push(worker.await.expect("worker"));
+        }
+        for heartbeat in self.heartbeats {
+            heartbeat.await.expect("heartbeat task");
+        }
+        let after = metrics(&self.master).await;
+        let broker = broker_stats(&self.broker).await;
+        let counts = self.backend.take();
+        let canceled = broker.canceled - broker_before.canceled;
+        let created = counts.runs() + canceled;
+        if report {
+            let resident = resident();
+            let runs = counts.runs();
+            let max = counts.runs.values().copied().max().unwrap_or(0);
+            let most_run = |prefix: &str| {
+                counts
+                    .runs
+                    .iter()
+                    .filter(|(job, _)| job.starts_with(prefix))
+                    .map(|(_, runs)| *runs)
+                    .max()
+                    .unwrap_or(0)
+            };
+            let dequeued: u64 = stats.iter().map(|s| s.dequeued).sum();
+            let plans: u64 = stats.iter().map(|s| s.plans_submitted).sum();
+            let in_calls: Duration = counts.spent.values().sum();
+            let landed: Vec<String> = landed
+                .iter()
+                .map(|(at, agents)| format!("{agents} by {at:.0?}"))
+                .collect();
+            eprintln!("{}", self.setup);
+            eprintln!(
+                "lost_agents: {} of {AGENTS} agents marked unreachable ({} taken out by one \
+                 sweep, seen {:?} to {:?} after the deadline; all {LOST} written {:?} after \
+                 the deadline; recorded unreachable, as polled: {}); {created} evaluations \
+                 created for {} jobs ({} expected, for {} agent-job pairs); empty broker after {took:?}: {runs} \
+                 scheduler runs on {} jobs ({:.2} per job, at \
+                 most {max} for one job: {} for a service job, {} for a system job; {dequeued} \
+                 dequeued in the whole iteration), {plans} plans submitted in the whole \
+                 iteration, {} tasks placed ({} placements rejected by the applier and \
+                 retried, {} stopped, {} evaluations blocked), {canceled} evaluations canceled \
+                 in {} broker registry writes, {} raft entries during the interval; resident \
+                 +{:.0} MiB since before the re-registrations",
+                after.agents_unreachable,
+                AGENTS as u64 - connected,
+                swept.saturating_duration_since(self.latest_deadline),
+                swept.saturating_duration_since(self.earliest_deadline),
+                marked.unwrap_or_default(),
+                landed.join(", "),
+                SERVICE_JOBS + SYSTEM_JOBS,
+                evaluations_expected(),
+                agent_job_pairs(),
+                counts.runs.len(),
+                runs as f64 / (SERVICE_JOBS + SYSTEM_JOBS) as f64,
+                most_run("service-"),
+                most_run("system-"),
+                counts.placed,
+                counts.rejected,
+                counts.stopped,
+                counts.blocked,
+                broker.registry_writes - broker_before.registry_writes,
+                after.registry_entries - before.registry_entries,
+                mib(resident as i64 - self.resident_before as i64),
+            );
+            eprintln!(
+                "lost_agents: the workers' time in backend calls: {:?}; the rest of their 2 × \
+                 {took:?} ({:?}) is planning, or waiting for a thread",
+                counts.spent,
+                (2 * took).saturating_sub(in_calls),
+            );
+        } else if std::env::var_os("MUSTER_BENCH_TRACE").is_some() {
+            eprintln!(
+                "lost_agents iteration: empty broker after {took:?}, all marked after {:?}; {} \
+                 runs (at most {} for one job), {} broker writes, {} raft entries; resident {:.0} \
+                 MiB",
+                marked.unwrap_or_default(),
+                counts.runs(),
+                counts.runs.values().copied().max().unwrap_or(0),
+                broker.registry_writes - broker_before.registry_writes,
+                after.registry_entries - before.registry_entries,
+                mib(resident() as i64),
+            );
+        }
+        assert_eq!(
+            connected,
+            (AGENTS - LOST) as u64,
+            "the sweep took out exactly the lost agents, all at once"
+        );
+        assert_eq!(
+            after.agents_unreachable, LOST as u64,
+            "only the lost agents were marked"
+        );
+        assert_eq!(
+            self.refused.load(Ordering::Relaxed),
+            0,
+            "no heartbeat refused"
+        );
+        assert_eq!(broker.total().failed, 0, "no evaluation failed");
+        assert_eq!(
+            (counts.placed, counts.blocked),
+            ((LOST * SERVICE_PER_AGENT) as u64, 0),
+            "every lost service task replaced, no evaluation blocked"
+        );
+        assert_eq!(
+            created,
+            evaluations_expected() as u64,
+            "every evaluation created was run or canceled"
+        );
+        self.agents_node.shutdown();
+        self.master.shutdown().await;
+        took
+    }
+}
+
+/// The floor: the same number of evaluations through a channel to 2 counting consumers.
+async fn channel_drain(count: usize) -> Duration {
+    let job = Job {
+        name: service_job_name(0),
+        priority: 50,
+        scheduler: SchedulerType::Service,
+        groups: Vec::new(),
+        stopped: false,
+        version: 1,
+    };
+    let evals: Vec<Evaluation> = (0..count)
+        .map(|_| Evaluation::new(&job, Trigger::AgentUnreachable(AgentId("agent-0".into()))))
+        .collect();
+    let (tx, rx) = mpsc::unbounded_channel::<Evaluation>();
+    let rx = Arc::new(tokio::sync::Mutex::new(rx));
+    let seen = Arc::new(AtomicU64::new(0));
+    for eval in evals {
+        tx.send(eval).expect("consumers run");
+    }
+    drop(tx);
+    let started = Instant::now();
+    let consumers: Vec<_> = (0..2)
+        .map(|_| {
+            let rx = rx.clone();
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                while let Some(eval) = rx.lock().await.recv().await {
+                    if eval.status == EvalStatus::Pending {
+                        seen.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            })
+        })
+        .collect();
+    for consumer in consumers {
+        consumer.await.expect("consumer");
+    }
+    let took = started.elapsed();
+    assert_eq!(seen.load(Ordering::Relaxed), count as u64);
+    took
+}
+
+/// Scenario 2: the criterion group `lost_agents` (`unreachable_drain`, `channel_drain`).
+pub(crate) fn lost_agents(c: &mut Criterion) {
+    let runtime: Runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut group = c.benchmark_group("lost_agents");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
+    let mut first = true;
+    group.bench_function("unreachable_drain", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| {
+                    let report = std::mem::take(&mut first);
+                    runtime.block_on(async {
+                        let recovered = Recovered::build(report).await;
+                        recovered.lose_agents(report).await
+                    })
+                })
+                .sum()
+        });
+    });
+    let evaluations = agent_job_pairs();
+    group.bench_function("channel_drain", |b| {
+        b.iter_custom(|iters| {
+            (0..iters)
+                .map(|_| runtime.block_on(channel_drain(evaluations)))
+                .sum()
+        });
+    });
+    group.finish();
+}
