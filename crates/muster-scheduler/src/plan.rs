@@ -6,7 +6,7 @@
 //! one at a time and answers each with a [`PlanResult`]; placements that no longer fit (another
 //! scheduler got there first) come back rejected.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use muster_registry::jobs::{Constraint, EvalId, Job};
@@ -26,6 +26,10 @@ pub struct ClusterSnapshot {
     pub agents: Vec<Arc<AgentView>>,
     /// The registered jobs, by name.
     pub jobs: BTreeMap<String, Job>,
+    /// Task slots (`web.frontend[0]`) whose task keeps failing and whose replacement backs
+    /// off: schedulers leave them empty for now. An evaluation held back until the wait is
+    /// over places them.
+    pub held: BTreeSet<String>,
 }
 
 impl ClusterSnapshot {

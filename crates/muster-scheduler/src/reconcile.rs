@@ -19,6 +19,8 @@
 //!   running one, then the lowest agent and task id, stays). A stopped job, or one missing from
 //!   the snapshot, stops all its non-terminal tasks.
 //! - Terminal tasks are never stopped.
+//! - A slot the snapshot lists as [`held`](ClusterSnapshot::held) (its task keeps failing and
+//!   its replacement backs off) is not missing: it is placed by a later evaluation.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
@@ -149,7 +151,9 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     let missing = slots
         .into_iter()
         .enumerate()
-        .filter(|&(i, _)| holders[i].is_none() && !finished[i])
+        .filter(|(i, slot)| {
+            holders[*i].is_none() && !finished[*i] && !snapshot.held.contains(&slot.name)
+        })
         .map(|(_, slot)| slot)
         .collect();
     Reconciled {

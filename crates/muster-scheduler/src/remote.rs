@@ -576,6 +576,7 @@ impl IntoProto for ClusterSnapshot {
                 .into_iter()
                 .map(|(name, job)| (name, job.into_proto()))
                 .collect(),
+            held: self.held.into_iter().collect(),
         }
     }
 }
@@ -596,6 +597,7 @@ impl FromProto for ClusterSnapshot {
                 .map(Arc::new)
                 .collect(),
             jobs,
+            held: proto.held.into_iter().collect(),
         })
     }
 }
@@ -1440,6 +1442,7 @@ mod tests {
                     .collect(),
             })],
             jobs: BTreeMap::from([("web".to_owned(), job())]),
+            held: ["web.fe[0]".to_owned()].into(),
         }
     }
 

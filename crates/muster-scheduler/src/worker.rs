@@ -568,6 +568,7 @@ mod tests {
             index: 1,
             agents: Vec::new(),
             jobs: BTreeMap::from([("web".to_owned(), job)]),
+            held: Default::default(),
         };
         let placement = |group: &str| Placement {
             agent: AgentId("a1".into()),

@@ -522,3 +522,28 @@ fn outdated_system_tasks_are_replaced_on_their_own_agent() {
     assert_eq!(missing_names(&r), ["logs.ship[a1]"]);
     assert_eq!(r.missing[0].agent, Some(id("a1")));
 }
+
+#[test]
+fn a_held_slot_is_left_empty_while_its_replacement_backs_off() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 2, 1.0, 100)],
+    );
+    let mut snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Failed)],
+        )],
+        vec![web.clone()],
+    );
+    assert_eq!(
+        missing_names(&reconcile(&eval_for(&web), &snap)),
+        ["web.fe[0]", "web.fe[1]"]
+    );
+    snap.held.insert("web.fe[0]".into());
+    let r = reconcile(&eval_for(&web), &snap);
+    assert_eq!(missing_names(&r), ["web.fe[1]"], "only the slot not held");
+    assert_eq!(r.wanted, ["web.fe[0]", "web.fe[1]"], "still wanted");
+}

@@ -1,15 +1,23 @@
 //! Back-off for crash-looping tasks: how long the replacement of a task slot that keeps
 //! failing waits (Nomad's reschedule delay, Kubernetes' crash-loop back-off).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// How many times a slot failed in a row, and when it last did.
+/// How many times a slot failed in a row, when it last did, and until when its replacement
+/// waits.
 #[derive(Debug, Default)]
 pub(super) struct CrashLoops {
-    slots: HashMap<String, (u32, Instant)>,
+    slots: HashMap<String, Slot>,
+}
+
+#[derive(Debug)]
+struct Slot {
+    failures: u32,
+    last: Instant,
+    held_until: Instant,
 }
 
 /// How many slots to remember before forgetting the quiet ones.
@@ -30,19 +38,33 @@ impl CrashLoops {
         let forget_after = max.saturating_mul(10);
         if self.slots.len() >= REMEMBERED_SLOTS {
             self.slots
-                .retain(|_, (_, last)| now.saturating_duration_since(*last) < forget_after);
+                .retain(|_, s| now.saturating_duration_since(s.last) < forget_after);
         }
-        let (failures, last) = self.slots.entry(slot.to_owned()).or_insert((0, now));
-        if *failures > 0 && now.saturating_duration_since(*last) >= forget_after {
-            *failures = 0;
+        let entry = self.slots.entry(slot.to_owned()).or_insert(Slot {
+            failures: 0,
+            last: now,
+            held_until: now,
+        });
+        if entry.failures > 0 && now.saturating_duration_since(entry.last) >= forget_after {
+            entry.failures = 0;
         }
-        *failures = failures.saturating_add(1);
-        *last = now;
-        let delay = match *failures {
+        entry.failures = entry.failures.saturating_add(1);
+        entry.last = now;
+        let delay = match entry.failures {
             1 => Duration::ZERO,
             n => base.saturating_mul(2u32.saturating_pow(n - 2)).min(max),
         };
-        (*failures, delay)
+        entry.held_until = now + delay;
+        (entry.failures, delay)
+    }
+
+    /// The slots whose replacement still waits at `now`: schedulers leave them empty.
+    pub(super) fn held(&self, now: Instant) -> BTreeSet<String> {
+        self.slots
+            .iter()
+            .filter(|(_, s)| s.held_until > now)
+            .map(|(name, _)| name.clone())
+            .collect()
     }
 }
 
@@ -75,6 +97,10 @@ mod tests {
             loops.failed("web.server[1]", start, base, max),
             (1, secs(0))
         );
+        // Held while the last replacement waits.
+        let held = loops.held(start + Duration::from_secs(6));
+        assert!(held.contains("web.server[0]") && !held.contains("web.server[1]"));
+        assert!(loops.held(start + Duration::from_secs(5 + 61)).is_empty());
         // Quiet for ten times the maximum: a fresh start.
         let later = start + Duration::from_secs(6 + 600);
         assert_eq!(

@@ -143,6 +143,7 @@ impl Master {
             index: self.current_index(),
             agents,
             jobs,
+            held: self.crash_loops.held(tokio::time::Instant::now()),
         }
     }
 

@@ -82,6 +82,7 @@ pub(crate) fn snapshot(index: u64, agents: Vec<AgentView>, jobs: Vec<Job>) -> Cl
             .into_iter()
             .map(|job| (job.name.clone(), job))
             .collect(),
+        held: Default::default(),
     }
 }
 
