@@ -449,19 +449,8 @@ impl Process for Agent {
             }
             Msg::LaunchTasks(launch) => {
                 for request in launch.tasks {
-                    let refused = request.task.clone();
-                    let Err(error) = self.run_task(request, ctx).await else {
-                        continue;
-                    };
-                    tracing::warn!(%error, "refused a task");
-                    // A task that runs under this id already is not the one refused.
-                    if let Some(mut task) = refused
-                        && !self.tasks.knows(&task.id)
-                    {
-                        task.state = TaskState::Failed as i32;
-                        task.exit_code = -1;
-                        task.message = error;
-                        self.report(task);
+                    if let Err(error) = self.run_task(request, ctx).await {
+                        tracing::warn!(%error, "refused a task");
                     }
                 }
             }
@@ -982,8 +971,30 @@ impl Agent {
 
     // ---- tasks ------------------------------------------------------------------------------
 
-    /// Starts a task's child process, or says why not.
+    /// Starts a task's child process, or says why not. A refused task (one not already running
+    /// under its id) is also reported FAILED, with the reason in its `message`, so the master
+    /// hears of it whether it asked or told.
     async fn run_task(&mut self, request: RunTask, ctx: &mut Context<Self>) -> Result<(), String> {
+        let refused = request.task.clone();
+        let started = self.start_task(request, ctx).await;
+        if let Err(error) = &started
+            && let Some(mut task) = refused
+            && !self.tasks.knows(&task.id)
+        {
+            task.state = TaskState::Failed as i32;
+            task.exit_code = -1;
+            task.message.clone_from(error);
+            self.report(task);
+        }
+        started
+    }
+
+    /// Starts a task's child process (reporting STARTING, then RUNNING), or says why not.
+    async fn start_task(
+        &mut self,
+        request: RunTask,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), String> {
         let Some(mut task) = request.task else {
             return Err("the request carries no task".into());
         };
@@ -996,14 +1007,21 @@ impl Agent {
         if task.command.trim().is_empty() {
             return Err(format!("task {id:?} has no command"));
         }
+        // Accepted: STARTING until its process runs.
+        task.state = TaskState::Starting as i32;
+        self.report(task.clone());
 
         let dir = store::task_dir(&self.config.data_dir, &id);
-        let (stdout, stderr) = open_sandbox(&dir).await.map_err(|e| {
-            format!(
-                "task {id:?}: cannot prepare working directory {}: {e}",
-                dir.display()
-            )
-        })?;
+        let (stdout, stderr) = match open_sandbox(&dir).await {
+            Ok(files) => files,
+            Err(e) => {
+                let error = format!(
+                    "task {id:?}: cannot prepare working directory {}: {e}",
+                    dir.display()
+                );
+                return Err(error);
+            }
+        };
         let mut command = tokio::process::Command::new(&task.command);
         command
             .args(&task.args)
@@ -1019,10 +1037,8 @@ impl Agent {
             Ok(child) => TaskProcess::new(child),
             Err(e) => {
                 let _ = tokio::fs::remove_dir_all(&dir).await;
-                return Err(format!(
-                    "task {id:?}: cannot start command {:?}: {e}",
-                    task.command
-                ));
+                let error = format!("task {id:?}: cannot start command {:?}: {e}", task.command);
+                return Err(error);
             }
         };
         task.state = TaskState::Running as i32;

@@ -233,6 +233,14 @@ impl MasterNode {
         Ok(task)
     }
 
+    /// The next two updates: `task_id` STARTING, then RUNNING; returns the running task.
+    async fn expect_started(&mut self, agent_id: &str, task_id: &str) -> anyhow::Result<Task> {
+        self.expect_update(agent_id, task_id, TaskState::Starting)
+            .await?;
+        self.expect_update(agent_id, task_id, TaskState::Running)
+            .await
+    }
+
     async fn ping(&self, agent: &Upid) -> anyhow::Result<Pong> {
         let ping = Ping {
             master: self.upid()?.to_string(),
@@ -698,8 +706,10 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
     };
     master.node.remote(to.clone()).tell(launch)?;
 
+    master.expect_started("agent-l", "first").await?;
+    // Accepted (STARTING), then its command cannot start: FAILED.
     master
-        .expect_update("agent-l", "first", TaskState::Running)
+        .expect_update("agent-l", "bad", TaskState::Starting)
         .await?;
     let refused = master
         .expect_update("agent-l", "bad", TaskState::Failed)
@@ -721,9 +731,7 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
         tasks: vec![shell_task("later", "sleep 30")],
     };
     master.node.remote(to.clone()).tell(later)?;
-    master
-        .expect_update("agent-l", "later", TaskState::Running)
-        .await?;
+    master.expect_started("agent-l", "later").await?;
     agent.stop().await;
     master.shutdown().await;
     Ok(())
@@ -831,9 +839,7 @@ async fn the_master_is_told_when_a_task_runs_and_when_it_ends() -> anyhow::Resul
             .error,
         ""
     );
-    let running = master
-        .expect_update("agent-u", "ok", TaskState::Running)
-        .await?;
+    let running = master.expect_started("agent-u", "ok").await?;
     assert_eq!(running.framework_id, "fw-1");
     assert_eq!(running.command, "sh");
     let finished = master
@@ -848,9 +854,7 @@ async fn the_master_is_told_when_a_task_runs_and_when_it_ends() -> anyhow::Resul
             .error,
         ""
     );
-    master
-        .expect_update("agent-u", "three", TaskState::Running)
-        .await?;
+    master.expect_started("agent-u", "three").await?;
     let failed = master
         .expect_update("agent-u", "three", TaskState::Failed)
         .await?;
@@ -873,9 +877,7 @@ async fn the_master_is_told_when_a_task_runs_and_when_it_ends() -> anyhow::Resul
             .error,
         ""
     );
-    master
-        .expect_update("agent-u", "last", TaskState::Running)
-        .await?;
+    master.expect_started("agent-u", "last").await?;
     agent.stop().await;
     master.shutdown().await;
     Ok(())
@@ -901,9 +903,7 @@ async fn kill_task_stops_a_task_that_honours_sigterm_within_the_grace() -> anyho
             .error,
         ""
     );
-    master
-        .expect_update("agent-x", "long", TaskState::Running)
-        .await?;
+    master.expect_started("agent-x", "long").await?;
     let leader = pid_in(&dir.path().join("tasks/long/leader.pid")).await?;
     let child = pid_in(&dir.path().join("tasks/long/child.pid")).await?;
 
@@ -959,9 +959,7 @@ async fn kill_task_sends_sigkill_after_the_grace_to_a_task_that_ignores_sigterm(
             .error,
         ""
     );
-    master
-        .expect_update("agent-y", "stubborn", TaskState::Running)
-        .await?;
+    master.expect_started("agent-y", "stubborn").await?;
     let leader = pid_in(&dir.path().join("tasks/stubborn/leader.pid")).await?;
     let child = pid_in(&dir.path().join("tasks/stubborn/child.pid")).await?;
 
@@ -1020,7 +1018,7 @@ async fn an_update_made_while_unregistered_is_sent_after_the_next_registration()
         a.run_task(&to, shell_task("q", "sleep 30")).await?.error,
         ""
     );
-    a.expect_update("agent-q", "q", TaskState::Running).await?;
+    a.expect_started("agent-q", "q").await?;
 
     // A goes away; B refuses: the agent has no master.
     a.shutdown().await;

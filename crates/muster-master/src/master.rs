@@ -586,10 +586,9 @@ impl Master {
         reply: Reply<pb::RegistrationReply>,
         ctx: &mut Context<Self>,
     ) {
-        let Role::Leading { registrar, .. } = &self.role else {
+        if self.leading_term().is_none() {
             return reply.send(not_leader(self.leader().as_ref()));
-        };
-        let registrar = registrar.clone();
+        }
         let Some(info) = request.info.as_ref() else {
             return reply.send(refused("ReregisterAgent carries no agent info".into()));
         };
@@ -608,29 +607,26 @@ impl Master {
             let id = self.readmit(request, ctx);
             return reply.send(admitted(id));
         }
-        // Changed info, or an agent marked unreachable (or forgotten) coming back: store it
-        // first, then take it back.
+        // Changed info, or an agent marked unreachable (or forgotten) coming back: store it,
+        // with an evaluation for each job its return affects, in one raft entry; then take it
+        // back.
+        let evals = self.evals_for_returning_agent(&request.agent_id, &request.tasks);
         let info = registry_info(info);
-        let write = write_registry(&registrar, Op::UpdateAgent { id, info });
         let term = self.term;
-        ctx.defer(
-            write,
-            move |master: &mut Master, ctx, written| match written {
-                Ok(Ok(_)) => {
-                    if master.leading_term() == Some(term) {
-                        let id = master.readmit(request, ctx);
-                        // It was unreachable, forgotten or changed: its capacity is news.
-                        master.agent_joined(&id, ctx);
-                        reply.send(admitted(id));
-                    } else {
-                        reply.send(not_leader(master.leader().as_ref()));
-                    }
+        self.write_with_evals(
+            vec![Op::UpdateAgent { id, info }],
+            evals,
+            ctx,
+            move |master, ctx, written| match written {
+                Ok(_) if master.leading_term() == Some(term) => {
+                    let id = master.readmit(request, ctx);
+                    // It was unreachable, forgotten or changed: its capacity is news.
+                    master.capacity_joined(&id);
+                    reply.send(admitted(id));
                 }
-                Ok(Err(WriteError::NotLeader { leader })) => {
-                    reply.send(not_leader(leader.as_ref()))
-                }
-                Ok(Err(e)) => reply.send(refused(format!("registry write failed: {e}"))),
-                Err(e) => reply.send(refused(format!("registrar unavailable: {e}"))),
+                Ok(_) => reply.send(not_leader(master.leader().as_ref())),
+                Err(WriteError::NotLeader { leader }) => reply.send(not_leader(leader.as_ref())),
+                Err(e) => reply.send(refused(format!("registry write failed: {e}"))),
             },
         );
     }
@@ -750,7 +746,7 @@ impl Master {
                 at_ms,
             })
             .collect();
-        self.write_with_evals(ops, evals, ctx, move |master, written| match written {
+        self.write_with_evals(ops, evals, ctx, move |master, _ctx, written| match written {
             Ok(_) => {
                 for id in &ids {
                     master.metrics.unreachable += 1;

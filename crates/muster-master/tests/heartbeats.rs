@@ -333,3 +333,98 @@ async fn after_a_failover_every_agent_gets_the_long_first_ttl() -> anyhow::Resul
     master.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = start(&config(dir.path()).await?).await?;
+    let to = upid(&master)?;
+    let system = System::new();
+    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let daemon = pb::JobSpec {
+        name: "daemon".into(),
+        r#type: "system".into(),
+        groups: vec![pb::TaskGroupSpec {
+            name: "d".into(),
+            resources: Some(pb::Resources {
+                cpus: 0.1,
+                mem_mb: 16,
+            }),
+            command: "sleep".into(),
+            ..pb::TaskGroupSpec::default()
+        }],
+        ..pb::JobSpec::default()
+    };
+    master
+        .pid()
+        .ask(|reply| MasterMsg::SubmitJob(Some(daemon), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    // It registers, heartbeats once, and goes silent: marked unreachable.
+    let agent = register(&node, &to, 0).await?;
+    ttl(&node, &to, &agent).await?;
+    state_when(&master, "the agent marked unreachable", |s| {
+        is_unreachable(s, &agent)
+    })
+    .await?;
+
+    // It comes back: one raft entry stores its return and the system job's evaluation.
+    let before = master
+        .pid()
+        .ask(MasterMsg::GetMetrics)
+        .await?
+        .registry_entries;
+    let reply = node
+        .remote(to.clone())
+        .ask_timeout::<pb::ReregisterAgent, pb::RegistrationReply>(
+            ASK,
+            pb::ReregisterAgent {
+                agent_id: agent.clone(),
+                info: Some(info(0, &node)),
+                ..pb::ReregisterAgent::default()
+            },
+        )
+        .await?;
+    ensure!(
+        reply.result == Some(Registration::AgentId(agent.clone())),
+        "{reply:?}"
+    );
+    // Once its evaluation is there, only one entry was written (no worker runs here).
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = master
+            .pid()
+            .ask(|reply| MasterMsg::JobStatus("daemon".into(), reply))
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        let back = status
+            .evals
+            .iter()
+            .any(|e| e.trigger.contains("AgentUpdate") && e.trigger.contains(&agent));
+        if back {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "no evaluation: {:?}",
+            status.evals
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let after = master
+        .pid()
+        .ask(MasterMsg::GetMetrics)
+        .await?
+        .registry_entries;
+    assert_eq!(
+        after - before,
+        1,
+        "the return and its evaluations in one entry"
+    );
+    let state = master.pid().ask(MasterMsg::GetState).await?;
+    ensure!(connected(&state, &agent), "{state:?}");
+    node.shutdown();
+    master.shutdown().await;
+    Ok(())
+}

@@ -419,7 +419,7 @@ impl Master {
                 );
                 tracing::warn!(slot = %task.name, failures, ?wait, "task crash-looping: its replacement backs off");
             }
-            self.write_with_evals(Vec::new(), vec![eval], ctx, |_master, written| {
+            self.write_with_evals(Vec::new(), vec![eval], ctx, |_master, _ctx, written| {
                 if let Err(e) = written {
                     tracing::warn!(error = %e, "could not write the replacement evaluation");
                 }
@@ -571,14 +571,54 @@ impl Master {
             let why = self.not_leading();
             return done(self, Err(why));
         }
-        self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, written| {
+        self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, _ctx, written| {
             done(master, written.map(drop).map_err(|e| e.to_string()));
         });
     }
 
-    /// A newly registered or returning agent: its capacity may unblock evaluations, and every
-    /// system job gets an evaluation to place a task on it.
+    /// A newly registered agent: its capacity may unblock evaluations, and every system job
+    /// gets an evaluation to place a task on it (written once the registry has named it).
     pub(super) fn agent_joined(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
+        self.capacity_joined(agent_id);
+        let evals = self.evals_for_returning_agent(agent_id, &[]);
+        if !evals.is_empty() {
+            self.write_with_evals(Vec::new(), evals, ctx, |_master, _ctx, written| {
+                if let Err(e) = written {
+                    tracing::warn!(error = %e, "could not write system-job evaluations");
+                }
+            });
+        }
+    }
+
+    /// One evaluation for each system job (to place a task on the agent) and each job the
+    /// agent reports a live task of (replacements may have been placed while it was away):
+    /// written with the agent's return in one raft entry.
+    pub(super) fn evals_for_returning_agent(
+        &self,
+        agent_id: &str,
+        tasks: &[pb::Task],
+    ) -> Vec<Evaluation> {
+        let running: HashSet<&str> = tasks
+            .iter()
+            .filter(|t| !is_terminal(t))
+            .filter_map(task_job)
+            .collect();
+        self.registry.reader().read(|state| {
+            state
+                .jobs
+                .values()
+                .filter(|j| {
+                    !j.stopped
+                        && (j.scheduler == SchedulerType::System
+                            || running.contains(j.name.as_str()))
+                })
+                .map(|j| Evaluation::new(j, Trigger::AgentUpdate(AgentId(agent_id.to_owned()))))
+                .collect()
+        })
+    }
+
+    /// An agent's capacity is news for the blocked-queue (it joined or came back).
+    pub(super) fn capacity_joined(&mut self, agent_id: &str) {
         let index = self.next_index();
         let Some(agent) = self.cluster.agents.get(agent_id) else {
             return;
@@ -591,21 +631,6 @@ impl Master {
             index,
         };
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
-        let evals: Vec<Evaluation> = self.registry.reader().read(|state| {
-            state
-                .jobs
-                .values()
-                .filter(|j| j.scheduler == SchedulerType::System && !j.stopped)
-                .map(|j| Evaluation::new(j, Trigger::AgentUpdate(AgentId(agent_id.to_owned()))))
-                .collect()
-        });
-        if !evals.is_empty() {
-            self.write_with_evals(Vec::new(), evals, ctx, |_master, written| {
-                if let Err(e) = written {
-                    tracing::warn!(error = %e, "could not write system-job evaluations");
-                }
-            });
-        }
     }
 
     /// One evaluation for every job with a task on any of the agents, and every system job

@@ -71,10 +71,12 @@ impl Master {
         ops: Vec<Op>,
         evals: Vec<Evaluation>,
         ctx: &mut Context<Self>,
-        done: impl FnOnce(&mut Master, Result<Outcome, WriteError>) + Send + 'static,
+        done: impl FnOnce(&mut Master, &mut Context<Master>, Result<Outcome, WriteError>)
+        + Send
+        + 'static,
     ) {
         let Role::Leading { registrar, .. } = &self.role else {
-            return done(self, Err(WriteError::NotLeader { leader: None }));
+            return done(self, ctx, Err(WriteError::NotLeader { leader: None }));
         };
         // Only pending evaluations go to the broker; a completed or blocked one is just
         // recorded.
@@ -88,7 +90,7 @@ impl Master {
             all.push(Op::UpsertEvals(evals));
         }
         let write = write_registry(registrar, Op::Together(all));
-        ctx.defer(write, move |master: &mut Master, _ctx, written| {
+        ctx.defer(write, move |master: &mut Master, ctx, written| {
             let written = match written {
                 Ok(result) => result,
                 Err(e) => Err(WriteError::Failed(format!("registrar unavailable: {e}"))),
@@ -102,7 +104,7 @@ impl Master {
                 });
                 let _ = master.broker.tell(BrokerMsg::Enqueue(stored));
             }
-            done(master, written);
+            done(master, ctx, written);
         });
     }
 
@@ -127,7 +129,7 @@ impl Master {
             vec![Op::UpsertJob(job)],
             vec![eval],
             ctx,
-            move |_master, written| reply.send(job_written(written, eval_id)),
+            move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
         );
     }
 
@@ -152,7 +154,7 @@ impl Master {
             vec![Op::UpsertJob(job)],
             vec![eval],
             ctx,
-            move |_master, written| reply.send(job_written(written, eval_id)),
+            move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
         );
     }
 
@@ -222,7 +224,7 @@ impl Master {
                 e
             })
             .collect();
-        self.write_with_evals(Vec::new(), evals, ctx, |_master, written| {
+        self.write_with_evals(Vec::new(), evals, ctx, |_master, _ctx, written| {
             if let Err(e) = written {
                 tracing::warn!(error = %e, "could not record unblocked evaluations");
             }
@@ -239,7 +241,7 @@ impl Master {
             status: EvalStatus::Canceled,
             description: "canceled: a newer blocked evaluation of the job".into(),
         };
-        self.write_with_evals(vec![op], Vec::new(), ctx, |_master, written| {
+        self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
             if let Err(e) = written {
                 tracing::warn!(error = %e, "could not record canceled evaluations");
             }
