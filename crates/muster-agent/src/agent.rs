@@ -1012,16 +1012,12 @@ impl Agent {
         self.report(task.clone());
 
         let dir = store::task_dir(&self.config.data_dir, &id);
-        let (stdout, stderr) = match open_sandbox(&dir).await {
-            Ok(files) => files,
-            Err(e) => {
-                let error = format!(
-                    "task {id:?}: cannot prepare working directory {}: {e}",
-                    dir.display()
-                );
-                return Err(error);
-            }
-        };
+        let (stdout, stderr) = open_sandbox(&dir).await.map_err(|e| {
+            format!(
+                "task {id:?}: cannot prepare working directory {}: {e}",
+                dir.display()
+            )
+        })?;
         let mut command = tokio::process::Command::new(&task.command);
         command
             .args(&task.args)
@@ -1037,8 +1033,10 @@ impl Agent {
             Ok(child) => TaskProcess::new(child),
             Err(e) => {
                 let _ = tokio::fs::remove_dir_all(&dir).await;
-                let error = format!("task {id:?}: cannot start command {:?}: {e}", task.command);
-                return Err(error);
+                return Err(format!(
+                    "task {id:?}: cannot start command {:?}: {e}",
+                    task.command
+                ));
             }
         };
         task.state = TaskState::Running as i32;

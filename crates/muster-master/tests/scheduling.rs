@@ -694,17 +694,47 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         lost.message
     );
 
-    // Late news: the agent reports the lost task running. The master kills it.
-    let mut running = first.clone();
-    running.state = pb::TaskState::Running as i32;
-    node.remote(master_upid).tell(pb::TaskStatusUpdate {
-        agent_id: agent_id.clone(),
-        task: Some(running),
-    })?;
+    // Late news: the agent reports the lost task starting, then running. The master kills it,
+    // and the RUNNING that follows does not bring it back.
+    let to_master = node.remote(master_upid);
+    for state in [pb::TaskState::Starting, pb::TaskState::Running] {
+        let mut late = first.clone();
+        late.state = state as i32;
+        to_master.tell(pb::TaskStatusUpdate {
+            agent_id: agent_id.clone(),
+            task: Some(late),
+        })?;
+    }
     let kill = tokio::time::timeout(DEADLINE, killed.recv())
         .await?
         .context("a kill")?;
     assert_eq!(kill.task_id, first.id);
+    // An ask on the same link is handled after both updates.
+    to_master
+        .ask_timeout::<pb::Heartbeat, pb::HeartbeatReply>(
+            DEADLINE,
+            pb::Heartbeat {
+                agent_id: agent_id.clone(),
+            },
+        )
+        .await?;
+    let status = master
+        .pid()
+        .ask(|reply| MasterMsg::JobStatus("web".into(), reply))
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    let states: Vec<i32> = status
+        .tasks
+        .iter()
+        .filter_map(|t| t.task.as_ref())
+        .filter(|t| t.id == first.id)
+        .map(|t| t.state)
+        .collect();
+    assert_eq!(
+        states,
+        [pb::TaskState::Killed as i32, pb::TaskState::Lost as i32],
+        "being killed (and lost before), never running again"
+    );
     node.shutdown();
     master.shutdown().await;
     Ok(())

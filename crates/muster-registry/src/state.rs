@@ -50,15 +50,16 @@ fn has_ended(status: EvalStatus) -> bool {
     )
 }
 
-/// The stored form of [`RegistryState`]: everything but the derived index. Every field may be
-/// missing (state stored before it existed).
-#[derive(Default, Deserialize)]
-#[serde(default)]
+/// The stored form of [`RegistryState`]: everything but the derived index. Jobs and
+/// evaluations may be missing (state stored before they existed).
+#[derive(Deserialize)]
 struct Contents {
     agents: BTreeMap<AgentId, AgentInfo>,
     unreachable: BTreeMap<AgentId, UnreachableAgent>,
     last_agent_number: u64,
+    #[serde(default)]
     jobs: BTreeMap<String, Job>,
+    #[serde(default)]
     evals: BTreeMap<EvalId, Evaluation>,
 }
 

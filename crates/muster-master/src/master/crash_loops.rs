@@ -20,6 +20,9 @@ struct Slot {
     held_until: Instant,
 }
 
+/// How much earlier than its replacement's evaluation a slot's hold ends.
+const HOLD_MARGIN: Duration = Duration::from_secs(1);
+
 /// How many slots to remember before forgetting the quiet ones.
 const REMEMBERED_SLOTS: usize = 10_000;
 
@@ -54,8 +57,18 @@ impl CrashLoops {
             1 => Duration::ZERO,
             n => base.saturating_mul(2u32.saturating_pow(n - 2)).min(max),
         };
-        entry.held_until = now + delay;
+        // The hold ends a little before the held evaluation is due (the broker counts on the
+        // wall clock, in whole milliseconds), so that evaluation never finds its own slot held.
+        entry.held_until = now + delay.saturating_sub(HOLD_MARGIN);
         (entry.failures, delay)
+    }
+
+    /// The slot's replacement will not come (its evaluation could not be written): stop
+    /// holding it, so the job's next evaluation places it.
+    pub(super) fn release(&mut self, slot: &str) {
+        if let Some(entry) = self.slots.get_mut(slot) {
+            entry.held_until = entry.last;
+        }
     }
 
     /// The slots whose replacement still waits at `now`: schedulers leave them empty.
@@ -101,6 +114,9 @@ mod tests {
         let held = loops.held(start + Duration::from_secs(6));
         assert!(held.contains("web.server[0]") && !held.contains("web.server[1]"));
         assert!(loops.held(start + Duration::from_secs(5 + 61)).is_empty());
+        // A replacement that will not come (its write failed) holds nothing.
+        loops.release("web.server[0]");
+        assert!(loops.held(start + Duration::from_secs(6)).is_empty());
         // Quiet for ten times the maximum: a fresh start.
         let later = start + Duration::from_secs(6 + 600);
         assert_eq!(

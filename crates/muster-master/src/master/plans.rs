@@ -7,6 +7,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
+use std::time::Duration;
 
 use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::{BlockedEval, BlockedMsg, CapacityChange, Demand as BlockedDemand};
@@ -339,6 +340,9 @@ impl Master {
             .and_then(|i| agent.tasks.get(i))
             .is_some_and(|t| t.state == pb::TaskState::Killed as i32);
         match (position, ended) {
+            // Being killed: only its end counts (a RUNNING sent before the kill arrived must
+            // not bring it back).
+            (Some(_), false) if was_killed => return,
             (Some(i), false) => agent.tasks[i] = task.clone(),
             (Some(i), true) => {
                 agent.tasks.swap_remove(i);
@@ -404,12 +408,17 @@ impl Master {
                 return;
             };
             let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
-            let (failures, wait) = self.crash_loops.failed(
-                &task.name,
-                tokio::time::Instant::now(),
-                self.config.reschedule_delay,
-                self.config.reschedule_max_delay,
-            );
+            // A task lost with its agent or its launch did not crash: no back-off.
+            let (failures, wait) = if task.state == pb::TaskState::Lost as i32 {
+                (0, Duration::ZERO)
+            } else {
+                self.crash_loops.failed(
+                    &task.name,
+                    tokio::time::Instant::now(),
+                    self.config.reschedule_delay,
+                    self.config.reschedule_max_delay,
+                )
+            };
             if !wait.is_zero() {
                 let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
                 eval.wait_until_ms = super::now_ms().saturating_add(wait_ms);
@@ -419,9 +428,12 @@ impl Master {
                 );
                 tracing::warn!(slot = %task.name, failures, ?wait, "task crash-looping: its replacement backs off");
             }
-            self.write_with_evals(Vec::new(), vec![eval], ctx, |_master, _ctx, written| {
+            let slot = task.name.clone();
+            self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, _ctx, written| {
                 if let Err(e) = written {
                     tracing::warn!(error = %e, "could not write the replacement evaluation");
+                    // No evaluation will come to place it: let the next one of the job.
+                    master.crash_loops.release(&slot);
                 }
             });
         }
@@ -432,8 +444,8 @@ impl Master {
     ///   agent's completed tasks) is updated as ended: its job may get a replacement.
     /// - One the agent does not report at all (its launch was lost on the way, or the agent
     ///   lost its state) is LOST, and its job gets an evaluation to replace it.
-    /// - One the agent runs that this master gave up on (marked LOST and replaced) is killed,
-    ///   so its slot does not end up with two tasks.
+    /// - One the agent runs that this master gave up on (marked LOST and replaced), or was
+    ///   killing, is killed (again), so its slot does not end up with two tasks.
     pub(super) fn settle_reregistered(
         &mut self,
         agent_id: &str,
@@ -443,10 +455,17 @@ impl Master {
         let Some(agent) = self.cluster.agents.get(agent_id) else {
             return;
         };
+        // Given up as lost (and replaced), or being killed: neither may run on.
         let given_up: HashSet<&str> = previous
             .completed_tasks
             .iter()
             .filter(|t| t.state == pb::TaskState::Lost as i32)
+            .chain(
+                previous
+                    .tasks
+                    .iter()
+                    .filter(|t| t.state == pb::TaskState::Killed as i32),
+            )
             .map(|t| t.id.as_str())
             .collect();
         let to_kill: Vec<Stop> = agent

@@ -357,8 +357,9 @@ mod tests {
         {
             let (_log, sm) = super::super::open(dir.path()).expect("opens");
             // The leader's snapshot at 500 is installed while a local build from 100 runs.
-            sm.save_snapshot(&meta(500), b"{}").expect("stored");
-            sm.save_snapshot(&meta(100), b"{}")
+            let empty = super::encode(&crate::RegistryState::default()).expect("encodes");
+            sm.save_snapshot(&meta(500), &empty).expect("stored");
+            sm.save_snapshot(&meta(100), &empty)
                 .expect("skipped, not an error");
         }
         let (_log, sm) = super::super::open(dir.path()).expect("opens again");
