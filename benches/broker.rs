@@ -363,6 +363,13 @@ async fn channel_drain(count: usize) -> Duration {
     let evals: Vec<Evaluation> = (0..count)
         .map(|_| Evaluation::new(&job, Trigger::JobRegister))
         .collect();
+    drain_through_channel(evals).await
+}
+
+/// Moves `evals` through a tokio channel to 2 consumer tasks that only count them, and
+/// returns how long that took: the floor both scenarios are read against.
+async fn drain_through_channel(evals: Vec<Evaluation>) -> Duration {
+    let count = evals.len();
     let (tx, rx) = mpsc::unbounded_channel::<Evaluation>();
     let rx = Arc::new(tokio::sync::Mutex::new(rx));
     let seen = Arc::new(AtomicU64::new(0));

@@ -71,11 +71,11 @@ use muster::proto::cluster as pb;
 use muster::proto::cluster::heartbeat_reply::Result as HeartbeatAnswer;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::registry::AgentId;
-use muster::registry::jobs::{EvalId, EvalStatus, Evaluation, Job, SchedulerType, Trigger};
+use muster::registry::jobs::{EvalId, Evaluation, Job, SchedulerType, Trigger};
 use muster_broker::{BrokerMsg, BrokerStats, EvalBroker};
 use muster_scheduler::{WorkerConfig, WorkerStats};
 use tokio::runtime::Runtime;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 
 const AGENTS: usize = 5_000;
 /// The agents that miss their heartbeats: the first this many registered.
@@ -880,33 +880,7 @@ async fn channel_drain(count: usize) -> Duration {
     let evals: Vec<Evaluation> = (0..count)
         .map(|_| Evaluation::new(&job, Trigger::AgentUnreachable(AgentId("agent-0".into()))))
         .collect();
-    let (tx, rx) = mpsc::unbounded_channel::<Evaluation>();
-    let rx = Arc::new(tokio::sync::Mutex::new(rx));
-    let seen = Arc::new(AtomicU64::new(0));
-    for eval in evals {
-        tx.send(eval).expect("consumers run");
-    }
-    drop(tx);
-    let started = Instant::now();
-    let consumers: Vec<_> = (0..2)
-        .map(|_| {
-            let rx = rx.clone();
-            let seen = seen.clone();
-            tokio::spawn(async move {
-                while let Some(eval) = rx.lock().await.recv().await {
-                    if eval.status == EvalStatus::Pending {
-                        seen.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            })
-        })
-        .collect();
-    for consumer in consumers {
-        consumer.await.expect("consumer");
-    }
-    let took = started.elapsed();
-    assert_eq!(seen.load(Ordering::Relaxed), count as u64);
-    took
+    super::drain_through_channel(evals).await
 }
 
 /// Scenario 2: the criterion group `lost_agents` (`unreachable_drain`, `channel_drain`).

@@ -390,18 +390,15 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// An agent that re-registers without a task the master launched on it (the one-way launch
-/// was lost, or the agent lost its state): the task is LOST and the job gets a replacement.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let master = start_master(dir.path()).await?;
-    let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
-    // A stand-in agent: a node with no process behind the agent's name, so every launch sent
-    // to it is lost on arrival.
-    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+/// Registers a stand-in agent served by `node` (as `agent@{node}`, 4 cpus, 4 GiB) with the
+/// master at `master`; returns its id and the info it registered with.
+async fn register_stand_in(
+    node: &Node,
+    master: &muster_actor::Upid,
+    hostname: &str,
+) -> anyhow::Result<(String, pb::AgentInfo)> {
     let info = pb::AgentInfo {
-        hostname: "forgetful".into(),
+        hostname: hostname.into(),
         address: format!("agent@{}", node.address()),
         resources: Some(pb::Resources {
             cpus: 4.0,
@@ -410,7 +407,7 @@ async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> any
         ..pb::AgentInfo::default()
     };
     let registered = node
-        .remote(master_upid.clone())
+        .remote(master.clone())
         .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
             DEADLINE,
             pb::RegisterAgent {
@@ -421,17 +418,32 @@ async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> any
     let Some(pb::registration_reply::Result::AgentId(agent_id)) = registered.result else {
         bail!("registration failed: {registered:?}");
     };
+    Ok((agent_id, info))
+}
 
-    submit(
-        &master,
-        pb::JobSpec {
-            name: "web".into(),
-            r#type: "service".into(),
-            groups: vec![group("server", 1, 1.0, "sleep", &["30"])],
-            ..pb::JobSpec::default()
-        },
-    )
-    .await?;
+/// A service job `web` of one `sleep 30` task.
+fn one_sleeper() -> pb::JobSpec {
+    pb::JobSpec {
+        name: "web".into(),
+        r#type: "service".into(),
+        groups: vec![group("server", 1, 1.0, "sleep", &["30"])],
+        ..pb::JobSpec::default()
+    }
+}
+
+/// An agent that re-registers without a task the master launched on it (the one-way launch
+/// was lost, or the agent lost its state): the task is LOST and the job gets a replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = start_master(dir.path()).await?;
+    let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
+    // A stand-in agent: a node with no process behind the agent's name, so every launch sent
+    // to it is lost on arrival.
+    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let (agent_id, info) = register_stand_in(&node, &master_upid, "forgetful").await?;
+
+    submit(&master, one_sleeper()).await?;
     let staged = job_when(&master, "web", "the task staged", |s| live(s).len() == 1).await?;
     let first = live(&staged)[0]
         .task
@@ -628,37 +640,9 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
     node.register("agent", &recorder)?
         .install::<pb::LaunchTasks>(RecorderMsg::Launch)
         .install_ask::<pb::KillTask, pb::KillTaskReply>(RecorderMsg::Kill);
-    let registered = node
-        .remote(master_upid.clone())
-        .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
-            DEADLINE,
-            pb::RegisterAgent {
-                info: Some(pb::AgentInfo {
-                    hostname: "silent".into(),
-                    address: format!("agent@{}", node.address()),
-                    resources: Some(pb::Resources {
-                        cpus: 4.0,
-                        mem_mb: 4096,
-                    }),
-                    ..pb::AgentInfo::default()
-                }),
-            },
-        )
-        .await?;
-    let Some(pb::registration_reply::Result::AgentId(agent_id)) = registered.result else {
-        bail!("registration failed: {registered:?}");
-    };
+    let (agent_id, _) = register_stand_in(&node, &master_upid, "silent").await?;
 
-    submit(
-        &master,
-        pb::JobSpec {
-            name: "web".into(),
-            r#type: "service".into(),
-            groups: vec![group("server", 1, 1.0, "sleep", &["30"])],
-            ..pb::JobSpec::default()
-        },
-    )
-    .await?;
+    submit(&master, one_sleeper()).await?;
     // The launch arrives; the agent says nothing about it.
     let launch = tokio::time::timeout(DEADLINE, launched.recv())
         .await?
