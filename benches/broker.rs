@@ -72,6 +72,44 @@ impl Process for FakeAgent {
     }
 }
 
+/// Starts `count` stand-in agents on one new node, named `agent-{n}` there; returns the node
+/// and their pids (which keep them alive).
+async fn start_fake_agents(system: &System, count: usize) -> (Node, Vec<Pid<FakeAgent>>) {
+    let node = Node::bind(system, "127.0.0.1:0")
+        .await
+        .expect("agents node");
+    let mut agents = Vec::with_capacity(count);
+    for n in 0..count {
+        let agent = system.spawn(FakeAgent);
+        node.register(&format!("agent-{n}"), &agent)
+            .expect("name free")
+            .install::<pb::LaunchTasks>(|_| FakeAgentMsg::Launch)
+            .install_ask::<pb::RunTask, pb::RunTaskReply>(|_, r| FakeAgentMsg::Run(r))
+            .install_ask::<pb::KillTask, pb::KillTaskReply>(|_, r| FakeAgentMsg::Kill(r))
+            .install_ask::<pb::Ping, pb::Pong>(|_, r| FakeAgentMsg::Ping(r));
+        agents.push(agent);
+    }
+    (node, agents)
+}
+
+/// The runtime both scenarios run on: 2 workers, as on this machine.
+fn bench_runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// Both scenarios' criterion settings: one long iteration per sample, 10 samples.
+fn configure(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
+}
+
 /// The master with its jobs submitted and its agents registered, no worker running yet.
 struct Storm {
     _dir: tempfile::TempDir,
@@ -155,21 +193,7 @@ impl Storm {
         }
 
         let system = System::new();
-        let agents_node = Node::bind(&system, "127.0.0.1:0")
-            .await
-            .expect("agents node");
-        let mut agents = Vec::with_capacity(AGENTS);
-        for n in 0..AGENTS {
-            let agent = system.spawn(FakeAgent);
-            agents_node
-                .register(&format!("agent-{n}"), &agent)
-                .expect("name free")
-                .install::<pb::LaunchTasks>(|_| FakeAgentMsg::Launch)
-                .install_ask::<pb::RunTask, pb::RunTaskReply>(|_, r| FakeAgentMsg::Run(r))
-                .install_ask::<pb::KillTask, pb::KillTaskReply>(|_, r| FakeAgentMsg::Kill(r))
-                .install_ask::<pb::Ping, pb::Pong>(|_, r| FakeAgentMsg::Ping(r));
-            agents.push(agent);
-        }
+        let (agents_node, agents) = start_fake_agents(&system, AGENTS).await;
         let pid = master.pid().clone();
         let address = agents_node.address().to_owned();
         join_all((0..AGENTS).map(|n| {
@@ -400,17 +424,9 @@ async fn drain_through_channel(evals: Vec<Evaluation>) -> Duration {
 }
 
 fn storm(c: &mut Criterion) {
-    let runtime: Runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = bench_runtime();
     let mut group = c.benchmark_group("broker");
-    group
-        .sampling_mode(SamplingMode::Flat)
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(1))
-        .measurement_time(Duration::from_secs(1));
+    configure(&mut group);
     let mut first = true;
     group.bench_function("storm_drain", |b| {
         b.iter_custom(|iters| {

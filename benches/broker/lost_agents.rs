@@ -63,9 +63,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, SamplingMode};
+use criterion::Criterion;
 use futures_util::future::join_all;
-use muster::actor::{Context, Node, Pid, Process, Reply, System};
+use muster::actor::{Node, Pid, System};
 use muster::master::{LocalBackend, MasterConfig, MasterMsg, MasterServer};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::heartbeat_reply::Result as HeartbeatAnswer;
@@ -74,7 +74,6 @@ use muster::registry::AgentId;
 use muster::registry::jobs::{EvalId, Evaluation, Job, SchedulerType, Trigger};
 use muster_broker::{BrokerMsg, BrokerStats, EvalBroker};
 use muster_scheduler::{WorkerConfig, WorkerStats};
-use tokio::runtime::Runtime;
 use tokio::sync::watch;
 
 const AGENTS: usize = 5_000;
@@ -105,28 +104,6 @@ const HEARTBEATS_PER_SECOND: f64 = 500.0;
 const HEARTBEAT_MIN_TTL: Duration = Duration::from_millis(100);
 /// How long before the earliest possible deadline the bench starts watching for the sweep.
 const WATCH_AHEAD: Duration = Duration::from_millis(200);
-
-/// A stand-in agent: accepts every task, kill and ping.
-struct FakeAgent;
-
-enum FakeAgentMsg {
-    Run(Reply<pb::RunTaskReply>),
-    Launch,
-    Kill(Reply<pb::KillTaskReply>),
-    Ping(Reply<pb::Pong>),
-}
-
-impl Process for FakeAgent {
-    type Message = FakeAgentMsg;
-    async fn handle(&mut self, msg: FakeAgentMsg, _ctx: &mut Context<Self>) {
-        match msg {
-            FakeAgentMsg::Run(reply) => reply.send(pb::RunTaskReply::default()),
-            FakeAgentMsg::Launch => {}
-            FakeAgentMsg::Kill(reply) => reply.send(pb::KillTaskReply::default()),
-            FakeAgentMsg::Ping(reply) => reply.send(pb::Pong::default()),
-        }
-    }
-}
 
 fn service_job_name(j: usize) -> String {
     format!("service-{j:03}")
@@ -451,7 +428,7 @@ struct Recovered {
     _dir: tempfile::TempDir,
     master: MasterServer,
     agents_node: Node,
-    _agents: Vec<Pid<FakeAgent>>,
+    _agents: Vec<Pid<super::FakeAgent>>,
     broker: Pid<EvalBroker>,
     backend: Counting,
     workers: Vec<tokio::task::JoinHandle<WorkerStats>>,
@@ -481,21 +458,7 @@ impl Recovered {
         let (master, _, _) = start_master(&first).await;
 
         let system = System::new();
-        let agents_node = Node::bind(&system, "127.0.0.1:0")
-            .await
-            .expect("agents node");
-        let mut agents = Vec::with_capacity(AGENTS);
-        for n in 0..AGENTS {
-            let agent = system.spawn(FakeAgent);
-            agents_node
-                .register(&format!("agent-{n}"), &agent)
-                .expect("name free")
-                .install_ask::<pb::RunTask, pb::RunTaskReply>(|_, r| FakeAgentMsg::Run(r))
-                .install::<pb::LaunchTasks>(|_| FakeAgentMsg::Launch)
-                .install_ask::<pb::KillTask, pb::KillTaskReply>(|_, r| FakeAgentMsg::Kill(r))
-                .install_ask::<pb::Ping, pb::Pong>(|_, r| FakeAgentMsg::Ping(r));
-            agents.push(agent);
-        }
+        let (agents_node, agents) = super::start_fake_agents(&system, AGENTS).await;
         let address = agents_node.address().to_owned();
 
         // Admitted before any job exists: no registration makes a system-job evaluation.
@@ -885,17 +848,9 @@ async fn channel_drain(count: usize) -> Duration {
 
 /// Scenario 2: the criterion group `lost_agents` (`unreachable_drain`, `channel_drain`).
 pub(crate) fn lost_agents(c: &mut Criterion) {
-    let runtime: Runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = super::bench_runtime();
     let mut group = c.benchmark_group("lost_agents");
-    group
-        .sampling_mode(SamplingMode::Flat)
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(1))
-        .measurement_time(Duration::from_secs(1));
+    super::configure(&mut group);
     let mut first = true;
     group.bench_function("unreachable_drain", |b| {
         b.iter_custom(|iters| {

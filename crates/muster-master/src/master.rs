@@ -610,7 +610,7 @@ impl Master {
         // Changed info, or an agent marked unreachable (or forgotten) coming back: store it,
         // with an evaluation for each job its return affects, in one raft entry; then take it
         // back.
-        let evals = self.evals_for_returning_agent(&request.agent_id, &request.tasks);
+        let evals = self.evals_for_arriving_agent(&request.agent_id, &request.tasks);
         let info = registry_info(info);
         let term = self.term;
         self.write_with_evals(

@@ -599,7 +599,7 @@ impl Master {
     /// gets an evaluation to place a task on it (written once the registry has named it).
     pub(super) fn agent_joined(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
         self.capacity_joined(agent_id);
-        let evals = self.evals_for_returning_agent(agent_id, &[]);
+        let evals = self.evals_for_arriving_agent(agent_id, &[]);
         if !evals.is_empty() {
             self.write_with_evals(Vec::new(), evals, ctx, |_master, _ctx, written| {
                 if let Err(e) = written {
@@ -609,10 +609,10 @@ impl Master {
         }
     }
 
-    /// One evaluation for each system job (to place a task on the agent) and each job the
-    /// agent reports a live task of (replacements may have been placed while it was away):
-    /// written with the agent's return in one raft entry.
-    pub(super) fn evals_for_returning_agent(
+    /// For an agent that joined or came back: one evaluation for each system job (to place a
+    /// task on it) and each job it reports a live task of (replacements may have been placed
+    /// while it was away). A returning agent's are written with its return in one raft entry.
+    pub(super) fn evals_for_arriving_agent(
         &self,
         agent_id: &str,
         tasks: &[pb::Task],
