@@ -11,7 +11,14 @@
 //! connection storm.
 //!
 //! # Layout
-//! - [`start`], [`AgentHandle`], [`Agent`]: the agent process and its handle.
+//! - `agent`: the [`Agent`] process, its messages ([`AgentMsg`]) and their dispatch, with
+//!   - `agent::handle`: [`start`] and [`AgentHandle`] ([`AgentStatus`], [`AgentSnapshot`]);
+//!   - `agent::master_link`: registration, re-registration, leader following, heartbeats,
+//!     noticing a lost master;
+//!   - `agent::task_lifecycle`: launching and killing tasks, their ends, status reports.
+//! - `tasks`: the task table (running tasks, bounded completed history).
+//! - `child_process`: a task's child process (its process group, signals, reaping, exit code).
+//! - `backoff`: registration delays (random start, capped exponential backoff with jitter).
 //! - [`AgentConfig`]: masters, data directory, resources, timings.
 //! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs).
 //! - [`AgentError`]: why an agent could not start.
@@ -20,6 +27,7 @@
 
 mod agent;
 mod backoff;
+mod child_process;
 mod config;
 mod error;
 pub mod store;

@@ -6,6 +6,8 @@
 //!   [`RunTask`] holding the framework and the task with its latest state), so that a restarted
 //!   agent can tell the master what became of them;
 //! - `tasks/<task id>/`: each task's working directory, with its `stdout` and `stderr`.
+//!
+//! The agent process does this file work through `blocking`, off the runtime's threads.
 
 use std::fs;
 use std::io::{self, Write as _};
@@ -102,6 +104,18 @@ fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> 
         fs::File::open(dir)?.sync_all()?;
     }
     Ok(())
+}
+
+/// Runs blocking file work off the runtime's threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
+) -> Result<T, AgentError> {
+    tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+        Err(AgentError::StateFile {
+            path: PathBuf::new(),
+            source: std::io::Error::other(format!("file work did not finish: {e}")),
+        })
+    })
 }
 
 /// The directory of task checkpoints.

@@ -1,0 +1,253 @@
+//! Starting an agent and talking to it from outside: [`start`] reads what an earlier run left
+//! in the data directory, spawns the [`Agent`] process and registers it on the node;
+//! [`AgentHandle`] asks it for its id or a [`AgentSnapshot`] and watches its [`AgentStatus`].
+
+use std::collections::{HashSet, VecDeque};
+
+use muster_actor::{ExitReason, Node, Pid, Upid};
+use muster_proto::cluster::{
+    AgentInfo, Framework, KillTask, KillTaskReply, LaunchTasks, Ping, Pong, Resources, RunTask,
+    RunTaskReply, Task,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::master_link::{Connection, Heartbeats};
+use super::{Agent, AgentMsg, Msg};
+use crate::store::{self, blocking};
+use crate::tasks::Tasks;
+use crate::{AgentConfig, AgentError};
+
+/// Where the agent stands with the masters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AgentStatus {
+    /// Looking for the leading master: at start, or after losing the master.
+    Registering,
+    /// Registered with `master` under `agent_id`.
+    Registered {
+        /// The id the master gave the agent.
+        agent_id: String,
+        /// The master's process address, `master@host:port`.
+        master: Upid,
+    },
+    /// The agent process has ended.
+    Stopped,
+}
+
+/// What the agent knows, as of one moment: for tests and operators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AgentSnapshot {
+    /// The id the master gave the agent, once it has one.
+    pub agent_id: Option<String>,
+    /// Where the agent stands with the masters.
+    pub status: AgentStatus,
+    /// What the agent reports about itself.
+    pub info: AgentInfo,
+    /// Frameworks with running tasks.
+    pub frameworks: Vec<Framework>,
+    /// Running tasks.
+    pub tasks: Vec<Task>,
+    /// Frameworks whose tasks have all completed, oldest first.
+    pub completed_frameworks: Vec<Framework>,
+    /// Completed tasks, oldest first (at most the configured history).
+    pub completed_tasks: Vec<Task>,
+}
+
+/// A handle to a started agent.
+#[derive(Debug, Clone)]
+pub struct AgentHandle {
+    pid: Pid<Agent>,
+    upid: Upid,
+    status: watch::Receiver<AgentStatus>,
+}
+
+impl AgentHandle {
+    /// The agent process.
+    pub fn pid(&self) -> &Pid<Agent> {
+        &self.pid
+    }
+
+    /// The agent's process address, `agent@host:port`.
+    pub fn upid(&self) -> &Upid {
+        &self.upid
+    }
+
+    /// The id the master gave the agent, once it has one.
+    ///
+    /// # Errors
+    /// [`AgentError::Stopped`] if the agent process has ended.
+    pub async fn agent_id(&self) -> Result<Option<String>, AgentError> {
+        self.pid
+            .ask(|reply| AgentMsg(Msg::AgentId(reply)))
+            .await
+            .map_err(|_| AgentError::Stopped)
+    }
+
+    /// Where the agent stands with the masters, as a watch: `borrow()` for now,
+    /// `wait_for(..)` to wait for a state.
+    pub fn status(&self) -> watch::Receiver<AgentStatus> {
+        self.status.clone()
+    }
+
+    /// Waits until the agent is registered with a master (returns at once if it is) and
+    /// returns its id and the master's address.
+    ///
+    /// # Errors
+    /// [`AgentError::Stopped`] if the agent process ends first.
+    pub async fn registered(&self) -> Result<(String, Upid), AgentError> {
+        let mut status = self.status.clone();
+        let seen = status
+            .wait_for(|s| matches!(s, AgentStatus::Registered { .. } | AgentStatus::Stopped))
+            .await
+            .map_err(|_| AgentError::Stopped)?;
+        match &*seen {
+            AgentStatus::Registered { agent_id, master } => Ok((agent_id.clone(), master.clone())),
+            _ => Err(AgentError::Stopped),
+        }
+    }
+
+    /// What the agent knows now.
+    ///
+    /// # Errors
+    /// [`AgentError::Stopped`] if the agent process has ended.
+    pub async fn snapshot(&self) -> Result<AgentSnapshot, AgentError> {
+        self.pid
+            .ask(|reply| AgentMsg(Msg::Snapshot(reply)))
+            .await
+            .map_err(|_| AgentError::Stopped)
+    }
+
+    /// Stops the agent process (which kills the tasks' child processes) and waits for it to
+    /// end.
+    pub async fn stop(&self) -> ExitReason {
+        self.pid.terminate();
+        self.pid.wait().await
+    }
+}
+
+/// Starts an agent on `node`: checks the data directory, reads the stored id and task
+/// checkpoints, spawns the [`Agent`] process on the node's system, registers it as `agent` with
+/// the asks `Ping -> Pong`, `RunTask -> RunTaskReply` and `KillTask -> KillTaskReply` and the
+/// tell `LaunchTasks`, and lets
+/// it look for the leading master (after a random delay below
+/// [`registration_backoff_initial`](AgentConfig::registration_backoff_initial)).
+///
+/// Whenever a task changes state (RUNNING once its process started; FINISHED, FAILED or
+/// KILLED when it ended) the agent tells the master it is registered with a
+/// `TaskStatusUpdate`; updates that find it unregistered are sent after the next successful
+/// (re-)registration, the latest per task only.
+///
+/// An agent with a stored id re-registers under it with its full state; one without registers
+/// anew and stores the id the master gives it.
+///
+/// After every (re-)registration the agent sends the master a `Heartbeat` at once and then
+/// again at half of each TTL the master answers with. A refused heartbeat makes it re-register
+/// (that master first); `NotLeader`, a failed heartbeat, or one unanswered for
+/// [`master_silence_timeout`](AgentConfig::master_silence_timeout) with no ping meanwhile
+/// counts the master as lost. A master that does not take heartbeats is watched by its pings.
+///
+/// # Errors
+/// [`AgentError::InvalidConfig`], [`AgentError::DataDir`] if the data directory cannot be
+/// created or written, [`AgentError::StateFile`]/[`AgentError::InvalidStoredId`] for a stored id
+/// that cannot be read, [`AgentError::Node`] if a process named `agent` is already registered on
+/// the node.
+pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, AgentError> {
+    config.validate()?;
+    let masters = config.master_upids()?;
+    let upid = Upid::new("agent", node.address())
+        .map_err(|e| AgentError::Node(muster_actor::NodeError::InvalidName(e)))?;
+
+    let data_dir = config.data_dir.clone();
+    let (agent_id, checkpoints) = blocking(move || {
+        store::check_data_dir(&data_dir)?;
+        Ok((
+            store::read_agent_id(&data_dir)?,
+            store::read_checkpoints(&data_dir)?,
+        ))
+    })
+    .await?;
+
+    let mut tasks = Tasks::new(config.completed_task_history);
+    let recovered = checkpoints.len();
+    let (changed, evicted) = tasks.recover(checkpoints);
+    if recovered > 0 {
+        tracing::info!(
+            tasks = recovered,
+            lost = changed.len(),
+            "recovered task checkpoints of an earlier run"
+        );
+    }
+    let data_dir = config.data_dir.clone();
+    blocking(move || {
+        for (framework, task) in &changed {
+            store::write_checkpoint(&data_dir, framework, task).map_err(|source| {
+                AgentError::StateFile {
+                    path: data_dir.join("meta"),
+                    source,
+                }
+            })?;
+        }
+        for id in &evicted {
+            if let Err(error) = store::remove_checkpoint(&data_dir, id) {
+                tracing::warn!(task = %id, %error, "cannot remove an old task checkpoint");
+            }
+        }
+        Ok(())
+    })
+    .await?;
+
+    let (cpus, mem_mb) = config.resources;
+    let info = AgentInfo {
+        hostname: config.hostname.clone(),
+        address: upid.to_string(),
+        resources: Some(Resources { cpus, mem_mb }),
+        attributes: config
+            .attributes
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    };
+    let (status_tx, status_rx) = watch::channel(AgentStatus::Registering);
+    let agent = Agent {
+        node: node.clone(),
+        config,
+        masters,
+        info,
+        agent_id,
+        status: status_tx,
+        generation: 0,
+        connection: Connection::Waiting,
+        failed_rounds: 0,
+        lost: None,
+        last_ping: Instant::now(),
+        silence_timer: None,
+        heartbeats: Heartbeats::Unknown,
+        preferred: None,
+        linked: HashSet::new(),
+        tasks,
+        unsent_updates: VecDeque::new(),
+    };
+    let pid = node.system().spawn(agent);
+    match node.register("agent", &pid) {
+        Ok(registration) => {
+            registration
+                .install_ask::<Ping, Pong>(AgentMsg::ping)
+                .install_ask::<RunTask, RunTaskReply>(AgentMsg::run_task)
+                .install::<LaunchTasks>(AgentMsg::launch_tasks)
+                .install_ask::<KillTask, KillTaskReply>(AgentMsg::kill_task);
+        }
+        Err(e) => {
+            pid.terminate();
+            return Err(e.into());
+        }
+    }
+    if pid.tell(AgentMsg(Msg::Start)).is_err() {
+        return Err(AgentError::Stopped);
+    }
+    Ok(AgentHandle {
+        pid,
+        upid,
+        status: status_rx,
+    })
+}

@@ -1,0 +1,439 @@
+//! The agent's link to the leading master: registration rounds over the configured masters
+//! (after a random delay, with capped exponential backoff and jitter between failed rounds),
+//! following `NotLeader` hints to the leader, re-registration with the agent's full state,
+//! heartbeats at half of each TTL the master gives, and noticing that the master is gone (its
+//! link breaks, it stops answering heartbeats or, if it takes none, stops pinging). Everything
+//! that decides which master the agent talks to lives here.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use muster_actor::{AskError, Context, RemoteError, Reply, Upid};
+use muster_proto::cluster::{
+    Heartbeat, HeartbeatReply, Ping, Pong, RegisterAgent, RegistrationReply, ReregisterAgent,
+    heartbeat_reply, registration_reply,
+};
+use tokio::time::Instant;
+
+use super::{Agent, AgentMsg, AgentStatus, Msg};
+use crate::backoff;
+use crate::store::{self, blocking};
+
+/// How many `NotLeader` redirects one registration round follows before it gives up on them
+/// (standbys that point at each other must not keep the agent busy forever).
+const MAX_REDIRECTS: u32 = 8;
+
+/// The shortest wait between two heartbeats, whatever TTL the master gives.
+const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(10);
+
+/// Where the agent is in finding a master.
+#[derive(Debug)]
+pub(super) enum Connection {
+    /// Waiting for the delay before the next round.
+    Waiting,
+    /// A round is on: a request to one master is out, `queue` are the ones left to try.
+    Trying {
+        queue: VecDeque<Upid>,
+        redirects: u32,
+    },
+    /// Registered with this master.
+    Registered { master: Upid },
+}
+
+/// Whether the current master takes heartbeats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Heartbeats {
+    /// Not known yet: the first heartbeat is out.
+    Unknown,
+    /// It answers them with TTLs: its answers (within the master-silence timeout) say it is
+    /// there.
+    Active,
+    /// It does not (a master from before heartbeats): its pings say it is there.
+    Unsupported,
+}
+
+impl Agent {
+    /// Any ping while registered counts as the master being there: the address a master
+    /// names itself by may differ from the one the agent reached it at (`localhost` against
+    /// `127.0.0.1`), and strictness would make the agent re-register for nothing. A master that
+    /// is really gone is noticed by its link.
+    pub(super) fn on_ping(&mut self, ping: &Ping, reply: Reply<Pong>) {
+        if let Connection::Registered { master } = &self.connection {
+            if !ping.master.is_empty() && ping.master != master.to_string() {
+                tracing::debug!(from = %ping.master, %master, "ping from another master address");
+            }
+            self.last_ping = Instant::now();
+        }
+        reply.send(Pong {
+            agent_id: self.agent_id.clone().unwrap_or_default(),
+        });
+    }
+
+    // ---- finding a master -------------------------------------------------------------------
+
+    /// Sends `Round` for the current generation after `delay`.
+    pub(super) fn schedule_round(&mut self, ctx: &mut Context<Self>, delay: Duration) {
+        self.connection = Connection::Waiting;
+        let generation = self.generation;
+        ctx.delay(delay, AgentMsg(Msg::Round { generation }));
+    }
+
+    /// Starts a round over the configured masters, the one lost last at the end.
+    pub(super) fn begin_round(&mut self, ctx: &mut Context<Self>) {
+        let mut queue: VecDeque<Upid> = self
+            .masters
+            .iter()
+            .filter(|m| Some(*m) != self.lost.as_ref())
+            .cloned()
+            .collect();
+        if let Some(lost) = &self.lost
+            && self.masters.contains(lost)
+        {
+            queue.push_back(lost.clone());
+        }
+        if let Some(preferred) = self.preferred.take() {
+            queue.retain(|m| *m != preferred);
+            queue.push_front(preferred);
+        }
+        self.connection = Connection::Trying {
+            queue,
+            redirects: 0,
+        };
+        self.try_next(ctx);
+    }
+
+    /// Asks the next master of the round, or ends the round with a backoff if none is left.
+    fn try_next(&mut self, ctx: &mut Context<Self>) {
+        let Connection::Trying { queue, .. } = &mut self.connection else {
+            return;
+        };
+        let Some(master) = queue.pop_front() else {
+            self.round_failed(ctx, "no master accepted the agent");
+            return;
+        };
+        let remote = self.node.remote(master.clone());
+        let timeout = self.config.ask_timeout;
+        let generation = self.generation;
+        let reply_to = master.clone();
+        let ask: std::pin::Pin<
+            Box<dyn Future<Output = Result<RegistrationReply, AskError>> + Send>,
+        > = match &self.agent_id {
+            Some(agent_id) => {
+                let request = self.reregister_request(agent_id);
+                tracing::info!(
+                    %master,
+                    agent_id,
+                    tasks = request.tasks.len(),
+                    completed_tasks = request.completed_tasks.len(),
+                    "re-registering"
+                );
+                Box::pin(async move {
+                    remote
+                        .ask_timeout::<ReregisterAgent, RegistrationReply>(timeout, request)
+                        .await
+                })
+            }
+            None => {
+                tracing::info!(%master, "registering");
+                let request = RegisterAgent {
+                    info: Some(self.info.clone()),
+                };
+                Box::pin(async move {
+                    remote
+                        .ask_timeout::<RegisterAgent, RegistrationReply>(timeout, request)
+                        .await
+                })
+            }
+        };
+        ctx.defer(ask, move |_agent: &mut Agent, ctx, result| {
+            let _ = ctx.pid().tell(AgentMsg(Msg::Replied {
+                generation,
+                master: reply_to,
+                result,
+            }));
+        });
+    }
+
+    fn reregister_request(&self, agent_id: &str) -> ReregisterAgent {
+        ReregisterAgent {
+            agent_id: agent_id.to_owned(),
+            info: Some(self.info.clone()),
+            frameworks: self.tasks.frameworks(),
+            tasks: self.tasks.running(),
+            completed_frameworks: self.tasks.completed_frameworks(),
+            completed_tasks: self.tasks.completed(),
+        }
+    }
+
+    /// No master took the agent this round: wait (capped exponential backoff with jitter)
+    /// and try again.
+    fn round_failed(&mut self, ctx: &mut Context<Self>, why: &str) {
+        self.failed_rounds = self.failed_rounds.saturating_add(1);
+        let delay = backoff::round_delay(
+            self.config.registration_backoff_initial,
+            self.config.registration_backoff_max,
+            self.failed_rounds,
+            fastrand::f64(),
+        );
+        tracing::warn!(
+            rounds = self.failed_rounds,
+            retry_in = ?delay,
+            "{why}; trying again later"
+        );
+        self.schedule_round(ctx, delay);
+    }
+
+    pub(super) async fn on_reply(
+        &mut self,
+        ctx: &mut Context<Self>,
+        master: Upid,
+        result: Result<RegistrationReply, AskError>,
+    ) {
+        let reply = match result {
+            Ok(reply) => reply,
+            Err(error) => {
+                tracing::info!(%master, %error, "master did not answer; trying the next");
+                self.try_next(ctx);
+                return;
+            }
+        };
+        match reply.result {
+            Some(registration_reply::Result::AgentId(id)) if !id.is_empty() => {
+                self.registered(ctx, master, id).await;
+            }
+            Some(registration_reply::Result::AgentId(_)) => {
+                tracing::warn!(%master, "master admitted the agent under an empty id; trying the next");
+                self.try_next(ctx);
+            }
+            Some(registration_reply::Result::NotLeader(hint)) => {
+                self.follow(ctx, &master, &hint.leader)
+            }
+            Some(registration_reply::Result::Refused(reason)) => {
+                tracing::warn!(%master, %reason, "master refused the registration");
+                self.round_failed(ctx, &format!("{master} refused the agent: {reason}"));
+            }
+            None => {
+                tracing::warn!(%master, "registration reply without a result; trying the next");
+                self.try_next(ctx);
+            }
+        }
+    }
+
+    /// A standby answered `NotLeader`: go to the leader it names, or to the next master if it
+    /// names none (or too many redirects happened this round).
+    fn follow(&mut self, ctx: &mut Context<Self>, from: &Upid, leader: &str) {
+        let Connection::Trying { queue, redirects } = &mut self.connection else {
+            return;
+        };
+        if leader.is_empty() {
+            tracing::info!(%from, "master is not the leader and knows no leader; trying the next");
+        } else if *redirects >= MAX_REDIRECTS {
+            tracing::warn!(%from, %leader, "too many redirects this round; trying the next master");
+        } else {
+            // A bare `host:port` is taken as that node's master process.
+            let hint = leader
+                .parse::<Upid>()
+                .or_else(|_| Upid::new("master", leader));
+            match hint {
+                Ok(upid) if upid == *from => {
+                    tracing::warn!(%from, "master says it is not the leader but names itself");
+                }
+                Ok(upid) => {
+                    tracing::info!(%from, leader = %upid, "master is not the leader; following its hint");
+                    *redirects += 1;
+                    queue.retain(|m| *m != upid);
+                    queue.push_front(upid);
+                }
+                Err(error) => {
+                    tracing::warn!(%from, %leader, %error, "ignoring an unusable leader hint");
+                }
+            }
+        }
+        self.try_next(ctx);
+    }
+
+    /// A master admitted the agent: remember it, store a new id, link to it and watch for its
+    /// pings.
+    async fn registered(&mut self, ctx: &mut Context<Self>, master: Upid, id: String) {
+        // One link per master: a link's notice comes once, and re-registering with a master
+        // whose link still stands must not pile up watchers on it.
+        if self.linked.insert(master.clone()) {
+            ctx.link_remote(&self.node.remote(master.clone()));
+        }
+        self.connection = Connection::Registered {
+            master: master.clone(),
+        };
+        self.failed_rounds = 0;
+        self.lost = None;
+        self.last_ping = Instant::now();
+        self.heartbeats = Heartbeats::Unknown;
+        self.arm_silence_timer(ctx, self.config.master_silence_timeout);
+
+        if self.agent_id.as_deref() != Some(id.as_str()) {
+            if let Some(old) = &self.agent_id {
+                tracing::warn!(%master, old, new = %id, "master gave the agent a new id");
+            }
+            self.agent_id = Some(id.clone());
+            let data_dir = self.config.data_dir.clone();
+            let stored = id.clone();
+            if let Err(error) = blocking(move || store::write_agent_id(&data_dir, &stored)).await {
+                tracing::error!(%error, "cannot store the agent id; a restarted agent will register anew");
+            }
+        }
+        tracing::info!(%master, agent_id = %id, "registered");
+        self.status.send_replace(AgentStatus::Registered {
+            agent_id: id,
+            master,
+        });
+        self.send_updates();
+        self.send_heartbeat(ctx);
+    }
+
+    // ---- heartbeats -------------------------------------------------------------------------
+
+    /// Sends a heartbeat to the master the agent is registered with; the answer comes back as
+    /// a continuation. It may wait up to the master-silence timeout.
+    pub(super) fn send_heartbeat(&mut self, ctx: &mut Context<Self>) {
+        let (Connection::Registered { master }, Some(agent_id)) =
+            (&self.connection, &self.agent_id)
+        else {
+            return;
+        };
+        let remote = self.node.remote(master.clone());
+        let timeout = self.config.master_silence_timeout;
+        let heartbeat = Heartbeat {
+            agent_id: agent_id.clone(),
+        };
+        let generation = self.generation;
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<Heartbeat, HeartbeatReply>(timeout, heartbeat)
+                    .await
+            },
+            move |agent: &mut Agent, ctx, answered| {
+                if generation == agent.generation {
+                    agent.on_heartbeat_answer(ctx, answered);
+                }
+            },
+        );
+    }
+
+    /// The master answered a heartbeat (or did not): heartbeat again at half the TTL it gave,
+    /// re-register if it refused, look for the leader if it is no longer it or cannot be
+    /// reached.
+    fn on_heartbeat_answer(
+        &mut self,
+        ctx: &mut Context<Self>,
+        answered: Result<HeartbeatReply, AskError>,
+    ) {
+        let Connection::Registered { master } = &self.connection else {
+            return;
+        };
+        let master = master.clone();
+        match answered.map(|reply| reply.result) {
+            Ok(Some(heartbeat_reply::Result::TtlMs(ttl_ms))) => {
+                if self.heartbeats != Heartbeats::Active {
+                    tracing::debug!(%master, ttl_ms, "the master takes heartbeats");
+                    self.heartbeats = Heartbeats::Active;
+                    // From now on a heartbeat that stays unanswered says the master is gone;
+                    // a long TTL must not look like silence.
+                    if let Some(timer) = self.silence_timer.take() {
+                        timer.cancel();
+                    }
+                }
+                self.last_ping = Instant::now();
+                let next = (Duration::from_millis(ttl_ms) / 2).max(MIN_HEARTBEAT_INTERVAL);
+                let generation = self.generation;
+                ctx.delay(next, AgentMsg(Msg::SendHeartbeat { generation }));
+            }
+            Ok(Some(heartbeat_reply::Result::Refused(reason))) => {
+                tracing::warn!(%master, %reason, "master refused the heartbeat; re-registering");
+                self.reregister_with(ctx, master);
+            }
+            Ok(Some(heartbeat_reply::Result::NotLeader(hint))) => {
+                tracing::warn!(%master, leader = %hint.leader, "master no longer leads; re-registering");
+                self.lose_master(ctx);
+            }
+            Ok(None) => {
+                tracing::warn!(%master, "heartbeat reply without a result; re-registering");
+                self.lose_master(ctx);
+            }
+            Err(AskError::Remote(RemoteError::UnknownType(_))) => {
+                tracing::info!(%master, "master does not take heartbeats; going by its pings");
+                self.heartbeats = Heartbeats::Unsupported;
+            }
+            Err(AskError::Timeout(waited)) if self.last_ping.elapsed() < waited => {
+                // It still pings, so it is there: try again.
+                tracing::debug!(%master, "heartbeat unanswered but the master pings; again");
+                self.send_heartbeat(ctx);
+            }
+            Err(error) => {
+                tracing::warn!(%master, %error, "heartbeat failed; counting the master as lost");
+                self.lose_master(ctx);
+            }
+        }
+    }
+
+    /// The master leads but wants the agent to re-register: do so, with it first, after a
+    /// short random delay (a master that lost many agents at once must not get them all
+    /// back at once).
+    fn reregister_with(&mut self, ctx: &mut Context<Self>, master: Upid) {
+        self.generation += 1;
+        if let Some(timer) = self.silence_timer.take() {
+            timer.cancel();
+        }
+        self.failed_rounds = 0;
+        self.lost = None;
+        self.preferred = Some(master);
+        self.status.send_replace(AgentStatus::Registering);
+        let delay =
+            backoff::initial_delay(self.config.registration_backoff_initial, fastrand::f64());
+        self.schedule_round(ctx, delay);
+    }
+
+    // ---- master silence ---------------------------------------------------------------------
+
+    fn arm_silence_timer(&mut self, ctx: &mut Context<Self>, after: Duration) {
+        if let Some(timer) = self.silence_timer.take() {
+            timer.cancel();
+        }
+        let generation = self.generation;
+        self.silence_timer = Some(ctx.delay(after, AgentMsg(Msg::CheckSilence { generation })));
+    }
+
+    pub(super) fn check_silence(&mut self, ctx: &mut Context<Self>) {
+        let Connection::Registered { master } = &self.connection else {
+            return;
+        };
+        if self.heartbeats == Heartbeats::Active {
+            // Unanswered heartbeats are what count now.
+            return;
+        }
+        let silent = self.last_ping.elapsed();
+        let limit = self.config.master_silence_timeout;
+        if silent >= limit {
+            tracing::warn!(%master, ?silent, "no ping from the master; re-registering");
+            self.lose_master(ctx);
+        } else {
+            self.arm_silence_timer(ctx, limit - silent);
+        }
+    }
+
+    /// The master is gone (link lost, or silent): look for a master again, after a random
+    /// delay so that the agents that lost it together do not all come back at once.
+    pub(super) fn lose_master(&mut self, ctx: &mut Context<Self>) {
+        if let Connection::Registered { master } = &self.connection {
+            self.lost = Some(master.clone());
+        }
+        self.generation += 1;
+        if let Some(timer) = self.silence_timer.take() {
+            timer.cancel();
+        }
+        self.failed_rounds = 0;
+        self.status.send_replace(AgentStatus::Registering);
+        let delay =
+            backoff::initial_delay(self.config.registration_backoff_initial, fastrand::f64());
+        self.schedule_round(ctx, delay);
+    }
+}
