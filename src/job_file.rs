@@ -1,10 +1,11 @@
-//! The TOML form of a job (`muster job run FILE`), read into the wire form.
+//! The TOML form of a job (`muster job run FILE`), read into the wire form
+//! (`muster.model.v1.Job`).
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::Context as _;
-use muster::proto::cluster as pb;
+use anyhow::{Context as _, bail};
+use muster::proto::model as pb;
 use serde::Deserialize;
 
 /// A job file: the job's name, type and priority, and its task groups.
@@ -50,44 +51,67 @@ struct ConstraintFile {
     value: String,
 }
 
-/// Reads a job file. The master validates the job; this only checks the file's shape, and its
-/// errors name the file and the key.
-pub(crate) fn read(path: &Path) -> anyhow::Result<pb::JobSpec> {
+/// Reads a job file. The master validates the job; this only checks the file's shape and its
+/// words (`type`, `operator`), and its errors name the file and the key.
+pub(crate) fn read(path: &Path) -> anyhow::Result<pb::Job> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the job file {}", path.display()))?;
     parse(&text).with_context(|| format!("bad job file {}", path.display()))
 }
 
-fn parse(text: &str) -> anyhow::Result<pb::JobSpec> {
+fn scheduler(kind: &str) -> anyhow::Result<pb::SchedulerType> {
+    Ok(match kind {
+        "" => pb::SchedulerType::Unspecified,
+        "service" => pb::SchedulerType::Service,
+        "batch" => pb::SchedulerType::Batch,
+        "system" => pb::SchedulerType::System,
+        other => bail!("type: {other:?} is not service, batch or system"),
+    })
+}
+
+fn operator(word: &str, at: &str) -> anyhow::Result<pb::ConstraintOp> {
+    Ok(match word {
+        "" => pb::ConstraintOp::Unspecified,
+        "=" | "==" => pb::ConstraintOp::Equal,
+        "!=" => pb::ConstraintOp::NotEqual,
+        other => bail!("{at}.operator: {other:?} is not = or !="),
+    })
+}
+
+fn parse(text: &str) -> anyhow::Result<pb::Job> {
     let file: JobFile = toml::from_str(text)?;
-    Ok(pb::JobSpec {
+    let mut groups = Vec::with_capacity(file.groups.len());
+    for (i, g) in file.groups.into_iter().enumerate() {
+        let mut constraints = Vec::with_capacity(g.constraints.len());
+        for (c, constraint) in g.constraints.into_iter().enumerate() {
+            let op = operator(&constraint.operator, &format!("group[{i}].constraint[{c}]"))?;
+            constraints.push(pb::Constraint {
+                attribute: constraint.attribute,
+                op: op as i32,
+                value: constraint.value,
+            });
+        }
+        groups.push(pb::TaskGroup {
+            name: g.name,
+            count: g.count,
+            resources: Some(pb::Resources {
+                cpus: g.cpus,
+                mem_mb: g.mem_mb,
+            }),
+            command: g.command,
+            args: g.args,
+            env: g.env,
+            constraints,
+            spec_version: 0,
+        });
+    }
+    Ok(pb::Job {
         name: file.name,
         priority: file.priority,
-        r#type: file.kind,
-        groups: file
-            .groups
-            .into_iter()
-            .map(|g| pb::TaskGroupSpec {
-                name: g.name,
-                count: g.count,
-                resources: Some(pb::Resources {
-                    cpus: g.cpus,
-                    mem_mb: g.mem_mb,
-                }),
-                command: g.command,
-                args: g.args,
-                env: g.env,
-                constraints: g
-                    .constraints
-                    .into_iter()
-                    .map(|c| pb::ConstraintSpec {
-                        attribute: c.attribute,
-                        operator: c.operator,
-                        value: c.value,
-                    })
-                    .collect(),
-            })
-            .collect(),
+        scheduler: scheduler(&file.kind)? as i32,
+        groups,
+        stopped: false,
+        version: 0,
     })
 }
 
@@ -102,7 +126,7 @@ mod tests {
             "/examples/jobs/hello.toml"
         )))?;
         assert_eq!(spec.name, "hello");
-        assert_eq!(spec.r#type, "batch");
+        assert_eq!(spec.scheduler, pb::SchedulerType::Batch as i32);
         assert_eq!(spec.groups[0].count, 1);
         assert_eq!(spec.groups[0].env["MUSTER_GREETING"], "one");
         Ok(())
@@ -118,5 +142,13 @@ mod tests {
         let missing = parse("name = \"x\"\n[[group]]\nname = \"g\"\ncpus = 1\nmem_mb = 1\n");
         let text = format!("{:#}", missing.expect_err("missing command"));
         assert!(text.contains("command"), "{text}");
+        let kind = parse("name = \"x\"\ntype = \"cron\"\n");
+        let text = format!("{:#}", kind.expect_err("unknown type"));
+        assert!(text.contains("type") && text.contains("cron"), "{text}");
+        let op = parse(
+            "name = \"x\"\n[[group]]\nname = \"g\"\ncommand = \"c\"\ncpus = 1\nmem_mb = 1\n[[group.constraint]]\nattribute = \"rack\"\noperator = \"~\"\nvalue = \"r1\"\n",
+        );
+        let text = format!("{:#}", op.expect_err("unknown operator"));
+        assert!(text.contains("group[0].constraint[0].operator"), "{text}");
     }
 }

@@ -4,6 +4,7 @@
 //! `muster` alone:
 //! - [`actor`]: processes, pids, mailboxes, links, timers, pools, supervision, remote nodes
 //!   (`muster-actor`);
+//! - [`model`]: the domain types: agents, resources, jobs, evaluations, tasks (`muster-model`);
 //! - [`proto`]: the generated wire types (`muster-proto`);
 //! - [`registry`]: the replicated registry, openraft on sled (`muster-registry`);
 //! - [`master`]: the master process and server (`muster-master`);
@@ -17,6 +18,7 @@
 pub use muster_actor as actor;
 pub use muster_agent as agent;
 pub use muster_master as master;
+pub use muster_model as model;
 pub use muster_proto as proto;
 pub use muster_registry as registry;
 pub use muster_scheduler as scheduler;

@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         root.join("muster/transport/v1/transport.proto"),
         root.join("muster/example/v1/ping.proto"),
         root.join("muster/registry/v1/raft.proto"),
+        root.join("muster/model/v1/model.proto"),
         root.join("muster/cluster/v1/cluster.proto"),
         root.join("muster/scheduling/v1/scheduling.proto"),
     ];

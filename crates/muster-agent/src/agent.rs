@@ -22,9 +22,9 @@ use muster_actor::{
     AskError, Context, ExitReason, Node, Process, ProcessRef, Reply, TimerHandle, Upid,
 };
 use muster_proto::cluster::{
-    AgentInfo, KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RegistrationReply, RunTask,
-    RunTaskReply, Task,
+    KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RegistrationReply, RunTask, RunTaskReply,
 };
+use muster_proto::model::{AgentInfo, Task};
 use tokio::sync::watch;
 use tokio::time::Instant;
 

@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
-use muster_proto::cluster::Task;
+use muster_proto::model::Task;
 use tokio::sync::oneshot;
 
 /// How a task's child process ended.

@@ -14,7 +14,8 @@ use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use muster_proto::cluster::{Framework, RunTask, Task};
+use muster_proto::cluster::{Framework, RunTask};
+use muster_proto::model::Task;
 use prost::Message as _;
 
 use crate::AgentError;

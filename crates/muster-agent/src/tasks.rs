@@ -5,7 +5,8 @@ use std::collections::{BTreeMap, VecDeque};
 use std::time::Duration;
 
 use muster_actor::TimerHandle;
-use muster_proto::cluster::{Framework, Task, TaskState};
+use muster_proto::cluster::Framework;
+use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
 use crate::store::Checkpoint;

@@ -9,10 +9,10 @@ use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle, AgentSnapshot, AgentStatus};
 use muster_proto::cluster::{
-    Framework, KillTask, KillTaskReply, LaunchTasks, NotLeader, Ping, Pong, RegisterAgent,
-    RegistrationReply, ReregisterAgent, RunTask, RunTaskReply, Task, TaskState, TaskStatusUpdate,
-    registration_reply,
+    Framework, KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RegisterAgent, RegistrationReply,
+    ReregisterAgent, RunTask, RunTaskReply, TaskStatusUpdate, registration_reply,
 };
+use muster_proto::model::{NotLeader, Task, TaskState};
 use tokio::sync::mpsc;
 
 /// How long any one expected event may take before the test fails.

@@ -1,17 +1,19 @@
 //! The blocked-queue: evaluations that found no capacity, released when capacity changes
-//! (Nomad's blocked evals, seed 002).
+//! (Nomad's blocked evals).
 //!
 //! [`BlockedEvals`] is one process that owns all of the queue's state. Callers
 //! [`tell`](muster_actor::Pid::tell) it what happened and return at once: a scheduler that could
 //! not place everything sends [`BlockedMsg::Block`], the master sends
 //! [`BlockedMsg::CapacityChanged`] when an agent joins or tasks finish, and
 //! [`BlockedMsg::Untrack`] when a job stops. Nothing is shared with callers, so nothing contends
-//! on a lock: the story of seed 002 is what happens otherwise.
+//! on a lock. Nomad moved its blocked-evals queue onto one goroutine for the same reason
+//! (hashicorp/nomad pull request "blocked evals queue on a single goroutine", December 2025).
 //!
 //! # Semantics
 //! - A capacity change releases exactly the blocked evaluations with at least one [`Demand`]
-//!   that fits the agent's free resources (cpus and memory both) and whose constraints all
-//!   admit the agent's attributes.
+//!   that fits the agent's free resources by the model's one rule
+//!   ([`Resources::fits_in`]: cpus and memory both) and whose constraints all admit the
+//!   agent's attributes.
 //! - A change the scheduler did not see (its index is after the evaluation's
 //!   `snapshot_index`) and that would have released the evaluation releases it as soon as it
 //!   is blocked ("missed unblock"). The queue remembers the last
@@ -35,19 +37,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 
 use muster_actor::{Context, Process, Reply};
-use muster_registry::jobs::{Constraint, EvalId, EvalStatus, Evaluation, SchedulerType};
-use muster_registry::{AgentId, Resources};
+use muster_model::{
+    AgentId, Constraint, Demand, EvalId, EvalStatus, Evaluation, Resources, SchedulerType,
+};
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
-
-/// What one task group with unplaced tasks needs: the resources of one task and where it may
-/// run.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Demand {
-    /// The resources one task needs.
-    pub resources: Resources,
-    /// Conditions on the agent's attributes; all must admit.
-    pub constraints: Vec<Constraint>,
-}
 
 /// An evaluation the scheduler could not fully place, with what it could not place.
 #[derive(Clone, Debug, PartialEq)]
@@ -241,8 +234,8 @@ struct PastChange {
 }
 
 /// Maps cpus to an ordered key. NaN and negative amounts count as zero, so a malformed demand
-/// is released by the next admitted change rather than never, and a malformed offer fits only
-/// demands of no cpus.
+/// is released by the next admitted change rather than never. A change's free cpus are keyed by
+/// their [`Resources::cpu_headroom`], so "key at or below" is exactly [`Resources::fits_in`].
 fn cpu_key(cpus: f64) -> CpuKey {
     if cpus.is_nan() || cpus <= 0.0 {
         0.0f64.to_bits()
@@ -263,7 +256,7 @@ fn shape(demand: &Demand) -> Shape {
 }
 
 fn admits(constraints: &[Constraint], attributes: &BTreeMap<String, String>) -> bool {
-    constraints.iter().all(|c| c.admits(attributes))
+    Constraint::all_admit(constraints, attributes)
 }
 
 /// Whether `candidate` is newer than `current` (ties go to the candidate: it arrived last).
@@ -487,7 +480,7 @@ impl BlockedEvals {
 
     fn capacity_changed(&mut self, change: CapacityChange, out: &mut Outcome) {
         let mem_mb = change.free.mem_mb;
-        let cpus = cpu_key(change.free.cpus);
+        let cpus = cpu_key(change.free.cpu_headroom());
         if self.enabled {
             let mut fitting: Vec<Key> = Vec::new();
             for group in self.groups.values() {

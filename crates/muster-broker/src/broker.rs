@@ -1,4 +1,4 @@
-//! The evaluation broker, with Nomad's semantics (seed 000).
+//! The evaluation broker, with Nomad's semantics (the Nomad blog post "Load shedding in the Nomad eval broker").
 //!
 //! - **ready** queues, one per scheduler type, ordered by priority then age;
 //! - **unacked**: evaluations handed to a worker with a token and a nack timer;
@@ -25,7 +25,7 @@ use std::{fmt, mem};
 use tokio::time::Instant;
 
 use muster_actor::{Context, Pid, Process, Reply, TimerHandle};
-use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
+use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
 use muster_registry::{Op, Registrar, RegistrarMsg};
 
 /// Where the broker writes evaluation status changes (cancellations, failures): one call is

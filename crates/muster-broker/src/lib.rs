@@ -1,7 +1,7 @@
 //! Muster's evaluation broker and blocked-queue, with Nomad's semantics.
 //!
 //! Both are processes of the actor runtime living beside the leading master, each the one owner
-//! of its state: callers send and return, and nothing contends on a lock (seed 002).
+//! of its state: callers send and return, and nothing contends on a lock.
 //!
 //! # Layout
 //! - [`broker`]: [`EvalBroker`], the ready / unacked / pending / cancelable / failed queues,
@@ -14,7 +14,7 @@ pub mod broker;
 
 pub use blocked::{
     BlockedConfig, BlockedEval, BlockedEvals, BlockedMsg, BlockedSink, BlockedStats,
-    CapacityChange, ChannelSink, Demand, SinkReceivers,
+    CapacityChange, ChannelSink, SinkReceivers,
 };
 pub use broker::{
     BrokerConfig, BrokerError, BrokerMsg, BrokerStats, Delivery, EvalBroker, QueueStats,

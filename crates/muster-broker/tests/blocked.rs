@@ -11,12 +11,12 @@ use std::time::{Duration, Instant};
 use muster_actor::{Pid, System};
 use muster_broker::blocked::{
     BlockedConfig, BlockedEval, BlockedEvals, BlockedMsg, BlockedStats, CapacityChange,
-    ChannelSink, Demand, SinkReceivers,
+    ChannelSink, SinkReceivers,
 };
-use muster_registry::jobs::{
-    Constraint, ConstraintOp, EvalId, EvalStatus, Evaluation, SchedulerType, Trigger,
+use muster_model::{
+    AgentId, Constraint, ConstraintOp, Demand, EvalId, EvalStatus, Evaluation, Resources,
+    SchedulerType, Trigger,
 };
-use muster_registry::{AgentId, Resources};
 
 fn eval(id: &str, job: &str, create_index: u64, snapshot_index: u64) -> Evaluation {
     Evaluation {
@@ -184,6 +184,40 @@ async fn a_change_releases_exactly_the_evaluations_that_fit_and_are_admitted() {
     assert_eq!(s.total_blocked, 0);
     assert!(s.by_scheduler.is_empty());
     assert_eq!(s.total_unblocked, 8);
+}
+
+#[tokio::test]
+async fn the_queue_releases_what_the_fit_rule_says_fits() {
+    // 0.1 + 0.2 is not 0.3 in floating point; schedulers and the plan applier still place a
+    // 0.1 + 0.2 cpu task on 0.3 free cpus, so the queue must release it too.
+    let need = 0.1 + 0.2;
+    let free = Resources {
+        cpus: 0.3,
+        mem_mb: 64,
+    };
+    assert!(
+        Resources {
+            cpus: need,
+            mem_mb: 64
+        }
+        .fits_in(&free),
+        "the model's rule"
+    );
+    let (queue, mut rx) = start(BlockedConfig::default());
+    tell(
+        &queue,
+        blocked(
+            eval("fractional", "j1", 1, 0),
+            vec![demand(need, 64, vec![])],
+        ),
+    );
+    tell(
+        &queue,
+        blocked(eval("too-big", "j2", 2, 0), vec![demand(0.31, 64, vec![])]),
+    );
+    tell(&queue, change("r1", free.cpus, free.mem_mb, 1));
+    assert!(blocked_ids(&queue).await == set(&["too-big"]));
+    assert_eq!(ids(&batches(&mut rx.unblocked)), set(&["fractional"]));
 }
 
 #[tokio::test]
@@ -469,9 +503,8 @@ fn fits(demands: &[Demand], change: &CapacityChange) -> bool {
         demands
     };
     demands.iter().any(|d| {
-        d.resources.cpus <= change.free.cpus
-            && d.resources.mem_mb <= change.free.mem_mb
-            && d.constraints.iter().all(|c| c.admits(&change.attributes))
+        d.resources.fits_in(&change.free)
+            && Constraint::all_admit(&d.constraints, &change.attributes)
     })
 }
 

@@ -9,8 +9,8 @@ use muster_actor::{Pid, System};
 use muster_broker::{
     BrokerConfig, BrokerError, BrokerMsg, BrokerStats, Delivery, EvalBroker, RegistryWriter,
 };
+use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
 use muster_registry::Op;
-use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
 
 /// Records every registry write the broker makes.
 #[derive(Clone, Default)]

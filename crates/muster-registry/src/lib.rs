@@ -6,15 +6,14 @@
 //! state machine in sled ([`store`]), and raft traffic travels over tonic ([`network`]).
 //!
 //! # Layout
-//! - [`types`]: the raft type config, agent records, [`Op`]s and their outcomes.
-//! - [`jobs`]: jobs and evaluations.
+//! - [`types`]: the raft type config, [`Op`]s and their outcomes. What they carry (agents,
+//!   jobs, evaluations) is `muster-model`'s.
 //! - [`RegistryState`]: the contents and the rules that change them.
 //! - [`store`]: the sled log and state machine.
 //! - [`network`]: the raft client and server over tonic.
 //! - [`RegistryNode`]: one master's raft member, started from a [`RegistryConfig`].
 //! - [`Registrar`]: the batching writer process.
 
-pub mod jobs;
 pub mod network;
 mod node;
 mod registrar;
@@ -28,4 +27,4 @@ pub use registrar::{
 };
 pub use state::{ENDED_EVALS_KEPT_PER_JOB, RegistryState};
 pub use store::RegistryReader;
-pub use types::{AgentId, AgentInfo, Op, OpError, Outcome, Resources, UnreachableAgent};
+pub use types::{Op, OpError, Outcome};

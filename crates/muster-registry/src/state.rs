@@ -7,8 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{EvalId, EvalStatus, Evaluation, Job};
-use crate::types::{AgentId, AgentInfo, Op, OpError, Outcome, UnreachableAgent};
+use muster_model::{AgentId, AgentInfo, EvalId, EvalStatus, Evaluation, Job, UnreachableAgent};
+
+use crate::types::{Op, OpError, Outcome};
 
 /// How many ended (complete, failed, canceled) evaluations the registry keeps per job, newest
 /// first; older ones are collected as soon as a newer one ends. Pending and blocked
@@ -271,7 +272,7 @@ mod tests {
 
     #[test]
     fn jobs_get_versions_and_evals_get_indexes_and_statuses() {
-        use crate::jobs::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
+        use muster_model::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
         let mut state = RegistryState::default();
         let job = Job {
             name: "web".into(),
@@ -302,7 +303,7 @@ mod tests {
 
         let canceled = state.apply(
             Op::SetEvalStatus {
-                ids: vec![eval.id.clone(), crate::jobs::EvalId("unknown".into())],
+                ids: vec![eval.id.clone(), muster_model::EvalId("unknown".into())],
                 status: EvalStatus::Canceled,
                 description: "newer".into(),
             },
@@ -316,7 +317,7 @@ mod tests {
 
     #[test]
     fn ended_evaluations_past_the_limit_are_collected_oldest_first() {
-        use crate::jobs::{Evaluation, Job, SchedulerType, Trigger};
+        use muster_model::{Evaluation, Job, SchedulerType, Trigger};
         let job = |name: &str| Job {
             name: name.into(),
             priority: 50,
@@ -388,8 +389,8 @@ mod tests {
     }
 
     /// A job of `groups`, each given as (name, count, command).
-    fn job_of(groups: &[(&str, u32, &str)]) -> crate::jobs::Job {
-        use crate::jobs::{Job, SchedulerType, TaskGroup};
+    fn job_of(groups: &[(&str, u32, &str)]) -> muster_model::Job {
+        use muster_model::{Job, SchedulerType, TaskGroup};
         Job {
             name: "web".into(),
             priority: 50,
@@ -409,7 +410,7 @@ mod tests {
     }
 
     /// Stores `job` and returns each of its groups' spec versions, by name.
-    fn spec_versions(state: &mut RegistryState, job: crate::jobs::Job) -> Vec<(String, u64)> {
+    fn spec_versions(state: &mut RegistryState, job: muster_model::Job) -> Vec<(String, u64)> {
         let name = job.name.clone();
         state.apply_at(Op::UpsertJob(job)).expect("stored");
         state.jobs[&name]
@@ -466,9 +467,9 @@ mod tests {
             spec_versions(&mut state, job.clone()),
             pairs(&[("a", 6), ("b", 5)])
         );
-        job.groups[1].constraints.push(crate::jobs::Constraint {
+        job.groups[1].constraints.push(muster_model::Constraint {
             attribute: "rack".into(),
-            op: crate::jobs::ConstraintOp::Equal,
+            op: muster_model::ConstraintOp::Equal,
             value: "r1".into(),
         });
         assert_eq!(spec_versions(&mut state, job), pairs(&[("a", 6), ("b", 7)]));

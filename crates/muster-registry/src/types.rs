@@ -1,12 +1,11 @@
 //! What the registry stores and the operations that change it.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Cursor; // `declare_raft_types!` names `Cursor` unqualified.
 
 use serde::{Deserialize, Serialize};
 
-use crate::jobs::{EvalId, EvalStatus, Evaluation, Job};
+use muster_model::{AgentId, AgentInfo, EvalId, EvalStatus, Evaluation, Job};
 
 openraft::declare_raft_types!(
     /// openraft's type configuration for the registry: a raft entry carries a [`Batch`] of
@@ -23,47 +22,6 @@ pub type NodeId = u64;
 
 /// The raft handle of a registry node.
 pub type Raft = openraft::Raft<TypeConfig>;
-
-/// An agent's id, assigned by the registry when the agent is first admitted (`agent-1`, ...).
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct AgentId(pub String);
-
-impl fmt::Display for AgentId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-/// Resources an agent offers.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct Resources {
-    /// CPU cores (fractions allowed).
-    pub cpus: f64,
-    /// Memory in MiB.
-    pub mem_mb: u64,
-}
-
-/// What the registry remembers of an agent: enough to know it after a failover.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
-pub struct AgentInfo {
-    /// The agent's host name.
-    pub hostname: String,
-    /// Where the agent process is reached (`agent@host:port`).
-    pub address: String,
-    /// What it offers.
-    pub resources: Resources,
-    /// Attributes schedulers constrain on (`rack = "r1"`).
-    pub attributes: BTreeMap<String, String>,
-}
-
-/// An agent the master has stopped hearing from, and when it was marked (Unix milliseconds).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct UnreachableAgent {
-    /// The agent as it was admitted.
-    pub info: AgentInfo,
-    /// When the master marked it unreachable, in milliseconds since the Unix epoch.
-    pub marked_at_ms: u64,
-}
 
 /// One change to the registry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -164,6 +122,7 @@ pub struct BatchOutcome {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use muster_model::Resources;
 
     #[test]
     fn a_batch_survives_its_json_round_trip() {

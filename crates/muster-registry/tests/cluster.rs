@@ -8,10 +8,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, NodeConfig, Pid, System};
-use muster_registry::jobs::{Evaluation, Job, SchedulerType, Trigger};
+use muster_model::{AgentInfo, Evaluation, Job, SchedulerType, Trigger};
 use muster_registry::types::NodeId;
 use muster_registry::{
-    AgentInfo, Op, Outcome, Registrar, RegistrarMsg, RegistrarStats, RegistryConfig, RegistryError,
+    Op, Outcome, Registrar, RegistrarMsg, RegistrarStats, RegistryConfig, RegistryError,
     RegistryNode,
 };
 use tokio::time::{Instant, timeout};

@@ -1,6 +1,7 @@
 //! Muster's scheduler SDK: everything a program needs to turn evaluations into plans.
 //!
-//! Scheduling follows Nomad's optimistic model (seed 003): many workers, in this process or
+//! Scheduling follows Nomad's optimistic model (as in HashiCorp's "Nomad 2 million container
+//! challenge" write-up): many workers, in this process or
 //! others, each pull an evaluation from the broker, plan against a snapshot of the cluster that
 //! may already be stale, and submit the plan to the leading master, whose serial plan applier
 //! commits the placements that still fit and rejects the others. A worker whose placements were
@@ -16,7 +17,8 @@
 //! # Layout
 //! - [`plan`]: what a scheduler sees ([`ClusterSnapshot`], [`AgentView`], [`TaskView`]) and what
 //!   it produces ([`Plan`] of [`Placement`]s and [`Stop`]s, [`Demand`]s left unplaced), and the
-//!   applier's answer ([`PlanResult`]).
+//!   applier's answer ([`PlanResult`]). Jobs, evaluations and resources are
+//!   [`muster_model`]'s, re-exported here as [`model`].
 //! - [`reconcile`](mod@reconcile): [`reconcile()`], the slots a job wants, which are missing, and
 //!   which tasks must stop; shared by every scheduler.
 //! - [`scheduler`]: the [`Scheduler`] and [`Placer`] traits, [`PlacingScheduler`], and the
@@ -24,22 +26,26 @@
 //! - [`worker`]: the [`Backend`] a worker talks to (broker, snapshots, plan applier, registry)
 //!   and the [`Worker`] loop: dequeue, snapshot, schedule, submit, retry, block or complete,
 //!   ack.
+//! - [`wire`]: the SDK's types to and from their `muster.scheduling.v1` messages.
+//! - [`protocol`]: what the scheduling API's two sides agree on beyond messages: limits,
+//!   metadata keys, and the one "not the leader" convention every Muster API follows.
 //! - [`remote`]: workers in their own program: [`RemoteBackend`] reaches the leading master
-//!   over gRPC, following the leader; the SDK's types to and from their messages.
+//!   over gRPC, following the leader.
 
 pub mod plan;
+pub mod protocol;
 pub mod reconcile;
 pub mod remote;
-mod resources;
 pub mod scheduler;
+pub mod wire;
 pub mod worker;
 
-pub use plan::{
-    AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult, Stop, TaskState, TaskView,
-};
+pub use muster_model as model;
+pub use muster_model::{Demand, TaskState, utilization};
+
+pub use plan::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult, Stop, TaskView};
 pub use reconcile::{Reconciled, SlotRequest, reconcile};
 pub use remote::{RemoteBackend, RemoteConfig, RemoteError};
-pub use resources::utilization;
 pub use scheduler::{
     BinPack, Candidate, FnPlacer, Placer, PlacingScheduler, Scheduler, Spread, binpack, spread,
 };

@@ -1,7 +1,7 @@
 //! What a scheduler sees, what it proposes, and what the plan applier answers.
 //!
 //! A [`ClusterSnapshot`] is a consistent view of the cluster at one state index. A scheduler
-//! turns it and an [`Evaluation`](muster_registry::jobs::Evaluation) into a [`Plan`]: tasks to
+//! turns it and an [`Evaluation`](muster_model::Evaluation) into a [`Plan`]: tasks to
 //! place, tasks to stop, and [`Demand`]s it could not place. The leading master applies plans
 //! one at a time and answers each with a [`PlanResult`]; placements that no longer fit (another
 //! scheduler got there first) come back rejected.
@@ -9,10 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use muster_registry::jobs::{Constraint, EvalId, Job};
-use muster_registry::{AgentId, Resources};
-
-use crate::resources;
+use muster_model::{AgentId, Constraint, Demand, EvalId, Job, Resources, TaskState};
 
 /// A consistent view of the cluster: the input of every scheduler.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -62,48 +59,25 @@ impl AgentView {
             .iter()
             .filter(|task| !task.state.is_terminal())
             .fold(Resources::default(), |used, task| {
-                resources::add(&used, &task.resources)
+                used.saturating_add(&task.resources)
             })
     }
 
     /// What is left for new tasks: its total minus what its non-terminal tasks hold, never
     /// below zero.
     pub fn free(&self) -> Resources {
-        resources::sub(&self.total, &self.used())
+        self.total.saturating_sub(&self.used())
     }
 
-    /// Whether a task needing `need` fits in what is free now.
+    /// Whether a task needing `need` fits in what is free now (the model's one rule,
+    /// [`Resources::fits_in`]).
     pub fn fits(&self, need: &Resources) -> bool {
-        resources::fits(need, &self.free())
+        need.fits_in(&self.free())
     }
 
     /// Whether every one of `constraints` admits this agent's attributes.
     pub fn admits(&self, constraints: &[Constraint]) -> bool {
-        constraints.iter().all(|c| c.admits(&self.attributes))
-    }
-}
-
-/// Where a task is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum TaskState {
-    /// Placed; not started yet.
-    Pending,
-    /// Running.
-    Running,
-    /// Exited successfully.
-    Finished,
-    /// Exited with an error.
-    Failed,
-    /// Stopped on request.
-    Killed,
-    /// Its agent was lost.
-    Lost,
-}
-
-impl TaskState {
-    /// Whether the task has ended: it holds no resources and will not run again.
-    pub fn is_terminal(self) -> bool {
-        !matches!(self, TaskState::Pending | TaskState::Running)
+        Constraint::all_admit(constraints, &self.attributes)
     }
 }
 
@@ -149,7 +123,7 @@ pub struct Placement {
     /// Its environment.
     pub env: BTreeMap<String, String>,
     /// The job version it was placed at; 0 if unknown. A task placed at a version older than
-    /// its group's [`spec_version`](muster_registry::jobs::TaskGroup::spec_version) is
+    /// its group's [`spec_version`](muster_model::TaskGroup::spec_version) is
     /// outdated and replaced.
     pub job_version: u64,
 }
@@ -161,16 +135,6 @@ pub struct Stop {
     pub agent: AgentId,
     /// The task.
     pub task_id: String,
-}
-
-/// What one task group could not place: enough for the blocked-queue to know which capacity
-/// changes might let it fit (the master converts it to the broker's demand).
-#[derive(Clone, Debug, PartialEq)]
-pub struct Demand {
-    /// What one of its tasks needs.
-    pub resources: Resources,
-    /// Conditions on the agent's attributes; all must admit.
-    pub constraints: Vec<Constraint>,
 }
 
 /// A scheduler's proposal for one evaluation.
@@ -253,7 +217,7 @@ mod tests {
             },
             tasks: vec![
                 task("1", 1.0, 1024, TaskState::Running),
-                task("2", 0.5, 512, TaskState::Pending),
+                task("2", 0.5, 512, TaskState::Staging),
                 task("3", 2.0, 2048, TaskState::Finished),
                 task("4", 2.0, 2048, TaskState::Failed),
                 task("5", 2.0, 2048, TaskState::Killed),
@@ -289,20 +253,5 @@ mod tests {
             tasks: vec![task("1", 2.0, 200, TaskState::Running)],
         };
         assert_eq!(agent.free(), Resources::default());
-    }
-
-    #[test]
-    fn terminal_states() {
-        use TaskState::*;
-        for (state, terminal) in [
-            (Pending, false),
-            (Running, false),
-            (Finished, true),
-            (Failed, true),
-            (Killed, true),
-            (Lost, true),
-        ] {
-            assert_eq!(state.is_terminal(), terminal, "{state:?}");
-        }
     }
 }

@@ -25,10 +25,12 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use muster_registry::jobs::{Constraint, Evaluation, Job, SchedulerType, TaskGroup};
-use muster_registry::{AgentId, Resources};
+use muster_model::{AgentId, Resources};
+use muster_model::{Constraint, Evaluation, Job, SchedulerType, TaskGroup};
 
-use crate::plan::{ClusterSnapshot, Placement, Stop, TaskState, TaskView};
+use muster_model::TaskState;
+
+use crate::plan::{ClusterSnapshot, Placement, Stop, TaskView};
 
 /// A task slot that no task fills: what a scheduler must place.
 #[derive(Clone, Debug, PartialEq)]

@@ -15,12 +15,12 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 
-use muster_registry::jobs::Evaluation;
-use muster_registry::{AgentId, Resources};
+use muster_model::{AgentId, Evaluation, Resources, utilization};
 
-use crate::plan::{AgentView, ClusterSnapshot, Demand, Plan};
+use muster_model::Demand;
+
+use crate::plan::{AgentView, ClusterSnapshot, Plan};
 use crate::reconcile::{SlotRequest, reconcile};
-use crate::resources;
 
 /// Turns an evaluation and a snapshot into a plan. Schedulers plan optimistically against a
 /// snapshot that may be stale; the plan applier has the last word.
@@ -65,12 +65,12 @@ impl Candidate<'_> {
 
     /// How full it is now (see [`utilization`](crate::utilization)).
     pub fn utilization(&self) -> f64 {
-        resources::utilization(&self.used, &self.agent.total)
+        utilization(&self.used, &self.agent.total)
     }
 
     /// How full it would be with a task needing `need` added.
     pub fn utilization_with(&self, need: &Resources) -> f64 {
-        resources::utilization(&resources::add(&self.used, need), &self.agent.total)
+        utilization(&self.used.saturating_add(need), &self.agent.total)
     }
 }
 
@@ -166,14 +166,14 @@ impl<'a> Standing<'a> {
         Candidate {
             agent: self.agent,
             used: self.used.clone(),
-            free: resources::sub(&self.agent.total, &self.used),
+            free: self.agent.total.saturating_sub(&self.used),
             tasks: self.tasks,
             job_tasks: self.job_tasks,
         }
     }
 
     fn fits(&self, need: &Resources) -> bool {
-        resources::fits(need, &resources::sub(&self.agent.total, &self.used))
+        need.fits_in(&self.agent.total.saturating_sub(&self.used))
     }
 }
 
@@ -276,7 +276,7 @@ fn build_plan<P: Placer + ?Sized>(
         match chosen {
             Some(i) => {
                 let standing = &mut standings[i];
-                standing.used = resources::add(&standing.used, need);
+                standing.used = standing.used.saturating_add(need);
                 standing.tasks += 1;
                 standing.job_tasks += 1;
                 plan.place.push(slot.placement(standing.agent.id.clone()));
@@ -364,7 +364,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    use muster_registry::jobs::TaskGroup;
+    use muster_model::TaskGroup;
 
     use super::*;
 
@@ -402,7 +402,7 @@ mod tests {
         };
         Candidate {
             agent,
-            free: resources::sub(&agent.total, &used),
+            free: agent.total.saturating_sub(&used),
             used,
             tasks: job_tasks,
             job_tasks,

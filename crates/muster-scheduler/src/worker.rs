@@ -18,10 +18,12 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType};
+use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType};
 use tokio::sync::watch;
 
-use crate::plan::{ClusterSnapshot, Demand, Placement, Plan, PlanResult};
+use muster_model::Demand;
+
+use crate::plan::{ClusterSnapshot, Placement, Plan, PlanResult};
 use crate::scheduler::Scheduler;
 
 /// How many plans a worker submits for one evaluation before it gives up on rejected
@@ -540,8 +542,8 @@ fn demand_of(placement: &Placement, snapshot: &ClusterSnapshot) -> Demand {
 mod tests {
     use std::collections::BTreeMap;
 
-    use muster_registry::AgentId;
-    use muster_registry::jobs::{Constraint, ConstraintOp, Job, TaskGroup};
+    use muster_model::AgentId;
+    use muster_model::{Constraint, ConstraintOp, Job, TaskGroup};
 
     use super::*;
 
@@ -576,7 +578,7 @@ mod tests {
             name: "n".into(),
             job: "web".into(),
             group: group.into(),
-            resources: muster_registry::Resources {
+            resources: muster_model::Resources {
                 cpus: 1.0,
                 mem_mb: 2,
             },

@@ -5,8 +5,8 @@ mod common;
 use std::collections::BTreeMap;
 
 use common::*;
-use muster_registry::AgentId;
-use muster_registry::jobs::{ConstraintOp, Job, SchedulerType};
+use muster_model::AgentId;
+use muster_model::{ConstraintOp, Job, SchedulerType};
 use muster_scheduler::{
     ClusterSnapshot, Demand, PlacingScheduler, Plan, Scheduler, TaskState, binpack, spread,
 };

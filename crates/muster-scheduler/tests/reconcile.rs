@@ -5,7 +5,7 @@ mod common;
 use std::collections::HashSet;
 
 use common::*;
-use muster_registry::jobs::{ConstraintOp, SchedulerType};
+use muster_model::{ConstraintOp, SchedulerType};
 use muster_scheduler::{Reconciled, Stop, TaskState, reconcile};
 
 fn missing_names(r: &Reconciled) -> Vec<&str> {
@@ -58,7 +58,7 @@ fn service_count_down_stops_the_extra_tasks() {
                 agent("a1", 8.0, 8192),
                 vec![
                     task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running),
-                    task("web.fe[2]", "web", "fe", 1.0, 100, TaskState::Pending),
+                    task("web.fe[2]", "web", "fe", 1.0, 100, TaskState::Staging),
                 ],
             ),
             on(
@@ -263,7 +263,7 @@ fn a_stopped_job_stops_all_its_live_tasks() {
     );
     let tasks = vec![
         task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running),
-        task("web.fe[1]", "web", "fe", 1.0, 100, TaskState::Pending),
+        task("web.fe[1]", "web", "fe", 1.0, 100, TaskState::Staging),
         task("web.fe[9]", "web", "fe", 1.0, 100, TaskState::Finished),
         task("db.main[0]", "db", "main", 1.0, 100, TaskState::Running),
     ];
@@ -315,7 +315,7 @@ fn of_two_tasks_in_one_slot_the_running_one_stays() {
         SchedulerType::Service,
         vec![group("fe", 1, 1.0, 100)],
     );
-    let mut pending = task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Pending);
+    let mut pending = task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Staging);
     pending.id = "web.fe[0]-aaaa".into();
     let mut running = task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running);
     running.id = "web.fe[0]-bbbb".into();
@@ -410,7 +410,7 @@ fn tasks_placed_before_their_groups_definition_changed_are_replaced() {
                 placed_at("web.fe[0]", "web", "fe", 2, TaskState::Running),
                 placed_at("web.fe[1]", "web", "fe", 3, TaskState::Running),
                 placed_at("web.db[0]", "web", "db", 1, TaskState::Running),
-                placed_at("web.db[1]", "web", "db", 2, TaskState::Pending),
+                placed_at("web.db[1]", "web", "db", 2, TaskState::Staging),
             ],
         )],
         vec![web.clone()],
@@ -450,7 +450,7 @@ fn an_outdated_task_never_holds_its_slot_against_a_current_one() {
     web.version = 2;
     let mut old = placed_at("web.fe[0]", "web", "fe", 1, TaskState::Running);
     old.id = "web.fe[0]-aaaa".into();
-    let mut new = placed_at("web.fe[0]", "web", "fe", 2, TaskState::Pending);
+    let mut new = placed_at("web.fe[0]", "web", "fe", 2, TaskState::Staging);
     new.id = "web.fe[0]-bbbb".into();
     let snap = snapshot(
         7,

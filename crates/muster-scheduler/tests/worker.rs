@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use common::*;
-use muster_registry::jobs::{EvalId, EvalStatus, Evaluation, SchedulerType};
+use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType};
 use muster_scheduler::{
     Assignment, Backend, ClusterSnapshot, Demand, Outcome, Plan, PlanResult, TaskState, TaskView,
     Worker, WorkerConfig, WorkerError, WorkerStats, binpack, spread,
@@ -186,7 +186,7 @@ impl Backend for Fake {
                         job: placement.job.clone(),
                         group: placement.group.clone(),
                         resources: placement.resources.clone(),
-                        state: TaskState::Pending,
+                        state: TaskState::Staging,
                         job_version: placement.job_version,
                     });
                     result.committed.push(placement);
@@ -327,7 +327,7 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
                 "x",
                 1.0,
                 256,
-                TaskState::Pending,
+                TaskState::Staging,
             ));
         }));
     let mut worker = Worker::new(Arc::clone(&fake), binpack(), config());

@@ -6,9 +6,9 @@ use std::collections::{HashSet, VecDeque};
 
 use muster_actor::{ExitReason, Node, Pid, Upid};
 use muster_proto::cluster::{
-    AgentInfo, Framework, KillTask, KillTaskReply, LaunchTasks, Ping, Pong, Resources, RunTask,
-    RunTaskReply, Task,
+    Framework, KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RunTask, RunTaskReply,
 };
+use muster_proto::model::{AgentInfo, Resources, Task};
 use tokio::sync::watch;
 use tokio::time::Instant;
 

@@ -7,7 +7,8 @@
 use std::collections::VecDeque;
 
 use muster_actor::Context;
-use muster_proto::cluster::{Framework, RunTask, Task, TaskState, TaskStatusUpdate};
+use muster_proto::cluster::{Framework, RunTask, TaskStatusUpdate};
+use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
 use super::master_link::Connection;

@@ -4,10 +4,8 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use muster_registry::jobs::{
-    Constraint, ConstraintOp, Evaluation, Job, SchedulerType, TaskGroup, Trigger,
-};
-use muster_registry::{AgentId, Resources};
+use muster_model::{AgentId, Resources};
+use muster_model::{Constraint, ConstraintOp, Evaluation, Job, SchedulerType, TaskGroup, Trigger};
 use muster_scheduler::{AgentView, ClusterSnapshot, Plan, TaskState, TaskView};
 
 pub(crate) fn id(s: &str) -> AgentId {
@@ -131,7 +129,7 @@ pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
                 job: placement.job.clone(),
                 group: placement.group.clone(),
                 resources: placement.resources.clone(),
-                state: TaskState::Pending,
+                state: TaskState::Staging,
                 job_version: placement.job_version,
             });
         }

@@ -1,12 +1,18 @@
-//! Jobs and evaluations: what users asked to run, and the units of scheduling work that
-//! follow every change (Nomad's model).
+//! Jobs: what users ask to run (Nomad's model), and the rules a submitted job must meet.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::types::{AgentId, Resources};
+use crate::error::FieldError;
+use crate::resources::Resources;
+
+/// The priority of a job that names none (Nomad's default).
+pub const DEFAULT_PRIORITY: u8 = 50;
+
+/// The most tasks one group may ask for.
+pub const MAX_GROUP_COUNT: u32 = 10_000;
 
 /// Which scheduler handles a job's evaluations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -71,6 +77,11 @@ impl Constraint {
             ConstraintOp::Equal => actual == Some(&self.value),
             ConstraintOp::NotEqual => actual != Some(&self.value),
         }
+    }
+
+    /// Whether every one of `constraints` admits `attributes`.
+    pub fn all_admit(constraints: &[Constraint], attributes: &BTreeMap<String, String>) -> bool {
+        constraints.iter().all(|c| c.admits(attributes))
     }
 }
 
@@ -138,103 +149,96 @@ pub struct Job {
     pub version: u64,
 }
 
-/// An evaluation's id.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct EvalId(pub String);
-
-impl EvalId {
-    /// A fresh random id.
-    pub fn random() -> Self {
-        EvalId(format!("{:032x}", fastrand::u128(..)))
-    }
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 128
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
-impl fmt::Display for EvalId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
+fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
+    FieldError::new(field, problem)
 }
 
-/// Where an evaluation is in its life.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum EvalStatus {
-    /// Waiting for a scheduler.
-    Pending,
-    /// Planned, but some tasks did not fit; waits for capacity.
-    Blocked,
-    /// Planned.
-    Complete,
-    /// Gave up after the delivery limit.
-    Failed,
-    /// Dropped: a newer evaluation of the same job covers it.
-    Canceled,
-}
-
-/// Why an evaluation was created.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub enum Trigger {
-    /// The job was submitted or updated.
-    JobRegister,
-    /// The job was stopped.
-    JobDeregister,
-    /// An agent became unreachable.
-    AgentUnreachable(AgentId),
-    /// An agent came back or joined.
-    AgentUpdate(AgentId),
-    /// Capacity freed up for a blocked evaluation.
-    Unblocked,
-    /// One of the job's tasks ended on its own (this task id).
-    TaskEnded(String),
-    /// This evaluation of the job failed (it reached the delivery limit): a later retry.
-    FailedFollowUp(EvalId),
-}
-
-/// A unit of scheduling work for one job.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Evaluation {
-    /// Its id.
-    pub id: EvalId,
-    /// The job it evaluates.
-    pub job: String,
-    /// The job's priority when the evaluation was made.
-    pub priority: u8,
-    /// Which scheduler handles it.
-    pub scheduler: SchedulerType,
-    /// Why it exists.
-    pub trigger: Trigger,
-    /// Where it is.
-    pub status: EvalStatus,
-    /// Why it is there, for operators.
-    pub status_description: String,
-    /// The raft index of the entry that created it (0 until written); orders evaluations of
-    /// equal priority, oldest first.
-    pub create_index: u64,
-    /// The raft index of its last change.
-    pub modify_index: u64,
-    /// For a blocked evaluation: the registry index of the snapshot it was planned against.
-    pub snapshot_index: u64,
-    /// Unix time in ms before which the broker holds it back (0: at once): a crash-looping
-    /// task's replacement backs off, a failed evaluation's follow-up waits.
-    #[serde(default)]
-    pub wait_until_ms: u64,
-}
-
-impl Evaluation {
-    /// A new pending evaluation of `job`.
-    pub fn new(job: &Job, trigger: Trigger) -> Self {
-        Evaluation {
-            id: EvalId::random(),
-            job: job.name.clone(),
-            priority: job.priority,
-            scheduler: job.scheduler,
-            trigger,
-            status: EvalStatus::Pending,
-            status_description: String::new(),
-            create_index: 0,
-            modify_index: 0,
-            snapshot_index: 0,
-            wait_until_ms: 0,
+impl Job {
+    /// Checks the rules a submitted job must meet: a name of 1 to 128 letters, digits, `-` or
+    /// `_` (the job's and each group's, groups' unique); a priority in `1..=100`; at least one
+    /// group; a count of 1 to 10,000 (any for system jobs, which run one task per agent);
+    /// positive, finite cpus and at least 1 MiB of memory; a command; constraints that name an
+    /// attribute.
+    ///
+    /// # Errors
+    /// [`FieldError`] naming the first field that is wrong (`groups[0].resources.cpus`).
+    pub fn validate(&self) -> Result<(), FieldError> {
+        if !valid_name(&self.name) {
+            return Err(invalid(
+                "name",
+                format!(
+                    "{:?} must be 1 to 128 letters, digits, '-' or '_'",
+                    self.name
+                ),
+            ));
         }
+        if !(1..=100).contains(&self.priority) {
+            return Err(invalid(
+                "priority",
+                format!("{} is not within 1..=100", self.priority),
+            ));
+        }
+        if self.groups.is_empty() {
+            return Err(invalid("groups", "a job needs at least one task group"));
+        }
+        let mut names = BTreeSet::new();
+        for (i, group) in self.groups.iter().enumerate() {
+            let field = |name: &str| format!("groups[{i}].{name}");
+            if !valid_name(&group.name) {
+                return Err(invalid(
+                    field("name"),
+                    format!(
+                        "{:?} must be 1 to 128 letters, digits, '-' or '_'",
+                        group.name
+                    ),
+                ));
+            }
+            if !names.insert(group.name.as_str()) {
+                return Err(invalid(
+                    field("name"),
+                    format!("{:?} is used by another group", group.name),
+                ));
+            }
+            if self.scheduler != SchedulerType::System && group.count == 0 {
+                return Err(invalid(field("count"), "must be at least 1"));
+            }
+            if group.count > MAX_GROUP_COUNT {
+                return Err(invalid(
+                    field("count"),
+                    format!("{} is more than {MAX_GROUP_COUNT}", group.count),
+                ));
+            }
+            let cpus = group.resources.cpus;
+            if !cpus.is_finite() || cpus <= 0.0 {
+                return Err(invalid(
+                    field("resources.cpus"),
+                    format!("{cpus} must be a positive number"),
+                ));
+            }
+            if group.resources.mem_mb == 0 {
+                return Err(invalid(field("resources.mem_mb"), "must be at least 1"));
+            }
+            if group.command.trim().is_empty() {
+                return Err(invalid(field("command"), "must name a program"));
+            }
+            for (c, constraint) in group.constraints.iter().enumerate() {
+                if constraint.attribute.is_empty() {
+                    return Err(invalid(
+                        format!("groups[{i}].constraints[{c}].attribute"),
+                        "must name an attribute",
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

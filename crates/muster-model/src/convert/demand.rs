@@ -1,0 +1,27 @@
+//! [`Demand`] to and from `muster.model.v1.Demand`.
+
+use muster_proto::model as pb;
+
+use crate::convert::{all, each, required};
+use crate::demand::Demand;
+use crate::error::FieldError;
+
+impl From<Demand> for pb::Demand {
+    fn from(demand: Demand) -> Self {
+        pb::Demand {
+            resources: Some(demand.resources.into()),
+            constraints: all(demand.constraints),
+        }
+    }
+}
+
+impl TryFrom<pb::Demand> for Demand {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::Demand) -> Result<Self, FieldError> {
+        Ok(Demand {
+            resources: required(proto.resources, "resources")?,
+            constraints: each(proto.constraints, "constraints")?,
+        })
+    }
+}

@@ -1,0 +1,327 @@
+//! [`Job`] and its parts to and from their `muster.model.v1` messages, and
+//! [`Job::from_submitted`], which reads a job a user submits.
+
+use muster_proto::model as pb;
+
+use crate::convert::{all, bad_enum, each, priority, read, required, sorted, unsorted};
+use crate::error::FieldError;
+use crate::job::{Constraint, ConstraintOp, DEFAULT_PRIORITY, Job, SchedulerType, TaskGroup};
+use crate::resources::Resources;
+
+impl From<SchedulerType> for i32 {
+    fn from(scheduler: SchedulerType) -> Self {
+        let proto = match scheduler {
+            SchedulerType::Service => pb::SchedulerType::Service,
+            SchedulerType::Batch => pb::SchedulerType::Batch,
+            SchedulerType::System => pb::SchedulerType::System,
+        };
+        proto as i32
+    }
+}
+
+impl TryFrom<i32> for SchedulerType {
+    type Error = FieldError;
+
+    fn try_from(proto: i32) -> Result<Self, FieldError> {
+        match pb::SchedulerType::try_from(proto) {
+            Ok(pb::SchedulerType::Service) => Ok(SchedulerType::Service),
+            Ok(pb::SchedulerType::Batch) => Ok(SchedulerType::Batch),
+            Ok(pb::SchedulerType::System) => Ok(SchedulerType::System),
+            Ok(pb::SchedulerType::Unspecified) | Err(_) => Err(bad_enum(proto)),
+        }
+    }
+}
+
+impl From<ConstraintOp> for i32 {
+    fn from(op: ConstraintOp) -> Self {
+        let proto = match op {
+            ConstraintOp::Equal => pb::ConstraintOp::Equal,
+            ConstraintOp::NotEqual => pb::ConstraintOp::NotEqual,
+        };
+        proto as i32
+    }
+}
+
+impl TryFrom<i32> for ConstraintOp {
+    type Error = FieldError;
+
+    fn try_from(proto: i32) -> Result<Self, FieldError> {
+        match pb::ConstraintOp::try_from(proto) {
+            Ok(pb::ConstraintOp::Equal) => Ok(ConstraintOp::Equal),
+            Ok(pb::ConstraintOp::NotEqual) => Ok(ConstraintOp::NotEqual),
+            Ok(pb::ConstraintOp::Unspecified) | Err(_) => Err(bad_enum(proto)),
+        }
+    }
+}
+
+impl From<Constraint> for pb::Constraint {
+    fn from(constraint: Constraint) -> Self {
+        pb::Constraint {
+            attribute: constraint.attribute,
+            op: constraint.op.into(),
+            value: constraint.value,
+        }
+    }
+}
+
+impl TryFrom<pb::Constraint> for Constraint {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::Constraint) -> Result<Self, FieldError> {
+        Ok(Constraint {
+            attribute: proto.attribute,
+            op: read(proto.op, "op")?,
+            value: proto.value,
+        })
+    }
+}
+
+impl From<TaskGroup> for pb::TaskGroup {
+    fn from(group: TaskGroup) -> Self {
+        pb::TaskGroup {
+            name: group.name,
+            count: group.count,
+            resources: Some(group.resources.into()),
+            command: group.command,
+            args: group.args,
+            env: unsorted(group.env),
+            constraints: all(group.constraints),
+            spec_version: group.spec_version,
+        }
+    }
+}
+
+impl TryFrom<pb::TaskGroup> for TaskGroup {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::TaskGroup) -> Result<Self, FieldError> {
+        Ok(TaskGroup {
+            name: proto.name,
+            count: proto.count,
+            resources: required(proto.resources, "resources")?,
+            command: proto.command,
+            args: proto.args,
+            env: sorted(proto.env),
+            constraints: each(proto.constraints, "constraints")?,
+            spec_version: proto.spec_version,
+        })
+    }
+}
+
+impl From<Job> for pb::Job {
+    fn from(job: Job) -> Self {
+        pb::Job {
+            name: job.name,
+            priority: job.priority.into(),
+            scheduler: job.scheduler.into(),
+            groups: all(job.groups),
+            stopped: job.stopped,
+            version: job.version,
+        }
+    }
+}
+
+impl TryFrom<pb::Job> for Job {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::Job) -> Result<Self, FieldError> {
+        Ok(Job {
+            name: proto.name,
+            priority: priority(proto.priority, "priority")?,
+            scheduler: read(proto.scheduler, "scheduler")?,
+            groups: each(proto.groups, "groups")?,
+            stopped: proto.stopped,
+            version: proto.version,
+        })
+    }
+}
+
+impl Job {
+    /// Reads a job a user submits and checks it ([`Job::validate`]). Unset fields take their
+    /// defaults: priority 0 is [`DEFAULT_PRIORITY`], an unspecified scheduler is service, an
+    /// unspecified constraint operator is equality, missing resources are none (and so
+    /// refused). A system job's counts are set to 0. What the registry owns (`stopped`,
+    /// `version`, each group's `spec_version`) is ignored.
+    ///
+    /// # Errors
+    /// [`FieldError`] naming the first field that is wrong (`groups[0].resources.cpus`).
+    pub fn from_submitted(proto: pb::Job) -> Result<Job, FieldError> {
+        let priority = match proto.priority {
+            0 => DEFAULT_PRIORITY,
+            p @ 1..=100 => p as u8,
+            p => {
+                return Err(FieldError::new(
+                    "priority",
+                    format!("{p} is not within 1..=100"),
+                ));
+            }
+        };
+        let scheduler = match proto.scheduler {
+            0 => SchedulerType::Service,
+            other => read(other, "scheduler")?,
+        };
+        let mut groups = Vec::with_capacity(proto.groups.len());
+        for (i, group) in proto.groups.into_iter().enumerate() {
+            let field = format!("groups[{i}]");
+            let mut constraints = Vec::with_capacity(group.constraints.len());
+            for (c, constraint) in group.constraints.into_iter().enumerate() {
+                let op = match constraint.op {
+                    0 => ConstraintOp::Equal,
+                    other => read(other, &format!("{field}.constraints[{c}].op"))?,
+                };
+                constraints.push(Constraint {
+                    attribute: constraint.attribute,
+                    op,
+                    value: constraint.value,
+                });
+            }
+            let resources: Resources = match group.resources {
+                Some(resources) => read(resources, &format!("{field}.resources"))?,
+                None => Resources::default(),
+            };
+            groups.push(TaskGroup {
+                name: group.name,
+                count: if scheduler == SchedulerType::System {
+                    0
+                } else {
+                    group.count
+                },
+                resources,
+                command: group.command,
+                args: group.args,
+                env: sorted(group.env),
+                constraints,
+                // The registry sets it when it stores the job.
+                spec_version: 0,
+            });
+        }
+        let job = Job {
+            name: proto.name,
+            priority,
+            scheduler,
+            groups,
+            stopped: false,
+            version: 0,
+        };
+        job.validate()?;
+        Ok(job)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn submitted() -> pb::Job {
+        pb::Job {
+            name: "hello".into(),
+            priority: 0,
+            scheduler: pb::SchedulerType::Unspecified as i32,
+            groups: vec![pb::TaskGroup {
+                name: "greeter".into(),
+                count: 2,
+                resources: Some(pb::Resources {
+                    cpus: 0.5,
+                    mem_mb: 64,
+                }),
+                command: "echo".into(),
+                args: vec!["hello".into()],
+                env: Default::default(),
+                constraints: vec![pb::Constraint {
+                    attribute: "rack".into(),
+                    op: pb::ConstraintOp::NotEqual as i32,
+                    value: "r9".into(),
+                }],
+                spec_version: 0,
+            }],
+            stopped: false,
+            version: 0,
+        }
+    }
+
+    #[test]
+    fn a_valid_submission_takes_defaults_and_round_trips() {
+        let job = Job::from_submitted(submitted()).expect("valid");
+        assert_eq!(job.priority, DEFAULT_PRIORITY);
+        assert_eq!(job.scheduler, SchedulerType::Service);
+        assert_eq!(job.groups[0].constraints[0].op, ConstraintOp::NotEqual);
+        let mut back = submitted();
+        back.priority = 50;
+        back.scheduler = pb::SchedulerType::Service as i32;
+        assert_eq!(pb::Job::from(job.clone()), back);
+        assert_eq!(Job::try_from(back), Ok(job));
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        type Break = fn(&mut pb::Job);
+        let cases: Vec<(Break, &str)> = vec![
+            (|s| s.name = "".into(), "name"),
+            (|s| s.name = "a b".into(), "name"),
+            (|s| s.priority = 101, "priority"),
+            (|s| s.scheduler = 9, "scheduler"),
+            (|s| s.groups.clear(), "groups"),
+            (|s| s.groups[0].count = 0, "groups[0].count"),
+            (|s| s.groups[0].count = 10_001, "groups[0].count"),
+            (
+                |s| {
+                    s.groups[0].resources = Some(pb::Resources {
+                        cpus: 0.0,
+                        mem_mb: 1,
+                    })
+                },
+                "groups[0].resources.cpus",
+            ),
+            (
+                |s| {
+                    s.groups[0].resources = Some(pb::Resources {
+                        cpus: f64::NAN,
+                        mem_mb: 1,
+                    })
+                },
+                "groups[0].resources.cpus",
+            ),
+            (|s| s.groups[0].resources = None, "groups[0].resources.cpus"),
+            (
+                |s| {
+                    s.groups[0].resources = Some(pb::Resources {
+                        cpus: 1.0,
+                        mem_mb: 0,
+                    })
+                },
+                "groups[0].resources.mem_mb",
+            ),
+            (|s| s.groups[0].command = " ".into(), "groups[0].command"),
+            (
+                |s| s.groups[0].constraints[0].op = 7,
+                "groups[0].constraints[0].op",
+            ),
+            (
+                |s| s.groups[0].constraints[0].attribute = String::new(),
+                "groups[0].constraints[0].attribute",
+            ),
+            (
+                |s| {
+                    let again = s.groups[0].clone();
+                    s.groups.push(again);
+                },
+                "groups[1].name",
+            ),
+        ];
+        for (break_it, field) in cases {
+            let mut bad = submitted();
+            break_it(&mut bad);
+            let error = Job::from_submitted(bad).expect_err(field);
+            assert_eq!(error.field(), field, "{error}");
+        }
+    }
+
+    #[test]
+    fn a_system_job_needs_no_count() {
+        let mut proto = submitted();
+        proto.scheduler = pb::SchedulerType::System as i32;
+        proto.groups[0].count = 0;
+        let job = Job::from_submitted(proto).expect("valid");
+        assert_eq!(job.groups[0].count, 0);
+    }
+}

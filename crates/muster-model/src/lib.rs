@@ -1,0 +1,36 @@
+//! Muster's domain model: what the cluster is made of, shared by every other crate.
+//!
+//! Agents offer [`Resources`]; users submit [`Job`]s of [`TaskGroup`]s; every change to a job
+//! or to the agents it runs on becomes an [`Evaluation`], which a scheduler turns into tasks
+//! placed on agents. These types carry no I/O, no raft and no runtime: a custom scheduler that
+//! links the scheduler SDK gets them without openraft or sled.
+//!
+//! # Layout
+//! - [`agent`]: [`AgentId`], [`AgentInfo`], [`UnreachableAgent`].
+//! - [`resources`]: [`Resources`] and the one rule for whether a task fits
+//!   ([`Resources::fits_in`]), used by schedulers, the blocked-queue and the plan applier alike.
+//! - [`job`]: [`Job`], [`TaskGroup`], [`Constraint`], [`SchedulerType`], and [`Job::validate`],
+//!   whose errors name the field.
+//! - [`eval`]: [`Evaluation`], [`EvalId`], [`EvalStatus`], [`Trigger`].
+//! - [`task`]: [`Task`] and [`TaskState`], where a task is in its life.
+//! - [`demand`]: [`Demand`], what a task group could not place.
+//! - [`error`]: [`FieldError`], a value that is invalid, naming the field.
+//! - [`convert`]: `From`/`TryFrom` to and from the `muster.model.v1` messages, and helpers
+//!   for reading nested messages with errors that name the field path.
+
+pub mod agent;
+pub mod convert;
+pub mod demand;
+pub mod error;
+pub mod eval;
+pub mod job;
+pub mod resources;
+pub mod task;
+
+pub use agent::{AgentId, AgentInfo, UnreachableAgent};
+pub use demand::Demand;
+pub use error::FieldError;
+pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};
+pub use job::{Constraint, ConstraintOp, DEFAULT_PRIORITY, Job, SchedulerType, TaskGroup};
+pub use resources::{Resources, utilization};
+pub use task::{Task, TaskState};
