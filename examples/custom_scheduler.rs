@@ -15,7 +15,8 @@
 //! cargo run --example custom_scheduler -- --master 127.0.0.1:5050 --workers 2
 //! ```
 //!
-//! In a third, submit a job and watch it:
+//! (`cargo run --example custom_scheduler -- --help` lists the flags.) In a third, submit a job
+//! and watch it:
 //!
 //! ```text
 //! cargo run -- job run examples/jobs/hello.toml
@@ -38,7 +39,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use clap::Parser;
 use muster::registry::AgentId;
 use muster::scheduler::{
     Candidate, Outcome, PlacingScheduler, RemoteBackend, Scheduler, SlotRequest, Worker,
@@ -108,35 +109,31 @@ async fn work<S: Scheduler>(
     worker.stats().clone()
 }
 
-/// `--master HOST:PORT` (repeatable; default 127.0.0.1:5050) and `--workers N` (default 2).
-fn parse_args() -> anyhow::Result<(Vec<String>, usize)> {
-    let mut masters = Vec::new();
-    let mut workers = 2;
-    let mut args = std::env::args().skip(1);
-    while let Some(arg) = args.next() {
-        match arg.as_str() {
-            "--master" => masters.push(args.next().context("--master needs HOST:PORT")?),
-            "--workers" => {
-                let n = args.next().context("--workers needs a number")?;
-                workers = n
-                    .parse()
-                    .with_context(|| format!("--workers {n:?} is not a number"))?;
-            }
-            _ => bail!("usage: custom_scheduler [--master HOST:PORT]... [--workers N]"),
-        }
-    }
-    if masters.is_empty() {
-        masters.push("127.0.0.1:5050".to_owned());
-    }
-    Ok((masters, workers))
+/// Schedules a Muster cluster's jobs from its own program: each task goes to the agent that
+/// runs the fewest tasks.
+#[derive(Debug, Parser)]
+#[command(name = "custom_scheduler", long_about = None)]
+struct Cli {
+    /// A master's address; repeat for each master (a standby sends the workers on to the
+    /// leader).
+    #[arg(
+        long = "master",
+        value_name = "HOST:PORT",
+        default_value = "127.0.0.1:5050"
+    )]
+    masters: Vec<String>,
+    /// How many workers to run.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    workers: usize,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
-    let (masters, count) = parse_args()?;
+    let Cli {
+        masters,
+        workers: count,
+    } = Cli::parse();
+    muster_launch::init_logging_with("error");
 
     // Connects lazily: the masters need not be up yet. The workers share its connections.
     let backend = RemoteBackend::connect(masters.clone())?;
@@ -165,4 +162,46 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+    use clap::{CommandFactory as _, Parser as _};
+
+    use super::Cli;
+
+    #[test]
+    fn help_is_the_usage() {
+        Cli::command().debug_assert();
+        let help =
+            Cli::try_parse_from(["custom_scheduler", "--help"]).expect_err("--help is not a run");
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        let text = help.to_string();
+        assert!(text.contains("fewest tasks"), "{text}");
+        assert!(text.contains("--master <HOST:PORT>"), "{text}");
+        assert!(text.contains("--workers <N>"), "{text}");
+    }
+
+    #[test]
+    fn masters_and_workers_have_defaults_and_repeat() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["custom_scheduler"])?;
+        assert_eq!(cli.masters, ["127.0.0.1:5050"]);
+        assert_eq!(cli.workers, 2);
+        let cli = Cli::try_parse_from([
+            "custom_scheduler",
+            "--master",
+            "10.0.0.1:5050",
+            "--master",
+            "10.0.0.2:5050",
+            "--workers",
+            "4",
+        ])?;
+        assert_eq!(cli.masters, ["10.0.0.1:5050", "10.0.0.2:5050"]);
+        assert_eq!(cli.workers, 4);
+        let bad = Cli::try_parse_from(["custom_scheduler", "--workers", "many"])
+            .expect_err("not a number");
+        assert_eq!(bad.kind(), ErrorKind::ValueValidation);
+        Ok(())
+    }
 }

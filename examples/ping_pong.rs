@@ -1,6 +1,10 @@
 //! Two local processes play ping-pong; a first look at `muster::actor`.
 //!
-//! Execute with `cargo run --example ping_pong`.
+//! Run it (it takes no arguments; `--help` says what it does):
+//!
+//! ```text
+//! cargo run --example ping_pong
+//! ```
 //!
 //! What it shows, in the order it happens:
 //! 1. `System::spawn` starts a *process*: state plus a `handle` method for its message type.
@@ -13,6 +17,7 @@
 //!    ponger, the pinger's `exited` runs; it stops itself there.
 //! 5. `main` *waits* for both processes with `pid.wait()` and prints why each ended.
 
+use clap::Parser;
 use muster::actor::{Context, ExitReason, Pid, Process, ProcessRef, Reply, System};
 
 /// How many pings the rally has.
@@ -121,8 +126,14 @@ impl Process for Pinger {
     }
 }
 
+/// Two local processes play ping-pong: spawn, tell, ask, link and wait in one short program.
+#[derive(Debug, Parser)]
+#[command(name = "ping_pong", long_about = None)]
+struct Cli {}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
+    Cli::parse();
     let system = System::new();
     let ponger = system.spawn(Ponger::default());
     let pinger = system.spawn(Pinger {
@@ -154,4 +165,24 @@ async fn main() -> anyhow::Result<()> {
     );
     anyhow::ensure!(ponger_end == ExitReason::Terminated && pinger_end == ExitReason::Normal);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+    use clap::{CommandFactory as _, Parser as _};
+
+    use super::Cli;
+
+    #[test]
+    fn help_says_what_it_does_and_other_arguments_are_refused() -> Result<(), clap::Error> {
+        Cli::command().debug_assert();
+        let help = Cli::try_parse_from(["ping_pong", "--help"]).expect_err("--help is not a run");
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        assert!(help.to_string().contains("ping-pong"), "{help}");
+        Cli::try_parse_from(["ping_pong"])?;
+        let extra = Cli::try_parse_from(["ping_pong", "7"]).expect_err("no arguments");
+        assert_eq!(extra.kind(), ErrorKind::UnknownArgument);
+        Ok(())
+    }
 }

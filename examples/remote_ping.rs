@@ -13,13 +13,16 @@
 //! cargo run --example remote_ping -- ping pong@127.0.0.1:7000 5
 //! ```
 //!
+//! `cargo run --example remote_ping -- --help` lists the commands and their arguments.
+//!
 //! `serve` prints `serving pong@<address>` once it listens (port 0 picks a free port), then
 //! answers until Ctrl-C. `ping` binds its own node, asks `pong` the given number of times and
 //! prints each round trip.
 
 use std::time::{Duration, Instant};
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
 use muster::actor::{Context, Node, Process, Reply, System, Upid};
 // Ping and Pong are generated from proto/muster/example/v1/ping.proto. prost encodes them on the
 // wire; their proto full name (`muster.example.v1.Ping`) tells the serving node which decoder to
@@ -86,28 +89,83 @@ async fn ping(target: &str, count: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Two OS processes talking over Muster's transport: `serve` runs a `pong` process, `ping`
+/// asks it from another process.
+#[derive(Debug, Parser)]
+#[command(name = "remote_ping", long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve a `pong` process on HOST:PORT until Ctrl-C (port 0 picks a free port).
+    Serve {
+        /// Where to listen.
+        #[arg(value_name = "HOST:PORT")]
+        address: String,
+    },
+    /// Ask the `pong` process at NAME@HOST:PORT, COUNT times, and print each round trip.
+    Ping {
+        /// The serving process, as `serve` printed it.
+        #[arg(value_name = "NAME@HOST:PORT")]
+        target: String,
+        /// How many pings.
+        #[arg(default_value_t = 3)]
+        count: u64,
+    },
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .init();
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    match args
-        .iter()
-        .map(String::as_str)
-        .collect::<Vec<_>>()
-        .as_slice()
-    {
-        ["serve", address] => serve(address).await,
-        ["ping", target] => ping(target, 3).await,
-        ["ping", target, count] => {
-            let count = count
-                .parse()
-                .with_context(|| format!("count must be a whole number, got {count:?}"))?;
-            ping(target, count).await
-        }
-        _ => bail!(
-            "usage: remote_ping serve <host:port> | remote_ping ping <name@host:port> [count]"
-        ),
+    let cli = Cli::parse();
+    muster_launch::init_logging_with("error");
+    match cli.command {
+        Command::Serve { address } => serve(&address).await,
+        Command::Ping { target, count } => ping(&target, count).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::error::ErrorKind;
+    use clap::{CommandFactory as _, Parser as _};
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn help_is_the_usage() {
+        Cli::command().debug_assert();
+        let help = Cli::try_parse_from(["remote_ping", "--help"]).expect_err("--help is not a run");
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        let text = help.to_string();
+        assert!(text.contains("Two OS processes"), "{text}");
+        assert!(text.contains("serve") && text.contains("ping"), "{text}");
+        let help = Cli::try_parse_from(["remote_ping", "ping", "--help"])
+            .expect_err("--help is not a run");
+        assert_eq!(help.kind(), ErrorKind::DisplayHelp);
+        assert!(help.to_string().contains("<NAME@HOST:PORT>"), "{help}");
+    }
+
+    #[test]
+    fn the_commands_and_their_arguments() -> Result<(), clap::Error> {
+        let cli = Cli::try_parse_from(["remote_ping", "serve", "127.0.0.1:7000"])?;
+        assert!(matches!(cli.command, Command::Serve { address } if address == "127.0.0.1:7000"));
+        let cli = Cli::try_parse_from(["remote_ping", "ping", "pong@127.0.0.1:7000"])?;
+        assert!(matches!(cli.command, Command::Ping { count: 3, .. }));
+        let cli = Cli::try_parse_from(["remote_ping", "ping", "pong@127.0.0.1:7000", "5"])?;
+        assert!(
+            matches!(cli.command, Command::Ping { target, count: 5 } if target == "pong@127.0.0.1:7000")
+        );
+        let bad = Cli::try_parse_from(["remote_ping", "ping", "pong@127.0.0.1:7000", "five"])
+            .expect_err("not a count");
+        assert_eq!(bad.kind(), ErrorKind::ValueValidation);
+        let none = Cli::try_parse_from(["remote_ping"]).expect_err("a command is needed");
+        assert_eq!(
+            none.kind(),
+            ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        );
+        Ok(())
     }
 }

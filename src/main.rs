@@ -145,21 +145,10 @@ async fn dev(
     out.flush()?;
     drop(out);
 
-    shutdown_signal().await?;
+    muster_launch::shutdown_signal()?.await;
     agent.stop().await;
     node.shutdown();
     master.shutdown().await;
-    Ok(())
-}
-
-/// Waits for SIGINT (Ctrl-C) or SIGTERM.
-async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        interrupted = tokio::signal::ctrl_c() => interrupted.context("cannot listen for SIGINT")?,
-        _ = terminate.recv() => {}
-    }
     Ok(())
 }
 
@@ -330,21 +319,8 @@ async fn status(master: String) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("muster: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    let result = runtime.block_on(async {
+    muster_launch::init_logging();
+    let result = muster_launch::block_on(async {
         match cli.command {
             Command::Dev {
                 listen,

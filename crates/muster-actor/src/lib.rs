@@ -48,6 +48,7 @@ mod process;
 mod remote;
 mod reply;
 mod supervisor;
+mod sync;
 mod system;
 mod timer;
 

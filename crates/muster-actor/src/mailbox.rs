@@ -15,7 +15,7 @@ use std::task::{Poll, Waker};
 
 use tokio::sync::{Semaphore, TryAcquireError};
 
-use crate::pid::lock;
+use crate::sync::lock;
 use crate::{Context, ExitReason, Process, ProcessRef, TellError};
 
 /// A closure run on the process, with its state and context.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 
 use crate::mailbox::{Envelope, Mailbox};
+use crate::sync::lock;
 use crate::{AskError, Context, ExitReason, Process, ProcessId, ProcessRef, Reply, TellError};
 
 /// A callback run once when a process ends; links are made of these.
@@ -116,14 +117,6 @@ impl<P: Process> Shared<P> {
             None
         }
     }
-}
-
-/// Locks a mutex whose data stays consistent even if a holder panicked (every critical section
-/// here is a push, a take or a lookup).
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 impl<P: Process> Pid<P> {

@@ -16,7 +16,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 use std::sync::{Arc, Mutex};
 
-use crate::pid::lock;
+use crate::sync::lock;
 use crate::{AskError, Pid, Process, Reply, System, TellError};
 
 /// How a [`Pool`] picks the member for a request.

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::pid::lock;
+use crate::sync::lock;
 use crate::{Context, ExitReason, Pid, Process, ProcessId, ProcessRef, Reply, System};
 
 /// When a child is restarted.

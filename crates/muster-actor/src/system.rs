@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::mailbox::{Mailbox, MailboxCapacity, MailboxReceiver};
-use crate::pid::{Control, Shared, lock};
+use crate::pid::{Control, Shared};
+use crate::sync::lock;
 use crate::{Pid, Process, ProcessId, lifecycle};
 
 /// Registry shards: spawn and exit lock one shard, so two threads rarely meet on one lock.

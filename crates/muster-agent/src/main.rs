@@ -1,8 +1,9 @@
 //! `muster-agent`: runs a Muster agent on this machine until SIGINT or SIGTERM.
 //!
 //! Settings come from flags and, optionally, a TOML file (`--config`) with the same keys;
-//! flags win. Logs go to stderr through `tracing` (`RUST_LOG`, default `info`); the one line
-//! on stdout says where the agent listens.
+//! flags win. Logs go to stderr through `tracing` (`RUST_LOG`, by default `info` with openraft
+//! and sled at `warn`; colour only on a terminal); the one line on stdout says where the agent
+//! listens.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -131,31 +132,6 @@ fn settings(args: Args) -> anyhow::Result<(String, AgentConfig)> {
     Ok((listen, config))
 }
 
-fn init_tracing() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
-}
-
-/// Waits for SIGINT or SIGTERM; the handlers are installed when this is called, not when it is
-/// first polled.
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = &'static str>> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut interrupt =
-        signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
-    let mut terminate =
-        signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
-    Ok(async move {
-        tokio::select! {
-            _ = interrupt.recv() => "SIGINT",
-            _ = terminate.recv() => "SIGTERM",
-        }
-    })
-}
-
 async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
     muster_agent::store::check_data_dir(&config.data_dir)?;
     if listen
@@ -168,7 +144,7 @@ async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
              pass the address they should use"
         );
     }
-    let signal = shutdown_signal()?;
+    let signal = muster_launch::shutdown_signal()?;
     let system = System::new();
     let node = Node::bind(&system, &listen).await?;
     let address = node.address().to_owned();
@@ -200,14 +176,9 @@ async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    init_tracing();
-    let outcome = settings(args).and_then(|(listen, config)| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .build()
-            .context("cannot start the tokio runtime")?
-            .block_on(run(listen, config))
-    });
+    muster_launch::init_logging();
+    let outcome =
+        settings(args).and_then(|(listen, config)| muster_launch::block_on(run(listen, config)));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

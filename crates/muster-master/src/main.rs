@@ -233,39 +233,16 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     )?;
     out.flush()?;
     drop(out);
-    shutdown_signal().await?;
-    tracing::info!("shutting down");
+    let signal = muster_launch::shutdown_signal()?.await;
+    tracing::info!(signal, "shutting down");
     master.shutdown().await;
-    Ok(())
-}
-
-async fn shutdown_signal() -> anyhow::Result<()> {
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .context("cannot listen for SIGTERM")?;
-    tokio::select! {
-        interrupted = tokio::signal::ctrl_c() => interrupted.context("cannot listen for SIGINT")?,
-        _ = terminate.recv() => {}
-    }
     Ok(())
 }
 
 fn main() -> ExitCode {
     let flags = Flags::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(runtime) => runtime,
-        Err(e) => {
-            eprintln!("muster-master: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(flags)) {
+    muster_launch::init_logging();
+    match muster_launch::block_on(run(flags)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("muster-master: {e:#}");

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use muster_actor::{AskError, Pid};
-use muster_broker::{BrokerMsg, EvalBroker};
+use muster_broker::{BrokerError, BrokerMsg, EvalBroker};
 use muster_registry::jobs::{EvalId, Evaluation, SchedulerType};
 use muster_scheduler::{
     Assignment, Backend, ClusterSnapshot, Demand, Plan, PlanResult, Scheduler, Worker,
@@ -20,12 +20,23 @@ use crate::master::{Master, MasterMsg};
 pub struct LocalBackend {
     master: Pid<Master>,
     broker: Pid<EvalBroker>,
+    /// For this process's own workers: a disabled broker (this master does not lead, or not
+    /// yet) is a wait, not an error. Remote workers get the error through the scheduling
+    /// service, which sends them on to the leader.
+    wait_while_disabled: bool,
 }
+
+/// How often this process's workers look again at a disabled broker.
+const DISABLED_RECHECK: Duration = Duration::from_millis(100);
 
 impl LocalBackend {
     /// Talks to `master` and its `broker`.
     pub fn new(master: Pid<Master>, broker: Pid<EvalBroker>) -> Self {
-        LocalBackend { master, broker }
+        LocalBackend {
+            master,
+            broker,
+            wait_while_disabled: false,
+        }
     }
 
     /// The master process it talks to.
@@ -50,7 +61,7 @@ impl Backend for LocalBackend {
         timeout: Duration,
     ) -> Result<Option<Assignment>, WorkerError> {
         let schedulers = schedulers.to_vec();
-        let delivery = self
+        let answer = self
             .broker
             .ask(|reply| BrokerMsg::Dequeue {
                 schedulers,
@@ -58,8 +69,13 @@ impl Backend for LocalBackend {
                 reply,
             })
             .await
-            .map_err(gone)?
-            .map_err(|e| WorkerError::Dequeue(e.to_string()))?;
+            .map_err(gone)?;
+        if self.wait_while_disabled && matches!(answer, Err(BrokerError::Disabled)) {
+            tracing::trace!("the broker is disabled (this master does not lead): waiting");
+            tokio::time::sleep(timeout.min(DISABLED_RECHECK)).await;
+            return Ok(None);
+        }
+        let delivery = answer.map_err(|e| WorkerError::Dequeue(e.to_string()))?;
         Ok(delivery.map(|d| Assignment {
             eval: d.eval,
             token: d.token,
@@ -152,13 +168,18 @@ pub struct Workers {
 }
 
 impl Workers {
-    /// Starts `count` workers against `backend`, each with the scheduler `make` builds.
+    /// Starts `count` workers against `backend`, each with the scheduler `make` builds. While
+    /// this master does not lead (its broker is disabled) they wait, quietly.
     pub fn start<S: Scheduler + Sync + 'static>(
         count: usize,
         backend: LocalBackend,
         config: WorkerConfig,
         mut make: impl FnMut() -> S,
     ) -> Self {
+        let backend = LocalBackend {
+            wait_while_disabled: true,
+            ..backend
+        };
         let (stop, stopped) = watch::channel(false);
         let running = (0..count)
             .map(|_| {

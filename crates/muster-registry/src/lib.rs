@@ -20,11 +20,11 @@ mod registrar;
 mod state;
 pub mod store;
 pub mod types;
+mod write_error;
 
 pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
-pub use registrar::{
-    MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteError, WriteResult,
-};
+pub use registrar::{MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteResult};
 pub use state::{ENDED_EVALS_KEPT_PER_JOB, RegistryState};
 pub use store::RegistryReader;
 pub use types::{Op, OpError, Outcome};
+pub use write_error::WriteError;

@@ -12,9 +12,9 @@ use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
 
 use crate::network::{NetworkFactory, RaftService};
-use crate::registrar::WriteError;
 use crate::store::{self, RegistryReader, StoreError};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
+use crate::write_error::WriteError;
 
 /// How to start a registry member.
 #[derive(Clone, Debug)]

@@ -9,30 +9,11 @@ use std::mem;
 use muster_actor::{Context, Process, Reply};
 
 use crate::node::RegistryNode;
-use crate::types::{Batch, BatchOutcome, NodeId, Op, OpError, Outcome};
+use crate::types::{Batch, BatchOutcome, Op, OpError, Outcome};
+use crate::write_error::WriteError;
 
 /// The most operations one raft entry carries; the rest wait for the next.
 pub const MAX_OPS_PER_ENTRY: usize = 4_096;
-
-/// Why a registry write did not happen.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum WriteError {
-    /// The operation was written but changed nothing.
-    #[error(transparent)]
-    Rejected(#[from] OpError),
-    /// This master does not lead the registry group.
-    #[error("not the registry leader{}", match leader {
-        Some((id, address)) => format!(" (the leader is {id} at {address})"),
-        None => " (no leader known)".to_owned(),
-    })]
-    NotLeader {
-        /// The leader's id and address, if known.
-        leader: Option<(NodeId, String)>,
-    },
-    /// raft failed (shut down, storage error).
-    #[error("registry write failed: {0}")]
-    Failed(String),
-}
 
 /// What a caller learns of its operation.
 pub type WriteResult = Result<Outcome, WriteError>;

@@ -21,7 +21,7 @@ use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Undelivered};
 use super::peer::{PeerLink, frames};
 use super::stats::{Stats, TransportStats};
 use super::{NodeConfig, RemotePid, Upid};
-use crate::pid::lock;
+use crate::sync::lock;
 use crate::{Pid, Process, RemoteError, System};
 
 /// Why a node could not start or a name could not be registered.

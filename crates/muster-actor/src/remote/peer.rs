@@ -9,7 +9,7 @@ use futures_util::Stream;
 use muster_proto::transport::{Envelope, ErrorCode, Frame, Hello, Kind};
 use tokio::sync::{mpsc, oneshot};
 
-use crate::pid::lock;
+use crate::sync::lock;
 use crate::{ExitReason, ProcessRef, RemoteError, Upid};
 
 /// What an ask's caller receives: the reply or error envelope, or why none will come.
