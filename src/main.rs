@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use muster::actor::{Node, System};
 use muster::agent::AgentConfig;
-use muster::master::{MasterConfig, MasterMsg, MasterServer};
+use muster::master::{MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::operator_client::OperatorClient;
 
@@ -106,7 +106,12 @@ async fn dev(
     })
     .await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+    while !master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
         if tokio::time::Instant::now() > deadline {
             bail!("the dev master did not become leader within 30 s");
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, System};
 use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::scheduling as spb;
 use muster_proto::scheduling::scheduling_client::SchedulingClient;
@@ -41,7 +41,11 @@ fn config(dir: &Path, id: u64, members: &BTreeMap<u64, String>) -> MasterConfig 
 }
 
 async fn leading(master: &MasterServer) -> anyhow::Result<bool> {
-    Ok(master.pid().ask(MasterMsg::GetMetrics).await?.is_leader)
+    Ok(master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader)
 }
 
 async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
@@ -139,7 +143,7 @@ async fn submit(master: &MasterServer, name: &str, group: pb::TaskGroupSpec) -> 
     };
     master
         .pid()
-        .ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -148,7 +152,7 @@ async fn submit(master: &MasterServer, name: &str, group: pb::TaskGroupSpec) -> 
 async fn status(master: &MasterServer, name: &str) -> anyhow::Result<pb::JobStatusReply> {
     master
         .pid()
-        .ask(|reply| MasterMsg::JobStatus(name.to_owned(), reply))
+        .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -328,7 +332,12 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
             _ => (a, b),
         };
         if leading(leader).await?
-            && standby.pid().ask(MasterMsg::GetState).await?.leader == leader.address()
+            && standby
+                .pid()
+                .ask(|reply| OperatorMsg::GetState(reply).into())
+                .await?
+                .leader
+                == leader.address()
         {
             break (leader, standby);
         }
