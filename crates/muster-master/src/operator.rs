@@ -60,7 +60,7 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::LaunchTaskRequest>,
     ) -> Result<Response<pb::LaunchTaskReply>, Status> {
-        let request = request.into_inner();
+        let request = Box::new(request.into_inner());
         self.master
             .ask(|reply| OperatorMsg::LaunchTask(request, reply).into())
             .await

@@ -24,8 +24,9 @@ pub enum OperatorMsg {
     GetState(Reply<pb::ClusterState>),
     /// This master's counters (any master answers).
     GetMetrics(Reply<pb::MasterMetrics>),
-    /// Launch a task on an agent.
-    LaunchTask(pb::LaunchTaskRequest, Reply<Result<(), ServiceError>>),
+    /// Launch a task on an agent (boxed: the request is much bigger than the other
+    /// messages).
+    LaunchTask(Box<pb::LaunchTaskRequest>, Reply<Result<(), ServiceError>>),
     /// Submit a job (new or changed).
     SubmitJob(
         Option<pb::JobSpec>,
@@ -61,7 +62,7 @@ impl Master {
         match msg {
             OperatorMsg::GetState(reply) => reply.send(self.state()),
             OperatorMsg::GetMetrics(reply) => self.send_metrics(reply, ctx),
-            OperatorMsg::LaunchTask(request, reply) => self.launch(request, reply, ctx),
+            OperatorMsg::LaunchTask(request, reply) => self.launch(*request, reply, ctx),
             OperatorMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
             OperatorMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
             OperatorMsg::JobStatus(name, reply) => reply.send(self.job_status(&name)),

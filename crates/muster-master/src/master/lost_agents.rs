@@ -55,7 +55,7 @@ impl Master {
     /// (with `all_service_jobs`, every service job too): written in the same raft entry as the
     /// agents' move to unreachable. Each names the first of the agents that ran the job (the
     /// first agent, for a system job).
-    pub(super) fn evals_for_lost_agents(
+    fn evals_for_lost_agents(
         &self,
         agent_ids: &[String],
         all_service_jobs: bool,
