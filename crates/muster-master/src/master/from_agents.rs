@@ -48,6 +48,8 @@ impl AgentMsg {
     }
 }
 
+/// An agent's answer from a master that does not lead: the leader's process
+/// (`master@host:port`) if known, for the agent to try next.
 fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::NotLeader(pb::NotLeader {
@@ -58,12 +60,14 @@ fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
     }
 }
 
+/// Admitted under `id`.
 fn admitted(id: String) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::AgentId(id)),
     }
 }
 
+/// Refused, and why.
 fn refused(why: String) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::Refused(why)),
