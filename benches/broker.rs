@@ -31,7 +31,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use futures_util::future::join_all;
 use muster::actor::{Context, Node, Pid, Process, Reply, System};
-use muster::master::{LocalBackend, MasterConfig, MasterMsg, MasterServer};
+use muster::master::{
+    AgentMsg, LocalBackend, MasterConfig, MasterServer, OperatorMsg, SchedulingMsg,
+};
 use muster::proto::cluster as pb;
 use muster::registry::jobs::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
 use muster_broker::{BrokerMsg, BrokerStats};
@@ -140,7 +142,7 @@ fn system_job(n: usize) -> pb::JobSpec {
 async fn broker_stats(master: &MasterServer) -> BrokerStats {
     let pids = master
         .pid()
-        .ask(MasterMsg::Scheduling)
+        .ask(|reply| SchedulingMsg::Pids(reply).into())
         .await
         .expect("master answers");
     pids.broker
@@ -152,7 +154,7 @@ async fn broker_stats(master: &MasterServer) -> BrokerStats {
 async fn registry_entries(master: &MasterServer) -> u64 {
     master
         .pid()
-        .ask(MasterMsg::GetMetrics)
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
         .await
         .expect("master answers")
         .registry_entries
@@ -176,7 +178,7 @@ impl Storm {
         .expect("master starts");
         while !master
             .pid()
-            .ask(MasterMsg::GetMetrics)
+            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
             .await
             .expect("master answers")
             .is_leader
@@ -186,7 +188,7 @@ impl Storm {
         for n in 0..SYSTEM_JOBS {
             master
                 .pid()
-                .ask(|reply| MasterMsg::SubmitJob(Some(system_job(n)), reply))
+                .ask(|reply| OperatorMsg::SubmitJob(Some(system_job(n)), reply).into())
                 .await
                 .expect("master answers")
                 .expect("job accepted");
@@ -208,7 +210,7 @@ impl Storm {
                 attributes: Default::default(),
             };
             async move {
-                pid.ask(|r| MasterMsg::Register(pb::RegisterAgent { info: Some(info) }, r))
+                pid.ask(|r| AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r).into())
                     .await
             }
         }))
@@ -245,7 +247,7 @@ impl Storm {
         let pids = self
             .master
             .pid()
-            .ask(MasterMsg::Scheduling)
+            .ask(|reply| SchedulingMsg::Pids(reply).into())
             .await
             .expect("master answers");
         let started = Instant::now();

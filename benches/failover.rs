@@ -40,7 +40,7 @@ use criterion::{
 };
 use futures_util::future::join_all;
 use muster::actor::{Node, System, Upid};
-use muster::master::{MasterConfig, MasterMsg, MasterServer};
+use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use prost::Message as _;
@@ -159,7 +159,7 @@ impl Fixture {
                 let request = pb::RegisterAgent {
                     info: Some(info(n)),
                 };
-                pid.ask(|r| MasterMsg::Register(request, r)).await
+                pid.ask(|r| AgentMsg::Register(request, r).into()).await
             }
         }))
         .await;
@@ -203,7 +203,7 @@ async fn start(config: &MasterConfig) -> MasterServer {
     };
     while !master
         .pid()
-        .ask(MasterMsg::GetMetrics)
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
         .await
         .expect("master answers")
         .is_leader
@@ -243,7 +243,7 @@ async fn in_process(fixture: &mut Fixture, history: bool) -> Duration {
     let started = Instant::now();
     let replies = join_all(messages.into_iter().map(|m| {
         let pid = pid.clone();
-        async move { pid.ask(|r| MasterMsg::Reregister(m, r)).await }
+        async move { pid.ask(|r| AgentMsg::Reregister(m, r).into()).await }
     }))
     .await;
     let took = started.elapsed();
@@ -392,7 +392,7 @@ fn report_memory(runtime: &Runtime, fixture: &mut Fixture, history: bool) {
             .collect();
         let replies = join_all(messages.into_iter().map(|m| {
             let pid = pid.clone();
-            async move { pid.ask(|r| MasterMsg::Reregister(m, r)).await }
+            async move { pid.ask(|r| AgentMsg::Reregister(m, r).into()).await }
         }))
         .await;
         check_admitted(replies.into_iter().map(|r| r.expect("master answers")));

@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use muster::actor::{Node, System};
 use muster::agent::AgentConfig;
-use muster::master::{MasterConfig, MasterMsg, MasterServer};
+use muster::master::{MasterConfig, MasterServer, OperatorMsg, leader_hint};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::operator_client::OperatorClient;
 
@@ -106,7 +106,12 @@ async fn dev(
     })
     .await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+    while !master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
         if tokio::time::Instant::now() > deadline {
             bail!("the dev master did not become leader within 30 s");
         }
@@ -152,15 +157,14 @@ async fn dev(
     Ok(())
 }
 
-/// A client of the leading master, found from any master.
+/// A client of the leading master and its cluster state, found from any master by following
+/// the `leader` each one names (every master answers `GetState`).
 async fn leader_client(
     master: String,
 ) -> anyhow::Result<(OperatorClient<tonic::transport::Channel>, pb::ClusterState)> {
     let mut address = master;
     loop {
-        let mut client = OperatorClient::connect(format!("http://{address}"))
-            .await
-            .with_context(|| format!("cannot reach a master at {address}"))?;
+        let mut client = connect(&address).await?;
         let state = client
             .get_state(pb::GetStateRequest {})
             .await
@@ -176,18 +180,44 @@ async fn leader_client(
     }
 }
 
+async fn connect(address: &str) -> anyhow::Result<OperatorClient<tonic::transport::Channel>> {
+    OperatorClient::connect(format!("http://{address}"))
+        .await
+        .with_context(|| format!("cannot reach a master at {address}"))
+}
+
+/// Makes a leader-only `call` at the master at `address`; if that master is a standby naming
+/// the leader (FAILED_PRECONDITION with the leader in the `muster-leader` metadata, see
+/// [`leader_hint`]), makes it once more there.
+async fn at_leader<T, F, Fut>(address: &str, call: F) -> anyhow::Result<T>
+where
+    F: Fn(OperatorClient<tonic::transport::Channel>) -> Fut,
+    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let refused = match call(connect(address).await?).await {
+        Ok(reply) => return Ok(reply.into_inner()),
+        Err(status) => status,
+    };
+    let Some(leader) = leader_hint::leader_of(&refused).filter(|leader| leader != address) else {
+        bail!("{}", refused.message());
+    };
+    call(connect(&leader).await?)
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| anyhow::anyhow!("{}", status.message()))
+}
+
 async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
-    let (mut client, _) = leader_client(master).await?;
     let mut out = std::io::stdout().lock();
     match command {
         JobCommand::Run { file } => {
             let spec = job_file::read(&file)?;
             let name = spec.name.clone();
-            let reply = client
-                .submit_job(pb::SubmitJobRequest { job: Some(spec) })
-                .await
-                .map_err(|status| anyhow::anyhow!("{}", status.message()))?
-                .into_inner();
+            let reply = at_leader(&master, |mut client| {
+                let job = Some(spec.clone());
+                async move { client.submit_job(pb::SubmitJobRequest { job }).await }
+            })
+            .await?;
             writeln!(
                 out,
                 "job {name} submitted (version {}, evaluation {})",
@@ -195,19 +225,19 @@ async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
             )?;
         }
         JobCommand::Stop { name } => {
-            let reply = client
-                .stop_job(pb::StopJobRequest { name: name.clone() })
-                .await
-                .map_err(|status| anyhow::anyhow!("{}", status.message()))?
-                .into_inner();
+            let reply = at_leader(&master, |mut client| {
+                let name = name.clone();
+                async move { client.stop_job(pb::StopJobRequest { name }).await }
+            })
+            .await?;
             writeln!(out, "job {name} stopping (evaluation {})", reply.eval_id)?;
         }
         JobCommand::Status { name } => {
-            let status = client
-                .job_status(pb::JobStatusRequest { name })
-                .await
-                .map_err(|status| anyhow::anyhow!("{}", status.message()))?
-                .into_inner();
+            let status = at_leader(&master, |mut client| {
+                let name = name.clone();
+                async move { client.job_status(pb::JobStatusRequest { name }).await }
+            })
+            .await?;
             let spec = status.job.unwrap_or_default();
             writeln!(
                 out,

@@ -66,7 +66,9 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use futures_util::future::join_all;
 use muster::actor::{Node, Pid, System};
-use muster::master::{LocalBackend, MasterConfig, MasterMsg, MasterServer};
+use muster::master::{
+    AgentMsg, LocalBackend, MasterConfig, MasterServer, OperatorMsg, SchedulingMsg,
+};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::heartbeat_reply::Result as HeartbeatAnswer;
 use muster::proto::cluster::registration_reply::Result as Registration;
@@ -260,7 +262,7 @@ fn mib(bytes: i64) -> f64 {
 async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
     master
         .pid()
-        .ask(MasterMsg::GetMetrics)
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
         .await
         .expect("master answers")
 }
@@ -408,7 +410,7 @@ async fn heartbeat(
             agent_id: agent_id.clone(),
         };
         let answer = master
-            .ask(|r| MasterMsg::Heartbeat(request, r))
+            .ask(|r| AgentMsg::Heartbeat(request, r).into())
             .await
             .map(|reply| reply.result);
         let Ok(Some(HeartbeatAnswer::TtlMs(ttl_ms))) = answer else {
@@ -467,7 +469,7 @@ impl Recovered {
             let pid = pid.clone();
             let info = agent_info(n, &address);
             async move {
-                pid.ask(|r| MasterMsg::Register(pb::RegisterAgent { info: Some(info) }, r))
+                pid.ask(|r| AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r).into())
                     .await
             }
         }))
@@ -491,7 +493,7 @@ impl Recovered {
                 (0..SYSTEM_JOBS).map(|j| job_spec(system_job_name(j), "system", SYSTEM_GROUP, 0)),
             );
         for spec in specs {
-            pid.ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+            pid.ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
                 .await
                 .expect("master answers")
                 .expect("job accepted");
@@ -526,11 +528,11 @@ impl Recovered {
         let last = messages.pop().expect("agents");
         let mut replies = join_all(messages.into_iter().map(|message| {
             let pid = pid.clone();
-            async move { pid.ask(|r| MasterMsg::Reregister(message, r)).await }
+            async move { pid.ask(|r| AgentMsg::Reregister(message, r).into()).await }
         }))
         .await;
         let asked = Instant::now();
-        replies.push(pid.ask(|r| MasterMsg::Reregister(last, r)).await);
+        replies.push(pid.ask(|r| AgentMsg::Reregister(last, r).into()).await);
         let answered = Instant::now();
         for reply in replies {
             let reply = reply.expect("master answers");
@@ -568,7 +570,7 @@ impl Recovered {
         );
 
         let pids = pid
-            .ask(MasterMsg::Scheduling)
+            .ask(|reply| SchedulingMsg::Pids(reply).into())
             .await
             .expect("master answers");
         let backend = Counting {

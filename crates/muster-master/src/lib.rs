@@ -9,17 +9,26 @@
 //!
 //! # Layout
 //! - [`MasterConfig`]: settings, with Mesos's defaults.
-//! - [`Master`], [`MasterMsg`]: the process.
+//! - [`Master`], [`MasterMsg`]: the process. Its messages are grouped by who sends them:
+//!   [`AgentMsg`], [`OperatorMsg`], [`SchedulingMsg`], [`InternalMsg`]; each group's enum and
+//!   handlers live in `src/master/` in the file named for it (`from_agents.rs`,
+//!   `from_operators.rs`, `from_scheduling.rs`, `internal.rs`).
+//! - [`ServiceError`]: why the operator or scheduling API refused a request, and its gRPC
+//!   status.
+//! - [`leader_hint`]: the "not the leader" answer every gRPC API gives, and how to follow it.
 //! - [`OperatorService`]: cluster state, metrics and jobs over gRPC.
 //! - [`jobs`]: job specs: validation and conversion.
-//! - [`MasterServer`]: port, registry, process and API started together.
+//! - [`MasterServer`]: port, registry, process and API started together ([`MasterError`]:
+//!   why it could not start).
 //! - [`Workers`], [`LocalBackend`]: scheduler workers inside the master process.
 //! - [`SchedulingService`]: the broker and plan applier over gRPC, for workers in other
 //!   programs (their side: [`muster_scheduler::RemoteBackend`]).
 
 mod cluster;
 mod config;
+mod error;
 pub mod jobs;
+pub mod leader_hint;
 mod master;
 mod operator;
 mod scheduling_service;
@@ -27,7 +36,10 @@ mod server;
 mod workers;
 
 pub use config::{MasterConfig, Placement};
-pub use master::{Master, MasterMsg, SchedulingPids};
+pub use error::ServiceError;
+pub use master::{
+    AgentMsg, InternalMsg, Master, MasterMsg, OperatorMsg, SchedulingMsg, SchedulingPids,
+};
 pub use operator::OperatorService;
 pub use scheduling_service::SchedulingService;
 pub use server::{MasterError, MasterServer};

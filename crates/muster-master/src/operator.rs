@@ -1,11 +1,16 @@
 //! The operator API: gRPC on the master's port, answered by the master process.
+//!
+//! `GetState` and `GetMetrics` answer on every master; the other calls are leader-only and a
+//! standby answers them as [`leader_hint`](crate::leader_hint) describes. Every failure maps to
+//! its status through [`ServiceError`].
 
-use muster_actor::{AskError, Pid};
+use muster_actor::Pid;
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_server::{Operator, OperatorServer};
 use tonic::{Request, Response, Status};
 
-use crate::master::{Master, MasterMsg};
+use crate::error::ServiceError;
+use crate::master::{Master, OperatorMsg};
 
 /// The tonic service; each call is an ask to the master process.
 #[derive(Clone, Debug)]
@@ -25,10 +30,6 @@ impl OperatorService {
     }
 }
 
-fn unavailable(e: AskError) -> Status {
-    Status::unavailable(format!("the master process is not answering: {e}"))
-}
-
 #[tonic::async_trait]
 impl Operator for OperatorService {
     async fn get_state(
@@ -37,9 +38,9 @@ impl Operator for OperatorService {
     ) -> Result<Response<pb::ClusterState>, Status> {
         let state = self
             .master
-            .ask(MasterMsg::GetState)
+            .ask(|reply| OperatorMsg::GetState(reply).into())
             .await
-            .map_err(unavailable)?;
+            .map_err(ServiceError::from)?;
         Ok(Response::new(state))
     }
 
@@ -49,9 +50,9 @@ impl Operator for OperatorService {
     ) -> Result<Response<pb::MasterMetrics>, Status> {
         let metrics = self
             .master
-            .ask(MasterMsg::GetMetrics)
+            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
             .await
-            .map_err(unavailable)?;
+            .map_err(ServiceError::from)?;
         Ok(Response::new(metrics))
     }
 
@@ -59,12 +60,11 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::LaunchTaskRequest>,
     ) -> Result<Response<pb::LaunchTaskReply>, Status> {
-        let request = request.into_inner();
+        let request = Box::new(request.into_inner());
         self.master
-            .ask(|reply| MasterMsg::LaunchTask(request, reply))
+            .ask(|reply| OperatorMsg::LaunchTask(request, reply).into())
             .await
-            .map_err(unavailable)?
-            .map_err(Status::failed_precondition)?;
+            .map_err(ServiceError::from)??;
         Ok(Response::new(pb::LaunchTaskReply {}))
     }
 
@@ -75,10 +75,9 @@ impl Operator for OperatorService {
         let spec = request.into_inner().job;
         let reply = self
             .master
-            .ask(|reply| MasterMsg::SubmitJob(spec, reply))
+            .ask(|reply| OperatorMsg::SubmitJob(spec, reply).into())
             .await
-            .map_err(unavailable)?
-            .map_err(Status::failed_precondition)?;
+            .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
     }
 
@@ -89,10 +88,9 @@ impl Operator for OperatorService {
         let name = request.into_inner().name;
         let reply = self
             .master
-            .ask(|reply| MasterMsg::StopJob(name, reply))
+            .ask(|reply| OperatorMsg::StopJob(name, reply).into())
             .await
-            .map_err(unavailable)?
-            .map_err(Status::failed_precondition)?;
+            .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
     }
 
@@ -103,10 +101,9 @@ impl Operator for OperatorService {
         let name = request.into_inner().name;
         let reply = self
             .master
-            .ask(|reply| MasterMsg::JobStatus(name, reply))
+            .ask(|reply| OperatorMsg::JobStatus(name, reply).into())
             .await
-            .map_err(unavailable)?
-            .map_err(Status::not_found)?;
+            .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
     }
 }

@@ -2,11 +2,10 @@
 //! broker and plan applier over gRPC (`muster.scheduling.v1`), on the master's port.
 //!
 //! Each call does what a worker inside the master does: it goes through a [`LocalBackend`],
-//! so the two kinds of worker share one copy of the logic. A standby answers
-//! `FAILED_PRECONDITION` naming the leader ([`muster_scheduler::remote::not_leader`]); the other
-//! statuses are listed in [`muster_scheduler::remote`].
+//! so the two kinds of worker share one copy of the logic. A standby answers as
+//! [`leader_hint`](crate::leader_hint) describes; the other statuses are listed in
+//! [`muster_scheduler::remote`]. Every failure maps to its status through [`ServiceError`].
 
-use muster_actor::AskError;
 use muster_proto::scheduling as pb;
 use muster_proto::scheduling::scheduling_server::{Scheduling, SchedulingServer};
 use muster_registry::jobs::{EvalId, Evaluation, SchedulerType};
@@ -16,7 +15,8 @@ use muster_scheduler::remote::{
 use muster_scheduler::{Backend, Demand, Plan, WorkerError};
 use tonic::{Request, Response, Status};
 
-use crate::master::MasterMsg;
+use crate::error::ServiceError;
+use crate::master::OperatorMsg;
 use crate::workers::LocalBackend;
 
 /// The tonic service; each call is an ask to the master process or its broker.
@@ -44,54 +44,50 @@ impl SchedulingService {
             .max_encoding_message_size(DEFAULT_MAX_MESSAGE_SIZE)
     }
 
-    /// `Ok` if this master leads; otherwise the answer that sends the caller on.
-    async fn leading(&self) -> Result<(), Status> {
+    /// `Ok` if this master leads; otherwise the error that sends the caller on.
+    async fn leading(&self) -> Result<(), ServiceError> {
         let master = self.backend.master();
         if master
-            .ask(MasterMsg::GetMetrics)
-            .await
-            .map_err(unavailable)?
+            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+            .await?
             .is_leader
         {
             return Ok(());
         }
         // A standby's state is only the leader's address: cheap to ask for.
-        let state = master.ask(MasterMsg::GetState).await.map_err(unavailable)?;
+        let state = master
+            .ask(|reply| OperatorMsg::GetState(reply).into())
+            .await?;
         if state.is_leader {
             Ok(())
-        } else if state.leader.is_empty() {
-            Err(Status::unavailable(
-                "not the leading master, and no leader is known yet",
-            ))
         } else if state.leader == self.address {
-            Err(Status::unavailable(
-                "this master is taking over as the leader; try again shortly",
+            Err(ServiceError::Unavailable(
+                "this master is taking over as the leader; try again shortly".into(),
             ))
         } else {
-            Err(remote::not_leader(&state.leader))
+            Err(ServiceError::not_leader(Some(state.leader)))
         }
     }
 
     /// The answer to a failed call: a standby's redirect if this master no longer leads,
     /// otherwise the refusal.
     async fn refused(&self, error: WorkerError) -> Status {
-        match error {
-            WorkerError::Unavailable(why) => Status::unavailable(why),
-            WorkerError::StaleSnapshot { min_index, got } => remote::stale_snapshot(min_index, got),
+        let error = match error {
+            WorkerError::Unavailable(why) => ServiceError::Unavailable(why),
+            WorkerError::StaleSnapshot { min_index, got } => {
+                ServiceError::StaleSnapshot { min_index, got }
+            }
             refusal => match self.leading().await {
                 Err(redirect) => redirect,
-                Ok(()) => Status::aborted(reason(refusal)),
+                Ok(()) => ServiceError::Aborted(reason(refusal)),
             },
-        }
+        };
+        error.into()
     }
 }
 
-fn unavailable(e: AskError) -> Status {
-    Status::unavailable(format!("the master process is not answering: {e}"))
-}
-
 fn invalid(e: ConversionError) -> Status {
-    Status::invalid_argument(e.to_string())
+    ServiceError::from(e).into()
 }
 
 /// The reason alone, as the worker wraps it in its own error again.

@@ -9,12 +9,13 @@ use muster_registry::{RegistryConfig, RegistryError, RegistryNode};
 use tonic::service::Routes;
 
 use crate::config::{MasterConfig, Placement};
-use crate::master::{Master, MasterMsg};
+use crate::master::{AgentMsg, InternalMsg, Master, SchedulingMsg};
 use crate::operator::OperatorService;
 use crate::scheduling_service::SchedulingService;
 use crate::workers::{LocalBackend, Workers};
 
-/// Why a master could not start.
+/// Why a master could not start (a refused request is a
+/// [`ServiceError`](crate::ServiceError)).
 #[derive(Debug, thiserror::Error)]
 pub enum MasterError {
     /// The listening address is malformed or the port is taken.
@@ -93,7 +94,7 @@ impl MasterServer {
             &system,
         ));
         let scheduling = master
-            .ask(MasterMsg::Scheduling)
+            .ask(|reply| SchedulingMsg::Pids(reply).into())
             .await
             .map_err(|e| MasterError::Config(format!("the master process did not start: {e}")))?;
         let backend = LocalBackend::new(master.clone(), scheduling.broker);
@@ -102,12 +103,18 @@ impl MasterServer {
             .add_service(SchedulingService::new(backend.clone(), address.clone()).into_server());
         let node = Node::serve(&system, listener, NodeConfig::default(), routes)?;
         // Only fails if the master already ended, which `start` would have no way to cause.
-        let _ = master.tell(MasterMsg::UseNode(node.clone()));
+        let _ = master.tell(InternalMsg::UseNode(node.clone()).into());
         node.register("master", &master)?
-            .install_ask::<pb::RegisterAgent, pb::RegistrationReply>(MasterMsg::Register)
-            .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(MasterMsg::Reregister)
-            .install_ask::<pb::Heartbeat, pb::HeartbeatReply>(MasterMsg::Heartbeat)
-            .install::<pb::TaskStatusUpdate>(MasterMsg::TaskStatus);
+            .install_ask::<pb::RegisterAgent, pb::RegistrationReply>(|m, r| {
+                AgentMsg::Register(m, r).into()
+            })
+            .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(|m, r| {
+                AgentMsg::Reregister(m, r).into()
+            })
+            .install_ask::<pb::Heartbeat, pb::HeartbeatReply>(|m, r| {
+                AgentMsg::Heartbeat(m, r).into()
+            })
+            .install::<pb::TaskStatusUpdate>(|m| AgentMsg::TaskStatus(m).into());
         let config = muster_scheduler::WorkerConfig::default();
         let workers = match placement {
             Placement::Binpack => {

@@ -13,7 +13,7 @@ use muster_scheduler::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::master::{Master, MasterMsg};
+use crate::master::{Master, SchedulingMsg};
 
 /// A worker's way to the leading master when it runs in the same process.
 #[derive(Clone, Debug)]
@@ -83,7 +83,11 @@ impl Backend for LocalBackend {
     }
 
     async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
-        let snapshot = self.master.ask(MasterMsg::Snapshot).await.map_err(gone)?;
+        let snapshot = self
+            .master
+            .ask(|reply| SchedulingMsg::Snapshot(reply).into())
+            .await
+            .map_err(gone)?;
         if snapshot.index < min_index {
             return Err(WorkerError::StaleSnapshot {
                 min_index,
@@ -96,10 +100,13 @@ impl Backend for LocalBackend {
     async fn submit(&self, plan: Plan) -> Result<PlanResult, WorkerError> {
         let eval = plan.eval.clone();
         self.master
-            .ask(|reply| MasterMsg::SubmitPlan(plan, reply))
+            .ask(|reply| SchedulingMsg::SubmitPlan(plan, reply).into())
             .await
             .map_err(gone)?
-            .map_err(|reason| WorkerError::Submit { eval, reason })
+            .map_err(|e| WorkerError::Submit {
+                eval,
+                reason: e.to_string(),
+            })
     }
 
     async fn ack(&self, eval: &EvalId, token: &str) -> Result<(), WorkerError> {
@@ -138,25 +145,34 @@ impl Backend for LocalBackend {
         let id = eval.id.clone();
         let snapshot_index = eval.snapshot_index;
         self.master
-            .ask(|reply| MasterMsg::BlockEval {
-                eval,
-                unplaced,
-                snapshot_index,
-                reply,
+            .ask(|reply| {
+                SchedulingMsg::BlockEval {
+                    eval,
+                    unplaced,
+                    snapshot_index,
+                    reply,
+                }
+                .into()
             })
             .await
             .map_err(gone)?
-            .map_err(|reason| WorkerError::Block { eval: id, reason })
+            .map_err(|e| WorkerError::Block {
+                eval: id,
+                reason: e.to_string(),
+            })
     }
 
     async fn complete(&self, eval: &Evaluation) -> Result<(), WorkerError> {
         let id = eval.id.clone();
         let eval = eval.clone();
         self.master
-            .ask(|reply| MasterMsg::CompleteEval(eval, reply))
+            .ask(|reply| SchedulingMsg::CompleteEval(eval, reply).into())
             .await
             .map_err(gone)?
-            .map_err(|reason| WorkerError::Complete { eval: id, reason })
+            .map_err(|e| WorkerError::Complete {
+                eval: id,
+                reason: e.to_string(),
+            })
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, System, Upid};
-use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::registration_reply::Result as Registration;
 use tokio::time::Instant;
@@ -121,7 +121,10 @@ async fn leader(masters: &BTreeMap<u64, MasterServer>) -> anyhow::Result<u64> {
     let deadline = Instant::now() + DEADLINE;
     loop {
         for (id, master) in masters {
-            let metrics = master.pid().ask(MasterMsg::GetMetrics).await?;
+            let metrics = master
+                .pid()
+                .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+                .await?;
             if metrics.is_leader {
                 return Ok(*id);
             }
@@ -140,7 +143,10 @@ async fn state_when(
 ) -> anyhow::Result<pb::ClusterState> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let state = master.pid().ask(MasterMsg::GetState).await?;
+        let state = master
+            .pid()
+            .ask(|reply| OperatorMsg::GetState(reply).into())
+            .await?;
         if done(&state) {
             return Ok(state);
         }
@@ -207,7 +213,10 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
     for agent in &agents {
         reregister(&agents_node, &addresses, agent).await?;
     }
-    let state = masters[&first].pid().ask(MasterMsg::GetState).await?;
+    let state = masters[&first]
+        .pid()
+        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .await?;
     assert_eq!(state.agents.len(), 5);
     assert!(
         state
@@ -262,7 +271,10 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
         assert_eq!(got.tasks, agent.tasks);
     }
     assert_eq!(rebuilt.frameworks.len(), 2);
-    let metrics = masters[&second].pid().ask(MasterMsg::GetMetrics).await?;
+    let metrics = masters[&second]
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
     assert_eq!(metrics.agents_reregistered, 5);
     assert_eq!(
         metrics.registry_entries, 0,
@@ -314,7 +326,7 @@ async fn restart_with_missing_agents(
     };
     master
         .pid()
-        .ask(|reply| MasterMsg::SubmitJob(Some(web), reply))
+        .ask(|reply| OperatorMsg::SubmitJob(Some(web), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     master.shutdown().await;
@@ -333,7 +345,7 @@ async fn restart_with_missing_agents(
     .await?;
     let web = master
         .pid()
-        .ask(|reply| MasterMsg::JobStatus("web".into(), reply))
+        .ask(|reply| OperatorMsg::JobStatus("web".into(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     agents_node.shutdown();
@@ -439,7 +451,10 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
     assert_eq!(state.unreachable[0].id, silent);
     assert_eq!(state.agents[0].id, healthy);
     assert!(state.agents[0].connected);
-    let metrics = master.pid().ask(MasterMsg::GetMetrics).await?;
+    let metrics = master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
     assert_eq!(metrics.agents_unreachable, 1);
 
     node.shutdown();

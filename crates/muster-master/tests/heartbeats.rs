@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Node, System, Upid};
-use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::heartbeat_reply::Result as Beat;
 use muster_proto::cluster::registration_reply::Result as Registration;
@@ -52,7 +52,12 @@ async fn start(config: &MasterConfig) -> anyhow::Result<MasterServer> {
             Err(e) => return Err(e).context("starting a master"),
         }
     };
-    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+    while !master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
         ensure!(Instant::now() < deadline, "the master did not lead");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -118,7 +123,10 @@ async fn state_when(
 ) -> anyhow::Result<pb::ClusterState> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let state = master.pid().ask(MasterMsg::GetState).await?;
+        let state = master
+            .pid()
+            .ask(|reply| OperatorMsg::GetState(reply).into())
+            .await?;
         if done(&state) {
             return Ok(state);
         }
@@ -203,10 +211,16 @@ async fn an_agent_that_stops_heartbeating_is_marked_unreachable_after_its_ttl_an
         ensure!(!beating.is_finished(), "{:?}", beating.await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let state = master.pid().ask(MasterMsg::GetState).await?;
+    let state = master
+        .pid()
+        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .await?;
     ensure!(connected(&state, &healthy), "{state:?}");
     ensure!(!is_unreachable(&state, &healthy), "{state:?}");
-    let metrics = master.pid().ask(MasterMsg::GetMetrics).await?;
+    let metrics = master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
     assert_eq!(metrics.agents_unreachable, 1);
 
     stop.store(true, Ordering::SeqCst);
@@ -358,7 +372,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     };
     master
         .pid()
-        .ask(|reply| MasterMsg::SubmitJob(Some(daemon), reply))
+        .ask(|reply| OperatorMsg::SubmitJob(Some(daemon), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     // It registers, heartbeats once, and goes silent: marked unreachable.
@@ -372,7 +386,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     // It comes back: one raft entry stores its return and the system job's evaluation.
     let before = master
         .pid()
-        .ask(MasterMsg::GetMetrics)
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
         .await?
         .registry_entries;
     let reply = node
@@ -395,7 +409,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     loop {
         let status = master
             .pid()
-            .ask(|reply| MasterMsg::JobStatus("daemon".into(), reply))
+            .ask(|reply| OperatorMsg::JobStatus("daemon".into(), reply).into())
             .await?
             .map_err(anyhow::Error::msg)?;
         let back = status
@@ -414,7 +428,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     }
     let after = master
         .pid()
-        .ask(MasterMsg::GetMetrics)
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
         .await?
         .registry_entries;
     assert_eq!(
@@ -422,7 +436,10 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
         1,
         "the return and its evaluations in one entry"
     );
-    let state = master.pid().ask(MasterMsg::GetState).await?;
+    let state = master
+        .pid()
+        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .await?;
     ensure!(connected(&state, &agent), "{state:?}");
     node.shutdown();
     master.shutdown().await;

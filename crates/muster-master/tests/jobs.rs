@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster_broker::{BrokerMsg, BrokerStats};
-use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_master::{MasterConfig, MasterServer, OperatorMsg, SchedulingMsg, ServiceError};
 use muster_proto::cluster as pb;
 use tokio::time::Instant;
 
@@ -31,7 +31,12 @@ async fn start(dir: &Path) -> anyhow::Result<MasterServer> {
             Err(e) => return Err(e).context("starting the master"),
         }
     };
-    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+    while !master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
         if Instant::now() > deadline {
             bail!("the master did not lead");
         }
@@ -60,17 +65,20 @@ fn spec(name: &str) -> pb::JobSpec {
 }
 
 async fn broker_stats(master: &MasterServer) -> anyhow::Result<BrokerStats> {
-    let pids = master.pid().ask(MasterMsg::Scheduling).await?;
+    let pids = master
+        .pid()
+        .ask(|reply| SchedulingMsg::Pids(reply).into())
+        .await?;
     Ok(pids.broker.ask(BrokerMsg::Stats).await?)
 }
 
 async fn submit(
     master: &MasterServer,
     spec: pb::JobSpec,
-) -> anyhow::Result<Result<pb::SubmitJobReply, String>> {
+) -> anyhow::Result<Result<pb::SubmitJobReply, ServiceError>> {
     Ok(master
         .pid()
-        .ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
         .await?)
 }
 
@@ -85,7 +93,7 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     assert_eq!(submitted.version, 1);
     let status = master
         .pid()
-        .ask(|reply| MasterMsg::JobStatus("shop".into(), reply))
+        .ask(|reply| OperatorMsg::JobStatus("shop".into(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     assert_eq!(status.job.as_ref().map(|j| j.groups[0].count), Some(3));
@@ -103,14 +111,14 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     });
     let refused = submit(&master, bad).await?;
     match refused {
-        Err(e) => assert!(e.contains("groups[0].resources.cpus"), "{e}"),
+        Err(e) => assert!(e.to_string().contains("groups[0].resources.cpus"), "{e}"),
         Ok(reply) => bail!("accepted a negative cpu count: {reply:?}"),
     }
 
     // Stopping adds an evaluation, which waits behind the one in flight.
     let stopped = master
         .pid()
-        .ask(|reply| MasterMsg::StopJob("shop".into(), reply))
+        .ask(|reply| OperatorMsg::StopJob("shop".into(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     assert_eq!(stopped.version, 2);
@@ -118,10 +126,10 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     assert_eq!((stats.ready, stats.pending), (1, 1));
     let unknown = master
         .pid()
-        .ask(|reply| MasterMsg::StopJob("nope".into(), reply))
+        .ask(|reply| OperatorMsg::StopJob("nope".into(), reply).into())
         .await?;
     assert!(
-        matches!(&unknown, Err(e) if e.contains("no job named \"nope\"")),
+        matches!(&unknown, Err(e) if e.to_string().contains("no job named \"nope\"")),
         "{unknown:?}"
     );
 
@@ -141,7 +149,7 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     }
     let status = master
         .pid()
-        .ask(|reply| MasterMsg::JobStatus("shop".into(), reply))
+        .ask(|reply| OperatorMsg::JobStatus("shop".into(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     assert!(status.stopped);

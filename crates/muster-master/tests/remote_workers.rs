@@ -2,7 +2,7 @@
 //! agents, and workers in the test that reach the master through the scheduling API over
 //! tonic with a `RemoteBackend`. A service job is placed and runs; a job too big blocks and is
 //! placed when an agent joins; an unreachable master in the list is skipped and a standby
-//! sends the workers to the leader.
+//! sends the workers (and operators) to the leader.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -11,8 +11,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, System};
 use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
+use muster_proto::cluster::operator_client::OperatorClient;
 use muster_proto::scheduling as spb;
 use muster_proto::scheduling::scheduling_client::SchedulingClient;
 use muster_scheduler::remote::leader_hint;
@@ -41,7 +42,11 @@ fn config(dir: &Path, id: u64, members: &BTreeMap<u64, String>) -> MasterConfig 
 }
 
 async fn leading(master: &MasterServer) -> anyhow::Result<bool> {
-    Ok(master.pid().ask(MasterMsg::GetMetrics).await?.is_leader)
+    Ok(master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader)
 }
 
 async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
@@ -139,7 +144,7 @@ async fn submit(master: &MasterServer, name: &str, group: pb::TaskGroupSpec) -> 
     };
     master
         .pid()
-        .ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -148,7 +153,7 @@ async fn submit(master: &MasterServer, name: &str, group: pb::TaskGroupSpec) -> 
 async fn status(master: &MasterServer, name: &str) -> anyhow::Result<pb::JobStatusReply> {
     master
         .pid()
-        .ask(|reply| MasterMsg::JobStatus(name.to_owned(), reply))
+        .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -328,7 +333,12 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
             _ => (a, b),
         };
         if leading(leader).await?
-            && standby.pid().ask(MasterMsg::GetState).await?.leader == leader.address()
+            && standby
+                .pid()
+                .ask(|reply| OperatorMsg::GetState(reply).into())
+                .await?
+                .leader
+                == leader.address()
         {
             break (leader, standby);
         }
@@ -368,6 +378,45 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
         .expect_err("unknown scheduler type");
     assert_eq!(answer.code(), tonic::Code::InvalidArgument);
     assert!(answer.message().contains("schedulers[1]"), "{answer:?}");
+
+    // The operator API's leader-only calls answer a standby's way too; GetState answers on
+    // any master.
+    let mut operator = OperatorClient::connect(format!("http://{}", standby.address())).await?;
+    let answers = [
+        operator
+            .job_status(pb::JobStatusRequest { name: "web".into() })
+            .await
+            .expect_err("a standby has no job status"),
+        operator
+            .stop_job(pb::StopJobRequest { name: "web".into() })
+            .await
+            .expect_err("a standby stops no job"),
+        operator
+            .submit_job(pb::SubmitJobRequest { job: None })
+            .await
+            .expect_err("a standby takes no job"),
+    ];
+    for answer in answers {
+        assert_eq!(answer.code(), tonic::Code::FailedPrecondition, "{answer:?}");
+        assert_eq!(
+            answer
+                .metadata()
+                .get(muster_master::leader_hint::METADATA_KEY)
+                .and_then(|v| v.to_str().ok()),
+            Some(leader.address()),
+            "{answer:?}"
+        );
+        assert_eq!(
+            muster_master::leader_hint::leader_of(&answer).as_deref(),
+            Some(leader.address())
+        );
+    }
+    let state = operator
+        .get_state(pb::GetStateRequest {})
+        .await?
+        .into_inner();
+    assert!(!state.is_leader);
+    assert_eq!(state.leader, leader.address());
 
     let addresses: Vec<String> = members.values().cloned().collect();
     let (_node, agent, _) = start_agent(addresses, dir.path(), "only", 4.0).await?;

@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, System};
 use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::{MasterConfig, MasterMsg, MasterServer};
+use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use tokio::time::Instant;
 
@@ -24,7 +24,12 @@ async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
     })
     .await?;
     let deadline = Instant::now() + DEADLINE;
-    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+    while !master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
         if Instant::now() > deadline {
             bail!("the master did not lead");
         }
@@ -66,7 +71,7 @@ fn group(name: &str, count: u32, cpus: f64, command: &str, args: &[&str]) -> pb:
 async fn submit(master: &MasterServer, spec: pb::JobSpec) -> anyhow::Result<()> {
     master
         .pid()
-        .ask(|reply| MasterMsg::SubmitJob(Some(spec), reply))
+        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -82,7 +87,7 @@ async fn job_when(
     loop {
         let status = master
             .pid()
-            .ask(|reply| MasterMsg::JobStatus(name.to_owned(), reply))
+            .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), reply).into())
             .await?
             .map_err(anyhow::Error::msg)?;
         if done(&status) {
@@ -267,7 +272,7 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     );
     master
         .pid()
-        .ask(|reply| MasterMsg::StopJob("flaky".into(), reply))
+        .ask(|reply| OperatorMsg::StopJob("flaky".into(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
 
@@ -292,7 +297,7 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     .await?;
     master
         .pid()
-        .ask(|reply| MasterMsg::StopJob("sleepy".into(), reply))
+        .ask(|reply| OperatorMsg::StopJob("sleepy".into(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     job_when(&master, "sleepy", "both tasks killed", |s| {
@@ -331,7 +336,12 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
     })
     .await?;
     let deadline = Instant::now() + DEADLINE;
-    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+    while !master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
         if Instant::now() > deadline {
             bail!("the master did not lead");
         }
@@ -375,7 +385,10 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
         "{:?}",
         rescheduled.evals
     );
-    let state = master.pid().ask(MasterMsg::GetState).await?;
+    let state = master
+        .pid()
+        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .await?;
     assert_eq!(
         state
             .unreachable
@@ -628,7 +641,12 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
     })
     .await?;
     let deadline = Instant::now() + DEADLINE;
-    while !master.pid().ask(MasterMsg::GetMetrics).await?.is_leader {
+    while !master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
         anyhow::ensure!(Instant::now() < deadline, "the master did not lead");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
@@ -704,7 +722,7 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         .await?;
     let status = master
         .pid()
-        .ask(|reply| MasterMsg::JobStatus("web".into(), reply))
+        .ask(|reply| OperatorMsg::JobStatus("web".into(), reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     let states: Vec<i32> = status

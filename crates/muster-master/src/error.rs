@@ -1,0 +1,202 @@
+//! What the master's services answer when a request fails ([`ServiceError`]), and its one
+//! mapping to gRPC statuses, shared by the operator and scheduling APIs.
+
+use muster_actor::AskError;
+use muster_registry::WriteError;
+use muster_scheduler::remote::{self, ConversionError};
+use tonic::Status;
+
+use crate::jobs::JobSpecError;
+use crate::leader_hint;
+
+/// Why the master refused or could not do a request from an operator or a scheduler worker.
+///
+/// Each variant has one gRPC status (`From<ServiceError> for tonic::Status`), named in its
+/// doc.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum ServiceError {
+    /// No job by that name: `NOT_FOUND`.
+    #[error("no job named {0:?}")]
+    UnknownJob(String),
+    /// No agent by that id: `NOT_FOUND`.
+    #[error("unknown agent {0:?}")]
+    UnknownAgent(String),
+    /// A request field is missing or wrong: `INVALID_ARGUMENT`.
+    #[error("{message}")]
+    InvalidArgument {
+        /// The field's path from the request (`job.groups[0].resources.cpus`).
+        field: String,
+        /// The whole explanation, naming the field.
+        message: String,
+    },
+    /// This master does not lead: `FAILED_PRECONDITION` naming the leader, or `UNAVAILABLE`
+    /// if no leader is known (see [`leader_hint`]).
+    #[error("{}", leader_hint::message(leader.as_deref()))]
+    NotLeader {
+        /// The leading master's address (`host:port`), if known.
+        leader: Option<String>,
+    },
+    /// The cluster is not in a state that allows the request (the agent is not connected,
+    /// the task already runs there, the agent refused it): `FAILED_PRECONDITION`.
+    #[error("{0}")]
+    FailedPrecondition(String),
+    /// Something the request needs cannot be reached now (the registry, the master process,
+    /// an agent, a master taking over): try again. `UNAVAILABLE`.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Refused by the eval broker or the registry (a stale token, a write that changed
+    /// nothing): `ABORTED`.
+    #[error("{0}")]
+    Aborted(String),
+    /// The master's state is older than the snapshot asked for: `OUT_OF_RANGE`, with the
+    /// state's index in the `muster-snapshot-index` metadata.
+    #[error("the cluster snapshot is at index {got}, older than the required {min_index}")]
+    StaleSnapshot {
+        /// The index asked for.
+        min_index: u64,
+        /// The index of the master's state.
+        got: u64,
+    },
+}
+
+impl ServiceError {
+    /// A not-the-leader error naming `leader` (`host:port`), if known and not empty.
+    pub fn not_leader(leader: Option<String>) -> Self {
+        ServiceError::NotLeader {
+            leader: leader.filter(|leader| !leader.is_empty()),
+        }
+    }
+}
+
+impl From<ServiceError> for Status {
+    fn from(error: ServiceError) -> Status {
+        match error {
+            ServiceError::UnknownJob(_) | ServiceError::UnknownAgent(_) => {
+                Status::not_found(error.to_string())
+            }
+            ServiceError::InvalidArgument { message, .. } => Status::invalid_argument(message),
+            ServiceError::NotLeader { leader } => leader_hint::not_leader(leader.as_deref()),
+            ServiceError::FailedPrecondition(why) => Status::failed_precondition(why),
+            ServiceError::Unavailable(why) => Status::unavailable(why),
+            ServiceError::Aborted(why) => Status::aborted(why),
+            ServiceError::StaleSnapshot { min_index, got } => {
+                remote::stale_snapshot(min_index, got)
+            }
+        }
+    }
+}
+
+impl From<AskError> for ServiceError {
+    /// The master process (or its broker) did not answer.
+    fn from(e: AskError) -> Self {
+        ServiceError::Unavailable(format!("the master process is not answering: {e}"))
+    }
+}
+
+impl From<JobSpecError> for ServiceError {
+    /// A job spec that cannot be accepted; the field's path starts at the request's `job`.
+    fn from(e: JobSpecError) -> Self {
+        ServiceError::InvalidArgument {
+            field: format!("job.{}", e.field),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<ConversionError> for ServiceError {
+    /// A malformed scheduling request.
+    fn from(e: ConversionError) -> Self {
+        ServiceError::InvalidArgument {
+            field: e.field().to_owned(),
+            message: e.to_string(),
+        }
+    }
+}
+
+impl From<WriteError> for ServiceError {
+    /// A registry write that did not go through.
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::NotLeader { leader } => {
+                ServiceError::not_leader(leader.map(|(_, address)| address))
+            }
+            WriteError::Rejected(_) => ServiceError::Aborted(e.to_string()),
+            WriteError::Failed(_) => ServiceError::Unavailable(e.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn each_error_has_its_status() {
+        let cases = [
+            (ServiceError::UnknownJob("web".into()), Code::NotFound),
+            (ServiceError::UnknownAgent("a1".into()), Code::NotFound),
+            (
+                ServiceError::InvalidArgument {
+                    field: "job.name".into(),
+                    message: "invalid job: name: empty".into(),
+                },
+                Code::InvalidArgument,
+            ),
+            (
+                ServiceError::not_leader(Some("h:1".into())),
+                Code::FailedPrecondition,
+            ),
+            (ServiceError::not_leader(None), Code::Unavailable),
+            (
+                ServiceError::not_leader(Some(String::new())),
+                Code::Unavailable,
+            ),
+            (
+                ServiceError::FailedPrecondition("agent a1 is not connected".into()),
+                Code::FailedPrecondition,
+            ),
+            (ServiceError::Unavailable("down".into()), Code::Unavailable),
+            (ServiceError::Aborted("stale token".into()), Code::Aborted),
+            (
+                ServiceError::StaleSnapshot {
+                    min_index: 5,
+                    got: 3,
+                },
+                Code::OutOfRange,
+            ),
+        ];
+        for (error, code) in cases {
+            let message = error.to_string();
+            let status = Status::from(error);
+            assert_eq!(status.code(), code, "{status:?}");
+            assert_eq!(status.message(), message);
+        }
+    }
+
+    #[test]
+    fn not_the_leader_names_the_leader_in_the_metadata() {
+        let status = Status::from(ServiceError::not_leader(Some("10.0.0.2:5050".into())));
+        assert_eq!(
+            leader_hint::leader_of(&status).as_deref(),
+            Some("10.0.0.2:5050")
+        );
+        assert_eq!(
+            status.message(),
+            "not the leading master; the leader is 10.0.0.2:5050"
+        );
+    }
+
+    #[test]
+    fn a_bad_job_names_the_field_from_the_request() {
+        let error = ServiceError::from(JobSpecError {
+            field: "groups[0].resources.cpus".into(),
+            problem: "must not be negative".into(),
+        });
+        assert!(
+            matches!(&error, ServiceError::InvalidArgument { field, .. } if field == "job.groups[0].resources.cpus"),
+            "{error:?}"
+        );
+        assert!(error.to_string().contains("groups[0].resources.cpus"));
+    }
+}

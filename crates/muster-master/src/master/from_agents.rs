@@ -1,0 +1,213 @@
+//! What agents send ([`AgentMsg`], over the actor transport) and its handlers: registration,
+//! re-registration, heartbeats and task status updates.
+
+use muster_actor::{Context, Reply};
+use muster_proto::cluster as pb;
+use muster_registry::{AgentId, Op, Outcome, WriteError};
+
+use super::Master;
+use super::leadership::Role;
+use super::registry_writes::write_registry;
+use crate::cluster::{AgentEntry, registry_info, same_info};
+
+/// What agents send the master.
+#[derive(Debug)]
+pub enum AgentMsg {
+    /// An agent asks to be admitted.
+    Register(pb::RegisterAgent, Reply<pb::RegistrationReply>),
+    /// An agent comes back with everything it runs.
+    Reregister(pb::ReregisterAgent, Reply<pb::RegistrationReply>),
+    /// An agent's heartbeat.
+    Heartbeat(pb::Heartbeat, Reply<pb::HeartbeatReply>),
+    /// An agent reports a task's state.
+    TaskStatus(pb::TaskStatusUpdate),
+}
+
+impl AgentMsg {
+    /// Whether the message waits while a new leader catches up with the registry.
+    pub(super) fn waits_for_registry(&self) -> bool {
+        matches!(
+            self,
+            AgentMsg::Register(..) | AgentMsg::Reregister(..) | AgentMsg::Heartbeat(..)
+        )
+    }
+
+    /// Answers the request: this master does not lead, and knows no leader.
+    pub(super) fn refuse_not_leader(self) {
+        match self {
+            AgentMsg::Register(_, reply) | AgentMsg::Reregister(_, reply) => {
+                reply.send(not_leader(None));
+            }
+            AgentMsg::Heartbeat(_, reply) => {
+                reply.send(heartbeat_reply(pb::heartbeat_reply::Result::NotLeader(
+                    pb::NotLeader::default(),
+                )));
+            }
+            AgentMsg::TaskStatus(_) => {}
+        }
+    }
+}
+
+/// An agent's answer from a master that does not lead: the leader's process
+/// (`master@host:port`) if known, for the agent to try next.
+fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
+    pb::RegistrationReply {
+        result: Some(pb::registration_reply::Result::NotLeader(pb::NotLeader {
+            leader: leader
+                .map(|(_, address)| format!("master@{address}"))
+                .unwrap_or_default(),
+        })),
+    }
+}
+
+/// Admitted under `id`.
+fn admitted(id: String) -> pb::RegistrationReply {
+    pb::RegistrationReply {
+        result: Some(pb::registration_reply::Result::AgentId(id)),
+    }
+}
+
+/// Refused, and why.
+fn refused(why: String) -> pb::RegistrationReply {
+    pb::RegistrationReply {
+        result: Some(pb::registration_reply::Result::Refused(why)),
+    }
+}
+
+fn heartbeat_reply(result: pb::heartbeat_reply::Result) -> pb::HeartbeatReply {
+    pb::HeartbeatReply {
+        result: Some(result),
+    }
+}
+
+impl Master {
+    pub(super) fn on_agent(&mut self, msg: AgentMsg, ctx: &mut Context<Self>) {
+        match msg {
+            AgentMsg::Register(request, reply) => self.register(request, reply, ctx),
+            AgentMsg::Reregister(request, reply) => self.reregister(request, reply, ctx),
+            AgentMsg::Heartbeat(heartbeat, reply) => self.on_heartbeat(heartbeat, reply),
+            AgentMsg::TaskStatus(update) => {
+                if let Some(task) = update.task {
+                    self.task_updated(update.agent_id, task, ctx);
+                }
+            }
+        }
+    }
+
+    fn register(
+        &mut self,
+        request: pb::RegisterAgent,
+        reply: Reply<pb::RegistrationReply>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Role::Leading { registrar, .. } = &self.role else {
+            return reply.send(not_leader(self.leader().as_ref()));
+        };
+        let Some(info) = request.info else {
+            return reply.send(refused("RegisterAgent carries no agent info".into()));
+        };
+        let write = write_registry(registrar, Op::AdmitAgent(registry_info(&info)));
+        let term = self.term;
+        ctx.defer(
+            write,
+            move |master: &mut Master, ctx, written| match written {
+                Ok(Ok(Outcome::Admitted(id))) => {
+                    if master.leading_term() == Some(term) {
+                        tracing::info!(agent = %id, address = %info.address, "agent registered");
+                        master.metrics.registered += 1;
+                        master.cluster.agents.insert(
+                            id.0.clone(),
+                            AgentEntry::connected(info, Vec::new(), Vec::new()),
+                        );
+                        master.heartbeat_received(&id.0);
+                        master.agent_joined(&id.0, ctx);
+                    }
+                    reply.send(admitted(id.0));
+                }
+                Ok(Err(WriteError::NotLeader { leader })) => {
+                    reply.send(not_leader(leader.as_ref()))
+                }
+                Ok(other) => reply.send(refused(format!("registry write failed: {other:?}"))),
+                Err(e) => reply.send(refused(format!("registrar unavailable: {e}"))),
+            },
+        );
+    }
+
+    fn reregister(
+        &mut self,
+        request: pb::ReregisterAgent,
+        reply: Reply<pb::RegistrationReply>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(not_leader(self.leader().as_ref()));
+        }
+        let Some(info) = request.info.as_ref() else {
+            return reply.send(refused("ReregisterAgent carries no agent info".into()));
+        };
+        if request.agent_id.is_empty() {
+            return reply.send(refused("ReregisterAgent carries no agent id".into()));
+        }
+        let id = AgentId(request.agent_id.clone());
+        let unchanged = self.registry.reader().read(|state| {
+            state
+                .agents
+                .get(&id)
+                .is_some_and(|stored| same_info(info, stored))
+        });
+        if unchanged {
+            // The common case after a failover: nothing to write.
+            let id = self.readmit(request, ctx);
+            return reply.send(admitted(id));
+        }
+        // Changed info, or an agent marked unreachable (or forgotten) coming back: store it,
+        // with an evaluation for each job its return affects, in one raft entry; then take it
+        // back.
+        let evals = self.evals_for_arriving_agent(&request.agent_id, &request.tasks);
+        let info = registry_info(info);
+        let term = self.term;
+        self.write_with_evals(
+            vec![Op::UpdateAgent { id, info }],
+            evals,
+            ctx,
+            move |master, ctx, written| match written {
+                Ok(_) if master.leading_term() == Some(term) => {
+                    let id = master.readmit(request, ctx);
+                    // It was unreachable, forgotten or changed: its capacity is news.
+                    master.capacity_joined(&id);
+                    reply.send(admitted(id));
+                }
+                Ok(_) => reply.send(not_leader(master.leader().as_ref())),
+                Err(WriteError::NotLeader { leader }) => reply.send(not_leader(leader.as_ref())),
+                Err(e) => reply.send(refused(format!("registry write failed: {e}"))),
+            },
+        );
+    }
+
+    /// Answers an agent's heartbeat with its next TTL, and moves its deadline.
+    fn on_heartbeat(&mut self, heartbeat: pb::Heartbeat, reply: Reply<pb::HeartbeatReply>) {
+        use pb::heartbeat_reply::Result as Answer;
+        if self.leading_term().is_none() {
+            let leader = self
+                .leader()
+                .map(|(_, address)| format!("master@{address}"))
+                .unwrap_or_default();
+            return reply.send(heartbeat_reply(Answer::NotLeader(pb::NotLeader { leader })));
+        }
+        let id = heartbeat.agent_id;
+        let connected = self.cluster.agents.get(&id).is_some_and(|a| a.connected);
+        if !connected {
+            let why = if id.is_empty() {
+                "the heartbeat carries no agent id".to_owned()
+            } else if self.cluster.agents.contains_key(&id) {
+                format!("agent {id} has not re-registered with this master; re-register")
+            } else {
+                format!("agent {id} is not registered (unknown or unreachable); re-register")
+            };
+            return reply.send(heartbeat_reply(Answer::Refused(why)));
+        }
+        let ttl = self.heartbeat_received(&id);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        reply.send(heartbeat_reply(Answer::TtlMs(ttl_ms)));
+    }
+}

@@ -1,0 +1,375 @@
+//! What operators send ([`OperatorMsg`], through the operator API) and its handlers: the
+//! cluster state and metrics (answered on every master), and the leader-only calls: jobs
+//! (submit, stop, status) and manual task launches.
+
+use std::collections::HashSet;
+
+use muster_actor::{Context, Reply, Upid};
+use muster_broker::blocked::BlockedMsg;
+use muster_proto::cluster as pb;
+use muster_registry::jobs::{Evaluation, Trigger};
+use muster_registry::{Op, Outcome, RegistrarMsg, RegistrarStats, WriteError};
+
+use super::Master;
+use super::leadership::Role;
+use super::tasks::task_job;
+use crate::cluster::wire_info;
+use crate::error::ServiceError;
+use crate::jobs::{job_from_spec, spec_from_job};
+
+/// What operators ask the master.
+#[derive(Debug)]
+pub enum OperatorMsg {
+    /// The cluster as this master sees it (any master answers).
+    GetState(Reply<pb::ClusterState>),
+    /// This master's counters (any master answers).
+    GetMetrics(Reply<pb::MasterMetrics>),
+    /// Launch a task on an agent (boxed: the request is much bigger than the other
+    /// messages).
+    LaunchTask(Box<pb::LaunchTaskRequest>, Reply<Result<(), ServiceError>>),
+    /// Submit a job (new or changed).
+    SubmitJob(
+        Option<pb::JobSpec>,
+        Reply<Result<pb::SubmitJobReply, ServiceError>>,
+    ),
+    /// Stop a job.
+    StopJob(String, Reply<Result<pb::SubmitJobReply, ServiceError>>),
+    /// A job, its tasks and evaluations.
+    JobStatus(String, Reply<Result<pb::JobStatusReply, ServiceError>>),
+}
+
+impl OperatorMsg {
+    /// Whether the message waits while a new leader catches up with the registry.
+    pub(super) fn waits_for_registry(&self) -> bool {
+        !matches!(self, OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_))
+    }
+
+    /// Answers the request with `error`.
+    pub(super) fn refuse(self, error: ServiceError) {
+        match self {
+            OperatorMsg::LaunchTask(_, reply) => reply.send(Err(error)),
+            OperatorMsg::SubmitJob(_, reply) | OperatorMsg::StopJob(_, reply) => {
+                reply.send(Err(error));
+            }
+            OperatorMsg::JobStatus(_, reply) => reply.send(Err(error)),
+            OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) => {}
+        }
+    }
+}
+
+impl Master {
+    pub(super) fn on_operator(&mut self, msg: OperatorMsg, ctx: &mut Context<Self>) {
+        match msg {
+            OperatorMsg::GetState(reply) => reply.send(self.state()),
+            OperatorMsg::GetMetrics(reply) => self.send_metrics(reply, ctx),
+            OperatorMsg::LaunchTask(request, reply) => self.launch(*request, reply, ctx),
+            OperatorMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
+            OperatorMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
+            OperatorMsg::JobStatus(name, reply) => reply.send(self.job_status(&name)),
+        }
+    }
+
+    // ---- cluster state and metrics ----
+
+    fn state(&self) -> pb::ClusterState {
+        let leader = self.leader();
+        let is_leader = self.leading_term().is_some();
+        let mut state = pb::ClusterState {
+            leader: leader.map(|(_, a)| a).unwrap_or_default(),
+            is_leader,
+            term: self.term,
+            recovering: matches!(
+                &self.role,
+                Role::Starting { .. }
+                    | Role::Leading {
+                        recovery: Some(_),
+                        ..
+                    }
+            ),
+            ..pb::ClusterState::default()
+        };
+        if !is_leader {
+            return state;
+        }
+        state.unreachable = self.registry.reader().read(|registry| {
+            registry
+                .unreachable
+                .iter()
+                .map(|(id, agent)| pb::UnreachableAgent {
+                    id: id.0.clone(),
+                    info: Some(wire_info(&agent.info)),
+                    marked_at_ms: agent.marked_at_ms,
+                })
+                .collect()
+        });
+        // An agent just marked unreachable leaves the in-memory table only when its registry
+        // write is answered; one report never lists it in both places.
+        let marked: HashSet<&str> = state.unreachable.iter().map(|a| a.id.as_str()).collect();
+        let mut agents: Vec<pb::AgentState> = self
+            .cluster
+            .agents
+            .iter()
+            .filter(|(id, _)| !marked.contains(id.as_str()))
+            .map(|(id, agent)| pb::AgentState {
+                id: id.clone(),
+                info: Some(agent.info.clone()),
+                tasks: agent.tasks.clone(),
+                completed_tasks: agent.completed_tasks.clone(),
+                connected: agent.connected,
+            })
+            .collect();
+        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        state.agents = agents;
+        let mut frameworks: Vec<pb::Framework> =
+            self.cluster.frameworks.values().cloned().collect();
+        frameworks.sort_by(|a, b| a.id.cmp(&b.id));
+        state.frameworks = frameworks;
+        state
+    }
+
+    fn send_metrics(&self, reply: Reply<pb::MasterMetrics>, ctx: &mut Context<Self>) {
+        let metrics = pb::MasterMetrics {
+            is_leader: self.leading_term().is_some(),
+            agents_registered: self.metrics.registered,
+            agents_reregistered: self.metrics.reregistered,
+            agents_unreachable: self.metrics.unreachable,
+            messages_handled: self.metrics.messages,
+            recovery_seconds: self.metrics.recovery.map_or(0.0, |d| d.as_secs_f64()),
+            agents_connected: self.cluster.connected_agents() as u64,
+            registry_entries: 0,
+        };
+        let Role::Leading { registrar, .. } = &self.role else {
+            return reply.send(metrics);
+        };
+        let registrar = registrar.clone();
+        let stats = async move { registrar.ask(RegistrarMsg::Stats).await };
+        ctx.defer(stats, move |_master: &mut Master, _ctx, stats| {
+            let stats: RegistrarStats = stats.unwrap_or_default();
+            reply.send(pb::MasterMetrics {
+                registry_entries: stats.entries,
+                ..metrics
+            });
+        });
+    }
+
+    // ---- jobs ----
+
+    fn submit_job(
+        &mut self,
+        spec: Option<pb::JobSpec>,
+        reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let job = match spec.as_ref().map(job_from_spec) {
+            None => {
+                return reply.send(Err(ServiceError::InvalidArgument {
+                    field: "job".into(),
+                    message: "SubmitJob carries no job".into(),
+                }));
+            }
+            Some(Err(e)) => return reply.send(Err(e.into())),
+            Some(Ok(job)) => job,
+        };
+        let eval = Evaluation::new(&job, Trigger::JobRegister);
+        let eval_id = eval.id.0.clone();
+        tracing::info!(job = %job.name, eval = %eval_id, "job submitted");
+        self.write_with_evals(
+            vec![Op::UpsertJob(job)],
+            vec![eval],
+            ctx,
+            move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
+        );
+    }
+
+    fn stop_job(
+        &mut self,
+        name: String,
+        reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let Some(mut job) = self.registry.reader().read(|s| s.jobs.get(&name).cloned()) else {
+            return reply.send(Err(ServiceError::UnknownJob(name)));
+        };
+        job.stopped = true;
+        let eval = Evaluation::new(&job, Trigger::JobDeregister);
+        let eval_id = eval.id.0.clone();
+        let _ = self.blocked.tell(BlockedMsg::Untrack(name.clone()));
+        tracing::info!(job = %name, eval = %eval_id, "job stopped");
+        self.write_with_evals(
+            vec![Op::UpsertJob(job)],
+            vec![eval],
+            ctx,
+            move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
+        );
+    }
+
+    fn job_status(&self, name: &str) -> Result<pb::JobStatusReply, ServiceError> {
+        if self.leading_term().is_none() {
+            return Err(self.not_leading());
+        }
+        let (job, mut evals) = self.registry.reader().read(|state| {
+            let job = state.jobs.get(name).cloned();
+            let evals: Vec<Evaluation> = state
+                .evals
+                .values()
+                .filter(|e| e.job == name)
+                .cloned()
+                .collect();
+            (job, evals)
+        });
+        let Some(job) = job else {
+            return Err(ServiceError::UnknownJob(name.to_owned()));
+        };
+        evals.sort_by_key(|e| e.create_index);
+        let mut tasks = Vec::new();
+        for (agent_id, agent) in &self.cluster.agents {
+            for task in agent.tasks.iter().chain(&agent.completed_tasks) {
+                if task_job(task) == Some(name) {
+                    tasks.push(pb::JobTask {
+                        agent_id: agent_id.clone(),
+                        task: Some(task.clone()),
+                    });
+                }
+            }
+        }
+        tasks.sort_by(|a, b| {
+            let key = |t: &pb::JobTask| t.task.as_ref().map(|t| t.name.clone());
+            key(a).cmp(&key(b))
+        });
+        Ok(pb::JobStatusReply {
+            job: Some(spec_from_job(&job)),
+            version: job.version,
+            stopped: job.stopped,
+            tasks,
+            evals: evals
+                .iter()
+                .rev()
+                .take(20)
+                .map(|e| pb::EvalSummary {
+                    id: e.id.0.clone(),
+                    status: format!("{:?}", e.status).to_lowercase(),
+                    trigger: format!("{:?}", e.trigger),
+                    description: e.status_description.clone(),
+                    create_index: e.create_index,
+                })
+                .collect(),
+        })
+    }
+
+    // ---- manual launches ----
+
+    fn launch(
+        &mut self,
+        request: pb::LaunchTaskRequest,
+        reply: Reply<Result<(), ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let Some(node) = &self.node else {
+            return reply.send(Err(ServiceError::Unavailable(
+                "this master has no transport to reach agents".into(),
+            )));
+        };
+        let Some(agent) = self.cluster.agents.get(&request.agent_id) else {
+            return reply.send(Err(ServiceError::UnknownAgent(request.agent_id)));
+        };
+        if !agent.connected {
+            return reply.send(Err(ServiceError::FailedPrecondition(format!(
+                "agent {} is not connected",
+                request.agent_id
+            ))));
+        }
+        let (Some(framework), Some(mut task)) = (request.framework, request.task) else {
+            return reply.send(Err(ServiceError::InvalidArgument {
+                field: "framework, task".into(),
+                message: "LaunchTask needs a framework and a task".into(),
+            }));
+        };
+        if task.id.is_empty() {
+            return reply.send(Err(ServiceError::InvalidArgument {
+                field: "task.id".into(),
+                message: "the task has no id".into(),
+            }));
+        }
+        let upid = match agent.info.address.parse::<Upid>() {
+            Ok(upid) => upid,
+            Err(e) => {
+                return reply.send(Err(ServiceError::FailedPrecondition(format!(
+                    "agent address: {e}"
+                ))));
+            }
+        };
+        if agent.tasks.iter().any(|t| t.id == task.id) {
+            return reply.send(Err(ServiceError::FailedPrecondition(format!(
+                "task {:?} already runs there",
+                task.id
+            ))));
+        }
+        task.framework_id = framework.id.clone();
+        task.state = pb::TaskState::Staging as i32;
+        let run = pb::RunTask {
+            framework: Some(framework.clone()),
+            task: Some(task.clone()),
+        };
+        let remote = node.remote(upid);
+        let timeout = self.config.ping_timeout;
+        let agent_id = request.agent_id;
+        let task_id = task.id.clone();
+        // Recorded before it is sent: the agent's first status update may come before the
+        // answer to the launch.
+        if let Some(agent) = self.cluster.agent_mut(&agent_id) {
+            agent.tasks.push(task);
+        }
+        self.cluster.add_frameworks(vec![framework]);
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<pb::RunTask, pb::RunTaskReply>(timeout, run)
+                    .await
+            },
+            move |master: &mut Master, _ctx, answered| {
+                let refused = match answered {
+                    Ok(answer) if answer.error.is_empty() => return reply.send(Ok(())),
+                    Ok(answer) => ServiceError::FailedPrecondition(format!(
+                        "agent refused the task: {}",
+                        answer.error
+                    )),
+                    Err(e) => ServiceError::Unavailable(format!("agent unreachable: {e}")),
+                };
+                if let Some(agent) = master.cluster.agent_mut(&agent_id) {
+                    agent.tasks.retain(|t| t.id != task_id);
+                }
+                reply.send(Err(refused));
+            },
+        );
+    }
+}
+
+fn job_written(
+    written: Result<Outcome, WriteError>,
+    eval_id: String,
+) -> Result<pb::SubmitJobReply, ServiceError> {
+    match written {
+        Ok(Outcome::Together(results)) => match results.first() {
+            Some(Ok(Outcome::JobStored { version })) => Ok(pb::SubmitJobReply {
+                eval_id,
+                version: *version,
+            }),
+            other => Err(ServiceError::Aborted(format!(
+                "the job was not stored: {other:?}"
+            ))),
+        },
+        Ok(other) => Err(ServiceError::Aborted(format!(
+            "unexpected registry outcome: {other:?}"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}

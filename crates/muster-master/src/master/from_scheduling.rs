@@ -1,0 +1,381 @@
+//! What the scheduling side sends ([`SchedulingMsg`]) and its handlers: scheduler workers
+//! (in this process or through the scheduling API) ask for snapshots, submit plans and report
+//! evaluations blocked or complete; the blocked-queue hands back the evaluations it released
+//! or canceled.
+//!
+//! Schedulers plan optimistically and concurrently against a [`ClusterSnapshot`]; the master
+//! applies their plans one at a time (it is one process), checking each placement against the
+//! agents as they are now: what fits is committed and launched, what no longer fits goes back
+//! rejected so the scheduler can refresh and try again (Nomad's plan applier).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use muster_actor::{Context, Pid, Reply, Upid};
+use muster_broker::EvalBroker;
+use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg, Demand as BlockedDemand};
+use muster_proto::cluster as pb;
+use muster_registry::jobs::{EvalStatus, Evaluation};
+use muster_registry::{AgentId, Op};
+use muster_scheduler::{AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult};
+
+use super::tasks::{GROUP_LABEL, JOB_LABEL, VERSION_LABEL, free, total_of, used, view};
+use super::{InternalMsg, Master};
+use crate::cluster::registry_info;
+use crate::error::ServiceError;
+
+/// What scheduler workers and the blocked-queue send the master.
+#[derive(Debug)]
+pub enum SchedulingMsg {
+    /// The master's eval broker and blocked-queue.
+    Pids(Reply<SchedulingPids>),
+    /// The cluster as schedulers see it.
+    Snapshot(Reply<ClusterSnapshot>),
+    /// Apply a scheduler's plan.
+    SubmitPlan(Plan, Reply<Result<PlanResult, ServiceError>>),
+    /// A worker could not place everything the evaluation asks for.
+    BlockEval {
+        /// The evaluation.
+        eval: Evaluation,
+        /// What did not fit.
+        unplaced: Vec<Demand>,
+        /// The snapshot index the plan was made against.
+        snapshot_index: u64,
+        /// Done once recorded.
+        reply: Reply<Result<(), ServiceError>>,
+    },
+    /// A worker planned the evaluation fully.
+    CompleteEval(Evaluation, Reply<Result<(), ServiceError>>),
+    /// The blocked-queue released these evaluations.
+    EvalsUnblocked(Vec<Evaluation>),
+    /// The blocked-queue canceled these evaluations.
+    EvalsCanceled(Vec<Evaluation>),
+}
+
+/// The processes beside the master that hold its scheduling state.
+#[derive(Clone, Debug)]
+pub struct SchedulingPids {
+    /// The eval broker.
+    pub broker: Pid<EvalBroker>,
+    /// The blocked-queue.
+    pub blocked: Pid<BlockedEvals>,
+}
+
+impl SchedulingMsg {
+    /// Whether the message waits while a new leader catches up with the registry.
+    pub(super) fn waits_for_registry(&self) -> bool {
+        matches!(
+            self,
+            SchedulingMsg::SubmitPlan(..)
+                | SchedulingMsg::BlockEval { .. }
+                | SchedulingMsg::CompleteEval(..)
+        )
+    }
+
+    /// Answers the request with `error`.
+    pub(super) fn refuse(self, error: ServiceError) {
+        match self {
+            SchedulingMsg::SubmitPlan(_, reply) => reply.send(Err(error)),
+            SchedulingMsg::BlockEval { reply, .. } | SchedulingMsg::CompleteEval(_, reply) => {
+                reply.send(Err(error));
+            }
+            SchedulingMsg::Pids(_)
+            | SchedulingMsg::Snapshot(_)
+            | SchedulingMsg::EvalsUnblocked(_)
+            | SchedulingMsg::EvalsCanceled(_) => {}
+        }
+    }
+}
+
+impl Master {
+    pub(super) fn on_scheduling(&mut self, msg: SchedulingMsg, ctx: &mut Context<Self>) {
+        match msg {
+            SchedulingMsg::Pids(reply) => reply.send(SchedulingPids {
+                broker: self.broker.clone(),
+                blocked: self.blocked.clone(),
+            }),
+            SchedulingMsg::Snapshot(reply) => reply.send(self.snapshot()),
+            SchedulingMsg::SubmitPlan(plan, reply) => self.apply_plan(plan, reply, ctx),
+            SchedulingMsg::BlockEval {
+                eval,
+                unplaced,
+                snapshot_index,
+                reply,
+            } => self.block_eval(eval, unplaced, snapshot_index, reply, ctx),
+            SchedulingMsg::CompleteEval(eval, reply) => self.complete_eval(eval, reply, ctx),
+            SchedulingMsg::EvalsUnblocked(evals) => self.evals_unblocked(evals, ctx),
+            SchedulingMsg::EvalsCanceled(evals) => self.evals_canceled(evals, ctx),
+        }
+    }
+
+    /// The cluster as schedulers see it: connected agents with their tasks, and the jobs.
+    /// Agents whose tasks did not change since the last snapshot share their views with it.
+    fn snapshot(&mut self) -> ClusterSnapshot {
+        let jobs = self.registry.reader().read(|state| state.jobs.clone());
+        let mut agents: Vec<Arc<AgentView>> = self
+            .cluster
+            .agents
+            .iter_mut()
+            .filter(|(_, agent)| agent.connected)
+            .map(|(id, agent)| {
+                let view = agent.view.get_or_insert_with(|| {
+                    let info = registry_info(&agent.info);
+                    Arc::new(AgentView {
+                        id: AgentId(id.clone()),
+                        attributes: info.attributes,
+                        total: info.resources,
+                        tasks: agent
+                            .tasks
+                            .iter()
+                            .chain(agent.completed_tasks.iter().rev().take(100))
+                            .map(view)
+                            .collect(),
+                    })
+                });
+                Arc::clone(view)
+            })
+            .collect();
+        agents.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        ClusterSnapshot {
+            index: self.current_index(),
+            agents,
+            jobs,
+            held: self.crash_loops.held(tokio::time::Instant::now()),
+        }
+    }
+
+    /// Applies one plan: stops first, then each placement that still fits.
+    fn apply_plan(
+        &mut self,
+        plan: Plan,
+        reply: Reply<Result<PlanResult, ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let mut result = PlanResult::default();
+        for stop in plan.stop {
+            if self.stop_task(&stop, ctx) {
+                result.stopped.push(stop);
+            }
+        }
+        // One launch message per agent for the whole plan.
+        let mut launches: HashMap<String, Vec<pb::RunTask>> = HashMap::new();
+        for placement in plan.place {
+            let fits = self
+                .cluster
+                .agents
+                .get(&placement.agent.0)
+                .is_some_and(|agent| {
+                    let free = free(&total_of(&agent.info), &used(&agent.tasks));
+                    agent.connected
+                        && placement.resources.cpus <= free.cpus + 1e-9
+                        && placement.resources.mem_mb <= free.mem_mb
+                });
+            if fits {
+                if let Some(run) = self.stage_placement(&placement) {
+                    launches
+                        .entry(placement.agent.0.clone())
+                        .or_default()
+                        .push(run);
+                }
+                result.committed.push(placement);
+            } else {
+                result.rejected.push(placement);
+            }
+        }
+        let staged: Vec<(String, String)> = launches
+            .iter()
+            .flat_map(|(agent_id, runs)| {
+                runs.iter().filter_map(|run| {
+                    let task = run.task.as_ref()?;
+                    Some((agent_id.clone(), task.id.clone()))
+                })
+            })
+            .collect();
+        for (agent_id, tasks) in launches {
+            self.send_launch(agent_id, tasks, ctx);
+        }
+        if !staged.is_empty() && self.node.is_some() {
+            ctx.delay(
+                self.config.launch_timeout,
+                InternalMsg::LaunchesTimedOut(staged).into(),
+            );
+        }
+        result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
+            self.next_index()
+        } else {
+            self.current_index()
+        };
+        self.metrics.plans += 1;
+        reply.send(Ok(result));
+    }
+
+    /// Records a placement's task on its agent, staging; returns what to send the agent.
+    fn stage_placement(&mut self, placement: &Placement) -> Option<pb::RunTask> {
+        let framework = pb::Framework {
+            id: placement.job.clone(),
+            name: placement.job.clone(),
+        };
+        let task = pb::Task {
+            id: placement.task_id.clone(),
+            name: placement.name.clone(),
+            framework_id: placement.job.clone(),
+            resources: Some(pb::Resources {
+                cpus: placement.resources.cpus,
+                mem_mb: placement.resources.mem_mb,
+            }),
+            labels: vec![
+                pb::Label {
+                    key: JOB_LABEL.into(),
+                    value: placement.job.clone(),
+                },
+                pb::Label {
+                    key: GROUP_LABEL.into(),
+                    value: placement.group.clone(),
+                },
+                pb::Label {
+                    key: VERSION_LABEL.into(),
+                    value: placement.job_version.to_string(),
+                },
+            ],
+            state: pb::TaskState::Staging as i32,
+            exit_code: 0,
+            command: placement.command.clone(),
+            args: placement.args.clone(),
+            env: placement
+                .env
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            message: String::new(),
+        };
+        if !self.cluster.frameworks.contains_key(&framework.id) {
+            self.cluster.add_frameworks(vec![framework.clone()]);
+        }
+        let agent = self.cluster.agent_mut(&placement.agent.0)?;
+        agent.tasks.push(task.clone());
+        Some(pb::RunTask {
+            framework: Some(framework),
+            task: Some(task),
+        })
+    }
+
+    /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
+    /// comes back as a status update). Tasks that cannot even be sent fail now.
+    fn send_launch(&mut self, agent_id: String, tasks: Vec<pb::RunTask>, ctx: &mut Context<Self>) {
+        let Some(agent) = self.cluster.agents.get(&agent_id) else {
+            return;
+        };
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
+            // No way to reach it (in-process benches): the tasks stay staged.
+            return;
+        };
+        let staged: Vec<pb::Task> = tasks.iter().filter_map(|run| run.task.clone()).collect();
+        let Err(e) = node.remote(upid).tell(pb::LaunchTasks { tasks }) else {
+            return;
+        };
+        tracing::warn!(agent = %agent_id, error = %e, tasks = staged.len(), "launch failed");
+        for mut failed in staged {
+            failed.state = pb::TaskState::Failed as i32;
+            failed.exit_code = -1;
+            failed.message = format!("could not send the launch to the agent: {e}");
+            self.task_updated(agent_id.clone(), failed, ctx);
+        }
+    }
+
+    /// A worker could not place everything: the evaluation is recorded blocked and waits in
+    /// the blocked-queue for capacity.
+    fn block_eval(
+        &mut self,
+        mut eval: Evaluation,
+        unplaced: Vec<Demand>,
+        snapshot_index: u64,
+        reply: Reply<Result<(), ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        eval.status = EvalStatus::Blocked;
+        eval.status_description = format!("{} task groups did not fit", unplaced.len());
+        eval.snapshot_index = snapshot_index;
+        let demands = unplaced
+            .into_iter()
+            .map(|d| BlockedDemand {
+                resources: d.resources,
+                constraints: d.constraints,
+            })
+            .collect();
+        self.write_status(eval.clone(), ctx, move |master, written| {
+            if written.is_ok() {
+                let _ = master
+                    .blocked
+                    .tell(BlockedMsg::Block(BlockedEval { eval, demands }));
+            }
+            reply.send(written);
+        });
+    }
+
+    /// A worker planned the evaluation fully.
+    fn complete_eval(
+        &mut self,
+        mut eval: Evaluation,
+        reply: Reply<Result<(), ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        eval.status = EvalStatus::Complete;
+        self.write_status(eval, ctx, move |_master, written| reply.send(written));
+    }
+
+    /// Records an evaluation's new status (complete, blocked) in the registry.
+    fn write_status(
+        &mut self,
+        eval: Evaluation,
+        ctx: &mut Context<Self>,
+        done: impl FnOnce(&mut Master, Result<(), ServiceError>) + Send + 'static,
+    ) {
+        if self.leading_term().is_none() {
+            let why = self.not_leading();
+            return done(self, Err(why));
+        }
+        self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, _ctx, written| {
+            done(master, written.map(drop).map_err(ServiceError::from));
+        });
+    }
+
+    /// The blocked-queue released these: pending again in the registry, then to the broker.
+    fn evals_unblocked(&mut self, evals: Vec<Evaluation>, ctx: &mut Context<Self>) {
+        if evals.is_empty() {
+            return;
+        }
+        let evals = evals
+            .into_iter()
+            .map(|mut e| {
+                e.status = EvalStatus::Pending;
+                e.status_description = "unblocked: capacity changed".into();
+                e
+            })
+            .collect();
+        self.write_with_evals(Vec::new(), evals, ctx, |_master, _ctx, written| {
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "could not record unblocked evaluations");
+            }
+        });
+    }
+
+    /// The blocked-queue replaced these with newer ones of the same job.
+    fn evals_canceled(&mut self, evals: Vec<Evaluation>, ctx: &mut Context<Self>) {
+        if evals.is_empty() {
+            return;
+        }
+        let op = Op::SetEvalStatus {
+            ids: evals.into_iter().map(|e| e.id).collect(),
+            status: EvalStatus::Canceled,
+            description: "canceled: a newer blocked evaluation of the job".into(),
+        };
+        self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "could not record canceled evaluations");
+            }
+        });
+    }
+}

@@ -1,0 +1,310 @@
+//! What the master tells itself ([`InternalMsg`]) and its handlers: leadership changes from its
+//! registry member, its timers (pings, the heartbeat sweep, launch timeouts, the
+//! re-registration deadline), and the transport it reaches agents through.
+
+use muster_actor::{Context, Node, Upid};
+use muster_proto::cluster as pb;
+use muster_registry::{Leadership, Registrar, WriteError};
+use tokio::time::Instant;
+
+use super::Master;
+use super::heartbeats::MAX_HEARTBEAT_TTL;
+use super::leadership::Role;
+use super::reregistration::Recovery;
+use crate::cluster::{AgentEntry, Cluster};
+
+/// What the master sends itself.
+#[derive(Debug)]
+pub enum InternalMsg {
+    /// The node to reach agents through (pings, launches). Without one the master only answers.
+    UseNode(Node),
+    /// The registry's leader changed.
+    Leadership(Leadership),
+    /// Time to ping the connected agents.
+    PingAgents,
+    /// Time to mark the agents whose heartbeat deadline passed unreachable.
+    CheckHeartbeats,
+    /// Launched tasks (agent id, task id) whose launch timeout ran out: the ones still
+    /// STAGING are lost.
+    #[doc(hidden)]
+    LaunchesTimedOut(Vec<(String, String)>),
+    /// The re-registration deadline of the recovery begun in `term`.
+    ReregistrationDeadline {
+        /// The term the recovery belongs to.
+        term: u64,
+    },
+}
+
+impl Master {
+    pub(super) fn on_internal(&mut self, msg: InternalMsg, ctx: &mut Context<Self>) {
+        match msg {
+            InternalMsg::UseNode(node) => self.node = Some(node),
+            InternalMsg::Leadership(leadership) => self.on_leadership(leadership, ctx),
+            InternalMsg::PingAgents => self.ping_agents(ctx),
+            InternalMsg::CheckHeartbeats => self.check_heartbeats(ctx),
+            InternalMsg::LaunchesTimedOut(staged) => self.launches_timed_out(staged, ctx),
+            InternalMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
+        }
+    }
+
+    // ---- leadership ----
+
+    fn on_leadership(&mut self, leadership: Leadership, ctx: &mut Context<Self>) {
+        let current = match &self.role {
+            Role::Starting { term, .. } | Role::Leading { term, .. } => Some(*term),
+            Role::Standby { .. } => None,
+        };
+        if leadership.is_self {
+            if current != Some(leadership.term) {
+                self.become_leader(leadership.term, ctx);
+            }
+        } else {
+            if current.is_some() {
+                tracing::warn!(leader = ?leadership.leader, "no longer the leading master");
+            }
+            self.stop_leading();
+            self.role = Role::Standby {
+                leader: leadership.leader,
+            };
+        }
+    }
+
+    fn stop_leading(&mut self) {
+        if let Role::Leading { registrar, .. } = &self.role {
+            registrar.terminate();
+            self.stop_scheduling();
+        }
+        let waiting = match std::mem::replace(&mut self.role, Role::Standby { leader: None }) {
+            Role::Starting { waiting, .. } => waiting,
+            _ => Vec::new(),
+        };
+        for msg in waiting {
+            msg.refuse_lost_leadership();
+        }
+        self.cluster = Cluster::default();
+        self.heartbeats.clear();
+    }
+
+    fn become_leader(&mut self, term: u64, ctx: &mut Context<Self>) {
+        self.stop_leading();
+        tracing::info!(term, "leading master: catching up with the registry");
+        self.term = term;
+        self.role = Role::Starting {
+            term,
+            waiting: Vec::new(),
+        };
+        let registry = self.registry.clone();
+        ctx.defer(
+            async move { registry.catch_up().await },
+            move |master: &mut Master, ctx, caught_up| master.start_leading(term, caught_up, ctx),
+        );
+    }
+
+    fn start_leading(
+        &mut self,
+        term: u64,
+        caught_up: Result<(), WriteError>,
+        ctx: &mut Context<Self>,
+    ) {
+        if !matches!(&self.role, Role::Starting { term: t, .. } if *t == term) {
+            return;
+        }
+        if let Err(e) = caught_up {
+            tracing::warn!(error = %e, "could not catch up with the registry; standing by");
+            self.stop_leading();
+            return;
+        }
+        let Role::Starting { waiting, .. } =
+            std::mem::replace(&mut self.role, Role::Standby { leader: None })
+        else {
+            return;
+        };
+        let registrar = ctx.spawn(Registrar::new(self.registry.clone()));
+        let admitted: Vec<(String, AgentEntry)> = self.registry.reader().read(|state| {
+            state
+                .agents
+                .iter()
+                .map(|(id, info)| (id.0.clone(), AgentEntry::awaiting(info)))
+                .collect()
+        });
+        let recovery = if admitted.is_empty() {
+            None
+        } else {
+            let deadline = ctx.delay(
+                self.config.reregistration_timeout,
+                InternalMsg::ReregistrationDeadline { term }.into(),
+            );
+            Some(Recovery {
+                started: Instant::now(),
+                awaiting: admitted.iter().map(|(id, _)| id.clone()).collect(),
+                admitted: admitted.len(),
+                deadline,
+            })
+        };
+        tracing::info!(
+            term,
+            admitted = admitted.len(),
+            deadline = ?self.config.reregistration_timeout,
+            "leading master: waiting for admitted agents to re-register"
+        );
+        // Every loaded agent's first TTL is the long failover one, counted from now.
+        let first_deadline = Instant::now()
+            + self.config.failover_heartbeat_ttl.min(MAX_HEARTBEAT_TTL)
+            + self.config.heartbeat_grace.min(MAX_HEARTBEAT_TTL);
+        for (id, _) in &admitted {
+            self.heartbeats.set(id, first_deadline);
+        }
+        self.cluster.agents = admitted.into_iter().collect();
+        self.role = Role::Leading {
+            term,
+            registrar,
+            recovery,
+        };
+        self.restore_scheduling();
+        for msg in waiting {
+            self.on_message(msg, ctx);
+        }
+    }
+
+    // ---- the re-registration deadline ----
+
+    fn on_deadline(&mut self, term: u64, ctx: &mut Context<Self>) {
+        let Role::Leading {
+            term: leading,
+            recovery,
+            ..
+        } = &mut self.role
+        else {
+            return;
+        };
+        if *leading != term {
+            return;
+        }
+        let Some(progress) = recovery.take() else {
+            return;
+        };
+        self.metrics.recovery = Some(progress.started.elapsed());
+        let mut missing: Vec<String> = progress.awaiting.into_iter().collect();
+        missing.sort();
+        let all_missing = missing.len();
+        let allowed = (self.config.removal_limit * progress.admitted as f64).floor() as usize;
+        if missing.len() > allowed {
+            let kept = missing.split_off(allowed);
+            tracing::error!(
+                missing = kept.len() + missing.len(),
+                admitted = progress.admitted,
+                limit = self.config.removal_limit,
+                kept = kept.len(),
+                "more agents missed the re-registration deadline than the removal limit \
+                 allows: marking only {} unreachable and keeping the rest",
+                missing.len()
+            );
+        }
+        // Their tasks never reached this master, so it cannot tell which service jobs ran
+        // there: the first one marked carries an evaluation of every service job. Not when
+        // the removal limit keeps some: their tasks may still run, unseen.
+        let unknown_tasks = missing.len() == all_missing;
+        for id in &missing {
+            tracing::warn!(agent = %id, "agent did not re-register by the deadline");
+        }
+        self.mark_unreachable(missing, unknown_tasks, ctx);
+    }
+
+    // ---- health ----
+
+    /// Marks the connected agents whose heartbeat deadline passed unreachable. Agents still
+    /// awaited after a failover are left to the re-registration deadline (and its removal
+    /// limit).
+    fn check_heartbeats(&mut self, ctx: &mut Context<Self>) {
+        if self.leading_term().is_none() {
+            return;
+        }
+        let mut gone = Vec::new();
+        for id in self.heartbeats.take_expired(Instant::now()) {
+            let Some(agent) = self.cluster.agents.get_mut(&id) else {
+                continue;
+            };
+            if !agent.connected {
+                continue;
+            }
+            agent.connected = false;
+            tracing::warn!(agent = %id, "agent missed its heartbeat deadline");
+            gone.push(id);
+        }
+        self.mark_unreachable(gone, false, ctx);
+    }
+
+    fn ping_agents(&mut self, ctx: &mut Context<Self>) {
+        let (Some(node), Some(_)) = (&self.node, self.leading_term()) else {
+            return;
+        };
+        let me = format!("master@{}", self.address);
+        let timeout = self.config.ping_timeout;
+        for (id, agent) in &mut self.cluster.agents {
+            if !agent.connected || agent.ping_in_flight {
+                continue;
+            }
+            let Ok(upid) = agent.info.address.parse::<Upid>() else {
+                agent.missed_pings += 1;
+                continue;
+            };
+            agent.ping_in_flight = true;
+            let remote = node.remote(upid);
+            let ping = pb::Ping { master: me.clone() };
+            let id = id.clone();
+            ctx.defer(
+                async move {
+                    remote
+                        .ask_timeout::<pb::Ping, pb::Pong>(timeout, ping)
+                        .await
+                },
+                move |master: &mut Master, ctx, answered| master.on_pong(id, answered.is_ok(), ctx),
+            );
+        }
+    }
+
+    fn on_pong(&mut self, id: String, answered: bool, ctx: &mut Context<Self>) {
+        let max = self.config.max_missed_pings;
+        let Some(agent) = self.cluster.agents.get_mut(&id) else {
+            return;
+        };
+        agent.ping_in_flight = false;
+        if answered {
+            agent.missed_pings = 0;
+            return;
+        }
+        agent.missed_pings += 1;
+        tracing::debug!(agent = %id, missed = agent.missed_pings, "agent missed a ping");
+        if agent.missed_pings >= max && agent.connected {
+            agent.connected = false;
+            tracing::warn!(agent = %id, missed = max, "agent missed too many pings");
+            self.mark_unreachable(vec![id], false, ctx);
+        }
+    }
+
+    // ---- launches ----
+
+    /// Launches in `staged` (agent id, task id) that are still STAGING: no word from the agent
+    /// since (a one-way launch can be lost with a broken link): LOST, and replaced.
+    fn launches_timed_out(&mut self, staged: Vec<(String, String)>, ctx: &mut Context<Self>) {
+        for (agent_id, task_id) in staged {
+            let Some(task) = self.cluster.agents.get(&agent_id).and_then(|agent| {
+                agent
+                    .tasks
+                    .iter()
+                    .find(|t| t.id == task_id && t.state == pb::TaskState::Staging as i32)
+                    .cloned()
+            }) else {
+                continue;
+            };
+            tracing::warn!(agent = %agent_id, task = %task_id, "no word from the agent about a launched task: lost");
+            let mut lost = task;
+            lost.state = pb::TaskState::Lost as i32;
+            lost.message = format!(
+                "no word from the agent within {:?} of the launch",
+                self.config.launch_timeout
+            );
+            self.task_updated(agent_id, lost, ctx);
+        }
+    }
+}

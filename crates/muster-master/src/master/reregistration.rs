@@ -1,0 +1,159 @@
+//! Re-registration: rebuilding an agent from what it reports when it comes back (after a
+//! failover or a broken link), settling that with what this master knew of it, and the
+//! recovery a new leader waits through until every admitted agent is back (its deadline is
+//! handled in `internal`).
+
+use std::collections::HashSet;
+
+use muster_actor::{Context, TimerHandle};
+use muster_proto::cluster as pb;
+use muster_registry::AgentId;
+use muster_scheduler::Stop;
+use tokio::time::Instant;
+
+use super::Master;
+use super::leadership::Role;
+use super::tasks::is_terminal;
+use crate::cluster::AgentEntry;
+
+/// A failover recovery in progress.
+#[derive(Debug)]
+pub(super) struct Recovery {
+    pub(super) started: Instant,
+    pub(super) awaiting: HashSet<String>,
+    pub(super) admitted: usize,
+    pub(super) deadline: TimerHandle,
+}
+
+impl Master {
+    /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
+    /// this master knew of it with what it reports (see `settle_reregistered`).
+    pub(super) fn readmit(
+        &mut self,
+        request: pb::ReregisterAgent,
+        ctx: &mut Context<Self>,
+    ) -> String {
+        let pb::ReregisterAgent {
+            agent_id,
+            info,
+            frameworks,
+            tasks,
+            completed_frameworks,
+            completed_tasks,
+        } = request;
+        self.cluster.add_frameworks(frameworks);
+        for framework in completed_frameworks {
+            if !self.cluster.frameworks.contains_key(&framework.id) {
+                self.cluster.completed_frameworks.insert(framework.id);
+            }
+        }
+        let previous = self.cluster.agents.insert(
+            agent_id.clone(),
+            AgentEntry::connected(info.unwrap_or_default(), tasks, completed_tasks),
+        );
+        // A re-registration counts as a heartbeat, but does not cut short the long first TTL
+        // a new leader gave the agent.
+        let first = self.heartbeats.get(&agent_id);
+        self.heartbeat_received(&agent_id);
+        if let Some(first) = first
+            && self
+                .heartbeats
+                .get(&agent_id)
+                .is_some_and(|now| now < first)
+        {
+            self.heartbeats.set(&agent_id, first);
+        }
+        self.metrics.reregistered += 1;
+        if let Role::Leading { recovery, .. } = &mut self.role
+            && let Some(progress) = recovery
+        {
+            progress.awaiting.remove(&agent_id);
+            if progress.awaiting.is_empty() {
+                let took = progress.started.elapsed();
+                tracing::info!(
+                    agents = progress.admitted,
+                    took = ?took,
+                    "every admitted agent re-registered; recovery done"
+                );
+                self.metrics.recovery = Some(took);
+                progress.deadline.cancel();
+                *recovery = None;
+            }
+        }
+        if let Some(previous) = previous {
+            self.settle_reregistered(&agent_id, previous, ctx);
+        }
+        agent_id
+    }
+
+    /// An agent re-registered with what it runs; `previous` is what this master had for it.
+    /// - A task the master had running there that the agent ended while away (it is in the
+    ///   agent's completed tasks) is updated as ended: its job may get a replacement.
+    /// - One the agent does not report at all (its launch was lost on the way, or the agent
+    ///   lost its state) is LOST, and its job gets an evaluation to replace it.
+    /// - One the agent runs that this master gave up on (marked LOST and replaced), or was
+    ///   killing, is killed (again), so its slot does not end up with two tasks.
+    pub(super) fn settle_reregistered(
+        &mut self,
+        agent_id: &str,
+        previous: AgentEntry,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(agent) = self.cluster.agents.get(agent_id) else {
+            return;
+        };
+        // Given up as lost (and replaced), or being killed: neither may run on.
+        let given_up: HashSet<&str> = previous
+            .completed_tasks
+            .iter()
+            .filter(|t| t.state == pb::TaskState::Lost as i32)
+            .chain(
+                previous
+                    .tasks
+                    .iter()
+                    .filter(|t| t.state == pb::TaskState::Killed as i32),
+            )
+            .map(|t| t.id.as_str())
+            .collect();
+        let to_kill: Vec<Stop> = agent
+            .tasks
+            .iter()
+            .filter(|t| given_up.contains(t.id.as_str()))
+            .map(|t| Stop {
+                agent: AgentId(agent_id.to_owned()),
+                task_id: t.id.clone(),
+            })
+            .collect();
+        let mut ended_away = Vec::new();
+        let mut lost = Vec::new();
+        for known in previous.tasks.into_iter().filter(|t| !is_terminal(t)) {
+            if agent.tasks.iter().any(|t| t.id == known.id) {
+                continue;
+            }
+            match agent.completed_tasks.iter().find(|t| t.id == known.id) {
+                Some(ended) => ended_away.push((known, ended.clone())),
+                None => lost.push(known),
+            }
+        }
+        for stop in to_kill {
+            tracing::warn!(agent = %agent_id, task = %stop.task_id, "the agent runs a task already given up as lost: killing it");
+            self.stop_task(&stop, ctx);
+        }
+        for (known, ended) in ended_away {
+            if let Some(agent) = self.cluster.agent_mut(agent_id) {
+                agent.completed_tasks.retain(|t| t.id != ended.id);
+                agent.tasks.push(known);
+            }
+            self.task_updated(agent_id.to_owned(), ended, ctx);
+        }
+        for mut task in lost {
+            tracing::warn!(agent = %agent_id, task = %task.id, "the re-registered agent does not know a task launched on it");
+            if let Some(agent) = self.cluster.agent_mut(agent_id) {
+                agent.tasks.push(task.clone());
+            }
+            task.state = pb::TaskState::Lost as i32;
+            task.message = "the agent did not report it when it re-registered".into();
+            self.task_updated(agent_id.to_owned(), task, ctx);
+        }
+    }
+}

@@ -1,0 +1,264 @@
+//! Task bookkeeping: the labels the master puts on the tasks it launches, what tasks use and
+//! agents have free, task state changes (ended tasks to the history, their capacity to the
+//! blocked-queue, a replacement evaluation with crash-loop back-off), and killing tasks.
+
+use std::time::Duration;
+
+use muster_actor::{Context, Upid};
+use muster_broker::blocked::{BlockedMsg, CapacityChange};
+use muster_proto::cluster as pb;
+use muster_registry::jobs::{Evaluation, SchedulerType, Trigger};
+use muster_registry::{AgentId, Resources};
+use muster_scheduler::{Stop, TaskState, TaskView};
+
+use super::Master;
+use super::registry_writes::now_ms;
+use crate::cluster::registry_info;
+
+/// The job label the master puts on every task it launches for a job.
+pub(super) const JOB_LABEL: &str = "muster/job";
+/// The task-group label.
+pub(super) const GROUP_LABEL: &str = "muster/group";
+/// The label with the job version a task was placed at: the scheduler replaces tasks placed
+/// before their group's definition last changed. Absent on tasks launched otherwise.
+pub(super) const VERSION_LABEL: &str = "muster/job-version";
+
+fn label<'t>(task: &'t pb::Task, key: &str) -> Option<&'t str> {
+    task.labels
+        .iter()
+        .find(|l| l.key == key)
+        .map(|l| l.value.as_str())
+}
+
+/// The job a task belongs to, if the master launched it for one.
+pub(super) fn task_job(task: &pb::Task) -> Option<&str> {
+    label(task, JOB_LABEL)
+}
+
+/// How many ended tasks an agent's entry keeps for `muster job status`.
+const COMPLETED_HISTORY: usize = 1_000;
+
+fn resources_of(task: &pb::Task) -> Resources {
+    let r = task.resources.unwrap_or_default();
+    Resources {
+        cpus: r.cpus,
+        mem_mb: r.mem_mb,
+    }
+}
+
+fn task_state(state: i32) -> TaskState {
+    match pb::TaskState::try_from(state) {
+        Ok(pb::TaskState::Running) => TaskState::Running,
+        Ok(pb::TaskState::Finished) => TaskState::Finished,
+        Ok(pb::TaskState::Failed) => TaskState::Failed,
+        Ok(pb::TaskState::Killed) => TaskState::Killed,
+        Ok(pb::TaskState::Lost) => TaskState::Lost,
+        _ => TaskState::Pending,
+    }
+}
+
+/// Whether the task ended (finished, failed, killed, lost).
+pub(super) fn is_terminal(task: &pb::Task) -> bool {
+    task_state(task.state).is_terminal()
+}
+
+pub(super) fn view(task: &pb::Task) -> TaskView {
+    let label = |key: &str| {
+        task.labels
+            .iter()
+            .find(|l| l.key == key)
+            .map(|l| l.value.clone())
+            .unwrap_or_default()
+    };
+    TaskView {
+        id: task.id.clone(),
+        name: task.name.clone(),
+        job: label(JOB_LABEL),
+        group: label(GROUP_LABEL),
+        resources: resources_of(task),
+        state: task_state(task.state),
+        // Missing or malformed (a task not launched by the plan applier): unknown, current.
+        job_version: label(VERSION_LABEL).parse().unwrap_or(0),
+    }
+}
+
+/// What an agent offers in all.
+pub(super) fn total_of(info: &pb::AgentInfo) -> Resources {
+    let r = info.resources.unwrap_or_default();
+    Resources {
+        cpus: r.cpus,
+        mem_mb: r.mem_mb,
+    }
+}
+
+pub(super) fn used(tasks: &[pb::Task]) -> Resources {
+    tasks
+        .iter()
+        .filter(|t| !is_terminal(t))
+        .fold(Resources::default(), |sum, t| {
+            let r = resources_of(t);
+            Resources {
+                cpus: sum.cpus + r.cpus,
+                mem_mb: sum.mem_mb + r.mem_mb,
+            }
+        })
+}
+
+pub(super) fn free(total: &Resources, used: &Resources) -> Resources {
+    Resources {
+        cpus: (total.cpus - used.cpus).max(0.0),
+        mem_mb: total.mem_mb.saturating_sub(used.mem_mb),
+    }
+}
+
+impl Master {
+    /// Marks a task killed (it frees its resources now) and tells its agent to stop it.
+    pub(super) fn stop_task(&mut self, stop: &Stop, ctx: &mut Context<Self>) -> bool {
+        let Some(agent) = self.cluster.agent_mut(&stop.agent.0) else {
+            return false;
+        };
+        let Some(task) = agent.tasks.iter_mut().find(|t| t.id == stop.task_id) else {
+            return false;
+        };
+        task.state = pb::TaskState::Killed as i32;
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
+            return true;
+        };
+        let remote = node.remote(upid);
+        let kill = pb::KillTask {
+            task_id: stop.task_id.clone(),
+        };
+        let timeout = self.config.ping_timeout;
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<pb::KillTask, pb::KillTaskReply>(timeout, kill)
+                    .await
+            },
+            |_master: &mut Master, _ctx, answered| {
+                if let Err(e) = answered {
+                    tracing::warn!(error = %e, "could not ask an agent to kill a task");
+                }
+            },
+        );
+        true
+    }
+
+    /// An agent reports a task's state (or a launch failed). Ended tasks move to the history,
+    /// their capacity goes to the blocked-queue, and a service job whose task ended on its own
+    /// gets an evaluation to replace it (held back when the same slot keeps failing: see
+    /// [`MasterConfig::reschedule_delay`](crate::MasterConfig::reschedule_delay)).
+    pub(super) fn task_updated(
+        &mut self,
+        agent_id: String,
+        task: pb::Task,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(agent) = self.cluster.agent_mut(&agent_id) else {
+            return;
+        };
+        let ended = is_terminal(&task);
+        let position = agent.tasks.iter().position(|t| t.id == task.id);
+        let was_killed = position
+            .and_then(|i| agent.tasks.get(i))
+            .is_some_and(|t| t.state == pb::TaskState::Killed as i32);
+        match (position, ended) {
+            // Being killed: only its end counts (a RUNNING sent before the kill arrived must
+            // not bring it back).
+            (Some(_), false) if was_killed => return,
+            (Some(i), false) => agent.tasks[i] = task.clone(),
+            (Some(i), true) => {
+                agent.tasks.swap_remove(i);
+                agent.completed_tasks.push(task.clone());
+                if agent.completed_tasks.len() > COMPLETED_HISTORY {
+                    agent.completed_tasks.remove(0);
+                }
+            }
+            (None, false) => {
+                let given_up = agent
+                    .completed_tasks
+                    .iter()
+                    .any(|t| t.id == task.id && t.state == pb::TaskState::Lost as i32);
+                let mut adopted = task.clone();
+                if given_up {
+                    // Reported after this master gave it up as lost and replaced it: it
+                    // must not run beside its replacement.
+                    adopted.state = pb::TaskState::Killed as i32;
+                }
+                agent.tasks.push(adopted);
+                if given_up {
+                    let stop = Stop {
+                        agent: AgentId(agent_id.clone()),
+                        task_id: task.id.clone(),
+                    };
+                    tracing::warn!(agent = %agent_id, task = %task.id, "a task given up as lost reports in: killing it");
+                    self.stop_task(&stop, ctx);
+                    return;
+                }
+            }
+            (None, true) => return,
+        }
+        // What an ended task freed goes to the blocked-queue.
+        let freed = ended.then(|| {
+            let info = registry_info(&agent.info);
+            (info.attributes, free(&info.resources, &used(&agent.tasks)))
+        });
+        let index = self.next_index();
+        let Some((attributes, free_now)) = freed else {
+            return;
+        };
+        let change = CapacityChange {
+            agent: AgentId(agent_id.clone()),
+            attributes,
+            free: free_now,
+            index,
+        };
+        let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
+        let replace = !was_killed
+            && task.state != pb::TaskState::Finished as i32
+            && task_job(&task).is_some_and(|job| {
+                self.registry.reader().read(|s| {
+                    s.jobs.get(job).is_some_and(|j| {
+                        // A batch task that failed has run; one lost never did.
+                        !j.stopped
+                            && (j.scheduler != SchedulerType::Batch
+                                || task.state == pb::TaskState::Lost as i32)
+                    })
+                })
+            });
+        if replace && let Some(job) = task_job(&task).map(str::to_owned) {
+            let Some(job) = self.registry.reader().read(|s| s.jobs.get(&job).cloned()) else {
+                return;
+            };
+            let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
+            // A task lost with its agent or its launch did not crash: no back-off.
+            let (failures, wait) = if task.state == pb::TaskState::Lost as i32 {
+                (0, Duration::ZERO)
+            } else {
+                self.crash_loops.failed(
+                    &task.name,
+                    tokio::time::Instant::now(),
+                    self.config.reschedule_delay,
+                    self.config.reschedule_max_delay,
+                )
+            };
+            if !wait.is_zero() {
+                let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
+                eval.wait_until_ms = now_ms().saturating_add(wait_ms);
+                eval.status_description = format!(
+                    "{} ended {failures} times in a row: replaced after {wait:?}",
+                    task.name
+                );
+                tracing::warn!(slot = %task.name, failures, ?wait, "task crash-looping: its replacement backs off");
+            }
+            let slot = task.name.clone();
+            self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, _ctx, written| {
+                if let Err(e) = written {
+                    tracing::warn!(error = %e, "could not write the replacement evaluation");
+                    // No evaluation will come to place it: let the next one of the job.
+                    master.crash_loops.release(&slot);
+                }
+            });
+        }
+    }
+}
