@@ -1,4 +1,5 @@
-//! The evaluation storm of Nomad's eval-broker post (seed 000), on the real master.
+//! The evaluation storm of HashiCorp's post "Load shedding in the Nomad eval broker", on the real
+//! master.
 //!
 //! `storm`: 5,000 agents and 10 system jobs. The jobs are submitted and the agents register
 //! while no scheduler worker runs, so every registration queues one evaluation per system job:
@@ -34,8 +35,9 @@ use muster::actor::{Context, Node, Pid, Process, Reply, System};
 use muster::master::{
     AgentMsg, LocalBackend, MasterConfig, MasterServer, OperatorMsg, SchedulingMsg,
 };
+use muster::model::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
 use muster::proto::cluster as pb;
-use muster::registry::jobs::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
+use muster::proto::model as model_pb;
 use muster_broker::{BrokerMsg, BrokerStats};
 use muster_scheduler::WorkerConfig;
 use tokio::runtime::Runtime;
@@ -121,21 +123,22 @@ struct Storm {
     queued: usize,
 }
 
-fn system_job(n: usize) -> pb::JobSpec {
-    pb::JobSpec {
+fn system_job(n: usize) -> model_pb::Job {
+    model_pb::Job {
         name: format!("system-{n}"),
         priority: 50,
-        r#type: "system".into(),
-        groups: vec![pb::TaskGroupSpec {
+        scheduler: model_pb::SchedulerType::System as i32,
+        groups: vec![model_pb::TaskGroup {
             name: "daemon".into(),
             count: 0,
-            resources: Some(pb::Resources {
+            resources: Some(model_pb::Resources {
                 cpus: 0.1,
                 mem_mb: 16,
             }),
             command: "daemon".into(),
-            ..pb::TaskGroupSpec::default()
+            ..model_pb::TaskGroup::default()
         }],
+        ..model_pb::Job::default()
     }
 }
 
@@ -200,10 +203,10 @@ impl Storm {
         let address = agents_node.address().to_owned();
         join_all((0..AGENTS).map(|n| {
             let pid = pid.clone();
-            let info = pb::AgentInfo {
+            let info = model_pb::AgentInfo {
                 hostname: format!("host-{n}"),
                 address: format!("agent-{n}@{address}"),
-                resources: Some(pb::Resources {
+                resources: Some(model_pb::Resources {
                     cpus: 16.0,
                     mem_mb: 65_536,
                 }),
@@ -352,14 +355,14 @@ impl muster_scheduler::Backend for Timed {
     }
     async fn ack(
         &self,
-        eval: &muster::registry::jobs::EvalId,
+        eval: &muster::model::EvalId,
         token: &str,
     ) -> Result<(), muster_scheduler::WorkerError> {
         self.time("ack", self.inner.ack(eval, token)).await
     }
     async fn nack(
         &self,
-        eval: &muster::registry::jobs::EvalId,
+        eval: &muster::model::EvalId,
         token: &str,
     ) -> Result<(), muster_scheduler::WorkerError> {
         self.time("nack", self.inner.nack(eval, token)).await

@@ -1,4 +1,5 @@
-//! Master failover in the shape of the Mesos performance working group's benchmark (seed 001):
+//! Master failover in the shape of the Mesos performance working group's benchmark ("Mesos
+//! performance working group progress report", Apache Mesos blog, December 2017):
 //! synthetic agents re-register with a master that has just taken over, and the timed span
 //! runs from the first re-registration sent until every agent has its acknowledgement.
 //!
@@ -43,6 +44,7 @@ use muster::actor::{Node, System, Upid};
 use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
+use muster::proto::model as model_pb;
 use prost::Message as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::runtime::Runtime;
@@ -57,8 +59,8 @@ fn sizes() -> Vec<usize> {
         .unwrap_or_else(|| SIZES.to_vec())
 }
 
-fn info(n: usize) -> pb::AgentInfo {
-    pb::AgentInfo {
+fn info(n: usize) -> model_pb::AgentInfo {
+    model_pb::AgentInfo {
         hostname: format!("agent-host-{n}"),
         address: format!(
             "agent@10.{}.{}.{}:5051",
@@ -66,7 +68,7 @@ fn info(n: usize) -> pb::AgentInfo {
             n >> 8 & 255,
             n & 255
         ),
-        resources: Some(pb::Resources {
+        resources: Some(model_pb::Resources {
             cpus: 20.0,
             mem_mb: 10240,
         }),
@@ -74,23 +76,23 @@ fn info(n: usize) -> pb::AgentInfo {
     }
 }
 
-fn task(agent: usize, n: usize, framework: String, state: pb::TaskState) -> pb::Task {
-    pb::Task {
+fn task(agent: usize, n: usize, framework: String, state: model_pb::TaskState) -> model_pb::Task {
+    model_pb::Task {
         id: format!("task-{agent}-{n}"),
         name: format!("task {n}"),
         framework_id: framework,
-        resources: Some(pb::Resources {
+        resources: Some(model_pb::Resources {
             cpus: 0.1,
             mem_mb: 5,
         }),
         labels: (0..10)
-            .map(|l| pb::Label {
+            .map(|l| model_pb::Label {
                 key: format!("k{l}"),
                 value: "v".to_owned(),
             })
             .collect(),
         state: state as i32,
-        ..pb::Task::default()
+        ..model_pb::Task::default()
     }
 }
 
@@ -104,7 +106,14 @@ fn framework(prefix: &str, n: usize) -> pb::Framework {
 /// What agent `n` (admitted as `id`) sends to the new leader.
 fn reregistration(n: usize, id: &str, history: bool) -> pb::ReregisterAgent {
     let tasks = (0..10)
-        .map(|t| task(n, t, format!("framework-{}", t % 5), pb::TaskState::Running))
+        .map(|t| {
+            task(
+                n,
+                t,
+                format!("framework-{}", t % 5),
+                model_pb::TaskState::Running,
+            )
+        })
         .collect();
     let (completed_frameworks, completed_tasks) = if history {
         (
@@ -114,7 +123,7 @@ fn reregistration(n: usize, id: &str, history: bool) -> pb::ReregisterAgent {
             (10..110)
                 .map(|t| {
                     let framework = format!("completed-framework-{}", t % 5);
-                    task(n, t, framework, pb::TaskState::Finished)
+                    task(n, t, framework, model_pb::TaskState::Finished)
                 })
                 .collect(),
         )

@@ -40,7 +40,7 @@
 use std::time::Duration;
 
 use clap::Parser;
-use muster::registry::AgentId;
+use muster::model::AgentId;
 use muster::scheduler::{
     Candidate, Outcome, PlacingScheduler, RemoteBackend, Scheduler, SlotRequest, Worker,
     WorkerConfig, WorkerStats,

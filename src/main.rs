@@ -12,9 +12,11 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use muster::actor::{Node, System};
 use muster::agent::AgentConfig;
-use muster::master::{MasterConfig, MasterServer, OperatorMsg, leader_hint};
+use muster::master::{MasterConfig, MasterServer, OperatorMsg};
+use muster::model::{Evaluation, SchedulerType, TaskState};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::operator_client::OperatorClient;
+use muster::scheduler::protocol::leader_hint;
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
 /// threads at once, where it is markedly faster than the system allocator (see README's
@@ -187,8 +189,8 @@ async fn connect(address: &str) -> anyhow::Result<OperatorClient<tonic::transpor
 }
 
 /// Makes a leader-only `call` at the master at `address`; if that master is a standby naming
-/// the leader (FAILED_PRECONDITION with the leader in the `muster-leader` metadata, see
-/// [`leader_hint`]), makes it once more there.
+/// the leader (FAILED_PRECONDITION with the leader in the `muster-leader` metadata: the one
+/// "not the leader" convention of `muster::scheduler::protocol`), makes it once more there.
 async fn at_leader<T, F, Fut>(address: &str, call: F) -> anyhow::Result<T>
 where
     F: Fn(OperatorClient<tonic::transport::Channel>) -> Fut,
@@ -198,7 +200,7 @@ where
         Ok(reply) => return Ok(reply.into_inner()),
         Err(status) => status,
     };
-    let Some(leader) = leader_hint::leader_of(&refused).filter(|leader| leader != address) else {
+    let Some(leader) = leader_hint(&refused).filter(|leader| leader != address) else {
         bail!("{}", refused.message());
     };
     call(connect(&leader).await?)
@@ -243,7 +245,7 @@ async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
                 out,
                 "job {} ({}, priority {}, version {}){}",
                 spec.name,
-                spec.r#type,
+                SchedulerType::try_from(spec.scheduler).map_or("?", SchedulerType::name),
                 spec.priority,
                 status.version,
                 if status.stopped { ", stopped" } else { "" }
@@ -268,12 +270,19 @@ async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
                 }
             }
             writeln!(out, "evaluations (newest first):")?;
-            for eval in &status.evals {
-                writeln!(
-                    out,
-                    "  {}  {:<9} {}  {}",
-                    eval.id, eval.status, eval.trigger, eval.description
-                )?;
+            for eval in status.evals {
+                let id = eval.id.clone();
+                match Evaluation::try_from(eval) {
+                    Ok(eval) => writeln!(
+                        out,
+                        "  {}  {:<9} {:?}  {}",
+                        eval.id,
+                        eval.status.name(),
+                        eval.trigger,
+                        eval.status_description
+                    )?,
+                    Err(e) => writeln!(out, "  {id}  ({e})")?,
+                }
             }
         }
     }
@@ -281,9 +290,7 @@ async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
 }
 
 fn state_name(state: i32) -> String {
-    pb::TaskState::try_from(state)
-        .map(|s| s.as_str_name().trim_start_matches("TASK_STATE_").to_owned())
-        .unwrap_or_else(|_| state.to_string())
+    TaskState::try_from(state).map_or_else(|_| state.to_string(), |s| s.name().to_owned())
 }
 
 async fn status(master: String) -> anyhow::Result<()> {

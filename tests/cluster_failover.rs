@@ -13,6 +13,7 @@ use anyhow::{Context as _, bail};
 use common::{binary, spawn_listening};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::operator_client::OperatorClient;
+use muster::proto::model as model_pb;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -141,11 +142,11 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
                     id: "framework-test".into(),
                     name: "test".into(),
                 }),
-                task: Some(pb::Task {
+                task: Some(model_pb::Task {
                     id: format!("sleeper-{n}"),
                     command: "sleep".into(),
                     args: vec!["120".into()],
-                    ..pb::Task::default()
+                    ..model_pb::Task::default()
                 }),
             })
             .await

@@ -11,6 +11,7 @@ use muster::actor::{Node, System, Upid};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::operator_client::OperatorClient;
 use muster::proto::cluster::registration_reply::Result as Registration;
+use muster::proto::model as model_pb;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -51,10 +52,10 @@ async fn register_until_killed(
     let remote = node.remote(master);
     for n in 0.. {
         let request = pb::RegisterAgent {
-            info: Some(pb::AgentInfo {
+            info: Some(model_pb::AgentInfo {
                 hostname: format!("writer-{writer}-{n}"),
                 address: format!("agent@127.0.0.1:{}", 10_000 + writer),
-                ..pb::AgentInfo::default()
+                ..model_pb::AgentInfo::default()
             }),
         };
         let answer = remote

@@ -14,7 +14,7 @@
 //! (`failover_heartbeat_ttl` + `heartbeat_grace` after it takes the lead), and rebuilds its
 //! view of the cluster from the agents' re-registrations: each agent re-registers with its 120
 //! tasks, RUNNING, built as the master's plan applier builds the tasks it launches for a job
-//! (slot name, job and group labels, framework = job). A re-registration keeps the shared
+//! (slot name, job and group, framework = job). A re-registration keeps the shared
 //! first deadline only if the agent's normal heartbeat deadline would fall before it, so the
 //! normal TTL is made short (`heartbeats_per_second` 500: 10 s to 20 s with 5,000 agents) and
 //! the failover TTL long (25 s; asserted). The 4,500 agents that stay then heartbeat as real
@@ -47,7 +47,7 @@
 //! canceled and the broker's registry writes for them, raft entries written during the
 //! interval, the time, and the workers' time in backend calls. Asserted: the 500 were taken
 //! out together and no other agent, no evaluation failed or blocked, all 10,000 replacements
-//! placed, every evaluation created run or canceled. Targets (from the issue): at most 2
+//! placed, every evaluation created run or canceled. Targets: at most 2
 //! scheduler runs per job, cancellation raft entries in the tens.
 //!
 //! Baseline `channel_drain`, same run: the scenario's 60,000 (agent, job) pairs as evaluations
@@ -69,11 +69,12 @@ use muster::actor::{Node, Pid, System};
 use muster::master::{
     AgentMsg, LocalBackend, MasterConfig, MasterServer, OperatorMsg, SchedulingMsg,
 };
+use muster::model::AgentId;
+use muster::model::{EvalId, Evaluation, Job, SchedulerType, Trigger};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::heartbeat_reply::Result as HeartbeatAnswer;
 use muster::proto::cluster::registration_reply::Result as Registration;
-use muster::registry::AgentId;
-use muster::registry::jobs::{EvalId, Evaluation, Job, SchedulerType, Trigger};
+use muster::proto::model as model_pb;
 use muster_broker::{BrokerMsg, BrokerStats, EvalBroker};
 use muster_scheduler::{WorkerConfig, WorkerStats};
 use tokio::sync::watch;
@@ -89,10 +90,6 @@ const SERVICE_PER_AGENT: usize = SERVICE_JOBS * SERVICE_COUNT / AGENTS;
 const _: () = assert!(SERVICE_PER_AGENT * AGENTS == SERVICE_JOBS * SERVICE_COUNT);
 const SERVICE_GROUP: &str = "web";
 const SYSTEM_GROUP: &str = "daemon";
-/// The labels the master puts on the tasks it launches for a job
-/// (`muster-master/src/master/scheduling.rs`).
-const JOB_LABEL: &str = "muster/job";
-const GROUP_LABEL: &str = "muster/group";
 const TASK_CPUS: f64 = 0.01;
 const TASK_MEM_MB: u64 = 1;
 
@@ -115,21 +112,22 @@ fn system_job_name(j: usize) -> String {
     format!("system-{j:03}")
 }
 
-fn job_spec(name: String, kind: &str, group: &str, count: u32) -> pb::JobSpec {
-    pb::JobSpec {
+fn job_spec(name: String, kind: model_pb::SchedulerType, group: &str, count: u32) -> model_pb::Job {
+    model_pb::Job {
         name,
         priority: 50,
-        r#type: kind.into(),
-        groups: vec![pb::TaskGroupSpec {
+        scheduler: kind as i32,
+        groups: vec![model_pb::TaskGroup {
             name: group.into(),
             count,
-            resources: Some(pb::Resources {
+            resources: Some(model_pb::Resources {
                 cpus: TASK_CPUS,
                 mem_mb: TASK_MEM_MB,
             }),
             command: group.into(),
-            ..pb::TaskGroupSpec::default()
+            ..model_pb::TaskGroup::default()
         }],
+        ..model_pb::Job::default()
     }
 }
 
@@ -140,11 +138,11 @@ fn service_slot(n: usize, s: usize) -> (usize, usize) {
     (slot % SERVICE_JOBS, slot / SERVICE_JOBS)
 }
 
-fn agent_info(n: usize, agents_address: &str) -> pb::AgentInfo {
-    pb::AgentInfo {
+fn agent_info(n: usize, agents_address: &str) -> model_pb::AgentInfo {
+    model_pb::AgentInfo {
         hostname: format!("host-{n}"),
         address: format!("agent-{n}@{agents_address}"),
-        resources: Some(pb::Resources {
+        resources: Some(model_pb::Resources {
             cpus: 16.0,
             mem_mb: 65_536,
         }),
@@ -153,30 +151,22 @@ fn agent_info(n: usize, agents_address: &str) -> pb::AgentInfo {
 }
 
 /// A running task of `job` in slot `name`, as the master's plan applier builds it
-/// (`launch_placement` in `muster-master/src/master/plans.rs`): framework = job, job and
-/// group labels, the group's resources and command.
-fn task(job: &str, group: &str, name: String, id: String) -> pb::Task {
-    pb::Task {
+/// (`stage_placement` in `muster-master/src/master/from_scheduling.rs`): framework = job, its
+/// job and group, the group's resources and command.
+fn task(job: &str, group: &str, name: String, id: String) -> model_pb::Task {
+    model_pb::Task {
         id,
         name,
         framework_id: job.to_owned(),
-        resources: Some(pb::Resources {
+        resources: Some(model_pb::Resources {
             cpus: TASK_CPUS,
             mem_mb: TASK_MEM_MB,
         }),
-        labels: vec![
-            pb::Label {
-                key: JOB_LABEL.into(),
-                value: job.to_owned(),
-            },
-            pb::Label {
-                key: GROUP_LABEL.into(),
-                value: group.to_owned(),
-            },
-        ],
-        state: pb::TaskState::Running as i32,
+        job: job.to_owned(),
+        group: group.to_owned(),
+        state: model_pb::TaskState::Running as i32,
         command: group.to_owned(),
-        ..pb::Task::default()
+        ..model_pb::Task::default()
     }
 }
 
@@ -484,14 +474,19 @@ impl Recovered {
             .map(|j| {
                 job_spec(
                     service_job_name(j),
-                    "service",
+                    model_pb::SchedulerType::Service,
                     SERVICE_GROUP,
                     SERVICE_COUNT as u32,
                 )
             })
-            .chain(
-                (0..SYSTEM_JOBS).map(|j| job_spec(system_job_name(j), "system", SYSTEM_GROUP, 0)),
-            );
+            .chain((0..SYSTEM_JOBS).map(|j| {
+                job_spec(
+                    system_job_name(j),
+                    model_pb::SchedulerType::System,
+                    SYSTEM_GROUP,
+                    0,
+                )
+            }));
         for spec in specs {
             pid.ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
                 .await

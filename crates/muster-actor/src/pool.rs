@@ -1,7 +1,8 @@
 //! [`Pool`]: worker processes behind one handle, each request routed to the least-loaded member.
 //!
-//! Round-robin sends every n-th request to a member however busy it is: seed 004's nanomsg test
-//! shows one slow worker collecting a fifth of a burst while the others idle. Here a member's
+//! Round-robin sends every n-th request to a member however busy it is: the nanomsg
+//! load-balancing test (art4711/nanomsg-lb-test on GitHub) shows one slow worker collecting a
+//! fifth of a burst while the others idle. Here a member's
 //! load is its requests in flight (queued plus running). Least-loaded routing compares two random
 //! members (power of two choices) and picks the lighter; a member already at the in-flight limit
 //! is "busy, go away", and the request waits in the pool's backlog until the first member frees

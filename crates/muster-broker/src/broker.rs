@@ -26,7 +26,7 @@ use tokio::time::Instant;
 
 use muster_actor::{Context, Pid, Process, Reply, TimerHandle};
 use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
-use muster_registry::{Op, Registrar, RegistrarMsg};
+use muster_registry::{Op, Registrar, RegistrarMsg, WriteError};
 
 /// Where the broker writes evaluation status changes (cancellations, failures): one call is
 /// one registry write. [`registrar_writer`] makes one for the leading master's registrar.
@@ -36,7 +36,7 @@ pub struct RegistryWriter {
 }
 
 /// The future a [`RegistryWriter`] returns: `Err` names why the write failed.
-pub type WriteFuture = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+pub type WriteFuture = Pin<Box<dyn Future<Output = Result<(), WriteError>> + Send>>;
 
 impl RegistryWriter {
     /// A writer calling `write` for each registry write.
@@ -65,8 +65,8 @@ pub fn registrar_writer(registrar: Pid<Registrar>) -> RegistryWriter {
         Box::pin(async move {
             match registrar.ask(|r| RegistrarMsg::Write(op, r)).await {
                 Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(e) => Err(format!("registrar unavailable: {e}")),
+                Ok(Err(e)) => Err(e),
+                Err(e) => Err(WriteError::Failed(format!("registrar unavailable: {e}"))),
             }
         })
     })

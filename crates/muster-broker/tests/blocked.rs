@@ -1,6 +1,6 @@
 //! The blocked-queue's semantics: exact release on a capacity change, one blocked evaluation
 //! per job, missed unblocks, untrack, disable and restore, a randomized comparison with a
-//! brute-force model, and seed 002's storm (many callers blocking and unblocking while a probe
+//! brute-force model, and the storm of Nomad's blocked-evals pull request (many callers blocking and unblocking while a probe
 //! times round trips).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -670,7 +670,7 @@ async fn matches_a_brute_force_model() {
     }
 }
 
-/// Seed 002's storm: 10,000 blocked evaluations, 144 callers blocking and freeing capacity at
+/// The storm of Nomad's blocked-evals pull request (hashicorp/nomad, December 2025): 10,000 blocked evaluations, 144 callers blocking and freeing capacity at
 /// once, a probe timing round trips. Callers never wait on the queue, the queue keeps
 /// answering, and every evaluation ends up in exactly one place.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -820,7 +820,7 @@ async fn storm_of_144_callers_over_10_000_blocked() {
     assert!(!unblocked.is_empty() && !canceled.is_empty() && !still_blocked.is_empty());
     assert!(rounds >= 10, "the probe ran {rounds} rounds");
 
-    // What seed 002 is about: a caller never waits on the queue's owner.
+    // What Nomad's blocked-evals pull request is about: a caller never waits on the queue's owner.
     assert!(max_send <= LIMIT, "a caller's send took {max_send:?}");
     // The queue kept answering all along. How fast is printed above (20–45 ms on an idle
     // 2-core machine in a debug build) but not asserted: a busy machine stretches it, and

@@ -2,12 +2,10 @@
 //! mapping to gRPC statuses, shared by the operator and scheduling APIs.
 
 use muster_actor::AskError;
+use muster_model::FieldError;
 use muster_registry::WriteError;
-use muster_scheduler::remote::{self, ConversionError};
+use muster_scheduler::protocol;
 use tonic::Status;
-
-use crate::jobs::JobSpecError;
-use crate::leader_hint;
 
 /// Why the master refused or could not do a request from an operator or a scheduler worker.
 ///
@@ -30,8 +28,8 @@ pub enum ServiceError {
         message: String,
     },
     /// This master does not lead: `FAILED_PRECONDITION` naming the leader, or `UNAVAILABLE`
-    /// if no leader is known (see [`leader_hint`]).
-    #[error("{}", leader_hint::message(leader.as_deref()))]
+    /// if no leader is known (the one convention, [`muster_scheduler::protocol`]).
+    #[error("{}", protocol::not_leader_message(leader.as_deref()))]
     NotLeader {
         /// The leading master's address (`host:port`), if known.
         leader: Option<String>,
@@ -75,12 +73,12 @@ impl From<ServiceError> for Status {
                 Status::not_found(error.to_string())
             }
             ServiceError::InvalidArgument { message, .. } => Status::invalid_argument(message),
-            ServiceError::NotLeader { leader } => leader_hint::not_leader(leader.as_deref()),
+            ServiceError::NotLeader { leader } => protocol::not_leader(leader.as_deref()),
             ServiceError::FailedPrecondition(why) => Status::failed_precondition(why),
             ServiceError::Unavailable(why) => Status::unavailable(why),
             ServiceError::Aborted(why) => Status::aborted(why),
             ServiceError::StaleSnapshot { min_index, got } => {
-                remote::stale_snapshot(min_index, got)
+                protocol::stale_snapshot(min_index, got)
             }
         }
     }
@@ -93,19 +91,11 @@ impl From<AskError> for ServiceError {
     }
 }
 
-impl From<JobSpecError> for ServiceError {
-    /// A job spec that cannot be accepted; the field's path starts at the request's `job`.
-    fn from(e: JobSpecError) -> Self {
-        ServiceError::InvalidArgument {
-            field: format!("job.{}", e.field),
-            message: e.to_string(),
-        }
-    }
-}
-
-impl From<ConversionError> for ServiceError {
-    /// A malformed scheduling request.
-    fn from(e: ConversionError) -> Self {
+impl From<FieldError> for ServiceError {
+    /// A malformed request, or a job that breaks the model's rules. The field's path starts
+    /// where the error was made: callers that read a nested message say where it sits with
+    /// [`FieldError::within`].
+    fn from(e: FieldError) -> Self {
         ServiceError::InvalidArgument {
             field: e.field().to_owned(),
             message: e.to_string(),
@@ -178,7 +168,7 @@ mod tests {
     fn not_the_leader_names_the_leader_in_the_metadata() {
         let status = Status::from(ServiceError::not_leader(Some("10.0.0.2:5050".into())));
         assert_eq!(
-            leader_hint::leader_of(&status).as_deref(),
+            protocol::leader_hint(&status).as_deref(),
             Some("10.0.0.2:5050")
         );
         assert_eq!(
@@ -189,10 +179,9 @@ mod tests {
 
     #[test]
     fn a_bad_job_names_the_field_from_the_request() {
-        let error = ServiceError::from(JobSpecError {
-            field: "groups[0].resources.cpus".into(),
-            problem: "must not be negative".into(),
-        });
+        let error = ServiceError::from(
+            FieldError::new("groups[0].resources.cpus", "must not be negative").within("job"),
+        );
         assert!(
             matches!(&error, ServiceError::InvalidArgument { field, .. } if field == "job.groups[0].resources.cpus"),
             "{error:?}"

@@ -15,9 +15,7 @@
 //!   `from_operators.rs`, `from_scheduling.rs`, `internal.rs`).
 //! - [`ServiceError`]: why the operator or scheduling API refused a request, and its gRPC
 //!   status.
-//! - [`leader_hint`]: the "not the leader" answer every gRPC API gives, and how to follow it.
 //! - [`OperatorService`]: cluster state, metrics and jobs over gRPC.
-//! - [`jobs`]: job specs: validation and conversion.
 //! - [`MasterServer`]: port, registry, process and API started together ([`MasterError`]:
 //!   why it could not start).
 //! - [`Workers`], [`LocalBackend`]: scheduler workers inside the master process.
@@ -27,8 +25,6 @@
 mod cluster;
 mod config;
 mod error;
-pub mod jobs;
-pub mod leader_hint;
 mod master;
 mod operator;
 mod scheduling_service;

@@ -2,16 +2,16 @@
 //! broker and plan applier over gRPC (`muster.scheduling.v1`), on the master's port.
 //!
 //! Each call does what a worker inside the master does: it goes through a [`LocalBackend`],
-//! so the two kinds of worker share one copy of the logic. A standby answers as
-//! [`leader_hint`](crate::leader_hint) describes; the other statuses are listed in
-//! [`muster_scheduler::remote`]. Every failure maps to its status through [`ServiceError`].
+//! so the two kinds of worker share one copy of the logic. A standby answers with the one "not
+//! the leader" convention, and the other statuses are as listed in
+//! [`muster_scheduler::protocol`]. Every failure maps to its status through [`ServiceError`].
 
+use muster_model::FieldError;
+use muster_model::convert::{each, required};
+use muster_model::{EvalId, Evaluation, SchedulerType};
 use muster_proto::scheduling as pb;
 use muster_proto::scheduling::scheduling_server::{Scheduling, SchedulingServer};
-use muster_registry::jobs::{EvalId, Evaluation, SchedulerType};
-use muster_scheduler::remote::{
-    self, ConversionError, DEFAULT_MAX_MESSAGE_SIZE, IntoProto, MAX_DEQUEUE_TIMEOUT,
-};
+use muster_scheduler::protocol::{DEFAULT_MAX_MESSAGE_SIZE, MAX_DEQUEUE_TIMEOUT};
 use muster_scheduler::{Backend, Demand, Plan, WorkerError};
 use tonic::{Request, Response, Status};
 
@@ -86,7 +86,7 @@ impl SchedulingService {
     }
 }
 
-fn invalid(e: ConversionError) -> Status {
+fn invalid(e: FieldError) -> Status {
     ServiceError::from(e).into()
 }
 
@@ -112,17 +112,17 @@ impl Scheduling for SchedulingService {
     ) -> Result<Response<pb::DequeueReply>, Status> {
         let request = request.into_inner();
         if request.schedulers.is_empty() {
-            return Err(invalid(ConversionError::new(
+            return Err(invalid(FieldError::new(
                 "schedulers",
                 "at least one scheduler type is needed",
             )));
         }
-        let schedulers = remote::repeated_field::<SchedulerType>(request.schedulers, "schedulers")
-            .map_err(invalid)?;
+        let schedulers =
+            each::<SchedulerType, _>(request.schedulers, "schedulers").map_err(invalid)?;
         let timeout = std::time::Duration::from_millis(request.timeout_ms).min(MAX_DEQUEUE_TIMEOUT);
         match self.backend.dequeue(&schedulers, timeout).await {
             Ok(assignment) => Ok(Response::new(pb::DequeueReply {
-                assignment: assignment.map(IntoProto::into_proto),
+                assignment: assignment.map(Into::into),
             })),
             Err(error) => Err(self.refused(error).await),
         }
@@ -136,7 +136,7 @@ impl Scheduling for SchedulingService {
         // A standby's snapshot is empty, not an error: ask who leads first.
         self.leading().await?;
         match self.backend.snapshot(min_index).await {
-            Ok(snapshot) => Ok(Response::new(snapshot.into_proto())),
+            Ok(snapshot) => Ok(Response::new(snapshot.into())),
             Err(error) => Err(self.refused(error).await),
         }
     }
@@ -145,10 +145,9 @@ impl Scheduling for SchedulingService {
         &self,
         request: Request<pb::SubmitPlanRequest>,
     ) -> Result<Response<pb::PlanResult>, Status> {
-        let plan: Plan =
-            remote::required_field(request.into_inner().plan, "plan").map_err(invalid)?;
+        let plan: Plan = required(request.into_inner().plan, "plan").map_err(invalid)?;
         match self.backend.submit(plan).await {
-            Ok(result) => Ok(Response::new(result.into_proto())),
+            Ok(result) => Ok(Response::new(result.into())),
             Err(error) => Err(self.refused(error).await),
         }
     }
@@ -182,10 +181,8 @@ impl Scheduling for SchedulingService {
         request: Request<pb::BlockRequest>,
     ) -> Result<Response<pb::BlockReply>, Status> {
         let request = request.into_inner();
-        let eval: Evaluation =
-            remote::required_field(request.evaluation, "evaluation").map_err(invalid)?;
-        let unplaced: Vec<Demand> =
-            remote::repeated_field(request.unplaced, "unplaced").map_err(invalid)?;
+        let eval: Evaluation = required(request.evaluation, "evaluation").map_err(invalid)?;
+        let unplaced: Vec<Demand> = each(request.unplaced, "unplaced").map_err(invalid)?;
         match self.backend.block(eval, unplaced).await {
             Ok(()) => Ok(Response::new(pb::BlockReply {})),
             Err(error) => Err(self.refused(error).await),
@@ -197,8 +194,7 @@ impl Scheduling for SchedulingService {
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteReply>, Status> {
         let eval: Evaluation =
-            remote::required_field(request.into_inner().evaluation, "evaluation")
-                .map_err(invalid)?;
+            required(request.into_inner().evaluation, "evaluation").map_err(invalid)?;
         match self.backend.complete(&eval).await {
             Ok(()) => Ok(Response::new(pb::CompleteReply {})),
             Err(error) => Err(self.refused(error).await),

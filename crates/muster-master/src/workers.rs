@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use muster_actor::{AskError, Pid};
 use muster_broker::{BrokerError, BrokerMsg, EvalBroker};
-use muster_registry::jobs::{EvalId, Evaluation, SchedulerType};
+use muster_model::{EvalId, Evaluation, SchedulerType};
 use muster_scheduler::{
     Assignment, Backend, ClusterSnapshot, Demand, Plan, PlanResult, Scheduler, Worker,
     WorkerConfig, WorkerError, WorkerStats,

@@ -11,6 +11,7 @@ use muster_actor::{Node, System, Upid};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::registration_reply::Result as Registration;
+use muster_proto::model as model_pb;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -53,15 +54,15 @@ async fn start(config: MasterConfig) -> anyhow::Result<MasterServer> {
 /// An agent played by the test: what it would send, sent from its own node.
 struct FakeAgent {
     id: String,
-    info: pb::AgentInfo,
-    tasks: Vec<pb::Task>,
+    info: model_pb::AgentInfo,
+    tasks: Vec<model_pb::Task>,
 }
 
-fn agent_info(n: usize, node: &Node) -> pb::AgentInfo {
-    pb::AgentInfo {
+fn agent_info(n: usize, node: &Node) -> model_pb::AgentInfo {
+    model_pb::AgentInfo {
         hostname: format!("host-{n}"),
         address: format!("agent@{}", node.address()),
-        resources: Some(pb::Resources {
+        resources: Some(model_pb::Resources {
             cpus: 20.0,
             mem_mb: 10240,
         }),
@@ -69,13 +70,17 @@ fn agent_info(n: usize, node: &Node) -> pb::AgentInfo {
     }
 }
 
-fn tasks(agent: usize) -> Vec<pb::Task> {
+fn tasks(agent: usize) -> Vec<model_pb::Task> {
     (0..2)
-        .map(|t| pb::Task {
+        .map(|t| model_pb::Task {
             id: format!("task-{agent}-{t}"),
             framework_id: format!("framework-{t}"),
-            state: pb::TaskState::Running as i32,
-            ..pb::Task::default()
+            resources: Some(model_pb::Resources {
+                cpus: 0.1,
+                mem_mb: 5,
+            }),
+            state: model_pb::TaskState::Running as i32,
+            ..model_pb::Task::default()
         })
         .collect()
 }
@@ -241,7 +246,7 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
         .await?;
     assert_eq!(
         redirect.result,
-        Some(Registration::NotLeader(pb::NotLeader {
+        Some(Registration::NotLeader(model_pb::NotLeader {
             leader: format!("master@{}", members[&first]),
         }))
     );
@@ -309,20 +314,20 @@ async fn restart_with_missing_agents(
     let agents_node = Node::bind(&system, "127.0.0.1:0").await?;
     let agents = register_agents(&agents_node, &addresses, count).await?;
     // A service job: where its tasks ran dies with this master.
-    let web = pb::JobSpec {
+    let web = model_pb::Job {
         name: "web".into(),
-        r#type: "service".into(),
-        groups: vec![pb::TaskGroupSpec {
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
             name: "server".into(),
             count: 1,
-            resources: Some(pb::Resources {
+            resources: Some(model_pb::Resources {
                 cpus: 0.5,
                 mem_mb: 64,
             }),
             command: "sleep".into(),
-            ..pb::TaskGroupSpec::default()
+            ..model_pb::TaskGroup::default()
         }],
-        ..pb::JobSpec::default()
+        ..model_pb::Job::default()
     };
     master
         .pid()
@@ -365,7 +370,8 @@ async fn an_agent_away_past_the_deadline_is_marked_unreachable() -> anyhow::Resu
     assert!(
         web.evals
             .iter()
-            .any(|e| e.trigger.contains("AgentUnreachable") && e.trigger.contains(&agents[4].id)),
+            .any(|e| trigger_of(e).contains("AgentUnreachable")
+                && trigger_of(e).contains(&agents[4].id)),
         "{:?}",
         web.evals
     );
@@ -380,7 +386,7 @@ async fn agents_lost_together_make_one_evaluation_per_job() -> anyhow::Result<()
     let marks = web
         .evals
         .iter()
-        .filter(|e| e.trigger.contains("AgentUnreachable"))
+        .filter(|e| trigger_of(e).contains("AgentUnreachable"))
         .count();
     assert_eq!(marks, 1, "{:?}", web.evals);
     Ok(())
@@ -425,11 +431,11 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
     node.register("agent", &system.spawn(Ponger))?
         .install_ask::<pb::Ping, pb::Pong>(|ping, reply| (ping, reply));
 
-    let healthy = pb::AgentInfo {
+    let healthy = model_pb::AgentInfo {
         address: format!("agent@{}", node.address()),
         ..agent_info(0, &node)
     };
-    let silent = pb::AgentInfo {
+    let silent = model_pb::AgentInfo {
         address: format!("silent@{}", node.address()),
         ..agent_info(1, &node)
     };
@@ -460,4 +466,11 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
     node.shutdown();
     master.shutdown().await;
     Ok(())
+}
+
+/// An evaluation's trigger as operators read it (`AgentUpdate(AgentId("agent-1"))`).
+fn trigger_of(eval: &model_pb::Evaluation) -> String {
+    muster_model::Evaluation::try_from(eval.clone())
+        .map(|eval| format!("{:?}", eval.trigger))
+        .unwrap_or_default()
 }

@@ -14,6 +14,7 @@ use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::heartbeat_reply::Result as Beat;
 use muster_proto::cluster::registration_reply::Result as Registration;
+use muster_proto::model as model_pb;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -68,15 +69,15 @@ fn upid(master: &MasterServer) -> anyhow::Result<Upid> {
     Ok(format!("master@{}", master.address()).parse()?)
 }
 
-fn info(n: usize, node: &Node) -> pb::AgentInfo {
-    pb::AgentInfo {
+fn info(n: usize, node: &Node) -> model_pb::AgentInfo {
+    model_pb::AgentInfo {
         hostname: format!("host-{n}"),
         address: format!("agent-{n}@{}", node.address()),
-        resources: Some(pb::Resources {
+        resources: Some(model_pb::Resources {
             cpus: 4.0,
             mem_mb: 4096,
         }),
-        ..pb::AgentInfo::default()
+        ..model_pb::AgentInfo::default()
     }
 }
 
@@ -356,19 +357,19 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     let to = upid(&master)?;
     let system = System::new();
     let node = Node::bind(&system, "127.0.0.1:0").await?;
-    let daemon = pb::JobSpec {
+    let daemon = model_pb::Job {
         name: "daemon".into(),
-        r#type: "system".into(),
-        groups: vec![pb::TaskGroupSpec {
+        scheduler: model_pb::SchedulerType::System as i32,
+        groups: vec![model_pb::TaskGroup {
             name: "d".into(),
-            resources: Some(pb::Resources {
+            resources: Some(model_pb::Resources {
                 cpus: 0.1,
                 mem_mb: 16,
             }),
             command: "sleep".into(),
-            ..pb::TaskGroupSpec::default()
+            ..model_pb::TaskGroup::default()
         }],
-        ..pb::JobSpec::default()
+        ..model_pb::Job::default()
     };
     master
         .pid()
@@ -415,7 +416,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
         let back = status
             .evals
             .iter()
-            .any(|e| e.trigger.contains("AgentUpdate") && e.trigger.contains(&agent));
+            .any(|e| trigger_of(e).contains("AgentUpdate") && trigger_of(e).contains(&agent));
         if back {
             break;
         }
@@ -444,4 +445,11 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     node.shutdown();
     master.shutdown().await;
     Ok(())
+}
+
+/// An evaluation's trigger as operators read it (`AgentUpdate(AgentId("agent-1"))`).
+fn trigger_of(eval: &model_pb::Evaluation) -> String {
+    muster_model::Evaluation::try_from(eval.clone())
+        .map(|eval| format!("{:?}", eval.trigger))
+        .unwrap_or_default()
 }

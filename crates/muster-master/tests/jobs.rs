@@ -9,6 +9,7 @@ use anyhow::{Context as _, bail};
 use muster_broker::{BrokerMsg, BrokerStats};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg, SchedulingMsg, ServiceError};
 use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -45,22 +46,23 @@ async fn start(dir: &Path) -> anyhow::Result<MasterServer> {
     Ok(master)
 }
 
-fn spec(name: &str) -> pb::JobSpec {
-    pb::JobSpec {
+fn spec(name: &str) -> model_pb::Job {
+    model_pb::Job {
         name: name.into(),
         priority: 60,
-        r#type: "service".into(),
-        groups: vec![pb::TaskGroupSpec {
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
             name: "web".into(),
             count: 3,
-            resources: Some(pb::Resources {
+            resources: Some(model_pb::Resources {
                 cpus: 0.5,
                 mem_mb: 128,
             }),
             command: "sleep".into(),
             args: vec!["60".into()],
-            ..pb::TaskGroupSpec::default()
+            ..model_pb::TaskGroup::default()
         }],
+        ..model_pb::Job::default()
     }
 }
 
@@ -74,7 +76,7 @@ async fn broker_stats(master: &MasterServer) -> anyhow::Result<BrokerStats> {
 
 async fn submit(
     master: &MasterServer,
-    spec: pb::JobSpec,
+    spec: model_pb::Job,
 ) -> anyhow::Result<Result<pb::SubmitJobReply, ServiceError>> {
     Ok(master
         .pid()
@@ -99,13 +101,13 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     assert_eq!(status.job.as_ref().map(|j| j.groups[0].count), Some(3));
     assert_eq!(status.evals.len(), 1);
     assert_eq!(status.evals[0].id, submitted.eval_id);
-    assert_eq!(status.evals[0].status, "pending");
+    assert_eq!(status.evals[0].status, model_pb::EvalStatus::Pending as i32);
     assert!(status.evals[0].create_index > 0);
     assert_eq!(broker_stats(&master).await?.total().ready, 1);
 
     // A bad spec is refused, naming the field, and changes nothing.
     let mut bad = spec("shop");
-    bad.groups[0].resources = Some(pb::Resources {
+    bad.groups[0].resources = Some(model_pb::Resources {
         cpus: -1.0,
         mem_mb: 128,
     });

@@ -14,9 +14,10 @@ use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_client::OperatorClient;
+use muster_proto::model as model_pb;
 use muster_proto::scheduling as spb;
 use muster_proto::scheduling::scheduling_client::SchedulingClient;
-use muster_scheduler::remote::leader_hint;
+use muster_scheduler::protocol::leader_hint;
 use muster_scheduler::{RemoteBackend, Worker, WorkerConfig, WorkerStats};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -124,23 +125,27 @@ impl RemoteWorkers {
     }
 }
 
-fn group(name: &str, count: u32, cpus: f64) -> pb::TaskGroupSpec {
-    pb::TaskGroupSpec {
+fn group(name: &str, count: u32, cpus: f64) -> model_pb::TaskGroup {
+    model_pb::TaskGroup {
         name: name.into(),
         count,
-        resources: Some(pb::Resources { cpus, mem_mb: 64 }),
+        resources: Some(model_pb::Resources { cpus, mem_mb: 64 }),
         command: "sleep".into(),
         args: vec!["30".into()],
-        ..pb::TaskGroupSpec::default()
+        ..model_pb::TaskGroup::default()
     }
 }
 
-async fn submit(master: &MasterServer, name: &str, group: pb::TaskGroupSpec) -> anyhow::Result<()> {
-    let spec = pb::JobSpec {
+async fn submit(
+    master: &MasterServer,
+    name: &str,
+    group: model_pb::TaskGroup,
+) -> anyhow::Result<()> {
+    let spec = model_pb::Job {
         name: name.into(),
-        r#type: "service".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
         groups: vec![group],
-        ..pb::JobSpec::default()
+        ..model_pb::Job::default()
     };
     master
         .pid()
@@ -177,7 +182,7 @@ async fn job_when(
     }
 }
 
-fn in_state(status: &pb::JobStatusReply, states: &[pb::TaskState]) -> Vec<pb::JobTask> {
+fn in_state(status: &pb::JobStatusReply, states: &[model_pb::TaskState]) -> Vec<pb::JobTask> {
     status
         .tasks
         .iter()
@@ -194,9 +199,9 @@ fn live(status: &pb::JobStatusReply) -> Vec<pb::JobTask> {
     in_state(
         status,
         &[
-            pb::TaskState::Staging,
-            pb::TaskState::Starting,
-            pb::TaskState::Running,
+            model_pb::TaskState::Staging,
+            model_pb::TaskState::Starting,
+            model_pb::TaskState::Running,
         ],
     )
 }
@@ -230,7 +235,12 @@ async fn remote_workers_place_a_service_job_past_an_unreachable_master() -> anyh
     submit(&master, "web", group("server", 2, 0.5)).await?;
     let waiting = status(&master, "web").await?;
     assert!(waiting.tasks.is_empty(), "{waiting:#?}");
-    assert!(waiting.evals.iter().any(|e| e.status == "pending"));
+    assert!(
+        waiting
+            .evals
+            .iter()
+            .any(|e| e.status == model_pb::EvalStatus::Pending as i32)
+    );
 
     // The first master in the list is not there: the workers go on to the next.
     let unreachable = closed_address()?;
@@ -238,7 +248,7 @@ async fn remote_workers_place_a_service_job_past_an_unreachable_master() -> anyh
     let workers = RemoteWorkers::start(&backend, 2);
 
     let placed = job_when(&master, "web", "two tasks running", |s| {
-        in_state(s, &[pb::TaskState::Running]).len() == 2
+        in_state(s, &[model_pb::TaskState::Running]).len() == 2
     })
     .await?;
     assert!(placed.tasks.iter().all(|t| t.agent_id == agent_id));
@@ -250,7 +260,9 @@ async fn remote_workers_place_a_service_job_past_an_unreachable_master() -> anyh
     names.sort();
     assert_eq!(names, ["web.server[0]", "web.server[1]"]);
     job_when(&master, "web", "the evaluation complete", |s| {
-        s.evals.iter().any(|e| e.status == "complete")
+        s.evals
+            .iter()
+            .any(|e| e.status == model_pb::EvalStatus::Complete as i32)
     })
     .await?;
     agent_runs(&agent, 2).await?;
@@ -282,7 +294,12 @@ async fn a_job_too_big_blocks_and_is_placed_when_capacity_arrives() -> anyhow::R
         &master,
         "big",
         "two tasks placed and the rest blocked",
-        |s| live(s).len() == 2 && s.evals.iter().any(|e| e.status == "blocked"),
+        |s| {
+            live(s).len() == 2
+                && s.evals
+                    .iter()
+                    .any(|e| e.status == model_pb::EvalStatus::Blocked as i32)
+        },
     )
     .await?;
     assert!(live(&blocked).iter().all(|t| t.agent_id == first_id));
@@ -362,7 +379,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     );
     let answer = client
         .dequeue(spb::DequeueRequest {
-            schedulers: vec![spb::SchedulerType::Service as i32],
+            schedulers: vec![model_pb::SchedulerType::Service as i32],
             timeout_ms: 10,
         })
         .await
@@ -371,7 +388,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     // A malformed request names its field.
     let answer = client
         .dequeue(spb::DequeueRequest {
-            schedulers: vec![spb::SchedulerType::Service as i32, 42],
+            schedulers: vec![model_pb::SchedulerType::Service as i32, 42],
             timeout_ms: 10,
         })
         .await
@@ -401,13 +418,13 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
         assert_eq!(
             answer
                 .metadata()
-                .get(muster_master::leader_hint::METADATA_KEY)
+                .get(muster_scheduler::protocol::LEADER_METADATA)
                 .and_then(|v| v.to_str().ok()),
             Some(leader.address()),
             "{answer:?}"
         );
         assert_eq!(
-            muster_master::leader_hint::leader_of(&answer).as_deref(),
+            muster_scheduler::protocol::leader_hint(&answer).as_deref(),
             Some(leader.address())
         );
     }
@@ -426,7 +443,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     let workers = RemoteWorkers::start(&backend, 2);
     submit(leader, "web", group("server", 2, 0.5)).await?;
     job_when(leader, "web", "two tasks running", |s| {
-        in_state(s, &[pb::TaskState::Running]).len() == 2
+        in_state(s, &[model_pb::TaskState::Running]).len() == 2
     })
     .await?;
     agent_runs(&agent, 2).await?;

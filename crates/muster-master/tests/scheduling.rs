@@ -12,6 +12,7 @@ use muster_actor::{Node, System};
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -57,18 +58,18 @@ async fn start_agent(
     Ok((node, agent))
 }
 
-fn group(name: &str, count: u32, cpus: f64, command: &str, args: &[&str]) -> pb::TaskGroupSpec {
-    pb::TaskGroupSpec {
+fn group(name: &str, count: u32, cpus: f64, command: &str, args: &[&str]) -> model_pb::TaskGroup {
+    model_pb::TaskGroup {
         name: name.into(),
         count,
-        resources: Some(pb::Resources { cpus, mem_mb: 64 }),
+        resources: Some(model_pb::Resources { cpus, mem_mb: 64 }),
         command: command.into(),
         args: args.iter().map(|a| (*a).to_owned()).collect(),
-        ..pb::TaskGroupSpec::default()
+        ..model_pb::TaskGroup::default()
     }
 }
 
-async fn submit(master: &MasterServer, spec: pb::JobSpec) -> anyhow::Result<()> {
+async fn submit(master: &MasterServer, spec: model_pb::Job) -> anyhow::Result<()> {
     master
         .pid()
         .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
@@ -102,10 +103,10 @@ async fn job_when(
 
 fn live(status: &pb::JobStatusReply) -> Vec<&pb::JobTask> {
     let ended = [
-        pb::TaskState::Finished as i32,
-        pb::TaskState::Failed as i32,
-        pb::TaskState::Killed as i32,
-        pb::TaskState::Lost as i32,
+        model_pb::TaskState::Finished as i32,
+        model_pb::TaskState::Failed as i32,
+        model_pb::TaskState::Killed as i32,
+        model_pb::TaskState::Lost as i32,
     ];
     status
         .tasks
@@ -126,11 +127,11 @@ async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Resu
 
     submit(
         &master,
-        pb::JobSpec {
+        model_pb::Job {
             name: "web".into(),
-            r#type: "service".into(),
+            scheduler: model_pb::SchedulerType::Service as i32,
             groups: vec![group("server", 3, 1.0, "sleep", &["30"])],
-            ..pb::JobSpec::default()
+            ..model_pb::Job::default()
         },
     )
     .await?;
@@ -138,7 +139,12 @@ async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Resu
         &master,
         "web",
         "two tasks placed and the rest blocked",
-        |s| live(s).len() == 2 && s.evals.iter().any(|e| e.status == "blocked"),
+        |s| {
+            live(s).len() == 2
+                && s.evals
+                    .iter()
+                    .any(|e| e.status == model_pb::EvalStatus::Blocked as i32)
+        },
     )
     .await?;
     let (first_id, _) = first.registered().await?;
@@ -198,11 +204,11 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     // A batch task runs to completion, and the agent's report reaches the master.
     submit(
         &master,
-        pb::JobSpec {
+        model_pb::Job {
             name: "once".into(),
-            r#type: "batch".into(),
+            scheduler: model_pb::SchedulerType::Batch as i32,
             groups: vec![group("run", 1, 0.5, "sh", &["-c", "exit 0"])],
-            ..pb::JobSpec::default()
+            ..model_pb::Job::default()
         },
     )
     .await?;
@@ -210,7 +216,7 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
         s.tasks.len() == 1
             && s.tasks
                 .iter()
-                .all(|t| state_of(t) == pb::TaskState::Finished as i32)
+                .all(|t| state_of(t) == model_pb::TaskState::Finished as i32)
     })
     .await?;
     assert_eq!(
@@ -221,18 +227,18 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     // A service task that fails is replaced by a new task in the same slot.
     submit(
         &master,
-        pb::JobSpec {
+        model_pb::Job {
             name: "flaky".into(),
-            r#type: "service".into(),
+            scheduler: model_pb::SchedulerType::Service as i32,
             groups: vec![group("svc", 1, 0.5, "sh", &["-c", "exit 3"])],
-            ..pb::JobSpec::default()
+            ..model_pb::Job::default()
         },
     )
     .await?;
     let replaced = job_when(&master, "flaky", "a failed task replaced", |s| {
         s.tasks
             .iter()
-            .filter(|t| state_of(t) == pb::TaskState::Failed as i32)
+            .filter(|t| state_of(t) == model_pb::TaskState::Failed as i32)
             .count()
             >= 2
     })
@@ -241,7 +247,7 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
         replaced
             .evals
             .iter()
-            .any(|e| e.trigger.starts_with("TaskEnded"))
+            .any(|e| trigger_of(e).starts_with("TaskEnded"))
     );
     let ids: std::collections::BTreeSet<&str> = replaced
         .tasks
@@ -258,16 +264,17 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     let backing_off = job_when(&master, "flaky", "a held-back replacement", |s| {
         s.evals
             .iter()
-            .any(|e| e.description.contains("ended 2 times in a row"))
+            .any(|e| e.status_description.contains("ended 2 times in a row"))
     })
     .await?;
     let held = backing_off
         .evals
         .iter()
-        .find(|e| e.description.contains("ended 2 times in a row"))
+        .find(|e| e.status_description.contains("ended 2 times in a row"))
         .context("the held-back evaluation")?;
     assert!(
-        held.description.contains("replaced after 10s") && held.trigger.starts_with("TaskEnded"),
+        held.status_description.contains("replaced after 10s")
+            && trigger_of(held).starts_with("TaskEnded"),
         "{held:?}"
     );
     master
@@ -279,18 +286,18 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     // Stopping a job kills its running tasks.
     submit(
         &master,
-        pb::JobSpec {
+        model_pb::Job {
             name: "sleepy".into(),
-            r#type: "service".into(),
+            scheduler: model_pb::SchedulerType::Service as i32,
             groups: vec![group("nap", 2, 0.5, "sleep", &["30"])],
-            ..pb::JobSpec::default()
+            ..model_pb::Job::default()
         },
     )
     .await?;
     job_when(&master, "sleepy", "two tasks running", |s| {
         s.tasks
             .iter()
-            .filter(|t| state_of(t) == pb::TaskState::Running as i32)
+            .filter(|t| state_of(t) == model_pb::TaskState::Running as i32)
             .count()
             == 2
     })
@@ -305,7 +312,7 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
             && s.tasks.len() == 2
             && s.tasks
                 .iter()
-                .all(|t| state_of(t) == pb::TaskState::Killed as i32)
+                .all(|t| state_of(t) == model_pb::TaskState::Killed as i32)
     })
     .await?;
     let deadline = Instant::now() + DEADLINE;
@@ -354,11 +361,11 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
 
     submit(
         &master,
-        pb::JobSpec {
+        model_pb::Job {
             name: "api".into(),
-            r#type: "service".into(),
+            scheduler: model_pb::SchedulerType::Service as i32,
             groups: vec![group("server", 2, 0.5, "sleep", &["30"])],
-            ..pb::JobSpec::default()
+            ..model_pb::Job::default()
         },
     )
     .await?;
@@ -381,7 +388,7 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
         rescheduled
             .evals
             .iter()
-            .any(|e| e.trigger.contains("AgentUnreachable")),
+            .any(|e| trigger_of(e).contains("AgentUnreachable")),
         "{:?}",
         rescheduled.evals
     );
@@ -409,15 +416,15 @@ async fn register_stand_in(
     node: &Node,
     master: &muster_actor::Upid,
     hostname: &str,
-) -> anyhow::Result<(String, pb::AgentInfo)> {
-    let info = pb::AgentInfo {
+) -> anyhow::Result<(String, model_pb::AgentInfo)> {
+    let info = model_pb::AgentInfo {
         hostname: hostname.into(),
         address: format!("agent@{}", node.address()),
-        resources: Some(pb::Resources {
+        resources: Some(model_pb::Resources {
             cpus: 4.0,
             mem_mb: 4096,
         }),
-        ..pb::AgentInfo::default()
+        ..model_pb::AgentInfo::default()
     };
     let registered = node
         .remote(master.clone())
@@ -435,12 +442,12 @@ async fn register_stand_in(
 }
 
 /// A service job `web` of one `sleep 30` task.
-fn one_sleeper() -> pb::JobSpec {
-    pb::JobSpec {
+fn one_sleeper() -> model_pb::Job {
+    model_pb::Job {
         name: "web".into(),
-        r#type: "service".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
         groups: vec![group("server", 1, 1.0, "sleep", &["30"])],
-        ..pb::JobSpec::default()
+        ..model_pb::Job::default()
     }
 }
 
@@ -487,7 +494,7 @@ async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> any
         let lost = s.tasks.iter().any(|t| {
             t.task
                 .as_ref()
-                .is_some_and(|t| t.id == first && t.state == pb::TaskState::Lost as i32)
+                .is_some_and(|t| t.id == first && t.state == model_pb::TaskState::Lost as i32)
         });
         lost && live(s).len() == 1
     })
@@ -509,7 +516,7 @@ async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> any
         replaced
             .evals
             .iter()
-            .any(|e| e.trigger.contains("TaskEnded")),
+            .any(|e| trigger_of(e).contains("TaskEnded")),
         "{:?}",
         replaced.evals
     );
@@ -525,21 +532,22 @@ async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow
     let dir = tempfile::tempdir()?;
     let master = start_master(dir.path()).await?;
     let (_node, agent) = start_agent(&master, dir.path(), "only", 4.0).await?;
-    let spec = |a_count: u32, b_args: &[&str]| pb::JobSpec {
+    let spec = |a_count: u32, b_args: &[&str]| model_pb::Job {
         name: "site".into(),
-        r#type: "service".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
         groups: vec![
             group("a", a_count, 0.5, "sleep", &["30"]),
             group("b", 1, 0.5, "sleep", b_args),
         ],
-        ..pb::JobSpec::default()
+        ..model_pb::Job::default()
     };
-    let in_group = |task: &pb::Task, group: &str| task.name.starts_with(&format!("site.{group}["));
-    let running = |s: &pb::JobStatusReply, group: &str| -> Vec<pb::Task> {
+    let in_group =
+        |task: &model_pb::Task, group: &str| task.name.starts_with(&format!("site.{group}["));
+    let running = |s: &pb::JobStatusReply, group: &str| -> Vec<model_pb::Task> {
         s.tasks
             .iter()
             .filter_map(|t| t.task.as_ref())
-            .filter(|t| in_group(t, group) && t.state == pb::TaskState::Running as i32)
+            .filter(|t| in_group(t, group) && t.state == model_pb::TaskState::Running as i32)
             .cloned()
             .collect()
     };
@@ -564,7 +572,7 @@ async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow
             .tasks
             .iter()
             .filter_map(|t| t.task.as_ref())
-            .any(|t| t.id == b_id && t.state == pb::TaskState::Killed as i32);
+            .any(|t| t.id == b_id && t.state == model_pb::TaskState::Killed as i32);
         let new_b = running(s, "b");
         b_killed
             && is_live(s, &a_id)
@@ -579,7 +587,7 @@ async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow
         ["31"],
         "the replacement runs the new definition"
     );
-    let live_a: Vec<&pb::Task> = live(&updated)
+    let live_a: Vec<&model_pb::Task> = live(&updated)
         .iter()
         .filter_map(|t| t.task.as_ref())
         .filter(|t| in_group(t, "a"))
@@ -591,7 +599,7 @@ async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow
             .iter()
             .filter_map(|t| t.task.as_ref())
             .filter(|t| in_group(t, "a"))
-            .all(|t| t.state != pb::TaskState::Killed as i32),
+            .all(|t| t.state != model_pb::TaskState::Killed as i32),
         "a count change restarts nothing: {:#?}",
         updated.tasks
     );
@@ -676,9 +684,9 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         "the unconfirmed task lost and replaced",
         |s| {
             let lost = s.tasks.iter().any(|t| {
-                t.task
-                    .as_ref()
-                    .is_some_and(|t| t.id == first.id && t.state == pb::TaskState::Lost as i32)
+                t.task.as_ref().is_some_and(|t| {
+                    t.id == first.id && t.state == model_pb::TaskState::Lost as i32
+                })
             });
             lost && live(s).len() == 1
         },
@@ -699,7 +707,7 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
     // Late news: the agent reports the lost task starting, then running. The master kills it,
     // and the RUNNING that follows does not bring it back.
     let to_master = node.remote(master_upid);
-    for state in [pb::TaskState::Starting, pb::TaskState::Running] {
+    for state in [model_pb::TaskState::Starting, model_pb::TaskState::Running] {
         let mut late = first.clone();
         late.state = state as i32;
         to_master.tell(pb::TaskStatusUpdate {
@@ -734,10 +742,20 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         .collect();
     assert_eq!(
         states,
-        [pb::TaskState::Killed as i32, pb::TaskState::Lost as i32],
+        [
+            model_pb::TaskState::Killed as i32,
+            model_pb::TaskState::Lost as i32
+        ],
         "being killed (and lost before), never running again"
     );
     node.shutdown();
     master.shutdown().await;
     Ok(())
+}
+
+/// An evaluation's trigger as operators read it (`AgentUpdate(AgentId("agent-1"))`).
+fn trigger_of(eval: &model_pb::Evaluation) -> String {
+    muster_model::Evaluation::try_from(eval.clone())
+        .map(|eval| format!("{:?}", eval.trigger))
+        .unwrap_or_default()
 }

@@ -4,10 +4,15 @@
 //! # Not the leader
 //! Every Muster gRPC API (operator and scheduling) answers a call that only the leading master
 //! serves the same way when it reaches a standby: `FAILED_PRECONDITION`, the message
-//! "not the leading master; the leader is HOST:PORT", and the leader's `host:port` in the
-//! [`LEADER_METADATA`] (`muster-leader`) metadata ([`not_leader`]). While no leader is known
-//! the answer is `UNAVAILABLE`: try again, or another master. Clients (the CLI, remote
-//! workers) retry at the address [`leader_hint`] reads.
+//! "not the leading master; the leader is HOST:PORT", and the leader's `host:port` (where its
+//! operator and scheduling APIs are served) in the [`LEADER_METADATA`] (`muster-leader`) ASCII
+//! metadata ([`not_leader`]). While no leader is known the answer is `UNAVAILABLE`: try again
+//! later, or another master. Callers (the `muster` CLI, remote workers) call any master and,
+//! on an answer naming a leader ([`leader_hint`]), retry there. `GetState` and `GetMetrics`
+//! answer on every master (they are how one finds the leader); every other operator call and
+//! every scheduling call is leader-only. Agents, which talk to masters over the actor
+//! transport rather than gRPC, get the same answer as a `muster.model.v1.NotLeader` reply
+//! naming the leader's process address.
 //!
 //! # Errors on the wire
 //! | status | meaning |
@@ -41,11 +46,22 @@ pub const SNAPSHOT_INDEX_METADATA: &str = "muster-snapshot-index";
 /// The words before the leader's address in a standby's answer.
 const LEADER_IS: &str = "the leader is ";
 
-/// A standby's answer: `FAILED_PRECONDITION` naming the leading master's `leader` address
-/// (`host:port`) in the message and in the [`LEADER_METADATA`] metadata.
-pub fn not_leader(leader: &str) -> Status {
-    let mut status =
-        Status::failed_precondition(format!("not the leading master; {LEADER_IS}{leader}"));
+/// The message of a "not the leader" answer: naming `leader` (`host:port`) if known.
+pub fn not_leader_message(leader: Option<&str>) -> String {
+    match leader.filter(|leader| !leader.is_empty()) {
+        Some(leader) => format!("not the leading master; {LEADER_IS}{leader}"),
+        None => "not the leading master, and no leader is known yet".to_owned(),
+    }
+}
+
+/// The answer of a master that does not lead: `FAILED_PRECONDITION` naming `leader`
+/// (`host:port`) in the message and in the [`LEADER_METADATA`] metadata, or `UNAVAILABLE` if
+/// no leader is known (`None` or empty).
+pub fn not_leader(leader: Option<&str>) -> Status {
+    let Some(leader) = leader.filter(|leader| !leader.is_empty()) else {
+        return Status::unavailable(not_leader_message(None));
+    };
+    let mut status = Status::failed_precondition(not_leader_message(Some(leader)));
     if let Ok(value) = MetadataValue::try_from(leader) {
         status.metadata_mut().insert(LEADER_METADATA, value);
     }
@@ -90,7 +106,7 @@ mod tests {
 
     #[test]
     fn a_standby_answer_names_the_leader() {
-        let status = not_leader("10.0.0.7:5050");
+        let status = not_leader(Some("10.0.0.7:5050"));
         assert_eq!(status.code(), Code::FailedPrecondition);
         assert_eq!(
             status.message(),
@@ -106,6 +122,13 @@ mod tests {
             leader_hint(&Status::unavailable("the leader is 1.2.3.4:5")),
             None
         );
+
+        // No leader known: try again later, or another master.
+        for status in [not_leader(None), not_leader(Some(""))] {
+            assert_eq!(status.code(), Code::Unavailable);
+            assert_eq!(status.message(), not_leader_message(None));
+            assert_eq!(leader_hint(&status), None);
+        }
 
         let stale = stale_snapshot(10, 7);
         assert_eq!(stale.code(), Code::OutOfRange);

@@ -327,7 +327,7 @@ impl Placer for BinPack {
 
 /// Chooses the fitting agent with the fewest tasks of the job, then the lowest utilization,
 /// so that a job evens out over the cluster and concurrent schedulers rarely pick the same
-/// agent (seed 003). Ties go to the lowest agent id.
+/// agent (as in HashiCorp's "Nomad 2 million container challenge"). Ties go to the lowest agent id.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spread;
 

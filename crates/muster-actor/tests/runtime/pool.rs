@@ -1,5 +1,6 @@
-//! Pools: answers come back, loads drain, and — seed 004 — one slow member does not hold up a
-//! burst under least-loaded routing the way it does under round-robin.
+//! Pools: answers come back, loads drain, and (as in the nanomsg load-balancing test,
+//! art4711/nanomsg-lb-test) one slow member does not hold up a burst under least-loaded routing
+//! the way it does under round-robin.
 
 use std::time::Duration;
 
@@ -21,7 +22,7 @@ enum Cost {
     ///
     /// Tokio timers have a resolution of 1 ms, so `sleep(10 µs)` costs a whole millisecond of
     /// paused time; with four fast members, 99 such requests would need about 1.3 s of queueing
-    /// whatever the routing, and no pool could meet seed 004's 1.5 × bound. Advancing the clock
+    /// whatever the routing, and no pool could meet the test's 1.5 × bound. Advancing the clock
     /// keeps the fast requests at their 10 µs.
     Busy(Duration),
 }
@@ -50,8 +51,8 @@ const SLOW: Duration = Duration::from_secs(2);
 const FAST: Duration = Duration::from_micros(10);
 const REQUESTS: u64 = 100;
 
-/// Seed 004: member 0 takes 2 s per request, the other four 10 µs.
-fn seed_004_pool(system: &System, routing: Routing) -> Pool<Worker> {
+/// The nanomsg load-balancing test's shape: member 0 takes 2 s per request, the other four 10 µs.
+fn slow_member_pool(system: &System, routing: Routing) -> Pool<Worker> {
     PoolBuilder::new(5)
         .routing(routing)
         .spawn(system, |index| Worker {
@@ -96,7 +97,7 @@ fn ideal_total() -> Duration {
 #[tokio::test(start_paused = true)]
 async fn seed_004_least_loaded_keeps_a_burst_off_the_slow_member() -> anyhow::Result<()> {
     let system = System::new();
-    let pool = seed_004_pool(&system, Routing::LeastLoaded);
+    let pool = slow_member_pool(&system, Routing::LeastLoaded);
 
     let total = burst(&pool).await?;
 
@@ -116,7 +117,7 @@ async fn seed_004_least_loaded_keeps_a_burst_off_the_slow_member() -> anyhow::Re
 async fn seed_004_round_robin_queues_a_fifth_of_the_burst_on_the_slow_member() -> anyhow::Result<()>
 {
     let system = System::new();
-    let pool = seed_004_pool(&system, Routing::RoundRobin);
+    let pool = slow_member_pool(&system, Routing::RoundRobin);
 
     let total = burst(&pool).await?;
 

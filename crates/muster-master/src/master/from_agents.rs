@@ -2,13 +2,15 @@
 //! re-registration, heartbeats and task status updates.
 
 use muster_actor::{Context, Reply};
+use muster_model::AgentId;
 use muster_proto::cluster as pb;
-use muster_registry::{AgentId, Op, Outcome, WriteError};
+use muster_proto::model as model_pb;
+use muster_registry::{Op, Outcome, WriteError};
 
 use super::Master;
 use super::leadership::Role;
 use super::registry_writes::write_registry;
-use crate::cluster::{AgentEntry, registry_info, same_info};
+use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, same_info, task_from_agent};
 
 /// What agents send the master.
 #[derive(Debug)]
@@ -40,7 +42,7 @@ impl AgentMsg {
             }
             AgentMsg::Heartbeat(_, reply) => {
                 reply.send(heartbeat_reply(pb::heartbeat_reply::Result::NotLeader(
-                    pb::NotLeader::default(),
+                    model_pb::NotLeader::default(),
                 )));
             }
             AgentMsg::TaskStatus(_) => {}
@@ -52,11 +54,13 @@ impl AgentMsg {
 /// (`master@host:port`) if known, for the agent to try next.
 fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
     pb::RegistrationReply {
-        result: Some(pb::registration_reply::Result::NotLeader(pb::NotLeader {
-            leader: leader
-                .map(|(_, address)| format!("master@{address}"))
-                .unwrap_or_default(),
-        })),
+        result: Some(pb::registration_reply::Result::NotLeader(
+            model_pb::NotLeader {
+                leader: leader
+                    .map(|(_, address)| format!("master@{address}"))
+                    .unwrap_or_default(),
+            },
+        )),
     }
 }
 
@@ -88,7 +92,7 @@ impl Master {
             AgentMsg::Heartbeat(heartbeat, reply) => self.on_heartbeat(heartbeat, reply),
             AgentMsg::TaskStatus(update) => {
                 if let Some(task) = update.task {
-                    self.task_updated(update.agent_id, task, ctx);
+                    self.task_updated(update.agent_id, task_from_agent(task), ctx);
                 }
             }
         }
@@ -106,7 +110,8 @@ impl Master {
         let Some(info) = request.info else {
             return reply.send(refused("RegisterAgent carries no agent info".into()));
         };
-        let write = write_registry(registrar, Op::AdmitAgent(registry_info(&info)));
+        let info = registry_info(&info);
+        let write = write_registry(registrar, Op::AdmitAgent(info.clone()));
         let term = self.term;
         ctx.defer(
             write,
@@ -163,7 +168,8 @@ impl Master {
         // Changed info, or an agent marked unreachable (or forgotten) coming back: store it,
         // with an evaluation for each job its return affects, in one raft entry; then take it
         // back.
-        let evals = self.evals_for_arriving_agent(&request.agent_id, &request.tasks);
+        let evals =
+            self.evals_for_arriving_agent(&request.agent_id, &live_jobs_reported(&request.tasks));
         let info = registry_info(info);
         let term = self.term;
         self.write_with_evals(
@@ -192,7 +198,9 @@ impl Master {
                 .leader()
                 .map(|(_, address)| format!("master@{address}"))
                 .unwrap_or_default();
-            return reply.send(heartbeat_reply(Answer::NotLeader(pb::NotLeader { leader })));
+            return reply.send(heartbeat_reply(Answer::NotLeader(model_pb::NotLeader {
+                leader,
+            })));
         }
         let id = heartbeat.agent_id;
         let connected = self.cluster.agents.get(&id).is_some_and(|a| a.connected);

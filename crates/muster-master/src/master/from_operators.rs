@@ -6,16 +6,17 @@ use std::collections::HashSet;
 
 use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::BlockedMsg;
+use muster_model::convert::all;
+use muster_model::{Evaluation, Job, Trigger};
 use muster_proto::cluster as pb;
-use muster_registry::jobs::{Evaluation, Trigger};
+use muster_proto::model as model_pb;
 use muster_registry::{Op, Outcome, RegistrarMsg, RegistrarStats, WriteError};
 
 use super::Master;
 use super::leadership::Role;
 use super::tasks::task_job;
-use crate::cluster::wire_info;
+use crate::cluster::task_from_agent;
 use crate::error::ServiceError;
-use crate::jobs::{job_from_spec, spec_from_job};
 
 /// What operators ask the master.
 #[derive(Debug)]
@@ -29,7 +30,7 @@ pub enum OperatorMsg {
     LaunchTask(Box<pb::LaunchTaskRequest>, Reply<Result<(), ServiceError>>),
     /// Submit a job (new or changed).
     SubmitJob(
-        Option<pb::JobSpec>,
+        Option<model_pb::Job>,
         Reply<Result<pb::SubmitJobReply, ServiceError>>,
     ),
     /// Stop a job.
@@ -97,7 +98,7 @@ impl Master {
                 .iter()
                 .map(|(id, agent)| pb::UnreachableAgent {
                     id: id.0.clone(),
-                    info: Some(wire_info(&agent.info)),
+                    info: Some(agent.info.clone().into()),
                     marked_at_ms: agent.marked_at_ms,
                 })
                 .collect()
@@ -112,9 +113,9 @@ impl Master {
             .filter(|(id, _)| !marked.contains(id.as_str()))
             .map(|(id, agent)| pb::AgentState {
                 id: id.clone(),
-                info: Some(agent.info.clone()),
-                tasks: agent.tasks.clone(),
-                completed_tasks: agent.completed_tasks.clone(),
+                info: Some(agent.info.clone().into()),
+                tasks: all(agent.tasks.clone()),
+                completed_tasks: all(agent.completed_tasks.clone()),
                 connected: agent.connected,
             })
             .collect();
@@ -156,21 +157,21 @@ impl Master {
 
     fn submit_job(
         &mut self,
-        spec: Option<pb::JobSpec>,
+        spec: Option<model_pb::Job>,
         reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
         ctx: &mut Context<Self>,
     ) {
         if self.leading_term().is_none() {
             return reply.send(Err(self.not_leading()));
         }
-        let job = match spec.as_ref().map(job_from_spec) {
+        let job = match spec.map(Job::from_submitted) {
             None => {
                 return reply.send(Err(ServiceError::InvalidArgument {
                     field: "job".into(),
                     message: "SubmitJob carries no job".into(),
                 }));
             }
-            Some(Err(e)) => return reply.send(Err(e.into())),
+            Some(Err(e)) => return reply.send(Err(e.within("job").into())),
             Some(Ok(job)) => job,
         };
         let eval = Evaluation::new(&job, Trigger::JobRegister);
@@ -233,7 +234,7 @@ impl Master {
                 if task_job(task) == Some(name) {
                     tasks.push(pb::JobTask {
                         agent_id: agent_id.clone(),
-                        task: Some(task.clone()),
+                        task: Some(task.clone().into()),
                     });
                 }
             }
@@ -243,7 +244,7 @@ impl Master {
             key(a).cmp(&key(b))
         });
         Ok(pb::JobStatusReply {
-            job: Some(spec_from_job(&job)),
+            job: Some(job.clone().into()),
             version: job.version,
             stopped: job.stopped,
             tasks,
@@ -251,13 +252,8 @@ impl Master {
                 .iter()
                 .rev()
                 .take(20)
-                .map(|e| pb::EvalSummary {
-                    id: e.id.0.clone(),
-                    status: format!("{:?}", e.status).to_lowercase(),
-                    trigger: format!("{:?}", e.trigger),
-                    description: e.status_description.clone(),
-                    create_index: e.create_index,
-                })
+                .cloned()
+                .map(Into::into)
                 .collect(),
         })
     }
@@ -314,7 +310,7 @@ impl Master {
             ))));
         }
         task.framework_id = framework.id.clone();
-        task.state = pb::TaskState::Staging as i32;
+        task.state = model_pb::TaskState::Staging as i32;
         let run = pb::RunTask {
             framework: Some(framework.clone()),
             task: Some(task.clone()),
@@ -326,7 +322,7 @@ impl Master {
         // Recorded before it is sent: the agent's first status update may come before the
         // answer to the launch.
         if let Some(agent) = self.cluster.agent_mut(&agent_id) {
-            agent.tasks.push(task);
+            agent.tasks.push(task_from_agent(task));
         }
         self.cluster.add_frameworks(vec![framework]);
         ctx.defer(

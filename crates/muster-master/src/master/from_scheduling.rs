@@ -13,15 +13,16 @@ use std::sync::Arc;
 
 use muster_actor::{Context, Pid, Reply, Upid};
 use muster_broker::EvalBroker;
-use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg, Demand as BlockedDemand};
+use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg};
+use muster_model::{AgentId, Demand, EvalStatus, Evaluation, Task, TaskState};
 use muster_proto::cluster as pb;
-use muster_registry::jobs::{EvalStatus, Evaluation};
-use muster_registry::{AgentId, Op};
-use muster_scheduler::{AgentView, ClusterSnapshot, Demand, Placement, Plan, PlanResult};
+use muster_registry::Op;
 
-use super::tasks::{GROUP_LABEL, JOB_LABEL, VERSION_LABEL, free, total_of, used, view};
+use muster_scheduler::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult};
+
+use super::tasks::{free, used, view};
 use super::{InternalMsg, Master};
-use crate::cluster::registry_info;
+use crate::cluster::task_from_agent;
 use crate::error::ServiceError;
 
 /// What scheduler workers and the blocked-queue send the master.
@@ -119,11 +120,10 @@ impl Master {
             .filter(|(_, agent)| agent.connected)
             .map(|(id, agent)| {
                 let view = agent.view.get_or_insert_with(|| {
-                    let info = registry_info(&agent.info);
                     Arc::new(AgentView {
                         id: AgentId(id.clone()),
-                        attributes: info.attributes,
-                        total: info.resources,
+                        attributes: agent.info.attributes.clone(),
+                        total: agent.info.resources.clone(),
                         tasks: agent
                             .tasks
                             .iter()
@@ -168,10 +168,11 @@ impl Master {
                 .agents
                 .get(&placement.agent.0)
                 .is_some_and(|agent| {
-                    let free = free(&total_of(&agent.info), &used(&agent.tasks));
+                    // The model's one fit rule, as the schedulers and the blocked-queue use it.
                     agent.connected
-                        && placement.resources.cpus <= free.cpus + 1e-9
-                        && placement.resources.mem_mb <= free.mem_mb
+                        && placement
+                            .resources
+                            .fits_in(&free(&agent.info.resources, &used(&agent.tasks)))
                 });
             if fits {
                 if let Some(run) = self.stage_placement(&placement) {
@@ -218,47 +219,31 @@ impl Master {
             id: placement.job.clone(),
             name: placement.job.clone(),
         };
-        let task = pb::Task {
+        let task = Task {
             id: placement.task_id.clone(),
             name: placement.name.clone(),
+            job: placement.job.clone(),
+            group: placement.group.clone(),
+            job_version: placement.job_version,
             framework_id: placement.job.clone(),
-            resources: Some(pb::Resources {
-                cpus: placement.resources.cpus,
-                mem_mb: placement.resources.mem_mb,
-            }),
-            labels: vec![
-                pb::Label {
-                    key: JOB_LABEL.into(),
-                    value: placement.job.clone(),
-                },
-                pb::Label {
-                    key: GROUP_LABEL.into(),
-                    value: placement.group.clone(),
-                },
-                pb::Label {
-                    key: VERSION_LABEL.into(),
-                    value: placement.job_version.to_string(),
-                },
-            ],
-            state: pb::TaskState::Staging as i32,
+            resources: placement.resources.clone(),
+            labels: Vec::new(),
+            state: TaskState::Staging,
             exit_code: 0,
             command: placement.command.clone(),
             args: placement.args.clone(),
-            env: placement
-                .env
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            env: placement.env.clone(),
             message: String::new(),
         };
         if !self.cluster.frameworks.contains_key(&framework.id) {
             self.cluster.add_frameworks(vec![framework.clone()]);
         }
         let agent = self.cluster.agent_mut(&placement.agent.0)?;
-        agent.tasks.push(task.clone());
+        let wire = task.clone().into();
+        agent.tasks.push(task);
         Some(pb::RunTask {
             framework: Some(framework),
-            task: Some(task),
+            task: Some(wire),
         })
     }
 
@@ -272,13 +257,17 @@ impl Master {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
-        let staged: Vec<pb::Task> = tasks.iter().filter_map(|run| run.task.clone()).collect();
+        let staged: Vec<Task> = tasks
+            .iter()
+            .filter_map(|run| run.task.clone())
+            .map(task_from_agent)
+            .collect();
         let Err(e) = node.remote(upid).tell(pb::LaunchTasks { tasks }) else {
             return;
         };
         tracing::warn!(agent = %agent_id, error = %e, tasks = staged.len(), "launch failed");
         for mut failed in staged {
-            failed.state = pb::TaskState::Failed as i32;
+            failed.state = TaskState::Failed;
             failed.exit_code = -1;
             failed.message = format!("could not send the launch to the agent: {e}");
             self.task_updated(agent_id.clone(), failed, ctx);
@@ -298,13 +287,7 @@ impl Master {
         eval.status = EvalStatus::Blocked;
         eval.status_description = format!("{} task groups did not fit", unplaced.len());
         eval.snapshot_index = snapshot_index;
-        let demands = unplaced
-            .into_iter()
-            .map(|d| BlockedDemand {
-                resources: d.resources,
-                constraints: d.constraints,
-            })
-            .collect();
+        let demands = unplaced;
         self.write_status(eval.clone(), ctx, move |master, written| {
             if written.is_ok() {
                 let _ = master

@@ -3,14 +3,14 @@
 //! re-registration deadline), and the transport it reaches agents through.
 
 use muster_actor::{Context, Node, Upid};
+use muster_model::TaskState;
 use muster_proto::cluster as pb;
 use muster_registry::{Leadership, Registrar, WriteError};
 use tokio::time::Instant;
 
 use super::Master;
 use super::heartbeats::MAX_HEARTBEAT_TTL;
-use super::leadership::Role;
-use super::reregistration::Recovery;
+use super::leadership::{Recovery, Role};
 use crate::cluster::{AgentEntry, Cluster};
 
 /// What the master sends itself.
@@ -292,14 +292,14 @@ impl Master {
                 agent
                     .tasks
                     .iter()
-                    .find(|t| t.id == task_id && t.state == pb::TaskState::Staging as i32)
+                    .find(|t| t.id == task_id && t.state == TaskState::Staging)
                     .cloned()
             }) else {
                 continue;
             };
             tracing::warn!(agent = %agent_id, task = %task_id, "no word from the agent about a launched task: lost");
             let mut lost = task;
-            lost.state = pb::TaskState::Lost as i32;
+            lost.state = TaskState::Lost;
             lost.message = format!(
                 "no word from the agent within {:?} of the launch",
                 self.config.launch_timeout

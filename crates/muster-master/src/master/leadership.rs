@@ -1,15 +1,27 @@
 //! The master's role (standby, catching up, leading), who leads, and the scheduling state
 //! that comes and goes with leading. The changes themselves are handled in `internal`.
 
-use muster_actor::Pid;
+use std::collections::HashSet;
+
+use muster_actor::{Pid, TimerHandle};
 use muster_broker::blocked::BlockedMsg;
 use muster_broker::{BrokerMsg, registrar_writer};
+use muster_model::{EvalStatus, Evaluation};
 use muster_registry::Registrar;
-use muster_registry::jobs::{EvalStatus, Evaluation};
+use tokio::time::Instant;
 
-use super::reregistration::Recovery;
 use super::{Master, MasterMsg};
 use crate::error::ServiceError;
+
+/// A failover recovery in progress: a new leader waits for its admitted agents to re-register
+/// (handled in `reregistration`) until all are back or the deadline passes.
+#[derive(Debug)]
+pub(super) struct Recovery {
+    pub(super) started: Instant,
+    pub(super) awaiting: HashSet<String>,
+    pub(super) admitted: usize,
+    pub(super) deadline: TimerHandle,
+}
 
 #[derive(Debug)]
 pub(super) enum Role {

@@ -5,8 +5,9 @@
 use std::collections::HashMap;
 
 use muster_actor::Context;
-use muster_registry::jobs::{Evaluation, SchedulerType, Trigger};
-use muster_registry::{AgentId, Op};
+use muster_model::AgentId;
+use muster_model::{Evaluation, SchedulerType, Trigger};
+use muster_registry::Op;
 
 use super::Master;
 use super::registry_writes::now_ms;

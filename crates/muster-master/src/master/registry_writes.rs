@@ -5,7 +5,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use muster_actor::{Context, Pid};
 use muster_broker::BrokerMsg;
-use muster_registry::jobs::{EvalStatus, Evaluation};
+use muster_model::{EvalStatus, Evaluation};
 use muster_registry::{Op, Outcome, Registrar, RegistrarMsg, WriteError};
 
 use super::Master;

@@ -5,25 +5,14 @@
 
 use std::collections::HashSet;
 
-use muster_actor::{Context, TimerHandle};
+use muster_actor::Context;
+use muster_model::{AgentId, TaskState};
 use muster_proto::cluster as pb;
-use muster_registry::AgentId;
 use muster_scheduler::Stop;
-use tokio::time::Instant;
 
 use super::Master;
 use super::leadership::Role;
-use super::tasks::is_terminal;
-use crate::cluster::AgentEntry;
-
-/// A failover recovery in progress.
-#[derive(Debug)]
-pub(super) struct Recovery {
-    pub(super) started: Instant,
-    pub(super) awaiting: HashSet<String>,
-    pub(super) admitted: usize,
-    pub(super) deadline: TimerHandle,
-}
+use crate::cluster::{AgentEntry, registry_info, tasks_from_agent};
 
 impl Master {
     /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
@@ -49,7 +38,11 @@ impl Master {
         }
         let previous = self.cluster.agents.insert(
             agent_id.clone(),
-            AgentEntry::connected(info.unwrap_or_default(), tasks, completed_tasks),
+            AgentEntry::connected(
+                registry_info(&info.unwrap_or_default()),
+                tasks_from_agent(tasks),
+                tasks_from_agent(completed_tasks),
+            ),
         );
         // A re-registration counts as a heartbeat, but does not cut short the long first TTL
         // a new leader gave the agent.
@@ -106,12 +99,12 @@ impl Master {
         let given_up: HashSet<&str> = previous
             .completed_tasks
             .iter()
-            .filter(|t| t.state == pb::TaskState::Lost as i32)
+            .filter(|t| t.state == TaskState::Lost)
             .chain(
                 previous
                     .tasks
                     .iter()
-                    .filter(|t| t.state == pb::TaskState::Killed as i32),
+                    .filter(|t| t.state == TaskState::Killed),
             )
             .map(|t| t.id.as_str())
             .collect();
@@ -126,7 +119,11 @@ impl Master {
             .collect();
         let mut ended_away = Vec::new();
         let mut lost = Vec::new();
-        for known in previous.tasks.into_iter().filter(|t| !is_terminal(t)) {
+        for known in previous
+            .tasks
+            .into_iter()
+            .filter(|t| !t.state.is_terminal())
+        {
             if agent.tasks.iter().any(|t| t.id == known.id) {
                 continue;
             }
@@ -151,7 +148,7 @@ impl Master {
             if let Some(agent) = self.cluster.agent_mut(agent_id) {
                 agent.tasks.push(task.clone());
             }
-            task.state = pb::TaskState::Lost as i32;
+            task.state = TaskState::Lost;
             task.message = "the agent did not report it when it re-registered".into();
             self.task_updated(agent_id.to_owned(), task, ctx);
         }

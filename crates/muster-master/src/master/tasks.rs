@@ -1,114 +1,55 @@
-//! Task bookkeeping: the labels the master puts on the tasks it launches, what tasks use and
-//! agents have free, task state changes (ended tasks to the history, their capacity to the
+//! Task bookkeeping: what tasks use and agents have free, task state changes (ended tasks to the history, their capacity to the
 //! blocked-queue, a replacement evaluation with crash-loop back-off), and killing tasks.
 
 use std::time::Duration;
 
 use muster_actor::{Context, Upid};
 use muster_broker::blocked::{BlockedMsg, CapacityChange};
+use muster_model::{AgentId, Evaluation, Resources, SchedulerType, Task, TaskState, Trigger};
 use muster_proto::cluster as pb;
-use muster_registry::jobs::{Evaluation, SchedulerType, Trigger};
-use muster_registry::{AgentId, Resources};
-use muster_scheduler::{Stop, TaskState, TaskView};
+use muster_scheduler::{Stop, TaskView};
 
 use super::Master;
 use super::registry_writes::now_ms;
-use crate::cluster::registry_info;
-
-/// The job label the master puts on every task it launches for a job.
-pub(super) const JOB_LABEL: &str = "muster/job";
-/// The task-group label.
-pub(super) const GROUP_LABEL: &str = "muster/group";
-/// The label with the job version a task was placed at: the scheduler replaces tasks placed
-/// before their group's definition last changed. Absent on tasks launched otherwise.
-pub(super) const VERSION_LABEL: &str = "muster/job-version";
-
-fn label<'t>(task: &'t pb::Task, key: &str) -> Option<&'t str> {
-    task.labels
-        .iter()
-        .find(|l| l.key == key)
-        .map(|l| l.value.as_str())
-}
 
 /// The job a task belongs to, if the master launched it for one.
-pub(super) fn task_job(task: &pb::Task) -> Option<&str> {
-    label(task, JOB_LABEL)
+pub(super) fn task_job(task: &Task) -> Option<&str> {
+    (!task.job.is_empty()).then_some(task.job.as_str())
 }
 
 /// How many ended tasks an agent's entry keeps for `muster job status`.
 const COMPLETED_HISTORY: usize = 1_000;
 
-fn resources_of(task: &pb::Task) -> Resources {
-    let r = task.resources.unwrap_or_default();
-    Resources {
-        cpus: r.cpus,
-        mem_mb: r.mem_mb,
-    }
-}
-
-fn task_state(state: i32) -> TaskState {
-    match pb::TaskState::try_from(state) {
-        Ok(pb::TaskState::Running) => TaskState::Running,
-        Ok(pb::TaskState::Finished) => TaskState::Finished,
-        Ok(pb::TaskState::Failed) => TaskState::Failed,
-        Ok(pb::TaskState::Killed) => TaskState::Killed,
-        Ok(pb::TaskState::Lost) => TaskState::Lost,
-        _ => TaskState::Pending,
-    }
-}
-
 /// Whether the task ended (finished, failed, killed, lost).
-pub(super) fn is_terminal(task: &pb::Task) -> bool {
-    task_state(task.state).is_terminal()
+pub(super) fn is_terminal(task: &Task) -> bool {
+    task.state.is_terminal()
 }
 
-pub(super) fn view(task: &pb::Task) -> TaskView {
-    let label = |key: &str| {
-        task.labels
-            .iter()
-            .find(|l| l.key == key)
-            .map(|l| l.value.clone())
-            .unwrap_or_default()
-    };
+pub(super) fn view(task: &Task) -> TaskView {
     TaskView {
         id: task.id.clone(),
         name: task.name.clone(),
-        job: label(JOB_LABEL),
-        group: label(GROUP_LABEL),
-        resources: resources_of(task),
-        state: task_state(task.state),
-        // Missing or malformed (a task not launched by the plan applier): unknown, current.
-        job_version: label(VERSION_LABEL).parse().unwrap_or(0),
+        job: task.job.clone(),
+        group: task.group.clone(),
+        resources: task.resources.clone(),
+        state: task.state,
+        job_version: task.job_version,
     }
 }
 
-/// What an agent offers in all.
-pub(super) fn total_of(info: &pb::AgentInfo) -> Resources {
-    let r = info.resources.unwrap_or_default();
-    Resources {
-        cpus: r.cpus,
-        mem_mb: r.mem_mb,
-    }
-}
-
-pub(super) fn used(tasks: &[pb::Task]) -> Resources {
+/// What the non-terminal `tasks` hold.
+pub(super) fn used(tasks: &[Task]) -> Resources {
     tasks
         .iter()
         .filter(|t| !is_terminal(t))
         .fold(Resources::default(), |sum, t| {
-            let r = resources_of(t);
-            Resources {
-                cpus: sum.cpus + r.cpus,
-                mem_mb: sum.mem_mb + r.mem_mb,
-            }
+            sum.saturating_add(&t.resources)
         })
 }
 
+/// What is left of `total` once `used` is taken, never below zero.
 pub(super) fn free(total: &Resources, used: &Resources) -> Resources {
-    Resources {
-        cpus: (total.cpus - used.cpus).max(0.0),
-        mem_mb: total.mem_mb.saturating_sub(used.mem_mb),
-    }
+    total.saturating_sub(used)
 }
 
 impl Master {
@@ -120,7 +61,7 @@ impl Master {
         let Some(task) = agent.tasks.iter_mut().find(|t| t.id == stop.task_id) else {
             return false;
         };
-        task.state = pb::TaskState::Killed as i32;
+        task.state = TaskState::Killed;
         let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
             return true;
         };
@@ -148,12 +89,7 @@ impl Master {
     /// their capacity goes to the blocked-queue, and a service job whose task ended on its own
     /// gets an evaluation to replace it (held back when the same slot keeps failing: see
     /// [`MasterConfig::reschedule_delay`](crate::MasterConfig::reschedule_delay)).
-    pub(super) fn task_updated(
-        &mut self,
-        agent_id: String,
-        task: pb::Task,
-        ctx: &mut Context<Self>,
-    ) {
+    pub(super) fn task_updated(&mut self, agent_id: String, task: Task, ctx: &mut Context<Self>) {
         let Some(agent) = self.cluster.agent_mut(&agent_id) else {
             return;
         };
@@ -161,7 +97,7 @@ impl Master {
         let position = agent.tasks.iter().position(|t| t.id == task.id);
         let was_killed = position
             .and_then(|i| agent.tasks.get(i))
-            .is_some_and(|t| t.state == pb::TaskState::Killed as i32);
+            .is_some_and(|t| t.state == TaskState::Killed);
         match (position, ended) {
             // Being killed: only its end counts (a RUNNING sent before the kill arrived must
             // not bring it back).
@@ -178,12 +114,12 @@ impl Master {
                 let given_up = agent
                     .completed_tasks
                     .iter()
-                    .any(|t| t.id == task.id && t.state == pb::TaskState::Lost as i32);
+                    .any(|t| t.id == task.id && t.state == TaskState::Lost);
                 let mut adopted = task.clone();
                 if given_up {
                     // Reported after this master gave it up as lost and replaced it: it
                     // must not run beside its replacement.
-                    adopted.state = pb::TaskState::Killed as i32;
+                    adopted.state = TaskState::Killed;
                 }
                 agent.tasks.push(adopted);
                 if given_up {
@@ -200,8 +136,10 @@ impl Master {
         }
         // What an ended task freed goes to the blocked-queue.
         let freed = ended.then(|| {
-            let info = registry_info(&agent.info);
-            (info.attributes, free(&info.resources, &used(&agent.tasks)))
+            (
+                agent.info.attributes.clone(),
+                free(&agent.info.resources, &used(&agent.tasks)),
+            )
         });
         let index = self.next_index();
         let Some((attributes, free_now)) = freed else {
@@ -215,14 +153,14 @@ impl Master {
         };
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
         let replace = !was_killed
-            && task.state != pb::TaskState::Finished as i32
+            && task.state != TaskState::Finished
             && task_job(&task).is_some_and(|job| {
                 self.registry.reader().read(|s| {
                     s.jobs.get(job).is_some_and(|j| {
                         // A batch task that failed has run; one lost never did.
                         !j.stopped
                             && (j.scheduler != SchedulerType::Batch
-                                || task.state == pb::TaskState::Lost as i32)
+                                || task.state == TaskState::Lost)
                     })
                 })
             });
@@ -232,7 +170,7 @@ impl Master {
             };
             let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
             // A task lost with its agent or its launch did not crash: no back-off.
-            let (failures, wait) = if task.state == pb::TaskState::Lost as i32 {
+            let (failures, wait) = if task.state == TaskState::Lost {
                 (0, Duration::ZERO)
             } else {
                 self.crash_loops.failed(
