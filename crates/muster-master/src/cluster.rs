@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_model::convert::sorted;
-use muster_model::{AgentInfo, Resources, Task, TaskState};
+use muster_model::{AgentInfo, Resources, TaskState};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_scheduler::AgentView;
@@ -14,8 +14,11 @@ use muster_scheduler::AgentView;
 #[derive(Debug)]
 pub(crate) struct AgentEntry {
     pub(crate) info: AgentInfo,
-    pub(crate) tasks: Vec<Task>,
-    pub(crate) completed_tasks: Vec<Task>,
+    /// Its tasks in their wire form, as the agent reports them: converting every task of
+    /// every agent on a failover would double the time a new leader takes to rebuild. The
+    /// model's rules read them through [`state_of`] and [`resources_of`].
+    pub(crate) tasks: Vec<model_pb::Task>,
+    pub(crate) completed_tasks: Vec<model_pb::Task>,
     /// False for an admitted agent that has not re-registered with this master yet.
     pub(crate) connected: bool,
     pub(crate) missed_pings: u32,
@@ -41,7 +44,11 @@ impl AgentEntry {
     }
 
     /// A connected agent with what it runs.
-    pub(crate) fn connected(info: AgentInfo, tasks: Vec<Task>, completed_tasks: Vec<Task>) -> Self {
+    pub(crate) fn connected(
+        info: AgentInfo,
+        tasks: Vec<model_pb::Task>,
+        completed_tasks: Vec<model_pb::Task>,
+    ) -> Self {
         AgentEntry {
             info,
             tasks,
@@ -102,45 +109,26 @@ fn resources(r: model_pb::Resources) -> Resources {
     }
 }
 
-/// A task as an agent reports it, in the master's form. Lenient, as the master always was with
-/// what agents report: missing resources are none, and an unknown state counts as not started
-/// (it holds its resources until the agent says more).
-pub(crate) fn task_from_agent(task: model_pb::Task) -> Task {
-    Task {
-        state: TaskState::try_from(task.state).unwrap_or(TaskState::Staging),
-        resources: task.resources.map(resources).unwrap_or_default(),
-        id: task.id,
-        name: task.name,
-        job: task.job,
-        group: task.group,
-        job_version: task.job_version,
-        framework_id: task.framework_id,
-        labels: task
-            .labels
-            .into_iter()
-            .map(|label| (label.key, label.value))
-            .collect(),
-        exit_code: task.exit_code,
-        command: task.command,
-        args: task.args,
-        env: sorted(task.env),
-        message: task.message,
-    }
+/// A task's state by the model's rules. Lenient, as the master always was with what agents
+/// report: an unknown state counts as not started (it holds its resources until the agent
+/// says more).
+pub(crate) fn state_of(task: &model_pb::Task) -> TaskState {
+    TaskState::try_from(task.state).unwrap_or(TaskState::Staging)
+}
+
+/// What a task holds while it runs; none if the agent did not say.
+pub(crate) fn resources_of(task: &model_pb::Task) -> Resources {
+    task.resources.map(resources).unwrap_or_default()
 }
 
 /// The jobs an agent reports live (not ended) tasks of.
 pub(crate) fn live_jobs_reported(tasks: &[model_pb::Task]) -> HashSet<&str> {
     tasks
         .iter()
-        .filter(|t| !TaskState::try_from(t.state).is_ok_and(TaskState::is_terminal))
+        .filter(|t| !state_of(t).is_terminal())
         .map(|t| t.job.as_str())
         .filter(|job| !job.is_empty())
         .collect()
-}
-
-/// Tasks as an agent reports them.
-pub(crate) fn tasks_from_agent(tasks: Vec<model_pb::Task>) -> Vec<Task> {
-    tasks.into_iter().map(task_from_agent).collect()
 }
 
 /// Whether `wire` describes the same agent as the registry's `stored` record, without
@@ -182,27 +170,21 @@ mod tests {
     }
 
     #[test]
-    fn a_reported_task_keeps_its_job_and_an_odd_one_is_not_lost() {
-        let task = Task {
-            id: "web.fe[0]-1".into(),
-            name: "web.fe[0]".into(),
-            job: "web".into(),
-            group: "fe".into(),
-            job_version: 4,
-            state: TaskState::Running,
-            ..Task::default()
-        };
-        assert_eq!(task_from_agent(task.clone().into()), task);
+    fn an_odd_task_is_read_as_not_started_and_holding_nothing() {
         let odd = model_pb::Task {
             id: "t".into(),
             state: 42,
             resources: None,
             ..model_pb::Task::default()
         };
-        let read = task_from_agent(odd);
-        assert_eq!(
-            (read.state, read.resources),
-            (TaskState::Staging, Resources::default())
-        );
+        assert_eq!(state_of(&odd), TaskState::Staging);
+        assert_eq!(resources_of(&odd), Resources::default());
+        let running = model_pb::Task {
+            state: TaskState::Finished.into(),
+            job: "web".into(),
+            ..odd
+        };
+        assert_eq!(state_of(&running), TaskState::Finished);
+        assert!(live_jobs_reported(&[running]).is_empty());
     }
 }

@@ -10,7 +10,7 @@ use muster_registry::{Op, Outcome, WriteError};
 use super::Master;
 use super::leadership::Role;
 use super::registry_writes::write_registry;
-use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, same_info, task_from_agent};
+use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, same_info};
 
 /// What agents send the master.
 #[derive(Debug)]
@@ -92,7 +92,7 @@ impl Master {
             AgentMsg::Heartbeat(heartbeat, reply) => self.on_heartbeat(heartbeat, reply),
             AgentMsg::TaskStatus(update) => {
                 if let Some(task) = update.task {
-                    self.task_updated(update.agent_id, task_from_agent(task), ctx);
+                    self.task_updated(update.agent_id, task, ctx);
                 }
             }
         }

@@ -6,7 +6,6 @@ use std::collections::HashSet;
 
 use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::BlockedMsg;
-use muster_model::convert::all;
 use muster_model::{Evaluation, Job, Trigger};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
@@ -15,7 +14,6 @@ use muster_registry::{Op, Outcome, RegistrarMsg, RegistrarStats, WriteError};
 use super::Master;
 use super::leadership::Role;
 use super::tasks::task_job;
-use crate::cluster::task_from_agent;
 use crate::error::ServiceError;
 
 /// What operators ask the master.
@@ -114,8 +112,8 @@ impl Master {
             .map(|(id, agent)| pb::AgentState {
                 id: id.clone(),
                 info: Some(agent.info.clone().into()),
-                tasks: all(agent.tasks.clone()),
-                completed_tasks: all(agent.completed_tasks.clone()),
+                tasks: agent.tasks.clone(),
+                completed_tasks: agent.completed_tasks.clone(),
                 connected: agent.connected,
             })
             .collect();
@@ -234,7 +232,7 @@ impl Master {
                 if task_job(task) == Some(name) {
                     tasks.push(pb::JobTask {
                         agent_id: agent_id.clone(),
-                        task: Some(task.clone().into()),
+                        task: Some(task.clone()),
                     });
                 }
             }
@@ -322,7 +320,7 @@ impl Master {
         // Recorded before it is sent: the agent's first status update may come before the
         // answer to the launch.
         if let Some(agent) = self.cluster.agent_mut(&agent_id) {
-            agent.tasks.push(task_from_agent(task));
+            agent.tasks.push(task);
         }
         self.cluster.add_frameworks(vec![framework]);
         ctx.defer(

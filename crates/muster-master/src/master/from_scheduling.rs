@@ -16,13 +16,13 @@ use muster_broker::EvalBroker;
 use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg};
 use muster_model::{AgentId, Demand, EvalStatus, Evaluation, Task, TaskState};
 use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
 use muster_registry::Op;
 
 use muster_scheduler::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult};
 
 use super::tasks::{free, used, view};
 use super::{InternalMsg, Master};
-use crate::cluster::task_from_agent;
 use crate::error::ServiceError;
 
 /// What scheduler workers and the blocked-queue send the master.
@@ -239,11 +239,11 @@ impl Master {
             self.cluster.add_frameworks(vec![framework.clone()]);
         }
         let agent = self.cluster.agent_mut(&placement.agent.0)?;
-        let wire = task.clone().into();
-        agent.tasks.push(task);
+        let task = model_pb::Task::from(task);
+        agent.tasks.push(task.clone());
         Some(pb::RunTask {
             framework: Some(framework),
-            task: Some(wire),
+            task: Some(task),
         })
     }
 
@@ -257,17 +257,13 @@ impl Master {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
-        let staged: Vec<Task> = tasks
-            .iter()
-            .filter_map(|run| run.task.clone())
-            .map(task_from_agent)
-            .collect();
+        let staged: Vec<model_pb::Task> = tasks.iter().filter_map(|run| run.task.clone()).collect();
         let Err(e) = node.remote(upid).tell(pb::LaunchTasks { tasks }) else {
             return;
         };
         tracing::warn!(agent = %agent_id, error = %e, tasks = staged.len(), "launch failed");
         for mut failed in staged {
-            failed.state = TaskState::Failed;
+            failed.state = TaskState::Failed.into();
             failed.exit_code = -1;
             failed.message = format!("could not send the launch to the agent: {e}");
             self.task_updated(agent_id.clone(), failed, ctx);

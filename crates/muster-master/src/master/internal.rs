@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::Master;
 use super::heartbeats::MAX_HEARTBEAT_TTL;
 use super::leadership::{Recovery, Role};
-use crate::cluster::{AgentEntry, Cluster};
+use crate::cluster::{AgentEntry, Cluster, state_of};
 
 /// What the master sends itself.
 #[derive(Debug)]
@@ -292,14 +292,14 @@ impl Master {
                 agent
                     .tasks
                     .iter()
-                    .find(|t| t.id == task_id && t.state == TaskState::Staging)
+                    .find(|t| t.id == task_id && state_of(t) == TaskState::Staging)
                     .cloned()
             }) else {
                 continue;
             };
             tracing::warn!(agent = %agent_id, task = %task_id, "no word from the agent about a launched task: lost");
             let mut lost = task;
-            lost.state = TaskState::Lost;
+            lost.state = TaskState::Lost.into();
             lost.message = format!(
                 "no word from the agent within {:?} of the launch",
                 self.config.launch_timeout

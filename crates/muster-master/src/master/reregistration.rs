@@ -12,7 +12,7 @@ use muster_scheduler::Stop;
 
 use super::Master;
 use super::leadership::Role;
-use crate::cluster::{AgentEntry, registry_info, tasks_from_agent};
+use crate::cluster::{AgentEntry, registry_info, state_of};
 
 impl Master {
     /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
@@ -40,8 +40,8 @@ impl Master {
             agent_id.clone(),
             AgentEntry::connected(
                 registry_info(&info.unwrap_or_default()),
-                tasks_from_agent(tasks),
-                tasks_from_agent(completed_tasks),
+                tasks,
+                completed_tasks,
             ),
         );
         // A re-registration counts as a heartbeat, but does not cut short the long first TTL
@@ -99,12 +99,12 @@ impl Master {
         let given_up: HashSet<&str> = previous
             .completed_tasks
             .iter()
-            .filter(|t| t.state == TaskState::Lost)
+            .filter(|t| state_of(t) == TaskState::Lost)
             .chain(
                 previous
                     .tasks
                     .iter()
-                    .filter(|t| t.state == TaskState::Killed),
+                    .filter(|t| state_of(t) == TaskState::Killed),
             )
             .map(|t| t.id.as_str())
             .collect();
@@ -122,7 +122,7 @@ impl Master {
         for known in previous
             .tasks
             .into_iter()
-            .filter(|t| !t.state.is_terminal())
+            .filter(|t| !state_of(t).is_terminal())
         {
             if agent.tasks.iter().any(|t| t.id == known.id) {
                 continue;
@@ -148,7 +148,7 @@ impl Master {
             if let Some(agent) = self.cluster.agent_mut(agent_id) {
                 agent.tasks.push(task.clone());
             }
-            task.state = TaskState::Lost;
+            task.state = TaskState::Lost.into();
             task.message = "the agent did not report it when it re-registered".into();
             self.task_updated(agent_id.to_owned(), task, ctx);
         }

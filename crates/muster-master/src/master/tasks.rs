@@ -5,12 +5,14 @@ use std::time::Duration;
 
 use muster_actor::{Context, Upid};
 use muster_broker::blocked::{BlockedMsg, CapacityChange};
-use muster_model::{AgentId, Evaluation, Resources, SchedulerType, Task, TaskState, Trigger};
+use muster_model::{AgentId, Evaluation, Resources, SchedulerType, TaskState, Trigger};
 use muster_proto::cluster as pb;
+use muster_proto::model::Task;
 use muster_scheduler::{Stop, TaskView};
 
 use super::Master;
 use super::registry_writes::now_ms;
+use crate::cluster::{resources_of, state_of};
 
 /// The job a task belongs to, if the master launched it for one.
 pub(super) fn task_job(task: &Task) -> Option<&str> {
@@ -22,7 +24,7 @@ const COMPLETED_HISTORY: usize = 1_000;
 
 /// Whether the task ended (finished, failed, killed, lost).
 pub(super) fn is_terminal(task: &Task) -> bool {
-    task.state.is_terminal()
+    state_of(task).is_terminal()
 }
 
 pub(super) fn view(task: &Task) -> TaskView {
@@ -31,8 +33,8 @@ pub(super) fn view(task: &Task) -> TaskView {
         name: task.name.clone(),
         job: task.job.clone(),
         group: task.group.clone(),
-        resources: task.resources.clone(),
-        state: task.state,
+        resources: resources_of(task),
+        state: state_of(task),
         job_version: task.job_version,
     }
 }
@@ -43,7 +45,7 @@ pub(super) fn used(tasks: &[Task]) -> Resources {
         .iter()
         .filter(|t| !is_terminal(t))
         .fold(Resources::default(), |sum, t| {
-            sum.saturating_add(&t.resources)
+            sum.saturating_add(&resources_of(t))
         })
 }
 
@@ -61,7 +63,7 @@ impl Master {
         let Some(task) = agent.tasks.iter_mut().find(|t| t.id == stop.task_id) else {
             return false;
         };
-        task.state = TaskState::Killed;
+        task.state = TaskState::Killed.into();
         let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
             return true;
         };
@@ -97,7 +99,7 @@ impl Master {
         let position = agent.tasks.iter().position(|t| t.id == task.id);
         let was_killed = position
             .and_then(|i| agent.tasks.get(i))
-            .is_some_and(|t| t.state == TaskState::Killed);
+            .is_some_and(|t| state_of(t) == TaskState::Killed);
         match (position, ended) {
             // Being killed: only its end counts (a RUNNING sent before the kill arrived must
             // not bring it back).
@@ -114,12 +116,12 @@ impl Master {
                 let given_up = agent
                     .completed_tasks
                     .iter()
-                    .any(|t| t.id == task.id && t.state == TaskState::Lost);
+                    .any(|t| t.id == task.id && state_of(t) == TaskState::Lost);
                 let mut adopted = task.clone();
                 if given_up {
                     // Reported after this master gave it up as lost and replaced it: it
                     // must not run beside its replacement.
-                    adopted.state = TaskState::Killed;
+                    adopted.state = TaskState::Killed.into();
                 }
                 agent.tasks.push(adopted);
                 if given_up {
@@ -153,14 +155,14 @@ impl Master {
         };
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
         let replace = !was_killed
-            && task.state != TaskState::Finished
+            && state_of(&task) != TaskState::Finished
             && task_job(&task).is_some_and(|job| {
                 self.registry.reader().read(|s| {
                     s.jobs.get(job).is_some_and(|j| {
                         // A batch task that failed has run; one lost never did.
                         !j.stopped
                             && (j.scheduler != SchedulerType::Batch
-                                || task.state == TaskState::Lost)
+                                || state_of(&task) == TaskState::Lost)
                     })
                 })
             });
@@ -170,7 +172,7 @@ impl Master {
             };
             let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
             // A task lost with its agent or its launch did not crash: no back-off.
-            let (failures, wait) = if task.state == TaskState::Lost {
+            let (failures, wait) = if state_of(&task) == TaskState::Lost {
                 (0, Duration::ZERO)
             } else {
                 self.crash_loops.failed(
