@@ -50,6 +50,36 @@ impl Process for Watcher {
 }
 
 #[tokio::test]
+async fn the_example_answers_help_with_its_usage() -> anyhow::Result<()> {
+    let binary = example_binary("remote_ping")?;
+    for args in [&["--help"][..], &["ping", "--help"][..]] {
+        let out = tokio::process::Command::new(&binary)
+            .args(args)
+            .output()
+            .await
+            .context("running remote_ping --help")?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(out.status.success(), "{args:?}: {:?}: {text}", out.status);
+        anyhow::ensure!(text.contains("Usage"), "{args:?}: {text}");
+        if args.len() == 1 {
+            anyhow::ensure!(text.contains("Two OS processes"), "{text}");
+            anyhow::ensure!(text.contains("serve") && text.contains("ping"), "{text}");
+        } else {
+            anyhow::ensure!(text.contains("<NAME@HOST:PORT>"), "{text}");
+        }
+    }
+    // A bad flag is a usage error, not a backtrace.
+    let out = tokio::process::Command::new(&binary)
+        .arg("--nonsense")
+        .output()
+        .await?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    anyhow::ensure!(out.status.code() == Some(2), "{:?}: {text}", out.status);
+    anyhow::ensure!(!text.contains("backtrace"), "{text}");
+    Ok(())
+}
+
+#[tokio::test]
 async fn talks_to_a_second_os_process_and_hears_when_it_dies() -> anyhow::Result<()> {
     let mut server = tokio::process::Command::new(example_binary("remote_ping")?)
         .args(["serve", "127.0.0.1:0"])
