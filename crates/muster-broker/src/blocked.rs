@@ -255,10 +255,6 @@ fn shape(demand: &Demand) -> Shape {
     }
 }
 
-fn admits(constraints: &[Constraint], attributes: &BTreeMap<String, String>) -> bool {
-    Constraint::all_admit(constraints, attributes)
-}
-
 /// Whether `candidate` is newer than `current` (ties go to the candidate: it arrived last).
 fn newer_or_same(candidate: &Evaluation, current: &Evaluation) -> bool {
     (candidate.create_index, candidate.modify_index) >= (current.create_index, current.modify_index)
@@ -413,7 +409,7 @@ impl BlockedEvals {
             shapes.iter().any(|s| {
                 s.mem_mb <= change.mem_mb
                     && s.cpus <= change.cpus
-                    && admits(&s.constraints, &change.attributes)
+                    && Constraint::all_admit(&s.constraints, &change.attributes)
             })
         })
     }
@@ -484,7 +480,7 @@ impl BlockedEvals {
         if self.enabled {
             let mut fitting: Vec<Key> = Vec::new();
             for group in self.groups.values() {
-                if !admits(&group.constraints, &change.attributes) {
+                if !Constraint::all_admit(&group.constraints, &change.attributes) {
                     continue;
                 }
                 for by_cpu in group.by_mem.range(..=mem_mb).map(|(_, by_cpu)| by_cpu) {

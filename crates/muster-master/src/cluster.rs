@@ -61,6 +61,21 @@ impl AgentEntry {
     }
 }
 
+impl AgentEntry {
+    /// What is left for new tasks: its resources less what its non-terminal tasks hold, never
+    /// below zero.
+    pub(crate) fn free(&self) -> Resources {
+        let used = self
+            .tasks
+            .iter()
+            .filter(|t| !state_of(t).is_terminal())
+            .fold(Resources::default(), |sum, t| {
+                sum.saturating_add(&resources_of(t))
+            });
+        self.info.resources.saturating_sub(&used)
+    }
+}
+
 /// Agents by id and frameworks by id.
 #[derive(Debug, Default)]
 pub(crate) struct Cluster {

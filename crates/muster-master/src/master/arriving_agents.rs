@@ -9,7 +9,6 @@ use muster_model::AgentId;
 use muster_model::{Evaluation, SchedulerType, Trigger};
 
 use super::Master;
-use super::tasks::{free, used};
 
 impl Master {
     /// A newly registered agent: its capacity may unblock evaluations, and every system job
@@ -57,7 +56,7 @@ impl Master {
         let change = CapacityChange {
             agent: AgentId(agent_id.to_owned()),
             attributes: agent.info.attributes.clone(),
-            free: free(&agent.info.resources, &used(&agent.tasks)),
+            free: agent.free(),
             index,
         };
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));

@@ -21,7 +21,7 @@ use muster_registry::Op;
 
 use muster_scheduler::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult};
 
-use super::tasks::{free, used, view};
+use super::tasks::view;
 use super::{InternalMsg, Master};
 use crate::error::ServiceError;
 
@@ -169,10 +169,7 @@ impl Master {
                 .get(&placement.agent.0)
                 .is_some_and(|agent| {
                     // The model's one fit rule, as the schedulers and the blocked-queue use it.
-                    agent.connected
-                        && placement
-                            .resources
-                            .fits_in(&free(&agent.info.resources, &used(&agent.tasks)))
+                    agent.connected && placement.resources.fits_in(&agent.free())
                 });
             if fits {
                 if let Some(run) = self.stage_placement(&placement) {

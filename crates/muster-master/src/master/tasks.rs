@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use muster_actor::{Context, Upid};
 use muster_broker::blocked::{BlockedMsg, CapacityChange};
-use muster_model::{AgentId, Evaluation, Resources, SchedulerType, TaskState, Trigger};
+use muster_model::{AgentId, Evaluation, SchedulerType, TaskState, Trigger};
 use muster_proto::cluster as pb;
 use muster_proto::model::Task;
 use muster_scheduler::{Stop, TaskView};
@@ -37,21 +37,6 @@ pub(super) fn view(task: &Task) -> TaskView {
         state: state_of(task),
         job_version: task.job_version,
     }
-}
-
-/// What the non-terminal `tasks` hold.
-pub(super) fn used(tasks: &[Task]) -> Resources {
-    tasks
-        .iter()
-        .filter(|t| !is_terminal(t))
-        .fold(Resources::default(), |sum, t| {
-            sum.saturating_add(&resources_of(t))
-        })
-}
-
-/// What is left of `total` once `used` is taken, never below zero.
-pub(super) fn free(total: &Resources, used: &Resources) -> Resources {
-    total.saturating_sub(used)
 }
 
 impl Master {
@@ -137,12 +122,7 @@ impl Master {
             (None, true) => return,
         }
         // What an ended task freed goes to the blocked-queue.
-        let freed = ended.then(|| {
-            (
-                agent.info.attributes.clone(),
-                free(&agent.info.resources, &used(&agent.tasks)),
-            )
-        });
+        let freed = ended.then(|| (agent.info.attributes.clone(), agent.free()));
         let index = self.next_index();
         let Some((attributes, free_now)) = freed else {
             return;
