@@ -1,4 +1,4 @@
-//! Task bookkeeping: what tasks use and agents have free, task state changes (ended tasks to the history, their capacity to the
+//! Task bookkeeping: task state changes (ended tasks to the history, their capacity to the
 //! blocked-queue, a replacement evaluation with crash-loop back-off), and killing tasks.
 
 use std::time::Duration;
