@@ -1,0 +1,194 @@
+//! A cluster CA and the role certificates it issues, as PEM text (what `muster tls ca create`
+//! and `muster tls cert create` write).
+
+use std::time::Duration;
+
+use rcgen::{
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType,
+};
+
+use crate::identity::Role;
+
+/// How long a CA is valid by default (5 years, as `nomad tls ca create`).
+pub const DEFAULT_CA_VALIDITY: Duration = Duration::from_secs(5 * 365 * 24 * 3600);
+/// How long a role certificate is valid by default (1 year, as `nomad tls cert create`).
+pub const DEFAULT_CERT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 3600);
+
+/// A certificate and its private key, PEM-encoded.
+#[derive(Clone)]
+pub struct PemPair {
+    /// The certificate.
+    pub cert: String,
+    /// Its private key (PKCS#8).
+    pub key: String,
+}
+
+impl std::fmt::Debug for PemPair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PemPair").finish_non_exhaustive()
+    }
+}
+
+/// Why a certificate could not be made.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CertError {
+    /// The CA certificate or key given to sign with does not parse.
+    #[error("the CA certificate or key cannot be used: {0}")]
+    BadCa(String),
+    /// A name is not valid in a certificate.
+    #[error("invalid name {name:?} in a certificate: {reason}")]
+    BadName {
+        /// The name.
+        name: String,
+        /// Why.
+        reason: String,
+    },
+    /// Key generation or signing failed.
+    #[error("cannot create the certificate: {0}")]
+    Generate(String),
+}
+
+fn generate(e: rcgen::Error) -> CertError {
+    CertError::Generate(e.to_string())
+}
+
+/// When a certificate made now for `validity` stops being valid, from one minute ago (to
+/// allow for clocks a little behind).
+fn validity_window(params: &mut CertificateParams, validity: Duration) {
+    let now = std::time::SystemTime::now();
+    let start = now
+        .checked_sub(Duration::from_secs(60))
+        .unwrap_or(std::time::UNIX_EPOCH);
+    params.not_before = start.into();
+    params.not_after = (now + validity).into();
+}
+
+/// A new self-signed CA for `cluster`.
+///
+/// # Errors
+/// [`CertError::Generate`] if key generation fails.
+pub fn create_ca(cluster: &str, validity: Duration) -> Result<PemPair, CertError> {
+    let mut params = CertificateParams::default();
+    let mut name = DistinguishedName::new();
+    name.push(DnType::CommonName, format!("Muster CA {cluster}"));
+    name.push(DnType::OrganizationName, "Muster");
+    params.distinguished_name = name;
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    validity_window(&mut params, validity);
+    let key = KeyPair::generate().map_err(generate)?;
+    let cert = params.self_signed(&key).map_err(generate)?;
+    Ok(PemPair {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}
+
+/// What to put in a role certificate.
+#[derive(Clone, Debug)]
+pub struct CertRequest<'a> {
+    /// Its role.
+    pub role: Role,
+    /// The node it is issued to (its common name); an agent speaks for the agent id bound to
+    /// this name.
+    pub name: &'a str,
+    /// The cluster (its role name is `<role>.<cluster>.muster`).
+    pub cluster: &'a str,
+    /// Further DNS names or IP addresses the certificate is valid for (`localhost` and
+    /// `127.0.0.1` are always added).
+    pub extra_names: &'a [String],
+    /// How long it is valid.
+    pub validity: Duration,
+}
+
+/// A certificate for `request`, signed by the CA `ca`.
+///
+/// # Errors
+/// [`CertError::BadCa`] if `ca` does not parse, [`CertError::BadName`] for a name that
+/// cannot be in a certificate.
+pub fn issue(ca: &PemPair, request: &CertRequest<'_>) -> Result<PemPair, CertError> {
+    let ca_key = KeyPair::from_pem(&ca.key).map_err(|e| CertError::BadCa(e.to_string()))?;
+    let issuer =
+        Issuer::from_ca_cert_pem(&ca.cert, ca_key).map_err(|e| CertError::BadCa(e.to_string()))?;
+    let mut names = vec![
+        request.role.dns_name(request.cluster),
+        "localhost".to_owned(),
+        "127.0.0.1".to_owned(),
+    ];
+    names.extend(request.extra_names.iter().cloned());
+    let mut params = CertificateParams::default();
+    for name in names {
+        let san = match name.parse::<std::net::IpAddr>() {
+            Ok(ip) => SanType::IpAddress(ip),
+            Err(_) => SanType::DnsName(name.clone().try_into().map_err(|e: rcgen::Error| {
+                CertError::BadName {
+                    name: name.clone(),
+                    reason: e.to_string(),
+                }
+            })?),
+        };
+        params.subject_alt_names.push(san);
+    }
+    let mut subject = DistinguishedName::new();
+    subject.push(DnType::CommonName, request.name);
+    subject.push(DnType::OrganizationName, "Muster");
+    params.distinguished_name = subject;
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    validity_window(&mut params, request.validity);
+    let key = KeyPair::generate().map_err(generate)?;
+    let cert = params.signed_by(&key, &issuer).map_err(generate)?;
+    Ok(PemPair {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}
+
+/// A certificate like [`issue`]'s whose validity ended before `validity` ago (for tests of
+/// expired certificates).
+///
+/// # Errors
+/// As [`issue`].
+pub fn issue_expired(ca: &PemPair, request: &CertRequest<'_>) -> Result<PemPair, CertError> {
+    let ca_key = KeyPair::from_pem(&ca.key).map_err(|e| CertError::BadCa(e.to_string()))?;
+    let issuer =
+        Issuer::from_ca_cert_pem(&ca.cert, ca_key).map_err(|e| CertError::BadCa(e.to_string()))?;
+    let mut params =
+        CertificateParams::new(vec![request.role.dns_name(request.cluster)]).map_err(generate)?;
+    let mut subject = DistinguishedName::new();
+    subject.push(DnType::CommonName, request.name);
+    params.distinguished_name = subject;
+    let now = std::time::SystemTime::now();
+    let end = now
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let start = end
+        .checked_sub(request.validity)
+        .unwrap_or(std::time::UNIX_EPOCH);
+    params.not_before = start.into();
+    params.not_after = end.into();
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    let key = KeyPair::generate().map_err(generate)?;
+    let cert = params.signed_by(&key, &issuer).map_err(generate)?;
+    Ok(PemPair {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+    })
+}

@@ -1,0 +1,223 @@
+//! The guard in front of a tonic service: who may call each method, declared once where the
+//! service is installed, checked before the request reaches the service.
+//!
+//! ```text
+//! routes.add_service(Guarded::new(OperatorServer::new(svc), operator_rules(), &security, tokens))
+//! ```
+//!
+//! A request passes when the caller's certificate carries an accepted role and, where the
+//! method needs a permission, the request carries a token (`x-muster-token` or
+//! `authorization: Bearer`) whose policy grants it. The guard puts the [`Peer`] and the
+//! [`Caller`] in the request's extensions. Without TLS ([`Security::Insecure`]) every request
+//! passes as [`Caller::insecure`].
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use tonic::codegen::http;
+use tonic::server::NamedService;
+use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+use tonic::{Code, Status};
+
+use crate::acl::{AclToken, Caller, Permission, TokenSecret};
+use crate::identity::{Peer, Role};
+use crate::tls::{Security, Tls};
+
+/// The metadata key a token travels in.
+pub const TOKEN_HEADER: &str = "x-muster-token";
+
+/// What one method asks of its caller.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requirement {
+    /// A certificate of one of these roles; no token (raft between masters; bootstrapping
+    /// the ACL system, which the registry allows once).
+    Certificate(&'static [Role]),
+    /// A certificate of one of these roles and a token granting the permission.
+    Token(&'static [Role], Permission),
+}
+
+/// Who may call each method of one service.
+#[derive(Clone, Debug)]
+pub struct Rules {
+    default: Requirement,
+    methods: HashMap<&'static str, Requirement>,
+}
+
+impl Rules {
+    /// Rules where every method asks `default`.
+    pub fn new(default: Requirement) -> Rules {
+        Rules {
+            default,
+            methods: HashMap::new(),
+        }
+    }
+
+    /// `method` (its name alone, `SubmitJob`) asks `requirement` instead.
+    #[must_use]
+    pub fn method(mut self, method: &'static str, requirement: Requirement) -> Rules {
+        self.methods.insert(method, requirement);
+        self
+    }
+
+    /// What `method` asks.
+    pub fn requirement(&self, method: &str) -> Requirement {
+        self.methods.get(method).copied().unwrap_or(self.default)
+    }
+}
+
+/// Where the guard looks tokens up: the registry's applied token table, so a deleted token
+/// is refused as soon as its deletion applies.
+pub trait TokenSource: Send + Sync + 'static {
+    /// The token whose secret is `secret`, if there is one.
+    fn authenticate(&self, secret: &TokenSecret) -> Option<AclToken>;
+}
+
+/// A tonic service behind a guard.
+#[derive(Clone)]
+pub struct Guarded<S> {
+    inner: S,
+    rules: Arc<Rules>,
+    tls: Option<Tls>,
+    tokens: Arc<dyn TokenSource>,
+}
+
+impl<S> std::fmt::Debug for Guarded<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Guarded")
+            .field("rules", &self.rules)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S> Guarded<S> {
+    /// `inner`, guarded by `rules`, with tokens from `tokens`.
+    pub fn new(
+        inner: S,
+        rules: Rules,
+        security: &Security,
+        tokens: Arc<dyn TokenSource>,
+    ) -> Guarded<S> {
+        Guarded {
+            inner,
+            rules: Arc::new(rules),
+            tls: security.tls().cloned(),
+            tokens,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for Guarded<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+/// The token a request carries, if any.
+pub fn token_of(headers: &http::HeaderMap) -> Option<TokenSecret> {
+    if let Some(value) = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
+        return Some(TokenSecret::new(value.trim()));
+    }
+    let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
+    let token = value.strip_prefix("Bearer ")?;
+    Some(TokenSecret::new(token.trim()))
+}
+
+/// Checks one request against `requirement`: the [`Peer`] and [`Caller`] it passes as, or
+/// the status to refuse it with.
+fn check<B>(
+    tls: &Tls,
+    tokens: &dyn TokenSource,
+    requirement: Requirement,
+    request: &http::Request<B>,
+) -> Result<(Peer, Caller), Status> {
+    let chain = request
+        .extensions()
+        .get::<TlsConnectInfo<TcpConnectInfo>>()
+        .and_then(|info| info.peer_certs());
+    let path = request.uri().path();
+    let (roles, permission) = match requirement {
+        Requirement::Certificate(roles) => (roles, None),
+        Requirement::Token(roles, permission) => (roles, Some(permission)),
+    };
+    let peer = tls
+        .peer_of(chain.as_deref().map(Vec::as_slice))
+        .and_then(|peer| peer.expect(roles))
+        .map_err(|e| Status::permission_denied(format!("{path}: {e}")))?;
+    let Some(permission) = permission else {
+        let caller = Caller {
+            name: peer.name.clone(),
+            policy: crate::acl::Policy::Management,
+        };
+        return Ok((peer, caller));
+    };
+    let secret = token_of(request.headers())
+        .ok_or_else(|| Status::unauthenticated("no token; set MUSTER_TOKEN or --token"))?;
+    let token = tokens.authenticate(&secret).ok_or_else(|| {
+        Status::unauthenticated("the token is not known (deleted, or never issued by this cluster)")
+    })?;
+    if !token.policy.grants(permission) {
+        return Err(Status::permission_denied(format!(
+            "token {:?} has policy {}; {} needs {}",
+            token.name,
+            token.policy,
+            permission.doing(),
+            permission.least_policy()
+        )));
+    }
+    Ok((
+        peer,
+        Caller {
+            name: token.name,
+            policy: token.policy,
+        },
+    ))
+}
+
+impl<S, B> tower_service::Service<http::Request<B>> for Guarded<S>
+where
+    S: tower_service::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = futures_util::future::Either<
+        S::Future,
+        std::future::Ready<Result<Self::Response, Self::Error>>,
+    >;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut request: http::Request<B>) -> Self::Future {
+        let Some(tls) = &self.tls else {
+            request.extensions_mut().insert(Caller::insecure());
+            return futures_util::future::Either::Left(self.inner.call(request));
+        };
+        let method = request.uri().path().rsplit('/').next().unwrap_or_default();
+        let requirement = self.rules.requirement(method);
+        match check(tls, self.tokens.as_ref(), requirement, &request) {
+            Ok((peer, caller)) => {
+                request.extensions_mut().insert(peer);
+                request.extensions_mut().insert(caller);
+                futures_util::future::Either::Left(self.inner.call(request))
+            }
+            Err(status) => {
+                tracing::debug!(path = %request.uri().path(), code = ?status.code(), "refused");
+                debug_assert_ne!(status.code(), Code::Ok);
+                futures_util::future::Either::Right(std::future::ready(Ok(status.into_http())))
+            }
+        }
+    }
+}
+
+/// A token source with no tokens (a cluster whose registry has none yet refuses every
+/// token).
+#[derive(Debug, Default)]
+pub struct NoTokens;
+
+impl TokenSource for NoTokens {
+    fn authenticate(&self, _secret: &TokenSecret) -> Option<AclToken> {
+        None
+    }
+}

@@ -1,0 +1,130 @@
+//! The one test helper for TLS and tokens: a throwaway cluster CA per test process, and
+//! certificates for any role and name, written as PEM files so that child processes can use
+//! them too.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use crate::certs::{self, CertRequest, PemPair};
+use crate::identity::{DEFAULT_CLUSTER, Role};
+use crate::tls::{Security, Tls, TlsFiles};
+
+/// A CA and the certificates it issued, in a directory that lives as long as the process.
+#[derive(Debug)]
+pub struct TestPki {
+    dir: PathBuf,
+    ca: PemPair,
+    issued: Mutex<HashMap<(Role, String), TlsFiles>>,
+}
+
+impl TestPki {
+    /// The test process's cluster CA (made on first use).
+    ///
+    /// # Panics
+    /// If the temp dir cannot be written: a test cannot run then.
+    pub fn shared() -> &'static TestPki {
+        static SHARED: OnceLock<TestPki> = OnceLock::new();
+        SHARED.get_or_init(|| TestPki::new("muster-test-pki"))
+    }
+
+    /// A second, unrelated CA: its certificates must be refused by the shared one's nodes.
+    ///
+    /// # Panics
+    /// As [`shared`](TestPki::shared).
+    pub fn foreign() -> &'static TestPki {
+        static FOREIGN: OnceLock<TestPki> = OnceLock::new();
+        FOREIGN.get_or_init(|| TestPki::new("muster-foreign-pki"))
+    }
+
+    fn new(prefix: &str) -> TestPki {
+        #[allow(clippy::expect_used)]
+        let dir = tempfile::Builder::new()
+            .prefix(prefix)
+            .tempdir()
+            .expect("a temp dir for test certificates")
+            .keep();
+        #[allow(clippy::expect_used)]
+        let ca = certs::create_ca(DEFAULT_CLUSTER, certs::DEFAULT_CA_VALIDITY).expect("a test CA");
+        write(&dir.join("ca.pem"), &ca.cert);
+        TestPki {
+            dir,
+            ca,
+            issued: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The CA certificate's file.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    /// The CA itself (to issue odd certificates in a test).
+    pub fn ca(&self) -> &PemPair {
+        &self.ca
+    }
+
+    /// The directory the files are in.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Files for a certificate of `role` issued to `name` (made on first use).
+    ///
+    /// # Panics
+    /// If the certificate cannot be made or written.
+    pub fn files(&self, role: Role, name: &str) -> TlsFiles {
+        let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
+        issued
+            .entry((role, name.to_owned()))
+            .or_insert_with(|| {
+                #[allow(clippy::expect_used)]
+                let pair = certs::issue(
+                    &self.ca,
+                    &CertRequest {
+                        role,
+                        name,
+                        cluster: DEFAULT_CLUSTER,
+                        extra_names: &[],
+                        validity: Duration::from_secs(24 * 3600),
+                    },
+                )
+                .expect("a test certificate");
+                self.write_pair(&format!("{role}-{name}"), &pair)
+            })
+            .clone()
+    }
+
+    /// Writes `pair` as `<stem>.pem` and `<stem>-key.pem`, with this CA.
+    pub fn write_pair(&self, stem: &str, pair: &PemPair) -> TlsFiles {
+        let cert = self.dir.join(format!("{stem}.pem"));
+        let key = self.dir.join(format!("{stem}-key.pem"));
+        write(&cert, &pair.cert);
+        write(&key, &pair.key);
+        TlsFiles {
+            ca: self.ca_file(),
+            cert,
+            key,
+        }
+    }
+
+    /// Loaded TLS for `role` and `name`.
+    ///
+    /// # Panics
+    /// If the material does not load.
+    pub fn tls(&self, role: Role, name: &str) -> Tls {
+        #[allow(clippy::expect_used)]
+        Tls::load(self.files(role, name), DEFAULT_CLUSTER).expect("test TLS material loads")
+    }
+
+    /// [`Security::Tls`] for `role` and `name`.
+    pub fn security(&self, role: Role, name: &str) -> Security {
+        Security::Tls(self.tls(role, name))
+    }
+}
+
+fn write(path: &Path, text: &str) {
+    #[allow(clippy::expect_used)]
+    std::fs::write(path, text).expect("write a test certificate");
+}
