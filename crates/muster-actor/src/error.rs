@@ -84,6 +84,11 @@ pub enum RemoteError {
     /// The remote process has stopped or its mailbox is full.
     #[error("remote process could not take the message: {0}")]
     Rejected(String),
+    /// The receiving process does not accept this message from the sender's role (its
+    /// certificate says master, agent or client; see
+    /// [`Registration::install_from`](crate::Registration::install_from)).
+    #[error("not authorized: {0}")]
+    Unauthorized(String),
     /// The connection to the node was lost before the answer came.
     #[error("connection to {0} lost")]
     ConnectionLost(String),

@@ -56,10 +56,13 @@ pub use context::Context;
 pub use error::{AskError, RemoteError, TellError};
 pub use exit::{ExitReason, ProcessId, ProcessRef};
 pub use mailbox::MailboxCapacity;
+pub use muster_security as security;
 pub use pid::Pid;
 pub use pool::{Pool, PoolBuilder, Routing};
 pub use process::Process;
-pub use remote::{Node, NodeConfig, NodeError, Registration, RemotePid, TransportStats, Upid};
+pub use remote::{
+    MEMBERS, Node, NodeConfig, NodeError, Registration, RemotePid, TransportStats, Upid,
+};
 pub use reply::Reply;
 pub use supervisor::{Restart, Supervised, Supervisor, SupervisorMsg};
 pub use system::{ShutdownReport, System, spawn};

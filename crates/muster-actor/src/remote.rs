@@ -24,7 +24,7 @@ use std::sync::RwLock;
 use bytes::Bytes;
 
 pub use config::NodeConfig;
-pub use inbox::Registration;
+pub use inbox::{MEMBERS, Registration};
 pub use node::{Node, NodeError};
 pub use remote_pid::RemotePid;
 pub use stats::TransportStats;

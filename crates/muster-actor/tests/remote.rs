@@ -11,6 +11,8 @@ use muster_actor::{
 };
 use muster_proto::transport::transport_client::TransportClient;
 use muster_proto::transport::{Envelope, ErrorCode, Frame, Hello, Kind};
+use muster_security::testing::TestPki;
+use muster_security::{Role, Security};
 use prost::Message as _;
 use tokio::sync::mpsc;
 
@@ -60,6 +62,16 @@ impl Process for Ponger {
     }
 }
 
+/// TLS for a cluster member from the test CA: every node of these tests uses it.
+fn member() -> Security {
+    TestPki::shared().security(Role::Agent, "node")
+}
+
+/// The default node config, with [`member`]'s TLS.
+fn config() -> NodeConfig {
+    NodeConfig::new(member())
+}
+
 /// A node with a registered "pong" process; returns the channel of told seqs.
 async fn pong_node(
     system: &System,
@@ -95,8 +107,8 @@ async fn eventually(what: &str, mut check: impl FnMut() -> bool) -> anyhow::Resu
 #[tokio::test]
 async fn remote_tell_and_ask_round_trip_between_two_nodes() -> anyhow::Result<()> {
     let system = System::new();
-    let (b, mut seqs) = pong_node(&system, NodeConfig::default()).await?;
-    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let (b, mut seqs) = pong_node(&system, config()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0", member()).await?;
     let pong = a.remote(pong_at(&b));
 
     let answer: Pong = pong
@@ -129,8 +141,8 @@ async fn remote_tell_and_ask_round_trip_between_two_nodes() -> anyhow::Result<()
 async fn unknown_process_and_unknown_type_are_errors_and_the_link_carries_on() -> anyhow::Result<()>
 {
     let system = System::new();
-    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
-    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let (b, _seqs) = pong_node(&system, config()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0", member()).await?;
 
     let nobody = a.remote(Upid::new("nobody", b.address())?);
     let err = nobody.ask::<Ping, Pong>(Ping::default()).await.unwrap_err();
@@ -166,8 +178,8 @@ async fn unknown_process_and_unknown_type_are_errors_and_the_link_carries_on() -
 #[tokio::test]
 async fn oversized_messages_fail_at_the_sender_with_sizes() -> anyhow::Result<()> {
     let system = System::new();
-    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
-    let mut config = NodeConfig::default();
+    let (b, _seqs) = pong_node(&system, config()).await?;
+    let mut config = config();
     config.max_message_size = 1024 * 1024;
     let a = Node::bind_with(&system, "127.0.0.1:0", config).await?;
     let pong = a.remote(pong_at(&b));
@@ -197,10 +209,21 @@ async fn oversized_messages_fail_at_the_sender_with_sizes() -> anyhow::Result<()
     Ok(())
 }
 
-/// A raw link to `node`, as a misbehaving peer would open it.
+/// A raw link to `node`, as a misbehaving peer (with a member's certificate) would open it.
 async fn raw_link(node: &Node) -> anyhow::Result<(mpsc::Sender<Frame>, tonic::Streaming<Frame>)> {
-    let mut client = TransportClient::connect(format!("http://{}", node.address()))
-        .await?
+    raw_link_as(node, &member()).await
+}
+
+/// A raw link to `node` opened with `security`.
+async fn raw_link_as(
+    node: &Node,
+    security: &Security,
+) -> anyhow::Result<(mpsc::Sender<Frame>, tonic::Streaming<Frame>)> {
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.address()))?;
+    let (channel, _) = security
+        .channel(endpoint, &[Role::Master, Role::Agent])
+        .await?;
+    let mut client = TransportClient::new(channel)
         .max_decoding_message_size(64 * 1024 * 1024)
         .max_encoding_message_size(64 * 1024 * 1024);
     let (frames, rx) = mpsc::channel(16);
@@ -250,7 +273,7 @@ async fn answers(
 async fn malformed_oversized_and_unknown_kind_envelopes_get_errors_and_the_link_goes_on()
 -> anyhow::Result<()> {
     let system = System::new();
-    let mut config = NodeConfig::default();
+    let mut config = config();
     config.max_message_size = 1024 * 1024;
     let (b, _seqs) = pong_node(&system, config).await?;
     let (frames, mut inbound) = raw_link(&b).await?;
@@ -322,11 +345,11 @@ async fn a_reply_dropped_by_the_remote_handler_is_an_error_not_a_hang() -> anyho
         async fn handle(&mut self, _msg: Self::Message, _ctx: &mut Context<Self>) {}
     }
     let system = System::new();
-    let b = Node::bind(&system, "127.0.0.1:0").await?;
+    let b = Node::bind(&system, "127.0.0.1:0", member()).await?;
     let silent = system.spawn(Silent);
     b.register("silent", &silent)?
         .install_ask::<Ping, Pong>(|ping, reply| (ping, reply));
-    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let a = Node::bind(&system, "127.0.0.1:0", member()).await?;
     let remote = a.remote(Upid::new("silent", b.address())?);
     let err = remote.ask::<Ping, Pong>(Ping::default()).await.unwrap_err();
     assert_eq!(err, AskError::Remote(RemoteError::NoReply));
@@ -336,7 +359,7 @@ async fn a_reply_dropped_by_the_remote_handler_is_an_error_not_a_hang() -> anyho
 #[tokio::test]
 async fn a_name_is_freed_when_its_process_ends_and_cannot_be_taken_twice() -> anyhow::Result<()> {
     let system = System::new();
-    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let (b, _seqs) = pong_node(&system, config()).await?;
     let (told, _rx) = mpsc::unbounded_channel();
     let second = system.spawn(Ponger { told });
     let taken = b.register("pong", &second).unwrap_err();
@@ -358,11 +381,17 @@ async fn a_name_is_freed_when_its_process_ends_and_cannot_be_taken_twice() -> an
 #[tokio::test]
 async fn bind_to_a_port_in_use_names_the_address() -> anyhow::Result<()> {
     let system = System::new();
-    let a = Node::bind(&system, "127.0.0.1:0").await?;
-    let err = Node::bind(&system, a.address()).await.unwrap_err();
+    let a = Node::bind(&system, "127.0.0.1:0", member()).await?;
+    let err = Node::bind(&system, a.address(), member())
+        .await
+        .unwrap_err();
     let text = err.to_string();
     assert!(text.contains(a.address()), "{text}");
-    assert!(Node::bind(&system, "not an address").await.is_err());
+    assert!(
+        Node::bind(&system, "not an address", member())
+            .await
+            .is_err()
+    );
     Ok(())
 }
 
@@ -388,8 +417,8 @@ impl Process for Watcher {
 #[tokio::test]
 async fn linked_processes_hear_of_a_lost_connection_and_asks_fail() -> anyhow::Result<()> {
     let system = System::new();
-    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
-    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let (b, _seqs) = pong_node(&system, config()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0", member()).await?;
     let pong = a.remote(pong_at(&b));
     let _: Pong = pong.ask(Ping::default()).await?;
 
@@ -431,9 +460,9 @@ async fn linked_processes_hear_of_a_lost_connection_and_asks_fail() -> anyhow::R
 #[tokio::test]
 async fn a_link_reconnects_when_its_peer_comes_back_on_the_same_address() -> anyhow::Result<()> {
     let system = System::new();
-    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
+    let (b, _seqs) = pong_node(&system, config()).await?;
     let address = b.address().to_owned();
-    let mut config = NodeConfig::default();
+    let mut config = config();
     config.reconnect_max = Duration::from_millis(200);
     let a = Node::bind_with(&system, "127.0.0.1:0", config).await?;
     let pong = a.remote(pong_at(&b));
@@ -486,7 +515,7 @@ async fn a_link_reconnects_when_its_peer_comes_back_on_the_same_address() -> any
 async fn rebind(system: &System, address: &str) -> anyhow::Result<Node> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        match Node::bind(system, address).await {
+        match Node::bind(system, address, member()).await {
             Ok(node) => return Ok(node),
             Err(_port_still_held) if tokio::time::Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(10)).await;
@@ -514,11 +543,11 @@ async fn asks_that_failed_while_the_peer_was_down_never_run_when_it_returns() ->
 {
     let system = System::new();
     // Reserve an address, then free it: nothing listens there for now.
-    let placeholder = Node::bind(&system, "127.0.0.1:0").await?;
+    let placeholder = Node::bind(&system, "127.0.0.1:0", member()).await?;
     let address = placeholder.address().to_owned();
     placeholder.shutdown();
 
-    let mut config = NodeConfig::default();
+    let mut config = config();
     config.reconnect_max = Duration::from_millis(100);
     let a = Node::bind_with(&system, "127.0.0.1:0", config).await?;
     let pong = a.remote(Upid::new("pong", &address)?);
@@ -573,8 +602,8 @@ async fn asks_that_failed_while_the_peer_was_down_never_run_when_it_returns() ->
 #[tokio::test]
 async fn after_shutdown_a_node_refuses_at_once_instead_of_hanging() -> anyhow::Result<()> {
     let system = System::new();
-    let (b, _seqs) = pong_node(&system, NodeConfig::default()).await?;
-    let a = Node::bind(&system, "127.0.0.1:0").await?;
+    let (b, _seqs) = pong_node(&system, config()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0", member()).await?;
     a.shutdown();
     let pong = a.remote(pong_at(&b));
     let err = pong

@@ -2,11 +2,17 @@
 
 use std::time::Duration;
 
-/// Limits and timing of a [`Node`](crate::Node)'s links. Every limit is explicit; the defaults
-/// suit a cluster on one network.
+use muster_security::Security;
+
+/// Security, limits and timing of a [`Node`](crate::Node)'s links. Every limit is explicit;
+/// the defaults of [`NodeConfig::new`] suit a cluster on one network.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct NodeConfig {
+    /// Mutual TLS with the cluster CA (every link both ways; each message type is accepted
+    /// only from the roles it was installed for), or plaintext with
+    /// [`Security::Insecure`].
+    pub security: Security,
     /// Largest encoded message body accepted or sent (default 4 MiB). A larger outgoing
     /// message fails at once with [`RemoteError::Oversized`](crate::RemoteError::Oversized);
     /// a larger incoming one is answered with that error and the link carries on.
@@ -29,9 +35,11 @@ pub struct NodeConfig {
     pub keepalive_timeout: Duration,
 }
 
-impl Default for NodeConfig {
-    fn default() -> Self {
+impl NodeConfig {
+    /// The default limits and timing, with `security`.
+    pub fn new(security: Security) -> Self {
         NodeConfig {
+            security,
             max_message_size: 4 * 1024 * 1024,
             max_queued_per_peer: 65_536,
             max_batch: 1024,
@@ -42,9 +50,7 @@ impl Default for NodeConfig {
             keepalive_timeout: Duration::from_secs(20),
         }
     }
-}
 
-impl NodeConfig {
     /// Largest frame on the wire: a batch stops growing once it passes `max_message_size`, so
     /// a frame holds at most about two maximal messages; the rest is headroom for envelopes.
     pub(crate) fn max_frame_size(&self) -> usize {
@@ -71,7 +77,7 @@ mod tests {
 
     #[test]
     fn reconnect_delay_grows_and_is_capped_with_jitter() {
-        let config = NodeConfig::default();
+        let config = NodeConfig::new(Security::Insecure);
         for failures in 1..40 {
             let delay = config.reconnect_delay(failures);
             let ceiling =

@@ -9,6 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
 use muster_proto::transport::{Envelope, Kind};
+use muster_security::{Peer, Role};
 
 use super::peer::PeerLink;
 use super::type_name;
@@ -40,23 +41,53 @@ impl From<RemoteError> for Undelivered {
 
 /// A registered process, whatever its type.
 pub(crate) trait Inbox: Send + Sync {
+    /// Decodes and enqueues one message from `sender` (its verified identity; `None` on an
+    /// insecure node, where every sender is accepted).
     fn deliver(
         &self,
         type_name: &str,
         body: Bytes,
         ask: Option<AskOrigin>,
+        sender: Option<&Peer>,
     ) -> Result<(), Undelivered>;
 }
 
+/// The roles a message type is accepted from when installed without naming them: the
+/// cluster's members.
+pub const MEMBERS: &[Role] = &[Role::Master, Role::Agent];
+
 type TellDecoder<P> =
-    Box<dyn Fn(Bytes) -> Result<<P as Process>::Message, RemoteError> + Send + Sync>;
-type AskDecoder<P> =
-    Box<dyn Fn(Bytes, AskOrigin) -> Result<<P as Process>::Message, RemoteError> + Send + Sync>;
+    Box<dyn Fn(Bytes, Option<&Peer>) -> Result<<P as Process>::Message, RemoteError> + Send + Sync>;
+type AskDecoder<P> = Box<
+    dyn Fn(Bytes, AskOrigin, Option<&Peer>) -> Result<<P as Process>::Message, RemoteError>
+        + Send
+        + Sync,
+>;
+
+/// One installed message type: who may send it, and how it becomes the process's message.
+struct Installed<D> {
+    accepted: &'static [Role],
+    decode: D,
+}
+
+impl<D> Installed<D> {
+    /// Whether `sender` may send this type: anyone on an insecure node, else a certificate
+    /// of an accepted role.
+    fn admit(&self, type_name: &str, sender: Option<&Peer>) -> Result<(), RemoteError> {
+        match sender {
+            None => Ok(()),
+            Some(peer) if self.accepted.contains(&peer.role) => Ok(()),
+            Some(peer) => Err(RemoteError::Unauthorized(format!(
+                "{type_name} is not accepted from {peer}"
+            ))),
+        }
+    }
+}
 
 pub(crate) struct ProcessInbox<P: Process> {
     pid: Pid<P>,
-    tells: RwLock<HashMap<String, TellDecoder<P>>>,
-    asks: RwLock<HashMap<String, AskDecoder<P>>>,
+    tells: RwLock<HashMap<String, Installed<TellDecoder<P>>>>,
+    asks: RwLock<HashMap<String, Installed<AskDecoder<P>>>>,
 }
 
 impl<P: Process> ProcessInbox<P> {
@@ -88,21 +119,24 @@ impl<P: Process> Inbox for ProcessInbox<P> {
         type_name: &str,
         body: Bytes,
         ask: Option<AskOrigin>,
+        sender: Option<&Peer>,
     ) -> Result<(), Undelivered> {
         let msg = match ask {
             None => {
                 let tells = self.tells.read().unwrap_or_else(|p| p.into_inner());
-                let decode = tells
+                let installed = tells
                     .get(type_name)
                     .ok_or_else(|| RemoteError::UnknownType(type_name.to_owned()))?;
-                decode(body)?
+                installed.admit(type_name, sender)?;
+                (installed.decode)(body, sender)?
             }
             Some(origin) => {
                 let asks = self.asks.read().unwrap_or_else(|p| p.into_inner());
-                let decode = asks
+                let installed = asks
                     .get(type_name)
                     .ok_or_else(|| RemoteError::UnknownType(type_name.to_owned()))?;
-                decode(body, origin)?
+                installed.admit(type_name, sender)?;
+                (installed.decode)(body, origin, sender)?
             }
         };
         self.enqueue(msg)
@@ -110,32 +144,54 @@ impl<P: Process> Inbox for ProcessInbox<P> {
 }
 
 /// A process registered on a [`Node`](crate::Node): install the message types it accepts from
-/// other nodes. Each installed type is named by its proto full name (`prost::Name`).
+/// other nodes, and from whom. Each installed type is named by its proto full name
+/// (`prost::Name`).
+///
+/// Who may send a type is declared here, where it is installed: on a node with TLS, a message
+/// from a certificate of another role is refused before it is decoded (the asker gets
+/// [`RemoteError::Unauthorized`]) and counted in
+/// [`TransportStats::unauthorized`](crate::TransportStats::unauthorized). `install` and
+/// `install_ask` accept the cluster's members (masters and agents); `install_from` and
+/// `install_ask_from` name the roles and hand the sender's identity to the process.
 pub struct Registration<P: Process> {
     pub(crate) inbox: Arc<ProcessInbox<P>>,
 }
 
 impl<P: Process> Registration<P> {
-    /// Accepts remote tells of `M`, turned into this process's message by `wrap`.
+    /// Accepts remote tells of `M` from masters and agents, turned into this process's
+    /// message by `wrap`.
     pub fn install<M>(&self, wrap: impl Fn(M) -> P::Message + Send + Sync + 'static) -> &Self
     where
         M: prost::Message + prost::Name + Default + 'static,
     {
-        let decoder: TellDecoder<P> = Box::new(move |body: Bytes| {
+        self.install_from(MEMBERS, move |message, _sender| wrap(message))
+    }
+
+    /// Accepts remote tells of `M` only from certificates of the `accepted` roles; `wrap`
+    /// also gets the sender's identity (`None` on an insecure node).
+    pub fn install_from<M>(
+        &self,
+        accepted: &'static [Role],
+        wrap: impl Fn(M, Option<Peer>) -> P::Message + Send + Sync + 'static,
+    ) -> &Self
+    where
+        M: prost::Message + prost::Name + Default + 'static,
+    {
+        let decode: TellDecoder<P> = Box::new(move |body: Bytes, sender: Option<&Peer>| {
             M::decode(body)
-                .map(&wrap)
+                .map(|message| wrap(message, sender.cloned()))
                 .map_err(|e| RemoteError::Malformed(format!("{}: {e}", M::full_name())))
         });
         self.inbox
             .tells
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(M::full_name(), decoder);
+            .insert(M::full_name(), Installed { accepted, decode });
         self
     }
 
-    /// Accepts remote asks of `M` answered with `R`: `wrap` puts the request and its
-    /// [`Reply`] into this process's message, as for a local ask.
+    /// Accepts remote asks of `M` from masters and agents, answered with `R`: `wrap` puts
+    /// the request and its [`Reply`] into this process's message, as for a local ask.
     pub fn install_ask<M, R>(
         &self,
         wrap: impl Fn(M, Reply<R>) -> P::Message + Send + Sync + 'static,
@@ -144,20 +200,36 @@ impl<P: Process> Registration<P> {
         M: prost::Message + prost::Name + Default + 'static,
         R: prost::Message + prost::Name + Send + 'static,
     {
-        let decoder: AskDecoder<P> = Box::new(move |body: Bytes, origin: AskOrigin| {
-            let request = M::decode(body)
-                .map_err(|e| RemoteError::Malformed(format!("{}: {e}", M::full_name())))?;
-            let reply = Reply::remote(Box::new(RemoteReply::<R> {
-                origin: Some(origin),
-                _reply: PhantomData,
-            }));
-            Ok(wrap(request, reply))
-        });
+        self.install_ask_from(MEMBERS, move |message, reply, _sender| wrap(message, reply))
+    }
+
+    /// Accepts remote asks of `M` only from certificates of the `accepted` roles; `wrap` also
+    /// gets the sender's identity (`None` on an insecure node).
+    pub fn install_ask_from<M, R>(
+        &self,
+        accepted: &'static [Role],
+        wrap: impl Fn(M, Reply<R>, Option<Peer>) -> P::Message + Send + Sync + 'static,
+    ) -> &Self
+    where
+        M: prost::Message + prost::Name + Default + 'static,
+        R: prost::Message + prost::Name + Send + 'static,
+    {
+        let decode: AskDecoder<P> = Box::new(
+            move |body: Bytes, origin: AskOrigin, sender: Option<&Peer>| {
+                let request = M::decode(body)
+                    .map_err(|e| RemoteError::Malformed(format!("{}: {e}", M::full_name())))?;
+                let reply = Reply::remote(Box::new(RemoteReply::<R> {
+                    origin: Some(origin),
+                    _reply: PhantomData,
+                }));
+                Ok(wrap(request, reply, sender.cloned()))
+            },
+        );
         self.inbox
             .asks
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(M::full_name(), decoder);
+            .insert(M::full_name(), Installed { accepted, decode });
         self
     }
 

@@ -11,6 +11,7 @@ use futures_util::Stream;
 use muster_proto::transport::transport_client::TransportClient;
 use muster_proto::transport::transport_server::{Transport, TransportServer};
 use muster_proto::transport::{Envelope, Frame, Kind};
+use muster_security::{Peer, Role, Security};
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
@@ -73,12 +74,17 @@ pub(crate) struct NodeInner {
 }
 
 impl Node {
-    /// Listens on `address` (`host:port`; port 0 picks a free one) with the default config.
+    /// Listens on `address` (`host:port`; port 0 picks a free one) with `security` and the
+    /// default limits.
     ///
     /// # Errors
     /// [`NodeError::Bind`] if the port is in use or cannot be bound, naming the address.
-    pub async fn bind(system: &System, address: &str) -> Result<Node, NodeError> {
-        Node::bind_with(system, address, NodeConfig::default()).await
+    pub async fn bind(
+        system: &System,
+        address: &str,
+        security: Security,
+    ) -> Result<Node, NodeError> {
+        Node::bind_with(system, address, NodeConfig::new(security)).await
     }
 
     /// Listens on `address` with `config`.
@@ -148,22 +154,34 @@ impl Node {
         })
         .max_decoding_message_size(frame_limit)
         .max_encoding_message_size(frame_limit);
-        let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-        let server = Server::builder()
+        let router = Server::builder()
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(inner.config.keepalive_interval))
             .http2_keepalive_timeout(Some(inner.config.keepalive_timeout))
             .add_routes(routes)
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, async move {
-                let _ = stopped.wait_for(|stop| *stop).await;
-            });
+            .add_service(service);
+        let stopped = async move {
+            let _ = stopped.wait_for(|stop| *stop).await;
+        };
         let address = inner.address.clone();
-        tokio::spawn(async move {
-            if let Err(e) = server.await {
-                tracing::error!(node = %address, error = %e, "transport server failed");
+        match &inner.config.security {
+            Security::Tls(tls) => {
+                let incoming = muster_security::tls::incoming(listener, tls.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = router.serve_with_incoming_shutdown(incoming, stopped).await {
+                        tracing::error!(node = %address, error = %e, "transport server failed");
+                    }
+                });
             }
-        });
+            Security::Insecure => {
+                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                tokio::spawn(async move {
+                    if let Err(e) = router.serve_with_incoming_shutdown(incoming, stopped).await {
+                        tracing::error!(node = %address, error = %e, "transport server failed");
+                    }
+                });
+            }
+        }
         Ok(Node { inner })
     }
 
@@ -270,14 +288,15 @@ impl NodeInner {
         link
     }
 
-    /// Handles one envelope that arrived on `link`.
-    fn receive(&self, link: &Arc<PeerLink>, envelope: Envelope) {
+    /// Handles one envelope that arrived on `link` from `sender` (its verified identity;
+    /// `None` on an insecure node).
+    fn receive(&self, link: &Arc<PeerLink>, sender: Option<&Peer>, envelope: Envelope) {
         self.stats
             .envelopes_received
             .fetch_add(1, Ordering::Relaxed);
         match Kind::try_from(envelope.kind) {
             Ok(Kind::Tell) => {
-                if let Err(undelivered) = self.deliver(envelope, None) {
+                if let Err(undelivered) = self.deliver(envelope, None, sender) {
                     self.dead_letter(&link.node, &undelivered.error);
                 }
             }
@@ -288,7 +307,7 @@ impl NodeInner {
                     request_id,
                     max_message_size: self.config.max_message_size,
                 };
-                if let Err(undelivered) = self.deliver(envelope, Some(origin)) {
+                if let Err(undelivered) = self.deliver(envelope, Some(origin), sender) {
                     link.send_error(request_id, &undelivered.error);
                     self.dead_letter(&link.node, &undelivered.error);
                     drop(undelivered.message);
@@ -311,7 +330,12 @@ impl NodeInner {
         }
     }
 
-    fn deliver(&self, envelope: Envelope, ask: Option<AskOrigin>) -> Result<(), Undelivered> {
+    fn deliver(
+        &self,
+        envelope: Envelope,
+        ask: Option<AskOrigin>,
+        sender: Option<&Peer>,
+    ) -> Result<(), Undelivered> {
         let size = envelope.body.len();
         if size > self.config.max_message_size {
             return Err(RemoteError::Oversized {
@@ -328,7 +352,7 @@ impl NodeInner {
         let inbox = processes
             .get(to)
             .ok_or_else(|| RemoteError::UnknownProcess(to.to_owned()))?;
-        inbox.deliver(type_name, envelope.body, ask)
+        inbox.deliver(type_name, envelope.body, ask, sender)
     }
 
     fn dead_letter(&self, peer: &str, error: &RemoteError) {
@@ -337,14 +361,19 @@ impl NodeInner {
         tracing::debug!(%peer, %error, "dead letter");
     }
 
-    /// Reads a link's incoming frames until it closes.
-    async fn read_frames(&self, link: &Arc<PeerLink>, mut inbound: Streaming<Frame>) {
+    /// Reads a link's incoming frames, sent by `sender`, until it closes.
+    async fn read_frames(
+        &self,
+        link: &Arc<PeerLink>,
+        sender: Option<&Peer>,
+        mut inbound: Streaming<Frame>,
+    ) {
         loop {
             match inbound.message().await {
                 Ok(Some(frame)) => {
                     self.stats.frames_received.fetch_add(1, Ordering::Relaxed);
                     for envelope in frame.envelopes {
-                        self.receive(link, envelope);
+                        self.receive(link, sender, envelope);
                     }
                 }
                 Ok(None) => return,
@@ -378,10 +407,10 @@ async fn run_outbound(
     let mut failures = 0u32;
     while !node.is_shut_down() {
         match connect(&node, &link, Arc::clone(&queue)).await {
-            Ok(inbound) => {
+            Ok((inbound, peer)) => {
                 failures = 0;
                 tokio::select! {
-                    () = node.read_frames(&link, inbound) => {}
+                    () = node.read_frames(&link, peer.as_ref(), inbound) => {}
                     _ = stop.wait_for(|stop| *stop) => break,
                 }
                 tracing::warn!(peer = %link.node, "link lost; reconnecting");
@@ -406,12 +435,18 @@ async fn run_outbound(
     link.close(RemoteError::ConnectionLost(link.node.clone()));
 }
 
+/// The roles a node links with: the cluster's members. Client certificates (people, the CLI)
+/// use the APIs, never the actor transport.
+const MEMBER_ROLES: &[Role] = &[Role::Master, Role::Agent];
+
 /// One connection attempt: opens the stream and sends the greeting and queued frames.
+/// Answers the incoming half and who the peer's certificate says it is (`None` when
+/// insecure).
 async fn connect(
     node: &Arc<NodeInner>,
     link: &Arc<PeerLink>,
     queue: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Envelope>>>,
-) -> Result<Streaming<Frame>, String> {
+) -> Result<(Streaming<Frame>, Option<Peer>), String> {
     let endpoint = Endpoint::from_shared(format!("http://{}", link.node))
         .map_err(|e| format!("bad address: {e}"))?
         .tcp_nodelay(true)
@@ -419,7 +454,12 @@ async fn connect(
         .http2_keep_alive_interval(node.config.keepalive_interval)
         .keep_alive_timeout(node.config.keepalive_timeout)
         .keep_alive_while_idle(true);
-    let channel = endpoint.connect().await.map_err(|e| source_chain(&e))?;
+    let (channel, peer) = node
+        .config
+        .security
+        .channel(endpoint, MEMBER_ROLES)
+        .await
+        .map_err(|e| source_chain(&e))?;
     let frame_limit = node.config.max_frame_size();
     let mut client = TransportClient::new(channel)
         .max_decoding_message_size(frame_limit)
@@ -435,7 +475,7 @@ async fn connect(
         .link(outbound)
         .await
         .map_err(|status| format!("link refused: {status}"))?;
-    Ok(response.into_inner())
+    Ok((response.into_inner(), peer))
 }
 
 /// An error and its causes, for a log line that says what actually failed.
@@ -469,6 +509,18 @@ impl Transport for LinkService {
         &self,
         request: Request<Streaming<Frame>>,
     ) -> Result<Response<Self::LinkStream>, Status> {
+        // Who is linking: read once, when the stream opens. Only cluster members link.
+        let sender = match &self.node.config.security {
+            Security::Tls(tls) => {
+                let certs = request.peer_certs();
+                let peer = tls
+                    .peer_of(certs.as_deref().map(Vec::as_slice))
+                    .and_then(|peer| peer.expect(MEMBER_ROLES))
+                    .map_err(|e| Status::permission_denied(format!("transport link: {e}")))?;
+                Some(peer)
+            }
+            Security::Insecure => None,
+        };
         let mut inbound = request.into_inner();
         let first = inbound
             .message()
@@ -478,19 +530,24 @@ impl Transport for LinkService {
             return Err(Status::invalid_argument("the first frame must carry hello"));
         };
         let (link, queue) = PeerLink::new(hello.node.clone(), self.node.config.max_queued_per_peer);
-        // Sends to the peer go back over this stream, unless we already have our own link.
-        lock(&self.node.peers)
-            .entry(hello.node.clone())
-            .or_insert_with(|| Arc::clone(&link));
+        // On an insecure node, sends to the peer go back over this stream, unless we already
+        // have our own link. With TLS they never do: the hello names an address no
+        // certificate proves, so sends to a node go over a link we dialled to its address
+        // (whose certificate we verified), and only replies to its asks use this one.
+        if sender.is_none() {
+            lock(&self.node.peers)
+                .entry(hello.node.clone())
+                .or_insert_with(|| Arc::clone(&link));
+        }
         let node = Arc::clone(&self.node);
         let reader_link = Arc::clone(&link);
         let mut stop = self.node.shutdown.subscribe();
         tokio::spawn(async move {
             for envelope in first.envelopes {
-                node.receive(&reader_link, envelope);
+                node.receive(&reader_link, sender.as_ref(), envelope);
             }
             tokio::select! {
-                () = node.read_frames(&reader_link, inbound) => {}
+                () = node.read_frames(&reader_link, sender.as_ref(), inbound) => {}
                 _ = stop.wait_for(|stop| *stop) => {}
             }
             node.remove_peer(&reader_link);

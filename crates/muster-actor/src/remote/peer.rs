@@ -217,6 +217,7 @@ pub(crate) fn encode_error(error: &RemoteError) -> (ErrorCode, String) {
         RemoteError::Oversized { size, limit } => (ErrorCode::Oversized, format!("{size}/{limit}")),
         RemoteError::NoReply => (ErrorCode::NoReply, String::new()),
         RemoteError::Rejected(detail) => (ErrorCode::ProcessStopped, detail.clone()),
+        RemoteError::Unauthorized(detail) => (ErrorCode::Unauthorized, detail.clone()),
         other => (ErrorCode::ProcessStopped, other.to_string()),
     }
 }
@@ -236,6 +237,7 @@ pub(crate) fn decode_error(envelope: &Envelope) -> RemoteError {
             }
         }
         Ok(ErrorCode::NoReply) => RemoteError::NoReply,
+        Ok(ErrorCode::Unauthorized) => RemoteError::Unauthorized(detail),
         Ok(ErrorCode::ProcessStopped | ErrorCode::MailboxFull) => RemoteError::Rejected(detail),
         Ok(ErrorCode::Unspecified) | Err(_) => RemoteError::Malformed(format!(
             "error envelope with unknown code {}: {detail}",

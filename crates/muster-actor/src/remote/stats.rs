@@ -22,6 +22,8 @@ pub struct TransportStats {
     pub oversized: u64,
     /// Envelopes the target refused (stopped, mailbox full).
     pub rejected: u64,
+    /// Envelopes from a sender whose role the target does not accept them from.
+    pub unauthorized: u64,
     /// Answers that arrived after their asker gave up.
     pub late_replies: u64,
 }
@@ -29,7 +31,12 @@ pub struct TransportStats {
 impl TransportStats {
     /// Every envelope that was not delivered, of any cause.
     pub fn dead_letters(&self) -> u64 {
-        self.unknown_process + self.unknown_type + self.malformed + self.oversized + self.rejected
+        self.unknown_process
+            + self.unknown_type
+            + self.malformed
+            + self.oversized
+            + self.rejected
+            + self.unauthorized
     }
 }
 
@@ -42,6 +49,7 @@ pub(crate) struct Stats {
     malformed: AtomicU64,
     oversized: AtomicU64,
     rejected: AtomicU64,
+    unauthorized: AtomicU64,
     pub(crate) late_replies: AtomicU64,
 }
 
@@ -52,6 +60,7 @@ impl Stats {
             RemoteError::UnknownType(_) => &self.unknown_type,
             RemoteError::Oversized { .. } => &self.oversized,
             RemoteError::Rejected(_) => &self.rejected,
+            RemoteError::Unauthorized(_) => &self.unauthorized,
             _ => &self.malformed,
         };
         counter.fetch_add(1, Relaxed);
@@ -66,6 +75,7 @@ impl Stats {
             malformed: self.malformed.load(Relaxed),
             oversized: self.oversized.load(Relaxed),
             rejected: self.rejected.load(Relaxed),
+            unauthorized: self.unauthorized.load(Relaxed),
             late_replies: self.late_replies.load(Relaxed),
         }
     }
