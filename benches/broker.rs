@@ -40,6 +40,8 @@ use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
 use muster_broker::{BrokerMsg, BrokerStats};
 use muster_scheduler::WorkerConfig;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::runtime::Runtime;
 use tokio::sync::mpsc;
 
@@ -79,9 +81,13 @@ impl Process for FakeAgent {
 /// Starts `count` stand-in agents on one new node, named `agent-{n}` there; returns the node
 /// and their pids (which keep them alive).
 async fn start_fake_agents(system: &System, count: usize) -> (Node, Vec<Pid<FakeAgent>>) {
-    let node = Node::bind(system, "127.0.0.1:0")
-        .await
-        .expect("agents node");
+    let node = Node::bind(
+        system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "fake-agents"),
+    )
+    .await
+    .expect("agents node");
     let mut agents = Vec::with_capacity(count);
     for n in 0..count {
         let agent = system.spawn(FakeAgent);
@@ -175,7 +181,7 @@ impl Storm {
             heartbeat_min_ttl: Duration::from_secs(24 * 3600),
             // They never confirm a launch either: the placements stay staged.
             launch_timeout: Duration::from_secs(3600),
-            ..MasterConfig::default()
+            ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
         })
         .await
         .expect("master starts");
@@ -213,8 +219,10 @@ impl Storm {
                 attributes: Default::default(),
             };
             async move {
-                pid.ask(|r| AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r).into())
-                    .await
+                pid.ask(|r| {
+                    AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r, None).into()
+                })
+                .await
             }
         }))
         .await;

@@ -45,6 +45,8 @@ use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use prost::Message as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::runtime::Runtime;
@@ -158,7 +160,7 @@ impl Fixture {
             ping_interval: Duration::from_secs(3600),
             // The stand-in agents do not heartbeat: no TTL runs out inside a run.
             heartbeat_min_ttl: Duration::from_secs(24 * 3600),
-            ..MasterConfig::default()
+            ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
         };
         let master = start(&config).await;
         let pid = master.pid().clone();
@@ -168,7 +170,8 @@ impl Fixture {
                 let request = pb::RegisterAgent {
                     info: Some(info(n)),
                 };
-                pid.ask(|r| AgentMsg::Register(request, r).into()).await
+                pid.ask(|r| AgentMsg::Register(request, r, None).into())
+                    .await
             }
         }))
         .await;
@@ -252,7 +255,7 @@ async fn in_process(fixture: &mut Fixture, history: bool) -> Duration {
     let started = Instant::now();
     let replies = join_all(messages.into_iter().map(|m| {
         let pid = pid.clone();
-        async move { pid.ask(|r| AgentMsg::Reregister(m, r).into()).await }
+        async move { pid.ask(|r| AgentMsg::Reregister(m, r, None).into()).await }
     }))
     .await;
     let took = started.elapsed();
@@ -401,7 +404,7 @@ fn report_memory(runtime: &Runtime, fixture: &mut Fixture, history: bool) {
             .collect();
         let replies = join_all(messages.into_iter().map(|m| {
             let pid = pid.clone();
-            async move { pid.ask(|r| AgentMsg::Reregister(m, r).into()).await }
+            async move { pid.ask(|r| AgentMsg::Reregister(m, r, None).into()).await }
         }))
         .await;
         check_admitted(replies.into_iter().map(|r| r.expect("master answers")));
@@ -423,7 +426,11 @@ fn group(c: &mut Criterion, runtime: &Runtime, name: &str, history: bool) {
         .measurement_time(Duration::from_secs(1));
     let agents_system = System::new();
     let agents_node = runtime
-        .block_on(Node::bind(&agents_system, "127.0.0.1:0"))
+        .block_on(Node::bind(
+            &agents_system,
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Agent, "fake-agents"),
+        ))
         .expect("agents node");
     for agents in sizes() {
         group.throughput(Throughput::Elements(agents as u64));

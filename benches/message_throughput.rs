@@ -61,6 +61,8 @@ use criterion::{
 };
 use muster::actor::{Context, Node, Pid, Process, RemoteError, RemotePid, Reply, System, Upid};
 use muster::proto::example::{Ping, Pong};
+use muster_security::testing::TestPki;
+use muster_security::{Role, Security};
 use tokio::io::{
     AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufStream, BufWriter,
 };
@@ -461,13 +463,19 @@ struct Nodes {
     b: Node,
 }
 
+/// TLS for a bench node, from the shared test CA.
+fn tls(name: &str) -> Security {
+    TestPki::shared().security(Role::Agent, name)
+}
+
 impl Nodes {
-    async fn bind() -> Nodes {
+    /// Two nodes, A with `a` and B with `b` (TLS, or the plaintext baseline).
+    async fn bind(a: Security, b: Security) -> Nodes {
         let system = System::new();
-        let b = Node::bind(&system, "127.0.0.1:0")
+        let b = Node::bind(&system, "127.0.0.1:0", b)
             .await
             .expect("bind node B");
-        let a = Node::bind(&system, "127.0.0.1:0")
+        let a = Node::bind(&system, "127.0.0.1:0", a)
             .await
             .expect("bind node A");
         Nodes { system, a, b }
@@ -611,33 +619,60 @@ impl RawTellClient {
     }
 }
 
+/// Nodes with a `sink` on B, a handle to it from A, and the link already up.
+async fn tell_pair(
+    a: Security,
+    b: Security,
+    waits: &Arc<AtomicU64>,
+) -> (Nodes, Pid<Sink>, RemotePid) {
+    let nodes = Nodes::bind(a, b).await;
+    let sink = nodes.system.spawn(Sink::default());
+    nodes
+        .b
+        .register("sink", &sink)
+        .expect("register the sink")
+        .install::<Ping>(|ping| SinkMsg::Item(ping.seq));
+    let remote = nodes.remote("sink");
+    // Connect the link outside the timed loop.
+    remote_tell_batch(sink.clone(), remote.clone(), 1, Arc::clone(waits)).await;
+    (nodes, sink, remote)
+}
+
 fn bench_remote_tell(c: &mut Criterion) {
     let rt = runtime();
     let waits = Arc::new(AtomicU64::new(0));
-    let (nodes, sink, remote, raw) = rt.block_on(async {
-        let nodes = Nodes::bind().await;
-        let sink = nodes.system.spawn(Sink::default());
-        nodes
-            .b
-            .register("sink", &sink)
-            .expect("register the sink")
-            .install::<Ping>(|ping| SinkMsg::Item(ping.seq));
-        let remote = nodes.remote("sink");
-        // Connect the link outside the timed loop.
-        remote_tell_batch(sink.clone(), remote.clone(), 1, Arc::clone(&waits)).await;
+    let (nodes, sink, remote, plain, raw) = rt.block_on(async {
+        let (nodes, sink, remote) = tell_pair(tls("a"), tls("b"), &waits).await;
+        let plain = tell_pair(Security::Insecure, Security::Insecure, &waits).await;
         let raw = RawTellClient::connect().await;
-        (nodes, sink, remote, Arc::new(tokio::sync::Mutex::new(raw)))
+        (
+            nodes,
+            sink,
+            remote,
+            plain,
+            Arc::new(tokio::sync::Mutex::new(raw)),
+        )
     });
     waits.store(0, Ordering::Relaxed);
     let received_before = nodes.b.stats();
 
     let mut group = c.benchmark_group("remote_tell");
     configure(&mut group, REMOTE_TELLS);
-    group.bench_function("muster_remote_tell", |bench| {
+    group.bench_function("muster_remote_tell_tls", |bench| {
         bench.to_async(&rt).iter(|| {
             on_worker(remote_tell_batch(
                 sink.clone(),
                 remote.clone(),
+                REMOTE_TELLS,
+                Arc::clone(&waits),
+            ))
+        });
+    });
+    group.bench_function("muster_remote_tell_plaintext", |bench| {
+        bench.to_async(&rt).iter(|| {
+            on_worker(remote_tell_batch(
+                plain.1.clone(),
+                plain.2.clone(),
                 REMOTE_TELLS,
                 Arc::clone(&waits),
             ))
@@ -664,6 +699,7 @@ fn bench_remote_tell(c: &mut Criterion) {
         );
     }
     rt.block_on(nodes.shutdown());
+    rt.block_on(plain.0.shutdown());
 }
 
 /// Answers each remote `Ping` with its `seq`.
@@ -790,31 +826,43 @@ fn percentiles(sorted: &[Duration]) -> String {
     )
 }
 
+/// Nodes with an `echo` on B, a handle to it from A, and the link already up.
+async fn ask_pair(a: Security, b: Security) -> (Nodes, RemotePid) {
+    let nodes = Nodes::bind(a, b).await;
+    let pid = nodes.system.spawn(RemoteEcho);
+    nodes
+        .b
+        .register("echo", &pid)
+        .expect("register the echo")
+        .install_ask::<Ping, Pong>(RemoteEchoMsg::Ping);
+    let echo = nodes.remote("echo");
+    // Connect the link outside the timed loop.
+    remote_asks(echo.clone(), 10).await;
+    (nodes, echo)
+}
+
 fn bench_remote_ask(c: &mut Criterion) {
     let rt = runtime();
-    let (nodes, echo, raw) = rt.block_on(async {
-        let nodes = Nodes::bind().await;
-        let pid = nodes.system.spawn(RemoteEcho);
-        nodes
-            .b
-            .register("echo", &pid)
-            .expect("register the echo")
-            .install_ask::<Ping, Pong>(RemoteEchoMsg::Ping);
-        let echo = nodes.remote("echo");
-        // Connect the link outside the timed loop.
-        remote_asks(echo.clone(), 10).await;
+    let (nodes, echo, plain, raw) = rt.block_on(async {
+        let (nodes, echo) = ask_pair(tls("a"), tls("b")).await;
+        let plain = ask_pair(Security::Insecure, Security::Insecure).await;
         let raw = Arc::new(tokio::sync::Mutex::new(RawAskClient::connect().await));
-        (nodes, echo, raw)
+        (nodes, echo, plain, raw)
     });
 
     let mut ran = false;
     let mut group = c.benchmark_group("remote_ask");
     configure(&mut group, REMOTE_ASKS);
-    group.bench_function("muster_remote_ask", |bench| {
+    group.bench_function("muster_remote_ask_tls", |bench| {
         ran = true;
         bench
             .to_async(&rt)
             .iter(|| on_worker(remote_asks(echo.clone(), REMOTE_ASKS)));
+    });
+    group.bench_function("muster_remote_ask_plaintext", |bench| {
+        bench
+            .to_async(&rt)
+            .iter(|| on_worker(remote_asks(plain.1.clone(), REMOTE_ASKS)));
     });
     group.bench_function("raw_tcp_prost", |bench| {
         bench
@@ -828,14 +876,17 @@ fn bench_remote_ask(c: &mut Criterion) {
     // filtered out.
     if ran {
         let (muster, raw_tcp) = rt.block_on(ask_latencies(echo.clone(), Arc::clone(&raw)));
+        let (plaintext, _) = rt.block_on(ask_latencies(plain.1.clone(), Arc::clone(&raw)));
         eprintln!(
             "remote_ask round trip over {LATENCY_SAMPLES} sequential asks: \
-             muster_remote_ask {}; raw_tcp_prost {}",
+             muster_remote_ask_tls {}; muster_remote_ask_plaintext {}; raw_tcp_prost {}",
             percentiles(&muster),
+            percentiles(&plaintext),
             percentiles(&raw_tcp)
         );
     }
     rt.block_on(nodes.shutdown());
+    rt.block_on(plain.0.shutdown());
 }
 
 criterion_group!(

@@ -45,6 +45,7 @@ use muster::scheduler::{
     Candidate, Outcome, PlacingScheduler, RemoteBackend, Scheduler, SlotRequest, Worker,
     WorkerConfig, WorkerStats,
 };
+use muster_launch::security::ClientFlags;
 use tokio::sync::watch;
 
 /// The one decision this scheduler makes: of the agents the task fits on (`candidates`, never
@@ -125,6 +126,10 @@ struct Cli {
     /// How many workers to run.
     #[arg(long, value_name = "N", default_value_t = 2)]
     workers: usize,
+    /// TLS and token (MUSTER_CACERT, MUSTER_CLIENT_CERT, MUSTER_CLIENT_KEY, MUSTER_TOKEN with
+    /// policy `schedule`).
+    #[command(flatten)]
+    client: ClientFlags,
 }
 
 #[tokio::main]
@@ -132,11 +137,12 @@ async fn main() -> anyhow::Result<()> {
     let Cli {
         masters,
         workers: count,
+        client,
     } = Cli::parse();
     muster_launch::init_logging_with("error");
 
     // Connects lazily: the masters need not be up yet. The workers share its connections.
-    let backend = RemoteBackend::connect(masters.clone())?;
+    let backend = RemoteBackend::connect(masters.clone(), client.security()?, client.token())?;
     let (stop, stopped) = watch::channel(false);
     let mut running = Vec::new();
     for number in 1..=count {

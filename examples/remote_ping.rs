@@ -1,17 +1,23 @@
 //! Two OS processes talking over Muster's transport: one serves a `pong` process, the other
 //! connects and pings it.
 //!
+//! Both ends use mutual TLS with certificates from one CA (`muster tls ca create`, then
+//! `muster tls cert create --role agent` once per end; or the dev cluster's, in its data dir).
 //! In one terminal:
 //!
 //! ```text
-//! cargo run --example remote_ping -- serve 127.0.0.1:7000
+//! cargo run --example remote_ping -- --tls-ca muster-ca.pem --tls-cert a.pem --tls-key a-key.pem \
+//!     serve 127.0.0.1:7000
 //! ```
 //!
 //! In another:
 //!
 //! ```text
-//! cargo run --example remote_ping -- ping pong@127.0.0.1:7000 5
+//! cargo run --example remote_ping -- --tls-ca muster-ca.pem --tls-cert b.pem --tls-key b-key.pem \
+//!     ping pong@127.0.0.1:7000 5
 //! ```
+//!
+//! (`--insecure` instead of the three files runs both ends in plaintext.)
 //!
 //! `cargo run --example remote_ping -- --help` lists the commands and their arguments.
 //!
@@ -28,6 +34,8 @@ use muster::actor::{Context, Node, Process, Reply, System, Upid};
 // wire; their proto full name (`muster.example.v1.Ping`) tells the serving node which decoder to
 // use.
 use muster::proto::example::{Ping, Pong};
+use muster_launch::security::TlsFlags;
+use muster_security::{Role, Security};
 
 /// The serving process. Its message type is an ordinary Rust value; remote requests are turned
 /// into it by the decoder installed below.
@@ -52,9 +60,9 @@ impl Process for Ponger {
     }
 }
 
-async fn serve(address: &str) -> anyhow::Result<()> {
+async fn serve(address: &str, security: Security) -> anyhow::Result<()> {
     let system = System::new();
-    let node = Node::bind(&system, address).await?;
+    let node = Node::bind(&system, address, security).await?;
     let ponger = system.spawn(Ponger { answered: 0 });
     // libprocess's `install`: accept remote asks of type Ping, answered with Pong.
     node.register("pong", &ponger)?
@@ -67,10 +75,10 @@ async fn serve(address: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn ping(target: &str, count: u64) -> anyhow::Result<()> {
+async fn ping(target: &str, count: u64, security: Security) -> anyhow::Result<()> {
     let upid: Upid = target.parse()?;
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(&system, "127.0.0.1:0", security).await?;
     let pong = node.remote(upid);
     for seq in 0..count {
         let start = Instant::now();
@@ -96,6 +104,9 @@ async fn ping(target: &str, count: u64) -> anyhow::Result<()> {
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// This end's certificate (role agent or master), key and the CA.
+    #[command(flatten)]
+    tls: TlsFlags,
 }
 
 #[derive(Debug, Subcommand)]
@@ -121,8 +132,9 @@ enum Command {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     muster_launch::init_logging_with("error");
+    let security = cli.tls.security_for_any(&[Role::Agent, Role::Master])?;
     match cli.command {
-        Command::Serve { address } => serve(&address).await,
-        Command::Ping { target, count } => ping(&target, count).await,
+        Command::Serve { address } => serve(&address, security).await,
+        Command::Ping { target, count } => ping(&target, count, security).await,
     }
 }

@@ -17,6 +17,7 @@ use muster::model::{Evaluation, SchedulerType, TaskState};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::operator_client::OperatorClient;
 use muster::scheduler::protocol::leader_hint;
+use muster_security::{DEFAULT_CLUSTER, Security, Tls};
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
 /// threads at once, where it is markedly faster than the system allocator (see README's
@@ -47,7 +48,7 @@ enum Command {
         data_dir: Option<PathBuf>,
         /// Scheduler workers in the master; 0 leaves scheduling to workers in other programs
         /// (see examples/custom_scheduler.rs).
-        #[arg(long, default_value_t = MasterConfig::default().workers)]
+        #[arg(long, default_value_t = 2)]
         workers: usize,
     },
     /// Show the cluster: the leader, agents with their tasks, frameworks.
@@ -100,11 +101,18 @@ async fn dev(
         (None, Some(dir)) => dir,
         (None, None) => bail!("no data dir"),
     };
+    // A throwaway CA and a certificate per role: the dev cluster runs secured, as any other.
+    let tls_dir = data_dir.join("tls");
+    let [master_files, agent_files, client_files] =
+        muster_security::certs::write_dev_pki(&tls_dir, DEFAULT_CLUSTER)
+            .map_err(|e| anyhow::anyhow!("cannot create the dev cluster's certificates: {e}"))?;
+    let master_security = Security::Tls(Tls::load(master_files, DEFAULT_CLUSTER)?);
+    let agent_security = Security::Tls(Tls::load(agent_files, DEFAULT_CLUSTER)?);
     let master = MasterServer::start(MasterConfig {
         listen,
         data_dir: data_dir.join("master"),
         workers,
-        ..MasterConfig::default()
+        ..MasterConfig::new(master_security)
     })
     .await?;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -121,7 +129,7 @@ async fn dev(
     }
 
     let system = System::new();
-    let node = Node::bind(&system, &agent_listen).await?;
+    let node = Node::bind(&system, &agent_listen, agent_security).await?;
     let mut agent_config =
         AgentConfig::new(vec![master.address().to_owned()], data_dir.join("agent"));
     agent_config.registration_backoff_initial = Duration::from_millis(100);
@@ -139,6 +147,12 @@ async fn dev(
     )?;
     writeln!(out, "  agent   {}  {}", agent.upid(), agent_id)?;
     writeln!(out, "  data    {}", data_dir.display())?;
+    writeln!(
+        out,
+        "  TLS     CA and certificates in {} (client: {})",
+        tls_dir.display(),
+        client_files.cert.display()
+    )?;
     if workers == 0 {
         writeln!(
             out,

@@ -12,8 +12,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use common::{binary, spawn_listening};
 use muster::proto::cluster as pb;
-use muster::proto::cluster::operator_client::OperatorClient;
 use muster::proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -31,6 +32,7 @@ impl Masters {
     async fn start(&mut self, index: usize) -> anyhow::Result<()> {
         let mut command = Command::new(binary("muster-master")?);
         command
+            .args(TestPki::shared().args(Role::Master, &format!("master-{}", index + 1)))
             .arg("--id")
             .arg((index + 1).to_string())
             .arg("--listen")
@@ -68,7 +70,7 @@ async fn leader_state_when(
     let mut last = None;
     loop {
         for (index, address) in addresses.iter().enumerate() {
-            let Ok(mut client) = OperatorClient::connect(format!("http://{address}")).await else {
+            let Ok(mut client) = muster_master::testing::operator(address, None).await else {
                 continue;
             };
             if let Ok(state) = client.get_state(pb::GetStateRequest {}).await {
@@ -113,6 +115,7 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
     for n in 0..5 {
         let mut command = Command::new(binary("muster-agent")?);
         command
+            .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
             .arg("--listen")
             .arg("127.0.0.1:0")
             .arg("--data-dir")
@@ -132,8 +135,7 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
     let admitted: Vec<String> = state.agents.iter().map(|a| a.id.clone()).collect();
 
     // One long task per agent, so there is something to rebuild.
-    let mut client =
-        OperatorClient::connect(format!("http://{}", masters.addresses[leader])).await?;
+    let mut client = muster_master::testing::operator(&masters.addresses[leader], None).await?;
     for (n, agent) in admitted.iter().enumerate() {
         client
             .launch_task(pb::LaunchTaskRequest {

@@ -9,9 +9,10 @@ use anyhow::{Context as _, bail};
 use common::{DEADLINE, binary, spawn_listening};
 use muster::actor::{Node, System, Upid};
 use muster::proto::cluster as pb;
-use muster::proto::cluster::operator_client::OperatorClient;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
@@ -27,6 +28,7 @@ async fn start_master(address: &str, data_dir: &std::path::Path) -> anyhow::Resu
     loop {
         let mut command = Command::new(binary("muster-master")?);
         command
+            .args(TestPki::shared().args(Role::Master, "master-1"))
             .arg("--listen")
             .arg(address)
             .arg("--data-dir")
@@ -83,7 +85,7 @@ async fn register_until_killed(
 async fn admitted_after_restart(address: &str) -> anyhow::Result<BTreeSet<String>> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        if let Ok(mut client) = OperatorClient::connect(format!("http://{address}")).await
+        if let Ok(mut client) = muster_master::testing::operator(address, None).await
             && let Ok(state) = client.get_state(pb::GetStateRequest {}).await
         {
             let state = state.into_inner();
@@ -124,7 +126,12 @@ async fn acknowledged_registry_writes_survive_twenty_sigkills() -> anyhow::Resul
             "round {round}: acknowledged registrations lost after SIGKILL: {lost:?}"
         );
 
-        let node = Node::bind(&system, "127.0.0.1:0").await?;
+        let node = Node::bind(
+            &system,
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Agent, "agent-1"),
+        )
+        .await?;
         let (acked_tx, mut acked_rx) = mpsc::unbounded_channel();
         for writer in 0..WRITERS {
             tokio::spawn(register_until_killed(

@@ -13,6 +13,8 @@ use muster::actor::{
     AskError, Context, ExitReason, Node, Process, ProcessRef, RemoteError, RemotePid, System, Upid,
 };
 use muster::proto::example::{Ping, Pong};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::mpsc;
 
@@ -81,7 +83,14 @@ async fn the_example_answers_help_with_its_usage() -> anyhow::Result<()> {
 
 #[tokio::test]
 async fn talks_to_a_second_os_process_and_hears_when_it_dies() -> anyhow::Result<()> {
+    let files = TestPki::shared().files(Role::Agent, "remote-ping");
     let mut server = tokio::process::Command::new(example_binary("remote_ping")?)
+        .arg("--tls-ca")
+        .arg(&files.ca)
+        .arg("--tls-cert")
+        .arg(&files.cert)
+        .arg("--tls-key")
+        .arg(&files.key)
         .args(["serve", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .kill_on_drop(true)
@@ -99,7 +108,12 @@ async fn talks_to_a_second_os_process_and_hears_when_it_dies() -> anyhow::Result
         .parse()?;
 
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "local"),
+    )
+    .await?;
     let pong = node.remote(upid.clone());
     for seq in 0..10 {
         let answer: Pong = pong

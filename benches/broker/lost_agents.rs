@@ -77,6 +77,8 @@ use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::proto::model as model_pb;
 use muster_broker::{BrokerMsg, BrokerStats, EvalBroker};
 use muster_scheduler::{WorkerConfig, WorkerStats};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::sync::watch;
 
 const AGENTS: usize = 5_000;
@@ -400,7 +402,7 @@ async fn heartbeat(
             agent_id: agent_id.clone(),
         };
         let answer = master
-            .ask(|r| AgentMsg::Heartbeat(request, r).into())
+            .ask(|r| AgentMsg::Heartbeat(request, r, None).into())
             .await
             .map(|reply| reply.result);
         let Ok(Some(HeartbeatAnswer::TtlMs(ttl_ms))) = answer else {
@@ -445,7 +447,7 @@ impl Recovered {
             ping_interval: Duration::from_secs(3600),
             // Nothing times out on the first master: it only admits and stores.
             heartbeat_min_ttl: Duration::from_secs(24 * 3600),
-            ..MasterConfig::default()
+            ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
         };
         let (master, _, _) = start_master(&first).await;
 
@@ -459,8 +461,10 @@ impl Recovered {
             let pid = pid.clone();
             let info = agent_info(n, &address);
             async move {
-                pid.ask(|r| AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r).into())
-                    .await
+                pid.ask(|r| {
+                    AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r, None).into()
+                })
+                .await
             }
         }))
         .await
@@ -523,11 +527,17 @@ impl Recovered {
         let last = messages.pop().expect("agents");
         let mut replies = join_all(messages.into_iter().map(|message| {
             let pid = pid.clone();
-            async move { pid.ask(|r| AgentMsg::Reregister(message, r).into()).await }
+            async move {
+                pid.ask(|r| AgentMsg::Reregister(message, r, None).into())
+                    .await
+            }
         }))
         .await;
         let asked = Instant::now();
-        replies.push(pid.ask(|r| AgentMsg::Reregister(last, r).into()).await);
+        replies.push(
+            pid.ask(|r| AgentMsg::Reregister(last, r, None).into())
+                .await,
+        );
         let answered = Instant::now();
         for reply in replies {
             let reply = reply.expect("master answers");

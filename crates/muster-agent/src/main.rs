@@ -15,6 +15,8 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 use muster_actor::{Node, System};
 use muster_agent::AgentConfig;
+use muster_launch::security::{TlsFileConfig, TlsFlags};
+use muster_security::{Role, Security};
 use serde::Deserialize;
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
@@ -56,6 +58,9 @@ struct Args {
     /// [attributes]); flags override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// TLS: this agent's certificate (role agent), key and the cluster CA.
+    #[command(flatten)]
+    tls: TlsFlags,
 }
 
 /// The config file: the flags' keys, in snake case (kebab case is accepted too).
@@ -73,6 +78,8 @@ struct FileConfig {
     mem_mb: Option<u64>,
     #[serde(default, alias = "attribute")]
     attributes: BTreeMap<String, String>,
+    /// `[tls]`: ca, cert, key, cluster, insecure.
+    tls: Option<TlsFileConfig>,
 }
 
 /// `key=value`, with a non-empty key.
@@ -93,12 +100,17 @@ fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
     toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
 }
 
-/// The listen address and the agent config, from the flags over the file.
-fn settings(args: Args) -> anyhow::Result<(String, AgentConfig)> {
-    let file = match &args.config {
+/// The listen address, the agent config and its security, from the flags over the file.
+fn settings(args: Args) -> anyhow::Result<(String, AgentConfig, Security)> {
+    let mut file = match &args.config {
         Some(path) => load_file(path)?,
         None => FileConfig::default(),
     };
+    let security = args
+        .tls
+        .clone()
+        .or_file(file.tls.take().unwrap_or_default())
+        .security(Role::Agent)?;
     let listen = args
         .listen
         .or(file.listen)
@@ -129,10 +141,10 @@ fn settings(args: Args) -> anyhow::Result<(String, AgentConfig)> {
     config.attributes = file.attributes;
     config.attributes.extend(args.attributes);
     config.validate()?;
-    Ok((listen, config))
+    Ok((listen, config, security))
 }
 
-async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
+async fn run(listen: String, config: AgentConfig, security: Security) -> anyhow::Result<()> {
     muster_agent::store::check_data_dir(&config.data_dir)?;
     if listen
         .parse::<SocketAddr>()
@@ -146,7 +158,9 @@ async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
     }
     let signal = muster_launch::shutdown_signal()?;
     let system = System::new();
-    let node = Node::bind(&system, &listen).await?;
+    muster_launch::security::reload_on_sighup(&security)?;
+    let insecure = security.is_insecure();
+    let node = Node::bind(&system, &listen, security).await?;
     let address = node.address().to_owned();
     let agent = match muster_agent::start(&node, config).await {
         Ok(agent) => agent,
@@ -160,8 +174,9 @@ async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
         let mut stdout = std::io::stdout().lock();
         writeln!(
             stdout,
-            "muster-agent listening on {address} ({})",
-            agent.upid()
+            "muster-agent listening on {address} ({}){}",
+            agent.upid(),
+            if insecure { ", INSECURE" } else { ", TLS" }
         )
         .and_then(|()| stdout.flush())
         .context("cannot write to stdout")?;
@@ -177,8 +192,9 @@ async fn run(listen: String, config: AgentConfig) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let args = Args::parse();
     muster_launch::init_logging();
-    let outcome =
-        settings(args).and_then(|(listen, config)| muster_launch::block_on(run(listen, config)));
+    let outcome = settings(args).and_then(|(listen, config, security)| {
+        muster_launch::block_on(run(listen, config, security))
+    });
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {

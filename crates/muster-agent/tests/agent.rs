@@ -13,6 +13,8 @@ use muster_proto::cluster::{
     ReregisterAgent, RunTask, RunTaskReply, TaskStatusUpdate, registration_reply,
 };
 use muster_proto::model::{NotLeader, Task, TaskState};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::sync::mpsc;
 
 /// How long any one expected event may take before the test fails.
@@ -119,7 +121,12 @@ struct MasterNode {
 impl MasterNode {
     async fn start(answer: Answer) -> anyhow::Result<Self> {
         let system = System::new();
-        let node = Node::bind(&system, "127.0.0.1:0").await?;
+        let node = Node::bind(
+            &system,
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Master, "master-1"),
+        )
+        .await?;
         let (tx, got) = mpsc::unbounded_channel();
         let (updates_tx, updates) = mpsc::unbounded_channel();
         let answer = Arc::new(Mutex::new(answer));
@@ -268,7 +275,12 @@ struct AgentNode {
 impl AgentNode {
     async fn start(config: AgentConfig) -> anyhow::Result<Self> {
         let system = System::new();
-        let node = Node::bind(&system, "127.0.0.1:0").await?;
+        let node = Node::bind(
+            &system,
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Agent, "agent-1"),
+        )
+        .await?;
         let handle = muster_agent::start(&node, config).await?;
         Ok(AgentNode {
             system,

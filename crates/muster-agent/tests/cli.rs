@@ -6,12 +6,20 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_muster-agent");
 
 /// Runs the binary to its end (it must end by itself: these are error paths).
 fn run(args: &[&str]) -> anyhow::Result<Output> {
+    run_with(&TestPki::shared().args(Role::Agent, "agent-1"), args)
+}
+
+/// Runs the binary with `tls` (its TLS flags, or none) and then `args`.
+fn run_with(tls: &[std::ffi::OsString], args: &[&str]) -> anyhow::Result<Output> {
     let mut child = Command::new(BIN)
+        .args(tls)
         .args(args)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -146,12 +154,18 @@ fn it_prints_where_it_listens_and_stops_on_sigterm() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("agent.toml");
     let data_dir = dir.path().join("data");
+    // TLS from the file's [tls] table this time.
+    let tls = TestPki::shared().files(Role::Agent, "agent-1");
     std::fs::write(
         &config,
         format!(
             "listen = \"127.0.0.1:0\"\nmaster = [\"127.0.0.1:1\"]\ndata_dir = {:?}\n\
-             [attributes]\nrack = \"r1\"\n",
-            data_dir.to_string_lossy()
+             [attributes]\nrack = \"r1\"\n\
+             [tls]\nca = {:?}\ncert = {:?}\nkey = {:?}\n",
+            data_dir.to_string_lossy(),
+            tls.ca,
+            tls.cert,
+            tls.key
         ),
     )?;
     let mut child = Command::new(BIN)
@@ -179,7 +193,8 @@ fn it_prints_where_it_listens_and_stops_on_sigterm() -> anyhow::Result<()> {
             .map(|(address, _)| address.to_owned())
             .with_context(|| format!("unexpected first line {line:?}"))?;
         ensure!(
-            line.trim_end().ends_with(&format!("(agent@{address})")),
+            line.trim_end()
+                .ends_with(&format!("(agent@{address}), TLS")),
             "{line:?}"
         );
         ensure!(data_dir.is_dir(), "the data directory was created");
@@ -202,4 +217,76 @@ fn it_prints_where_it_listens_and_stops_on_sigterm() -> anyhow::Result<()> {
         let _ = child.wait();
     }
     outcome
+}
+
+#[test]
+fn without_tls_material_it_refuses_to_start_unless_insecure() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("data").to_string_lossy().into_owned();
+    let output = run_with(
+        &[],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--master",
+            "127.0.0.1:1",
+            "--data-dir",
+            &data_dir,
+        ],
+    )?;
+    ensure!(
+        !output.status.success(),
+        "it started without TLS: {output:?}"
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    for part in ["no TLS material", "--tls-ca", "--insecure"] {
+        ensure!(text.contains(part), "stderr lacks {part:?}:\n{text}");
+    }
+    let partial = TestPki::shared().args(Role::Agent, "agent-1");
+    let output = run_with(
+        &partial[..2],
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--master",
+            "127.0.0.1:1",
+            "--data-dir",
+            &data_dir,
+        ],
+    )?;
+    ensure!(
+        !output.status.success(),
+        "it started with a CA alone: {output:?}"
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    ensure!(text.contains("missing --tls-cert, --tls-key"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn a_certificate_of_another_role_is_refused_at_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("data").to_string_lossy().into_owned();
+    let output = run_with(
+        &TestPki::shared().args(Role::Master, "impostor"),
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--master",
+            "127.0.0.1:1",
+            "--data-dir",
+            &data_dir,
+        ],
+    )?;
+    ensure!(
+        !output.status.success(),
+        "it started with a {} certificate: {output:?}",
+        "master"
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        text.contains("certificate") && text.contains("needs a agent certificate"),
+        "{text}"
+    );
+    Ok(())
 }

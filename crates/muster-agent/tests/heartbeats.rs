@@ -12,6 +12,8 @@ use muster_proto::cluster::{
     Heartbeat, HeartbeatReply, RegisterAgent, RegistrationReply, ReregisterAgent, heartbeat_reply,
     registration_reply,
 };
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -109,7 +111,12 @@ struct Setup {
 impl Setup {
     async fn start(beats: Beats, tweak: impl FnOnce(&mut AgentConfig)) -> anyhow::Result<Self> {
         let master_system = System::new();
-        let master_node = Node::bind(&master_system, "127.0.0.1:0").await?;
+        let master_node = Node::bind(
+            &master_system,
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Master, "master-1"),
+        )
+        .await?;
         let (tx, got) = mpsc::unbounded_channel();
         let beats = Arc::new(Mutex::new(beats));
         let pid = master_system.spawn(FakeMaster {
@@ -135,7 +142,12 @@ impl Setup {
         config.ask_timeout = Duration::from_secs(2);
         tweak(&mut config);
         let agent_system = System::new();
-        let agent_node = Node::bind(&agent_system, "127.0.0.1:0").await?;
+        let agent_node = Node::bind(
+            &agent_system,
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Agent, "agent-1"),
+        )
+        .await?;
         let agent = muster_agent::start(&agent_node, config).await?;
         Ok(Setup {
             systems: vec![agent_system, master_system],

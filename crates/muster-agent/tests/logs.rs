@@ -7,6 +7,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_muster-agent");
 
@@ -27,6 +29,7 @@ fn logs_to_a_pipe_have_no_escape_codes() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut child = Running(
         Command::new(BIN)
+            .args(TestPki::shared().args(Role::Agent, "agent-1"))
             .args(["--listen", "127.0.0.1:0", "--master", &nobody.to_string()])
             .arg("--data-dir")
             .arg(dir.path().join("agent"))

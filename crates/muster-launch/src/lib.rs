@@ -1,5 +1,6 @@
 //! Start-up shared by Muster's programs (`muster`, `muster-master`, `muster-agent`, and the
-//! examples): logging to stderr, the tokio runtime, and the wait for SIGINT or SIGTERM.
+//! examples): logging to stderr, the tokio runtime, the wait for SIGINT or SIGTERM, and the
+//! TLS settings of the two servers ([`security`]).
 //!
 //! ```no_run
 //! use std::process::ExitCode;
@@ -22,6 +23,8 @@
 //!     }
 //! }
 //! ```
+
+pub mod security;
 
 use std::ffi::OsStr;
 use std::future::Future;

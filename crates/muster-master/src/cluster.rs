@@ -108,12 +108,13 @@ impl Cluster {
 
 /// An agent's info as it arrives from the agent. Lenient where the agent's own view cannot be
 /// refused without losing it: missing resources are none.
-pub(crate) fn registry_info(info: &model_pb::AgentInfo) -> AgentInfo {
+pub(crate) fn registry_info(info: &model_pb::AgentInfo, identity: &str) -> AgentInfo {
     AgentInfo {
         hostname: info.hostname.clone(),
         address: info.address.clone(),
         resources: info.resources.map(resources).unwrap_or_default(),
         attributes: sorted(info.attributes.clone()),
+        identity: identity.to_owned(),
     }
 }
 
@@ -176,7 +177,7 @@ mod tests {
             }),
             attributes: [("rack".to_owned(), "r1".to_owned())].into(),
         };
-        let stored = registry_info(&wire);
+        let stored = registry_info(&wire, "");
         assert!(same_info(&wire, &stored));
         assert_eq!(model_pb::AgentInfo::from(stored.clone()), wire);
         let mut moved = wire.clone();

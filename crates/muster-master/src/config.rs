@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use muster_registry::types::NodeId;
+use muster_security::Security;
 
 /// How the master's scheduler workers choose agents.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -16,9 +17,12 @@ pub enum Placement {
     Spread,
 }
 
-/// A master's settings. Defaults follow Mesos where it has one.
+/// A master's settings. Defaults ([`MasterConfig::new`]) follow Mesos where it has one.
 #[derive(Clone, Debug)]
 pub struct MasterConfig {
+    /// Mutual TLS for every link (raft, agents, the APIs) and ACL tokens on the APIs; or
+    /// [`Security::Insecure`], only when asked for explicitly.
+    pub security: Security,
     /// This master's id in the registry group.
     pub id: NodeId,
     /// Where to listen (`host:port`; port 0 picks one). Agents, peers and operators all use
@@ -81,9 +85,11 @@ pub struct MasterConfig {
     pub raft_election_timeout: (Duration, Duration),
 }
 
-impl Default for MasterConfig {
-    fn default() -> Self {
+impl MasterConfig {
+    /// The default settings, with `security`.
+    pub fn new(security: Security) -> Self {
         MasterConfig {
+            security,
             id: 1,
             listen: "127.0.0.1:5050".into(),
             members: BTreeMap::new(),

@@ -29,6 +29,8 @@ mod master;
 mod operator;
 mod scheduling_service;
 mod server;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod workers;
 
 pub use config::{MasterConfig, Placement};

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use muster_launch::security::{TlsFileConfig, TlsFlags};
 use muster_master::{MasterConfig, MasterServer};
+use muster_security::Role;
 use serde::Deserialize;
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
@@ -81,6 +83,9 @@ struct Flags {
     /// other programs (see examples/custom_scheduler.rs) [default: 2].
     #[arg(long)]
     workers: Option<usize>,
+    /// TLS: this master's certificate (role master), key and the cluster CA.
+    #[command(flatten)]
+    tls: TlsFlags,
 }
 
 /// The config file: the same settings as the flags.
@@ -104,6 +109,8 @@ struct FileConfig {
     reregistration_timeout: Option<String>,
     removal_limit: Option<f64>,
     workers: Option<usize>,
+    /// `[tls]`: ca, cert, key, cluster, insecure.
+    tls: Option<TlsFileConfig>,
 }
 
 fn parse_peer(peer: &str) -> anyhow::Result<(u64, String)> {
@@ -136,7 +143,12 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
         }
         None => FileConfig::default(),
     };
-    let defaults = MasterConfig::default();
+    let security = flags
+        .tls
+        .clone()
+        .or_file(file.tls.unwrap_or_default())
+        .security(Role::Master)?;
+    let defaults = MasterConfig::new(security);
     let peers = if flags.peers.is_empty() {
         file.peers.unwrap_or_default()
     } else {
@@ -223,12 +235,19 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     }
     let data_dir = config.data_dir.clone();
     let id = config.id;
+    let security = config.security.clone();
     let master = MasterServer::start(config).await?;
+    muster_launch::security::reload_on_sighup(&security)?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "muster-master {id} listening on {addr} (master@{addr}), registry in {}",
+        "muster-master {id} listening on {addr} (master@{addr}), registry in {}{}",
         data_dir.display(),
+        if security.is_insecure() {
+            ", INSECURE"
+        } else {
+            ", TLS"
+        },
         addr = master.address()
     )?;
     out.flush()?;

@@ -134,6 +134,8 @@ struct Metrics {
     messages: u64,
     recovery: Option<Duration>,
     plans: u64,
+    /// Agent messages refused for speaking for an agent bound to another certificate.
+    impersonations: u64,
 }
 
 /// The master process.

@@ -6,7 +6,11 @@ use std::collections::BTreeMap;
 use muster_actor::{Node, NodeConfig, NodeError, Pid, System};
 use muster_proto::cluster as pb;
 use muster_registry::{RegistryConfig, RegistryError, RegistryNode};
+use muster_security::Role;
 use tonic::service::Routes;
+
+/// Who may send the master's agent-facing messages: agent certificates only.
+const AGENTS: &[Role] = &[Role::Agent];
 
 use crate::config::{MasterConfig, Placement};
 use crate::master::{AgentMsg, InternalMsg, Master, SchedulingMsg};
@@ -86,6 +90,7 @@ impl MasterServer {
 
         let workers = config.workers;
         let placement = config.placement;
+        let security = config.security.clone();
         let system = System::new();
         let master = system.spawn(Master::new(
             config,
@@ -101,20 +106,20 @@ impl MasterServer {
         let routes = Routes::new(registry.raft_service())
             .add_service(OperatorService::new(master.clone()).into_server())
             .add_service(SchedulingService::new(backend.clone(), address.clone()).into_server());
-        let node = Node::serve(&system, listener, NodeConfig::default(), routes)?;
+        let node = Node::serve(&system, listener, NodeConfig::new(security.clone()), routes)?;
         // Only fails if the master already ended, which `start` would have no way to cause.
         let _ = master.tell(InternalMsg::UseNode(node.clone()).into());
         node.register("master", &master)?
-            .install_ask::<pb::RegisterAgent, pb::RegistrationReply>(|m, r| {
-                AgentMsg::Register(m, r).into()
+            .install_ask_from::<pb::RegisterAgent, pb::RegistrationReply>(AGENTS, |m, r, s| {
+                AgentMsg::Register(m, r, s).into()
             })
-            .install_ask::<pb::ReregisterAgent, pb::RegistrationReply>(|m, r| {
-                AgentMsg::Reregister(m, r).into()
+            .install_ask_from::<pb::ReregisterAgent, pb::RegistrationReply>(AGENTS, |m, r, s| {
+                AgentMsg::Reregister(m, r, s).into()
             })
-            .install_ask::<pb::Heartbeat, pb::HeartbeatReply>(|m, r| {
-                AgentMsg::Heartbeat(m, r).into()
+            .install_ask_from::<pb::Heartbeat, pb::HeartbeatReply>(AGENTS, |m, r, s| {
+                AgentMsg::Heartbeat(m, r, s).into()
             })
-            .install::<pb::TaskStatusUpdate>(|m| AgentMsg::TaskStatus(m).into());
+            .install_from::<pb::TaskStatusUpdate>(AGENTS, |m, s| AgentMsg::TaskStatus(m, s).into());
         let config = muster_scheduler::WorkerConfig::default();
         let workers = match placement {
             Placement::Binpack => {

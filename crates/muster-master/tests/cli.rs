@@ -5,12 +5,20 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, ensure};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_muster-master");
 
 /// Runs the binary to its end (these are error paths: it must end by itself).
 fn run(args: &[&str]) -> anyhow::Result<Output> {
+    run_with(&TestPki::shared().args(Role::Master, "master-1"), args)
+}
+
+/// Runs the binary with `tls` (its TLS flags, or none) and then `args`.
+fn run_with(tls: &[std::ffi::OsString], args: &[&str]) -> anyhow::Result<Output> {
     let mut child = Command::new(BIN)
+        .args(tls)
         .args(args)
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
@@ -114,4 +122,52 @@ fn a_bad_peer_or_missing_data_dir_is_an_error() -> anyhow::Result<()> {
     failed_with(&output, &["master id 4 is not among the peers"])?;
     let output = run(&["--listen", "127.0.0.1:0"])?;
     failed_with(&output, &["--data-dir is required"])
+}
+
+#[test]
+fn without_tls_material_it_refuses_to_start_unless_insecure() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("data").to_string_lossy().into_owned();
+    let output = run_with(&[], &["--listen", "127.0.0.1:0", "--data-dir", &data_dir])?;
+    ensure!(
+        !output.status.success(),
+        "it started without TLS: {output:?}"
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    for part in ["no TLS material", "--tls-ca", "--insecure"] {
+        ensure!(text.contains(part), "stderr lacks {part:?}:\n{text}");
+    }
+    let partial = TestPki::shared().args(Role::Master, "master-1");
+    let output = run_with(
+        &partial[..2],
+        &["--listen", "127.0.0.1:0", "--data-dir", &data_dir],
+    )?;
+    ensure!(
+        !output.status.success(),
+        "it started with a CA alone: {output:?}"
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    ensure!(text.contains("missing --tls-cert, --tls-key"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn a_certificate_of_another_role_is_refused_at_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("data").to_string_lossy().into_owned();
+    let output = run_with(
+        &TestPki::shared().args(Role::Agent, "impostor"),
+        &["--listen", "127.0.0.1:0", "--data-dir", &data_dir],
+    )?;
+    ensure!(
+        !output.status.success(),
+        "it started with a {} certificate: {output:?}",
+        "agent"
+    );
+    let text = String::from_utf8_lossy(&output.stderr);
+    ensure!(
+        text.contains("certificate") && text.contains("needs a master certificate"),
+        "{text}"
+    );
+    Ok(())
 }

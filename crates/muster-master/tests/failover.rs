@@ -12,6 +12,8 @@ use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::registration_reply::Result as Registration;
 use muster_proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -24,7 +26,7 @@ fn master_config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> Master
         data_dir: dir.join(format!("master-{id}")),
         raft_heartbeat: Duration::from_millis(50),
         raft_election_timeout: (Duration::from_millis(200), Duration::from_millis(400)),
-        ..MasterConfig::default()
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, &format!("master-{id}")))
     }
 }
 
@@ -213,7 +215,12 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
     let first = leader(&masters).await?;
 
     let system = System::new();
-    let agents_node = Node::bind(&system, "127.0.0.1:0").await?;
+    let agents_node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let agents = register_agents(&agents_node, &addresses, 5).await?;
     for agent in &agents {
         reregister(&agents_node, &addresses, agent).await?;
@@ -311,7 +318,12 @@ async fn restart_with_missing_agents(
     };
     let master = start(config.clone()).await?;
     let system = System::new();
-    let agents_node = Node::bind(&system, "127.0.0.1:0").await?;
+    let agents_node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let agents = register_agents(&agents_node, &addresses, count).await?;
     // A service job: where its tasks ran dies with this master.
     let web = model_pb::Job {
@@ -427,7 +439,12 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
     })
     .await?;
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     node.register("agent", &system.spawn(Ponger))?
         .install_ask::<pb::Ping, pb::Pong>(|ping, reply| (ping, reply));
 

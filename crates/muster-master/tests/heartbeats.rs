@@ -15,6 +15,8 @@ use muster_proto::cluster as pb;
 use muster_proto::cluster::heartbeat_reply::Result as Beat;
 use muster_proto::cluster::registration_reply::Result as Registration;
 use muster_proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -36,7 +38,7 @@ async fn config(dir: &Path) -> anyhow::Result<MasterConfig> {
         heartbeat_grace: Duration::from_millis(100),
         heartbeats_per_second: 1e9,
         workers: 0,
-        ..MasterConfig::default()
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
 }
 
@@ -155,7 +157,12 @@ async fn an_agent_that_stops_heartbeating_is_marked_unreachable_after_its_ttl_an
     let master = start(&config).await?;
     let to = upid(&master)?;
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let healthy = register(&node, &to, 0).await?;
     let silent = register(&node, &to, 1).await?;
 
@@ -242,7 +249,12 @@ async fn the_ttl_grows_with_the_number_of_agents() -> anyhow::Result<()> {
     let master = start(&config).await?;
     let to = upid(&master)?;
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let first = register(&node, &to, 0).await?;
     // One agent: the minimum TTL (1 / 2 per second is 500 ms, above the 200 ms minimum).
     let alone = ttl(&node, &to, &first).await?;
@@ -273,7 +285,12 @@ async fn a_heartbeat_from_an_unknown_agent_is_refused() -> anyhow::Result<()> {
     let master = start(&config(dir.path()).await?).await?;
     let to = upid(&master)?;
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let refused = heartbeat(&node, &to, "no-such-agent").await?;
     ensure!(
         matches!(&refused, Beat::Refused(why) if why.contains("no-such-agent")),
@@ -296,7 +313,12 @@ async fn after_a_failover_every_agent_gets_the_long_first_ttl() -> anyhow::Resul
     };
     let master = start(&config).await?;
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let back = register(&node, &upid(&master)?, 0).await?;
     let away = register(&node, &upid(&master)?, 1).await?;
     master.shutdown().await;
@@ -356,7 +378,12 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     let master = start(&config(dir.path()).await?).await?;
     let to = upid(&master)?;
     let system = System::new();
-    let node = Node::bind(&system, "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let daemon = model_pb::Job {
         name: "daemon".into(),
         scheduler: model_pb::SchedulerType::System as i32,

@@ -10,6 +10,8 @@ use muster_broker::{BrokerMsg, BrokerStats};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg, SchedulingMsg, ServiceError};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -20,7 +22,7 @@ async fn start(dir: &Path) -> anyhow::Result<MasterServer> {
         data_dir: dir.join("master"),
         // No workers: the broker's queues stay as the master filled them.
         workers: 0,
-        ..MasterConfig::default()
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     };
     let deadline = Instant::now() + DEADLINE;
     let master = loop {

@@ -8,6 +8,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 
 const BIN: &str = env!("CARGO_BIN_EXE_muster-master");
 
@@ -70,6 +72,7 @@ fn a_normal_start_logs_no_warning_and_no_escape_codes() -> anyhow::Result<()> {
     let data_dir = dir.path().join("registry");
     let mut child = Running(
         Command::new(BIN)
+            .args(TestPki::shared().args(Role::Master, "master-1"))
             .args(["--listen", "127.0.0.1:0", "--data-dir"])
             .arg(&data_dir)
             // The default filter, whatever the environment running the tests sets.
@@ -123,5 +126,36 @@ fn a_normal_start_logs_no_warning_and_no_escape_codes() -> anyhow::Result<()> {
     }
     // openraft's info chatter stays out by default.
     ensure!(!text.contains("openraft"), "openraft lines:\n{text}");
+    Ok(())
+}
+
+#[test]
+fn insecure_is_said_at_start_in_the_log_and_on_stdout() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut child = Running(
+        Command::new(BIN)
+            .args(["--insecure", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(dir.path().join("registry"))
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .context("cannot run muster-master")?,
+    );
+    let stdout = lines(child.0.stdout.take().context("no stdout")?);
+    let stderr = lines(child.0.stderr.take().context("no stderr")?);
+    let listening = until(&stdout, "listening on", Duration::from_secs(30))?;
+    ensure!(
+        listening.iter().any(|l| l.ends_with(", INSECURE")),
+        "{listening:?}"
+    );
+    let logged = until(&stderr, "--insecure", Duration::from_secs(30))?;
+    ensure!(
+        logged
+            .iter()
+            .any(|l| l.contains(" WARN ") && l.contains("no TLS")),
+        "{logged:?}"
+    );
     Ok(())
 }

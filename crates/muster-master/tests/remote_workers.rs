@@ -11,14 +11,16 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, System};
 use muster_agent::{AgentConfig, AgentHandle};
+use muster_master::testing;
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
-use muster_proto::cluster::operator_client::OperatorClient;
 use muster_proto::model as model_pb;
 use muster_proto::scheduling as spb;
 use muster_proto::scheduling::scheduling_client::SchedulingClient;
 use muster_scheduler::protocol::leader_hint;
 use muster_scheduler::{RemoteBackend, Worker, WorkerConfig, WorkerStats};
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -38,7 +40,7 @@ fn config(dir: &Path, id: u64, members: &BTreeMap<u64, String>) -> MasterConfig 
         workers: 0,
         raft_heartbeat: Duration::from_millis(50),
         raft_election_timeout: (Duration::from_millis(200), Duration::from_millis(400)),
-        ..MasterConfig::default()
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, &format!("master-{id}")))
     }
 }
 
@@ -74,7 +76,12 @@ async fn start_agent(
     name: &str,
     cpus: f64,
 ) -> anyhow::Result<(Node, AgentHandle, String)> {
-    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &System::new(),
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, name),
+    )
+    .await?;
     let mut config = AgentConfig::new(masters, dir.join(name));
     config.hostname = name.into();
     config.resources = (cpus, 1024);
@@ -244,7 +251,11 @@ async fn remote_workers_place_a_service_job_past_an_unreachable_master() -> anyh
 
     // The first master in the list is not there: the workers go on to the next.
     let unreachable = closed_address()?;
-    let backend = RemoteBackend::connect(vec![unreachable.clone(), master.address().to_owned()])?;
+    let backend = RemoteBackend::connect(
+        vec![unreachable.clone(), master.address().to_owned()],
+        testing::client_security(),
+        None,
+    )?;
     let workers = RemoteWorkers::start(&backend, 2);
 
     let placed = job_when(&master, "web", "two tasks running", |s| {
@@ -286,7 +297,7 @@ async fn a_job_too_big_blocks_and_is_placed_when_capacity_arrives() -> anyhow::R
     let masters = vec![master.address().to_owned()];
     let (_first_node, first, first_id) =
         start_agent(masters.clone(), dir.path(), "first", 2.0).await?;
-    let backend = RemoteBackend::connect(masters.clone())?;
+    let backend = RemoteBackend::connect(masters.clone(), testing::client_security(), None)?;
     let workers = RemoteWorkers::start(&backend, 2);
 
     submit(&master, "big", group("server", 3, 1.0)).await?;
@@ -366,7 +377,9 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     };
 
     // The standby's answer names the leader.
-    let mut client = SchedulingClient::connect(format!("http://{}", standby.address())).await?;
+    let mut client = SchedulingClient::new(
+        testing::channel(standby.address(), &testing::client_security()).await?,
+    );
     let answer = client
         .snapshot(spb::SnapshotRequest { min_index: 0 })
         .await
@@ -398,7 +411,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
 
     // The operator API's leader-only calls answer a standby's way too; GetState answers on
     // any master.
-    let mut operator = OperatorClient::connect(format!("http://{}", standby.address())).await?;
+    let mut operator = testing::operator(standby.address(), None).await?;
     let answers = [
         operator
             .job_status(pb::JobStatusRequest { name: "web".into() })
@@ -439,7 +452,11 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     let (_node, agent, _) = start_agent(addresses, dir.path(), "only", 4.0).await?;
 
     // The workers know an unreachable master and the standby, not the leader.
-    let backend = RemoteBackend::connect(vec![closed_address()?, standby.address().to_owned()])?;
+    let backend = RemoteBackend::connect(
+        vec![closed_address()?, standby.address().to_owned()],
+        testing::client_security(),
+        None,
+    )?;
     let workers = RemoteWorkers::start(&backend, 2);
     submit(leader, "web", group("server", 2, 0.5)).await?;
     job_when(leader, "web", "two tasks running", |s| {

@@ -13,6 +13,8 @@ use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -21,7 +23,7 @@ async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
     let master = MasterServer::start(MasterConfig {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("master"),
-        ..MasterConfig::default()
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
     .await?;
     let deadline = Instant::now() + DEADLINE;
@@ -45,7 +47,12 @@ async fn start_agent(
     name: &str,
     cpus: f64,
 ) -> anyhow::Result<(Node, AgentHandle)> {
-    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &System::new(),
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.join(name));
     config.hostname = name.into();
     config.resources = (cpus, 1024);
@@ -339,7 +346,7 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
         heartbeat_min_ttl: Duration::from_millis(500),
         heartbeat_grace: Duration::from_millis(500),
         placement: muster_master::Placement::Spread,
-        ..MasterConfig::default()
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
     .await?;
     let deadline = Instant::now() + DEADLINE;
@@ -460,7 +467,12 @@ async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> any
     let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
     // A stand-in agent: a node with no process behind the agent's name, so every launch sent
     // to it is lost on arrival.
-    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &System::new(),
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let (agent_id, info) = register_stand_in(&node, &master_upid, "forgetful").await?;
 
     submit(&master, one_sleeper()).await?;
@@ -645,7 +657,7 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         listen: "127.0.0.1:0".into(),
         data_dir: dir.path().join("master"),
         launch_timeout: Duration::from_millis(300),
-        ..MasterConfig::default()
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
     .await?;
     let deadline = Instant::now() + DEADLINE;
@@ -659,7 +671,12 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
-    let node = Node::bind(&System::new(), "127.0.0.1:0").await?;
+    let node = Node::bind(
+        &System::new(),
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
     let (launches, mut launched) = tokio::sync::mpsc::unbounded_channel();
     let (kills, mut killed) = tokio::sync::mpsc::unbounded_channel();
     let recorder = node.system().spawn(Recorder { launches, kills });

@@ -28,6 +28,11 @@ pub struct AgentInfo {
     pub resources: Resources,
     /// Attributes schedulers constrain on (`rack = "r1"`).
     pub attributes: BTreeMap<String, String>,
+    /// The name in the certificate the agent registered with (empty without TLS). Only an
+    /// agent presenting a certificate of this name may speak for the agent afterwards. Set
+    /// by the master from the verified connection, never from what the agent sends.
+    #[serde(default)]
+    pub identity: String,
 }
 
 /// An agent the master has stopped hearing from, and when it was marked (Unix milliseconds).

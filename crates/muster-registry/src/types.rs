@@ -136,6 +136,7 @@ mod tests {
                         mem_mb: 128,
                     },
                     attributes: [("rack".to_owned(), "r1".to_owned())].into(),
+                    identity: "node-1".into(),
                 }),
                 Op::MarkUnreachable {
                     id: AgentId("agent-1".into()),

@@ -67,7 +67,12 @@ async fn start(system: &System, config: RegistryConfig) -> anyhow::Result<Member
         }
     };
     let routes = Routes::new(registry.raft_service());
-    let server = Node::serve(system, listener, NodeConfig::default(), routes)?;
+    let server = Node::serve(
+        system,
+        listener,
+        NodeConfig::new(muster_security::Security::Insecure),
+        routes,
+    )?;
     Ok(Member { registry, server })
 }
 

@@ -24,6 +24,9 @@ use muster_model::convert::{all, read};
 use muster_model::{Demand, EvalId, Evaluation, SchedulerType};
 use muster_proto::scheduling as pb;
 use muster_proto::scheduling::scheduling_client::SchedulingClient;
+use muster_security::guard::WithToken;
+use muster_security::{Role, Security, TokenSecret};
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Request, Status};
 
@@ -34,8 +37,13 @@ use crate::protocol::{
 use crate::worker::{Assignment, Backend, WorkerError};
 
 /// How a [`RemoteBackend`] talks to the masters.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct RemoteConfig {
+    /// TLS with a client certificate (verifying that each master's certificate says master),
+    /// or plaintext for an `--insecure` cluster.
+    pub security: Security,
+    /// The ACL token sent with every call (policy `schedule`).
+    pub token: Option<TokenSecret>,
     /// How long connecting to one master may take before it counts as unreachable.
     pub connect_timeout: Duration,
     /// How long a call may take; a dequeue may take its long poll on top.
@@ -44,9 +52,12 @@ pub struct RemoteConfig {
     pub max_message_size: usize,
 }
 
-impl Default for RemoteConfig {
-    fn default() -> Self {
+impl RemoteConfig {
+    /// The default timeouts and limits, with `security` and `token`.
+    pub fn new(security: Security, token: Option<TokenSecret>) -> Self {
         RemoteConfig {
+            security,
+            token,
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(30),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
@@ -60,6 +71,9 @@ pub enum RemoteError {
     /// The list of masters is empty.
     #[error("no master address given")]
     NoAddresses,
+    /// The token holds characters gRPC metadata cannot carry.
+    #[error("the token holds characters that cannot be sent (printable ASCII only)")]
+    BadToken,
     /// An address is not `host:port`.
     #[error("master address {address:?} is not HOST:PORT: {reason}")]
     BadAddress {
@@ -99,7 +113,7 @@ struct Master {
     address: String,
     endpoint: Endpoint,
     /// Made on first use, so that making the backend needs no runtime.
-    client: Option<SchedulingClient<Channel>>,
+    client: Option<Client>,
 }
 
 impl fmt::Debug for RemoteBackend {
@@ -115,6 +129,9 @@ impl fmt::Debug for RemoteBackend {
             .finish()
     }
 }
+
+/// A scheduling client that sends the token with each call.
+type Client = SchedulingClient<InterceptedService<Channel, WithToken>>;
 
 /// Why a call failed.
 enum CallError {
@@ -190,9 +207,14 @@ impl RemoteBackend {
     /// Nothing is connected yet: the first call reaches out, so the masters need not be up.
     ///
     /// # Errors
-    /// [`RemoteError`] for an empty list or an address that is not `host:port`.
-    pub fn connect(addresses: Vec<String>) -> Result<Self, RemoteError> {
-        Self::connect_with(addresses, RemoteConfig::default())
+    /// [`RemoteError`] for an empty list, an address that is not `host:port`, or a token that
+    /// cannot be sent.
+    pub fn connect(
+        addresses: Vec<String>,
+        security: Security,
+        token: Option<TokenSecret>,
+    ) -> Result<Self, RemoteError> {
+        Self::connect_with(addresses, RemoteConfig::new(security, token))
     }
 
     /// [`connect`](Self::connect) with these settings.
@@ -200,6 +222,7 @@ impl RemoteBackend {
     /// # Errors
     /// [`RemoteError`] for an empty list or an address that is not `host:port`.
     pub fn connect_with(addresses: Vec<String>, config: RemoteConfig) -> Result<Self, RemoteError> {
+        WithToken::new(config.token.as_ref()).map_err(|_| RemoteError::BadToken)?;
         let mut known: Vec<Master> = Vec::new();
         for address in &addresses {
             let (address, endpoint) = endpoint(address, &config)?;
@@ -244,13 +267,19 @@ impl RemoteBackend {
     }
 
     /// The master to call and a client for it.
-    fn target(&self) -> (String, SchedulingClient<Channel>) {
-        let max = self.inner.config.max_message_size;
+    fn target(&self) -> (String, Client) {
+        let config = &self.inner.config;
+        let max = config.max_message_size;
         let mut masters = self.inner.lock();
         let current = masters.current;
         let master = &mut masters.known[current];
         let client = master.client.get_or_insert_with(|| {
-            SchedulingClient::new(master.endpoint.connect_lazy())
+            let channel = config
+                .security
+                .lazy_channel(master.endpoint.clone(), &[Role::Master]);
+            // Checked in `connect_with`.
+            let token = WithToken::new(config.token.as_ref()).unwrap_or_default();
+            SchedulingClient::with_interceptor(channel, token)
                 .max_decoding_message_size(max)
                 .max_encoding_message_size(max)
         });
@@ -297,7 +326,7 @@ impl RemoteBackend {
         send: F,
     ) -> Result<Rep, CallError>
     where
-        F: Fn(SchedulingClient<Channel>, Request<Req>) -> Fut,
+        F: Fn(Client, Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Rep>, Status>>,
     {
         let rounds = 2 * self.inner.lock().known.len();
@@ -536,27 +565,36 @@ impl Backend for RemoteBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use muster_security::testing::TestPki;
+
+    fn client() -> Security {
+        TestPki::shared().security(Role::Client, "scheduler")
+    }
 
     #[test]
     fn addresses_must_be_host_and_port() {
         assert_eq!(
-            RemoteBackend::connect(Vec::new()).expect_err("empty"),
+            RemoteBackend::connect(Vec::new(), client(), None).expect_err("empty"),
             RemoteError::NoAddresses
         );
         for bad in ["", "localhost", "https://a:1", "a:1/path", "a b:1"] {
             assert!(
                 matches!(
-                    RemoteBackend::connect(vec![bad.to_owned()]),
+                    RemoteBackend::connect(vec![bad.to_owned()], client(), None),
                     Err(RemoteError::BadAddress { .. })
                 ),
                 "{bad:?}"
             );
         }
-        let backend = RemoteBackend::connect(vec![
-            "127.0.0.1:5050".into(),
-            "http://127.0.0.1:5051/".into(),
-            "127.0.0.1:5050".into(),
-        ])
+        let backend = RemoteBackend::connect(
+            vec![
+                "127.0.0.1:5050".into(),
+                "http://127.0.0.1:5051/".into(),
+                "127.0.0.1:5050".into(),
+            ],
+            client(),
+            None,
+        )
         .expect("valid");
         assert_eq!(backend.masters(), ["127.0.0.1:5050", "127.0.0.1:5051"]);
         assert_eq!(backend.current(), "127.0.0.1:5050");
@@ -570,7 +608,8 @@ mod tests {
             listener.local_addr().expect("address").to_string()
         };
         let (first, second) = (closed(), closed());
-        let backend = RemoteBackend::connect(vec![first.clone(), second.clone()]).expect("valid");
+        let backend = RemoteBackend::connect(vec![first.clone(), second.clone()], client(), None)
+            .expect("valid");
         let error = backend
             .snapshot(0)
             .await

@@ -1,6 +1,7 @@
 //! A cluster CA and the role certificates it issues, as PEM text (what `muster tls ca create`
 //! and `muster tls cert create` write).
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rcgen::{
@@ -191,4 +192,75 @@ pub fn issue_expired(ca: &PemPair, request: &CertRequest<'_>) -> Result<PemPair,
         cert: cert.pem(),
         key: key.serialize_pem(),
     })
+}
+
+/// Writes `pair` as `<dir>/<stem>.pem` and `<dir>/<stem>-key.pem` (the key readable by its
+/// owner only) and returns the two paths.
+///
+/// # Errors
+/// The operating system's error, with the path.
+pub fn write_pair(dir: &Path, stem: &str, pair: &PemPair) -> std::io::Result<(PathBuf, PathBuf)> {
+    let cert = dir.join(format!("{stem}.pem"));
+    let key = dir.join(format!("{stem}-key.pem"));
+    let named = |path: &Path, e: std::io::Error| {
+        std::io::Error::new(e.kind(), format!("{}: {e}", path.display()))
+    };
+    std::fs::write(&cert, &pair.cert).map_err(|e| named(&cert, e))?;
+    write_private(&key, &pair.key).map_err(|e| named(&key, e))?;
+    Ok((cert, key))
+}
+
+/// Writes `text` to a new file readable and writable by its owner only.
+fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    file.write_all(text.as_bytes())
+}
+
+/// A throwaway CA and one certificate per role, written to `dir` (`muster dev` uses it):
+/// the files for the master, the agent and the CLI, in that order.
+///
+/// # Errors
+/// If a certificate cannot be made or a file written.
+pub fn write_dev_pki(
+    dir: &Path,
+    cluster: &str,
+) -> Result<[crate::TlsFiles; 3], Box<dyn std::error::Error + Send + Sync>> {
+    std::fs::create_dir_all(dir)?;
+    let ca = create_ca(cluster, DEFAULT_CERT_VALIDITY)?;
+    let ca_file = dir.join("ca.pem");
+    std::fs::write(&ca_file, &ca.cert)?;
+    let mut files = Vec::with_capacity(3);
+    for (role, name) in [
+        (Role::Master, "dev-master"),
+        (Role::Agent, "dev-agent"),
+        (Role::Client, "dev-cli"),
+    ] {
+        let pair = issue(
+            &ca,
+            &CertRequest {
+                role,
+                name,
+                cluster,
+                extra_names: &[],
+                validity: DEFAULT_CERT_VALIDITY,
+            },
+        )?;
+        let (cert, key) = write_pair(dir, name, &pair)?;
+        files.push(crate::TlsFiles {
+            ca: ca_file.clone(),
+            cert,
+            key,
+        });
+    }
+    let [master, agent, client]: [crate::TlsFiles; 3] = files
+        .try_into()
+        .map_err(|_| "three certificates were made")?;
+    Ok([master, agent, client])
 }

@@ -221,3 +221,37 @@ impl TokenSource for NoTokens {
         None
     }
 }
+
+/// A client-side interceptor that sends a token with every request (the CLI's `--token`,
+/// remote scheduler workers); without a token it sends none.
+#[derive(Clone, Debug, Default)]
+pub struct WithToken {
+    value: Option<tonic::metadata::AsciiMetadataValue>,
+}
+
+/// A token that cannot travel as gRPC metadata.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the token holds characters that cannot be sent (printable ASCII only)")]
+pub struct BadToken;
+
+impl WithToken {
+    /// Sends `token`, if given.
+    ///
+    /// # Errors
+    /// [`BadToken`] if it holds characters metadata cannot carry.
+    pub fn new(token: Option<&TokenSecret>) -> Result<WithToken, BadToken> {
+        let value = token
+            .map(|t| t.expose().parse().map_err(|_| BadToken))
+            .transpose()?;
+        Ok(WithToken { value })
+    }
+}
+
+impl tonic::service::Interceptor for WithToken {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, Status> {
+        if let Some(value) = &self.value {
+            request.metadata_mut().insert(TOKEN_HEADER, value.clone());
+        }
+        Ok(request)
+    }
+}

@@ -97,16 +97,32 @@ impl TestPki {
     }
 
     /// Writes `pair` as `<stem>.pem` and `<stem>-key.pem`, with this CA.
+    ///
+    /// # Panics
+    /// If the files cannot be written.
     pub fn write_pair(&self, stem: &str, pair: &PemPair) -> TlsFiles {
-        let cert = self.dir.join(format!("{stem}.pem"));
-        let key = self.dir.join(format!("{stem}-key.pem"));
-        write(&cert, &pair.cert);
-        write(&key, &pair.key);
+        #[allow(clippy::expect_used)]
+        let (cert, key) =
+            certs::write_pair(&self.dir, stem, pair).expect("write a test certificate");
         TlsFiles {
             ca: self.ca_file(),
             cert,
             key,
         }
+    }
+
+    /// The flags that give a `muster-master`, `muster-agent` or example child process the
+    /// certificate of `role` and `name`: `--tls-ca CA --tls-cert CERT --tls-key KEY`.
+    pub fn args(&self, role: Role, name: &str) -> Vec<std::ffi::OsString> {
+        let files = self.files(role, name);
+        vec![
+            "--tls-ca".into(),
+            files.ca.into_os_string(),
+            "--tls-cert".into(),
+            files.cert.into_os_string(),
+            "--tls-key".into(),
+            files.key.into_os_string(),
+        ]
     }
 
     /// Loaded TLS for `role` and `name`.

@@ -229,13 +229,19 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         unsent_updates: VecDeque::new(),
     };
     let pid = node.system().spawn(agent);
+    const MASTERS: &[muster_security::Role] = &[muster_security::Role::Master];
     match node.register("agent", &pid) {
         Ok(registration) => {
+            // Launches, kills and pings come from masters only.
             registration
-                .install_ask::<Ping, Pong>(AgentMsg::ping)
-                .install_ask::<RunTask, RunTaskReply>(AgentMsg::run_task)
-                .install::<LaunchTasks>(AgentMsg::launch_tasks)
-                .install_ask::<KillTask, KillTaskReply>(AgentMsg::kill_task);
+                .install_ask_from::<Ping, Pong>(MASTERS, |m, r, _| AgentMsg::ping(m, r))
+                .install_ask_from::<RunTask, RunTaskReply>(MASTERS, |m, r, _| {
+                    AgentMsg::run_task(m, r)
+                })
+                .install_from::<LaunchTasks>(MASTERS, |m, _| AgentMsg::launch_tasks(m))
+                .install_ask_from::<KillTask, KillTaskReply>(MASTERS, |m, r, _| {
+                    AgentMsg::kill_task(m, r)
+                });
         }
         Err(e) => {
             pid.terminate();

@@ -1,28 +1,49 @@
 //! What agents send ([`AgentMsg`], over the actor transport) and its handlers: registration,
 //! re-registration, heartbeats and task status updates.
+//!
+//! Only agent certificates reach these handlers (the types are installed for
+//! [`Role::Agent`](muster_security::Role::Agent) in `server.rs`). Each message also carries
+//! the sender's certificate name: registration binds the new agent id to it, and every later
+//! message for that id must come from a certificate of the same name ([`Master::speaks_for`]),
+//! so one agent cannot speak for another.
 
 use muster_actor::{Context, Reply};
 use muster_model::AgentId;
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::{Op, Outcome, WriteError};
+use muster_security::Peer;
 
 use super::Master;
 use super::leadership::Role;
 use super::registry_writes::write_registry;
 use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, same_info};
 
-/// What agents send the master.
+/// What agents send the master, with the sender's verified identity (`None` on an insecure
+/// cluster).
 #[derive(Debug)]
 pub enum AgentMsg {
     /// An agent asks to be admitted.
-    Register(pb::RegisterAgent, Reply<pb::RegistrationReply>),
+    Register(
+        pb::RegisterAgent,
+        Reply<pb::RegistrationReply>,
+        Option<Peer>,
+    ),
     /// An agent comes back with everything it runs.
-    Reregister(pb::ReregisterAgent, Reply<pb::RegistrationReply>),
+    Reregister(
+        pb::ReregisterAgent,
+        Reply<pb::RegistrationReply>,
+        Option<Peer>,
+    ),
     /// An agent's heartbeat.
-    Heartbeat(pb::Heartbeat, Reply<pb::HeartbeatReply>),
+    Heartbeat(pb::Heartbeat, Reply<pb::HeartbeatReply>, Option<Peer>),
     /// An agent reports a task's state.
-    TaskStatus(pb::TaskStatusUpdate),
+    TaskStatus(pb::TaskStatusUpdate, Option<Peer>),
+}
+
+/// The certificate name a message came from (empty on an insecure cluster).
+fn identity(sender: Option<&Peer>) -> &str {
+    sender.map_or("", |peer| peer.name.as_str())
 }
 
 impl AgentMsg {
@@ -37,15 +58,15 @@ impl AgentMsg {
     /// Answers the request: this master does not lead, and knows no leader.
     pub(super) fn refuse_not_leader(self) {
         match self {
-            AgentMsg::Register(_, reply) | AgentMsg::Reregister(_, reply) => {
+            AgentMsg::Register(_, reply, _) | AgentMsg::Reregister(_, reply, _) => {
                 reply.send(not_leader(None));
             }
-            AgentMsg::Heartbeat(_, reply) => {
+            AgentMsg::Heartbeat(_, reply, _) => {
                 reply.send(heartbeat_reply(pb::heartbeat_reply::Result::NotLeader(
                     model_pb::NotLeader::default(),
                 )));
             }
-            AgentMsg::TaskStatus(_) => {}
+            AgentMsg::TaskStatus(..) => {}
         }
     }
 }
@@ -87,10 +108,21 @@ fn heartbeat_reply(result: pb::heartbeat_reply::Result) -> pb::HeartbeatReply {
 impl Master {
     pub(super) fn on_agent(&mut self, msg: AgentMsg, ctx: &mut Context<Self>) {
         match msg {
-            AgentMsg::Register(request, reply) => self.register(request, reply, ctx),
-            AgentMsg::Reregister(request, reply) => self.reregister(request, reply, ctx),
-            AgentMsg::Heartbeat(heartbeat, reply) => self.on_heartbeat(heartbeat, reply),
-            AgentMsg::TaskStatus(update) => {
+            AgentMsg::Register(request, reply, sender) => {
+                self.register(request, reply, identity(sender.as_ref()), ctx);
+            }
+            AgentMsg::Reregister(request, reply, sender) => {
+                self.reregister(request, reply, identity(sender.as_ref()), ctx);
+            }
+            AgentMsg::Heartbeat(heartbeat, reply, sender) => {
+                self.on_heartbeat(heartbeat, reply, identity(sender.as_ref()));
+            }
+            AgentMsg::TaskStatus(update, sender) => {
+                if let Err(why) = self.speaks_for(&update.agent_id, identity(sender.as_ref())) {
+                    self.metrics.impersonations += 1;
+                    tracing::warn!(agent = %update.agent_id, %why, "task update refused");
+                    return;
+                }
                 if let Some(task) = update.task {
                     self.task_updated(update.agent_id, task, ctx);
                 }
@@ -98,10 +130,21 @@ impl Master {
         }
     }
 
+    /// Whether a message from certificate `identity` may speak for agent `agent_id`: the
+    /// certificate name the agent registered with must be the sender's. An agent this master
+    /// does not hold in memory is checked by the caller against the registry.
+    fn speaks_for(&self, agent_id: &str, identity: &str) -> Result<(), String> {
+        match self.cluster.agents.get(agent_id) {
+            Some(agent) => bound_to(agent_id, &agent.info.identity, identity),
+            None => Ok(()),
+        }
+    }
+
     fn register(
         &mut self,
         request: pb::RegisterAgent,
         reply: Reply<pb::RegistrationReply>,
+        identity: &str,
         ctx: &mut Context<Self>,
     ) {
         let Role::Leading { registrar, .. } = &self.role else {
@@ -110,7 +153,7 @@ impl Master {
         let Some(info) = request.info else {
             return reply.send(refused("RegisterAgent carries no agent info".into()));
         };
-        let info = registry_info(&info);
+        let info = registry_info(&info, identity);
         let write = write_registry(registrar, Op::AdmitAgent(info.clone()));
         let term = self.term;
         ctx.defer(
@@ -142,6 +185,7 @@ impl Master {
         &mut self,
         request: pb::ReregisterAgent,
         reply: Reply<pb::RegistrationReply>,
+        identity: &str,
         ctx: &mut Context<Self>,
     ) {
         if self.leading_term().is_none() {
@@ -154,15 +198,30 @@ impl Master {
             return reply.send(refused("ReregisterAgent carries no agent id".into()));
         }
         let id = AgentId(request.agent_id.clone());
-        let unchanged = self.registry.reader().read(|state| {
-            state
+        let (unchanged, bound) = self.registry.reader().read(|state| {
+            let stored = state
                 .agents
                 .get(&id)
-                .is_some_and(|stored| same_info(info, stored))
+                .or_else(|| state.unreachable.get(&id).map(|u| &u.info));
+            (
+                state
+                    .agents
+                    .get(&id)
+                    .is_some_and(|stored| same_info(info, stored) && stored.identity == identity),
+                stored.map(|stored| stored.identity.clone()),
+            )
         });
+        if let Some(bound) = bound
+            && let Err(why) = bound_to(&request.agent_id, &bound, identity)
+        {
+            self.metrics.impersonations += 1;
+            tracing::warn!(agent = %request.agent_id, %why, "re-registration refused");
+            return reply.send(refused(why));
+        }
+        let identity = identity.to_owned();
         if unchanged {
             // The common case after a failover: nothing to write.
-            let id = self.readmit(request, ctx);
+            let id = self.readmit(request, &identity, ctx);
             return reply.send(admitted(id));
         }
         // Changed info, or an agent marked unreachable (or forgotten) coming back: store it,
@@ -170,7 +229,7 @@ impl Master {
         // back.
         let evals =
             self.evals_for_arriving_agent(&request.agent_id, &live_jobs_reported(&request.tasks));
-        let info = registry_info(info);
+        let info = registry_info(info, &identity);
         let term = self.term;
         self.write_with_evals(
             vec![Op::UpdateAgent { id, info }],
@@ -178,7 +237,7 @@ impl Master {
             ctx,
             move |master, ctx, written| match written {
                 Ok(_) if master.leading_term() == Some(term) => {
-                    let id = master.readmit(request, ctx);
+                    let id = master.readmit(request, &identity, ctx);
                     // It was unreachable, forgotten or changed: its capacity is news.
                     master.capacity_joined(&id);
                     reply.send(admitted(id));
@@ -191,7 +250,12 @@ impl Master {
     }
 
     /// Answers an agent's heartbeat with its next TTL, and moves its deadline.
-    fn on_heartbeat(&mut self, heartbeat: pb::Heartbeat, reply: Reply<pb::HeartbeatReply>) {
+    fn on_heartbeat(
+        &mut self,
+        heartbeat: pb::Heartbeat,
+        reply: Reply<pb::HeartbeatReply>,
+        identity: &str,
+    ) {
         use pb::heartbeat_reply::Result as Answer;
         if self.leading_term().is_none() {
             let leader = self
@@ -203,6 +267,11 @@ impl Master {
             })));
         }
         let id = heartbeat.agent_id;
+        if let Err(why) = self.speaks_for(&id, identity) {
+            self.metrics.impersonations += 1;
+            tracing::warn!(agent = %id, %why, "heartbeat refused");
+            return reply.send(heartbeat_reply(Answer::Refused(why)));
+        }
         let connected = self.cluster.agents.get(&id).is_some_and(|a| a.connected);
         if !connected {
             let why = if id.is_empty() {
@@ -218,4 +287,17 @@ impl Master {
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
         reply.send(heartbeat_reply(Answer::TtlMs(ttl_ms)));
     }
+}
+
+/// Whether certificate `identity` may speak for `agent_id`, bound to certificate `bound` at
+/// registration. An agent admitted without TLS (bound to no name) is taken over by the first
+/// certificate that re-registers it.
+fn bound_to(agent_id: &str, bound: &str, identity: &str) -> Result<(), String> {
+    if bound.is_empty() || bound == identity {
+        return Ok(());
+    }
+    Err(format!(
+        "agent {agent_id} registered with the certificate of {bound:?}; a certificate of \
+         {identity:?} cannot speak for it"
+    ))
 }

@@ -77,6 +77,7 @@ impl Master {
             leader: leader.map(|(_, a)| a).unwrap_or_default(),
             is_leader,
             term: self.term,
+            insecure: self.config.security.is_insecure(),
             recovering: matches!(
                 &self.role,
                 Role::Starting { .. }
@@ -136,6 +137,7 @@ impl Master {
             recovery_seconds: self.metrics.recovery.map_or(0.0, |d| d.as_secs_f64()),
             agents_connected: self.cluster.connected_agents() as u64,
             registry_entries: 0,
+            impersonations_refused: self.metrics.impersonations,
         };
         let Role::Leading { registrar, .. } = &self.role else {
             return reply.send(metrics);

@@ -20,6 +20,7 @@ impl Master {
     pub(super) fn readmit(
         &mut self,
         request: pb::ReregisterAgent,
+        identity: &str,
         ctx: &mut Context<Self>,
     ) -> String {
         let pb::ReregisterAgent {
@@ -39,7 +40,7 @@ impl Master {
         let previous = self.cluster.agents.insert(
             agent_id.clone(),
             AgentEntry::connected(
-                registry_info(&info.unwrap_or_default()),
+                registry_info(&info.unwrap_or_default(), identity),
                 tasks,
                 completed_tasks,
             ),

@@ -26,6 +26,8 @@ impl TryFrom<pb::AgentInfo> for AgentInfo {
             address: proto.address,
             resources: required(proto.resources, "resources")?,
             attributes: sorted(proto.attributes),
+            // Never taken from the wire: the master sets it from the verified connection.
+            identity: String::new(),
         })
     }
 }

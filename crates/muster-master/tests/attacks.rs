@@ -1,0 +1,326 @@
+//! The attacks a secured cluster must refuse, against a real master and a real agent over
+//! mutual TLS: each is refused, and the cluster is as it was.
+//!
+//! - an agent certificate speaking for another agent (task updates, heartbeats,
+//!   re-registration);
+//! - launches and kills sent to an agent by anyone but a master;
+//! - a client certificate on the actor transport (registering a forged agent);
+//! - a certificate of another CA, and a plaintext client.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use muster_actor::{AskError, Node, RemoteError, System, Upid};
+use muster_agent::{AgentConfig, AgentHandle};
+use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
+use muster_security::testing::TestPki;
+use muster_security::{Role, Security};
+use tokio::time::Instant;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const ASK: Duration = Duration::from_secs(10);
+
+struct Cluster {
+    master: MasterServer,
+    _agent_system: System,
+    agent_node: Node,
+    agent: AgentHandle,
+    agent_id: String,
+    task_id: String,
+    _dir: tempfile::TempDir,
+}
+
+/// A master with one agent (certificate `agent-a`) running one task of a job.
+async fn cluster() -> anyhow::Result<Cluster> {
+    let dir = tempfile::tempdir()?;
+    let master = MasterServer::start(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("master"),
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+    })
+    .await?;
+    let agent_system = System::new();
+    let agent_node = Node::bind(
+        &agent_system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-a"),
+    )
+    .await?;
+    let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.path().join("agent"));
+    config.registration_backoff_initial = Duration::from_millis(50);
+    config.resources = (4.0, 4096);
+    let agent = muster_agent::start(&agent_node, config).await?;
+    let (agent_id, _) = tokio::time::timeout(DEADLINE, agent.registered())
+        .await
+        .context("the agent did not register")??;
+
+    let job = model_pb::Job {
+        name: "web".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        priority: 50,
+        groups: vec![model_pb::TaskGroup {
+            name: "web".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 0.1,
+                mem_mb: 16,
+            }),
+            command: "sleep".into(),
+            args: vec!["600".into()],
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    };
+    master
+        .pid()
+        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    let state = state_when(&master, "the task running", |s| running(s).len() == 1).await?;
+    let task_id = running(&state)[0].clone();
+    Ok(Cluster {
+        master,
+        _agent_system: agent_system,
+        agent_node,
+        agent,
+        agent_id,
+        task_id,
+        _dir: dir,
+    })
+}
+
+/// Ids of the running tasks the master knows.
+fn running(state: &pb::ClusterState) -> Vec<String> {
+    state
+        .agents
+        .iter()
+        .flat_map(|a| &a.tasks)
+        .filter(|t| t.state == model_pb::TaskState::Running as i32)
+        .map(|t| t.id.clone())
+        .collect()
+}
+
+async fn state(master: &MasterServer) -> anyhow::Result<pb::ClusterState> {
+    Ok(master
+        .pid()
+        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .await?)
+}
+
+async fn state_when(
+    master: &MasterServer,
+    what: &str,
+    check: impl Fn(&pb::ClusterState) -> bool,
+) -> anyhow::Result<pb::ClusterState> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let state = state(master).await?;
+        if check(&state) {
+            return Ok(state);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}: {state:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn impersonations(master: &MasterServer) -> anyhow::Result<u64> {
+    Ok(master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .impersonations_refused)
+}
+
+/// A node of its own with `security`, as an attacker would run one.
+async fn attacker(system: &System, security: Security) -> anyhow::Result<Node> {
+    Ok(Node::bind(system, "127.0.0.1:0", security).await?)
+}
+
+fn master_upid(master: &MasterServer) -> anyhow::Result<Upid> {
+    Ok(Upid::new("master", master.address())?)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_certificate_cannot_speak_for_another_agent() -> anyhow::Result<()> {
+    let cluster = cluster().await?;
+    let system = System::new();
+    let impostor = attacker(&system, TestPki::shared().security(Role::Agent, "agent-b")).await?;
+    let master = impostor.remote(master_upid(&cluster.master)?);
+
+    // A forged FINISHED for the other agent's running task.
+    master.tell(pb::TaskStatusUpdate {
+        agent_id: cluster.agent_id.clone(),
+        task: Some(model_pb::Task {
+            id: cluster.task_id.clone(),
+            state: model_pb::TaskState::Finished as i32,
+            ..model_pb::Task::default()
+        }),
+    })?;
+    // A heartbeat and a re-registration in its name.
+    let heartbeat: pb::HeartbeatReply = master
+        .ask_timeout(
+            ASK,
+            pb::Heartbeat {
+                agent_id: cluster.agent_id.clone(),
+            },
+        )
+        .await?;
+    match heartbeat.result {
+        Some(pb::heartbeat_reply::Result::Refused(why)) => {
+            ensure!(why.contains("cannot speak for"), "{why}");
+        }
+        other => bail!("a forged heartbeat was taken: {other:?}"),
+    }
+    let reregistered: pb::RegistrationReply = master
+        .ask_timeout(
+            ASK,
+            pb::ReregisterAgent {
+                agent_id: cluster.agent_id.clone(),
+                info: Some(model_pb::AgentInfo {
+                    hostname: "evil".into(),
+                    address: format!("agent@{}", impostor.address()),
+                    resources: Some(model_pb::Resources {
+                        cpus: 512.0,
+                        mem_mb: 1 << 20,
+                    }),
+                    ..model_pb::AgentInfo::default()
+                }),
+                ..pb::ReregisterAgent::default()
+            },
+        )
+        .await?;
+    match reregistered.result {
+        Some(pb::registration_reply::Result::Refused(why)) => {
+            ensure!(why.contains("agent-a") && why.contains("agent-b"), "{why}");
+        }
+        other => bail!("a forged re-registration was taken: {other:?}"),
+    }
+
+    // All three refused and counted; the task still runs on the real agent.
+    let deadline = Instant::now() + DEADLINE;
+    while impersonations(&cluster.master).await? < 3 {
+        ensure!(
+            Instant::now() < deadline,
+            "the forged update was not refused"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let state = state(&cluster.master).await?;
+    ensure!(running(&state) == [cluster.task_id.clone()], "{state:?}");
+    let agent = state
+        .agents
+        .iter()
+        .find(|a| a.id == cluster.agent_id)
+        .context("the agent is gone")?;
+    ensure!(agent.connected, "the real agent was disconnected");
+    ensure!(
+        agent.info.as_ref().is_some_and(|i| i.hostname != "evil"),
+        "{agent:?}"
+    );
+    cluster.agent.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_master_may_launch_or_kill_on_an_agent() -> anyhow::Result<()> {
+    let cluster = cluster().await?;
+    let system = System::new();
+    let agent_upid = cluster.agent.upid().clone();
+    for security in [
+        TestPki::shared().security(Role::Agent, "agent-b"),
+        TestPki::shared().security(Role::Client, "cli"),
+    ] {
+        let node = attacker(&system, security).await?;
+        let agent = node.remote(agent_upid.clone());
+        let launched = agent
+            .ask_timeout::<pb::RunTask, pb::RunTaskReply>(
+                ASK,
+                pb::RunTask {
+                    framework: None,
+                    task: Some(model_pb::Task {
+                        id: "evil".into(),
+                        command: "id".into(),
+                        resources: Some(model_pb::Resources {
+                            cpus: 0.1,
+                            mem_mb: 16,
+                        }),
+                        ..model_pb::Task::default()
+                    }),
+                },
+            )
+            .await;
+        refused(launched, "RunTask")?;
+        let killed = agent
+            .ask_timeout::<pb::KillTask, pb::KillTaskReply>(
+                ASK,
+                pb::KillTask {
+                    task_id: cluster.task_id.clone(),
+                },
+            )
+            .await;
+        refused(killed, "KillTask")?;
+    }
+    ensure!(
+        cluster.agent_node.stats().unauthorized >= 2,
+        "{:?}",
+        cluster.agent_node.stats()
+    );
+    let state = state(&cluster.master).await?;
+    ensure!(running(&state) == [cluster.task_id.clone()], "{state:?}");
+    cluster.agent.stop().await;
+    Ok(())
+}
+
+/// The ask was refused: unauthorized for a cluster member's certificate, or the link itself
+/// for a client's.
+fn refused<T: std::fmt::Debug>(outcome: Result<T, AskError>, what: &str) -> anyhow::Result<()> {
+    match outcome {
+        Err(AskError::Remote(RemoteError::Unauthorized(_) | RemoteError::Unreachable { .. })) => {
+            Ok(())
+        }
+        other => bail!("{what} was not refused: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strangers_cannot_register_agents() -> anyhow::Result<()> {
+    let cluster = cluster().await?;
+    let system = System::new();
+    for security in [
+        TestPki::shared().security(Role::Client, "cli"),
+        TestPki::shared().security(Role::Master, "rogue-master"),
+        TestPki::foreign().security(Role::Agent, "foreign"),
+        Security::Insecure,
+    ] {
+        let node = attacker(&system, security).await?;
+        let registered = node
+            .remote(master_upid(&cluster.master)?)
+            .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
+                ASK,
+                pb::RegisterAgent {
+                    info: Some(model_pb::AgentInfo {
+                        hostname: "forged".into(),
+                        address: format!("agent@{}", node.address()),
+                        resources: Some(model_pb::Resources {
+                            cpus: 512.0,
+                            mem_mb: 1 << 20,
+                        }),
+                        ..model_pb::AgentInfo::default()
+                    }),
+                },
+            )
+            .await;
+        match registered {
+            Err(AskError::Remote(_)) => {}
+            other => bail!("a forged registration was answered: {other:?}"),
+        }
+    }
+    let state = state(&cluster.master).await?;
+    ensure!(state.agents.len() == 1, "{state:?}");
+    cluster.agent.stop().await;
+    Ok(())
+}
