@@ -85,6 +85,7 @@ impl MasterServer {
             election_timeout: config.raft_election_timeout,
             snapshot_after_entries: 5_000,
             entries_kept_after_snapshot: 1_000,
+            security: config.security.clone(),
         })
         .await?;
 

@@ -3,7 +3,9 @@
 //!
 //! Payloads are openraft's own serde types as JSON; snapshot data travels as raw bytes. One
 //! HTTP/2 channel per peer, connected lazily, TCP_NODELAY set, and every call bounded by the
-//! deadline openraft gives it.
+//! deadline openraft gives it. With TLS, each end verifies that the other's certificate is a
+//! master's: the client through its connector, the server through the guard
+//! [`RegistryNode::raft_service`](crate::RegistryNode::raft_service) installs.
 
 // openraft's error types are large by design and these functions return them as openraft asks.
 #![allow(clippy::result_large_err)]
@@ -14,6 +16,7 @@ use std::time::Duration;
 use muster_proto::registry::raft_client::RaftClient;
 use muster_proto::registry::raft_server::{self, RaftServer};
 use muster_proto::registry::{RaftPayload, SnapshotChunk};
+use muster_security::{Role, Security};
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -35,8 +38,17 @@ use crate::types::{NodeId, Raft, TypeConfig};
 pub const MAX_RAFT_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// Makes a [`PeerClient`] per peer for openraft.
-#[derive(Clone, Debug, Default)]
-pub struct NetworkFactory;
+#[derive(Clone, Debug)]
+pub struct NetworkFactory {
+    security: Security,
+}
+
+impl NetworkFactory {
+    /// Peers reached with `security` (TLS verifying each peer is a master, or plaintext).
+    pub fn new(security: Security) -> Self {
+        NetworkFactory { security }
+    }
+}
 
 impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
@@ -44,10 +56,10 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
         let client = Endpoint::from_shared(format!("http://{}", node.addr))
             .map(|endpoint| {
-                let channel = endpoint
+                let endpoint = endpoint
                     .tcp_nodelay(true)
-                    .connect_timeout(Duration::from_secs(1))
-                    .connect_lazy();
+                    .connect_timeout(Duration::from_secs(1));
+                let channel = self.security.lazy_channel(endpoint, &[Role::Master]);
                 RaftClient::new(channel)
                     .max_decoding_message_size(MAX_RAFT_MESSAGE)
                     .max_encoding_message_size(MAX_RAFT_MESSAGE)

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use muster_proto::registry::raft_server::RaftServer;
+use muster_security::guard::NoTokens;
+use muster_security::{Guarded, Requirement, Role, Rules, Security};
 use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, RaftError};
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
@@ -34,11 +36,19 @@ pub struct RegistryConfig {
     pub snapshot_after_entries: u64,
     /// How many entries to keep in the log behind a snapshot, for followers that lag a little.
     pub entries_kept_after_snapshot: u64,
+    /// TLS between the members (each verifies the other's certificate is a master's), or
+    /// plaintext for an insecure cluster.
+    pub security: Security,
 }
 
 impl RegistryConfig {
     /// A single-member group: the dev cluster and the benches.
-    pub fn single(id: NodeId, address: impl Into<String>, data_dir: impl Into<PathBuf>) -> Self {
+    pub fn single(
+        id: NodeId,
+        address: impl Into<String>,
+        data_dir: impl Into<PathBuf>,
+        security: Security,
+    ) -> Self {
         RegistryConfig {
             id,
             members: BTreeMap::from([(id, address.into())]),
@@ -47,6 +57,7 @@ impl RegistryConfig {
             election_timeout: (Duration::from_millis(400), Duration::from_millis(800)),
             snapshot_after_entries: 5_000,
             entries_kept_after_snapshot: 1_000,
+            security,
         }
     }
 }
@@ -85,6 +96,7 @@ pub struct RegistryNode {
     reader: RegistryReader,
     leadership: watch::Receiver<Leadership>,
     members: Arc<BTreeMap<NodeId, String>>,
+    security: Security,
 }
 
 impl fmt::Debug for RegistryNode {
@@ -136,7 +148,7 @@ impl RegistryNode {
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
-            NetworkFactory,
+            NetworkFactory::new(config.security.clone()),
             log,
             state_machine,
         )
@@ -166,6 +178,7 @@ impl RegistryNode {
             reader,
             leadership,
             members: Arc::new(config.members),
+            security: config.security,
         })
     }
 
@@ -189,9 +202,15 @@ impl RegistryNode {
         &self.members
     }
 
-    /// The service that answers peers' raft traffic; add it to this member's tonic server.
-    pub fn raft_service(&self) -> RaftServer<RaftService> {
-        RaftService::new(self.raft.clone()).into_server()
+    /// The service that answers peers' raft traffic, taking it from master certificates
+    /// only; add it to this member's tonic server.
+    pub fn raft_service(&self) -> Guarded<RaftServer<RaftService>> {
+        Guarded::new(
+            RaftService::new(self.raft.clone()).into_server(),
+            Rules::new(Requirement::Certificate(&[Role::Master])),
+            &self.security,
+            Arc::new(NoTokens),
+        )
     }
 
     /// Follows who leads. Changes when the leader or the term changes.

@@ -14,6 +14,8 @@ use muster_registry::{
     Op, Outcome, Registrar, RegistrarMsg, RegistrarStats, RegistryConfig, RegistryError,
     RegistryNode,
 };
+use muster_security::Role;
+use muster_security::testing::TestPki;
 use tokio::time::{Instant, timeout};
 use tonic::service::Routes;
 
@@ -33,7 +35,8 @@ impl Member {
 }
 
 fn config(id: NodeId, members: &BTreeMap<NodeId, String>, dir: &Path) -> RegistryConfig {
-    let mut config = RegistryConfig::single(id, "unused", dir.join(format!("m{id}")));
+    let security = TestPki::shared().security(Role::Master, &format!("master-{id}"));
+    let mut config = RegistryConfig::single(id, "unused", dir.join(format!("m{id}")), security);
     config.members = members.clone();
     config.heartbeat_interval = Duration::from_millis(50);
     config.election_timeout = (Duration::from_millis(200), Duration::from_millis(400));
@@ -46,6 +49,7 @@ fn config(id: NodeId, members: &BTreeMap<NodeId, String>, dir: &Path) -> Registr
 /// store have let go).
 async fn start(system: &System, config: RegistryConfig) -> anyhow::Result<Member> {
     let address = config.members[&config.id].clone();
+    let node_config = NodeConfig::new(config.security.clone());
     let deadline = Instant::now() + DEADLINE;
     let registry = loop {
         match RegistryNode::start(config.clone()).await {
@@ -67,12 +71,7 @@ async fn start(system: &System, config: RegistryConfig) -> anyhow::Result<Member
         }
     };
     let routes = Routes::new(registry.raft_service());
-    let server = Node::serve(
-        system,
-        listener,
-        NodeConfig::new(muster_security::Security::Insecure),
-        routes,
-    )?;
+    let server = Node::serve(system, listener, node_config, routes)?;
     Ok(Member { registry, server })
 }
 
@@ -291,6 +290,74 @@ async fn a_member_restarted_from_disk_keeps_what_it_applied() -> anyhow::Result<
     assert_eq!(jobs["web"].version, 1);
     assert_eq!(evals[&eval.id].job, "web");
     assert!(evals[&eval.id].create_index > 0);
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    Ok(())
+}
+
+/// A forged raft `Vote` with a higher term, as would make a leader step down.
+fn forged_vote(term: u64) -> muster_proto::registry::RaftPayload {
+    let vote: openraft::raft::VoteRequest<NodeId> = openraft::raft::VoteRequest {
+        vote: openraft::Vote::new(term, 99),
+        last_log_id: None,
+    };
+    muster_proto::registry::RaftPayload {
+        json: serde_json::to_vec(&vote).unwrap_or_default().into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raft_is_served_to_master_certificates_only() -> anyhow::Result<()> {
+    use muster_proto::registry::raft_client::RaftClient;
+    use muster_security::Security;
+
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let addresses = free_addresses(3).await?;
+    let mut members = BTreeMap::new();
+    for id in addresses.keys() {
+        members.insert(
+            *id,
+            start(&system, config(*id, &addresses, dir.path())).await?,
+        );
+    }
+    let first = leader(&members).await?;
+    let term = members[&first].registry.leadership().borrow().term;
+    let target = format!("http://{}", addresses[&first]);
+
+    // An agent's and a client's certificate: refused by the guard, before raft sees it.
+    for role in [Role::Agent, Role::Client] {
+        let security = TestPki::shared().security(role, "intruder");
+        let endpoint = tonic::transport::Endpoint::from_shared(target.clone())?;
+        let (channel, _) = security.channel(endpoint, &[Role::Master]).await?;
+        let refused = RaftClient::new(channel)
+            .vote(forged_vote(term + 100))
+            .await
+            .expect_err("a vote from a non-master");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+        assert!(refused.message().contains(role.as_str()), "{refused:?}");
+    }
+    // Another CA's master certificate, and plaintext: no connection at all.
+    for security in [
+        TestPki::foreign().security(Role::Master, "master-1"),
+        Security::Insecure,
+    ] {
+        let endpoint = tonic::transport::Endpoint::from_shared(target.clone())?
+            .connect_timeout(Duration::from_secs(5));
+        let reached = match security.channel(endpoint, &[Role::Master]).await {
+            Err(_) => false,
+            Ok((channel, _)) => RaftClient::new(channel)
+                .vote(forged_vote(term + 100))
+                .await
+                .is_ok(),
+        };
+        assert!(!reached, "a stranger's vote reached raft");
+    }
+
+    // The leader kept its lead and its term.
+    assert_eq!(leader(&members).await?, first);
+    assert_eq!(members[&first].registry.leadership().borrow().term, term);
     for member in members.into_values() {
         member.stop().await;
     }
