@@ -19,6 +19,9 @@ pub enum ServiceError {
     /// No agent by that id: `NOT_FOUND`.
     #[error("unknown agent {0:?}")]
     UnknownAgent(String),
+    /// No ACL token with that accessor: `NOT_FOUND`.
+    #[error("no token with accessor {0:?}")]
+    UnknownToken(String),
     /// A request field is missing or wrong: `INVALID_ARGUMENT`.
     #[error("{message}")]
     InvalidArgument {
@@ -69,9 +72,9 @@ impl ServiceError {
 impl From<ServiceError> for Status {
     fn from(error: ServiceError) -> Status {
         match error {
-            ServiceError::UnknownJob(_) | ServiceError::UnknownAgent(_) => {
-                Status::not_found(error.to_string())
-            }
+            ServiceError::UnknownJob(_)
+            | ServiceError::UnknownAgent(_)
+            | ServiceError::UnknownToken(_) => Status::not_found(error.to_string()),
             ServiceError::InvalidArgument { message, .. } => Status::invalid_argument(message),
             ServiceError::NotLeader { leader } => protocol::not_leader(leader.as_deref()),
             ServiceError::FailedPrecondition(why) => Status::failed_precondition(why),

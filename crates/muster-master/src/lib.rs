@@ -22,6 +22,7 @@
 //! - [`SchedulingService`]: the broker and plan applier over gRPC, for workers in other
 //!   programs (their side: [`muster_scheduler::RemoteBackend`]).
 
+pub mod authorization;
 mod cluster;
 mod config;
 mod error;
@@ -36,9 +37,9 @@ mod workers;
 pub use config::{MasterConfig, Placement};
 pub use error::ServiceError;
 pub use master::{
-    AgentMsg, InternalMsg, Master, MasterMsg, OperatorMsg, SchedulingMsg, SchedulingPids,
+    AclMsg, AgentMsg, InternalMsg, Master, MasterMsg, OperatorMsg, SchedulingMsg, SchedulingPids,
 };
-pub use operator::OperatorService;
+pub use operator::{OperatorService, REDACTED};
 pub use scheduling_service::SchedulingService;
 pub use server::{MasterError, MasterServer};
 pub use workers::{LocalBackend, Workers};

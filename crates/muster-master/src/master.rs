@@ -43,6 +43,7 @@ use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::error::ServiceError;
 
+mod acl_tokens;
 mod arriving_agents;
 mod crash_loops;
 mod from_agents;
@@ -56,6 +57,7 @@ mod registry_writes;
 mod reregistration;
 mod tasks;
 
+pub use acl_tokens::AclMsg;
 pub use from_agents::AgentMsg;
 pub use from_operators::OperatorMsg;
 pub use from_scheduling::{SchedulingMsg, SchedulingPids};

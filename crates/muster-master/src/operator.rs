@@ -3,14 +3,47 @@
 //! `GetState` and `GetMetrics` answer on every master; the other calls are leader-only and a
 //! standby answers them as [`leader_hint`](crate::leader_hint) describes. Every failure maps to
 //! its status through [`ServiceError`].
+//!
+//! Who may call what is declared once, in [`authorization`](crate::authorization), and checked
+//! by the guard before a call reaches this service. A caller whose token does not grant
+//! reading secrets (policy `read`, `operate`) gets every environment value redacted.
 
 use muster_actor::Pid;
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_server::{Operator, OperatorServer};
 use tonic::{Request, Response, Status};
 
+use muster_proto::model as model_pb;
+use muster_security::{Caller, Permission};
+
 use crate::error::ServiceError;
-use crate::master::{Master, OperatorMsg};
+use crate::master::{AclMsg, Master, OperatorMsg};
+
+/// What a redacted environment value reads as.
+pub const REDACTED: &str = "<redacted>";
+
+/// Whether the call's caller may read environment values (true without the guard: an
+/// in-process call, or an insecure cluster's caller).
+fn reveals_env<T>(request: &Request<T>) -> bool {
+    request
+        .extensions()
+        .get::<Caller>()
+        .is_none_or(|caller| caller.may(Permission::ReadSecrets))
+}
+
+fn redact_task(task: &mut model_pb::Task) {
+    for value in task.env.values_mut() {
+        REDACTED.clone_into(value);
+    }
+}
+
+fn redact_job(job: &mut model_pb::Job) {
+    for group in &mut job.groups {
+        for value in group.env.values_mut() {
+            REDACTED.clone_into(value);
+        }
+    }
+}
 
 /// The tonic service; each call is an ask to the master process.
 #[derive(Clone, Debug)]
@@ -34,13 +67,22 @@ impl OperatorService {
 impl Operator for OperatorService {
     async fn get_state(
         &self,
-        _request: Request<pb::GetStateRequest>,
+        request: Request<pb::GetStateRequest>,
     ) -> Result<Response<pb::ClusterState>, Status> {
-        let state = self
+        let mut state = self
             .master
             .ask(|reply| OperatorMsg::GetState(reply).into())
             .await
             .map_err(ServiceError::from)?;
+        if !reveals_env(&request) {
+            for agent in &mut state.agents {
+                agent
+                    .tasks
+                    .iter_mut()
+                    .chain(agent.completed_tasks.iter_mut())
+                    .for_each(redact_task);
+            }
+        }
         Ok(Response::new(state))
     }
 
@@ -98,10 +140,69 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobStatusReply>, Status> {
+        let reveal = reveals_env(&request);
         let name = request.into_inner().name;
-        let reply = self
+        let mut reply = self
             .master
             .ask(|reply| OperatorMsg::JobStatus(name, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        if !reveal {
+            reply.job.iter_mut().for_each(redact_job);
+            reply
+                .tasks
+                .iter_mut()
+                .filter_map(|t| t.task.as_mut())
+                .for_each(redact_task);
+        }
+        Ok(Response::new(reply))
+    }
+
+    async fn acl_bootstrap(
+        &self,
+        _request: Request<pb::AclBootstrapRequest>,
+    ) -> Result<Response<pb::AclTokenSecret>, Status> {
+        let token = self
+            .master
+            .ask(|reply| OperatorMsg::Acl(AclMsg::Bootstrap(reply)).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(token))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::AclTokenSecret>, Status> {
+        let pb::CreateTokenRequest { name, policy } = request.into_inner();
+        let token = self
+            .master
+            .ask(|reply| OperatorMsg::Acl(AclMsg::Create(name, policy, reply)).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(token))
+    }
+
+    async fn list_tokens(
+        &self,
+        _request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::TokenList>, Status> {
+        let tokens = self
+            .master
+            .ask(|reply| OperatorMsg::Acl(AclMsg::List(reply)).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(tokens))
+    }
+
+    async fn delete_token(
+        &self,
+        request: Request<pb::DeleteTokenRequest>,
+    ) -> Result<Response<pb::DeleteTokenReply>, Status> {
+        let accessor = request.into_inner().accessor;
+        let reply = self
+            .master
+            .ask(|reply| OperatorMsg::Acl(AclMsg::Delete(accessor, reply)).into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))

@@ -6,12 +6,15 @@ use std::collections::BTreeMap;
 use muster_actor::{Node, NodeConfig, NodeError, Pid, System};
 use muster_proto::cluster as pb;
 use muster_registry::{RegistryConfig, RegistryError, RegistryNode};
-use muster_security::Role;
+use std::sync::Arc;
+
+use muster_security::{Guarded, Role, TokenSource};
 use tonic::service::Routes;
 
 /// Who may send the master's agent-facing messages: agent certificates only.
 const AGENTS: &[Role] = &[Role::Agent];
 
+use crate::authorization::{operator_rules, scheduling_rules};
 use crate::config::{MasterConfig, Placement};
 use crate::master::{AgentMsg, InternalMsg, Master, SchedulingMsg};
 use crate::operator::OperatorService;
@@ -104,9 +107,22 @@ impl MasterServer {
             .await
             .map_err(|e| MasterError::Config(format!("the master process did not start: {e}")))?;
         let backend = LocalBackend::new(master.clone(), scheduling.broker);
+        // Each service behind its guard, with the rules of `authorization.rs`; tokens are
+        // the registry's applied ones.
+        let tokens: Arc<dyn TokenSource> = Arc::new(registry.reader().clone());
         let routes = Routes::new(registry.raft_service())
-            .add_service(OperatorService::new(master.clone()).into_server())
-            .add_service(SchedulingService::new(backend.clone(), address.clone()).into_server());
+            .add_service(Guarded::new(
+                OperatorService::new(master.clone()).into_server(),
+                operator_rules(),
+                &security,
+                Arc::clone(&tokens),
+            ))
+            .add_service(Guarded::new(
+                SchedulingService::new(backend.clone(), address.clone()).into_server(),
+                scheduling_rules(),
+                &security,
+                tokens,
+            ));
         let node = Node::serve(&system, listener, NodeConfig::new(security.clone()), routes)?;
         // Only fails if the master already ended, which `start` would have no way to cause.
         let _ = master.tell(InternalMsg::UseNode(node.clone()).into());

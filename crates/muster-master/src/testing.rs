@@ -39,3 +39,65 @@ pub async fn operator(address: &str, token: Option<&TokenSecret>) -> anyhow::Res
         WithToken::new(token)?,
     ))
 }
+
+/// How long [`bootstrap`] keeps trying while the cluster elects a leader.
+const BOOTSTRAP_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Bootstraps the ACL system of the cluster at `address` (any master: a standby's answer leads
+/// to the leader) and returns the management token. Retries while no leader is known.
+///
+/// # Errors
+/// The cluster did not answer in time, or was bootstrapped already.
+pub async fn bootstrap(address: &str) -> anyhow::Result<TokenSecret> {
+    let deadline = tokio::time::Instant::now() + BOOTSTRAP_DEADLINE;
+    let mut target = address.to_owned();
+    loop {
+        let status = match operator(&target, None).await {
+            Ok(mut client) => {
+                match client
+                    .acl_bootstrap(muster_proto::cluster::AclBootstrapRequest {})
+                    .await
+                {
+                    Ok(token) => return Ok(TokenSecret::new(token.into_inner().secret)),
+                    Err(status) => Some(status),
+                }
+            }
+            Err(_) => None,
+        };
+        if let Some(status) = &status {
+            if status.code() == tonic::Code::FailedPrecondition
+                && status.message().contains("already bootstrapped")
+            {
+                anyhow::bail!("{}", status.message());
+            }
+            if let Some(leader) = muster_scheduler::protocol::leader_hint(status) {
+                target = leader;
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("the cluster at {address} did not bootstrap its ACLs: {status:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// A new token of `policy` (`read`, `submit`, ...) named `name`, made with `management` at
+/// the leading master `address`.
+///
+/// # Errors
+/// The master refused or could not be reached.
+pub async fn create_token(
+    address: &str,
+    management: &TokenSecret,
+    name: &str,
+    policy: &str,
+) -> anyhow::Result<TokenSecret> {
+    let token = operator(address, Some(management))
+        .await?
+        .create_token(muster_proto::cluster::CreateTokenRequest {
+            name: name.into(),
+            policy: policy.into(),
+        })
+        .await?;
+    Ok(TokenSecret::new(token.into_inner().secret))
+}

@@ -8,6 +8,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde::{Deserialize, Serialize};
 
 use muster_model::{AgentId, AgentInfo, EvalId, EvalStatus, Evaluation, Job, UnreachableAgent};
+use muster_security::{AclToken, TokenTable};
 
 use crate::types::{Op, OpError, Outcome};
 
@@ -35,6 +36,13 @@ pub struct RegistryState {
     /// `evals`, never stored.
     #[serde(skip)]
     ended: BTreeMap<String, BTreeSet<EndedKey>>,
+    /// Whether the first management token was stored (`muster acl bootstrap`, once).
+    pub acl_bootstrapped: bool,
+    /// ACL tokens by accessor; only their secrets' hashes.
+    pub tokens: BTreeMap<String, AclToken>,
+    /// The tokens by secret hash, for authenticating calls. Derived from `tokens`.
+    #[serde(skip)]
+    token_table: TokenTable,
 }
 
 /// Orders a job's ended evaluations: by the entry that ended them, then by age.
@@ -62,6 +70,10 @@ struct Contents {
     jobs: BTreeMap<String, Job>,
     #[serde(default)]
     evals: BTreeMap<EvalId, Evaluation>,
+    #[serde(default)]
+    acl_bootstrapped: bool,
+    #[serde(default)]
+    tokens: BTreeMap<String, AclToken>,
 }
 
 impl From<Contents> for RegistryState {
@@ -73,6 +85,9 @@ impl From<Contents> for RegistryState {
             jobs: contents.jobs,
             evals: contents.evals,
             ended: BTreeMap::new(),
+            token_table: TokenTable::new(contents.tokens.values().cloned()),
+            acl_bootstrapped: contents.acl_bootstrapped,
+            tokens: contents.tokens,
         };
         state.index_ended();
         state
@@ -80,6 +95,11 @@ impl From<Contents> for RegistryState {
 }
 
 impl RegistryState {
+    /// The tokens by secret hash, as applied: what API calls are authenticated against.
+    pub fn token_table(&self) -> &TokenTable {
+        &self.token_table
+    }
+
     /// Rebuilds the index of ended evaluations from `evals`, after loading them.
     pub(crate) fn index_ended(&mut self) {
         self.ended.clear();
@@ -123,6 +143,13 @@ impl RegistryState {
             };
             self.evals.remove(&oldest);
         }
+    }
+
+    fn put_token(&mut self, token: AclToken) {
+        if let Some(old) = self.tokens.insert(token.accessor.clone(), token.clone()) {
+            self.token_table.remove(&old.secret_hash);
+        }
+        self.token_table.insert(token);
     }
 
     #[cfg(test)]
@@ -214,6 +241,26 @@ impl RegistryState {
             Op::Together(ops) => Ok(Outcome::Together(
                 ops.into_iter().map(|op| self.apply(op, index)).collect(),
             )),
+            Op::BootstrapAcl(token) => {
+                if self.acl_bootstrapped {
+                    return Err(OpError::AclAlreadyBootstrapped);
+                }
+                self.acl_bootstrapped = true;
+                self.put_token(token);
+                Ok(Outcome::TokenStored)
+            }
+            Op::CreateToken(token) => {
+                self.put_token(token);
+                Ok(Outcome::TokenStored)
+            }
+            Op::DeleteToken { accessor } => {
+                let token = self
+                    .tokens
+                    .remove(&accessor)
+                    .ok_or(OpError::UnknownToken(accessor))?;
+                self.token_table.remove(&token.secret_hash);
+                Ok(Outcome::TokenDeleted)
+            }
         }
     }
 }
@@ -503,5 +550,71 @@ mod tests {
         );
         assert_eq!(spec_versions(&mut state, job), pairs(&[("a", 1), ("b", 1)]));
         assert_eq!(state.jobs["web"].version, 4);
+    }
+
+    fn token(name: &str, secret: &muster_security::TokenSecret) -> AclToken {
+        AclToken {
+            accessor: format!("acc-{name}"),
+            name: name.into(),
+            policy: muster_security::Policy::Submit,
+            secret_hash: secret.hash(),
+            created_ms: 1,
+        }
+    }
+
+    #[test]
+    fn acl_bootstraps_once_and_tokens_authenticate_until_deleted() {
+        use muster_security::TokenSecret;
+        let mut state = RegistryState::default();
+        let root = TokenSecret::new("root-secret");
+        let ci = TokenSecret::new("ci-secret");
+        assert_eq!(
+            state.apply_at(Op::BootstrapAcl(token("root", &root))),
+            Ok(Outcome::TokenStored)
+        );
+        assert_eq!(
+            state.apply_at(Op::BootstrapAcl(token("again", &ci))),
+            Err(OpError::AclAlreadyBootstrapped)
+        );
+        assert!(state.token_table().authenticate(&ci).is_none());
+        state
+            .apply_at(Op::CreateToken(token("ci", &ci)))
+            .expect("created");
+        assert_eq!(
+            state
+                .token_table()
+                .authenticate(&ci)
+                .map(|t| t.name.as_str()),
+            Some("ci")
+        );
+
+        // Tokens and the bootstrap survive a snapshot; the secrets never were in it.
+        let json = serde_json::to_string(&state).expect("encode");
+        assert!(!json.contains("ci-secret"), "{json}");
+        let mut back: RegistryState = serde_json::from_str(&json).expect("decode");
+        assert_eq!(back, state);
+        assert!(back.token_table().authenticate(&root).is_some());
+
+        assert_eq!(
+            back.apply_at(Op::DeleteToken {
+                accessor: "acc-ci".into()
+            }),
+            Ok(Outcome::TokenDeleted)
+        );
+        assert!(back.token_table().authenticate(&ci).is_none());
+        assert_eq!(
+            back.apply_at(Op::DeleteToken {
+                accessor: "acc-ci".into()
+            }),
+            Err(OpError::UnknownToken("acc-ci".into()))
+        );
+    }
+
+    #[test]
+    fn a_state_stored_before_acls_loads_without_tokens() {
+        let json = r#"{"agents":{},"unreachable":{},"last_agent_number":3}"#;
+        let state: RegistryState = serde_json::from_str(json).expect("decode");
+        assert!(!state.acl_bootstrapped);
+        assert!(state.tokens.is_empty());
     }
 }

@@ -6,6 +6,7 @@ use std::io::Cursor; // `declare_raft_types!` names `Cursor` unqualified.
 use serde::{Deserialize, Serialize};
 
 use muster_model::{AgentId, AgentInfo, EvalId, EvalStatus, Evaluation, Job};
+use muster_security::AclToken;
 
 openraft::declare_raft_types!(
     /// openraft's type configuration for the registry: a raft entry carries a [`Batch`] of
@@ -63,6 +64,15 @@ pub enum Op {
     /// Several operations applied in order in the same raft entry (a job and its
     /// evaluation; an agent marked unreachable and the evaluations that follow).
     Together(Vec<Op>),
+    /// Store the first management token; refused once the ACL system is bootstrapped.
+    BootstrapAcl(AclToken),
+    /// Store a new token.
+    CreateToken(AclToken),
+    /// Delete the token with this accessor.
+    DeleteToken {
+        /// Its public id.
+        accessor: String,
+    },
 }
 
 /// What one [`Op`] did.
@@ -85,6 +95,10 @@ pub enum Outcome {
     EvalsStored(usize),
     /// The results of a [`Op::Together`], in order.
     Together(Vec<Result<Outcome, OpError>>),
+    /// The token is stored.
+    TokenStored,
+    /// The token is deleted.
+    TokenDeleted,
 }
 
 /// Why an [`Op`] changed nothing.
@@ -96,6 +110,12 @@ pub enum OpError {
     /// The applied entry carried fewer results than operations (a registry bug).
     #[error("the registry returned no result for this operation")]
     MissingResult,
+    /// The ACL system has its first management token already.
+    #[error("ACL already bootstrapped")]
+    AclAlreadyBootstrapped,
+    /// No token has this accessor.
+    #[error("no token with accessor {0:?}")]
+    UnknownToken(String),
 }
 
 /// The operations of one raft entry. Operations queued while a write is in flight travel

@@ -245,6 +245,16 @@ impl TokenTable {
             .filter(|t| bool::from(t.secret_hash.as_bytes().ct_eq(hash.as_bytes())))
     }
 
+    /// Adds `token` (replacing one with the same secret).
+    pub fn insert(&mut self, token: AclToken) {
+        self.by_hash.insert(token.secret_hash.clone(), token);
+    }
+
+    /// Removes the token whose secret hashes to `secret_hash`.
+    pub fn remove(&mut self, secret_hash: &str) -> Option<AclToken> {
+        self.by_hash.remove(secret_hash)
+    }
+
     /// How many tokens there are.
     pub fn len(&self) -> usize {
         self.by_hash.len()

@@ -12,6 +12,7 @@ use muster_proto::model as model_pb;
 use muster_registry::{Op, Outcome, RegistrarMsg, RegistrarStats, WriteError};
 
 use super::Master;
+use super::acl_tokens::AclMsg;
 use super::leadership::Role;
 use super::tasks::task_job;
 use crate::error::ServiceError;
@@ -35,6 +36,8 @@ pub enum OperatorMsg {
     StopJob(String, Reply<Result<pb::SubmitJobReply, ServiceError>>),
     /// A job, its tasks and evaluations.
     JobStatus(String, Reply<Result<pb::JobStatusReply, ServiceError>>),
+    /// Manage ACL tokens.
+    Acl(AclMsg),
 }
 
 impl OperatorMsg {
@@ -51,6 +54,7 @@ impl OperatorMsg {
                 reply.send(Err(error));
             }
             OperatorMsg::JobStatus(_, reply) => reply.send(Err(error)),
+            OperatorMsg::Acl(msg) => msg.refuse(error),
             OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) => {}
         }
     }
@@ -65,6 +69,7 @@ impl Master {
             OperatorMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
             OperatorMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
             OperatorMsg::JobStatus(name, reply) => reply.send(self.job_status(&name)),
+            OperatorMsg::Acl(msg) => self.on_acl(msg, ctx),
         }
     }
 

@@ -371,3 +371,14 @@ mod tests {
         );
     }
 }
+
+/// API calls are authenticated against the applied tokens: a token deleted is refused on a
+/// master as soon as the deletion applies there.
+impl muster_security::TokenSource for RegistryReader {
+    fn authenticate(
+        &self,
+        secret: &muster_security::TokenSecret,
+    ) -> Option<muster_security::AclToken> {
+        self.read(|state| state.token_table().authenticate(secret).cloned())
+    }
+}

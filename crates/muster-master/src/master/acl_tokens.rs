@@ -1,0 +1,164 @@
+//! ACL tokens, as operators manage them: bootstrap, create, list, delete. Each change is a
+//! registry write; the guard in front of the APIs reads the applied tokens.
+
+use muster_actor::{Context, Reply};
+use muster_proto::cluster as pb;
+use muster_registry::{Op, OpError, Outcome};
+use muster_security::acl::new_accessor;
+use muster_security::{AclToken, Policy, TokenSecret};
+
+use super::Master;
+use super::registry_writes::{now_ms, write_registry};
+use crate::error::ServiceError;
+use crate::master::leadership::Role;
+
+/// What operators ask of the ACL system.
+#[derive(Debug)]
+pub enum AclMsg {
+    /// The first management token, once per cluster.
+    Bootstrap(Reply<Result<pb::AclTokenSecret, ServiceError>>),
+    /// A new token with a name and a policy (`read`, ...).
+    Create(
+        String,
+        String,
+        Reply<Result<pb::AclTokenSecret, ServiceError>>,
+    ),
+    /// Every token, without secrets.
+    List(Reply<Result<pb::TokenList, ServiceError>>),
+    /// Delete the token with this accessor.
+    Delete(String, Reply<Result<pb::DeleteTokenReply, ServiceError>>),
+}
+
+impl AclMsg {
+    /// Answers the request with `error`.
+    pub(super) fn refuse(self, error: ServiceError) {
+        match self {
+            AclMsg::Bootstrap(reply) | AclMsg::Create(_, _, reply) => reply.send(Err(error)),
+            AclMsg::List(reply) => reply.send(Err(error)),
+            AclMsg::Delete(_, reply) => reply.send(Err(error)),
+        }
+    }
+}
+
+/// A new token of `policy` named `name`, and its secret.
+fn new_token(name: String, policy: Policy) -> Result<(AclToken, TokenSecret), ServiceError> {
+    let unavailable = |_| ServiceError::Unavailable("the system's random source failed".into());
+    let secret = TokenSecret::generate().map_err(unavailable)?;
+    let token = AclToken {
+        accessor: new_accessor().map_err(unavailable)?,
+        name,
+        policy,
+        secret_hash: secret.hash(),
+        created_ms: now_ms(),
+    };
+    Ok((token, secret))
+}
+
+fn shown(token: &AclToken, secret: &TokenSecret) -> pb::AclTokenSecret {
+    pb::AclTokenSecret {
+        accessor: token.accessor.clone(),
+        name: token.name.clone(),
+        policy: token.policy.to_string(),
+        secret: secret.expose().to_owned(),
+    }
+}
+
+/// A registry write's outcome as the API answers it.
+fn written(
+    written: Result<Result<Outcome, muster_registry::WriteError>, muster_actor::AskError>,
+) -> Result<Outcome, ServiceError> {
+    match written {
+        Ok(Ok(outcome)) => Ok(outcome),
+        Ok(Err(muster_registry::WriteError::Rejected(OpError::AclAlreadyBootstrapped))) => Err(
+            ServiceError::FailedPrecondition("ACL already bootstrapped".into()),
+        ),
+        Ok(Err(muster_registry::WriteError::Rejected(OpError::UnknownToken(accessor)))) => {
+            Err(ServiceError::UnknownToken(accessor))
+        }
+        Ok(Err(muster_registry::WriteError::NotLeader { leader })) => {
+            Err(ServiceError::not_leader(leader.map(|(_, address)| address)))
+        }
+        Ok(Err(e)) => Err(ServiceError::Unavailable(format!(
+            "registry write failed: {e}"
+        ))),
+        Err(e) => Err(ServiceError::Unavailable(format!(
+            "registrar unavailable: {e}"
+        ))),
+    }
+}
+
+impl Master {
+    pub(super) fn on_acl(&mut self, msg: AclMsg, ctx: &mut Context<Self>) {
+        let Role::Leading { registrar, .. } = &self.role else {
+            return msg.refuse(self.not_leading());
+        };
+        let registrar = registrar.clone();
+        match msg {
+            AclMsg::Bootstrap(reply) => {
+                let (token, secret) = match new_token("bootstrap".into(), Policy::Management) {
+                    Ok(made) => made,
+                    Err(e) => return reply.send(Err(e)),
+                };
+                let write = write_registry(&registrar, Op::BootstrapAcl(token.clone()));
+                ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
+                    let answer = written(outcome).map(|_| shown(&token, &secret));
+                    if answer.is_ok() {
+                        tracing::info!(accessor = %token.accessor, "ACL bootstrapped");
+                    }
+                    reply.send(answer);
+                });
+            }
+            AclMsg::Create(name, policy, reply) => {
+                let policy = match policy.parse::<Policy>() {
+                    Ok(policy) => policy,
+                    Err(e) => {
+                        return reply.send(Err(ServiceError::InvalidArgument {
+                            field: "policy".into(),
+                            message: e.to_string(),
+                        }));
+                    }
+                };
+                if name.trim().is_empty() {
+                    return reply.send(Err(ServiceError::InvalidArgument {
+                        field: "name".into(),
+                        message: "a token needs a name".into(),
+                    }));
+                }
+                let (token, secret) = match new_token(name, policy) {
+                    Ok(made) => made,
+                    Err(e) => return reply.send(Err(e)),
+                };
+                let write = write_registry(&registrar, Op::CreateToken(token.clone()));
+                ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
+                    let answer = written(outcome).map(|_| shown(&token, &secret));
+                    if answer.is_ok() {
+                        tracing::info!(accessor = %token.accessor, name = %token.name,
+                            policy = %token.policy, "token created");
+                    }
+                    reply.send(answer);
+                });
+            }
+            AclMsg::List(reply) => {
+                let tokens = self.registry.reader().read(|state| {
+                    state
+                        .tokens
+                        .values()
+                        .map(|t| pb::AclTokenInfo {
+                            accessor: t.accessor.clone(),
+                            name: t.name.clone(),
+                            policy: t.policy.to_string(),
+                            created_ms: t.created_ms,
+                        })
+                        .collect()
+                });
+                reply.send(Ok(pb::TokenList { tokens }));
+            }
+            AclMsg::Delete(accessor, reply) => {
+                let write = write_registry(&registrar, Op::DeleteToken { accessor });
+                ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
+                    reply.send(written(outcome).map(|_| pb::DeleteTokenReply {}));
+                });
+            }
+        }
+    }
+}

@@ -1,0 +1,248 @@
+//! ACL tokens on a real master over TLS: bootstrap once, no token no access, each policy
+//! grants what its name says, environments are redacted for readers, a deleted token is
+//! refused, and secrets are never listed.
+
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use muster_master::testing::{self, bootstrap, create_token, operator};
+use muster_master::{MasterConfig, MasterServer, REDACTED};
+use muster_proto::cluster as pb;
+use muster_proto::cluster::operator_client::OperatorClient;
+use muster_proto::model as model_pb;
+use muster_security::guard::WithToken;
+use muster_security::testing::TestPki;
+use muster_security::{Role, Security, TokenSecret};
+use tonic::Code;
+
+async fn master(dir: &std::path::Path) -> anyhow::Result<MasterServer> {
+    Ok(MasterServer::start(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.join("master"),
+        workers: 0,
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+    })
+    .await?)
+}
+
+fn job() -> model_pb::Job {
+    model_pb::Job {
+        name: "shop".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        priority: 50,
+        groups: vec![model_pb::TaskGroup {
+            name: "web".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 0.1,
+                mem_mb: 16,
+            }),
+            command: "true".into(),
+            env: [("DB_PASSWORD".to_owned(), "hunter2".to_owned())].into(),
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    }
+}
+
+fn submit(job: model_pb::Job) -> pb::SubmitJobRequest {
+    pb::SubmitJobRequest { job: Some(job) }
+}
+
+fn status(name: &str) -> pb::JobStatusRequest {
+    pb::JobStatusRequest { name: name.into() }
+}
+
+fn env_of(reply: &pb::JobStatusReply) -> Option<String> {
+    reply
+        .job
+        .as_ref()?
+        .groups
+        .first()?
+        .env
+        .get("DB_PASSWORD")
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_and_policies_decide_every_call() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = master(dir.path()).await?;
+    let address = master.address().to_owned();
+
+    // No token at all: refused, saying how to give one.
+    let mut anonymous = operator(&address, None).await?;
+    let refused = anonymous
+        .submit_job(submit(job()))
+        .await
+        .expect_err("no token");
+    ensure!(refused.code() == Code::Unauthenticated, "{refused:?}");
+    ensure!(
+        refused.message() == "no token; set MUSTER_TOKEN or --token",
+        "{refused:?}"
+    );
+
+    // Bootstrap: once.
+    let root = bootstrap(&address).await?;
+    let again = anonymous
+        .acl_bootstrap(pb::AclBootstrapRequest {})
+        .await
+        .expect_err("a second bootstrap");
+    ensure!(again.code() == Code::FailedPrecondition, "{again:?}");
+    ensure!(
+        again.message().contains("ACL already bootstrapped"),
+        "{again:?}"
+    );
+
+    let reader = create_token(&address, &root, "ci", "read").await?;
+    let submitter = create_token(&address, &root, "deploy", "submit").await?;
+
+    // A reader cannot submit; the error names its policy and what is needed.
+    let refused = operator(&address, Some(&reader))
+        .await?
+        .submit_job(submit(job()))
+        .await
+        .expect_err("read submits");
+    ensure!(refused.code() == Code::PermissionDenied, "{refused:?}");
+    ensure!(
+        refused.message() == "token \"ci\" has policy read; submitting needs submit",
+        "{refused:?}"
+    );
+
+    // A submitter can, and sees the environment; a reader sees it redacted.
+    operator(&address, Some(&submitter))
+        .await?
+        .submit_job(submit(job()))
+        .await?;
+    let full = operator(&address, Some(&submitter))
+        .await?
+        .job_status(status("shop"))
+        .await?
+        .into_inner();
+    ensure!(env_of(&full).as_deref() == Some("hunter2"), "{full:?}");
+    let redacted = operator(&address, Some(&reader))
+        .await?
+        .job_status(status("shop"))
+        .await?
+        .into_inner();
+    ensure!(
+        env_of(&redacted).as_deref() == Some(REDACTED),
+        "{redacted:?}"
+    );
+
+    // Only management manages tokens; an unknown policy is named.
+    let refused = operator(&address, Some(&submitter))
+        .await?
+        .list_tokens(pb::ListTokensRequest {})
+        .await
+        .expect_err("submit lists tokens");
+    ensure!(refused.code() == Code::PermissionDenied, "{refused:?}");
+    let bad = operator(&address, Some(&root))
+        .await?
+        .create_token(pb::CreateTokenRequest {
+            name: "x".into(),
+            policy: "admin".into(),
+        })
+        .await
+        .expect_err("unknown policy");
+    ensure!(bad.code() == Code::InvalidArgument, "{bad:?}");
+    ensure!(bad.message().contains("\"admin\""), "{bad:?}");
+
+    // Listed without secrets or hashes.
+    let listed = operator(&address, Some(&root))
+        .await?
+        .list_tokens(pb::ListTokensRequest {})
+        .await?
+        .into_inner();
+    ensure!(listed.tokens.len() == 3, "{listed:?}");
+    let text = format!("{listed:?}");
+    for secret in [&root, &reader, &submitter] {
+        ensure!(!text.contains(secret.expose()), "a secret is listed");
+        ensure!(!text.contains(&secret.hash()), "a hash is listed");
+    }
+
+    // A deleted token is refused from then on.
+    let ci = listed
+        .tokens
+        .iter()
+        .find(|t| t.name == "ci")
+        .context("ci listed")?;
+    operator(&address, Some(&root))
+        .await?
+        .delete_token(pb::DeleteTokenRequest {
+            accessor: ci.accessor.clone(),
+        })
+        .await?;
+    let refused = operator(&address, Some(&reader))
+        .await?
+        .get_state(pb::GetStateRequest {})
+        .await
+        .expect_err("a deleted token");
+    ensure!(refused.code() == Code::Unauthenticated, "{refused:?}");
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_apis_take_client_certificates_only() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = master(dir.path()).await?;
+    let address = master.address().to_owned();
+    let root = bootstrap(&address).await?;
+
+    // An agent's certificate with a management token: still refused.
+    let agent = TestPki::shared().security(Role::Agent, "agent-1");
+    let channel = testing::channel(&address, &agent).await?;
+    let mut client = OperatorClient::with_interceptor(channel, WithToken::new(Some(&root))?);
+    let refused = client
+        .submit_job(submit(job()))
+        .await
+        .expect_err("an agent certificate");
+    ensure!(refused.code() == Code::PermissionDenied, "{refused:?}");
+    ensure!(refused.message().contains("agent"), "{refused:?}");
+
+    // Plaintext and another CA's client: no connection; the master serves others after.
+    for stranger in [
+        Security::Insecure,
+        TestPki::foreign().security(Role::Client, "cli"),
+    ] {
+        let reached = match testing::channel(&address, &stranger).await {
+            Err(_) => false,
+            Ok(channel) => OperatorClient::with_interceptor(channel, WithToken::new(Some(&root))?)
+                .get_state(pb::GetStateRequest {})
+                .await
+                .is_ok(),
+        };
+        ensure!(!reached, "a stranger reached the API");
+    }
+    let state = tokio::time::timeout(
+        Duration::from_secs(10),
+        operator(&address, Some(&root))
+            .await?
+            .get_state(pb::GetStateRequest {}),
+    )
+    .await??
+    .into_inner();
+    ensure!(state.is_leader && !state.insecure, "{state:?}");
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_token_is_refused_without_reaching_the_master() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = master(dir.path()).await?;
+    let address = master.address().to_owned();
+    bootstrap(&address).await?;
+    let guess = TokenSecret::new("0".repeat(64));
+    match operator(&address, Some(&guess))
+        .await?
+        .get_state(pb::GetStateRequest {})
+        .await
+    {
+        Err(status) if status.code() == Code::Unauthenticated => {}
+        other => bail!("a guessed token was taken: {other:?}"),
+    }
+    master.shutdown().await;
+    Ok(())
+}
