@@ -14,6 +14,7 @@ use common::{binary, spawn_listening};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
 use muster_security::Role;
+use muster_security::TokenSecret;
 use muster_security::testing::TestPki;
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
@@ -63,6 +64,7 @@ async fn free_ports(n: usize) -> anyhow::Result<Vec<String>> {
 /// Asks each master for the cluster state and returns the leader's, once `done` holds there.
 async fn leader_state_when(
     addresses: &[String],
+    token: &TokenSecret,
     what: &str,
     done: impl Fn(&pb::ClusterState) -> bool,
 ) -> anyhow::Result<(usize, pb::ClusterState)> {
@@ -70,7 +72,8 @@ async fn leader_state_when(
     let mut last = None;
     loop {
         for (index, address) in addresses.iter().enumerate() {
-            let Ok(mut client) = muster_master::testing::operator(address, None).await else {
+            let Ok(mut client) = muster_master::testing::operator(address, Some(token)).await
+            else {
                 continue;
             };
             if let Ok(state) = client.get_state(pb::GetStateRequest {}).await {
@@ -110,6 +113,7 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
     for index in 0..3 {
         masters.start(index).await?;
     }
+    let root = muster_master::testing::bootstrap(&masters.addresses[0]).await?;
 
     let mut agents = Vec::new();
     for n in 0..5 {
@@ -128,14 +132,16 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
         agents.push(spawn_listening(command, &format!("agent {n}")).await?);
     }
 
-    let (leader, state) = leader_state_when(&masters.addresses, "5 agents registering", |s| {
-        s.agents.len() == 5 && s.agents.iter().all(|a| a.connected)
-    })
-    .await?;
+    let (leader, state) =
+        leader_state_when(&masters.addresses, &root, "5 agents registering", |s| {
+            s.agents.len() == 5 && s.agents.iter().all(|a| a.connected)
+        })
+        .await?;
     let admitted: Vec<String> = state.agents.iter().map(|a| a.id.clone()).collect();
 
     // One long task per agent, so there is something to rebuild.
-    let mut client = muster_master::testing::operator(&masters.addresses[leader], None).await?;
+    let mut client =
+        muster_master::testing::operator(&masters.addresses[leader], Some(&root)).await?;
     for (n, agent) in admitted.iter().enumerate() {
         client
             .launch_task(pb::LaunchTaskRequest {
@@ -154,9 +160,11 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
             .await
             .with_context(|| format!("launching a task on {agent}"))?;
     }
-    let mut leader = leader_state_when(&masters.addresses, "tasks running", |s| all_back(s, 5))
-        .await?
-        .0;
+    let mut leader = leader_state_when(&masters.addresses, &root, "tasks running", |s| {
+        all_back(s, 5)
+    })
+    .await?
+    .0;
 
     for round in 1..=3 {
         let mut killed = masters.children[leader].take().context("leader process")?;
@@ -164,6 +172,7 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
         killed.wait().await?;
         let (new_leader, state) = leader_state_when(
             &masters.addresses,
+            &root,
             &format!("round {round}: a new leader with every agent back"),
             |s| !s.recovering && all_back(s, 5),
         )

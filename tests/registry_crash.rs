@@ -12,6 +12,7 @@ use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::proto::model as model_pb;
 use muster_security::Role;
+use muster_security::TokenSecret;
 use muster_security::testing::TestPki;
 use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
@@ -82,10 +83,13 @@ async fn register_until_killed(
     }
 }
 
-async fn admitted_after_restart(address: &str) -> anyhow::Result<BTreeSet<String>> {
+async fn admitted_after_restart(
+    address: &str,
+    token: &TokenSecret,
+) -> anyhow::Result<BTreeSet<String>> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        if let Ok(mut client) = muster_master::testing::operator(address, None).await
+        if let Ok(mut client) = muster_master::testing::operator(address, Some(token)).await
             && let Ok(state) = client.get_state(pb::GetStateRequest {}).await
         {
             let state = state.into_inner();
@@ -116,10 +120,16 @@ async fn acknowledged_registry_writes_survive_twenty_sigkills() -> anyhow::Resul
     let master: Upid = format!("master@{address}").parse()?;
     let system = System::new();
     let mut acknowledged = BTreeSet::new();
+    let mut root = None;
 
     for round in 1..=ROUNDS {
         let mut child = start_master(&address, &data_dir).await?;
-        let recovered = admitted_after_restart(&address).await?;
+        // The management token, bootstrapped once, must survive every SIGKILL too.
+        let token = match &root {
+            Some(token) => token,
+            None => root.insert(muster_master::testing::bootstrap(&address).await?),
+        };
+        let recovered = admitted_after_restart(&address, token).await?;
         let lost: Vec<&String> = acknowledged.difference(&recovered).collect();
         assert!(
             lost.is_empty(),
@@ -163,7 +173,8 @@ async fn acknowledged_registry_writes_survive_twenty_sigkills() -> anyhow::Resul
     }
 
     let child = start_master(&address, &data_dir).await?;
-    let recovered = admitted_after_restart(&address).await?;
+    let token = root.context("no round ran")?;
+    let recovered = admitted_after_restart(&address, &token).await?;
     let lost: Vec<&String> = acknowledged.difference(&recovered).collect();
     assert!(lost.is_empty(), "acknowledged registrations lost: {lost:?}");
     assert!(acknowledged.len() >= ROUNDS * 10);

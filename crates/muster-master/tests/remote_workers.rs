@@ -20,6 +20,8 @@ use muster_proto::scheduling::scheduling_client::SchedulingClient;
 use muster_scheduler::protocol::leader_hint;
 use muster_scheduler::{RemoteBackend, Worker, WorkerConfig, WorkerStats};
 use muster_security::Role;
+use muster_security::TokenSecret;
+use muster_security::guard::WithToken;
 use muster_security::testing::TestPki;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -65,6 +67,12 @@ async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
 }
 
 /// An address nothing listens on.
+/// Bootstraps the ACLs of the master at `address` and makes a `schedule` token for workers.
+async fn scheduler_token(address: &str) -> anyhow::Result<TokenSecret> {
+    let root = testing::bootstrap(address).await?;
+    testing::create_token(address, &root, "scheduler", "schedule").await
+}
+
 fn closed_address() -> anyhow::Result<String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.to_string())
@@ -251,10 +259,11 @@ async fn remote_workers_place_a_service_job_past_an_unreachable_master() -> anyh
 
     // The first master in the list is not there: the workers go on to the next.
     let unreachable = closed_address()?;
+    let schedule = scheduler_token(master.address()).await?;
     let backend = RemoteBackend::connect(
         vec![unreachable.clone(), master.address().to_owned()],
         testing::client_security(),
-        None,
+        Some(schedule),
     )?;
     let workers = RemoteWorkers::start(&backend, 2);
 
@@ -297,7 +306,9 @@ async fn a_job_too_big_blocks_and_is_placed_when_capacity_arrives() -> anyhow::R
     let masters = vec![master.address().to_owned()];
     let (_first_node, first, first_id) =
         start_agent(masters.clone(), dir.path(), "first", 2.0).await?;
-    let backend = RemoteBackend::connect(masters.clone(), testing::client_security(), None)?;
+    let schedule = scheduler_token(master.address()).await?;
+    let backend =
+        RemoteBackend::connect(masters.clone(), testing::client_security(), Some(schedule))?;
     let workers = RemoteWorkers::start(&backend, 2);
 
     submit(&master, "big", group("server", 3, 1.0)).await?;
@@ -377,8 +388,11 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     };
 
     // The standby's answer names the leader.
-    let mut client = SchedulingClient::new(
+    let root = testing::bootstrap(standby.address()).await?;
+    let schedule = testing::create_token(leader.address(), &root, "scheduler", "schedule").await?;
+    let mut client = SchedulingClient::with_interceptor(
         testing::channel(standby.address(), &testing::client_security()).await?,
+        WithToken::new(Some(&schedule))?,
     );
     let answer = client
         .snapshot(spb::SnapshotRequest { min_index: 0 })
@@ -411,7 +425,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
 
     // The operator API's leader-only calls answer a standby's way too; GetState answers on
     // any master.
-    let mut operator = testing::operator(standby.address(), None).await?;
+    let mut operator = testing::operator(standby.address(), Some(&root)).await?;
     let answers = [
         operator
             .job_status(pb::JobStatusRequest { name: "web".into() })
@@ -455,7 +469,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     let backend = RemoteBackend::connect(
         vec![closed_address()?, standby.address().to_owned()],
         testing::client_security(),
-        None,
+        Some(schedule.clone()),
     )?;
     let workers = RemoteWorkers::start(&backend, 2);
     submit(leader, "web", group("server", 2, 0.5)).await?;
