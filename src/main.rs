@@ -1,23 +1,25 @@
-//! `muster`: a one-process dev cluster (`muster dev`), a cluster's state (`muster status`), and
-//! jobs (`muster job run FILE`, `muster job status NAME`, `muster job stop NAME`).
+//! `muster`: a one-process dev cluster (`muster dev`), a cluster's state (`muster status`),
+//! jobs (`muster job run FILE`, `muster job status NAME`, `muster job stop NAME`), TLS
+//! material (`muster tls`) and ACL tokens (`muster acl`).
 
+mod acl_command;
+mod connection;
+mod dev;
 mod job_file;
+mod tls_command;
 
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use acl_command::AclCommand;
+use anyhow::bail;
 use clap::{Parser, Subcommand};
-use muster::actor::{Node, System};
-use muster::agent::AgentConfig;
-use muster::master::{MasterConfig, MasterServer, OperatorMsg};
+use connection::{Connection, Target};
+use dev::DevOptions;
 use muster::model::{Evaluation, SchedulerType, TaskState};
 use muster::proto::cluster as pb;
-use muster::proto::cluster::operator_client::OperatorClient;
-use muster::scheduler::protocol::leader_hint;
-use muster_security::{DEFAULT_CLUSTER, Security, Tls};
+use tls_command::TlsCommand;
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
 /// threads at once, where it is markedly faster than the system allocator (see README's
@@ -31,11 +33,16 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Where and how to reach a master (MUSTER_ADDR, MUSTER_CACERT, MUSTER_CLIENT_CERT,
+    /// MUSTER_CLIENT_KEY, MUSTER_TOKEN).
+    #[command(flatten)]
+    target: Target,
 }
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run a single-node master and one agent in this process, on a temporary data dir.
+    /// Run a single-node master and one agent in this process, on a temporary data dir, with
+    /// TLS and ACLs on (a throwaway CA; the settings are written where the CLI finds them).
     Dev {
         /// The master's address (agents, operators and `muster status` use it).
         #[arg(long, default_value = "127.0.0.1:5050")]
@@ -43,7 +50,8 @@ enum Command {
         /// The agent's address.
         #[arg(long, default_value = "127.0.0.1:5051")]
         agent_listen: String,
-        /// Keep data here instead of a temporary dir removed on exit.
+        /// Keep data (and the certificates and token) here instead of a temporary dir
+        /// removed on exit.
         #[arg(long)]
         data_dir: Option<PathBuf>,
         /// Scheduler workers in the master; 0 leaves scheduling to workers in other programs
@@ -52,18 +60,21 @@ enum Command {
         workers: usize,
     },
     /// Show the cluster: the leader, agents with their tasks, frameworks.
-    Status {
-        /// Any master's address; a standby's answer leads to the leader.
-        #[arg(long, default_value = "127.0.0.1:5050")]
-        master: String,
-    },
+    Status,
     /// Run, inspect and stop jobs.
     Job {
         #[command(subcommand)]
         command: JobCommand,
-        /// Any master's address; a standby's answer leads to the leader.
-        #[arg(long, global = true, default_value = "127.0.0.1:5050")]
-        master: String,
+    },
+    /// Make a cluster CA and certificates for masters, agents and clients.
+    Tls {
+        #[command(subcommand)]
+        command: TlsCommand,
+    },
+    /// Bootstrap ACLs; create, list and delete tokens.
+    Acl {
+        #[command(subcommand)]
+        command: AclCommand,
     },
 }
 
@@ -86,108 +97,20 @@ enum JobCommand {
     },
 }
 
-async fn dev(
-    listen: String,
-    agent_listen: String,
-    data_dir: Option<PathBuf>,
-    workers: usize,
-) -> anyhow::Result<()> {
-    let temporary = match data_dir {
-        Some(_) => None,
-        None => Some(tempfile::Builder::new().prefix("muster-dev-").tempdir()?),
-    };
-    let data_dir = match (&temporary, data_dir) {
-        (Some(dir), _) => dir.path().to_owned(),
-        (None, Some(dir)) => dir,
-        (None, None) => bail!("no data dir"),
-    };
-    // A throwaway CA and a certificate per role: the dev cluster runs secured, as any other.
-    let tls_dir = data_dir.join("tls");
-    let [master_files, agent_files, client_files] =
-        muster_security::certs::write_dev_pki(&tls_dir, DEFAULT_CLUSTER)
-            .map_err(|e| anyhow::anyhow!("cannot create the dev cluster's certificates: {e}"))?;
-    let master_security = Security::Tls(Tls::load(master_files, DEFAULT_CLUSTER)?);
-    let agent_security = Security::Tls(Tls::load(agent_files, DEFAULT_CLUSTER)?);
-    let master = MasterServer::start(MasterConfig {
-        listen,
-        data_dir: data_dir.join("master"),
-        workers,
-        ..MasterConfig::new(master_security)
-    })
-    .await?;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !master
-        .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
-        .await?
-        .is_leader
-    {
-        if tokio::time::Instant::now() > deadline {
-            bail!("the dev master did not become leader within 30 s");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-
-    let system = System::new();
-    let node = Node::bind(&system, &agent_listen, agent_security).await?;
-    let mut agent_config =
-        AgentConfig::new(vec![master.address().to_owned()], data_dir.join("agent"));
-    agent_config.registration_backoff_initial = Duration::from_millis(100);
-    let agent = muster::agent::start(&node, agent_config).await?;
-    let (agent_id, _) = tokio::time::timeout(Duration::from_secs(30), agent.registered())
-        .await
-        .context("the dev agent did not register within 30 s")??;
-
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "muster dev cluster running")?;
-    writeln!(
-        out,
-        "  master  {addr}  (master@{addr}, operator API)",
-        addr = master.address()
-    )?;
-    writeln!(out, "  agent   {}  {}", agent.upid(), agent_id)?;
-    writeln!(out, "  data    {}", data_dir.display())?;
-    writeln!(
-        out,
-        "  TLS     CA and certificates in {} (client: {})",
-        tls_dir.display(),
-        client_files.cert.display()
-    )?;
-    if workers == 0 {
-        writeln!(
-            out,
-            "  no scheduler workers in the master: jobs wait for yours (examples/custom_scheduler.rs)"
-        )?;
-    }
-    writeln!(
-        out,
-        "Try `muster status` in another terminal. Ctrl-C stops the cluster."
-    )?;
-    out.flush()?;
-    drop(out);
-
-    muster_launch::shutdown_signal()?.await;
-    agent.stop().await;
-    node.shutdown();
-    master.shutdown().await;
-    Ok(())
-}
-
-/// A client of the leading master and its cluster state, found from any master by following
-/// the `leader` each one names (every master answers `GetState`).
-async fn leader_client(
-    master: String,
-) -> anyhow::Result<(OperatorClient<tonic::transport::Channel>, pb::ClusterState)> {
-    let mut address = master;
+/// The leading master's cluster state, found from any master by following the `leader` each
+/// one names (every master answers `GetState`).
+async fn leader_state(connection: &Connection) -> anyhow::Result<pb::ClusterState> {
+    let mut address = connection.address().to_owned();
     loop {
-        let mut client = connect(&address).await?;
-        let state = client
+        let state = connection
+            .client(&address)
+            .await?
             .get_state(pb::GetStateRequest {})
             .await
-            .with_context(|| format!("the master at {address} did not answer"))?
+            .map_err(|status| anyhow::anyhow!("the master at {address}: {}", status.message()))?
             .into_inner();
         if state.is_leader {
-            return Ok((client, state));
+            return Ok(state);
         }
         if state.leader.is_empty() || state.leader == address {
             bail!("the master at {address} is a standby and knows no leader yet");
@@ -196,44 +119,18 @@ async fn leader_client(
     }
 }
 
-async fn connect(address: &str) -> anyhow::Result<OperatorClient<tonic::transport::Channel>> {
-    OperatorClient::connect(format!("http://{address}"))
-        .await
-        .with_context(|| format!("cannot reach a master at {address}"))
-}
-
-/// Makes a leader-only `call` at the master at `address`; if that master is a standby naming
-/// the leader (FAILED_PRECONDITION with the leader in the `muster-leader` metadata: the one
-/// "not the leader" convention of `muster::scheduler::protocol`), makes it once more there.
-async fn at_leader<T, F, Fut>(address: &str, call: F) -> anyhow::Result<T>
-where
-    F: Fn(OperatorClient<tonic::transport::Channel>) -> Fut,
-    Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let refused = match call(connect(address).await?).await {
-        Ok(reply) => return Ok(reply.into_inner()),
-        Err(status) => status,
-    };
-    let Some(leader) = leader_hint(&refused).filter(|leader| leader != address) else {
-        bail!("{}", refused.message());
-    };
-    call(connect(&leader).await?)
-        .await
-        .map(tonic::Response::into_inner)
-        .map_err(|status| anyhow::anyhow!("{}", status.message()))
-}
-
-async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
+async fn job(connection: &Connection, command: JobCommand) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match command {
         JobCommand::Run { file } => {
             let spec = job_file::read(&file)?;
             let name = spec.name.clone();
-            let reply = at_leader(&master, |mut client| {
-                let job = Some(spec.clone());
-                async move { client.submit_job(pb::SubmitJobRequest { job }).await }
-            })
-            .await?;
+            let reply = connection
+                .at_leader(|mut client| {
+                    let job = Some(spec.clone());
+                    async move { client.submit_job(pb::SubmitJobRequest { job }).await }
+                })
+                .await?;
             writeln!(
                 out,
                 "job {name} submitted (version {}, evaluation {})",
@@ -241,19 +138,21 @@ async fn job(master: String, command: JobCommand) -> anyhow::Result<()> {
             )?;
         }
         JobCommand::Stop { name } => {
-            let reply = at_leader(&master, |mut client| {
-                let name = name.clone();
-                async move { client.stop_job(pb::StopJobRequest { name }).await }
-            })
-            .await?;
+            let reply = connection
+                .at_leader(|mut client| {
+                    let name = name.clone();
+                    async move { client.stop_job(pb::StopJobRequest { name }).await }
+                })
+                .await?;
             writeln!(out, "job {name} stopping (evaluation {})", reply.eval_id)?;
         }
         JobCommand::Status { name } => {
-            let status = at_leader(&master, |mut client| {
-                let name = name.clone();
-                async move { client.job_status(pb::JobStatusRequest { name }).await }
-            })
-            .await?;
+            let status = connection
+                .at_leader(|mut client| {
+                    let name = name.clone();
+                    async move { client.job_status(pb::JobStatusRequest { name }).await }
+                })
+                .await?;
             let spec = status.job.unwrap_or_default();
             writeln!(
                 out,
@@ -307,8 +206,8 @@ fn state_name(state: i32) -> String {
     TaskState::try_from(state).map_or_else(|_| state.to_string(), |s| s.name().to_owned())
 }
 
-async fn status(master: String) -> anyhow::Result<()> {
-    let (_, state) = leader_client(master).await?;
+async fn status(connection: &Connection) -> anyhow::Result<()> {
+    let state = leader_state(connection).await?;
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -316,6 +215,15 @@ async fn status(master: String) -> anyhow::Result<()> {
         state.leader,
         state.term,
         if state.recovering { ", recovering" } else { "" }
+    )?;
+    writeln!(
+        out,
+        "security: {}",
+        if state.insecure {
+            "INSECURE (--insecure: no TLS, no roles, no tokens)"
+        } else {
+            "mutual TLS, roles, ACL tokens"
+        }
     )?;
     writeln!(
         out,
@@ -371,16 +279,27 @@ async fn status(master: String) -> anyhow::Result<()> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     muster_launch::init_logging();
-    let result = muster_launch::block_on(async {
+    let target = cli.target;
+    let result = muster_launch::block_on(async move {
         match cli.command {
             Command::Dev {
                 listen,
                 agent_listen,
                 data_dir,
                 workers,
-            } => dev(listen, agent_listen, data_dir, workers).await,
-            Command::Status { master } => status(master).await,
-            Command::Job { command, master } => job(master, command).await,
+            } => {
+                dev::run(DevOptions {
+                    listen,
+                    agent_listen,
+                    data_dir,
+                    workers,
+                })
+                .await
+            }
+            Command::Tls { command } => tls_command::run(command),
+            Command::Status => status(&target.resolve()?).await,
+            Command::Job { command } => job(&target.resolve()?, command).await,
+            Command::Acl { command } => acl_command::run(&target.resolve()?, command).await,
         }
     });
     match result {

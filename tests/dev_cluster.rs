@@ -18,9 +18,13 @@ async fn free_port() -> anyhow::Result<String> {
 async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     let master = free_port().await?;
     let agent = free_port().await?;
+    // This test's own settings file, so that it never meets a developer's dev cluster.
+    let dir = tempfile::tempdir()?;
+    let settings = dir.path().join("muster-dev.env");
     let mut dev = Command::new(BIN)
         .args(["dev", "--listen", &master, "--agent-listen", &agent])
         .env("RUST_LOG", "warn")
+        .env("MUSTER_DEV_ENV", &settings)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .kill_on_drop(true)
@@ -35,26 +39,49 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         first.contains("muster dev cluster running"),
         "printed {first:?}"
     );
-    // The banner: master, agent, data dir, and a hint.
+    // The banner: master, agent, data dir, TLS, the settings, and a hint.
     let mut banner = String::new();
-    for _ in 0..4 {
+    loop {
         let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
             .await
             .context("the banner stopped")??
             .context("muster dev exited")?;
         banner.push_str(&line);
         banner.push('\n');
+        if line.contains("Try `muster status`") {
+            break;
+        }
     }
     ensure!(
         banner.contains(&format!("agent@{agent}")),
         "banner: {banner}"
     );
+    for export in [
+        "MUSTER_ADDR",
+        "MUSTER_CACERT",
+        "MUSTER_CLIENT_CERT",
+        "MUSTER_CLIENT_KEY",
+        "MUSTER_TOKEN",
+    ] {
+        ensure!(
+            banner.contains(&format!("export {export}=")),
+            "banner: {banner}"
+        );
+    }
+    ensure!(settings.exists(), "no settings file");
 
-    let status = Command::new(BIN)
-        .args(["status", "--master", &master])
-        .env("RUST_LOG", "warn")
-        .output()
-        .await?;
+    // A second terminal: no flags, no variables; the CLI finds the dev cluster.
+    let muster = |args: &[&str]| {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .env("MUSTER_DEV_ENV", &settings)
+            .env_remove("MUSTER_ADDR")
+            .env_remove("MUSTER_TOKEN");
+        command
+    };
+    let status = muster(&["status"]).output().await?;
     ensure!(status.status.success(), "status failed: {status:?}");
     let text = String::from_utf8_lossy(&status.stdout);
     ensure!(text.contains(&format!("leader {master}")), "status: {text}");
@@ -63,6 +90,56 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         "status: {text}"
     );
     ensure!(text.contains(&format!("agent@{agent}")), "status: {text}");
+    ensure!(text.contains("security: mutual TLS"), "status: {text}");
+
+    // The README's walkthrough: run a job, see it.
+    let job = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/jobs/hello.toml");
+    let run = muster(&["job", "run", job]).output().await?;
+    ensure!(run.status.success(), "job run: {run:?}");
+
+    // A read token cannot submit; the error says why.
+    let created = muster(&["acl", "token", "create", "--policy", "read", "--name", "ci"])
+        .output()
+        .await?;
+    ensure!(created.status.success(), "token create: {created:?}");
+    let created = String::from_utf8_lossy(&created.stdout);
+    let secret = created
+        .lines()
+        .find_map(|l| l.strip_prefix("Secret"))
+        .map(str::trim)
+        .context("no secret printed")?
+        .to_owned();
+    let vars = std::fs::read_to_string(&settings)?;
+    let var = |key: &str| {
+        vars.lines()
+            .find_map(|l| l.strip_prefix(&format!("export {key}='")))
+            .and_then(|v| v.strip_suffix('\''))
+            .map(str::to_owned)
+            .with_context(|| format!("{key} not in the settings"))
+    };
+    let refused = Command::new(BIN)
+        .args(["job", "run", job])
+        .env("MUSTER_DEV_ENV", dir.path().join("none"))
+        .env("MUSTER_ADDR", &master)
+        .env("MUSTER_CACERT", var("MUSTER_CACERT")?)
+        .env("MUSTER_CLIENT_CERT", var("MUSTER_CLIENT_CERT")?)
+        .env("MUSTER_CLIENT_KEY", var("MUSTER_CLIENT_KEY")?)
+        .env("MUSTER_TOKEN", &secret)
+        .output()
+        .await?;
+    ensure!(!refused.status.success(), "a read token submitted");
+    let text = String::from_utf8_lossy(&refused.stderr);
+    ensure!(
+        text.contains("token \"ci\" has policy read; submitting needs submit"),
+        "{text}"
+    );
+    // No credentials at all: plaintext to a TLS port gets nowhere, and says where it went.
+    let anonymous = Command::new(BIN)
+        .args(["status", "--master", &master, "--timeout", "5s"])
+        .env("MUSTER_DEV_ENV", dir.path().join("none"))
+        .output()
+        .await?;
+    ensure!(!anonymous.status.success(), "an anonymous status answered");
 
     let pid = dev.id().context("dev pid")?;
     Command::new("kill")
@@ -73,14 +150,17 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         .await
         .context("muster dev did not stop on SIGTERM")??;
     ensure!(exit.success(), "muster dev exited with {exit}");
+    ensure!(!settings.exists(), "the settings file outlived the cluster");
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_names_an_unreachable_master() -> anyhow::Result<()> {
     let nobody = free_port().await?;
+    let dir = tempfile::tempdir()?;
     let status = Command::new(BIN)
         .args(["status", "--master", &nobody])
+        .env("MUSTER_DEV_ENV", dir.path().join("none"))
         .output()
         .await?;
     ensure!(!status.status.success());

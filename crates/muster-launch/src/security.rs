@@ -137,19 +137,19 @@ impl TlsFlags {
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct ClientFlags {
     /// The cluster CA's certificate.
-    #[arg(long, env = "MUSTER_CACERT", value_name = "FILE")]
+    #[arg(long, global = true, env = "MUSTER_CACERT", value_name = "FILE")]
     pub ca_cert: Option<PathBuf>,
     /// This client's certificate (role client).
-    #[arg(long, env = "MUSTER_CLIENT_CERT", value_name = "FILE")]
+    #[arg(long, global = true, env = "MUSTER_CLIENT_CERT", value_name = "FILE")]
     pub client_cert: Option<PathBuf>,
     /// Its private key.
-    #[arg(long, env = "MUSTER_CLIENT_KEY", value_name = "FILE")]
+    #[arg(long, global = true, env = "MUSTER_CLIENT_KEY", value_name = "FILE")]
     pub client_key: Option<PathBuf>,
     /// The ACL token to send.
-    #[arg(long, env = "MUSTER_TOKEN", hide_env_values = true)]
+    #[arg(long, global = true, env = "MUSTER_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
     /// The cluster's name in certificates [default: global].
-    #[arg(long = "tls-cluster", env = "MUSTER_CLUSTER")]
+    #[arg(long = "tls-cluster", global = true, env = "MUSTER_CLUSTER")]
     pub cluster: Option<String>,
 }
 

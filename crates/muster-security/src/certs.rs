@@ -210,8 +210,12 @@ pub fn write_pair(dir: &Path, stem: &str, pair: &PemPair) -> std::io::Result<(Pa
     Ok((cert, key))
 }
 
-/// Writes `text` to a new file readable and writable by its owner only.
-fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+/// Writes `text` to a file readable and writable by its owner only (created so, or
+/// truncated).
+///
+/// # Errors
+/// The operating system's error.
+pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let mut file = std::fs::OpenOptions::new()

@@ -1,0 +1,255 @@
+//! How the CLI reaches a master: the address, TLS with a client certificate, the ACL token,
+//! and a time limit on every call.
+//!
+//! Settings come from flags, then the `MUSTER_*` variables (as Nomad's `NOMAD_ADDR`,
+//! `NOMAD_CACERT`, `NOMAD_CLIENT_CERT`, `NOMAD_CLIENT_KEY`, `NOMAD_TOKEN`). When none of the
+//! TLS and token settings is given and a `muster dev` cluster is running, the settings it
+//! wrote ([`dev_env_path`]) are used, so its walkthrough works in a second terminal as is.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use muster::proto::cluster::operator_client::OperatorClient;
+use muster::scheduler::protocol::leader_hint;
+use muster_launch::security::ClientFlags;
+use muster_security::guard::WithToken;
+use muster_security::{Role, Security, TokenSecret};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+/// The default master address.
+pub(crate) const DEFAULT_ADDRESS: &str = "127.0.0.1:5050";
+
+/// Where the CLI finds a master: global flags of every command that talks to one.
+#[derive(Debug, Clone, clap::Args)]
+pub(crate) struct Target {
+    /// Any master's address; a standby's answer leads to the leader [default: the running dev
+    /// cluster's, else 127.0.0.1:5050].
+    #[arg(long, global = true, env = "MUSTER_ADDR", value_name = "HOST:PORT")]
+    master: Option<String>,
+    #[command(flatten)]
+    client: ClientFlags,
+    /// How long one call may take, e.g. 30s.
+    #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
+    timeout: Duration,
+}
+
+/// An operator client that sends the token with each call.
+pub(crate) type Client = OperatorClient<InterceptedService<Channel, WithToken>>;
+
+/// Resolved settings: where to go and how.
+pub(crate) struct Connection {
+    address: String,
+    security: Security,
+    token: Option<TokenSecret>,
+    timeout: Duration,
+    /// The dev cluster's file, when the settings came from it (for error messages).
+    from_dev: Option<PathBuf>,
+}
+
+/// The file a running `muster dev` writes its settings to: `$MUSTER_DEV_ENV` if set, else
+/// `$XDG_RUNTIME_DIR/muster-dev.env`, else `<temp dir>/muster-dev-<uid>.env`.
+pub(crate) fn dev_env_path() -> PathBuf {
+    if let Some(path) = std::env::var_os("MUSTER_DEV_ENV") {
+        return PathBuf::from(path);
+    }
+    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
+        return Path::new(&dir).join("muster-dev.env");
+    }
+    // SAFETY: getuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::getuid() };
+    std::env::temp_dir().join(format!("muster-dev-{uid}.env"))
+}
+
+/// `export KEY='VALUE'` lines for `vars`, as `muster dev` writes and prints them.
+pub(crate) fn export_lines(vars: &BTreeMap<&str, String>) -> String {
+    vars.iter()
+        .map(|(key, value)| format!("export {key}='{}'\n", value.replace('\'', "'\\''")))
+        .collect()
+}
+
+/// Reads `export KEY='VALUE'` lines back.
+pub(crate) fn parse_exports(text: &str) -> BTreeMap<String, String> {
+    text.lines()
+        .filter_map(|line| line.trim().strip_prefix("export "))
+        .filter_map(|line| line.split_once('='))
+        .map(|(key, value)| {
+            let value = value
+                .strip_prefix('\'')
+                .and_then(|v| v.strip_suffix('\''))
+                .unwrap_or(value)
+                .replace("'\\''", "'");
+            (key.trim().to_owned(), value)
+        })
+        .collect()
+}
+
+/// `host:port` from `host:port`, `http://host:port` or `https://host:port`.
+pub(crate) fn authority(address: &str) -> anyhow::Result<String> {
+    let trimmed = address.trim();
+    let authority = trimmed
+        .strip_prefix("https://")
+        .or_else(|| trimmed.strip_prefix("http://"))
+        .unwrap_or(trimmed)
+        .trim_end_matches('/');
+    let valid = authority
+        .rsplit_once(':')
+        .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+    if !valid {
+        bail!("master address {address:?} is not HOST:PORT");
+    }
+    Ok(authority.to_owned())
+}
+
+impl Target {
+    /// The settings to use, from the flags and variables, else a running dev cluster's.
+    pub(crate) fn resolve(&self) -> anyhow::Result<Connection> {
+        let client = &self.client;
+        let nothing_set = client.ca_cert.is_none()
+            && client.client_cert.is_none()
+            && client.client_key.is_none()
+            && client.token.is_none();
+        let dev = dev_env_path();
+        if nothing_set && dev.exists() {
+            let text = std::fs::read_to_string(&dev).with_context(|| {
+                format!("cannot read the dev cluster's settings {}", dev.display())
+            })?;
+            let vars = parse_exports(&text);
+            let get = |key: &str| vars.get(key).filter(|v| !v.is_empty()).cloned();
+            let flags = ClientFlags {
+                ca_cert: get("MUSTER_CACERT").map(PathBuf::from),
+                client_cert: get("MUSTER_CLIENT_CERT").map(PathBuf::from),
+                client_key: get("MUSTER_CLIENT_KEY").map(PathBuf::from),
+                token: get("MUSTER_TOKEN"),
+                cluster: get("MUSTER_CLUSTER"),
+            };
+            let address = match &self.master {
+                Some(address) => address.clone(),
+                None => get("MUSTER_ADDR").unwrap_or_else(|| DEFAULT_ADDRESS.to_owned()),
+            };
+            return Ok(Connection {
+                address: authority(&address)?,
+                security: flags
+                    .security()
+                    .with_context(|| format!("in the dev cluster's settings {}", dev.display()))?,
+                token: flags.token(),
+                timeout: self.timeout,
+                from_dev: Some(dev),
+            });
+        }
+        Ok(Connection {
+            address: authority(self.master.as_deref().unwrap_or(DEFAULT_ADDRESS))?,
+            security: client.security()?,
+            token: client.token(),
+            timeout: self.timeout,
+            from_dev: None,
+        })
+    }
+}
+
+impl Connection {
+    /// The master address first tried.
+    pub(crate) fn address(&self) -> &str {
+        &self.address
+    }
+
+    /// A client of the master at `address`.
+    pub(crate) async fn client(&self, address: &str) -> anyhow::Result<Client> {
+        let endpoint = Endpoint::from_shared(format!("http://{address}"))
+            .with_context(|| format!("master address {address:?} is not HOST:PORT"))?
+            .connect_timeout(self.timeout.min(Duration::from_secs(10)))
+            .timeout(self.timeout);
+        let channel = match self.security.channel(endpoint, &[Role::Master]).await {
+            Ok((channel, _)) => channel,
+            Err(e) => {
+                let mut message = format!("cannot reach a master at {address}: {}", chain(&e));
+                if let Some(dev) = &self.from_dev {
+                    message.push_str(&format!(
+                        " (settings from the dev cluster's {}; is `muster dev` still running? \
+                         set MUSTER_ADDR and the TLS variables to use another cluster)",
+                        dev.display()
+                    ));
+                }
+                bail!(message);
+            }
+        };
+        let token = WithToken::new(self.token.as_ref())?;
+        Ok(OperatorClient::with_interceptor(channel, token))
+    }
+
+    /// Makes a leader-only `call` at the first master; if that master is a standby naming
+    /// the leader (the one "not the leader" convention of `muster::scheduler::protocol`),
+    /// makes it once more there.
+    pub(crate) async fn at_leader<T, F, Fut>(&self, call: F) -> anyhow::Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let refused = match call(self.client(&self.address).await?).await {
+            Ok(reply) => return Ok(reply.into_inner()),
+            Err(status) => status,
+        };
+        let Some(leader) = leader_hint(&refused).filter(|leader| *leader != self.address) else {
+            bail!("{}", refused.message());
+        };
+        call(self.client(&leader).await?)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|status| anyhow::anyhow!("{}", status.message()))
+    }
+}
+
+/// An error and its causes on one line.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        if !text.contains(&cause_text) {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_take_three_forms() {
+        for given in [
+            "127.0.0.1:5050",
+            "http://127.0.0.1:5050",
+            "https://127.0.0.1:5050/",
+        ] {
+            assert_eq!(authority(given).expect(given), "127.0.0.1:5050");
+        }
+        for bad in ["", "localhost", "a:b", ":5050"] {
+            assert!(authority(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn exports_round_trip_and_paste_into_a_shell() {
+        let vars = BTreeMap::from([
+            ("MUSTER_ADDR", "127.0.0.1:5050".to_owned()),
+            ("MUSTER_CACERT", "/tmp/a dir/ca.pem".to_owned()),
+            ("MUSTER_TOKEN", "it's".to_owned()),
+        ]);
+        let text = export_lines(&vars);
+        assert!(
+            text.contains("export MUSTER_CACERT='/tmp/a dir/ca.pem'\n"),
+            "{text}"
+        );
+        let back = parse_exports(&text);
+        assert_eq!(back.len(), 3);
+        assert_eq!(back["MUSTER_TOKEN"], "it's");
+        assert_eq!(back["MUSTER_CACERT"], "/tmp/a dir/ca.pem");
+    }
+}
