@@ -19,10 +19,12 @@
 //! - `failover/in_process`: agents ask the master's `Pid` directly (messages moved, no
 //!   encoding). Baseline `tokio_channel`: the same messages, each with a oneshot, through an
 //!   unbounded tokio channel to a task that files them in a `HashMap` and answers.
-//! - `failover/tonic`: agents ask `master@host:port` from a second `Node` over loopback (the
-//!   real transport: prost, batched envelopes on one HTTP/2 stream). Baseline `raw_tcp`: the
-//!   same messages length-prefixed on a bare loopback `TcpStream` to a task that decodes and
-//!   files them and writes an acknowledgement back.
+//! - `failover/tonic_tls`: agents ask `master@host:port` from a second `Node` over loopback
+//!   (the real transport: mutual TLS, prost, batched envelopes on one HTTP/2 stream).
+//!   `tonic_plaintext`: the same with both ends `--insecure`, in the same run, to read TLS's
+//!   cost as a ratio. Baseline `raw_tcp`: the same messages length-prefixed on a bare
+//!   loopback `TcpStream` to a task that decodes and files them and writes an
+//!   acknowledgement back.
 //! - `failover_history/in_process` (and its `tokio_channel` baseline): the history series.
 //!
 //! Before each size the bench prints (eprintln) the master's memory per agent: the heap in use
@@ -45,8 +47,8 @@ use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::proto::model as model_pb;
-use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_security::{Role, Security};
 use prost::Message as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, BufReader, BufWriter};
 use tokio::runtime::Runtime;
@@ -151,7 +153,7 @@ struct Fixture {
 }
 
 impl Fixture {
-    async fn new(agents: usize) -> Fixture {
+    async fn new(agents: usize, security: Security) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = MasterConfig {
             listen: "127.0.0.1:0".into(),
@@ -160,7 +162,7 @@ impl Fixture {
             ping_interval: Duration::from_secs(3600),
             // The stand-in agents do not heartbeat: no TTL runs out inside a run.
             heartbeat_min_ttl: Duration::from_secs(24 * 3600),
-            ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+            ..MasterConfig::new(security)
         };
         let master = start(&config).await;
         let pid = master.pid().clone();
@@ -432,9 +434,17 @@ fn group(c: &mut Criterion, runtime: &Runtime, name: &str, history: bool) {
             TestPki::shared().security(Role::Agent, "fake-agents"),
         ))
         .expect("agents node");
+    let plaintext_node = runtime
+        .block_on(Node::bind(
+            &agents_system,
+            "127.0.0.1:0",
+            Security::Insecure,
+        ))
+        .expect("plaintext agents node");
     for agents in sizes() {
         group.throughput(Throughput::Elements(agents as u64));
-        let mut fixture = runtime.block_on(Fixture::new(agents));
+        let master_tls = TestPki::shared().security(Role::Master, "master-1");
+        let mut fixture = runtime.block_on(Fixture::new(agents, master_tls));
         report_memory(runtime, &mut fixture, history);
         group.bench_function(BenchmarkId::new("in_process", agents), |b| {
             b.iter_custom(|iters| {
@@ -451,13 +461,24 @@ fn group(c: &mut Criterion, runtime: &Runtime, name: &str, history: bool) {
             });
         });
         if !history {
-            group.bench_function(BenchmarkId::new("tonic", agents), |b| {
+            group.bench_function(BenchmarkId::new("tonic_tls", agents), |b| {
                 b.iter_custom(|iters| {
                     (0..iters)
                         .map(|_| runtime.block_on(over_tonic(&mut fixture, &agents_node)))
                         .sum()
                 });
             });
+            let mut plaintext = runtime.block_on(Fixture::new(agents, Security::Insecure));
+            group.bench_function(BenchmarkId::new("tonic_plaintext", agents), |b| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| runtime.block_on(over_tonic(&mut plaintext, &plaintext_node)))
+                        .sum()
+                });
+            });
+            if let Some(master) = plaintext.master.take() {
+                runtime.block_on(master.shutdown());
+            }
             group.bench_function(BenchmarkId::new("raw_tcp", agents), |b| {
                 b.iter_custom(|iters| (0..iters).map(|_| runtime.block_on(raw_tcp(agents))).sum());
             });
@@ -467,6 +488,7 @@ fn group(c: &mut Criterion, runtime: &Runtime, name: &str, history: bool) {
         }
     }
     agents_node.shutdown();
+    plaintext_node.shutdown();
     group.finish();
 }
 

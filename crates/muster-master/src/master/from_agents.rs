@@ -41,9 +41,10 @@ pub enum AgentMsg {
     TaskStatus(pb::TaskStatusUpdate, Option<Peer>),
 }
 
-/// The certificate name a message came from (empty on an insecure cluster).
-fn identity(sender: Option<&Peer>) -> &str {
-    sender.map_or("", |peer| peer.name.as_str())
+/// The certificate name a message came from; `None` for a message from this process (a test,
+/// a bench) or on an insecure cluster, which is trusted and binds nothing.
+fn identity(sender: Option<&Peer>) -> Option<&str> {
+    sender.map(|peer| peer.name.as_str())
 }
 
 impl AgentMsg {
@@ -133,7 +134,7 @@ impl Master {
     /// Whether a message from certificate `identity` may speak for agent `agent_id`: the
     /// certificate name the agent registered with must be the sender's. An agent this master
     /// does not hold in memory is checked by the caller against the registry.
-    fn speaks_for(&self, agent_id: &str, identity: &str) -> Result<(), String> {
+    fn speaks_for(&self, agent_id: &str, identity: Option<&str>) -> Result<(), String> {
         match self.cluster.agents.get(agent_id) {
             Some(agent) => bound_to(agent_id, &agent.info.identity, identity),
             None => Ok(()),
@@ -144,7 +145,7 @@ impl Master {
         &mut self,
         request: pb::RegisterAgent,
         reply: Reply<pb::RegistrationReply>,
-        identity: &str,
+        identity: Option<&str>,
         ctx: &mut Context<Self>,
     ) {
         let Role::Leading { registrar, .. } = &self.role else {
@@ -153,7 +154,7 @@ impl Master {
         let Some(info) = request.info else {
             return reply.send(refused("RegisterAgent carries no agent info".into()));
         };
-        let info = registry_info(&info, identity);
+        let info = registry_info(&info, identity.unwrap_or_default());
         let write = write_registry(registrar, Op::AdmitAgent(info.clone()));
         let term = self.term;
         ctx.defer(
@@ -185,7 +186,7 @@ impl Master {
         &mut self,
         request: pb::ReregisterAgent,
         reply: Reply<pb::RegistrationReply>,
-        identity: &str,
+        identity: Option<&str>,
         ctx: &mut Context<Self>,
     ) {
         if self.leading_term().is_none() {
@@ -204,21 +205,21 @@ impl Master {
                 .get(&id)
                 .or_else(|| state.unreachable.get(&id).map(|u| &u.info));
             (
-                state
-                    .agents
-                    .get(&id)
-                    .is_some_and(|stored| same_info(info, stored) && stored.identity == identity),
+                state.agents.get(&id).is_some_and(|stored| {
+                    same_info(info, stored) && identity.is_none_or(|id| stored.identity == id)
+                }),
                 stored.map(|stored| stored.identity.clone()),
             )
         });
-        if let Some(bound) = bound
-            && let Err(why) = bound_to(&request.agent_id, &bound, identity)
+        if let Some(bound) = &bound
+            && let Err(why) = bound_to(&request.agent_id, bound, identity)
         {
             self.metrics.impersonations += 1;
             tracing::warn!(agent = %request.agent_id, %why, "re-registration refused");
             return reply.send(refused(why));
         }
-        let identity = identity.to_owned();
+        // Who it stays bound to: the sender's certificate, or (from this process) as before.
+        let identity = identity.map(str::to_owned).or(bound).unwrap_or_default();
         if unchanged {
             // The common case after a failover: nothing to write.
             let id = self.readmit(request, &identity, ctx);
@@ -254,7 +255,7 @@ impl Master {
         &mut self,
         heartbeat: pb::Heartbeat,
         reply: Reply<pb::HeartbeatReply>,
-        identity: &str,
+        identity: Option<&str>,
     ) {
         use pb::heartbeat_reply::Result as Answer;
         if self.leading_term().is_none() {
@@ -292,7 +293,10 @@ impl Master {
 /// Whether certificate `identity` may speak for `agent_id`, bound to certificate `bound` at
 /// registration. An agent admitted without TLS (bound to no name) is taken over by the first
 /// certificate that re-registers it.
-fn bound_to(agent_id: &str, bound: &str, identity: &str) -> Result<(), String> {
+fn bound_to(agent_id: &str, bound: &str, identity: Option<&str>) -> Result<(), String> {
+    let Some(identity) = identity else {
+        return Ok(());
+    };
     if bound.is_empty() || bound == identity {
         return Ok(());
     }

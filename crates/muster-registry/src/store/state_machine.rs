@@ -337,6 +337,17 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
+/// API calls are authenticated against the applied tokens: a token deleted is refused on a
+/// master as soon as the deletion applies there.
+impl muster_security::TokenSource for RegistryReader {
+    fn authenticate(
+        &self,
+        secret: &muster_security::TokenSecret,
+    ) -> Option<muster_security::AclToken> {
+        self.read(|state| state.token_table().authenticate(secret).cloned())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use openraft::{CommittedLeaderId, LogId, SnapshotMeta, StoredMembership};
@@ -369,16 +380,5 @@ mod tests {
             Some(500),
             "the start re-applies the log after the newer snapshot"
         );
-    }
-}
-
-/// API calls are authenticated against the applied tokens: a token deleted is refused on a
-/// master as soon as the deletion applies there.
-impl muster_security::TokenSource for RegistryReader {
-    fn authenticate(
-        &self,
-        secret: &muster_security::TokenSecret,
-    ) -> Option<muster_security::AclToken> {
-        self.read(|state| state.token_table().authenticate(secret).cloned())
     }
 }
