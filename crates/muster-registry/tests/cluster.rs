@@ -363,3 +363,70 @@ async fn raft_is_served_to_master_certificates_only() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_authenticates_on_every_member_until_its_deletion_applies() -> anyhow::Result<()> {
+    use muster_security::{AclToken, Policy, TokenSecret, TokenSource as _};
+
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let addresses = free_addresses(3).await?;
+    let mut members = BTreeMap::new();
+    for id in addresses.keys() {
+        members.insert(
+            *id,
+            start(&system, config(*id, &addresses, dir.path())).await?,
+        );
+    }
+    let first = leader(&members).await?;
+    let secret = TokenSecret::generate().map_err(|_| anyhow::anyhow!("no randomness"))?;
+    let token = AclToken {
+        accessor: "acc-ci".into(),
+        name: "ci".into(),
+        policy: Policy::Submit,
+        secret_hash: secret.hash(),
+        created_ms: 1,
+    };
+    let written = members[&first]
+        .registry
+        .write(muster_registry::types::Batch {
+            ops: vec![Op::BootstrapAcl(token)],
+        })
+        .await?;
+    assert_eq!(written.results, [Ok(Outcome::TokenStored)]);
+
+    let everywhere = |known: bool| {
+        let members = &members;
+        let secret = &secret;
+        async move {
+            let deadline = Instant::now() + DEADLINE;
+            while !members
+                .values()
+                .all(|m| m.registry.reader().authenticate(secret).is_some() == known)
+            {
+                if Instant::now() > deadline {
+                    bail!(
+                        "the token's {} did not reach every member",
+                        if known { "creation" } else { "deletion" }
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            anyhow::Ok(())
+        }
+    };
+    everywhere(true).await?;
+    members[&first]
+        .registry
+        .write(muster_registry::types::Batch {
+            ops: vec![Op::DeleteToken {
+                accessor: "acc-ci".into(),
+            }],
+        })
+        .await?;
+    everywhere(false).await?;
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    Ok(())
+}
