@@ -109,26 +109,39 @@ impl TlsFlags {
             bail!("incomplete TLS material");
         };
         let cluster = self.cluster.as_deref().unwrap_or(DEFAULT_CLUSTER);
-        let tls = Tls::load(
-            TlsFiles {
-                ca: ca.clone(),
-                cert: cert.clone(),
-                key: key.clone(),
-            },
-            cluster,
-        )?;
-        let own = tls.identity();
-        if !roles.contains(&own.role) {
-            bail!(
-                "{} is a {} certificate; this program needs a {role} certificate \
-                 (`muster tls cert create --role {role}`)",
-                cert.display(),
-                own.role
-            );
-        }
-        tracing::info!(identity = %own, cluster, "TLS on");
+        let tls = load(ca, cert, key, cluster, roles)?;
+        tracing::info!(identity = %tls.identity(), cluster, "TLS on");
         Ok(Security::Tls(tls))
     }
+}
+
+/// Loads the three files and checks the certificate's role is one of `roles` (the first
+/// named in the error).
+fn load(
+    ca: &std::path::Path,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    cluster: &str,
+    roles: &[Role],
+) -> anyhow::Result<Tls> {
+    let tls = Tls::load(
+        TlsFiles {
+            ca: ca.to_owned(),
+            cert: cert.to_owned(),
+            key: key.to_owned(),
+        },
+        cluster,
+    )?;
+    let found = tls.identity().role;
+    if !roles.contains(&found) {
+        let role = roles.first().copied().unwrap_or(Role::Client);
+        bail!(
+            "{} is a {found} certificate; this program needs a {role} certificate \
+             (`muster tls cert create --role {role}`)",
+            cert.display()
+        );
+    }
+    Ok(tls)
 }
 
 /// How a client program (a remote scheduler, the CLI) reaches a secured cluster: the
@@ -164,23 +177,13 @@ impl ClientFlags {
             (None, None, None) => Ok(Security::Insecure),
             (Some(ca), Some(cert), Some(key)) => {
                 let cluster = self.cluster.as_deref().unwrap_or(DEFAULT_CLUSTER);
-                let tls = Tls::load(
-                    TlsFiles {
-                        ca: ca.clone(),
-                        cert: cert.clone(),
-                        key: key.clone(),
-                    },
+                Ok(Security::Tls(load(
+                    ca,
+                    cert,
+                    key,
                     cluster,
-                )?;
-                if tls.identity().role != Role::Client {
-                    bail!(
-                        "{} is a {} certificate; clients need a client certificate \
-                         (`muster tls cert create --role client`)",
-                        cert.display(),
-                        tls.identity().role
-                    );
-                }
-                Ok(Security::Tls(tls))
+                    &[Role::Client],
+                )?))
             }
             _ => {
                 let missing: Vec<&str> = [

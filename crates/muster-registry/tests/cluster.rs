@@ -84,6 +84,19 @@ async fn free_addresses(n: u64) -> anyhow::Result<BTreeMap<NodeId, String>> {
     Ok(members)
 }
 
+/// Starts a group of three members on free loopback ports, data under `dir`.
+async fn three_members(
+    system: &System,
+    dir: &Path,
+) -> anyhow::Result<(BTreeMap<NodeId, String>, BTreeMap<NodeId, Member>)> {
+    let addresses = free_addresses(3).await?;
+    let mut members = BTreeMap::new();
+    for id in addresses.keys() {
+        members.insert(*id, start(system, config(*id, &addresses, dir)).await?);
+    }
+    Ok((addresses, members))
+}
+
 /// Waits until some member of `members` leads and the others agree on it.
 async fn leader(members: &BTreeMap<NodeId, Member>) -> anyhow::Result<NodeId> {
     let deadline = Instant::now() + DEADLINE;
@@ -150,14 +163,7 @@ async fn wait_agents(registry: &RegistryNode, count: usize) -> anyhow::Result<()
 async fn three_members_elect_replicate_and_survive_losing_the_leader() -> anyhow::Result<()> {
     let system = System::new();
     let dir = tempfile::tempdir()?;
-    let addresses = free_addresses(3).await?;
-    let mut members = BTreeMap::new();
-    for id in addresses.keys() {
-        members.insert(
-            *id,
-            start(&system, config(*id, &addresses, dir.path())).await?,
-        );
-    }
+    let (addresses, mut members) = three_members(&system, dir.path()).await?;
 
     // Concurrent writes through one registrar share raft entries, and each caller gets its
     // own result.
@@ -314,14 +320,7 @@ async fn raft_is_served_to_master_certificates_only() -> anyhow::Result<()> {
 
     let system = System::new();
     let dir = tempfile::tempdir()?;
-    let addresses = free_addresses(3).await?;
-    let mut members = BTreeMap::new();
-    for id in addresses.keys() {
-        members.insert(
-            *id,
-            start(&system, config(*id, &addresses, dir.path())).await?,
-        );
-    }
+    let (addresses, members) = three_members(&system, dir.path()).await?;
     let first = leader(&members).await?;
     let term = members[&first].registry.leadership().borrow().term;
     let target = format!("http://{}", addresses[&first]);
@@ -370,14 +369,7 @@ async fn a_token_authenticates_on_every_member_until_its_deletion_applies() -> a
 
     let system = System::new();
     let dir = tempfile::tempdir()?;
-    let addresses = free_addresses(3).await?;
-    let mut members = BTreeMap::new();
-    for id in addresses.keys() {
-        members.insert(
-            *id,
-            start(&system, config(*id, &addresses, dir.path())).await?,
-        );
-    }
+    let (_, members) = three_members(&system, dir.path()).await?;
     let first = leader(&members).await?;
     let secret = TokenSecret::generate().map_err(|_| anyhow::anyhow!("no randomness"))?;
     let token = AclToken {
