@@ -87,6 +87,8 @@ pub(crate) async fn run(options: DevOptions) -> anyhow::Result<()> {
         data_dir,
         workers,
     } = options;
+    // Handlers first: a SIGTERM that arrives once the banner is printed must find them.
+    let signal = muster_launch::shutdown_signal()?;
     let temporary = match data_dir {
         Some(_) => None,
         None => Some(tempfile::Builder::new().prefix("muster-dev-").tempdir()?),
@@ -189,7 +191,7 @@ pub(crate) async fn run(options: DevOptions) -> anyhow::Result<()> {
     out.flush()?;
     drop(out);
 
-    muster_launch::shutdown_signal()?.await;
+    signal.await;
     agent.stop().await;
     node.shutdown();
     master.shutdown().await;

@@ -236,6 +236,8 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let data_dir = config.data_dir.clone();
     let id = config.id;
     let security = config.security.clone();
+    // Handlers first: a SIGTERM that arrives once "listening" is printed must find them.
+    let signal = muster_launch::shutdown_signal()?;
     let master = MasterServer::start(config).await?;
     muster_launch::security::reload_on_sighup(&security)?;
     let mut out = std::io::stdout().lock();
@@ -252,7 +254,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     )?;
     out.flush()?;
     drop(out);
-    let signal = muster_launch::shutdown_signal()?.await;
+    let signal = signal.await;
     tracing::info!(signal, "shutting down");
     master.shutdown().await;
     Ok(())
