@@ -235,22 +235,27 @@ async fn status(connection: &Connection) -> anyhow::Result<()> {
     if !state.agents.is_empty() {
         writeln!(
             out,
-            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  CONNECTED",
-            "ID", "HOSTNAME", "ADDRESS", "CPUS", "MEM MB", "TASKS"
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} CONNECTED",
+            "ID", "HOSTNAME", "ADDRESS", "CPUS", "MEM MB", "TASKS", "ISOLATION"
         )?;
     }
     for agent in &state.agents {
         let info = agent.info.clone().unwrap_or_default();
         let resources = info.resources.unwrap_or_default();
+        let isolation = info
+            .attributes
+            .get(muster::agent::ISOLATION_ATTRIBUTE)
+            .map_or("?", String::as_str);
         writeln!(
             out,
-            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {}",
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {}",
             agent.id,
             info.hostname,
             info.address,
             resources.cpus,
             resources.mem_mb,
             agent.tasks.len(),
+            isolation,
             agent.connected
         )?;
         for task in &agent.tasks {

@@ -28,9 +28,10 @@ use muster_proto::model::{AgentInfo, Task};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use handle::{AgentHandle, AgentSnapshot, AgentStatus, start};
+pub use handle::{AgentHandle, AgentSnapshot, AgentStatus, ISOLATION_ATTRIBUTE, start};
 
 use crate::child_process::Ended;
+use crate::isolation::Isolation;
 use crate::tasks::Tasks;
 use crate::{AgentConfig, backoff};
 use master_link::{Connection, Heartbeats};
@@ -123,6 +124,8 @@ enum Msg {
 pub struct Agent {
     node: Node,
     config: AgentConfig,
+    /// How its tasks are bounded: cgroups, or process groups.
+    isolation: Isolation,
     masters: Vec<Upid>,
     info: AgentInfo,
     agent_id: Option<String>,
@@ -256,6 +259,7 @@ impl Process for Agent {
     fn stopped(&mut self, reason: &ExitReason) {
         tracing::info!(agent = %self.info.address, %reason, "agent stopped");
         self.tasks.kill_all();
+        self.isolation.release();
         self.status.send_replace(AgentStatus::Stopped);
     }
 }

@@ -11,12 +11,16 @@ use std::time::Duration;
 use muster_proto::model::Task;
 use tokio::sync::oneshot;
 
+use crate::isolation::TaskCgroup;
+
 /// How a task's child process ended.
 pub(crate) struct Ended {
     /// Its exit status, or why waiting for it failed.
     pub(crate) status: io::Result<ExitStatus>,
     /// True if it was asked to stop (and signalled) before it ended.
     pub(crate) killed: bool,
+    /// True if the kernel killed one of its processes for going past its memory limit.
+    pub(crate) out_of_memory: bool,
 }
 
 /// A task's child process, leader of its own process group. When the leader ends, or the
@@ -26,12 +30,22 @@ pub(crate) struct TaskProcess {
     child: tokio::process::Child,
     /// The process group (the child's pid) while it may still have members to kill.
     group: Option<i32>,
+    /// The task's cgroup, when the agent uses cgroups: every process the task starts is in
+    /// it, whatever group or session it makes for itself.
+    cgroup: Option<TaskCgroup>,
 }
 
 impl TaskProcess {
     /// Starts `task`'s command (with its arguments and environment) in `dir`, with no stdin and
-    /// the given `stdout` and `stderr`, as the leader of its own process group.
-    pub(crate) fn spawn(task: &Task, dir: &Path, stdout: Stdio, stderr: Stdio) -> io::Result<Self> {
+    /// the given `stdout` and `stderr`, as the leader of its own process group, inside
+    /// `cgroup` if given (it joins before its command runs).
+    pub(crate) fn spawn(
+        task: &Task,
+        dir: &Path,
+        stdout: Stdio,
+        stderr: Stdio,
+        cgroup: Option<TaskCgroup>,
+    ) -> io::Result<Self> {
         let mut command = tokio::process::Command::new(&task.command);
         command
             .args(&task.args)
@@ -43,12 +57,21 @@ impl TaskProcess {
             // Its own process group, so that what it starts ends with it.
             .process_group(0)
             .kill_on_drop(true);
-        command.spawn().map(TaskProcess::new)
-    }
-
-    fn new(child: tokio::process::Child) -> Self {
+        if let Some(cgroup) = &cgroup {
+            let procs = cgroup.join_handle();
+            // SAFETY: the closure runs in the child between fork and exec and only makes
+            // system calls (open, write, close, getpid) on data prepared before the fork.
+            unsafe {
+                command.pre_exec(move || procs.join_in_child());
+            }
+        }
+        let child = command.spawn()?;
         let group = child.id().and_then(|pid| i32::try_from(pid).ok());
-        TaskProcess { child, group }
+        Ok(TaskProcess {
+            child,
+            group,
+            cgroup,
+        })
     }
 
     /// The process group (the leader's pid), while it may still have members.
@@ -67,7 +90,8 @@ impl TaskProcess {
             biased;
             status = self.child.wait() => {
                 self.kill_group();
-                return Ended { status, killed: false };
+                let out_of_memory = self.end_cgroup().await;
+                return Ended { status, killed: false, out_of_memory };
             }
             Ok(grace) = &mut kill => grace,
         };
@@ -81,14 +105,32 @@ impl TaskProcess {
             }
         };
         self.kill_group();
+        let out_of_memory = self.end_cgroup().await;
         Ended {
             status,
             killed: true,
+            out_of_memory,
         }
     }
 
-    /// Sends `signal` to the group while it may still have members.
+    /// Kills what is left in the task's cgroup and removes it; whether the kernel killed a
+    /// process of it for memory.
+    async fn end_cgroup(&mut self) -> bool {
+        let Some(cgroup) = self.cgroup.take() else {
+            return false;
+        };
+        cgroup.kill_all().await;
+        let out_of_memory = cgroup.oom_killed();
+        cgroup.remove();
+        out_of_memory
+    }
+
+    /// Sends `signal` to the group while it may still have members, and to every process in
+    /// the task's cgroup.
     fn signal_group(&self, signal: libc::c_int) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.signal(signal);
+        }
         if let Some(group) = self.group {
             // SAFETY: killpg takes two integers and touches no memory of ours. The id cannot
             // name another group: before the leader is reaped its pid is not reused, and after

@@ -42,7 +42,16 @@ pub struct AgentConfig {
     /// How long a task asked to stop (`KillTask`) has between SIGTERM to its process group and
     /// SIGKILL (default 5 s; zero sends SIGKILL at once).
     pub kill_grace: Duration,
+    /// Whether to bound tasks with cgroups where the machine allows (default true). False, or
+    /// no usable cgroups, leaves each task's process group only, which the agent says once at
+    /// start and reports as its `muster.isolation` attribute.
+    pub cgroups: bool,
+    /// Most processes and threads one task may run at once, with cgroups (default 4096).
+    pub task_pids_max: u64,
 }
+
+/// Default of [`AgentConfig::task_pids_max`].
+pub const DEFAULT_TASK_PIDS_MAX: u64 = 4096;
 
 /// Default of [`AgentConfig::registration_backoff_initial`].
 pub const DEFAULT_BACKOFF_INITIAL: Duration = Duration::from_secs(1);
@@ -73,6 +82,8 @@ impl AgentConfig {
             ask_timeout: DEFAULT_ASK_TIMEOUT,
             completed_task_history: DEFAULT_COMPLETED_TASK_HISTORY,
             kill_grace: DEFAULT_KILL_GRACE,
+            cgroups: true,
+            task_pids_max: DEFAULT_TASK_PIDS_MAX,
         }
     }
 

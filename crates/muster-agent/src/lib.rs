@@ -30,13 +30,17 @@ mod backoff;
 mod child_process;
 mod config;
 mod error;
+pub mod isolation;
 pub mod store;
 mod tasks;
 
-pub use agent::{Agent, AgentHandle, AgentMsg, AgentSnapshot, AgentStatus, start};
+pub use agent::{
+    Agent, AgentHandle, AgentMsg, AgentSnapshot, AgentStatus, ISOLATION_ATTRIBUTE, start,
+};
 pub use config::{
     AgentConfig, DEFAULT_ASK_TIMEOUT, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
     DEFAULT_COMPLETED_TASK_HISTORY, DEFAULT_KILL_GRACE, DEFAULT_MASTER_SILENCE_TIMEOUT,
-    default_hostname,
+    DEFAULT_TASK_PIDS_MAX, default_hostname,
 };
 pub use error::AgentError;
+pub use isolation::Isolation;

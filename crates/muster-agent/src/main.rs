@@ -58,6 +58,10 @@ struct Args {
     /// [attributes]); flags override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Do not bound tasks with cgroups even where the machine allows: each task's process
+    /// group only (memory, CPU and process limits not enforced).
+    #[arg(long)]
+    no_cgroups: bool,
     /// TLS: this agent's certificate (role agent), key and the cluster CA.
     #[command(flatten)]
     tls: TlsFlags,
@@ -138,6 +142,7 @@ fn settings(args: Args) -> anyhow::Result<(String, AgentConfig, Security)> {
     if let Some(mem_mb) = args.mem_mb.or(file.mem_mb) {
         config.resources.1 = mem_mb;
     }
+    config.cgroups = !args.no_cgroups;
     config.attributes = file.attributes;
     config.attributes.extend(args.attributes);
     config.validate()?;

@@ -126,10 +126,14 @@ impl Tasks {
         task_id: &str,
         state: TaskState,
         exit_code: i32,
+        message: Option<String>,
     ) -> Option<Finished> {
         let Active { mut task, .. } = self.active.remove(task_id)?;
         task.state = state as i32;
         task.exit_code = exit_code;
+        if let Some(message) = message {
+            task.message = message;
+        }
         let framework_id = task.framework_id.clone();
         let framework = self
             .frameworks
@@ -274,21 +278,21 @@ mod tests {
             tasks.add_running(framework("f"), task(id, "f"), None, None);
         }
         tasks.add_running(framework("g"), task("d", "g"), None, None);
-        let Some(done) = tasks.finish("a", TaskState::Finished, 0) else {
+        let Some(done) = tasks.finish("a", TaskState::Finished, 0, None) else {
             panic!("a runs")
         };
         assert_eq!(done.framework.name, "f-name");
         assert!(done.evicted.is_empty());
         assert_eq!(tasks.frameworks().len(), 2, "f still has b and c");
-        assert!(tasks.finish("b", TaskState::Failed, 3).is_some());
-        let Some(done) = tasks.finish("c", TaskState::Finished, 0) else {
+        assert!(tasks.finish("b", TaskState::Failed, 3, None).is_some());
+        let Some(done) = tasks.finish("c", TaskState::Finished, 0, None) else {
             panic!("c runs")
         };
         assert_eq!(done.evicted, vec!["a".to_owned()]);
         assert_eq!(tasks.frameworks(), vec![framework("g")]);
         assert_eq!(tasks.completed_frameworks(), vec![framework("f")]);
         assert!(tasks.knows("b") && tasks.knows("d") && !tasks.knows("a"));
-        assert!(tasks.finish("zz", TaskState::Finished, 0).is_none());
+        assert!(tasks.finish("zz", TaskState::Finished, 0, None).is_none());
     }
 
     #[test]
@@ -301,7 +305,7 @@ mod tests {
         assert_eq!(killed.try_recv(), Ok(grace));
         // Asked again while it is still stopping: nothing more is sent, still fine.
         assert_eq!(tasks.kill("a", Duration::ZERO), KillRequest::Stopping);
-        assert!(tasks.finish("a", TaskState::Killed, 143).is_some());
+        assert!(tasks.finish("a", TaskState::Killed, 143, None).is_some());
         assert_eq!(
             tasks.kill("a", grace),
             KillRequest::Ended(TaskState::Killed)

@@ -1065,3 +1065,101 @@ async fn an_update_made_while_unregistered_is_sent_after_the_next_registration()
     b.shutdown().await;
     Ok(())
 }
+
+/// A shell task with resources (so that its cgroup has limits).
+fn bounded_task(id: &str, script: &str, mem_mb: u64) -> RunTask {
+    let mut request = shell_task(id, script);
+    if let Some(task) = request.task.as_mut() {
+        task.resources = Some(muster_proto::model::Resources { cpus: 0.5, mem_mb });
+    }
+    request
+}
+
+/// The isolation the agent reported when it registered.
+fn isolation_of(register: &RegisterAgent) -> String {
+    register
+        .info
+        .as_ref()
+        .and_then(|info| info.attributes.get(muster_agent::ISOLATION_ATTRIBUTE))
+        .cloned()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cgroups_bound_memory_and_a_kill_reaches_every_process() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-cg".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    let registered = master.next_register().await?;
+    // This machine (and CI's) has writable cgroups: the test is about them.
+    let isolation = isolation_of(&registered);
+    ensure!(
+        isolation.starts_with("cgroup-"),
+        "the agent could not use cgroups here ({isolation}); these tests need them"
+    );
+    agent.registered_with(&master.upid()?).await?;
+    let to = agent.upid().clone();
+
+    // 16 MiB, and a pipeline that holds 200 MB: the kernel kills it, the agent says why.
+    let hog = "head -c 200000000 /dev/zero | tail > /dev/null";
+    assert_eq!(
+        master
+            .run_task(&to, bounded_task("hog", hog, 16))
+            .await?
+            .error,
+        ""
+    );
+    master.expect_started("agent-cg", "hog").await?;
+    let failed = master
+        .expect_update("agent-cg", "hog", TaskState::Failed)
+        .await?;
+    assert_eq!(failed.message, "out of memory", "{failed:?}");
+
+    // A grandchild in a session of its own is still the task's: a kill ends it too.
+    let script = "setsid sh -c 'echo $$ > escapee.pid; exec sleep 300' & wait";
+    assert_eq!(
+        master
+            .run_task(&to, bounded_task("escape", script, 64))
+            .await?
+            .error,
+        ""
+    );
+    master.expect_started("agent-cg", "escape").await?;
+    let escapee = pid_in(&dir.path().join("tasks/escape/escapee.pid")).await?;
+    ensure!(!has_ended(escapee), "the grandchild runs");
+    assert_eq!(master.kill_task(&to, "escape").await?.error, "");
+    master
+        .expect_update("agent-cg", "escape", TaskState::Killed)
+        .await?;
+    ends(escapee, "the setsid grandchild").await?;
+
+    // A task within its limits finishes as usual.
+    assert_eq!(
+        master
+            .run_task(&to, bounded_task("small", "exit 0", 64))
+            .await?
+            .error,
+        ""
+    );
+    master.expect_started("agent-cg", "small").await?;
+    master
+        .expect_update("agent-cg", "small", TaskState::Finished)
+        .await?;
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_cgroups_the_agent_says_so() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-pg".into())).await?;
+    let mut config = config(&[master.address()], dir.path());
+    config.cgroups = false;
+    let agent = AgentNode::start(config).await?;
+    let registered = master.next_register().await?;
+    assert_eq!(isolation_of(&registered), "process-group");
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 
 use super::master_link::{Connection, Heartbeats};
 use super::{Agent, AgentMsg, Msg};
+use crate::isolation::Isolation;
 use crate::store::{self, blocking};
 use crate::tasks::Tasks;
 use crate::{AgentConfig, AgentError};
@@ -197,21 +198,41 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     })
     .await?;
 
+    let isolation = if config.cgroups {
+        let scope = isolation_scope(&config.data_dir);
+        blocking(move || Ok(Isolation::detect(&scope))).await?
+    } else {
+        Isolation::ProcessGroup {
+            reason: "cgroups turned off in the agent's config".into(),
+        }
+    };
+    match &isolation {
+        Isolation::ProcessGroup { reason } => tracing::warn!(
+            %reason,
+            "tasks are bounded by process groups only: memory, CPU and process limits are not \
+             enforced, and a task's processes that leave its group survive a kill"
+        ),
+        other => tracing::info!(isolation = other.name(), "each task runs in its own cgroup"),
+    }
+
     let (cpus, mem_mb) = config.resources;
+    let mut attributes: std::collections::HashMap<String, String> = config
+        .attributes
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    attributes.insert(ISOLATION_ATTRIBUTE.into(), isolation.name().into());
     let info = AgentInfo {
         hostname: config.hostname.clone(),
         address: upid.to_string(),
         resources: Some(Resources { cpus, mem_mb }),
-        attributes: config
-            .attributes
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        attributes,
     };
     let (status_tx, status_rx) = watch::channel(AgentStatus::Registering);
     let agent = Agent {
         node: node.clone(),
         config,
+        isolation,
         masters,
         info,
         agent_id,
@@ -256,4 +277,23 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         upid,
         status: status_rx,
     })
+}
+
+/// The attribute an agent reports its task isolation in (`cgroup-v2`, `cgroup-v1` or
+/// `process-group`), as Nomad reports its drivers.
+pub const ISOLATION_ATTRIBUTE: &str = "muster.isolation";
+
+/// The agent's own cgroup directory name, stable across its restarts: `muster/agent-<hash of
+/// its data dir>`.
+fn isolation_scope(data_dir: &std::path::Path) -> String {
+    let path = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
+    // FNV-1a: short, stable, and no dependency for a directory name.
+    let hash = path
+        .as_os_str()
+        .as_encoded_bytes()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
+        });
+    format!("muster/agent-{hash:016x}")
 }

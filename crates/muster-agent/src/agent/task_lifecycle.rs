@@ -15,6 +15,7 @@ use super::master_link::Connection;
 use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
 use crate::child_process::{self, Ended, TaskProcess};
+use crate::isolation::Limits;
 use crate::store::{self, blocking};
 use crate::tasks::KillRequest;
 
@@ -70,7 +71,17 @@ impl Agent {
                 dir.display()
             )
         })?;
-        let child = match TaskProcess::spawn(&task, &dir, stdout, stderr) {
+        let resources = task.resources.unwrap_or_default();
+        let limits = Limits {
+            mem_mb: resources.mem_mb,
+            cpus: resources.cpus,
+            pids: self.config.task_pids_max,
+        };
+        let cgroup = self
+            .isolation
+            .for_task(&id, limits)
+            .map_err(|e| format!("task {id:?}: cannot make its cgroup: {e}"))?;
+        let child = match TaskProcess::spawn(&task, &dir, stdout, stderr, cgroup) {
             Ok(child) => child,
             Err(e) => {
                 let _ = tokio::fs::remove_dir_all(&dir).await;
@@ -161,7 +172,12 @@ impl Agent {
     /// A task's child process ended: move the task to the completed history in its final
     /// state, report it and checkpoint it.
     pub(super) async fn task_exited(&mut self, task_id: &str, ended: Ended) {
+        let mut message = None;
         let (state, exit_code) = match &ended.status {
+            Ok(status) if ended.out_of_memory => {
+                message = Some("out of memory".to_owned());
+                (TaskState::Failed, child_process::exit_code(status))
+            }
             Ok(status) => {
                 let code = child_process::exit_code(status);
                 let state = if ended.killed {
@@ -183,7 +199,7 @@ impl Agent {
                 (state, -1)
             }
         };
-        let Some(finished) = self.tasks.finish(task_id, state, exit_code) else {
+        let Some(finished) = self.tasks.finish(task_id, state, exit_code, message) else {
             return;
         };
         tracing::info!(task = %task_id, state = ?state, exit_code, "task completed");
