@@ -113,16 +113,14 @@ impl TaskProcess {
         }
     }
 
-    /// Kills what is left in the task's cgroup and removes it; whether the kernel killed a
-    /// process of it for memory.
+    /// Kills what is left in the task's cgroup; whether the kernel killed a process of it for
+    /// memory. The cgroup is removed when it is dropped, here.
     async fn end_cgroup(&mut self) -> bool {
         let Some(cgroup) = self.cgroup.take() else {
             return false;
         };
         cgroup.kill_all().await;
-        let out_of_memory = cgroup.oom_killed();
-        cgroup.remove();
-        out_of_memory
+        cgroup.oom_killed()
     }
 
     /// Sends `signal` to the group while it may still have members, and to every process in

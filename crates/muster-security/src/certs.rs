@@ -108,12 +108,42 @@ pub struct CertRequest<'a> {
     pub validity: Duration,
 }
 
-/// A certificate for `request`, signed by the CA `ca`.
+/// A certificate for `request`, signed by the CA `ca`, valid from a minute ago for
+/// `request.validity`.
 ///
 /// # Errors
 /// [`CertError::BadCa`] if `ca` does not parse, [`CertError::BadName`] for a name that
 /// cannot be in a certificate.
 pub fn issue(ca: &PemPair, request: &CertRequest<'_>) -> Result<PemPair, CertError> {
+    let now = std::time::SystemTime::now();
+    let start = now
+        .checked_sub(Duration::from_secs(60))
+        .unwrap_or(std::time::UNIX_EPOCH);
+    sign(ca, request, start, now + request.validity)
+}
+
+/// A certificate like [`issue`]'s whose validity ended an hour ago, after lasting
+/// `request.validity` (for tests of expired certificates).
+///
+/// # Errors
+/// As [`issue`].
+pub fn issue_expired(ca: &PemPair, request: &CertRequest<'_>) -> Result<PemPair, CertError> {
+    let end = std::time::SystemTime::now()
+        .checked_sub(Duration::from_secs(3600))
+        .unwrap_or(std::time::UNIX_EPOCH);
+    let start = end
+        .checked_sub(request.validity)
+        .unwrap_or(std::time::UNIX_EPOCH);
+    sign(ca, request, start, end)
+}
+
+/// The one way a role certificate is made: `request`'s names, valid from `start` to `end`.
+fn sign(
+    ca: &PemPair,
+    request: &CertRequest<'_>,
+    start: std::time::SystemTime,
+    end: std::time::SystemTime,
+) -> Result<PemPair, CertError> {
     let ca_key = KeyPair::from_pem(&ca.key).map_err(|e| CertError::BadCa(e.to_string()))?;
     let issuer =
         Issuer::from_ca_cert_pem(&ca.cert, ca_key).map_err(|e| CertError::BadCa(e.to_string()))?;
@@ -150,42 +180,8 @@ pub fn issue(ca: &PemPair, request: &CertRequest<'_>) -> Result<PemPair, CertErr
         ExtendedKeyUsagePurpose::ClientAuth,
     ];
     params.use_authority_key_identifier_extension = true;
-    validity_window(&mut params, request.validity);
-    let key = KeyPair::generate().map_err(generate)?;
-    let cert = params.signed_by(&key, &issuer).map_err(generate)?;
-    Ok(PemPair {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-    })
-}
-
-/// A certificate like [`issue`]'s whose validity ended before `validity` ago (for tests of
-/// expired certificates).
-///
-/// # Errors
-/// As [`issue`].
-pub fn issue_expired(ca: &PemPair, request: &CertRequest<'_>) -> Result<PemPair, CertError> {
-    let ca_key = KeyPair::from_pem(&ca.key).map_err(|e| CertError::BadCa(e.to_string()))?;
-    let issuer =
-        Issuer::from_ca_cert_pem(&ca.cert, ca_key).map_err(|e| CertError::BadCa(e.to_string()))?;
-    let mut params =
-        CertificateParams::new(vec![request.role.dns_name(request.cluster)]).map_err(generate)?;
-    let mut subject = DistinguishedName::new();
-    subject.push(DnType::CommonName, request.name);
-    params.distinguished_name = subject;
-    let now = std::time::SystemTime::now();
-    let end = now
-        .checked_sub(Duration::from_secs(3600))
-        .unwrap_or(std::time::UNIX_EPOCH);
-    let start = end
-        .checked_sub(request.validity)
-        .unwrap_or(std::time::UNIX_EPOCH);
     params.not_before = start.into();
     params.not_after = end.into();
-    params.extended_key_usages = vec![
-        ExtendedKeyUsagePurpose::ServerAuth,
-        ExtendedKeyUsagePurpose::ClientAuth,
-    ];
     let key = KeyPair::generate().map_err(generate)?;
     let cert = params.signed_by(&key, &issuer).map_err(generate)?;
     Ok(PemPair {

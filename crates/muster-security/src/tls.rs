@@ -462,11 +462,8 @@ impl Security {
         matches!(self, Security::Insecure)
     }
 
-    /// A tonic channel to `address` (`host:port`) that accepts servers of the `accepted`
-    /// roles, connecting on first use; plaintext when insecure.
-    ///
-    /// # Errors
-    /// A malformed address.
+    /// A tonic channel to `endpoint` that accepts servers of the `accepted` roles,
+    /// connecting on first use; plaintext when insecure.
     pub fn lazy_channel(
         &self,
         endpoint: tonic::transport::Endpoint,

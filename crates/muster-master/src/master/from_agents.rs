@@ -200,16 +200,12 @@ impl Master {
         }
         let id = AgentId(request.agent_id.clone());
         let (unchanged, bound) = self.registry.reader().read(|state| {
-            let stored = state
-                .agents
-                .get(&id)
-                .or_else(|| state.unreachable.get(&id).map(|u| &u.info));
-            (
-                state.agents.get(&id).is_some_and(|stored| {
-                    same_info(info, stored) && identity.is_none_or(|id| stored.identity == id)
-                }),
-                stored.map(|stored| stored.identity.clone()),
-            )
+            let admitted = state.agents.get(&id);
+            let unchanged = admitted.is_some_and(|stored| {
+                same_info(info, stored) && identity.is_none_or(|id| stored.identity == id)
+            });
+            let stored = admitted.or_else(|| state.unreachable.get(&id).map(|u| &u.info));
+            (unchanged, stored.map(|stored| stored.identity.clone()))
         });
         if let Some(bound) = &bound
             && let Err(why) = bound_to(&request.agent_id, bound, identity)
