@@ -348,6 +348,7 @@ async fn raw_tcp(agents: usize) -> Duration {
             let message = pb::ReregisterAgent::decode(&buffer[..]).expect("decode");
             let ack = pb::RegistrationReply {
                 result: Some(Registration::AgentId(message.agent_id.clone())),
+                kill_tasks: Vec::new(),
             }
             .encode_to_vec();
             filed.insert(message.agent_id.clone(), message);

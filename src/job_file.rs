@@ -36,6 +36,9 @@ struct GroupFile {
     mem_mb: u64,
     #[serde(rename = "constraint", default)]
     constraints: Vec<ConstraintFile>,
+    /// The user its tasks run as (the agent must allow it); absent: the agent's task user.
+    #[serde(default)]
+    user: String,
 }
 
 fn one() -> u32 {
@@ -103,6 +106,7 @@ fn parse(text: &str) -> anyhow::Result<pb::Job> {
             env: g.env,
             constraints,
             spec_version: 0,
+            user: g.user,
         });
     }
     Ok(pb::Job {

@@ -6,21 +6,26 @@
 //! - [`master_link`]: finding the leading master and registering (or re-registering) with it,
 //!   following `NotLeader` hints, heartbeats, and noticing the master is gone;
 //! - [`task_lifecycle`]: launching and killing tasks, recording how they ended, and reporting
-//!   their states to the master.
+//!   their states to the master;
+//! - [`recovery`]: taking back the tasks an earlier run of the agent left (re-attaching to
+//!   those still running, recording the real end of the others).
 //!
 //! The task table is [`crate::tasks`], the tasks' child processes [`crate::child_process`], the
 //! files under the data directory [`crate::store`].
 
 mod handle;
 mod master_link;
+mod recovery;
 mod task_lifecycle;
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
+use std::time::Duration;
 
 use muster_actor::{
     AskError, Context, ExitReason, Node, Process, ProcessRef, Reply, TimerHandle, Upid,
 };
+use muster_proto::cluster::Framework;
 use muster_proto::cluster::{
     KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RegistrationReply, RunTask, RunTaskReply,
 };
@@ -30,8 +35,10 @@ use tokio::time::Instant;
 
 pub use handle::{AgentHandle, AgentSnapshot, AgentStatus, ISOLATION_ATTRIBUTE, start};
 
-use crate::child_process::Ended;
+use crate::child_process::{Ended, TaskProcess};
 use crate::isolation::Isolation;
+use crate::store::{self, blocking};
+use crate::task_user::TaskUsers;
 use crate::tasks::Tasks;
 use crate::{AgentConfig, backoff};
 use master_link::{Connection, Heartbeats};
@@ -78,6 +85,7 @@ impl fmt::Debug for AgentMsg {
             Msg::CheckSilence { .. } => "CheckSilence",
             Msg::SendHeartbeat { .. } => "SendHeartbeat",
             Msg::TaskExited { .. } => "TaskExited",
+            Msg::Alive => "Alive",
             Msg::AgentId(_) => "AgentId",
             Msg::Snapshot(_) => "Snapshot",
         };
@@ -110,11 +118,13 @@ enum Msg {
     SendHeartbeat {
         generation: u64,
     },
-    /// A task's child process ended (or waiting for it failed).
+    /// A task's process ended (or waiting for it failed).
     TaskExited {
         task_id: String,
         ended: Ended,
     },
+    /// Time to record that the agent is alive (see `store::touch_alive`).
+    Alive,
     AgentId(Reply<Option<String>>),
     Snapshot(Reply<AgentSnapshot>),
 }
@@ -126,6 +136,8 @@ pub struct Agent {
     config: AgentConfig,
     /// How its tasks are bounded: cgroups, or process groups.
     isolation: Isolation,
+    /// Whom its tasks run as.
+    task_users: TaskUsers,
     masters: Vec<Upid>,
     info: AgentInfo,
     agent_id: Option<String>,
@@ -151,8 +163,10 @@ pub struct Agent {
     /// Masters this process is linked to (until their link's loss is reported).
     linked: HashSet<Upid>,
     // Tasks (see `task_lifecycle`).
-    /// Running tasks and the completed history; dropping it kills the running tasks' children.
+    /// Running tasks and the completed history.
     tasks: Tasks,
+    /// Tasks an earlier run left running, re-attached by [`start`], watched from `Start` on.
+    recovered: Vec<(Framework, Task, TaskProcess)>,
     /// Task status updates not yet sent to a master (the agent was not registered), oldest
     /// first, the latest per task only; bounded (see [`Agent::report`]).
     unsent_updates: VecDeque<Task>,
@@ -199,6 +213,10 @@ impl Process for Agent {
                 reply.send(KillTaskReply { error });
             }
             Msg::Start => {
+                for (framework, task, process) in std::mem::take(&mut self.recovered) {
+                    self.watch(framework, task, process, ctx);
+                }
+                self.keep_alive(ctx).await;
                 let delay = backoff::initial_delay(
                     self.config.registration_backoff_initial,
                     fastrand::f64(),
@@ -238,6 +256,7 @@ impl Process for Agent {
                 }
             }
             Msg::TaskExited { task_id, ended } => self.task_exited(&task_id, ended).await,
+            Msg::Alive => self.keep_alive(ctx).await,
             Msg::AgentId(reply) => reply.send(self.agent_id.clone()),
             Msg::Snapshot(reply) => reply.send(self.snapshot()),
         }
@@ -257,14 +276,50 @@ impl Process for Agent {
     }
 
     fn stopped(&mut self, reason: &ExitReason) {
+        let kill = self.config.stop_tasks_on_exit;
+        let stopped = self.tasks.stop_all(kill);
+        if kill {
+            // Synchronously: the agent is going away, and a restart must find them ended.
+            for (framework, task) in &stopped {
+                if let Err(error) = store::write_checkpoint(&self.config.data_dir, framework, task)
+                {
+                    tracing::warn!(task = %task.id, %error, "cannot checkpoint a killed task");
+                }
+            }
+        } else if !stopped.is_empty() {
+            tracing::info!(
+                tasks = stopped.len(),
+                "the tasks keep running, for the agent's next run to take back"
+            );
+        }
         tracing::info!(agent = %self.info.address, %reason, "agent stopped");
-        self.tasks.kill_all();
         self.isolation.release();
         self.status.send_replace(AgentStatus::Stopped);
     }
 }
 
+/// How often a running agent records that it is alive, at most.
+const ALIVE_INTERVAL: Duration = Duration::from_secs(30);
+
 impl Agent {
+    /// Records that the agent is alive, and does it again after a while: a quarter of the
+    /// recovery timeout, at most [`ALIVE_INTERVAL`].
+    async fn keep_alive(&mut self, ctx: &mut Context<Self>) {
+        let data_dir = self.config.data_dir.clone();
+        let touched = blocking(move || {
+            store::touch_alive(&data_dir).map_err(|source| crate::AgentError::StateFile {
+                path: data_dir.join("meta"),
+                source,
+            })
+        })
+        .await;
+        if let Err(error) = touched {
+            tracing::warn!(%error, "cannot record that the agent is alive");
+        }
+        let every = (self.config.recovery_timeout / 4).min(ALIVE_INTERVAL);
+        ctx.delay(every, AgentMsg(Msg::Alive));
+    }
+
     /// What the agent knows now.
     fn snapshot(&self) -> AgentSnapshot {
         AgentSnapshot {

@@ -1,7 +1,12 @@
-//! A task's child process on this machine: starting its command in its own process group,
-//! stopping that group with signals (SIGTERM, then SIGKILL after a grace period), reaping it,
-//! and turning how it ended into an exit code. Kept apart from the agent's bookkeeping because
-//! this is the only place that deals with the operating system's processes and signals.
+//! A task's processes on this machine: starting its command under an executor (see
+//! [`crate::executor`]) in its own process group and cgroup, as its user; re-attaching to the
+//! executor of a task an earlier run of the agent started; stopping the task with signals
+//! (SIGTERM, then SIGKILL after a grace period); and turning how it ended into an exit code.
+//! Kept apart from the agent's bookkeeping because this is the only place that deals with the
+//! operating system's processes and signals.
+//!
+//! A task outlives the agent: dropping a [`TaskProcess`] (the agent stops, or is killed)
+//! leaves it running under its executor, for the next run of the agent to re-attach.
 
 use std::io;
 use std::path::Path;
@@ -9,13 +14,17 @@ use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 
 use muster_proto::model::Task;
+use tokio::io::unix::AsyncFd;
 use tokio::sync::oneshot;
 
+use crate::executor::{self, CgroupRecord, Files, Plan, Record};
 use crate::isolation::TaskCgroup;
+use crate::task_user::Credentials;
 
-/// How a task's child process ended.
+/// How a task's process ended.
+#[derive(Debug)]
 pub(crate) struct Ended {
-    /// Its exit status, or why waiting for it failed.
+    /// Its wait status, or why it is not known.
     pub(crate) status: io::Result<ExitStatus>,
     /// True if it was asked to stop (and signalled) before it ended.
     pub(crate) killed: bool,
@@ -23,143 +32,298 @@ pub(crate) struct Ended {
     pub(crate) out_of_memory: bool,
 }
 
-/// A task's child process, leader of its own process group. When the leader ends, or the
-/// process is dropped before that (the agent stopped), the whole group is killed: a task's
-/// processes do not outlive it.
-pub(crate) struct TaskProcess {
-    child: tokio::process::Child,
-    /// The process group (the child's pid) while it may still have members to kill.
-    group: Option<i32>,
-    /// The task's cgroup, when the agent uses cgroups: every process the task starts is in
-    /// it, whatever group or session it makes for itself.
+/// The task's executor, whose end says the task ended.
+#[derive(Debug)]
+enum Executor {
+    /// Started by this run of the agent: its child, reaped by tokio.
+    Child(tokio::process::Child),
+    /// Started by an earlier run: watched through a pidfd (readable once it ended); the
+    /// machine's init reaps it.
+    Adopted(AsyncFd<std::os::fd::OwnedFd>),
+}
+
+impl Executor {
+    /// Waits until the executor has ended.
+    async fn ended(&mut self) {
+        match self {
+            Executor::Child(child) => {
+                if let Err(error) = child.wait().await {
+                    tracing::warn!(%error, "cannot wait for a task's executor");
+                }
+            }
+            Executor::Adopted(pidfd) => {
+                if let Err(error) = pidfd.readable().await {
+                    tracing::warn!(%error, "cannot watch an adopted task's executor");
+                }
+            }
+        }
+    }
+}
+
+/// Sends signals to a task's processes: its process group and, with cgroups, every process in
+/// its cgroup, whatever group or session it made for itself.
+#[derive(Clone, Debug)]
+pub(crate) struct Signaller {
+    /// The task's pid, which is its process group.
+    group: i32,
     cgroup: Option<TaskCgroup>,
 }
 
+impl Signaller {
+    /// Sends `signal` to every process of the task.
+    pub(crate) fn signal(&self, signal: libc::c_int) {
+        if let Some(cgroup) = &self.cgroup {
+            cgroup.signal(signal);
+        }
+        // SAFETY: killpg takes two integers and touches no memory of ours. The group cannot
+        // be another's while the task runs (its leader is not reaped before the executor
+        // sees it end); an empty group gives ESRCH, which there is nothing to do about.
+        unsafe {
+            libc::killpg(self.group, signal);
+        }
+    }
+}
+
+/// A task's processes: its executor and, under it, the task, leader of its own process group.
+#[derive(Debug)]
+pub(crate) struct TaskProcess {
+    executor: Executor,
+    signaller: Signaller,
+    files: Files,
+}
+
+/// What a restarted agent found of a task an earlier run started.
+#[derive(Debug)]
+pub(crate) enum Recovered {
+    /// It still runs: re-attached.
+    Running(Box<TaskProcess>),
+    /// It ended while the agent was down, with this status.
+    Ended(ExitStatus),
+    /// Nothing of it is left, and its status is not known: why.
+    Gone(String),
+}
+
+/// What a task runs as and where its output goes.
+#[derive(Debug)]
+pub(crate) struct Sandbox {
+    /// Its stdout file.
+    pub(crate) stdout: Stdio,
+    /// Its stderr file.
+    pub(crate) stderr: Stdio,
+    /// Its cgroup, if the agent uses cgroups.
+    pub(crate) cgroup: Option<TaskCgroup>,
+    /// Its user, if not the agent's.
+    pub(crate) credentials: Option<Credentials>,
+}
+
 impl TaskProcess {
-    /// Starts `task`'s command (with its arguments and environment) in `dir`, with no stdin and
-    /// the given `stdout` and `stderr`, as the leader of its own process group, inside
-    /// `cgroup` if given (it joins before its command runs).
+    /// Starts `task`'s command (with its arguments and environment) in `dir` under a new
+    /// executor, with no stdin and the sandbox's stdout, stderr, cgroup and user. Returns it
+    /// with the [`Record`] a restarted agent needs to find it again (not written yet).
     pub(crate) fn spawn(
         task: &Task,
         dir: &Path,
-        stdout: Stdio,
-        stderr: Stdio,
-        cgroup: Option<TaskCgroup>,
-    ) -> io::Result<Self> {
+        files: Files,
+        sandbox: Sandbox,
+    ) -> io::Result<(Self, Record)> {
+        files.remove()?;
+        let plan = Plan::new(
+            &files,
+            sandbox.cgroup.as_ref().map(TaskCgroup::join_handle),
+            sandbox.credentials,
+        )?;
         let mut command = tokio::process::Command::new(&task.command);
         command
             .args(&task.args)
             .envs(&task.env)
             .current_dir(dir)
             .stdin(Stdio::null())
-            .stdout(stdout)
-            .stderr(stderr)
-            // Its own process group, so that what it starts ends with it.
-            .process_group(0)
-            .kill_on_drop(true);
-        if let Some(cgroup) = &cgroup {
-            let procs = cgroup.join_handle();
-            // SAFETY: the closure runs in the child between fork and exec and only makes
-            // system calls (open, write, close, getpid) on data prepared before the fork.
-            unsafe {
-                command.pre_exec(move || procs.join_in_child());
-            }
+            .stdout(sandbox.stdout)
+            .stderr(sandbox.stderr)
+            // The task outlives the agent: its executor is not killed with it.
+            .kill_on_drop(false);
+        // SAFETY: the closure runs in the child between fork and exec and only makes raw
+        // system calls on data prepared before the fork (see `Plan::run_in_child`).
+        unsafe {
+            command.pre_exec(move || plan.run_in_child());
         }
+        // Returns once the task has exec'd (or failed to): the executor has written its pid.
         let child = command.spawn()?;
-        let group = child.id().and_then(|pid| i32::try_from(pid).ok());
-        Ok(TaskProcess {
-            child,
-            group,
-            cgroup,
-        })
+        let executor_pid = child
+            .id()
+            .and_then(|pid| i32::try_from(pid).ok())
+            .ok_or_else(|| io::Error::other("the executor has no pid"))?;
+        let task_pid = files
+            .read_task_pid()?
+            .ok_or_else(|| io::Error::other("the executor did not record the task's pid"))?;
+        let record = Record {
+            executor_pid,
+            executor_start: executor::start_time(executor_pid)?.unwrap_or_default(),
+            boot_id: executor::boot_id()?,
+            task_pid,
+            cgroup: sandbox.cgroup.as_ref().map(TaskCgroup::record),
+        };
+        let process = TaskProcess {
+            executor: Executor::Child(child),
+            signaller: Signaller {
+                group: task_pid,
+                cgroup: sandbox.cgroup,
+            },
+            files,
+        };
+        Ok((process, record))
     }
 
-    /// The process group (the leader's pid), while it may still have members.
-    pub(crate) fn group(&self) -> Option<i32> {
-        self.group
+    /// Finds a task an earlier run of the agent started, from its executor's `record`: still
+    /// running under the same executor (same pid, same start time, same boot), ended with the
+    /// status its executor wrote, or gone.
+    pub(crate) fn reattach(files: Files, record: &Record, boot_id: &str) -> Recovered {
+        let ended = |files: &Files| match files.read_status() {
+            Ok(Some(status)) => Some(Recovered::Ended(status)),
+            Ok(None) => None,
+            Err(e) => Some(Recovered::Gone(format!(
+                "its exit status is unreadable: {e}"
+            ))),
+        };
+        if let Some(ended) = ended(&files) {
+            return ended;
+        }
+        if record.boot_id != boot_id {
+            return Recovered::Gone("the machine restarted since it was started".into());
+        }
+        // The pidfd first, then the start time: if the start time matches after the pidfd is
+        // open, the pidfd is the executor's.
+        let pidfd = match executor::pidfd(record.executor_pid) {
+            Ok(Some(pidfd))
+                if executor::start_time(record.executor_pid)
+                    .is_ok_and(|start| start == Some(record.executor_start)) =>
+            {
+                pidfd
+            }
+            Ok(_) => {
+                // Ended since the status was read, or gone without writing it.
+                return ended(&files).unwrap_or_else(|| {
+                    Recovered::Gone("its executor is gone and left no exit status".into())
+                });
+            }
+            Err(e) => return Recovered::Gone(format!("cannot watch its executor: {e}")),
+        };
+        // SAFETY: the AsyncFd owns the OwnedFd, which stays open, and is the same descriptor,
+        // until the AsyncFd is dropped.
+        let pidfd = match unsafe {
+            AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)
+        } {
+            Ok(pidfd) => pidfd,
+            Err(e) => return Recovered::Gone(format!("cannot watch its executor: {e}")),
+        };
+        Recovered::Running(Box::new(TaskProcess {
+            executor: Executor::Adopted(pidfd),
+            signaller: Signaller {
+                group: record.task_pid,
+                cgroup: record.cgroup.as_ref().map(TaskCgroup::from_record),
+            },
+            files,
+        }))
     }
 
-    /// Waits for the leader, then kills whatever it left behind in its group. A grace period
-    /// arriving on `kill` first stops the group: SIGTERM, then SIGKILL if the leader is still
-    /// there when the grace period is over.
-    ///
-    /// The signals are sent from here, before the leader is reaped, so that the group id
-    /// cannot have been reused by then.
+    /// What sends signals to the task's processes.
+    pub(crate) fn signaller(&self) -> Signaller {
+        self.signaller.clone()
+    }
+
+    /// The task's pid.
+    pub(crate) fn pid(&self) -> i32 {
+        self.signaller.group
+    }
+
+    /// Waits for the task to end, then kills whatever it left behind in its group and cgroup.
+    /// A grace period arriving on `kill` first stops the task: SIGTERM, then SIGKILL if it is
+    /// still there when the grace period is over (a zero grace period: SIGKILL at once).
     pub(crate) async fn wait(mut self, mut kill: oneshot::Receiver<Duration>) -> Ended {
         let grace = tokio::select! {
             biased;
-            status = self.child.wait() => {
-                self.kill_group();
-                let out_of_memory = self.end_cgroup().await;
-                return Ended { status, killed: false, out_of_memory };
-            }
+            () = self.executor.ended() => return self.end(false).await,
             Ok(grace) = &mut kill => grace,
         };
-        self.signal_group(libc::SIGTERM);
-        let status = match tokio::time::timeout(grace, self.child.wait()).await {
-            Ok(status) => status,
-            Err(_) => {
-                tracing::info!(group = ?self.group, ?grace, "task still runs after its grace period; sending SIGKILL");
-                self.signal_group(libc::SIGKILL);
-                self.child.wait().await
-            }
+        if grace.is_zero() {
+            self.signaller.signal(libc::SIGKILL);
+            self.executor.ended().await;
+            return self.end(true).await;
+        }
+        self.signaller.signal(libc::SIGTERM);
+        if tokio::time::timeout(grace, self.executor.ended())
+            .await
+            .is_err()
+        {
+            tracing::info!(
+                task_pid = self.signaller.group,
+                ?grace,
+                "task still runs after its grace period; sending SIGKILL"
+            );
+            self.signaller.signal(libc::SIGKILL);
+            self.executor.ended().await;
+        }
+        self.end(true).await
+    }
+
+    /// The task has ended: kill what is left of it, read its status, and remove its cgroup.
+    async fn end(self, killed: bool) -> Ended {
+        self.signaller.signal(libc::SIGKILL);
+        let status = match self.files.read_status() {
+            Ok(Some(status)) => Ok(status),
+            Ok(None) => Err(io::Error::other(
+                "its executor ended without recording its exit status",
+            )),
+            Err(e) => Err(e),
         };
-        self.kill_group();
-        let out_of_memory = self.end_cgroup().await;
+        let out_of_memory = match &self.signaller.cgroup {
+            Some(cgroup) => {
+                cgroup.kill_all().await;
+                let out_of_memory = cgroup.oom_killed();
+                cgroup.remove();
+                out_of_memory
+            }
+            None => false,
+        };
         Ended {
             status,
-            killed: true,
+            killed,
             out_of_memory,
         }
     }
+}
 
-    /// Kills what is left in the task's cgroup; whether the kernel killed a process of it for
-    /// memory. The cgroup is removed when it is dropped, here.
-    async fn end_cgroup(&mut self) -> bool {
-        let Some(cgroup) = self.cgroup.take() else {
-            return false;
-        };
-        cgroup.kill_all().await;
-        cgroup.oom_killed()
-    }
-
-    /// Sends `signal` to the group while it may still have members, and to every process in
-    /// the task's cgroup.
-    fn signal_group(&self, signal: libc::c_int) {
-        if let Some(cgroup) = &self.cgroup {
-            cgroup.signal(signal);
-        }
-        if let Some(group) = self.group {
-            // SAFETY: killpg takes two integers and touches no memory of ours. The id cannot
-            // name another group: before the leader is reaped its pid is not reused, and after
-            // that (the one SIGKILL of `kill_group`) the group's remaining members keep it in
-            // use; an empty group gives ESRCH, which there is nothing to do about.
-            unsafe {
-                libc::killpg(group, signal);
-            }
+impl TaskCgroup {
+    /// Where it is, for the executor record.
+    pub(crate) fn record(&self) -> CgroupRecord {
+        let (dirs, memory, v2) = self.parts();
+        CgroupRecord {
+            dirs: dirs.to_vec(),
+            memory: memory.to_owned(),
+            v2,
         }
     }
 
-    /// Kills the whole group, once: the leader has been reaped, or is about to be dropped.
-    fn kill_group(&mut self) {
-        self.signal_group(libc::SIGKILL);
-        self.group = None;
+    /// The cgroup a record names.
+    pub(crate) fn from_record(record: &CgroupRecord) -> TaskCgroup {
+        TaskCgroup::existing(record.dirs.clone(), record.memory.clone(), record.v2)
     }
 }
 
-impl Drop for TaskProcess {
-    fn drop(&mut self) {
-        // Before the leader was reaped (the wait was cancelled: the agent stopped). The child
-        // itself is also killed and reaped by tokio (`kill_on_drop`).
-        self.kill_group();
-    }
-}
-
-/// Creates a task's working directory with its `stdout` and `stderr` files.
-pub(crate) async fn open_sandbox(dir: &Path) -> io::Result<(Stdio, Stdio)> {
+/// Creates a task's working directory with its `stdout` and `stderr` files, all owned by
+/// `owner` if given.
+pub(crate) async fn open_sandbox(
+    dir: &Path,
+    owner: Option<Credentials>,
+) -> io::Result<(Stdio, Stdio)> {
     tokio::fs::create_dir_all(dir).await?;
     let stdout = tokio::fs::File::create(dir.join("stdout")).await?;
     let stderr = tokio::fs::File::create(dir.join("stderr")).await?;
+    if let Some(owner) = owner {
+        for path in [dir.to_owned(), dir.join("stdout"), dir.join("stderr")] {
+            owner.own(&path)?;
+        }
+    }
     Ok((
         Stdio::from(stdout.into_std().await),
         Stdio::from(stderr.into_std().await),

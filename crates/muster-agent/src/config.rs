@@ -48,7 +48,24 @@ pub struct AgentConfig {
     pub cgroups: bool,
     /// Most processes and threads one task may run at once, with cgroups (default 4096).
     pub task_pids_max: u64,
+    /// The user tasks run as when they name none. `None` (the default): `nobody` when the
+    /// agent runs as root, else the agent's own user.
+    pub task_user: Option<String>,
+    /// Users a task (its job's group) may name to run as, besides `task_user`; none by default.
+    pub allowed_task_users: Vec<String>,
+    /// How long the agent may be down and still take its running tasks back when it starts
+    /// again (default 15 min, as Mesos's `--recovery_timeout`). An agent down longer kills
+    /// what it finds still running before it does anything else: by then the cluster has
+    /// replaced those tasks.
+    pub recovery_timeout: Duration,
+    /// Whether stopping the agent process kills its tasks (default true, for an agent embedded
+    /// in another program or a test). The `muster-agent` binary sets it false: its tasks
+    /// outlive it, for its next run to re-attach.
+    pub stop_tasks_on_exit: bool,
 }
+
+/// Default of [`AgentConfig::recovery_timeout`].
+pub const DEFAULT_RECOVERY_TIMEOUT: Duration = Duration::from_secs(15 * 60);
 
 /// Default of [`AgentConfig::task_pids_max`].
 pub const DEFAULT_TASK_PIDS_MAX: u64 = 4096;
@@ -84,6 +101,10 @@ impl AgentConfig {
             kill_grace: DEFAULT_KILL_GRACE,
             cgroups: true,
             task_pids_max: DEFAULT_TASK_PIDS_MAX,
+            task_user: None,
+            allowed_task_users: Vec::new(),
+            recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
+            stop_tasks_on_exit: true,
         }
     }
 
@@ -139,6 +160,14 @@ impl AgentConfig {
         }
         if self.ask_timeout.is_zero() {
             return invalid("ask_timeout must be greater than zero");
+        }
+        if self.recovery_timeout.is_zero() {
+            return invalid("recovery_timeout must be greater than zero");
+        }
+        if let Some(user) = &self.task_user
+            && user.trim().is_empty()
+        {
+            return invalid("task_user is empty (leave it out for the default)");
         }
         Ok(())
     }

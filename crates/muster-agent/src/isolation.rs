@@ -99,6 +99,23 @@ impl Isolation {
         }
     }
 
+    /// The cgroup task `id` would have, if it exists: for a task whose start an earlier run
+    /// of the agent did not see through.
+    pub(crate) fn existing_for(&self, id: &str) -> Option<TaskCgroup> {
+        let (dirs, memory, v2) = match self {
+            Isolation::ProcessGroup { .. } => return None,
+            Isolation::CgroupV2 { scope } => (vec![scope.join(id)], scope.join(id), true),
+            Isolation::CgroupV1 { memory, cpu, pids } => (
+                vec![memory.join(id), cpu.join(id), pids.join(id)],
+                memory.join(id),
+                false,
+            ),
+        };
+        memory
+            .exists()
+            .then(|| TaskCgroup::existing(dirs, memory, v2))
+    }
+
     /// A new cgroup for task `id` with `limits`; `None` without cgroups.
     ///
     /// # Errors
@@ -251,8 +268,9 @@ fn kill_listed(dir: &Path, signal: libc::c_int) -> usize {
     pids.len()
 }
 
-/// One task's cgroup.
-#[derive(Debug)]
+/// One task's cgroup. It outlives the agent with the task; it is removed once the task ended
+/// ([`TaskCgroup::remove`]).
+#[derive(Clone, Debug)]
 pub(crate) struct TaskCgroup {
     /// Its directory in each hierarchy (one for v2).
     dirs: Vec<PathBuf>,
@@ -265,6 +283,13 @@ pub(crate) struct TaskCgroup {
 
 impl TaskCgroup {
     fn new(dirs: Vec<PathBuf>, memory: PathBuf, v2: bool) -> io::Result<Option<TaskCgroup>> {
+        Ok(Some(TaskCgroup::existing(dirs, memory, v2)))
+    }
+
+    /// A cgroup made earlier (by this run of the agent or an earlier one).
+    pub(crate) fn existing(dirs: Vec<PathBuf>, memory: PathBuf, v2: bool) -> TaskCgroup {
+        // A path with a NUL byte cannot name a cgroup; such a path has no `cgroup.procs` to
+        // join, and joining it fails in the child.
         let procs = dirs
             .iter()
             .map(|dir| {
@@ -273,15 +298,20 @@ impl TaskCgroup {
                         .into_os_string()
                         .into_encoded_bytes(),
                 )
-                .map_err(|_| io::Error::other("a cgroup path holds a NUL byte"))
+                .unwrap_or_default()
             })
-            .collect::<io::Result<_>>()?;
-        Ok(Some(TaskCgroup {
+            .collect();
+        TaskCgroup {
             dirs,
             procs,
             memory,
             v2,
-        }))
+        }
+    }
+
+    /// Its directories, the one with the memory controller, and whether it is v2.
+    pub(crate) fn parts(&self) -> (&[PathBuf], &Path, bool) {
+        (&self.dirs, &self.memory, self.v2)
     }
 
     /// What the child needs to join the cgroup, made before the fork.
@@ -382,14 +412,6 @@ impl TaskCgroup {
                 tracing::debug!(cgroup = %dir.display(), error = %e, "cannot remove a task's cgroup");
             }
         }
-    }
-}
-
-impl Drop for TaskCgroup {
-    fn drop(&mut self) {
-        // The task is over, or the agent stops: nothing of it runs on.
-        kill_listed(&self.memory, libc::SIGKILL);
-        self.remove();
     }
 }
 

@@ -3,7 +3,9 @@
 //! An agent registers with the leading master (following `NotLeader` hints from standbys),
 //! stores the id it is given, heartbeats to the master within the TTL each answer gives (at
 //! half of it), answers the master's pings, and runs the tasks the master sends as child
-//! processes in their own working directories. When it loses its master — the link breaks, a
+//! processes in their own working directories, each under a small executor process that
+//! outlives the agent: a restarted agent (even one SIGKILLed) re-attaches to the tasks that
+//! still run and reports the real exit code of those that ended meanwhile. When it loses its master — the link breaks, a
 //! heartbeat goes unanswered (or, with a master that takes no heartbeats, no ping comes) for a
 //! while, or the master says it no longer leads — or the master refuses a heartbeat, or the
 //! agent restarts with a stored id, it re-registers with its full state in one message, after a
@@ -17,7 +19,10 @@
 //!     noticing a lost master;
 //!   - `agent::task_lifecycle`: launching and killing tasks, their ends, status reports.
 //! - `tasks`: the task table (running tasks, bounded completed history).
-//! - `child_process`: a task's child process (its process group, signals, reaping, exit code).
+//! - `child_process`: a task's processes (spawning under an executor, re-attaching after a
+//!   restart, signals, exit code).
+//! - `executor`: the executor between the agent and a task, and its files.
+//! - `task_user`: whom tasks run as (`nobody` by default when the agent is root).
 //! - `backoff`: registration delays (random start, capped exponential backoff with jitter).
 //! - [`AgentConfig`]: masters, data directory, resources, timings.
 //! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs).
@@ -30,8 +35,10 @@ mod backoff;
 mod child_process;
 mod config;
 mod error;
+mod executor;
 pub mod isolation;
 pub mod store;
+mod task_user;
 mod tasks;
 
 pub use agent::{
@@ -40,7 +47,8 @@ pub use agent::{
 pub use config::{
     AgentConfig, DEFAULT_ASK_TIMEOUT, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
     DEFAULT_COMPLETED_TASK_HISTORY, DEFAULT_KILL_GRACE, DEFAULT_MASTER_SILENCE_TIMEOUT,
-    DEFAULT_TASK_PIDS_MAX, default_hostname,
+    DEFAULT_RECOVERY_TIMEOUT, DEFAULT_TASK_PIDS_MAX, default_hostname,
 };
 pub use error::AgentError;
 pub use isolation::Isolation;
+pub use task_user::DEFAULT_TASK_USER;

@@ -55,13 +55,28 @@ struct Args {
     #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
     attributes: Vec<(String, String)>,
     /// A TOML file with the same keys (listen, master, data_dir, hostname, cpus, mem_mb,
-    /// [attributes]); flags override it
+    /// task_user, allowed_task_users, recovery_timeout, [attributes], [tls]); flags override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Do not bound tasks with cgroups even where the machine allows: each task's process
     /// group only (memory, CPU and process limits not enforced).
     #[arg(long)]
     no_cgroups: bool,
+    /// The user tasks run as when their job names none [default: nobody when the agent runs
+    /// as root, else the agent's user]
+    #[arg(long, value_name = "USER")]
+    task_user: Option<String>,
+    /// A user a job may name for its tasks to run as; repeat for each [default: none]
+    #[arg(long = "allow-task-user", value_name = "USER")]
+    allowed_task_users: Vec<String>,
+    /// How long the agent may be down and still take back its running tasks, e.g. 15m
+    /// [default: 15m]; past it, it kills them when it starts
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    recovery_timeout: Option<std::time::Duration>,
+    /// Kill the running tasks when the agent stops (by default they keep running, for the
+    /// agent to take back when it starts again)
+    #[arg(long)]
+    stop_tasks_on_exit: bool,
     /// TLS: this agent's certificate (role agent), key and the cluster CA.
     #[command(flatten)]
     tls: TlsFlags,
@@ -82,6 +97,13 @@ struct FileConfig {
     mem_mb: Option<u64>,
     #[serde(default, alias = "attribute")]
     attributes: BTreeMap<String, String>,
+    #[serde(alias = "task-user")]
+    task_user: Option<String>,
+    #[serde(default, alias = "allow-task-user", alias = "allowed-task-users")]
+    allowed_task_users: Vec<String>,
+    /// A duration such as `15m`.
+    #[serde(alias = "recovery-timeout")]
+    recovery_timeout: Option<String>,
     /// `[tls]`: ca, cert, key, cluster, insecure.
     tls: Option<TlsFileConfig>,
 }
@@ -143,6 +165,23 @@ fn settings(args: Args) -> anyhow::Result<(String, AgentConfig, Security)> {
         config.resources.1 = mem_mb;
     }
     config.cgroups = !args.no_cgroups;
+    config.task_user = args.task_user.or(file.task_user);
+    config.allowed_task_users = if args.allowed_task_users.is_empty() {
+        file.allowed_task_users
+    } else {
+        args.allowed_task_users
+    };
+    let file_timeout = file
+        .recovery_timeout
+        .as_deref()
+        .map(humantime::parse_duration)
+        .transpose()
+        .context("recovery_timeout in the config file")?;
+    if let Some(timeout) = args.recovery_timeout.or(file_timeout) {
+        config.recovery_timeout = timeout;
+    }
+    // The binary's tasks outlive it: a restart (even a SIGKILL) takes them back.
+    config.stop_tasks_on_exit = args.stop_tasks_on_exit;
     config.attributes = file.attributes;
     config.attributes.extend(args.attributes);
     config.validate()?;

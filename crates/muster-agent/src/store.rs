@@ -5,7 +5,10 @@
 //! - `meta/tasks/<task id>.pb`: one checkpoint per task it knows (a prost-encoded
 //!   [`RunTask`] holding the framework and the task with its latest state), so that a restarted
 //!   agent can tell the master what became of them;
-//! - `tasks/<task id>/`: each task's working directory, with its `stdout` and `stderr`.
+//! - `meta/tasks/<task id>.{executor,pid,status}`: what a restarted agent needs to find the
+//!   task's executor again, and what the executor records (see `executor`);
+//! - `tasks/<task id>/`: each task's working directory, with its `stdout` and `stderr`, owned
+//!   by the task's user.
 //!
 //! The agent process does this file work through `blocking`, off the runtime's threads.
 
@@ -79,9 +82,23 @@ pub fn write_agent_id(data_dir: &Path, id: &str) -> Result<(), AgentError> {
         .map_err(|source| AgentError::StateFile { path, source })
 }
 
+/// Forgets the stored agent id (the master does not know it): the agent registers anew.
+///
+/// # Errors
+/// [`AgentError::StateFile`] naming the file that could not be removed.
+pub fn remove_agent_id(data_dir: &Path) -> Result<(), AgentError> {
+    let path = data_dir.join(AGENT_ID_FILE);
+    match fs::remove_file(&path) {
+        Err(source) if source.kind() != io::ErrorKind::NotFound => {
+            Err(AgentError::StateFile { path, source })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
 /// With `durable`, the file and then the directory are fsynced.
-fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
     let dir = path
         .parent()
         .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no directory"))?;
@@ -107,6 +124,26 @@ fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> 
     Ok(())
 }
 
+/// Name of the file the running agent touches now and then, under `meta/`: its age when the
+/// agent starts again says how long the agent was down.
+const ALIVE_FILE: &str = "alive";
+
+/// Records that the agent is alive now (rewrites `meta/alive`).
+pub(crate) fn touch_alive(data_dir: &Path) -> io::Result<()> {
+    let dir = data_dir.join("meta");
+    fs::create_dir_all(&dir)?;
+    write_atomically(&dir.join(ALIVE_FILE), b"alive\n", false)
+}
+
+/// When the agent was last alive (its last [`touch_alive`]), if it ever recorded it.
+pub(crate) fn last_alive(data_dir: &Path) -> io::Result<Option<SystemTime>> {
+    match fs::metadata(data_dir.join("meta").join(ALIVE_FILE)) {
+        Ok(metadata) => metadata.modified().map(Some),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Runs blocking file work off the runtime's threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
@@ -120,7 +157,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 /// The directory of task checkpoints.
-fn checkpoint_dir(data_dir: &Path) -> PathBuf {
+pub(crate) fn checkpoint_dir(data_dir: &Path) -> PathBuf {
     data_dir.join("meta").join("tasks")
 }
 
@@ -162,12 +199,19 @@ pub(crate) fn write_checkpoint(
     )
 }
 
-/// Forgets the checkpoint of task `task_id` (dropped from the completed history).
+/// Forgets the checkpoint of task `task_id` (dropped from the completed history), with its
+/// executor's files.
 pub(crate) fn remove_checkpoint(data_dir: &Path, task_id: &str) -> io::Result<()> {
+    executor_files(data_dir, task_id).remove()?;
     match fs::remove_file(checkpoint_dir(data_dir).join(format!("{task_id}.pb"))) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
+}
+
+/// The files of task `task_id`'s executor, beside its checkpoint.
+pub(crate) fn executor_files(data_dir: &Path, task_id: &str) -> crate::executor::Files {
+    crate::executor::Files::new(&checkpoint_dir(data_dir), task_id)
 }
 
 /// A task read back from its checkpoint.

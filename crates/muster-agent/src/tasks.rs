@@ -9,14 +9,16 @@ use muster_proto::cluster::Framework;
 use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
-use crate::store::Checkpoint;
+use crate::child_process::Signaller;
 
-/// A task whose child process runs.
+/// A task whose process runs.
 #[derive(Debug)]
 struct Active {
     task: Task,
-    /// The future that waits for the child; cancelling it drops the child, which kills it.
+    /// The future that waits for the task's end; cancelling it leaves the task running.
     waiter: Option<TimerHandle>,
+    /// Signals the task's processes (to kill them when the agent stops, if it should).
+    signaller: Option<Signaller>,
     /// Asks that future to stop the child (SIGTERM, then SIGKILL after the grace period);
     /// taken by the first kill request.
     kill: Option<oneshot::Sender<Duration>>,
@@ -44,7 +46,7 @@ pub(crate) struct Finished {
     pub(crate) evicted: Vec<String>,
 }
 
-/// Running and completed tasks and frameworks. Dropping it kills every running task's child.
+/// Running and completed tasks and frameworks.
 #[derive(Debug)]
 pub(crate) struct Tasks {
     history: usize,
@@ -80,19 +82,39 @@ impl Tasks {
             .or_else(|| self.completed_frameworks.iter().find(|f| f.id == id))
     }
 
-    /// Records a task whose child process has started: `waiter` waits for it, `kill` asks the
-    /// waiter to stop it with that grace period.
+    /// Records a task whose process runs: `waiter` waits for it, `kill` asks the waiter to
+    /// stop it with that grace period, `signaller` reaches its processes.
     pub(crate) fn add_running(
         &mut self,
         framework: Framework,
         task: Task,
         waiter: Option<TimerHandle>,
         kill: Option<oneshot::Sender<Duration>>,
+        signaller: Option<Signaller>,
     ) {
         self.completed_frameworks.retain(|f| f.id != framework.id);
         self.frameworks.insert(framework.id.clone(), framework);
-        self.active
-            .insert(task.id.clone(), Active { task, waiter, kill });
+        self.active.insert(
+            task.id.clone(),
+            Active {
+                task,
+                waiter,
+                kill,
+                signaller,
+            },
+        );
+    }
+
+    /// Adds a task that had already completed (found so by a restarted agent); returns the ids
+    /// dropped from the history to make room.
+    pub(crate) fn add_completed(&mut self, framework: Framework, task: Task) -> Vec<String> {
+        if self.knows(&task.id) {
+            return Vec::new();
+        }
+        if !self.frameworks.contains_key(&framework.id) {
+            self.push_completed_framework(framework);
+        }
+        self.push_completed(task)
     }
 
     /// Asks a running task's waiter to stop its process (SIGTERM, SIGKILL after `grace`).
@@ -178,35 +200,6 @@ impl Tasks {
         }
     }
 
-    /// Takes back what a previous run of the agent checkpointed. Nothing runs yet, so a task
-    /// that was running then (its child ended with the old agent) counts as completed in state
-    /// LOST. Returns the tasks whose state changed (to checkpoint again) and the ids dropped
-    /// from the history.
-    pub(crate) fn recover(
-        &mut self,
-        checkpoints: Vec<Checkpoint>,
-    ) -> (Vec<(Framework, Task)>, Vec<String>) {
-        let mut changed = Vec::new();
-        let mut evicted = Vec::new();
-        for Checkpoint {
-            framework,
-            mut task,
-            ..
-        } in checkpoints
-        {
-            if self.knows(&task.id) {
-                continue;
-            }
-            if !is_terminal(task.state) {
-                task.state = TaskState::Lost as i32;
-                changed.push((framework.clone(), task.clone()));
-            }
-            self.push_completed_framework(framework);
-            evicted.extend(self.push_completed(task));
-        }
-        (changed, evicted)
-    }
-
     /// Frameworks with running tasks.
     pub(crate) fn frameworks(&self) -> Vec<Framework> {
         self.frameworks.values().cloned().collect()
@@ -227,24 +220,43 @@ impl Tasks {
         self.completed.iter().cloned().collect()
     }
 
-    /// Kills every running task's child (by dropping it).
-    pub(crate) fn kill_all(&mut self) {
+    /// The ids of the running tasks.
+    pub(crate) fn running_ids(&self) -> Vec<String> {
+        self.active.keys().cloned().collect()
+    }
+
+    /// The agent stops: stops waiting for the running tasks and, with `kill`, sends each of
+    /// them SIGKILL. Returns the running tasks with their frameworks, in state KILLED if
+    /// killed, for the checkpoints.
+    pub(crate) fn stop_all(&mut self, kill: bool) -> Vec<(Framework, Task)> {
+        let mut stopped = Vec::new();
         for active in self.active.values_mut() {
             if let Some(waiter) = active.waiter.take() {
                 waiter.cancel();
             }
+            let mut task = active.task.clone();
+            if kill && let Some(signaller) = &active.signaller {
+                signaller.signal(libc::SIGKILL);
+                task.state = TaskState::Killed as i32;
+                task.exit_code = 128 + libc::SIGKILL;
+                task.message = "the agent stopped, and killed its tasks".into();
+            }
+            let framework = self
+                .frameworks
+                .get(&task.framework_id)
+                .cloned()
+                .unwrap_or_else(|| Framework {
+                    id: task.framework_id.clone(),
+                    name: String::new(),
+                });
+            stopped.push((framework, task));
         }
-    }
-}
-
-impl Drop for Tasks {
-    fn drop(&mut self) {
-        self.kill_all();
+        stopped
     }
 }
 
 /// True for a state a task does not leave.
-fn is_terminal(state: i32) -> bool {
+pub(crate) fn is_terminal(state: i32) -> bool {
     matches!(
         TaskState::try_from(state),
         Ok(TaskState::Finished | TaskState::Failed | TaskState::Killed | TaskState::Lost)
@@ -275,9 +287,9 @@ mod tests {
     fn history_is_bounded_and_frameworks_complete_with_their_last_task() {
         let mut tasks = Tasks::new(2);
         for id in ["a", "b", "c"] {
-            tasks.add_running(framework("f"), task(id, "f"), None, None);
+            tasks.add_running(framework("f"), task(id, "f"), None, None, None);
         }
-        tasks.add_running(framework("g"), task("d", "g"), None, None);
+        tasks.add_running(framework("g"), task("d", "g"), None, None, None);
         let Some(done) = tasks.finish("a", TaskState::Finished, 0, None) else {
             panic!("a runs")
         };
@@ -299,7 +311,7 @@ mod tests {
     fn a_kill_reaches_the_waiter_once_and_ended_or_unknown_tasks_are_told_apart() {
         let mut tasks = Tasks::new(10);
         let (kill, mut killed) = oneshot::channel();
-        tasks.add_running(framework("f"), task("a", "f"), None, Some(kill));
+        tasks.add_running(framework("f"), task("a", "f"), None, Some(kill), None);
         let grace = Duration::from_millis(250);
         assert_eq!(tasks.kill("a", grace), KillRequest::Stopping);
         assert_eq!(killed.try_recv(), Ok(grace));
@@ -315,7 +327,7 @@ mod tests {
         // end is on its way.
         let (kill, done) = oneshot::channel::<Duration>();
         drop(done);
-        tasks.add_running(framework("f"), task("c", "f"), None, Some(kill));
+        tasks.add_running(framework("f"), task("c", "f"), None, Some(kill), None);
         assert_eq!(tasks.kill("c", grace), KillRequest::Stopping);
     }
 }

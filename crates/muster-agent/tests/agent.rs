@@ -29,13 +29,29 @@ enum Answer {
     NotLeader(String),
     /// Refuse, with this reason.
     Refuse(String),
+    /// Take re-registering agents back, telling them to kill these tasks (given up as lost);
+    /// admit new ones under the id.
+    AdmitKilling(String, Vec<String>),
+    /// Answer re-registrations that the id is unknown; admit new agents under this id.
+    Forgotten(String),
 }
 
 impl Answer {
     fn reply(&self, reregistering: Option<&str>) -> RegistrationReply {
+        let mut kill_tasks = Vec::new();
         let result = match (self, reregistering) {
             (Answer::Admit(_), Some(id)) => registration_reply::Result::AgentId(id.to_owned()),
-            (Answer::Admit(id), None) => registration_reply::Result::AgentId(id.clone()),
+            (Answer::Admit(id) | Answer::Forgotten(id), None) => {
+                registration_reply::Result::AgentId(id.clone())
+            }
+            (Answer::AdmitKilling(_, kill), Some(id)) => {
+                kill_tasks.clone_from(kill);
+                registration_reply::Result::AgentId(id.to_owned())
+            }
+            (Answer::AdmitKilling(id, _), None) => registration_reply::Result::AgentId(id.clone()),
+            (Answer::Forgotten(_), Some(id)) => {
+                registration_reply::Result::UnknownAgent(format!("agent id {id:?} is unknown"))
+            }
             (Answer::NotLeader(leader), _) => registration_reply::Result::NotLeader(NotLeader {
                 leader: leader.clone(),
             }),
@@ -43,6 +59,7 @@ impl Answer {
         };
         RegistrationReply {
             result: Some(result),
+            kill_tasks,
         }
     }
 }
@@ -85,7 +102,7 @@ impl Process for FakeMaster {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if matches!(msg, FakeMsg::Register(..) | FakeMsg::Reregister(..))
-            && matches!(answer, Answer::Admit(_))
+            && matches!(answer, Answer::Admit(_) | Answer::AdmitKilling(..))
         {
             self.admitted += 1;
         }
@@ -441,10 +458,10 @@ async fn a_restarted_agent_reregisters_with_its_stored_id_and_tasks() -> anyhow:
         state_of(&request.completed_tasks, "done"),
         Some(TaskState::Finished)
     );
-    // Its child ended with the old agent: the new one reports it lost.
+    // This agent kills its tasks when it stops: the new one reports it killed.
     assert_eq!(
         state_of(&request.completed_tasks, "long"),
-        Some(TaskState::Lost)
+        Some(TaskState::Killed)
     );
     assert!(request.tasks.is_empty(), "{:?}", request.tasks);
     assert_eq!(request.completed_frameworks, vec![framework()]);
@@ -1160,6 +1177,137 @@ async fn without_cgroups_the_agent_says_so() -> anyhow::Result<()> {
     let registered = master.next_register().await?;
     assert_eq!(isolation_of(&registered), "process-group");
     agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+/// A config whose agent leaves its tasks running when it stops, as the binary does.
+fn keeping_config(masters: &[String], data_dir: &Path) -> AgentConfig {
+    let mut config = config(masters, data_dir);
+    config.stop_tasks_on_exit = false;
+    config
+}
+
+/// Waits until the task's update on the master is `state`, skipping earlier ones for it.
+async fn await_state(
+    master: &mut MasterNode,
+    task_id: &str,
+    state: TaskState,
+) -> anyhow::Result<Task> {
+    loop {
+        let Update { update, .. } = master.next_update().await?;
+        if let Some(task) = update.task
+            && task.id == task_id
+            && task.state == state as i32
+        {
+            return Ok(task);
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_agent_takes_back_its_running_tasks_and_the_real_end_of_the_others()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-r".into())).await?;
+    let first = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    first.registered_with(&master.upid()?).await?;
+    let service = "echo $$ > pid; exec sleep 60";
+    let batch = "echo $$ > pid; while [ ! -e release ]; do sleep 0.02; done; exit 7";
+    for (id, script) in [("service", service), ("batch", batch)] {
+        assert_eq!(
+            master
+                .run_task(first.upid(), shell_task(id, script))
+                .await?
+                .error,
+            ""
+        );
+    }
+    let service_pid = pid_in(&dir.path().join("tasks/service/pid")).await?;
+    let batch_pid = pid_in(&dir.path().join("tasks/batch/pid")).await?;
+    first.stop().await;
+    ensure!(
+        !has_ended(service_pid),
+        "the service task outlives its agent"
+    );
+
+    // The batch task ends while no agent runs.
+    std::fs::write(dir.path().join("tasks/batch/release"), "")?;
+    ends(batch_pid, "the batch task").await?;
+
+    let second = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
+    let request = master.next_reregister().await?;
+    let service_task = find(&request.tasks, "service").context("service not reported")?;
+    assert_eq!(service_task.state, TaskState::Running as i32);
+    assert_eq!(request.tasks.len(), 1, "{:?}", request.tasks);
+    let batch_task = find(&request.completed_tasks, "batch").context("batch not reported")?;
+    assert_eq!(
+        (batch_task.state, batch_task.exit_code),
+        (TaskState::Failed as i32, 7),
+        "{batch_task:?}"
+    );
+    ensure!(!has_ended(service_pid), "the service task still runs");
+    second.registered_with(&master.upid()?).await?;
+
+    // The re-attached task is the agent's as before: a kill reaches it, and its end is seen.
+    assert_eq!(master.kill_task(second.upid(), "service").await?.error, "");
+    let killed = await_state(&mut master, "service", TaskState::Killed).await?;
+    assert_eq!(killed.exit_code, 128 + 15, "{killed:?}");
+    ends(service_pid, "the killed service task").await?;
+    second.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_agent_kills_what_the_master_gave_up_and_an_unknown_id_registers_anew()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-g".into())).await?;
+    let first = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    first.registered_with(&master.upid()?).await?;
+    for id in ["replaced", "kept"] {
+        let script = "echo $$ > pid; exec sleep 60";
+        assert_eq!(
+            master
+                .run_task(first.upid(), shell_task(id, script))
+                .await?
+                .error,
+            ""
+        );
+    }
+    let replaced = pid_in(&dir.path().join("tasks/replaced/pid")).await?;
+    let kept = pid_in(&dir.path().join("tasks/kept/pid")).await?;
+    first.stop().await;
+
+    // The master gave `replaced` up while the agent was away: it goes first thing.
+    master.set_answer(Answer::AdmitKilling(
+        "agent-g".into(),
+        vec!["replaced".into()],
+    ));
+    let second = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
+    master.next_reregister().await?;
+    let killed = await_state(&mut master, "replaced", TaskState::Killed).await?;
+    assert_eq!(killed.exit_code, 128 + 9, "{killed:?}");
+    ends(replaced, "the replaced task").await?;
+    ensure!(!has_ended(kept), "the task the master still wants runs on");
+    second.stop().await;
+
+    // The master does not know the id at all: the agent's tasks go, and it registers anew.
+    master.set_answer(Answer::Forgotten("agent-h".into()));
+    let third = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
+    let refused = master.next_reregister().await?;
+    assert_eq!(refused.agent_id, "agent-g");
+    master.next_register().await?;
+    assert_eq!(third.registered_with(&master.upid()?).await?, "agent-h");
+    ends(kept, "a task run under the unknown id").await?;
+    assert_eq!(
+        muster_agent::store::read_agent_id(dir.path())?.as_deref(),
+        Some("agent-h")
+    );
+    third.stop().await;
     master.shutdown().await;
     Ok(())
 }

@@ -54,6 +54,7 @@ enum FakeMsg {
 fn admitted(id: &str) -> RegistrationReply {
     RegistrationReply {
         result: Some(registration_reply::Result::AgentId(id.to_owned())),
+        kill_tasks: Vec::new(),
     }
 }
 

@@ -138,6 +138,10 @@ struct Metrics {
     plans: u64,
     /// Agent messages refused for speaking for an agent bound to another certificate.
     impersonations: u64,
+    /// Re-registrations under an id the registry does not hold.
+    unknown_agents: u64,
+    /// Tasks returning agents were told to kill: given up as lost, and replaced.
+    given_up_killed: u64,
 }
 
 /// The master process.

@@ -107,6 +107,10 @@ pub struct TaskGroup {
     /// stores the job (0 in jobs stored before it existed: their tasks are never outdated).
     #[serde(default)]
     pub spec_version: u64,
+    /// The user its tasks run as; empty for the agent's task user. An agent runs a task as a
+    /// named user only if its config allows that user.
+    #[serde(default)]
+    pub user: String,
 }
 
 impl TaskGroup {
@@ -123,12 +127,14 @@ impl TaskGroup {
             env,
             constraints,
             spec_version: _,
+            user,
         } = self;
         *resources == other.resources
             && *command == other.command
             && *args == other.args
             && *env == other.env
             && *constraints == other.constraints
+            && *user == other.user
     }
 }
 

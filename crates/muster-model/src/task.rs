@@ -37,6 +37,8 @@ pub struct Task {
     pub env: BTreeMap<String, String>,
     /// Why it is in its state, when there is more to say (why its agent could not start it).
     pub message: String,
+    /// The user it runs as; empty for its agent's task user.
+    pub user: String,
 }
 
 /// Where a task is in its life (Mesos's task states).

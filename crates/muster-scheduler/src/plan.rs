@@ -122,6 +122,8 @@ pub struct Placement {
     pub args: Vec<String>,
     /// Its environment.
     pub env: BTreeMap<String, String>,
+    /// The user it runs as; empty for the agent's task user.
+    pub user: String,
     /// The job version it was placed at; 0 if unknown. A task placed at a version older than
     /// its group's [`spec_version`](muster_model::TaskGroup::spec_version) is
     /// outdated and replaced.

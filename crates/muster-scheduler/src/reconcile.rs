@@ -75,6 +75,7 @@ impl SlotRequest {
             command: self.group.command.clone(),
             args: self.group.args.clone(),
             env: self.group.env.clone(),
+            user: self.group.user.clone(),
             job_version: self.job_version,
         }
     }

@@ -122,6 +122,7 @@ impl From<Placement> for pb::Placement {
             args: this.args,
             env: unsorted(this.env),
             job_version: this.job_version,
+            user: this.user,
         }
     }
 }
@@ -141,6 +142,7 @@ impl TryFrom<pb::Placement> for Placement {
             args: proto.args,
             env: sorted(proto.env),
             job_version: proto.job_version,
+            user: proto.user,
         })
     }
 }
@@ -281,6 +283,7 @@ mod tests {
                     rack(ConstraintOp::NotEqual, "r2"),
                 ],
                 spec_version: 7,
+                user: String::new(),
             }],
             stopped: true,
             version: 9,
@@ -315,6 +318,7 @@ mod tests {
             args: vec!["-c".into(), "true".into()],
             env: BTreeMap::from([("B".to_owned(), "2".to_owned())]),
             job_version: 9,
+            user: String::new(),
         }
     }
 

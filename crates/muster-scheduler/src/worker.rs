@@ -586,6 +586,7 @@ mod tests {
             args: Vec::new(),
             env: BTreeMap::new(),
             job_version: 1,
+            user: String::new(),
         };
         assert_eq!(demand_of(&placement("fe"), &snapshot).constraints, [rack]);
         // A group the snapshot no longer has: no constraints to report.

@@ -13,9 +13,10 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::master_link::{Connection, Heartbeats};
-use super::{Agent, AgentMsg, Msg};
+use super::{Agent, AgentMsg, Msg, recovery};
 use crate::isolation::Isolation;
 use crate::store::{self, blocking};
+use crate::task_user::TaskUsers;
 use crate::tasks::Tasks;
 use crate::{AgentConfig, AgentError};
 
@@ -119,8 +120,9 @@ impl AgentHandle {
             .map_err(|_| AgentError::Stopped)
     }
 
-    /// Stops the agent process (which kills the tasks' child processes) and waits for it to
-    /// end.
+    /// Stops the agent process and waits for it to end. Its tasks are killed with it if its
+    /// config says [`stop_tasks_on_exit`](AgentConfig::stop_tasks_on_exit), else they keep
+    /// running for its next run to take back.
     pub async fn stop(&self) -> ExitReason {
         self.pid.terminate();
         self.pid.wait().await
@@ -169,35 +171,6 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     })
     .await?;
 
-    let mut tasks = Tasks::new(config.completed_task_history);
-    let recovered = checkpoints.len();
-    let (changed, evicted) = tasks.recover(checkpoints);
-    if recovered > 0 {
-        tracing::info!(
-            tasks = recovered,
-            lost = changed.len(),
-            "recovered task checkpoints of an earlier run"
-        );
-    }
-    let data_dir = config.data_dir.clone();
-    blocking(move || {
-        for (framework, task) in &changed {
-            store::write_checkpoint(&data_dir, framework, task).map_err(|source| {
-                AgentError::StateFile {
-                    path: data_dir.join("meta"),
-                    source,
-                }
-            })?;
-        }
-        for id in &evicted {
-            if let Err(error) = store::remove_checkpoint(&data_dir, id) {
-                tracing::warn!(task = %id, %error, "cannot remove an old task checkpoint");
-            }
-        }
-        Ok(())
-    })
-    .await?;
-
     let isolation = if config.cgroups {
         let scope = isolation_scope(&config.data_dir);
         blocking(move || Ok(Isolation::detect(&scope))).await?
@@ -214,6 +187,43 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         ),
         other => tracing::info!(isolation = other.name(), "each task runs in its own cgroup"),
     }
+    let task_users = TaskUsers::new(config.task_user.clone(), config.allowed_task_users.clone());
+    tracing::info!(user = %task_users.name_for(""), "tasks run as this user unless their job names another");
+
+    let checkpoints_found = checkpoints.len();
+    let recovery = recovery::recover(&config, &isolation, checkpoints).await;
+    let mut tasks = Tasks::new(config.completed_task_history);
+    let mut evicted = Vec::new();
+    for (framework, task) in recovery.completed {
+        evicted.extend(tasks.add_completed(framework, task));
+    }
+    if checkpoints_found > 0 {
+        tracing::info!(
+            tasks = checkpoints_found,
+            running = recovery.running.len(),
+            ended = recovery.changed.len(),
+            "took back the tasks of an earlier run"
+        );
+    }
+    let data_dir = config.data_dir.clone();
+    let changed = recovery.changed;
+    blocking(move || {
+        for (framework, task) in &changed {
+            store::write_checkpoint(&data_dir, framework, task)
+                .and_then(|()| store::executor_files(&data_dir, &task.id).remove())
+                .map_err(|source| AgentError::StateFile {
+                    path: store::checkpoint_dir(&data_dir),
+                    source,
+                })?;
+        }
+        for id in &evicted {
+            if let Err(error) = store::remove_checkpoint(&data_dir, id) {
+                tracing::warn!(task = %id, %error, "cannot remove an old task checkpoint");
+            }
+        }
+        Ok(())
+    })
+    .await?;
 
     let (cpus, mem_mb) = config.resources;
     let mut attributes: std::collections::HashMap<String, String> = config
@@ -233,6 +243,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         node: node.clone(),
         config,
         isolation,
+        task_users,
         masters,
         info,
         agent_id,
@@ -247,6 +258,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         preferred: None,
         linked: HashSet::new(),
         tasks,
+        recovered: recovery.running,
         unsent_updates: VecDeque::new(),
     };
     let pid = node.system().spawn(agent);

@@ -199,7 +199,10 @@ impl Agent {
         };
         match reply.result {
             Some(registration_reply::Result::AgentId(id)) if !id.is_empty() => {
-                self.registered(ctx, master, id).await;
+                self.registered(ctx, master, id, &reply.kill_tasks).await;
+            }
+            Some(registration_reply::Result::UnknownAgent(reason)) => {
+                self.register_anew(ctx, master, &reason).await;
             }
             Some(registration_reply::Result::AgentId(_)) => {
                 tracing::warn!(%master, "master admitted the agent under an empty id; trying the next");
@@ -252,9 +255,49 @@ impl Agent {
         self.try_next(ctx);
     }
 
-    /// A master admitted the agent: remember it, store a new id, link to it and watch for its
-    /// pings.
-    async fn registered(&mut self, ctx: &mut Context<Self>, master: Upid, id: String) {
+    /// The master does not know the agent's id (never admitted, or forgotten): whatever the
+    /// agent ran under it was replaced long ago, so it is killed; the id goes, and the agent
+    /// registers anew, with that master first.
+    async fn register_anew(&mut self, ctx: &mut Context<Self>, master: Upid, reason: &str) {
+        let running = self.tasks.running_ids();
+        tracing::warn!(
+            %master,
+            %reason,
+            old_id = self.agent_id.as_deref().unwrap_or_default(),
+            killing = running.len(),
+            "the master does not know this agent's id: killing its old tasks and registering anew"
+        );
+        for task_id in &running {
+            self.tasks.kill(task_id, Duration::ZERO);
+        }
+        self.unsent_updates.clear();
+        self.agent_id = None;
+        let data_dir = self.config.data_dir.clone();
+        if let Err(error) = blocking(move || store::remove_agent_id(&data_dir)).await {
+            tracing::error!(%error, "cannot remove the stored agent id");
+        }
+        let Connection::Trying { queue, .. } = &mut self.connection else {
+            return;
+        };
+        queue.retain(|m| *m != master);
+        queue.push_front(master);
+        self.try_next(ctx);
+    }
+
+    /// A master admitted the agent: kill what the cluster gave up on while the agent was away
+    /// (`kill_tasks`) before anything else, remember the master, store a new id, link to it
+    /// and watch for its pings.
+    async fn registered(
+        &mut self,
+        ctx: &mut Context<Self>,
+        master: Upid,
+        id: String,
+        kill_tasks: &[String],
+    ) {
+        for task_id in kill_tasks {
+            tracing::warn!(%master, task = %task_id, "the cluster replaced this task while the agent was away: killing it");
+            self.tasks.kill(task_id, Duration::ZERO);
+        }
         // One link per master: a link's notice comes once, and re-registering with a master
         // whose link still stands must not pile up watchers on it.
         if self.linked.insert(master.clone()) {

@@ -14,7 +14,7 @@ use tokio::sync::oneshot;
 use super::master_link::Connection;
 use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
-use crate::child_process::{self, Ended, TaskProcess};
+use crate::child_process::{self, Ended, Sandbox, TaskProcess};
 use crate::isolation::Limits;
 use crate::store::{self, blocking};
 use crate::tasks::KillRequest;
@@ -34,6 +34,22 @@ impl Agent {
             && let Some(mut task) = refused
             && !self.tasks.knows(&task.id)
         {
+            if store::check_task_id(&task.id).is_ok() {
+                // A start that failed after its STARTING checkpoint leaves nothing to recover.
+                let (data_dir, id) = (self.config.data_dir.clone(), task.id.clone());
+                let removed = blocking(move || {
+                    store::remove_checkpoint(&data_dir, &id).map_err(|source| {
+                        AgentError::StateFile {
+                            path: store::checkpoint_dir(&data_dir),
+                            source,
+                        }
+                    })
+                })
+                .await;
+                if let Err(error) = removed {
+                    tracing::warn!(task = %task.id, %error, "cannot remove a refused task's checkpoint");
+                }
+            }
             task.state = TaskState::Failed as i32;
             task.exit_code = -1;
             task.message.clone_from(error);
@@ -60,17 +76,25 @@ impl Agent {
         if task.command.trim().is_empty() {
             return Err(format!("task {id:?} has no command"));
         }
-        // Accepted: STARTING until its process runs.
+        let credentials = self
+            .task_users
+            .resolve(&task.user)
+            .map_err(|e| format!("task {id:?}: {e}"))?;
+        // Accepted: STARTING until its process runs. Checkpointed as such first, so that an
+        // agent stopped in the middle of the start finds (and ends) what it had started.
         task.state = TaskState::Starting as i32;
+        self.checkpoint(&framework, &task).await?;
         self.report(task.clone());
 
         let dir = store::task_dir(&self.config.data_dir, &id);
-        let (stdout, stderr) = child_process::open_sandbox(&dir).await.map_err(|e| {
-            format!(
-                "task {id:?}: cannot prepare working directory {}: {e}",
-                dir.display()
-            )
-        })?;
+        let (stdout, stderr) = child_process::open_sandbox(&dir, credentials)
+            .await
+            .map_err(|e| {
+                format!(
+                    "task {id:?}: cannot prepare working directory {}: {e}",
+                    dir.display()
+                )
+            })?;
         let resources = task.resources.unwrap_or_default();
         let limits = Limits {
             mem_mb: resources.mem_mb,
@@ -81,9 +105,19 @@ impl Agent {
             .isolation
             .for_task(&id, limits)
             .map_err(|e| format!("task {id:?}: cannot make its cgroup: {e}"))?;
-        let child = match TaskProcess::spawn(&task, &dir, stdout, stderr, cgroup) {
-            Ok(child) => child,
+        let sandbox = Sandbox {
+            stdout,
+            stderr,
+            cgroup: cgroup.clone(),
+            credentials,
+        };
+        let files = store::executor_files(&self.config.data_dir, &id);
+        let (process, record) = match TaskProcess::spawn(&task, &dir, files.clone(), sandbox) {
+            Ok(spawned) => spawned,
             Err(e) => {
+                if let Some(cgroup) = cgroup {
+                    cgroup.remove();
+                }
                 let _ = tokio::fs::remove_dir_all(&dir).await;
                 return Err(format!(
                     "task {id:?}: cannot start command {:?}: {e}",
@@ -93,32 +127,68 @@ impl Agent {
         };
         task.state = TaskState::Running as i32;
         task.exit_code = 0;
-        tracing::info!(task = %id, framework = %framework.id, pid = ?child.group(), command = %task.command, "task running");
-
-        let data_dir = self.config.data_dir.clone();
-        let (checkpoint_framework, checkpoint_task) = (framework.clone(), task.clone());
-        if let Err(error) = blocking(move || {
-            store::write_checkpoint(&data_dir, &checkpoint_framework, &checkpoint_task).map_err(
-                |source| AgentError::StateFile {
-                    path: data_dir.join("meta"),
+        // What a restarted agent needs to find it again, before anyone hears it runs.
+        let written = blocking(move || {
+            record
+                .write(&files)
+                .map_err(|source| AgentError::StateFile {
+                    path: files.record.clone(),
                     source,
-                },
-            )
+                })
+        })
+        .await;
+        if let Err(error) = written.map_err(|e| e.to_string()).and(
+            self.checkpoint(&framework, &task)
+                .await
+                .map_err(|e| e.to_string()),
+        ) {
+            // Untracked, it would outlive a restart unseen: it does not run at all.
+            let (kill, killed) = oneshot::channel();
+            let _ = kill.send(std::time::Duration::ZERO);
+            process.wait(killed).await;
+            return Err(format!("task {id:?}: cannot checkpoint it: {error}"));
+        }
+        tracing::info!(task = %id, framework = %framework.id, pid = process.pid(), user = %self.task_users.name_for(&task.user), command = %task.command, "task running");
+        self.report(task.clone());
+        self.watch(framework, task, process, ctx);
+        Ok(())
+    }
+
+    /// Records `task` of `framework` (its latest state) in its checkpoint.
+    async fn checkpoint(&self, framework: &Framework, task: &Task) -> Result<(), String> {
+        let data_dir = self.config.data_dir.clone();
+        let (framework, task) = (framework.clone(), task.clone());
+        blocking(move || {
+            store::write_checkpoint(&data_dir, &framework, &task).map_err(|source| {
+                AgentError::StateFile {
+                    path: store::checkpoint_dir(&data_dir),
+                    source,
+                }
+            })
         })
         .await
-        {
-            tracing::warn!(task = %id, %error, "cannot checkpoint the task");
-        }
+        .map_err(|e| format!("cannot checkpoint the task: {e}"))
+    }
 
-        let task_id = id.clone();
+    /// Watches a running task's process until it ends, and records it as running.
+    pub(super) fn watch(
+        &mut self,
+        framework: Framework,
+        task: Task,
+        process: TaskProcess,
+        ctx: &mut Context<Self>,
+    ) {
+        let task_id = task.id.clone();
+        let signaller = process.signaller();
         let (kill, killed) = oneshot::channel();
-        let waiter = ctx.defer(child.wait(killed), move |_agent: &mut Agent, ctx, ended| {
-            let _ = ctx.pid().tell(AgentMsg(Msg::TaskExited { task_id, ended }));
-        });
-        self.report(task.clone());
+        let waiter = ctx.defer(
+            process.wait(killed),
+            move |_agent: &mut Agent, ctx, ended| {
+                let _ = ctx.pid().tell(AgentMsg(Msg::TaskExited { task_id, ended }));
+            },
+        );
         self.tasks
-            .add_running(framework, task, Some(waiter), Some(kill));
-        Ok(())
+            .add_running(framework, task, Some(waiter), Some(kill), Some(signaller));
     }
 
     /// Starts stopping a running task; an empty string if it runs, else why not.
@@ -169,36 +239,13 @@ impl Agent {
         }
     }
 
-    /// A task's child process ended: move the task to the completed history in its final
-    /// state, report it and checkpoint it.
+    /// A task's process ended: move the task to the completed history in its final state,
+    /// report it and checkpoint it; its executor's files go.
     pub(super) async fn task_exited(&mut self, task_id: &str, ended: Ended) {
-        let mut message = None;
-        let (state, exit_code) = match &ended.status {
-            Ok(status) if ended.out_of_memory => {
-                message = Some("out of memory".to_owned());
-                (TaskState::Failed, child_process::exit_code(status))
-            }
-            Ok(status) => {
-                let code = child_process::exit_code(status);
-                let state = if ended.killed {
-                    TaskState::Killed
-                } else if status.success() {
-                    TaskState::Finished
-                } else {
-                    TaskState::Failed
-                };
-                (state, code)
-            }
-            Err(error) => {
-                tracing::warn!(task = %task_id, %error, "cannot wait for the task's process");
-                let state = if ended.killed {
-                    TaskState::Killed
-                } else {
-                    TaskState::Failed
-                };
-                (state, -1)
-            }
-        };
+        if let Err(error) = &ended.status {
+            tracing::warn!(task = %task_id, %error, "the task's exit status is not known");
+        }
+        let (state, exit_code, message) = final_state(&ended);
         let Some(finished) = self.tasks.finish(task_id, state, exit_code, message) else {
             return;
         };
@@ -212,12 +259,12 @@ impl Agent {
                     tracing::warn!(task = %old, %error, "cannot remove an old task checkpoint");
                 }
             }
-            store::write_checkpoint(&data_dir, &finished.framework, &finished.task).map_err(
-                |source| AgentError::StateFile {
-                    path: data_dir.join("meta"),
+            store::write_checkpoint(&data_dir, &finished.framework, &finished.task)
+                .and_then(|()| store::executor_files(&data_dir, &finished.task.id).remove())
+                .map_err(|source| AgentError::StateFile {
+                    path: store::checkpoint_dir(&data_dir),
                     source,
-                },
-            )
+                })
         })
         .await;
         if let Err(error) = done {
@@ -269,5 +316,30 @@ impl Agent {
             }
         }
         self.unsent_updates = kept;
+    }
+}
+
+/// A task's final state, exit code and, if there is more to say, why, from how its process
+/// ended: FAILED "out of memory" if the kernel killed it for memory; KILLED if it was asked to
+/// stop; else FINISHED on a zero exit, FAILED otherwise (or if the status is not known).
+pub(super) fn final_state(ended: &Ended) -> (TaskState, i32, Option<String>) {
+    match &ended.status {
+        Ok(status) if ended.out_of_memory => (
+            TaskState::Failed,
+            child_process::exit_code(status),
+            Some("out of memory".to_owned()),
+        ),
+        Ok(status) => {
+            let state = if ended.killed {
+                TaskState::Killed
+            } else if status.success() {
+                TaskState::Finished
+            } else {
+                TaskState::Failed
+            };
+            (state, child_process::exit_code(status), None)
+        }
+        Err(error) if ended.killed => (TaskState::Killed, -1, Some(error.to_string())),
+        Err(error) => (TaskState::Failed, -1, Some(error.to_string())),
     }
 }

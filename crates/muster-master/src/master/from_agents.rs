@@ -83,13 +83,15 @@ fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
                     .unwrap_or_default(),
             },
         )),
+        kill_tasks: Vec::new(),
     }
 }
 
-/// Admitted under `id`.
-fn admitted(id: String) -> pb::RegistrationReply {
+/// Admitted under `id`; the agent kills `kill_tasks` first.
+fn admitted(id: String, kill_tasks: Vec<String>) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::AgentId(id)),
+        kill_tasks,
     }
 }
 
@@ -97,6 +99,18 @@ fn admitted(id: String) -> pb::RegistrationReply {
 fn refused(why: String) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::Refused(why)),
+        kill_tasks: Vec::new(),
+    }
+}
+
+/// A re-registration under an id the registry does not hold: the agent should register anew.
+fn unknown_agent(id: &str) -> pb::RegistrationReply {
+    pb::RegistrationReply {
+        result: Some(pb::registration_reply::Result::UnknownAgent(format!(
+            "agent id {id:?} was never admitted to this cluster (or has been forgotten); \
+             register anew"
+        ))),
+        kill_tasks: Vec::new(),
     }
 }
 
@@ -171,7 +185,7 @@ impl Master {
                         master.heartbeat_received(&id.0);
                         master.agent_joined(&id.0, ctx);
                     }
-                    reply.send(admitted(id.0));
+                    reply.send(admitted(id.0, Vec::new()));
                 }
                 Ok(Err(WriteError::NotLeader { leader })) => {
                     reply.send(not_leader(leader.as_ref()))
@@ -199,31 +213,41 @@ impl Master {
             return reply.send(refused("ReregisterAgent carries no agent id".into()));
         }
         let id = AgentId(request.agent_id.clone());
-        let (unchanged, bound) = self.registry.reader().read(|state| {
+        let (unchanged, bound, given_up) = self.registry.reader().read(|state| {
             let admitted = state.agents.get(&id);
             let unchanged = admitted.is_some_and(|stored| {
                 same_info(info, stored) && identity.is_none_or(|id| stored.identity == id)
             });
-            let stored = admitted.or_else(|| state.unreachable.get(&id).map(|u| &u.info));
-            (unchanged, stored.map(|stored| stored.identity.clone()))
+            let unreachable = state.unreachable.get(&id).map(|u| &u.info);
+            let given_up = admitted.is_none() && unreachable.is_some();
+            let stored = admitted.or(unreachable);
+            (
+                unchanged,
+                stored.map(|stored| stored.identity.clone()),
+                given_up,
+            )
         });
-        if let Some(bound) = &bound
-            && let Err(why) = bound_to(&request.agent_id, bound, identity)
-        {
+        let Some(bound) = bound else {
+            tracing::warn!(agent = %request.agent_id, "re-registration under an id never admitted: the agent must register anew");
+            self.metrics.unknown_agents += 1;
+            return reply.send(unknown_agent(&request.agent_id));
+        };
+        if let Err(why) = bound_to(&request.agent_id, &bound, identity) {
             self.metrics.impersonations += 1;
             tracing::warn!(agent = %request.agent_id, %why, "re-registration refused");
             return reply.send(refused(why));
         }
         // Who it stays bound to: the sender's certificate, or (from this process) as before.
-        let identity = identity.map(str::to_owned).or(bound).unwrap_or_default();
+        let identity = identity.map_or(bound, str::to_owned);
         if unchanged {
             // The common case after a failover: nothing to write.
-            let id = self.readmit(request, &identity, ctx);
-            return reply.send(admitted(id));
+            let (id, kill) = self.readmit(request, &identity, false, ctx);
+            return reply.send(admitted(id, kill));
         }
-        // Changed info, or an agent marked unreachable (or forgotten) coming back: store it,
-        // with an evaluation for each job its return affects, in one raft entry; then take it
-        // back.
+        // Changed info, or an agent marked unreachable coming back: store it, with an
+        // evaluation for each job its return affects, in one raft entry; then take it back.
+        // What an unreachable agent still runs was given up (LOST, and replaced): it is
+        // killed, not counted.
         let evals =
             self.evals_for_arriving_agent(&request.agent_id, &live_jobs_reported(&request.tasks));
         let info = registry_info(info, &identity);
@@ -234,10 +258,10 @@ impl Master {
             ctx,
             move |master, ctx, written| match written {
                 Ok(_) if master.leading_term() == Some(term) => {
-                    let id = master.readmit(request, &identity, ctx);
-                    // It was unreachable, forgotten or changed: its capacity is news.
+                    let (id, kill) = master.readmit(request, &identity, given_up, ctx);
+                    // It was unreachable or changed: its capacity is news.
                     master.capacity_joined(&id);
-                    reply.send(admitted(id));
+                    reply.send(admitted(id, kill));
                 }
                 Ok(_) => reply.send(not_leader(master.leader().as_ref())),
                 Err(WriteError::NotLeader { leader }) => reply.send(not_leader(leader.as_ref())),

@@ -143,6 +143,8 @@ impl Master {
             agents_connected: self.cluster.connected_agents() as u64,
             registry_entries: 0,
             impersonations_refused: self.metrics.impersonations,
+            unknown_agents_refused: self.metrics.unknown_agents,
+            given_up_tasks_killed: self.metrics.given_up_killed,
         };
         let Role::Leading { registrar, .. } = &self.role else {
             return reply.send(metrics);

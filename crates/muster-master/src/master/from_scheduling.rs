@@ -231,6 +231,7 @@ impl Master {
             args: placement.args.clone(),
             env: placement.env.clone(),
             message: String::new(),
+            user: placement.user.clone(),
         };
         if !self.cluster.frameworks.contains_key(&framework.id) {
             self.cluster.add_frameworks(vec![framework.clone()]);

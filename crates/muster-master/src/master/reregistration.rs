@@ -16,13 +16,17 @@ use crate::cluster::{AgentEntry, registry_info, state_of};
 
 impl Master {
     /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
-    /// this master knew of it with what it reports (see `settle_reregistered`).
+    /// this master knew of it with what it reports (see `settle_reregistered`). With
+    /// `given_up` (the agent comes back from unreachable: its tasks were marked lost and
+    /// replaced), every task it reports running is recorded as being killed, and returned: the
+    /// agent kills them before anything else.
     pub(super) fn readmit(
         &mut self,
         request: pb::ReregisterAgent,
         identity: &str,
+        given_up: bool,
         ctx: &mut Context<Self>,
-    ) -> String {
+    ) -> (String, Vec<String>) {
         let pb::ReregisterAgent {
             agent_id,
             info,
@@ -31,6 +35,16 @@ impl Master {
             completed_frameworks,
             completed_tasks,
         } = request;
+        let mut tasks = tasks;
+        let mut kill = Vec::new();
+        if given_up {
+            for task in tasks.iter_mut().filter(|t| !state_of(t).is_terminal()) {
+                tracing::warn!(agent = %agent_id, task = %task.id, "the agent comes back with a task given up as lost and replaced: it kills it");
+                task.state = TaskState::Killed.into();
+                kill.push(task.id.clone());
+            }
+            self.metrics.given_up_killed += kill.len() as u64;
+        }
         self.cluster.add_frameworks(frameworks);
         for framework in completed_frameworks {
             if !self.cluster.frameworks.contains_key(&framework.id) {
@@ -77,7 +91,7 @@ impl Master {
         if let Some(previous) = previous {
             self.settle_reregistered(&agent_id, previous, ctx);
         }
-        agent_id
+        (agent_id, kill)
     }
 
     /// An agent re-registered with what it runs; `previous` is what this master had for it.

@@ -87,6 +87,7 @@ impl From<TaskGroup> for pb::TaskGroup {
             env: unsorted(group.env),
             constraints: all(group.constraints),
             spec_version: group.spec_version,
+            user: group.user,
         }
     }
 }
@@ -104,6 +105,7 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
             env: sorted(proto.env),
             constraints: each(proto.constraints, "constraints")?,
             spec_version: proto.spec_version,
+            user: proto.user,
         })
     }
 }
@@ -193,6 +195,7 @@ impl Job {
                 constraints,
                 // The registry sets it when it stores the job.
                 spec_version: 0,
+                user: group.user,
             });
         }
         let job = Job {
@@ -233,6 +236,7 @@ mod tests {
                     value: "r9".into(),
                 }],
                 spec_version: 0,
+                user: String::new(),
             }],
             stopped: false,
             version: 0,

@@ -27,6 +27,7 @@ impl From<Task> for pb::Task {
             job: task.job,
             group: task.group,
             job_version: task.job_version,
+            user: task.user,
         }
     }
 }
@@ -54,6 +55,7 @@ impl TryFrom<pb::Task> for Task {
             args: proto.args,
             env: sorted(proto.env),
             message: proto.message,
+            user: proto.user,
         })
     }
 }
@@ -115,6 +117,7 @@ mod tests {
             args: vec!["-c".into(), "exit 2".into()],
             env: [("K".to_owned(), "V".to_owned())].into(),
             message: "exited with 2".into(),
+            user: String::new(),
         };
         assert_eq!(
             Task::try_from(pb::Task::from(task.clone())),

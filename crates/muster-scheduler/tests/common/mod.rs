@@ -40,6 +40,7 @@ pub(crate) fn group(name: &str, count: u32, cpus: f64, mem_mb: u64) -> TaskGroup
         env: BTreeMap::from([("ROLE".to_owned(), name.to_owned())]),
         constraints: Vec::new(),
         spec_version: 0,
+        user: String::new(),
     }
 }
 
