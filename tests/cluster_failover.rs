@@ -125,7 +125,9 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
             .arg("--data-dir")
             .arg(dir.path().join(format!("agent-{n}")))
             .arg("--hostname")
-            .arg(format!("host-{n}"));
+            .arg(format!("host-{n}"))
+            // The test's tasks end with it.
+            .arg("--stop-tasks-on-exit");
         for address in &masters.addresses {
             command.arg("--master").arg(address);
         }
@@ -206,7 +208,7 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// SIGTERM, so the agent stops its tasks, then wait.
+/// SIGTERM, so the agent stops (and, with `--stop-tasks-on-exit`, kills) its tasks, then wait.
 async fn terminate(child: &mut Child) -> anyhow::Result<()> {
     if let Some(pid) = child.id() {
         let _ = Command::new("kill")

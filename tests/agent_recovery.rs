@@ -1,0 +1,437 @@
+//! Tasks stay owned across agent restarts, with real `muster-master` and `muster-agent`
+//! processes on loopback, counting the task processes on the machine (by an environment marker
+//! each task carries), not only what the master says:
+//!
+//! - an agent SIGKILLed and restarted within the master's deadline takes its tasks back: the
+//!   service task keeps its id and its process, nothing replaces it, and a batch task that ended
+//!   while the agent was down arrives with its real exit code; tasks run as `nobody`;
+//! - an agent kept down past the master's deadline comes back to find its service task replaced
+//!   on another agent: its old copy is killed, and one process is left.
+//!
+//! The binaries come from the same target directory as this test: `cargo test --workspace`
+//! builds them.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use common::{binary, spawn_listening};
+use muster::proto::cluster as pb;
+use muster::proto::model as model_pb;
+use muster_security::testing::TestPki;
+use muster_security::{Role, TokenSecret};
+use tokio::process::{Child, Command};
+use tokio::time::Instant;
+
+mod common;
+
+const DEADLINE: Duration = common::DEADLINE;
+
+/// The environment variable that marks a test's task processes.
+const MARKER: &str = "MUSTER_TEST_MARKER";
+
+/// A master, its agents and a management token.
+struct Cluster {
+    dir: PathBuf,
+    master_address: String,
+    master: Child,
+    agents: Vec<Option<Child>>,
+    token: TokenSecret,
+}
+
+impl Cluster {
+    /// One master with `master_flags`, and no agents yet.
+    async fn start(dir: &Path, master_flags: &[&str]) -> anyhow::Result<Cluster> {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let master_address = listener.local_addr()?.to_string();
+        drop(listener);
+        let mut command = Command::new(binary("muster-master")?);
+        command
+            .args(TestPki::shared().args(Role::Master, "master-1"))
+            .args(["--id", "1", "--listen", &master_address, "--data-dir"])
+            .arg(dir.join("master"))
+            .args(master_flags);
+        let master = spawn_listening(command, "master").await?;
+        let token = muster_master::testing::bootstrap(&master_address).await?;
+        Ok(Cluster {
+            dir: dir.to_owned(),
+            master_address,
+            master,
+            agents: Vec::new(),
+            token,
+        })
+    }
+
+    /// Starts agent `n` (again: same data directory, same name), reporting `rack=<rack>`.
+    async fn start_agent(&mut self, n: usize, rack: &str) -> anyhow::Result<()> {
+        let mut command = Command::new(binary("muster-agent")?);
+        command
+            .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
+            .args(["--listen", "127.0.0.1:0", "--master", &self.master_address])
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("agent-{n}")))
+            .args(["--cpus", "2", "--mem-mb", "2048"])
+            .arg("--attribute")
+            .arg(format!("rack={rack}"));
+        let child = spawn_listening(command, &format!("agent {n}")).await?;
+        if self.agents.len() <= n {
+            self.agents.resize_with(n + 1, || None);
+        }
+        self.agents[n] = Some(child);
+        Ok(())
+    }
+
+    /// SIGKILLs agent `n` and waits for it to be gone.
+    async fn kill_agent(&mut self, n: usize) -> anyhow::Result<()> {
+        let mut child = self.agents[n].take().context("agent not running")?;
+        child.start_kill()?;
+        child.wait().await?;
+        Ok(())
+    }
+
+    async fn submit(&self, job: model_pb::Job) -> anyhow::Result<()> {
+        let mut client =
+            muster_master::testing::operator(&self.master_address, Some(&self.token)).await?;
+        client
+            .submit_job(pb::SubmitJobRequest { job: Some(job) })
+            .await
+            .context("submitting a job")?;
+        Ok(())
+    }
+
+    /// The master's state once `done` holds.
+    async fn state_when(
+        &self,
+        what: &str,
+        done: impl Fn(&pb::ClusterState) -> bool,
+    ) -> anyhow::Result<pb::ClusterState> {
+        let deadline = Instant::now() + DEADLINE;
+        let mut last = None;
+        loop {
+            if let Ok(mut client) =
+                muster_master::testing::operator(&self.master_address, Some(&self.token)).await
+                && let Ok(state) = client.get_state(pb::GetStateRequest {}).await
+            {
+                let state = state.into_inner();
+                if done(&state) {
+                    return Ok(state);
+                }
+                last = Some(state);
+            }
+            if Instant::now() > deadline {
+                bail!("no {what} in time; last state: {last:#?}");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Stops everything; the tasks go with their marker's processes.
+    async fn shutdown(mut self, markers: &[&str]) {
+        for child in self.agents.iter_mut().flatten() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+        let _ = self.master.start_kill();
+        let _ = self.master.wait().await;
+        for marker in markers {
+            for pid in processes_marked(marker) {
+                // SAFETY: kill takes two integers.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+        }
+    }
+}
+
+/// A job of one group (`count` tasks running `script` under `sh -c`), on agents with
+/// `rack=<rack>` if given, its processes marked with `marker`.
+fn job(
+    name: &str,
+    scheduler: model_pb::SchedulerType,
+    script: &str,
+    marker: &str,
+    rack: Option<&str>,
+) -> model_pb::Job {
+    model_pb::Job {
+        name: name.into(),
+        scheduler: scheduler as i32,
+        groups: vec![model_pb::TaskGroup {
+            name: "main".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 0.1,
+                mem_mb: 64,
+            }),
+            command: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            env: [(MARKER.to_owned(), marker.to_owned())].into(),
+            constraints: rack
+                .map(|rack| model_pb::Constraint {
+                    attribute: "rack".into(),
+                    op: model_pb::ConstraintOp::Equal as i32,
+                    value: rack.into(),
+                })
+                .into_iter()
+                .collect(),
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    }
+}
+
+/// The live processes on this machine whose environment holds `MARKER=<marker>`.
+fn processes_marked(marker: &str) -> Vec<i32> {
+    let wanted = format!("{MARKER}={marker}");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                environ
+                    .split(|byte| *byte == 0)
+                    .any(|entry| entry == wanted.as_bytes())
+            })
+        })
+        .collect()
+}
+
+/// Waits until exactly `count` processes carry `marker`; returns them.
+async fn marked_become(marker: &str, count: usize, what: &str) -> anyhow::Result<Vec<i32>> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let found = processes_marked(marker);
+        if found.len() == count {
+            return Ok(found);
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{what}: {} processes marked {marker}, not {count}: {found:?}",
+            found.len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The running (non-terminal) tasks of `job` on any agent, with their agent's id.
+fn running_of<'a>(state: &'a pb::ClusterState, job: &str) -> Vec<(&'a str, &'a model_pb::Task)> {
+    state
+        .agents
+        .iter()
+        .flat_map(|a| a.tasks.iter().map(move |t| (a.id.as_str(), t)))
+        .filter(|(_, t)| t.job == job && t.state == model_pb::TaskState::Running as i32)
+        .collect()
+}
+
+/// The agent id whose hostname-independent rack is `rack`.
+fn agent_on(state: &pb::ClusterState, rack: &str) -> Option<String> {
+    state
+        .agents
+        .iter()
+        .find(|a| {
+            a.info
+                .as_ref()
+                .is_some_and(|i| i.attributes.get("rack").map(String::as_str) == Some(rack))
+        })
+        .map(|a| a.id.clone())
+}
+
+/// The uid a process runs as (the real uid in `/proc/<pid>/status`).
+fn uid_of(pid: i32) -> anyhow::Result<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .and_then(|uid| uid.parse().ok())
+        .context("no Uid line")
+}
+
+fn nobody_uid() -> Option<u32> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        (fields.next() == Some("nobody"))
+            .then(|| fields.nth(1)?.parse().ok())
+            .flatten()
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_agent_takes_its_tasks_back_and_reports_what_ended_meanwhile()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(dir.path(), &[]).await?;
+    cluster.start_agent(0, "a").await?;
+    cluster.start_agent(1, "b").await?;
+    cluster
+        .state_when("two agents", |s| s.agents.len() == 2)
+        .await?;
+
+    let service_marker = format!("{}/service", dir.path().display());
+    let batch_marker = format!("{}/batch", dir.path().display());
+    let release = dir.path().join("release");
+    cluster
+        .submit(job(
+            "web",
+            model_pb::SchedulerType::Service,
+            "exec sleep 600",
+            &service_marker,
+            Some("a"),
+        ))
+        .await?;
+    let batch_script = format!(
+        "while [ ! -e {} ]; do sleep 0.02; done; exit 3",
+        release.display()
+    );
+    cluster
+        .submit(job(
+            "once",
+            model_pb::SchedulerType::Batch,
+            &batch_script,
+            &batch_marker,
+            Some("a"),
+        ))
+        .await?;
+    let state = cluster
+        .state_when("both tasks running", |s| {
+            running_of(s, "web").len() == 1 && running_of(s, "once").len() == 1
+        })
+        .await?;
+    let agent_a = agent_on(&state, "a").context("agent a")?;
+    let (on, web) = running_of(&state, "web")[0];
+    assert_eq!(on, agent_a);
+    let (web_id, batch_id) = (web.id.clone(), running_of(&state, "once")[0].1.id.clone());
+    let service_pids = marked_become(&service_marker, 1, "the service task runs").await?;
+    marked_become(&batch_marker, 1, "the batch task runs").await?;
+    if let Some(nobody) = nobody_uid()
+        // SAFETY: geteuid has no preconditions.
+        && unsafe { libc::geteuid() } == 0
+    {
+        assert_eq!(
+            uid_of(service_pids[0])?,
+            nobody,
+            "a root agent's task runs as nobody"
+        );
+    }
+
+    cluster.kill_agent(0).await?;
+    // The service task outlives its agent; the batch task ends while no agent runs.
+    assert_eq!(processes_marked(&service_marker), service_pids);
+    std::fs::write(&release, "")?;
+    marked_become(&batch_marker, 0, "the batch task ends").await?;
+
+    cluster.start_agent(0, "a").await?;
+    let state = cluster
+        .state_when("the batch task's real end", |s| {
+            s.agents.iter().any(|a| {
+                a.id == agent_a && a.connected && a.completed_tasks.iter().any(|t| t.id == batch_id)
+            })
+        })
+        .await?;
+    let agent = state
+        .agents
+        .iter()
+        .find(|a| a.id == agent_a)
+        .context("agent a")?;
+    let batch = agent
+        .completed_tasks
+        .iter()
+        .find(|t| t.id == batch_id)
+        .context("batch task")?;
+    assert_eq!(
+        (batch.state, batch.exit_code),
+        (model_pb::TaskState::Failed as i32, 3),
+        "{batch:?}"
+    );
+    let web: Vec<_> = running_of(&state, "web");
+    assert_eq!(web.len(), 1, "one service task: {web:?}");
+    assert_eq!(
+        (web[0].0, web[0].1.id.as_str()),
+        (agent_a.as_str(), web_id.as_str())
+    );
+    // Same process, none beside it, and still so a moment on (no replacement was started).
+    assert_eq!(processes_marked(&service_marker), service_pids);
+    let settled = cluster
+        .state_when("evaluations settled", |s| !s.recovering)
+        .await?;
+    assert_eq!(running_of(&settled, "web").len(), 1);
+    assert_eq!(processes_marked(&service_marker), service_pids);
+    cluster.shutdown(&[&service_marker, &batch_marker]).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_back_after_its_deadline_kills_the_copies_that_were_replaced() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    // Agents are lost two seconds after their last heartbeat.
+    let mut cluster = Cluster::start(
+        dir.path(),
+        &["--heartbeat-min-ttl", "1s", "--heartbeat-grace", "1s"],
+    )
+    .await?;
+    cluster.start_agent(0, "a").await?;
+    cluster
+        .state_when("agent a", |s| s.agents.len() == 1)
+        .await?;
+    let marker = format!("{}/web", dir.path().display());
+    cluster
+        .submit(job(
+            "web",
+            model_pb::SchedulerType::Service,
+            "exec sleep 600",
+            &marker,
+            None,
+        ))
+        .await?;
+    let state = cluster
+        .state_when("the task on agent a", |s| running_of(s, "web").len() == 1)
+        .await?;
+    let agent_a = agent_on(&state, "a").context("agent a")?;
+    let old = marked_become(&marker, 1, "the first copy runs").await?;
+
+    cluster.start_agent(1, "b").await?;
+    cluster
+        .state_when("agent b", |s| s.agents.len() == 2)
+        .await?;
+    cluster.kill_agent(0).await?;
+    let state = cluster
+        .state_when("the task replaced on agent b", |s| {
+            s.unreachable.iter().any(|u| u.id == agent_a)
+                && running_of(s, "web").iter().any(|(on, _)| *on != agent_a)
+        })
+        .await?;
+    let (_, replacement) = running_of(&state, "web")
+        .into_iter()
+        .find(|(on, _)| *on != agent_a)
+        .context("replacement")?;
+    let replacement_id = replacement.id.clone();
+    // The old copy still runs, untracked, while its agent is down: two processes.
+    let both = marked_become(&marker, 2, "the replacement beside the old copy").await?;
+    assert!(old.iter().all(|pid| both.contains(pid)));
+
+    cluster.start_agent(0, "a").await?;
+    let left = marked_become(&marker, 1, "the old copy killed by its returning agent").await?;
+    assert!(!left.contains(&old[0]), "the old copy is the one killed");
+    let state = cluster
+        .state_when("agent a back with no task running", |s| {
+            s.agents.iter().any(|a| {
+                a.id == agent_a
+                    && a.connected
+                    && a.tasks
+                        .iter()
+                        .all(|t| t.state != model_pb::TaskState::Running as i32)
+            })
+        })
+        .await?;
+    let web = running_of(&state, "web");
+    assert_eq!(web.len(), 1, "{web:?}");
+    assert_eq!(web[0].1.id, replacement_id);
+    assert_eq!(processes_marked(&marker), left);
+    cluster.shutdown(&[&marker]).await;
+    Ok(())
+}
