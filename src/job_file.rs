@@ -137,6 +137,15 @@ mod tests {
     }
 
     #[test]
+    fn a_group_may_name_its_user() -> anyhow::Result<()> {
+        let spec = parse(
+            "name = \"web\"\n[[group]]\nname = \"g\"\ncommand = \"sleep\"\ncpus = 0.1\nmem_mb = 8\nuser = \"daemon\"\n",
+        )?;
+        assert_eq!(spec.groups[0].user, "daemon");
+        Ok(())
+    }
+
+    #[test]
     fn unknown_and_missing_keys_are_named() {
         let unknown = parse(
             "name = \"x\"\n[[group]]\nname = \"g\"\ncommand = \"c\"\ncpus = 1\nmem_mb = 1\ncuont = 2\n",

@@ -435,3 +435,90 @@ async fn an_agent_back_after_its_deadline_kills_the_copies_that_were_replaced() 
     cluster.shutdown(&[&marker]).await;
     Ok(())
 }
+
+/// The task id a process works for: its working directory is `.../tasks/<task id>`.
+fn task_of(pid: i32) -> Option<String> {
+    let cwd = std::fs::read_link(format!("/proc/{pid}/cwd")).ok()?;
+    Some(cwd.file_name()?.to_str()?.to_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seven_agent_kills_leave_a_service_job_at_its_count_with_every_process_tracked()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut cluster = Cluster::start(
+        dir.path(),
+        &["--heartbeat-min-ttl", "1s", "--heartbeat-grace", "1s"],
+    )
+    .await?;
+    for n in 0..3 {
+        cluster.start_agent(n, &format!("r{n}")).await?;
+    }
+    cluster
+        .state_when("three agents", |s| s.agents.len() == 3)
+        .await?;
+    let marker = format!("{}/web", dir.path().display());
+    let mut web = job(
+        "web",
+        model_pb::SchedulerType::Service,
+        "exec sleep 600",
+        &marker,
+        None,
+    );
+    web.groups[0].count = 2;
+    cluster.submit(web).await?;
+    cluster
+        .state_when("two copies", |s| running_of(s, "web").len() == 2)
+        .await?;
+
+    for round in 0..7 {
+        let n = round % 3;
+        let before = cluster
+            .state_when(&format!("round {round}: all agents connected"), |s| {
+                s.agents.len() == 3 && s.agents.iter().all(|a| a.connected)
+            })
+            .await?;
+        let rack = format!("r{n}");
+        let id = agent_on(&before, &rack).context("the agent to kill")?;
+        cluster.kill_agent(n).await?;
+        if round % 2 == 1 {
+            // Past the master's deadline: its tasks are replaced before it comes back.
+            cluster
+                .state_when(&format!("round {round}: {id} unreachable"), |s| {
+                    s.unreachable.iter().any(|u| u.id == id)
+                })
+                .await?;
+        }
+        cluster.start_agent(n, &rack).await?;
+    }
+
+    // Settled: two copies on the master, two processes on the machine, and the same tasks.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let state = cluster
+            .state_when("agents connected", |s| {
+                s.agents.iter().filter(|a| a.connected).count() == 3
+            })
+            .await?;
+        let mut tracked: Vec<String> = running_of(&state, "web")
+            .iter()
+            .map(|(_, t)| t.id.clone())
+            .collect();
+        let mut running: Vec<String> = processes_marked(&marker)
+            .into_iter()
+            .filter_map(task_of)
+            .collect();
+        tracked.sort();
+        running.sort();
+        if tracked.len() == 2 && tracked == running {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the master tracks {tracked:?}, the machine runs {running:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.shutdown(&[&marker]).await;
+    Ok(())
+}

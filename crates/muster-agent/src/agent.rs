@@ -279,6 +279,8 @@ impl Process for Agent {
         let kill = self.config.stop_tasks_on_exit;
         let stopped = self.tasks.stop_all(kill);
         if kill {
+            // Their processes are SIGKILLed; their cgroups go once empty.
+            self.isolation.sweep(&std::collections::HashSet::new());
             // Synchronously: the agent is going away, and a restart must find them ended.
             for (framework, task) in &stopped {
                 if let Err(error) = store::write_checkpoint(&self.config.data_dir, framework, task)

@@ -90,6 +90,44 @@ impl Isolation {
         }
     }
 
+    /// Removes the task cgroups in the agent's directories that belong to none of `keep` (the
+    /// tasks it took back): cgroups an earlier run left behind. A process still in one runs
+    /// for no task the agent knows, and is killed first. Returns how many were removed.
+    pub(crate) fn sweep(&self, keep: &std::collections::HashSet<String>) -> usize {
+        let parents: Vec<&PathBuf> = match self {
+            Isolation::CgroupV2 { scope } => vec![scope],
+            Isolation::CgroupV1 { memory, cpu, pids } => vec![memory, cpu, pids],
+            Isolation::ProcessGroup { .. } => return 0,
+        };
+        let mut removed = 0;
+        for parent in parents {
+            let Ok(entries) = std::fs::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let dir = entry.path();
+                let stale = entry.file_type().is_ok_and(|t| t.is_dir())
+                    && entry
+                        .file_name()
+                        .to_str()
+                        .is_some_and(|id| !keep.contains(id));
+                if !stale {
+                    continue;
+                }
+                for _ in 0..100 {
+                    if kill_listed(&dir, libc::SIGKILL) == 0 {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                if std::fs::remove_dir(&dir).is_ok() {
+                    removed += 1;
+                }
+            }
+        }
+        removed
+    }
+
     /// Its name, as `muster status` shows it (the agent's `muster.isolation` attribute).
     pub fn name(&self) -> &'static str {
         match self {

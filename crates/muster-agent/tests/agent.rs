@@ -1311,3 +1311,112 @@ async fn a_returning_agent_kills_what_the_master_gave_up_and_an_unknown_id_regis
     master.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_down_past_its_recovery_timeout_kills_what_it_left_before_registering()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-t".into())).await?;
+    let first = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    first.registered_with(&master.upid()?).await?;
+    let script = "echo $$ > pid; exec sleep 60";
+    assert_eq!(
+        master
+            .run_task(first.upid(), shell_task("stale", script))
+            .await?
+            .error,
+        ""
+    );
+    let pid = pid_in(&dir.path().join("tasks/stale/pid")).await?;
+    // The task's files belong to the user it runs as.
+    let owner = std::os::unix::fs::MetadataExt::uid(&std::fs::metadata(
+        dir.path().join("tasks/stale/stdout"),
+    )?);
+    assert_eq!(owner, uid_of(pid)?, "stdout belongs to the task's user");
+    first.stop().await;
+    ensure!(!has_ended(pid), "the task outlives its agent");
+
+    // The agent was last alive an hour ago: past its 15-minute recovery timeout.
+    let hour_ago = std::time::SystemTime::now() - Duration::from_secs(3600);
+    std::fs::File::options()
+        .write(true)
+        .open(dir.path().join("meta/alive"))?
+        .set_modified(hour_ago)?;
+    let second = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
+    let request = master.next_reregister().await?;
+    // Killed before the agent said anything to the master.
+    ensure!(
+        has_ended(pid),
+        "the stale task still ran at re-registration"
+    );
+    assert!(request.tasks.is_empty(), "{:?}", request.tasks);
+    let stale = find(&request.completed_tasks, "stale").context("stale not reported")?;
+    assert_eq!(stale.state, TaskState::Killed as i32, "{stale:?}");
+    assert!(stale.message.contains("recovery timeout"), "{stale:?}");
+    second.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+/// The real uid of process `pid`.
+fn uid_of(pid: u32) -> anyhow::Result<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("Uid:"))
+        .and_then(|ids| ids.split_whitespace().next())
+        .and_then(|uid| uid.parse().ok())
+        .context("no Uid line")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_may_name_only_a_user_the_agent_allows() -> anyhow::Result<()> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Only root switches users; a non-root agent's refusal is a unit test.
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-u".into())).await?;
+    let mut config = config(&[master.address()], dir.path());
+    config.allowed_task_users = vec!["daemon".into()];
+    let agent = AgentNode::start(config).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    let as_user = |id: &str, user: &str| {
+        let mut request = shell_task(id, "echo $$ > pid; exec sleep 60");
+        if let Some(task) = &mut request.task {
+            task.user = user.into();
+        }
+        request
+    };
+    let refused = master
+        .run_task(agent.upid(), as_user("as-root", "root"))
+        .await?;
+    assert!(
+        refused.error.contains("\"root\"") && refused.error.contains("does not allow"),
+        "{}",
+        refused.error
+    );
+    assert_eq!(
+        master
+            .run_task(agent.upid(), as_user("as-daemon", "daemon"))
+            .await?
+            .error,
+        ""
+    );
+    let pid = pid_in(&dir.path().join("tasks/as-daemon/pid")).await?;
+    let passwd = std::fs::read_to_string("/etc/passwd")?;
+    let daemon: u32 = passwd
+        .lines()
+        .find_map(|line| line.strip_prefix("daemon:x:"))
+        .and_then(|rest| rest.split(':').next())
+        .and_then(|uid| uid.parse().ok())
+        .context("no daemon user")?;
+    assert_eq!(uid_of(pid)?, daemon);
+    agent.stop().await;
+    ends(pid, "the task").await?;
+    master.shutdown().await;
+    Ok(())
+}

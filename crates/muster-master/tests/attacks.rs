@@ -324,3 +324,52 @@ async fn strangers_cannot_register_agents() -> anyhow::Result<()> {
     cluster.agent.stop().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_never_admitted_agent_id_is_refused_and_told_to_register_anew() -> anyhow::Result<()> {
+    let cluster = cluster().await?;
+    let system = System::new();
+    let stranger = attacker(&system, TestPki::shared().security(Role::Agent, "agent-99")).await?;
+    let master = stranger.remote(master_upid(&cluster.master)?);
+    let reply: pb::RegistrationReply = master
+        .ask_timeout(
+            ASK,
+            pb::ReregisterAgent {
+                agent_id: "agent-99".into(),
+                info: Some(model_pb::AgentInfo {
+                    hostname: "stranger".into(),
+                    address: format!("agent@{}", stranger.address()),
+                    resources: Some(model_pb::Resources {
+                        cpus: 4.0,
+                        mem_mb: 4096,
+                    }),
+                    ..model_pb::AgentInfo::default()
+                }),
+                ..pb::ReregisterAgent::default()
+            },
+        )
+        .await?;
+    match reply.result {
+        Some(pb::registration_reply::Result::UnknownAgent(why)) => {
+            ensure!(
+                why.contains("agent-99") && why.contains("register anew"),
+                "{why}"
+            );
+        }
+        other => bail!("a never-admitted id was taken back: {other:?}"),
+    }
+    let metrics: pb::MasterMetrics = cluster
+        .master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
+    assert_eq!(metrics.unknown_agents_refused, 1);
+    // Nothing of it is listed or counted: the one real agent is all there is.
+    let state = state(&cluster.master).await?;
+    ensure!(
+        state.agents.len() == 1 && state.agents[0].id == cluster.agent_id,
+        "{state:?}"
+    );
+    cluster.agent.stop().await;
+    Ok(())
+}

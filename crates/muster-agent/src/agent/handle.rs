@@ -192,6 +192,19 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
 
     let checkpoints_found = checkpoints.len();
     let recovery = recovery::recover(&config, &isolation, checkpoints).await;
+    let keep: std::collections::HashSet<String> = recovery
+        .running
+        .iter()
+        .map(|(_, task, _)| task.id.clone())
+        .collect();
+    let sweeper = isolation.clone();
+    let swept = blocking(move || Ok(sweeper.sweep(&keep))).await?;
+    if swept > 0 {
+        tracing::info!(
+            cgroups = swept,
+            "removed task cgroups an earlier run left behind"
+        );
+    }
     let mut tasks = Tasks::new(config.completed_task_history);
     let mut evicted = Vec::new();
     for (framework, task) in recovery.completed {
