@@ -333,6 +333,30 @@ impl Plan {
     }
 }
 
+/// Room for any `i64` in decimal, its sign and a newline.
+pub(crate) const DECIMAL_BUFFER: usize = 22;
+
+/// `value` in decimal followed by a newline, written at the end of `buffer`, without
+/// allocating: for the code between fork and exec.
+pub(crate) fn decimal_line(value: i64, buffer: &mut [u8; DECIMAL_BUFFER]) -> &[u8] {
+    let mut at = buffer.len() - 1;
+    buffer[at] = b'\n';
+    let mut rest = value.unsigned_abs();
+    loop {
+        at -= 1;
+        buffer[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if value < 0 {
+        at -= 1;
+        buffer[at] = b'-';
+    }
+    &buffer[at..]
+}
+
 /// Sets `signal` to be ignored.
 unsafe fn ignore(signal: libc::c_int) {
     // SAFETY: sigaction is async-signal-safe; `action` is a valid, zeroed sigaction (empty
@@ -347,24 +371,8 @@ unsafe fn ignore(signal: libc::c_int) {
 /// Writes `value` in decimal to `tmp`, syncs it and renames it over `path`, with raw system
 /// calls; failures are ignored (there is no one to tell: the agent notices the missing file).
 unsafe fn write_number_file(tmp: &CString, path: &CString, value: i64) {
-    let mut digits = [0u8; 24];
-    let mut at = digits.len() - 1;
-    digits[at] = b'\n';
-    let negative = value < 0;
-    let mut rest = value.unsigned_abs();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    if negative {
-        at -= 1;
-        digits[at] = b'-';
-    }
-    let text = &digits[at..];
+    let mut buffer = [0u8; DECIMAL_BUFFER];
+    let text = decimal_line(value, &mut buffer);
     // SAFETY: NUL-terminated paths and a stack buffer of `text.len()` bytes.
     unsafe {
         let fd = libc::syscall(
@@ -393,6 +401,17 @@ unsafe fn write_number_file(tmp: &CString, path: &CString, value: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn numbers_are_written_in_decimal_lines() {
+        let mut buffer = [0u8; DECIMAL_BUFFER];
+        assert_eq!(decimal_line(0, &mut buffer), b"0\n");
+        assert_eq!(decimal_line(4242, &mut buffer), b"4242\n");
+        assert_eq!(
+            decimal_line(i64::MIN, &mut buffer),
+            b"-9223372036854775808\n"
+        );
+    }
 
     #[test]
     fn the_start_time_of_this_process_is_read_and_a_missing_process_has_none() {

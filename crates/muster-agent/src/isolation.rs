@@ -372,18 +372,8 @@ impl JoinHandle {
     pub(crate) fn join_in_child(&self) -> io::Result<()> {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        let mut digits = [0u8; 20];
-        let mut at = digits.len();
-        let mut rest = pid.unsigned_abs();
-        loop {
-            at -= 1;
-            digits[at] = b'0' + (rest % 10) as u8;
-            rest /= 10;
-            if rest == 0 {
-                break;
-            }
-        }
-        let text = &digits[at..];
+        let mut buffer = [0u8; crate::executor::DECIMAL_BUFFER];
+        let text = crate::executor::decimal_line(i64::from(pid), &mut buffer);
         for path in &self.procs {
             // SAFETY: `path` is a NUL-terminated string that outlives the calls; `text`
             // points to `text.len()` readable bytes.
