@@ -79,6 +79,8 @@ pub struct MasterConfig {
     pub workers: usize,
     /// How its workers place tasks.
     pub placement: Placement,
+    /// Caps on one job's size: a submission over them is refused, naming the cap.
+    pub job_limits: muster_model::JobLimits,
     /// raft heartbeat interval.
     pub raft_heartbeat: Duration,
     /// raft election timeout range.
@@ -109,6 +111,7 @@ impl MasterConfig {
             launch_timeout: Duration::from_secs(60),
             workers: 2,
             placement: Placement::Binpack,
+            job_limits: muster_model::JobLimits::default(),
             raft_heartbeat: Duration::from_millis(100),
             raft_election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
         }

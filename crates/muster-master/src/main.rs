@@ -83,6 +83,12 @@ struct Flags {
     /// other programs (see examples/custom_scheduler.rs) [default: 2].
     #[arg(long)]
     workers: Option<usize>,
+    /// Most task groups one job may have [default: 100].
+    #[arg(long)]
+    max_job_groups: Option<usize>,
+    /// Most tasks one job may ask for, all its groups together [default: 50000].
+    #[arg(long)]
+    max_job_tasks: Option<u64>,
     /// TLS: this master's certificate (role master), key and the cluster CA.
     #[command(flatten)]
     tls: TlsFlags,
@@ -109,6 +115,8 @@ struct FileConfig {
     reregistration_timeout: Option<String>,
     removal_limit: Option<f64>,
     workers: Option<usize>,
+    max_job_groups: Option<usize>,
+    max_job_tasks: Option<u64>,
     /// `[tls]`: ca, cert, key, cluster, insecure.
     tls: Option<TlsFileConfig>,
 }
@@ -218,6 +226,16 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
             .or(file.removal_limit)
             .unwrap_or(defaults.removal_limit),
         workers: flags.workers.or(file.workers).unwrap_or(defaults.workers),
+        job_limits: muster_model::JobLimits {
+            max_groups: flags
+                .max_job_groups
+                .or(file.max_job_groups)
+                .unwrap_or(defaults.job_limits.max_groups),
+            max_tasks: flags
+                .max_job_tasks
+                .or(file.max_job_tasks)
+                .unwrap_or(defaults.job_limits.max_tasks),
+        },
         ..defaults
     })
 }

@@ -161,3 +161,44 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     master.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_over_the_size_caps_is_refused_naming_the_cap() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = start(dir.path()).await?;
+    // 300 groups of 10,000: three million tasks in one submission.
+    let mut huge = spec("huge");
+    let group = huge.groups[0].clone();
+    huge.groups = (0..300)
+        .map(|i| model_pb::TaskGroup {
+            name: format!("g{i}"),
+            count: 10_000,
+            ..group.clone()
+        })
+        .collect();
+    match submit(&master, huge.clone()).await? {
+        Err(e) => assert!(
+            e.to_string().contains("300 task groups") && e.to_string().contains("cap of 100"),
+            "{e}"
+        ),
+        Ok(reply) => bail!("accepted 300 groups: {reply:?}"),
+    }
+    huge.groups.truncate(6);
+    match submit(&master, huge).await? {
+        Err(e) => assert!(
+            e.to_string().contains("60000 tasks") && e.to_string().contains("cap of 50000"),
+            "{e}"
+        ),
+        Ok(reply) => bail!("accepted 60,000 tasks: {reply:?}"),
+    }
+    // Nothing was stored, and the master still takes a job within the caps.
+    let state = master
+        .pid()
+        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .await?;
+    assert!(state.frameworks.iter().all(|f| f.id != "huge"));
+    assert!(submit(&master, spec("small")).await?.is_ok());
+    assert_eq!(broker_stats(&master).await?.total().ready, 1);
+    master.shutdown().await;
+    Ok(())
+}

@@ -163,6 +163,58 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
+/// Caps on one job's size, set by the master's operator, so that one submission cannot exhaust
+/// the master: groups per job, and tasks per job (the sum of its groups' counts; system jobs,
+/// one task per agent, count none).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct JobLimits {
+    /// Most task groups in one job (default 100).
+    pub max_groups: usize,
+    /// Most tasks in one job, all groups together (default 50,000).
+    pub max_tasks: u64,
+}
+
+impl Default for JobLimits {
+    fn default() -> Self {
+        JobLimits {
+            max_groups: 100,
+            max_tasks: 50_000,
+        }
+    }
+}
+
+impl Job {
+    /// Checks the job against `limits`.
+    ///
+    /// # Errors
+    /// [`FieldError`] on `groups` naming the cap it is over and the setting that raises it.
+    pub fn check_limits(&self, limits: &JobLimits) -> Result<(), FieldError> {
+        if self.groups.len() > limits.max_groups {
+            return Err(invalid(
+                "groups",
+                format!(
+                    "{} task groups is more than this cluster's cap of {} per job \
+                     (the master's --max-job-groups)",
+                    self.groups.len(),
+                    limits.max_groups
+                ),
+            ));
+        }
+        let tasks: u64 = self.groups.iter().map(|g| u64::from(g.count)).sum();
+        if tasks > limits.max_tasks {
+            return Err(invalid(
+                "groups",
+                format!(
+                    "{tasks} tasks in all is more than this cluster's cap of {} per job \
+                     (the master's --max-job-tasks)",
+                    limits.max_tasks
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
     FieldError::new(field, problem)
 }
@@ -251,6 +303,41 @@ impl Job {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn limits_cap_groups_and_total_tasks_and_name_the_setting() {
+        let group = |i: usize, count| TaskGroup {
+            name: format!("g{i}"),
+            count,
+            ..TaskGroup::default()
+        };
+        let mut job = Job {
+            name: "big".into(),
+            priority: 50,
+            scheduler: SchedulerType::Service,
+            groups: (0..3).map(|i| group(i, 10)).collect(),
+            stopped: false,
+            version: 0,
+        };
+        let limits = JobLimits {
+            max_groups: 3,
+            max_tasks: 30,
+        };
+        assert!(job.check_limits(&limits).is_ok());
+        job.groups.push(group(3, 0));
+        let error = job.check_limits(&limits).unwrap_err().to_string();
+        assert!(
+            error.contains("4 task groups") && error.contains("--max-job-groups"),
+            "{error}"
+        );
+        job.groups.pop();
+        job.groups[0].count = 11;
+        let error = job.check_limits(&limits).unwrap_err().to_string();
+        assert!(
+            error.contains("31 tasks") && error.contains("--max-job-tasks"),
+            "{error}"
+        );
+    }
 
     #[test]
     fn constraints_compare_attributes() {

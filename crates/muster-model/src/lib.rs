@@ -31,6 +31,8 @@ pub use agent::{AgentId, AgentInfo, UnreachableAgent};
 pub use demand::Demand;
 pub use error::FieldError;
 pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};
-pub use job::{Constraint, ConstraintOp, DEFAULT_PRIORITY, Job, SchedulerType, TaskGroup};
+pub use job::{
+    Constraint, ConstraintOp, DEFAULT_PRIORITY, Job, JobLimits, SchedulerType, TaskGroup,
+};
 pub use resources::{Resources, utilization};
 pub use task::{Task, TaskState};

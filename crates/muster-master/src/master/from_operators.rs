@@ -181,6 +181,9 @@ impl Master {
             Some(Err(e)) => return reply.send(Err(e.within("job").into())),
             Some(Ok(job)) => job,
         };
+        if let Err(e) = job.check_limits(&self.config.job_limits) {
+            return reply.send(Err(e.within("job").into()));
+        }
         let eval = Evaluation::new(&job, Trigger::JobRegister);
         let eval_id = eval.id.0.clone();
         tracing::info!(job = %job.name, eval = %eval_id, "job submitted");
