@@ -349,6 +349,7 @@ async fn raw_tcp(agents: usize) -> Duration {
             let ack = pb::RegistrationReply {
                 result: Some(Registration::AgentId(message.agent_id.clone())),
                 kill_tasks: Vec::new(),
+                term: 0,
             }
             .encode_to_vec();
             filed.insert(message.agent_id.clone(), message);

@@ -31,6 +31,7 @@ fn run_true(id: u64) -> RunTask {
             command: "true".into(),
             ..Task::default()
         }),
+        term: 0,
     }
 }
 

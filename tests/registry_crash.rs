@@ -49,6 +49,7 @@ async fn start_master(address: &str, data_dir: &std::path::Path) -> anyhow::Resu
 async fn register_until_killed(
     node: Node,
     master: Upid,
+    round: usize,
     writer: usize,
     acked: mpsc::UnboundedSender<String>,
 ) {
@@ -56,7 +57,8 @@ async fn register_until_killed(
     for n in 0.. {
         let request = pb::RegisterAgent {
             info: Some(model_pb::AgentInfo {
-                hostname: format!("writer-{writer}-{n}"),
+                // Distinct in every round: the same agent registering again keeps its id.
+                hostname: format!("writer-{round}-{writer}-{n}"),
                 address: format!("agent@127.0.0.1:{}", 10_000 + writer),
                 ..model_pb::AgentInfo::default()
             }),
@@ -147,6 +149,7 @@ async fn acknowledged_registry_writes_survive_twenty_sigkills() -> anyhow::Resul
             tokio::spawn(register_until_killed(
                 node.clone(),
                 master.clone(),
+                round,
                 writer,
                 acked_tx.clone(),
             ));

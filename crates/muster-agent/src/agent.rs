@@ -3,6 +3,7 @@
 //!
 //! - [`handle`]: [`start`] (spawning the process and registering it on the node) and the
 //!   [`AgentHandle`] it returns, with [`AgentStatus`] and [`AgentSnapshot`];
+//! - [`fencing`]: the leader term the agent follows, and refusing commands of older ones;
 //! - [`master_link`]: finding the leading master and registering (or re-registering) with it,
 //!   following `NotLeader` hints, heartbeats, and noticing the master is gone;
 //! - [`task_lifecycle`]: launching and killing tasks, recording how they ended, and reporting
@@ -13,6 +14,7 @@
 //! The task table is [`crate::tasks`], the tasks' child processes [`crate::child_process`], the
 //! files under the data directory [`crate::store`].
 
+mod fencing;
 mod handle;
 mod master_link;
 mod recovery;
@@ -167,6 +169,10 @@ pub struct Agent {
     tasks: Tasks,
     /// Tasks an earlier run left running, re-attached by [`start`], watched from `Start` on.
     recovered: Vec<(Framework, Task, TaskProcess)>,
+    /// The highest leader term the agent has heard from (see `fencing`), kept in `meta/term`.
+    term: u64,
+    /// Commands refused for coming from an older term.
+    stale_commands_refused: u64,
     /// Task status updates not yet sent to a master (the agent was not registered), oldest
     /// first, the latest per task only; bounded (see [`Agent::report`]).
     unsent_updates: VecDeque<Task>,
@@ -189,6 +195,9 @@ impl Process for Agent {
         match msg {
             Msg::Ping(ping, reply) => self.on_ping(&ping, reply),
             Msg::RunTask(request, reply) => {
+                if let Err(error) = self.admit_term(request.term, "a RunTask") {
+                    return reply.send(RunTaskReply { error });
+                }
                 let error = match self.run_task(*request, ctx).await {
                     Ok(()) => String::new(),
                     Err(error) => {
@@ -199,6 +208,9 @@ impl Process for Agent {
                 reply.send(RunTaskReply { error });
             }
             Msg::LaunchTasks(launch) => {
+                if self.admit_term(launch.term, "a LaunchTasks").is_err() {
+                    return;
+                }
                 for request in launch.tasks {
                     if let Err(error) = self.run_task(request, ctx).await {
                         tracing::warn!(%error, "refused a task");
@@ -206,6 +218,9 @@ impl Process for Agent {
                 }
             }
             Msg::KillTask(request, reply) => {
+                if let Err(error) = self.admit_term(request.term, "a KillTask") {
+                    return reply.send(KillTaskReply { error });
+                }
                 let error = self.kill_task(&request.task_id);
                 if !error.is_empty() {
                     tracing::warn!(%error, "cannot kill a task");
@@ -332,6 +347,8 @@ impl Agent {
             tasks: self.tasks.running(),
             completed_frameworks: self.tasks.completed_frameworks(),
             completed_tasks: self.tasks.completed(),
+            term: self.term,
+            stale_commands_refused: self.stale_commands_refused,
         }
     }
 }

@@ -144,6 +144,35 @@ pub(crate) fn last_alive(data_dir: &Path) -> io::Result<Option<SystemTime>> {
     }
 }
 
+/// Name of the file holding the highest leader term the agent has obeyed, under `meta/`.
+const TERM_FILE: &str = "term";
+
+/// The highest leader term the agent has obeyed (0 if none).
+///
+/// # Errors
+/// [`AgentError::StateFile`] if the file exists but cannot be read or holds no number: the
+/// agent must not start forgetting a term it promised to hold.
+pub(crate) fn read_term(data_dir: &Path) -> Result<u64, AgentError> {
+    let path = data_dir.join("meta").join(TERM_FILE);
+    match fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse().map_err(|_| AgentError::StateFile {
+            path,
+            source: io::Error::new(io::ErrorKind::InvalidData, "not a term number"),
+        }),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
+        Err(source) => Err(AgentError::StateFile { path, source }),
+    }
+}
+
+/// Records, durably, that the agent follows leader term `term` from now on.
+pub(crate) fn write_term(data_dir: &Path, term: u64) -> Result<(), AgentError> {
+    let dir = data_dir.join("meta");
+    let path = dir.join(TERM_FILE);
+    fs::create_dir_all(&dir)
+        .and_then(|()| write_atomically(&path, format!("{term}\n").as_bytes(), true))
+        .map_err(|source| AgentError::StateFile { path, source })
+}
+
 /// Runs blocking file work off the runtime's threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
@@ -191,6 +220,7 @@ pub(crate) fn write_checkpoint(
     let record = RunTask {
         framework: Some(framework.clone()),
         task: Some(task.clone()),
+        term: 0,
     };
     write_atomically(
         &dir.join(format!("{}.pb", task.id)),
@@ -253,6 +283,7 @@ pub(crate) fn read_checkpoints(data_dir: &Path) -> Result<Vec<Checkpoint>, Agent
                 RunTask {
                     framework: Some(framework),
                     task: Some(task),
+                    ..
                 },
             )) if !task.id.is_empty() => found.push(Checkpoint {
                 written,

@@ -34,12 +34,19 @@ enum Answer {
     AdmitKilling(String, Vec<String>),
     /// Answer re-registrations that the id is unknown; admit new agents under this id.
     Forgotten(String),
+    /// Admit as `Admit` does, as the leader of this term.
+    AdmitInTerm(String, u64),
 }
 
 impl Answer {
     fn reply(&self, reregistering: Option<&str>) -> RegistrationReply {
         let mut kill_tasks = Vec::new();
+        let mut term = 0;
         let result = match (self, reregistering) {
+            (Answer::AdmitInTerm(id, in_term), reregistering) => {
+                term = *in_term;
+                registration_reply::Result::AgentId(reregistering.unwrap_or(id).to_owned())
+            }
             (Answer::Admit(_), Some(id)) => registration_reply::Result::AgentId(id.to_owned()),
             (Answer::Admit(id) | Answer::Forgotten(id), None) => {
                 registration_reply::Result::AgentId(id.clone())
@@ -60,6 +67,7 @@ impl Answer {
         RegistrationReply {
             result: Some(result),
             kill_tasks,
+            term,
         }
     }
 }
@@ -102,7 +110,10 @@ impl Process for FakeMaster {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         if matches!(msg, FakeMsg::Register(..) | FakeMsg::Reregister(..))
-            && matches!(answer, Answer::Admit(_) | Answer::AdmitKilling(..))
+            && matches!(
+                answer,
+                Answer::Admit(_) | Answer::AdmitKilling(..) | Answer::AdmitInTerm(..)
+            )
         {
             self.admitted += 1;
         }
@@ -217,6 +228,7 @@ impl MasterNode {
     async fn kill_task(&self, agent: &Upid, task_id: &str) -> anyhow::Result<KillTaskReply> {
         let request = KillTask {
             task_id: task_id.into(),
+            term: 0,
         };
         Ok(self
             .node
@@ -385,6 +397,7 @@ fn shell_task(id: &str, script: &str) -> RunTask {
             args: vec!["-c".into(), script.into()],
             ..Task::default()
         }),
+        term: 0,
     }
 }
 
@@ -697,6 +710,7 @@ async fn run_task_runs_real_children_and_refuses_bad_requests() -> anyhow::Resul
             RunTask {
                 framework: Some(framework()),
                 task: None,
+                term: 0,
             },
         )
         .await?
@@ -732,6 +746,7 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
             bad,
             shell_task("first", "exit 0"),
         ],
+        term: 0,
     };
     master.node.remote(to.clone()).tell(launch)?;
 
@@ -758,6 +773,7 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
     // Updates come in order: the next one is for a later launch, none for the duplicate.
     let later = LaunchTasks {
         tasks: vec![shell_task("later", "sleep 30")],
+        term: 0,
     };
     master.node.remote(to.clone()).tell(later)?;
     master.expect_started("agent-l", "later").await?;
@@ -1417,6 +1433,75 @@ async fn a_task_may_name_only_a_user_the_agent_allows() -> anyhow::Result<()> {
     assert_eq!(uid_of(pid)?, daemon);
     agent.stop().await;
     ends(pid, "the task").await?;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_of_an_older_leader_term_are_refused_counted_and_remembered_across_restarts()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::AdmitInTerm("agent-f".into(), 5)).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    agent
+        .wait_until("the agent to follow term 5", |s| s.term == 5)
+        .await?;
+    let in_term = |id: &str, term| {
+        let mut request = shell_task(id, "exec sleep 60");
+        request.term = term;
+        request
+    };
+    // A deposed leader of term 4 cannot launch or kill.
+    let refused = master.run_task(agent.upid(), in_term("old", 4)).await?;
+    assert!(
+        refused.error.contains("term 4") && refused.error.contains("follows term 5"),
+        "{}",
+        refused.error
+    );
+    let remote = master.node.remote(agent.upid().clone());
+    remote.tell(LaunchTasks {
+        tasks: vec![in_term("old-launch", 4)],
+        term: 4,
+    })?;
+    assert_eq!(
+        master
+            .run_task(agent.upid(), in_term("new", 5))
+            .await?
+            .error,
+        ""
+    );
+    let kill = KillTask {
+        task_id: "new".into(),
+        term: 3,
+    };
+    let refused: KillTaskReply = remote.ask_timeout(PATIENCE, kill).await?;
+    assert!(refused.error.contains("term 3"), "{}", refused.error);
+    let snapshot = agent
+        .wait_until("three refusals", |s| s.stale_commands_refused == 3)
+        .await?;
+    assert!(
+        find(&snapshot.tasks, "new").is_some(),
+        "{:?}",
+        snapshot.tasks
+    );
+    for stale in ["old", "old-launch"] {
+        assert!(!snapshot.tasks.iter().any(|t| t.id == stale));
+        assert!(!snapshot.completed_tasks.iter().any(|t| t.id == stale));
+    }
+    agent.stop().await;
+
+    // The promise holds across a restart, before any master speaks to the agent.
+    master.set_answer(Answer::Refuse("not now".into()));
+    let restarted = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    let snapshot = restarted.handle.snapshot().await?;
+    assert_eq!(snapshot.term, 5);
+    let refused = master
+        .run_task(restarted.upid(), in_term("older", 2))
+        .await?;
+    assert!(refused.error.contains("term 2"), "{}", refused.error);
+    restarted.stop().await;
     master.shutdown().await;
     Ok(())
 }

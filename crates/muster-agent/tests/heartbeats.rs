@@ -55,6 +55,7 @@ fn admitted(id: &str) -> RegistrationReply {
     RegistrationReply {
         result: Some(registration_reply::Result::AgentId(id.to_owned())),
         kill_tasks: Vec::new(),
+        term: 0,
     }
 }
 
@@ -91,6 +92,7 @@ impl Process for FakeMaster {
                 };
                 reply.send(HeartbeatReply {
                     result: Some(result),
+                    term: 0,
                 });
             }
         }

@@ -142,6 +142,8 @@ struct Metrics {
     unknown_agents: u64,
     /// Tasks returning agents were told to kill: given up as lost, and replaced.
     given_up_killed: u64,
+    /// Rounds in which a quorum confirmed this master's leadership (before applying plans).
+    leadership_confirmations: u64,
 }
 
 /// The master process.
@@ -166,6 +168,9 @@ pub struct Master {
     heartbeats: HeartbeatDeadlines,
     /// Task slots that failed in a row, for the back-off of their replacements.
     crash_loops: crash_loops::CrashLoops,
+    /// The term and the moment until which a quorum's last confirmation of this master's
+    /// leadership holds (see `leadership::with_quorum_leadership`).
+    leadership_lease: Option<(u64, tokio::time::Instant)>,
 }
 
 impl Master {
@@ -193,6 +198,7 @@ impl Master {
             state_index: 0,
             heartbeats: HeartbeatDeadlines::default(),
             crash_loops: crash_loops::CrashLoops::default(),
+            leadership_lease: None,
         }
     }
 

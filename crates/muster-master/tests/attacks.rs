@@ -250,6 +250,7 @@ async fn only_a_master_may_launch_or_kill_on_an_agent() -> anyhow::Result<()> {
                         }),
                         ..model_pb::Task::default()
                     }),
+                    term: 0,
                 },
             )
             .await;
@@ -259,6 +260,7 @@ async fn only_a_master_may_launch_or_kill_on_an_agent() -> anyhow::Result<()> {
                 ASK,
                 pb::KillTask {
                     task_id: cluster.task_id.clone(),
+                    term: 0,
                 },
             )
             .await;
@@ -370,6 +372,44 @@ async fn a_never_admitted_agent_id_is_refused_and_told_to_register_anew() -> any
         state.agents.len() == 1 && state.agents[0].id == cluster.agent_id,
         "{state:?}"
     );
+    cluster.agent.stop().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_registering_again_keeps_its_id_and_is_listed_once() -> anyhow::Result<()> {
+    let cluster = cluster().await?;
+    let system = System::new();
+    let node = attacker(&system, TestPki::shared().security(Role::Agent, "agent-77")).await?;
+    let master = node.remote(master_upid(&cluster.master)?);
+    let register = pb::RegisterAgent {
+        info: Some(model_pb::AgentInfo {
+            hostname: "retrying".into(),
+            address: format!("agent@{}", node.address()),
+            resources: Some(model_pb::Resources {
+                cpus: 2.0,
+                mem_mb: 2048,
+            }),
+            ..model_pb::AgentInfo::default()
+        }),
+    };
+    let mut ids = Vec::new();
+    // As an agent whose first answer was lost does: it asks again.
+    for _ in 0..2 {
+        let reply: pb::RegistrationReply = master.ask_timeout(ASK, register.clone()).await?;
+        match reply.result {
+            Some(pb::registration_reply::Result::AgentId(id)) => ids.push(id),
+            other => bail!("registration refused: {other:?}"),
+        }
+    }
+    ensure!(ids[0] == ids[1], "admitted twice: {ids:?}");
+    let state = state(&cluster.master).await?;
+    let listed = state
+        .agents
+        .iter()
+        .filter(|a| a.info.as_ref().is_some_and(|i| i.hostname == "retrying"))
+        .count();
+    ensure!(listed == 1, "{state:?}");
     cluster.agent.stop().await;
     Ok(())
 }

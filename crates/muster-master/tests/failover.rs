@@ -491,3 +491,105 @@ fn trigger_of(eval: &model_pb::Evaluation) -> String {
         .map(|eval| format!("{:?}", eval.trigger))
         .unwrap_or_default()
 }
+
+/// A plan placing one task (`task_id`) on `agent`.
+fn one_placement(agent: &str, task_id: &str) -> muster_scheduler::Plan {
+    let mut plan =
+        muster_scheduler::Plan::empty(muster_model::EvalId(format!("eval-{task_id}")), "web", 0);
+    plan.place.push(muster_scheduler::Placement {
+        agent: muster_model::AgentId(agent.into()),
+        task_id: task_id.into(),
+        name: "web.main[0]".into(),
+        job: "web".into(),
+        group: "main".into(),
+        resources: muster_model::Resources {
+            cpus: 1.0,
+            mem_mb: 64,
+        },
+        command: "sleep".into(),
+        args: vec!["60".into()],
+        env: BTreeMap::new(),
+        user: String::new(),
+        job_version: 1,
+    });
+    plan
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(3).await?;
+    let mut masters = BTreeMap::new();
+    for id in members.keys() {
+        let config = MasterConfig {
+            workers: 0,
+            ..master_config(*id, &members, dir.path())
+        };
+        masters.insert(*id, start(config).await?);
+    }
+    let leading = leader(&masters).await?;
+    let system = System::new();
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-q"),
+    )
+    .await?;
+    let agent = register_agents(&node, &[members[&leading].clone()], 1).await?;
+    let agent_id = agent[0].id.clone();
+    let submit = |master: &MasterServer, plan| {
+        let pid = master.pid().clone();
+        async move {
+            pid.ask(|reply| muster_master::SchedulingMsg::SubmitPlan(plan, reply).into())
+                .await
+        }
+    };
+
+    // With its quorum, the leader applies a plan.
+    let applied = submit(&masters[&leading], one_placement(&agent_id, "t-1")).await?;
+    let applied = applied.map_err(anyhow::Error::msg)?;
+    assert_eq!(applied.committed.len(), 1);
+
+    // Without it (both followers gone), the next plan past the lease is refused: no launch
+    // from a master that may no longer lead.
+    let followers: Vec<u64> = members
+        .keys()
+        .copied()
+        .filter(|id| *id != leading)
+        .collect();
+    for id in followers {
+        if let Some(master) = masters.remove(&id) {
+            master.shutdown().await;
+        }
+    }
+    let lease = Duration::from_millis(200) / 2;
+    tokio::time::sleep(lease).await;
+    let refused = submit(&masters[&leading], one_placement(&agent_id, "t-2")).await?;
+    match refused {
+        Err(e) => assert!(e.to_string().contains("not the leading master"), "{e}"),
+        Ok(result) => bail!("a plan applied without a quorum: {result:?}"),
+    }
+    let state = masters[&leading]
+        .pid()
+        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .await?;
+    let tasks: Vec<&str> = state
+        .agents
+        .iter()
+        .flat_map(|a| a.tasks.iter().map(|t| t.id.as_str()))
+        .collect();
+    assert_eq!(
+        tasks,
+        ["t-1"],
+        "only the plan applied with a quorum placed a task"
+    );
+    let metrics = masters[&leading]
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
+    assert!(metrics.leadership_confirmations >= 1);
+    for master in masters.into_values() {
+        master.shutdown().await;
+    }
+    Ok(())
+}

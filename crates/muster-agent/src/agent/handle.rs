@@ -54,6 +54,10 @@ pub struct AgentSnapshot {
     pub completed_frameworks: Vec<Framework>,
     /// Completed tasks, oldest first (at most the configured history).
     pub completed_tasks: Vec<Task>,
+    /// The highest leader term the agent follows: it refuses commands of lower terms.
+    pub term: u64,
+    /// Commands refused because they came from an older leader term.
+    pub stale_commands_refused: u64,
 }
 
 /// A handle to a started agent.
@@ -162,11 +166,12 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         .map_err(|e| AgentError::Node(muster_actor::NodeError::InvalidName(e)))?;
 
     let data_dir = config.data_dir.clone();
-    let (agent_id, checkpoints) = blocking(move || {
+    let (agent_id, checkpoints, term) = blocking(move || {
         store::check_data_dir(&data_dir)?;
         Ok((
             store::read_agent_id(&data_dir)?,
             store::read_checkpoints(&data_dir)?,
+            store::read_term(&data_dir)?,
         ))
     })
     .await?;
@@ -272,6 +277,8 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         linked: HashSet::new(),
         tasks,
         recovered: recovery.running,
+        term,
+        stale_commands_refused: 0,
         unsent_updates: VecDeque::new(),
     };
     let pid = node.system().spawn(agent);

@@ -199,6 +199,7 @@ impl Agent {
         };
         match reply.result {
             Some(registration_reply::Result::AgentId(id)) if !id.is_empty() => {
+                self.observe_term(reply.term);
                 self.registered(ctx, master, id, &reply.kill_tasks).await;
             }
             Some(registration_reply::Result::UnknownAgent(reason)) => {
@@ -374,6 +375,9 @@ impl Agent {
             return;
         };
         let master = master.clone();
+        if let Ok(reply) = &answered {
+            self.observe_term(reply.term);
+        }
         match answered.map(|reply| reply.result) {
             Ok(Some(heartbeat_reply::Result::TtlMs(ttl_ms))) => {
                 if self.heartbeats != Heartbeats::Active {

@@ -84,14 +84,16 @@ fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
             },
         )),
         kill_tasks: Vec::new(),
+        term: 0,
     }
 }
 
-/// Admitted under `id`; the agent kills `kill_tasks` first.
-fn admitted(id: String, kill_tasks: Vec<String>) -> pb::RegistrationReply {
+/// Admitted under `id` by the leader of `term`; the agent kills `kill_tasks` first.
+fn admitted(id: String, kill_tasks: Vec<String>, term: u64) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::AgentId(id)),
         kill_tasks,
+        term,
     }
 }
 
@@ -100,6 +102,7 @@ fn refused(why: String) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::Refused(why)),
         kill_tasks: Vec::new(),
+        term: 0,
     }
 }
 
@@ -111,12 +114,14 @@ fn unknown_agent(id: &str) -> pb::RegistrationReply {
              register anew"
         ))),
         kill_tasks: Vec::new(),
+        term: 0,
     }
 }
 
 fn heartbeat_reply(result: pb::heartbeat_reply::Result) -> pb::HeartbeatReply {
     pb::HeartbeatReply {
         result: Some(result),
+        term: 0,
     }
 }
 
@@ -168,7 +173,38 @@ impl Master {
         let Some(info) = request.info else {
             return reply.send(refused("RegisterAgent carries no agent info".into()));
         };
-        let info = registry_info(&info, identity.unwrap_or_default());
+        // The same agent asking again (its first answer was lost, say in a failover, after the
+        // admission was written): taken back under the id it was given, never admitted twice.
+        let sender = identity.unwrap_or_default();
+        let admitted_before = self.registry.reader().read(|state| {
+            let same = |known: &muster_model::AgentInfo| {
+                known.identity == sender
+                    && known.address == info.address
+                    && known.hostname == info.hostname
+            };
+            state
+                .agents
+                .iter()
+                .find(|(_, known)| same(known))
+                .or_else(|| {
+                    state
+                        .unreachable
+                        .iter()
+                        .find(|(_, u)| same(&u.info))
+                        .map(|(id, u)| (id, &u.info))
+                })
+                .map(|(id, _)| id.0.clone())
+        });
+        if let Some(agent_id) = admitted_before {
+            tracing::info!(agent = %agent_id, address = %info.address, "an admitted agent registers again: taken back under its id");
+            let again = pb::ReregisterAgent {
+                agent_id,
+                info: Some(info),
+                ..pb::ReregisterAgent::default()
+            };
+            return self.reregister(again, reply, identity, ctx);
+        }
+        let info = registry_info(&info, sender);
         let write = write_registry(registrar, Op::AdmitAgent(info.clone()));
         let term = self.term;
         ctx.defer(
@@ -185,7 +221,7 @@ impl Master {
                         master.heartbeat_received(&id.0);
                         master.agent_joined(&id.0, ctx);
                     }
-                    reply.send(admitted(id.0, Vec::new()));
+                    reply.send(admitted(id.0, Vec::new(), term));
                 }
                 Ok(Err(WriteError::NotLeader { leader })) => {
                     reply.send(not_leader(leader.as_ref()))
@@ -242,7 +278,7 @@ impl Master {
         if unchanged {
             // The common case after a failover: nothing to write.
             let (id, kill) = self.readmit(request, &identity, false, ctx);
-            return reply.send(admitted(id, kill));
+            return reply.send(admitted(id, kill, self.term));
         }
         // Changed info, or an agent marked unreachable coming back: store it, with an
         // evaluation for each job its return affects, in one raft entry; then take it back.
@@ -261,7 +297,7 @@ impl Master {
                     let (id, kill) = master.readmit(request, &identity, given_up, ctx);
                     // It was unreachable or changed: its capacity is news.
                     master.capacity_joined(&id);
-                    reply.send(admitted(id, kill));
+                    reply.send(admitted(id, kill, term));
                 }
                 Ok(_) => reply.send(not_leader(master.leader().as_ref())),
                 Err(WriteError::NotLeader { leader }) => reply.send(not_leader(leader.as_ref())),
@@ -306,7 +342,10 @@ impl Master {
         }
         let ttl = self.heartbeat_received(&id);
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
-        reply.send(heartbeat_reply(Answer::TtlMs(ttl_ms)));
+        reply.send(pb::HeartbeatReply {
+            result: Some(Answer::TtlMs(ttl_ms)),
+            term: self.term,
+        });
     }
 }
 

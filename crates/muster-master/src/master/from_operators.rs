@@ -145,6 +145,7 @@ impl Master {
             impersonations_refused: self.metrics.impersonations,
             unknown_agents_refused: self.metrics.unknown_agents,
             given_up_tasks_killed: self.metrics.given_up_killed,
+            leadership_confirmations: self.metrics.leadership_confirmations,
         };
         let Role::Leading { registrar, .. } = &self.role else {
             return reply.send(metrics);
@@ -324,6 +325,7 @@ impl Master {
         let run = pb::RunTask {
             framework: Some(framework.clone()),
             task: Some(task.clone()),
+            term: self.term,
         };
         let remote = node.remote(upid);
         let timeout = self.config.ping_timeout;

@@ -96,7 +96,14 @@ impl Master {
                 blocked: self.blocked.clone(),
             }),
             SchedulingMsg::Snapshot(reply) => reply.send(self.snapshot()),
-            SchedulingMsg::SubmitPlan(plan, reply) => self.apply_plan(plan, reply, ctx),
+            SchedulingMsg::SubmitPlan(plan, reply) => {
+                // Launches and kills only from a master a quorum still follows: a leader
+                // paused and resumed must not act on its stale view.
+                self.with_quorum_leadership(ctx, move |master, ctx, confirmed| match confirmed {
+                    Ok(()) => master.apply_plan(plan, reply, ctx),
+                    Err(refusal) => reply.send(Err(refusal)),
+                });
+            }
             SchedulingMsg::BlockEval {
                 eval,
                 unplaced,
@@ -242,6 +249,7 @@ impl Master {
         Some(pb::RunTask {
             framework: Some(framework),
             task: Some(task),
+            term: self.term,
         })
     }
 
@@ -256,7 +264,10 @@ impl Master {
             return;
         };
         let staged: Vec<model_pb::Task> = tasks.iter().filter_map(|run| run.task.clone()).collect();
-        let Err(e) = node.remote(upid).tell(pb::LaunchTasks { tasks }) else {
+        let Err(e) = node.remote(upid).tell(pb::LaunchTasks {
+            tasks,
+            term: self.term,
+        }) else {
             return;
         };
         tracing::warn!(agent = %agent_id, error = %e, tasks = staged.len(), "launch failed");

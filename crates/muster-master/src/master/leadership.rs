@@ -3,7 +3,7 @@
 
 use std::collections::HashSet;
 
-use muster_actor::{Pid, TimerHandle};
+use muster_actor::{Context, Pid, TimerHandle};
 use muster_broker::blocked::BlockedMsg;
 use muster_broker::{BrokerMsg, registrar_writer};
 use muster_model::{EvalStatus, Evaluation};
@@ -54,6 +54,52 @@ impl Master {
             Role::Leading { term, .. } => Some(*term),
             _ => None,
         }
+    }
+
+    /// Runs `then` once a quorum has confirmed, recently, that this master still leads: at
+    /// once within the lease of the last confirmation, else after a confirmation round
+    /// (openraft's `ensure_linearizable`: a heartbeat a quorum answers). `then` gets the
+    /// refusal if the round fails or the term changed meanwhile.
+    ///
+    /// The lease is half the shortest election timeout, counted from when the round began: no
+    /// other member can have been elected within it, since the members that answered reset
+    /// their election timers after it began. The clock is monotonic, so a master paused
+    /// (SIGSTOP) past its lease finds it expired when it resumes.
+    pub(super) fn with_quorum_leadership(
+        &mut self,
+        ctx: &mut Context<Self>,
+        then: impl FnOnce(&mut Master, &mut Context<Master>, Result<(), ServiceError>) + Send + 'static,
+    ) {
+        let Some(term) = self.leading_term() else {
+            let refusal = self.not_leading();
+            return then(self, ctx, Err(refusal));
+        };
+        let now = Instant::now();
+        if self
+            .leadership_lease
+            .is_some_and(|(leased_term, until)| leased_term == term && now < until)
+        {
+            return then(self, ctx, Ok(()));
+        }
+        let lease = self.config.raft_election_timeout.0 / 2;
+        let registry = self.registry.clone();
+        ctx.defer(
+            async move { registry.catch_up().await },
+            move |master: &mut Master, ctx, confirmed| {
+                if confirmed.is_ok() && master.leading_term() == Some(term) {
+                    master.leadership_lease = Some((term, now + lease));
+                    master.metrics.leadership_confirmations += 1;
+                    then(master, ctx, Ok(()))
+                } else {
+                    if let Err(error) = confirmed {
+                        tracing::warn!(%error, term, "a quorum did not confirm this master's leadership");
+                    }
+                    master.leadership_lease = None;
+                    let refusal = master.not_leading();
+                    then(master, ctx, Err(refusal))
+                }
+            },
+        );
     }
 
     /// The refusal of a leader-only request: this master does not lead, and who does.

@@ -55,6 +55,7 @@ impl Master {
         let remote = node.remote(upid);
         let kill = pb::KillTask {
             task_id: stop.task_id.clone(),
+            term: self.term,
         };
         let timeout = self.config.ping_timeout;
         ctx.defer(
