@@ -13,7 +13,6 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use acl_command::AclCommand;
-use anyhow::bail;
 use clap::{Parser, Subcommand};
 use connection::{Connection, Target};
 use dev::DevOptions;
@@ -60,7 +59,12 @@ enum Command {
         workers: usize,
     },
     /// Show the cluster: the leader, agents with their tasks, frameworks.
-    Status,
+    Status {
+        /// Answer from the master given, whatever its role, without confirming leadership
+        /// (faster, and works without a quorum; may be behind: says by how much)
+        #[arg(long)]
+        stale: bool,
+    },
     /// Run, inspect and stop jobs.
     Job {
         #[command(subcommand)]
@@ -89,6 +93,10 @@ enum JobCommand {
     Status {
         /// The job's name.
         name: String,
+        /// Answer from the master given, whatever its role (a standby knows the job and its
+        /// evaluations, not its tasks); may be behind: says by how much
+        #[arg(long)]
+        stale: bool,
     },
     /// Stop a job's tasks.
     Stop {
@@ -97,26 +105,43 @@ enum JobCommand {
     },
 }
 
-/// The leading master's cluster state, found from any master by following the `leader` each
-/// one names (every master answers `GetState`).
-async fn leader_state(connection: &Connection) -> anyhow::Result<pb::ClusterState> {
-    let mut address = connection.address().to_owned();
-    loop {
-        let state = connection
+/// The cluster state: linearizable from the leader (following a standby's hint), or with
+/// `stale` from the master given, as it has it.
+async fn read_state(connection: &Connection, stale: bool) -> anyhow::Result<pb::ClusterState> {
+    if stale {
+        let address = connection.address().to_owned();
+        return Ok(connection
             .client(&address)
             .await?
-            .get_state(pb::GetStateRequest {})
+            .get_state(pb::GetStateRequest { stale })
             .await
             .map_err(|status| anyhow::anyhow!("the master at {address}: {}", status.message()))?
-            .into_inner();
-        if state.is_leader {
-            return Ok(state);
-        }
-        if state.leader.is_empty() || state.leader == address {
-            bail!("the master at {address} is a standby and knows no leader yet");
-        }
-        address = state.leader;
+            .into_inner());
     }
+    connection
+        .at_leader(|mut client| async move {
+            client.get_state(pb::GetStateRequest { stale: false }).await
+        })
+        .await
+}
+
+/// One line saying how stale a stale read may be; nothing for a linearizable one.
+fn staleness(read: Option<&pb::ReadInfo>) -> Option<String> {
+    let read = read.filter(|r| r.stale)?;
+    let contact = match read.last_contact_ms {
+        0 => "it leads".to_owned(),
+        u64::MAX => "it has not heard from a leader".to_owned(),
+        ms => format!("last heard from the leader {ms} ms ago"),
+    };
+    Some(format!(
+        "stale read: registry index {}, {contact}{}",
+        read.applied_index,
+        if read.known_leader {
+            ""
+        } else {
+            ", no leader known"
+        }
+    ))
 }
 
 async fn job(connection: &Connection, command: JobCommand) -> anyhow::Result<()> {
@@ -146,13 +171,31 @@ async fn job(connection: &Connection, command: JobCommand) -> anyhow::Result<()>
                 .await?;
             writeln!(out, "job {name} stopping (evaluation {})", reply.eval_id)?;
         }
-        JobCommand::Status { name } => {
-            let status = connection
-                .at_leader(|mut client| {
-                    let name = name.clone();
-                    async move { client.job_status(pb::JobStatusRequest { name }).await }
-                })
-                .await?;
+        JobCommand::Status { name, stale } => {
+            let status = if stale {
+                let address = connection.address().to_owned();
+                connection
+                    .client(&address)
+                    .await?
+                    .job_status(pb::JobStatusRequest { name, stale })
+                    .await
+                    .map_err(|s| anyhow::anyhow!("the master at {address}: {}", s.message()))?
+                    .into_inner()
+            } else {
+                connection
+                    .at_leader(|mut client| {
+                        let name = name.clone();
+                        async move {
+                            client
+                                .job_status(pb::JobStatusRequest { name, stale })
+                                .await
+                        }
+                    })
+                    .await?
+            };
+            if let Some(line) = staleness(status.read.as_ref()) {
+                writeln!(out, "{line}")?;
+            }
             let spec = status.job.unwrap_or_default();
             writeln!(
                 out,
@@ -206,9 +249,12 @@ fn state_name(state: i32) -> String {
     TaskState::try_from(state).map_or_else(|_| state.to_string(), |s| s.name().to_owned())
 }
 
-async fn status(connection: &Connection) -> anyhow::Result<()> {
-    let state = leader_state(connection).await?;
+async fn status(connection: &Connection, stale: bool) -> anyhow::Result<()> {
+    let state = read_state(connection, stale).await?;
     let mut out = std::io::stdout().lock();
+    if let Some(line) = staleness(state.read.as_ref()) {
+        writeln!(out, "{line}")?;
+    }
     writeln!(
         out,
         "leader {} (term {}){}",
@@ -302,7 +348,7 @@ fn main() -> ExitCode {
                 .await
             }
             Command::Tls { command } => tls_command::run(command),
-            Command::Status => status(&target.resolve()?).await,
+            Command::Status { stale } => status(&target.resolve()?, stale).await,
             Command::Job { command } => job(&target.resolve()?, command).await,
             Command::Acl { command } => acl_command::run(&target.resolve()?, command).await,
         }

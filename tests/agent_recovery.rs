@@ -110,7 +110,7 @@ impl Cluster {
         loop {
             if let Ok(mut client) =
                 muster_master::testing::operator(&self.master_address, Some(&self.token)).await
-                && let Ok(state) = client.get_state(pb::GetStateRequest {}).await
+                && let Ok(state) = client.get_state(pb::GetStateRequest::default()).await
             {
                 let state = state.into_inner();
                 if done(&state) {

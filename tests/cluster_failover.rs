@@ -76,7 +76,7 @@ async fn leader_state_when(
             else {
                 continue;
             };
-            if let Ok(state) = client.get_state(pb::GetStateRequest {}).await {
+            if let Ok(state) = client.get_state(pb::GetStateRequest::default()).await {
                 let state = state.into_inner();
                 if state.is_leader && done(&state) {
                     return Ok((index, state));

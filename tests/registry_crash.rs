@@ -92,7 +92,7 @@ async fn admitted_after_restart(
     let deadline = Instant::now() + DEADLINE;
     loop {
         if let Ok(mut client) = muster_master::testing::operator(address, Some(token)).await
-            && let Ok(state) = client.get_state(pb::GetStateRequest {}).await
+            && let Ok(state) = client.get_state(pb::GetStateRequest::default()).await
         {
             let state = state.into_inner();
             if state.is_leader {

@@ -29,7 +29,8 @@ use muster_actor::{
 };
 use muster_proto::cluster::Framework;
 use muster_proto::cluster::{
-    KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RegistrationReply, RunTask, RunTaskReply,
+    KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, RegistrationReply,
+    RunTask, RunTaskReply,
 };
 use muster_proto::model::{AgentInfo, Task};
 use tokio::sync::watch;
@@ -60,6 +61,12 @@ impl AgentMsg {
         AgentMsg(Msg::RunTask(Box::new(request), reply))
     }
 
+    /// A new leader's announcement that it leads: the agent re-registers with it unless it
+    /// is registered there already (or the announcement is of an older term).
+    pub fn leader_announced(announcement: LeaderAnnouncement) -> Self {
+        AgentMsg(Msg::LeaderAnnounced(announcement))
+    }
+
     /// A master's one-way request to run the tasks of one plan. Each task's start or refusal
     /// (FAILED, with the reason in its `message`) follows as a `TaskStatusUpdate`.
     pub fn launch_tasks(launch: LaunchTasks) -> Self {
@@ -88,6 +95,7 @@ impl fmt::Debug for AgentMsg {
             Msg::SendHeartbeat { .. } => "SendHeartbeat",
             Msg::TaskExited { .. } => "TaskExited",
             Msg::Alive => "Alive",
+            Msg::LeaderAnnounced(_) => "LeaderAnnounced",
             Msg::AgentId(_) => "AgentId",
             Msg::Snapshot(_) => "Snapshot",
         };
@@ -127,6 +135,8 @@ enum Msg {
     },
     /// Time to record that the agent is alive (see `store::touch_alive`).
     Alive,
+    /// A new leader says it leads.
+    LeaderAnnounced(LeaderAnnouncement),
     AgentId(Reply<Option<String>>),
     Snapshot(Reply<AgentSnapshot>),
 }
@@ -272,6 +282,7 @@ impl Process for Agent {
             }
             Msg::TaskExited { task_id, ended } => self.task_exited(&task_id, ended).await,
             Msg::Alive => self.keep_alive(ctx).await,
+            Msg::LeaderAnnounced(announcement) => self.on_announcement(&announcement, ctx),
             Msg::AgentId(reply) => reply.send(self.agent_id.clone()),
             Msg::Snapshot(reply) => reply.send(self.snapshot()),
         }

@@ -1,8 +1,11 @@
 //! The operator API: gRPC on the master's port, answered by the master process.
 //!
-//! `GetState` and `GetMetrics` answer on every master; the other calls are leader-only and a
-//! standby answers them as [`leader_hint`](crate::leader_hint) describes. Every failure maps to
-//! its status through [`ServiceError`].
+//! `GetMetrics` answers on every master. Reads (`GetState`, `JobStatus`) are linearizable by
+//! default: only the leader answers, once a quorum has confirmed it still leads; with
+//! `stale: true` any master answers from its own state, and the reply's `read` says how far
+//! behind it may be. The other calls are leader-only. A standby answers leader-only calls as
+//! [`leader_hint`](crate::leader_hint) describes. Every failure maps to its status through
+//! [`ServiceError`].
 //!
 //! Who may call what is declared once, in [`authorization`](crate::authorization), and checked
 //! by the guard before a call reaches this service. A caller whose token does not grant
@@ -69,11 +72,12 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::GetStateRequest>,
     ) -> Result<Response<pb::ClusterState>, Status> {
+        let stale = request.get_ref().stale;
         let mut state = self
             .master
-            .ask(|reply| OperatorMsg::GetState(reply).into())
+            .ask(|reply| OperatorMsg::ReadState(stale, reply).into())
             .await
-            .map_err(ServiceError::from)?;
+            .map_err(ServiceError::from)??;
         if !reveals_env(&request) {
             for agent in &mut state.agents {
                 agent
@@ -141,10 +145,10 @@ impl Operator for OperatorService {
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobStatusReply>, Status> {
         let reveal = reveals_env(&request);
-        let name = request.into_inner().name;
+        let pb::JobStatusRequest { name, stale } = request.into_inner();
         let mut reply = self
             .master
-            .ask(|reply| OperatorMsg::JobStatus(name, reply).into())
+            .ask(|reply| OperatorMsg::JobStatus(name, stale, reply).into())
             .await
             .map_err(ServiceError::from)??;
         if !reveal {

@@ -50,7 +50,10 @@ fn submit(job: model_pb::Job) -> pb::SubmitJobRequest {
 }
 
 fn status(name: &str) -> pb::JobStatusRequest {
-    pb::JobStatusRequest { name: name.into() }
+    pb::JobStatusRequest {
+        name: name.into(),
+        ..pb::JobStatusRequest::default()
+    }
 }
 
 fn env_of(reply: &pb::JobStatusReply) -> Option<String> {
@@ -175,7 +178,7 @@ async fn tokens_and_policies_decide_every_call() -> anyhow::Result<()> {
         .await?;
     let refused = operator(&address, Some(&reader))
         .await?
-        .get_state(pb::GetStateRequest {})
+        .get_state(pb::GetStateRequest::default())
         .await
         .expect_err("a deleted token");
     ensure!(refused.code() == Code::Unauthenticated, "{refused:?}");
@@ -209,7 +212,7 @@ async fn the_apis_take_client_certificates_only() -> anyhow::Result<()> {
         let reached = match testing::channel(&address, &stranger).await {
             Err(_) => false,
             Ok(channel) => OperatorClient::with_interceptor(channel, WithToken::new(Some(&root))?)
-                .get_state(pb::GetStateRequest {})
+                .get_state(pb::GetStateRequest::default())
                 .await
                 .is_ok(),
         };
@@ -219,7 +222,7 @@ async fn the_apis_take_client_certificates_only() -> anyhow::Result<()> {
         Duration::from_secs(10),
         operator(&address, Some(&root))
             .await?
-            .get_state(pb::GetStateRequest {}),
+            .get_state(pb::GetStateRequest::default()),
     )
     .await??
     .into_inner();
@@ -237,7 +240,7 @@ async fn a_bad_token_is_refused_without_reaching_the_master() -> anyhow::Result<
     let guess = TokenSecret::new("0".repeat(64));
     match operator(&address, Some(&guess))
         .await?
-        .get_state(pb::GetStateRequest {})
+        .get_state(pb::GetStateRequest::default())
         .await
     {
         Err(status) if status.code() == Code::Unauthenticated => {}

@@ -362,7 +362,7 @@ async fn restart_with_missing_agents(
     .await?;
     let web = master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("web".into(), reply).into())
+        .ask(|reply| OperatorMsg::JobStatus("web".into(), false, reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     agents_node.shutdown();
@@ -588,6 +588,94 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
         .ask(|reply| OperatorMsg::GetMetrics(reply).into())
         .await?;
     assert!(metrics.leadership_confirmations >= 1);
+    for master in masters.into_values() {
+        master.shutdown().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_are_linearizable_by_default_and_stale_only_when_asked() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(3).await?;
+    let mut masters = BTreeMap::new();
+    for id in members.keys() {
+        let config = MasterConfig {
+            workers: 0,
+            ..master_config(*id, &members, dir.path())
+        };
+        masters.insert(*id, start(config).await?);
+    }
+    let leading = leader(&masters).await?;
+    let standby = *members
+        .keys()
+        .find(|id| **id != leading)
+        .context("a standby")?;
+    let token = muster_master::testing::bootstrap(&members[&leading]).await?;
+    let mut at_leader = muster_master::testing::operator(&members[&leading], Some(&token)).await?;
+    let mut at_standby = muster_master::testing::operator(&members[&standby], Some(&token)).await?;
+
+    // The leader answers a linearizable read; a standby refuses it, naming the leader.
+    let state = at_leader
+        .get_state(pb::GetStateRequest::default())
+        .await?
+        .into_inner();
+    let read = state.read.context("no read info")?;
+    assert!(
+        state.is_leader && !read.stale && read.last_contact_ms == 0,
+        "{read:?}"
+    );
+    let refused = at_standby
+        .get_state(pb::GetStateRequest::default())
+        .await
+        .err()
+        .context("a standby answered a linearizable read")?;
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert_eq!(
+        refused
+            .metadata()
+            .get("muster-leader")
+            .and_then(|v| v.to_str().ok()),
+        Some(members[&leading].as_str())
+    );
+
+    // Asked for, the standby answers from its own state and says how far behind it may be.
+    let state = at_standby
+        .get_state(pb::GetStateRequest { stale: true })
+        .await?
+        .into_inner();
+    let read = state.read.context("no read info")?;
+    assert!(
+        !state.is_leader && read.stale && read.known_leader,
+        "{read:?}"
+    );
+    assert!(read.last_contact_ms < 10_000, "{read:?}");
+
+    // Cut off from both followers, the leader refuses linearizable reads past its lease: it
+    // may no longer lead. A stale read still answers.
+    for id in members.keys().filter(|id| **id != leading) {
+        if let Some(master) = masters.remove(id) {
+            master.shutdown().await;
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200) / 2).await;
+    let refused = at_leader
+        .get_state(pb::GetStateRequest::default())
+        .await
+        .err()
+        .context("a leader without a quorum answered a linearizable read")?;
+    assert!(
+        matches!(
+            refused.code(),
+            tonic::Code::FailedPrecondition | tonic::Code::Unavailable
+        ),
+        "{refused:?}"
+    );
+    let stale = at_leader
+        .get_state(pb::GetStateRequest { stale: true })
+        .await?
+        .into_inner();
+    assert!(stale.read.is_some_and(|r| r.stale));
     for master in masters.into_values() {
         master.shutdown().await;
     }

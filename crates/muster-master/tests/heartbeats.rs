@@ -437,7 +437,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     loop {
         let status = master
             .pid()
-            .ask(|reply| OperatorMsg::JobStatus("daemon".into(), reply).into())
+            .ask(|reply| OperatorMsg::JobStatus("daemon".into(), false, reply).into())
             .await?
             .map_err(anyhow::Error::msg)?;
         let back = status

@@ -97,7 +97,7 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     assert_eq!(submitted.version, 1);
     let status = master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("shop".into(), reply).into())
+        .ask(|reply| OperatorMsg::JobStatus("shop".into(), false, reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     assert_eq!(status.job.as_ref().map(|j| j.groups[0].count), Some(3));
@@ -153,7 +153,7 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     }
     let status = master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("shop".into(), reply).into())
+        .ask(|reply| OperatorMsg::JobStatus("shop".into(), false, reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     assert!(status.stopped);

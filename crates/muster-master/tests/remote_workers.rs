@@ -173,7 +173,7 @@ async fn submit(
 async fn status(master: &MasterServer, name: &str) -> anyhow::Result<pb::JobStatusReply> {
     master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), reply).into())
+        .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -423,14 +423,16 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
     assert_eq!(answer.code(), tonic::Code::InvalidArgument);
     assert!(answer.message().contains("schedulers[1]"), "{answer:?}");
 
-    // The operator API's leader-only calls answer a standby's way too; GetState answers on
-    // any master.
+    // The operator API's leader-only calls, and linearizable reads, answer a standby's way too.
     let mut operator = testing::operator(standby.address(), Some(&root)).await?;
     let answers = [
         operator
-            .job_status(pb::JobStatusRequest { name: "web".into() })
+            .job_status(pb::JobStatusRequest {
+                name: "web".into(),
+                ..pb::JobStatusRequest::default()
+            })
             .await
-            .expect_err("a standby has no job status"),
+            .expect_err("a standby answers no linearizable job status"),
         operator
             .stop_job(pb::StopJobRequest { name: "web".into() })
             .await
@@ -455,8 +457,9 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
             Some(leader.address())
         );
     }
+    // A stale read answers there, naming the leader.
     let state = operator
-        .get_state(pb::GetStateRequest {})
+        .get_state(pb::GetStateRequest { stale: true })
         .await?
         .into_inner();
     assert!(!state.is_leader);

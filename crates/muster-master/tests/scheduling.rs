@@ -95,7 +95,7 @@ async fn job_when(
     loop {
         let status = master
             .pid()
-            .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), reply).into())
+            .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
             .await?
             .map_err(anyhow::Error::msg)?;
         if done(&status) {
@@ -747,7 +747,7 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         .await?;
     let status = master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("web".into(), reply).into())
+        .ask(|reply| OperatorMsg::JobStatus("web".into(), false, reply).into())
         .await?
         .map_err(anyhow::Error::msg)?;
     let states: Vec<i32> = status

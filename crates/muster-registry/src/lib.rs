@@ -22,6 +22,7 @@ pub mod store;
 pub mod types;
 mod write_error;
 
+pub use network::LeaderContact;
 pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
 pub use registrar::{MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteResult};
 pub use state::{ENDED_EVALS_KEPT_PER_JOB, RegistryState};

@@ -11,6 +11,7 @@
 #![allow(clippy::result_large_err)]
 
 use std::error::Error;
+use std::sync::Arc;
 use std::time::Duration;
 
 use muster_proto::registry::raft_client::RaftClient;
@@ -180,6 +181,29 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,
+    contact: LeaderContact,
+}
+
+/// When this member last heard from a leader (an AppendEntries it accepted, heartbeats
+/// included): how far behind a stale read on a follower may be.
+#[derive(Clone, Debug, Default)]
+pub struct LeaderContact {
+    last: Arc<std::sync::Mutex<Option<tokio::time::Instant>>>,
+}
+
+impl LeaderContact {
+    /// Records a contact now.
+    fn heard(&self) {
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
+    }
+
+    /// How long ago the last contact was, if there was one.
+    pub fn since(&self) -> Option<std::time::Duration> {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .map(|at| at.elapsed())
+    }
 }
 
 impl std::fmt::Debug for RaftService {
@@ -189,9 +213,9 @@ impl std::fmt::Debug for RaftService {
 }
 
 impl RaftService {
-    /// Serves `raft`.
-    pub fn new(raft: Raft) -> Self {
-        RaftService { raft }
+    /// Serves `raft`, recording each accepted AppendEntries in `contact`.
+    pub fn new(raft: Raft, contact: LeaderContact) -> Self {
+        RaftService { raft, contact }
     }
 
     /// The service with the raft message limits set, ready to add to a tonic server.
@@ -223,7 +247,11 @@ impl raft_server::Raft for RaftService {
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> =
             decode_request("AppendEntries", &request.into_inner().json)?;
-        answer(&self.raft.append_entries(rpc).await)
+        let answered = self.raft.append_entries(rpc).await;
+        if matches!(answered, Ok(openraft::raft::AppendEntriesResponse::Success)) {
+            self.contact.heard();
+        }
+        answer(&answered)
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {

@@ -13,7 +13,7 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, Raf
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
 
-use crate::network::{NetworkFactory, RaftService};
+use crate::network::{LeaderContact, NetworkFactory, RaftService};
 use crate::store::{self, RegistryReader, StoreError};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
 use crate::write_error::WriteError;
@@ -97,6 +97,7 @@ pub struct RegistryNode {
     leadership: watch::Receiver<Leadership>,
     members: Arc<BTreeMap<NodeId, String>>,
     security: Security,
+    contact: LeaderContact,
 }
 
 impl fmt::Debug for RegistryNode {
@@ -179,6 +180,7 @@ impl RegistryNode {
             leadership,
             members: Arc::new(config.members),
             security: config.security,
+            contact: LeaderContact::default(),
         })
     }
 
@@ -206,11 +208,17 @@ impl RegistryNode {
     /// only; add it to this member's tonic server.
     pub fn raft_service(&self) -> Guarded<RaftServer<RaftService>> {
         Guarded::new(
-            RaftService::new(self.raft.clone()).into_server(),
+            RaftService::new(self.raft.clone(), self.contact.clone()).into_server(),
             Rules::new(Requirement::Certificate(&[Role::Master])),
             &self.security,
             Arc::new(NoTokens),
         )
+    }
+
+    /// How long ago this member last accepted entries or a heartbeat from a leader (`None`
+    /// if it never has): on a follower, how stale its registry may be.
+    pub fn last_leader_contact(&self) -> Option<Duration> {
+        self.contact.since()
     }
 
     /// Follows who leads. Changes when the leader or the term changes.

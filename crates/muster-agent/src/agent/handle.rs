@@ -6,7 +6,8 @@ use std::collections::{HashSet, VecDeque};
 
 use muster_actor::{ExitReason, Node, Pid, Upid};
 use muster_proto::cluster::{
-    Framework, KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RunTask, RunTaskReply,
+    Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, RunTask,
+    RunTaskReply,
 };
 use muster_proto::model::{AgentInfo, Resources, Task};
 use tokio::sync::watch;
@@ -292,6 +293,9 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
                     AgentMsg::run_task(m, r)
                 })
                 .install_from::<LaunchTasks>(MASTERS, |m, _| AgentMsg::launch_tasks(m))
+                .install_from::<LeaderAnnouncement>(MASTERS, |m, _| {
+                    AgentMsg::leader_announced(m)
+                })
                 .install_ask_from::<KillTask, KillTaskReply>(MASTERS, |m, r, _| {
                     AgentMsg::kill_task(m, r)
                 });

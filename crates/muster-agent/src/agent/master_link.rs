@@ -422,6 +422,33 @@ impl Agent {
         }
     }
 
+    /// A new leader announced itself: unless the agent follows a newer term, or is registered
+    /// with that master already, it re-registers there (see `reregister_with`), instead of
+    /// waiting for its heartbeats to a paused or cut-off master to fail.
+    pub(super) fn on_announcement(
+        &mut self,
+        announcement: &muster_proto::cluster::LeaderAnnouncement,
+        ctx: &mut Context<Self>,
+    ) {
+        if announcement.term < self.term {
+            tracing::debug!(term = announcement.term, following = self.term, "ignoring an announcement of an older leader");
+            return;
+        }
+        let leader = match announcement.leader.parse::<Upid>() {
+            Ok(leader) => leader,
+            Err(error) => {
+                tracing::warn!(leader = %announcement.leader, %error, "ignoring an announcement with an unusable leader");
+                return;
+            }
+        };
+        self.observe_term(announcement.term);
+        if matches!(&self.connection, Connection::Registered { master } if *master == leader) {
+            return;
+        }
+        tracing::info!(%leader, term = announcement.term, "a new leader announced itself; re-registering with it");
+        self.reregister_with(ctx, leader);
+    }
+
     /// The master leads but wants the agent to re-register: do so, with it first, after a
     /// short random delay (a master that lost many agents at once must not get them all
     /// back at once).

@@ -20,8 +20,12 @@ use crate::error::ServiceError;
 /// What operators ask the master.
 #[derive(Debug)]
 pub enum OperatorMsg {
-    /// The cluster as this master sees it (any master answers).
+    /// The cluster as this master sees it, at once, whatever its role: for programs in this
+    /// process (tests, benches). Operators over gRPC read through [`OperatorMsg::ReadState`].
     GetState(Reply<pb::ClusterState>),
+    /// The cluster state as an operator reads it: linearizable (the leader answers once a
+    /// quorum confirms it leads), or with `true`, stale (any master, from its own state).
+    ReadState(bool, Reply<Result<pb::ClusterState, ServiceError>>),
     /// This master's counters (any master answers).
     GetMetrics(Reply<pb::MasterMetrics>),
     /// Launch a task on an agent (boxed: the request is much bigger than the other
@@ -34,8 +38,13 @@ pub enum OperatorMsg {
     ),
     /// Stop a job.
     StopJob(String, Reply<Result<pb::SubmitJobReply, ServiceError>>),
-    /// A job, its tasks and evaluations.
-    JobStatus(String, Reply<Result<pb::JobStatusReply, ServiceError>>),
+    /// A job, its tasks and evaluations: linearizable, or with `true`, stale (as
+    /// [`OperatorMsg::ReadState`]).
+    JobStatus(
+        String,
+        bool,
+        Reply<Result<pb::JobStatusReply, ServiceError>>,
+    ),
     /// Manage ACL tokens.
     Acl(AclMsg),
 }
@@ -43,7 +52,10 @@ pub enum OperatorMsg {
 impl OperatorMsg {
     /// Whether the message waits while a new leader catches up with the registry.
     pub(super) fn waits_for_registry(&self) -> bool {
-        !matches!(self, OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_))
+        !matches!(
+            self,
+            OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) | OperatorMsg::ReadState(true, _)
+        ) && !matches!(self, OperatorMsg::JobStatus(_, true, _))
     }
 
     /// Answers the request with `error`.
@@ -53,7 +65,8 @@ impl OperatorMsg {
             OperatorMsg::SubmitJob(_, reply) | OperatorMsg::StopJob(_, reply) => {
                 reply.send(Err(error));
             }
-            OperatorMsg::JobStatus(_, reply) => reply.send(Err(error)),
+            OperatorMsg::JobStatus(_, _, reply) => reply.send(Err(error)),
+            OperatorMsg::ReadState(_, reply) => reply.send(Err(error)),
             OperatorMsg::Acl(msg) => msg.refuse(error),
             OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) => {}
         }
@@ -68,8 +81,72 @@ impl Master {
             OperatorMsg::LaunchTask(request, reply) => self.launch(*request, reply, ctx),
             OperatorMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
             OperatorMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
-            OperatorMsg::JobStatus(name, reply) => reply.send(self.job_status(&name)),
+            OperatorMsg::ReadState(stale, reply) => {
+                self.read(stale, ctx, reply, move |master| {
+                    let mut state = master.state();
+                    state.read = Some(master.read_info(stale));
+                    Ok(state)
+                });
+            }
+            OperatorMsg::JobStatus(name, stale, reply) => {
+                self.read(stale, ctx, reply, move |master| {
+                    let mut status = master.job_status(&name)?;
+                    status.read = Some(master.read_info(stale));
+                    Ok(status)
+                });
+            }
             OperatorMsg::Acl(msg) => self.on_acl(msg, ctx),
+        }
+    }
+
+    // ---- reads ----
+
+    /// Answers a read with `compute`: at once from this master's own state if `stale`; else
+    /// only on the leader, once a quorum has confirmed (within the lease) that it leads, and
+    /// only if that confirmation still holds when the answer has been computed (a master
+    /// paused in between answers "unavailable, retry" rather than a stale answer).
+    fn read<T: Send + 'static>(
+        &mut self,
+        stale: bool,
+        ctx: &mut Context<Self>,
+        reply: Reply<Result<T, ServiceError>>,
+        compute: impl FnOnce(&Master) -> Result<T, ServiceError> + Send + 'static,
+    ) {
+        if stale {
+            return reply.send(compute(self));
+        }
+        self.with_quorum_leadership(ctx, move |master, _ctx, confirmed| {
+            if let Err(refusal) = confirmed {
+                return reply.send(Err(refusal));
+            }
+            let answer = compute(master);
+            if master.lease_holds() {
+                reply.send(answer);
+            } else {
+                reply.send(Err(ServiceError::Unavailable(
+                    "this master's leadership could not be confirmed in time; retry".into(),
+                )));
+            }
+        });
+    }
+
+    /// How a read is answered now: stale or not, the applied index, the last contact with a
+    /// leader.
+    pub(super) fn read_info(&self, stale: bool) -> pb::ReadInfo {
+        let last_contact_ms = if self.leading_term().is_some() {
+            0
+        } else {
+            self.registry
+                .last_leader_contact()
+                .map_or(u64::MAX, |since| {
+                    u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+                })
+        };
+        pb::ReadInfo {
+            stale,
+            applied_index: self.registry.reader().applied_index(),
+            last_contact_ms,
+            known_leader: self.leader().is_some(),
         }
     }
 
@@ -222,9 +299,6 @@ impl Master {
     }
 
     fn job_status(&self, name: &str) -> Result<pb::JobStatusReply, ServiceError> {
-        if self.leading_term().is_none() {
-            return Err(self.not_leading());
-        }
         let (job, mut evals) = self.registry.reader().read(|state| {
             let job = state.jobs.get(name).cloned();
             let evals: Vec<Evaluation> = state
@@ -266,6 +340,7 @@ impl Master {
                 .cloned()
                 .map(Into::into)
                 .collect(),
+            read: None,
         })
     }
 

@@ -154,6 +154,7 @@ impl Master {
         for (id, _) in &admitted {
             self.heartbeats.set(id, first_deadline);
         }
+        self.announce_leadership(term, &admitted);
         self.cluster.agents = admitted.into_iter().collect();
         self.role = Role::Leading {
             term,
@@ -164,6 +165,33 @@ impl Master {
         for msg in waiting {
             self.on_message(msg, ctx);
         }
+    }
+
+    /// Tells every admitted agent that this master now leads, in `term`: agents still with a
+    /// paused or cut-off predecessor re-register here at once.
+    fn announce_leadership(&self, term: u64, admitted: &[(String, AgentEntry)]) {
+        let Some(node) = &self.node else {
+            return;
+        };
+        let leader = format!("master@{}", self.address);
+        let mut told = 0_usize;
+        for (id, agent) in admitted {
+            let Ok(upid) = agent.info.address.parse::<Upid>() else {
+                tracing::debug!(agent = %id, address = %agent.info.address, "cannot announce to an agent without a process address");
+                continue;
+            };
+            let announcement = pb::LeaderAnnouncement {
+                leader: leader.clone(),
+                term,
+            };
+            match node.remote(upid).tell(announcement) {
+                Ok(()) => told += 1,
+                Err(error) => {
+                    tracing::debug!(agent = %id, %error, "cannot announce the new leader");
+                }
+            }
+        }
+        tracing::info!(term, agents = told, "announced the new leadership to the admitted agents");
     }
 
     // ---- the re-registration deadline ----

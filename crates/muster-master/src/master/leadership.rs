@@ -102,6 +102,15 @@ impl Master {
         );
     }
 
+    /// Whether the last confirmation of this master's leadership still holds, now.
+    pub(super) fn lease_holds(&self) -> bool {
+        let now = Instant::now();
+        match (self.leading_term(), self.leadership_lease) {
+            (Some(term), Some((leased, until))) => leased == term && now < until,
+            _ => false,
+        }
+    }
+
     /// The refusal of a leader-only request: this master does not lead, and who does.
     pub(super) fn not_leading(&self) -> ServiceError {
         ServiceError::not_leader(self.leader().map(|(_, address)| address))
