@@ -6,92 +6,17 @@
 //! The binaries come from the same target directory as this test: `cargo test --workspace`
 //! builds them.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
-use common::{binary, spawn_listening};
+use anyhow::Context as _;
+use common::{Masters, binary, leader_state_when, spawn_listening};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
 use muster_security::Role;
-use muster_security::TokenSecret;
 use muster_security::testing::TestPki;
 use tokio::process::{Child, Command};
-use tokio::time::Instant;
 
 mod common;
-
-const DEADLINE: Duration = common::DEADLINE;
-
-struct Masters {
-    addresses: Vec<String>,
-    dir: PathBuf,
-    children: Vec<Option<Child>>,
-}
-
-impl Masters {
-    async fn start(&mut self, index: usize) -> anyhow::Result<()> {
-        let mut command = Command::new(binary("muster-master")?);
-        command
-            .args(TestPki::shared().args(Role::Master, &format!("master-{}", index + 1)))
-            .arg("--id")
-            .arg((index + 1).to_string())
-            .arg("--listen")
-            .arg(&self.addresses[index])
-            .arg("--data-dir")
-            .arg(self.dir.join(format!("master-{}", index + 1)));
-        for (i, address) in self.addresses.iter().enumerate() {
-            command.arg("--peer").arg(format!("{}={address}", i + 1));
-        }
-        let child = spawn_listening(command, &format!("master {}", index + 1)).await?;
-        self.children[index] = Some(child);
-        Ok(())
-    }
-}
-
-async fn free_ports(n: usize) -> anyhow::Result<Vec<String>> {
-    // Held together so they differ, then released for the masters to bind.
-    let mut listeners = Vec::new();
-    for _ in 0..n {
-        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await?);
-    }
-    listeners
-        .iter()
-        .map(|l| Ok(l.local_addr()?.to_string()))
-        .collect()
-}
-
-/// Asks each master for the cluster state and returns the leader's, once `done` holds there.
-async fn leader_state_when(
-    addresses: &[String],
-    token: &TokenSecret,
-    what: &str,
-    done: impl Fn(&pb::ClusterState) -> bool,
-) -> anyhow::Result<(usize, pb::ClusterState)> {
-    let deadline = Instant::now() + DEADLINE;
-    let mut last = None;
-    loop {
-        for (index, address) in addresses.iter().enumerate() {
-            let Ok(mut client) = muster_master::testing::operator(address, Some(token)).await
-            else {
-                continue;
-            };
-            if let Ok(state) = client.get_state(pb::GetStateRequest::default()).await {
-                let state = state.into_inner();
-                if state.is_leader && done(&state) {
-                    return Ok((index, state));
-                }
-                if state.is_leader {
-                    last = Some(state);
-                }
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {DEADLINE:?}; last leader state: {last:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn all_back(state: &pb::ClusterState, agents: usize) -> bool {
     state.agents.len() == agents
@@ -105,11 +30,7 @@ fn all_back(state: &pb::ClusterState, agents: usize) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut masters = Masters {
-        addresses: free_ports(3).await?,
-        dir: dir.path().to_owned(),
-        children: vec![None, None, None],
-    };
+    let mut masters = Masters::new(dir.path(), 3).await?;
     for index in 0..3 {
         masters.start(index).await?;
     }

@@ -7,8 +7,12 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use muster::proto::cluster as pb;
+use muster_security::testing::TestPki;
+use muster_security::{Role, TokenSecret};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
+use tokio::time::Instant;
 
 /// How long a child may take to do what a test waits for.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
@@ -50,4 +54,106 @@ pub(crate) async fn spawn_listening(mut command: Command, what: &str) -> anyhow:
     // Keep draining stdout so the child never blocks on a full pipe.
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
     Ok(child)
+}
+
+/// Three (or more) `muster-master` processes on loopback, started and restarted by index.
+pub(crate) struct Masters {
+    /// Each master's `host:port`.
+    pub(crate) addresses: Vec<String>,
+    /// Where their data directories go.
+    pub(crate) dir: PathBuf,
+    /// The running processes, by index.
+    pub(crate) children: Vec<Option<Child>>,
+}
+
+impl Masters {
+    /// `n` masters' free addresses under `dir`, none started yet.
+    pub(crate) async fn new(dir: &std::path::Path, n: usize) -> anyhow::Result<Masters> {
+        Ok(Masters {
+            addresses: free_ports(n).await?,
+            dir: dir.to_owned(),
+            children: (0..n).map(|_| None).collect(),
+        })
+    }
+
+    /// Starts master `index` (again), each master a peer, with `extra` flags.
+    pub(crate) async fn start(&mut self, index: usize) -> anyhow::Result<()> {
+        self.start_with(index, &[]).await
+    }
+
+    /// Starts master `index` (again) with `extra` flags.
+    pub(crate) async fn start_with(&mut self, index: usize, extra: &[&str]) -> anyhow::Result<()> {
+        let mut command = Command::new(binary("muster-master")?);
+        command
+            .args(TestPki::shared().args(Role::Master, &format!("master-{}", index + 1)))
+            .arg("--id")
+            .arg((index + 1).to_string())
+            .arg("--listen")
+            .arg(&self.addresses[index])
+            .arg("--data-dir")
+            .arg(self.dir.join(format!("master-{}", index + 1)));
+        for (i, address) in self.addresses.iter().enumerate() {
+            command.arg("--peer").arg(format!("{}={address}", i + 1));
+        }
+        command.args(extra);
+        let child = spawn_listening(command, &format!("master {}", index + 1)).await?;
+        self.children[index] = Some(child);
+        Ok(())
+    }
+}
+
+/// `n` distinct free loopback addresses.
+pub(crate) async fn free_ports(n: usize) -> anyhow::Result<Vec<String>> {
+    // Held together so they differ, then released for the masters to bind.
+    let mut listeners = Vec::new();
+    for _ in 0..n {
+        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await?);
+    }
+    listeners
+        .iter()
+        .map(|l| Ok(l.local_addr()?.to_string()))
+        .collect()
+}
+
+/// Asks each master for the cluster state and returns the leader's, once `done` holds there.
+pub(crate) async fn leader_state_when(
+    addresses: &[String],
+    token: &TokenSecret,
+    what: &str,
+    done: impl Fn(&pb::ClusterState) -> bool,
+) -> anyhow::Result<(usize, pb::ClusterState)> {
+    leader_state_within(addresses, token, what, DEADLINE, done).await
+}
+
+/// As [`leader_state_when`], failing if `done` does not hold within `limit`.
+pub(crate) async fn leader_state_within(
+    addresses: &[String],
+    token: &TokenSecret,
+    what: &str,
+    limit: Duration,
+    done: impl Fn(&pb::ClusterState) -> bool,
+) -> anyhow::Result<(usize, pb::ClusterState)> {
+    let deadline = Instant::now() + limit;
+    let mut last = None;
+    loop {
+        for (index, address) in addresses.iter().enumerate() {
+            let Ok(mut client) = muster_master::testing::operator(address, Some(token)).await
+            else {
+                continue;
+            };
+            if let Ok(state) = client.get_state(pb::GetStateRequest::default()).await {
+                let state = state.into_inner();
+                if state.is_leader && done(&state) {
+                    return Ok((index, state));
+                }
+                if state.is_leader {
+                    last = Some(state);
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {limit:?}; last leader state: {last:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }

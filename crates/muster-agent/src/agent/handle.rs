@@ -293,9 +293,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
                     AgentMsg::run_task(m, r)
                 })
                 .install_from::<LaunchTasks>(MASTERS, |m, _| AgentMsg::launch_tasks(m))
-                .install_from::<LeaderAnnouncement>(MASTERS, |m, _| {
-                    AgentMsg::leader_announced(m)
-                })
+                .install_from::<LeaderAnnouncement>(MASTERS, |m, _| AgentMsg::leader_announced(m))
                 .install_ask_from::<KillTask, KillTaskReply>(MASTERS, |m, r, _| {
                     AgentMsg::kill_task(m, r)
                 });

@@ -431,7 +431,11 @@ impl Agent {
         ctx: &mut Context<Self>,
     ) {
         if announcement.term < self.term {
-            tracing::debug!(term = announcement.term, following = self.term, "ignoring an announcement of an older leader");
+            tracing::debug!(
+                term = announcement.term,
+                following = self.term,
+                "ignoring an announcement of an older leader"
+            );
             return;
         }
         let leader = match announcement.leader.parse::<Upid>() {

@@ -191,7 +191,11 @@ impl Master {
                 }
             }
         }
-        tracing::info!(term, agents = told, "announced the new leadership to the admitted agents");
+        tracing::info!(
+            term,
+            agents = told,
+            "announced the new leadership to the admitted agents"
+        );
     }
 
     // ---- the re-registration deadline ----
