@@ -422,3 +422,64 @@ async fn a_token_authenticates_on_every_member_until_its_deletion_applies() -> a
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_lost_its_state_refuses_to_start_instead_of_starting_empty()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let addresses = free_addresses(1).await?;
+    let config = config(1, &addresses, dir.path());
+    let member = start(&system, config.clone()).await?;
+    let members = BTreeMap::from([(1, member)]);
+    leader(&members).await?;
+    let registrar = system.spawn(Registrar::new(members[&1].registry.clone()));
+    // Past a snapshot and a purge (every 50 entries here).
+    admit(&registrar, 120).await?;
+    registrar.terminate();
+    registrar.wait().await;
+    for member in members.into_values() {
+        member.stop().await;
+    }
+
+    // Everything but the store's own record goes, as a truncated or replaced database would.
+    let store = config.data_dir.clone();
+    for entry in std::fs::read_dir(&store)? {
+        let path = entry?.path();
+        if path.file_name() == Some(std::ffi::OsStr::new(muster_registry::store::MARKER_FILE)) {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    let deadline = Instant::now() + DEADLINE;
+    let refusal = loop {
+        match RegistryNode::start(config.clone()).await {
+            Ok(_) => bail!("a store that lost its state started empty"),
+            Err(RegistryError::Store(muster_registry::store::StoreError::Damaged(why))) => {
+                break why;
+            }
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    };
+    assert!(
+        refusal.contains(&store.display().to_string())
+            && refusal.contains("damaged")
+            && refusal.contains("move the directory aside"),
+        "{refusal}"
+    );
+    // And again: it never becomes a valid empty store by being opened.
+    assert!(matches!(
+        RegistryNode::start(config).await,
+        Err(RegistryError::Store(
+            muster_registry::store::StoreError::Damaged(_)
+        ))
+    ));
+    Ok(())
+}

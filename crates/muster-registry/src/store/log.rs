@@ -12,11 +12,12 @@ use openraft::{
     StorageIOError, Vote,
 };
 
+use super::marker::Marker;
 use super::{decode, encode};
 use crate::types::{NodeId, TypeConfig};
 
-const VOTE: &[u8] = b"vote";
-const LAST_PURGED: &[u8] = b"last_purged";
+pub(super) const VOTE: &[u8] = b"vote";
+pub(super) const LAST_PURGED: &[u8] = b"last_purged";
 const COMMITTED: &[u8] = b"committed";
 
 /// The raft log half of the store. Clones share the same trees.
@@ -25,6 +26,8 @@ pub struct LogStore {
     db: sled::Db,
     log: sled::Tree,
     raft: sled::Tree,
+    /// The store's integrity record, raised with each new vote and purge point.
+    marker: Marker,
 }
 
 impl Debug for LogStore {
@@ -38,8 +41,13 @@ impl Debug for LogStore {
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
 impl LogStore {
-    pub(super) fn new(db: sled::Db, log: sled::Tree, raft: sled::Tree) -> Self {
-        LogStore { db, log, raft }
+    pub(super) fn new(db: sled::Db, log: sled::Tree, raft: sled::Tree, marker: Marker) -> Self {
+        LogStore {
+            db,
+            log,
+            raft,
+            marker,
+        }
     }
 
     async fn flush(&self, error: fn(AnyError) -> StorageIOError<NodeId>) -> StoreResult<()> {
@@ -129,7 +137,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     async fn save_vote(&mut self, vote: &Vote<NodeId>) -> StoreResult<()> {
         self.write_meta(VOTE, vote, StorageIOError::write_vote)?;
         self.flush(|e: AnyError| StorageIOError::write_vote(e))
-            .await
+            .await?;
+        self.marker
+            .saw_vote(vote.leader_id.term)
+            .map_err(|e| StorageIOError::write_vote(&e).into())
     }
 
     async fn read_vote(&mut self) -> StoreResult<Option<Vote<NodeId>>> {
@@ -187,6 +198,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.write_meta(LAST_PURGED, &log_id, StorageIOError::write_logs)?;
         self.flush(|e: AnyError| StorageIOError::write_logs(e))
             .await?;
+        self.marker
+            .saw_purge(log_id.index)
+            .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut batch = sled::Batch::default();
         for key in self.log.range(..=index_key(log_id.index)).keys() {
             batch.remove(key.map_err(|e| StorageIOError::write_logs(&e))?);

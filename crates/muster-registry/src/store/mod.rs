@@ -10,6 +10,7 @@
 //! entries, truncation, purge and snapshots.
 
 mod log;
+mod marker;
 mod state_machine;
 
 use std::path::{Path, PathBuf};
@@ -18,6 +19,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use log::LogStore;
+pub use marker::MARKER_FILE;
 pub use state_machine::{RegistryReader, StateMachineStore};
 
 /// Why the store could not be opened.
@@ -32,6 +34,10 @@ pub enum StoreError {
         /// What sled said.
         source: sled::Error,
     },
+    /// The store holds less than its own integrity record says it has held (see
+    /// [`MARKER_FILE`]): truncated, or replaced.
+    #[error("{0}")]
+    Damaged(String),
     /// A stored value did not decode.
     #[error("the registry store at {path} holds an unreadable value under {key:?}: {reason}")]
     Corrupt {
@@ -69,9 +75,12 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
         path: path.to_owned(),
         source,
     })?;
-    let log = LogStore::new(db.clone(), tree("log")?, tree("raft")?);
+    let (log_tree, raft_tree, snapshot_tree) = (tree("log")?, tree("raft")?, tree("snapshot")?);
+    let held = held(path, &log_tree, &raft_tree, &snapshot_tree)?;
+    let marker = marker::Marker::check(path, held).map_err(StoreError::Damaged)?;
+    let log = LogStore::new(db.clone(), log_tree, raft_tree, marker);
     let state_machine =
-        StateMachineStore::load(db.clone(), tree("snapshot")?).map_err(|(key, reason)| {
+        StateMachineStore::load(db.clone(), snapshot_tree).map_err(|(key, reason)| {
             StoreError::Corrupt {
                 path: path.to_owned(),
                 key,
@@ -79,6 +88,55 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
             }
         })?;
     Ok((log, state_machine))
+}
+
+/// What the store holds, for the integrity check.
+fn held(
+    path: &Path,
+    log: &sled::Tree,
+    raft: &sled::Tree,
+    snapshot: &sled::Tree,
+) -> Result<marker::Held, StoreError> {
+    let corrupt = |key: &str, reason: String| StoreError::Corrupt {
+        path: path.to_owned(),
+        key: key.to_owned(),
+        reason,
+    };
+    let read = |tree: &sled::Tree, key: &[u8], name: &str| {
+        tree.get(key).map_err(|e| corrupt(name, e.to_string()))
+    };
+    let vote_term = match read(raft, log::VOTE, "raft/vote")? {
+        Some(bytes) => Some(
+            decode::<openraft::Vote<crate::types::NodeId>>(&bytes)
+                .map_err(|e| corrupt("raft/vote", e.to_string()))?
+                .leader_id
+                .term,
+        ),
+        None => None,
+    };
+    let purged_index = match read(raft, log::LAST_PURGED, "raft/last_purged")? {
+        Some(bytes) => Some(
+            decode::<openraft::LogId<crate::types::NodeId>>(&bytes)
+                .map_err(|e| corrupt("raft/last_purged", e.to_string()))?
+                .index,
+        ),
+        None => None,
+    };
+    let snapshot_index = match read(snapshot, state_machine::SNAPSHOT_META, "snapshot/meta")? {
+        Some(bytes) => {
+            decode::<openraft::SnapshotMeta<crate::types::NodeId, openraft::BasicNode>>(&bytes)
+                .map_err(|e| corrupt("snapshot/meta", e.to_string()))?
+                .last_log_id
+                .map(|id| id.index)
+        }
+        None => None,
+    };
+    Ok(marker::Held {
+        vote_term,
+        purged_index,
+        snapshot_index,
+        log_entries: log.len(),
+    })
 }
 
 fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {

@@ -29,7 +29,7 @@ use crate::types::{BatchOutcome, NodeId, TypeConfig};
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 type Membership = StoredMembership<NodeId, openraft::BasicNode>;
 
-const SNAPSHOT_META: &[u8] = b"meta";
+pub(super) const SNAPSHOT_META: &[u8] = b"meta";
 const SNAPSHOT_DATA: &[u8] = b"data";
 
 /// The applied registry: contents, last applied log id, membership.
