@@ -681,3 +681,92 @@ async fn reads_are_linearizable_by_default_and_stale_only_when_asked() -> anyhow
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_blocked_during_recovery_is_placed_when_its_agent_comes_back() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(3).await?;
+    let addresses: Vec<String> = members.values().cloned().collect();
+    let mut masters = BTreeMap::new();
+    for id in members.keys() {
+        masters.insert(*id, start(master_config(*id, &members, dir.path())).await?);
+    }
+    let first = leader(&masters).await?;
+    let system = System::new();
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
+    let mut agents = register_agents(&node, &addresses, 1).await?;
+    agents[0].tasks.clear();
+    reregister(&node, &addresses, &agents[0]).await?;
+
+    // The leader goes; its successor waits for the agent to re-register.
+    masters
+        .remove(&first)
+        .context("first leader")?
+        .shutdown()
+        .await;
+    let second = leader(&masters).await?;
+    let job = model_pb::Job {
+        name: "late".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
+            name: "main".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 1.0,
+                mem_mb: 64,
+            }),
+            command: "sleep".into(),
+            args: vec!["60".into()],
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    };
+    masters[&second]
+        .pid()
+        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    // Nothing is connected yet: its evaluation blocks.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = masters[&second]
+            .pid()
+            .ask(|reply| OperatorMsg::JobStatus("late".into(), true, reply).into())
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        if status
+            .evals
+            .iter()
+            .any(|e| e.status == model_pb::EvalStatus::Blocked as i32)
+        {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the evaluation did not block: {status:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // The agent comes back, unchanged: its capacity unblocks the job.
+    let remaining: Vec<String> = members
+        .iter()
+        .filter(|(id, _)| **id != first)
+        .map(|(_, address)| address.clone())
+        .collect();
+    reregister(&node, &remaining, &agents[0]).await?;
+    state_when(&masters[&second], "the blocked job placed", |s| {
+        s.agents
+            .iter()
+            .any(|a| a.connected && a.tasks.iter().any(|t| t.job == "late"))
+    })
+    .await?;
+    for master in masters.into_values() {
+        master.shutdown().await;
+    }
+    Ok(())
+}

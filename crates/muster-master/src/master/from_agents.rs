@@ -295,8 +295,6 @@ impl Master {
             move |master, ctx, written| match written {
                 Ok(_) if master.leading_term() == Some(term) => {
                     let (id, kill) = master.readmit(request, &identity, given_up, ctx);
-                    // It was unreachable or changed: its capacity is news.
-                    master.capacity_joined(&id);
                     reply.send(admitted(id, kill, term));
                 }
                 Ok(_) => reply.send(not_leader(master.leader().as_ref())),

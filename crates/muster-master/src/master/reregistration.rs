@@ -88,6 +88,9 @@ impl Master {
                 *recovery = None;
             }
         }
+        // Its capacity is news to the blocked-queue: evaluations blocked while it was away
+        // (a job submitted during a failover's recovery, say) may fit now.
+        self.capacity_joined(&agent_id);
         if let Some(previous) = previous {
             self.settle_reregistered(&agent_id, previous, ctx);
         }
