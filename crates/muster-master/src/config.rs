@@ -79,6 +79,9 @@ pub struct MasterConfig {
     pub workers: usize,
     /// How its workers place tasks.
     pub placement: Placement,
+    /// How often the leading master checks that every job's running tasks match what it asks
+    /// for, and evaluates the ones that do not (default 30 s; see `master/convergence.rs`).
+    pub reconcile_interval: Duration,
     /// Caps on one job's size: a submission over them is refused, naming the cap.
     pub job_limits: muster_model::JobLimits,
     /// raft heartbeat interval.
@@ -112,6 +115,7 @@ impl MasterConfig {
             workers: 2,
             placement: Placement::Binpack,
             job_limits: muster_model::JobLimits::default(),
+            reconcile_interval: Duration::from_secs(30),
             raft_heartbeat: Duration::from_millis(100),
             raft_election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
         }

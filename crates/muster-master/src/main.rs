@@ -83,6 +83,10 @@ struct Flags {
     /// other programs (see examples/custom_scheduler.rs) [default: 2].
     #[arg(long)]
     workers: Option<usize>,
+    /// How often the leader checks that every job runs what it asks for, e.g. 30s
+    /// [default: 30s].
+    #[arg(long, value_parser = humantime::parse_duration)]
+    reconcile_interval: Option<Duration>,
     /// Most task groups one job may have [default: 100].
     #[arg(long)]
     max_job_groups: Option<usize>,
@@ -117,6 +121,7 @@ struct FileConfig {
     workers: Option<usize>,
     max_job_groups: Option<usize>,
     max_job_tasks: Option<u64>,
+    reconcile_interval: Option<String>,
     /// `[tls]`: ca, cert, key, cluster, insecure.
     tls: Option<TlsFileConfig>,
 }
@@ -226,6 +231,10 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
             .or(file.removal_limit)
             .unwrap_or(defaults.removal_limit),
         workers: flags.workers.or(file.workers).unwrap_or(defaults.workers),
+        reconcile_interval: flags
+            .reconcile_interval
+            .or(duration("reconcile_interval", file.reconcile_interval)?)
+            .unwrap_or(defaults.reconcile_interval),
         job_limits: muster_model::JobLimits {
             max_groups: flags
                 .max_job_groups

@@ -45,6 +45,7 @@ use crate::error::ServiceError;
 
 mod acl_tokens;
 mod arriving_agents;
+mod convergence;
 mod crash_loops;
 mod from_agents;
 mod from_operators;
@@ -144,6 +145,8 @@ struct Metrics {
     given_up_killed: u64,
     /// Rounds in which a quorum confirmed this master's leadership (before applying plans).
     leadership_confirmations: u64,
+    /// Evaluations the convergence check made for jobs that ran other than they ask.
+    reconcile_evals: u64,
 }
 
 /// The master process.
@@ -245,6 +248,9 @@ impl Process for Master {
             heartbeats::sweep_period(self.config.heartbeat_min_ttl),
             || InternalMsg::CheckHeartbeats.into(),
         );
+        ctx.interval(self.config.reconcile_interval, || {
+            InternalMsg::Reconcile.into()
+        });
         // What the blocked-queue releases or cancels comes back here to be recorded.
         if let Some(SinkReceivers {
             mut unblocked,

@@ -770,3 +770,110 @@ async fn a_job_blocked_during_recovery_is_placed_when_its_agent_comes_back() -> 
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_left_below_its_count_by_a_failover_is_evaluated_again() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(3).await?;
+    let addresses: Vec<String> = members.values().cloned().collect();
+    let mut masters = BTreeMap::new();
+    for id in members.keys() {
+        let config = MasterConfig {
+            reconcile_interval: Duration::from_millis(200),
+            ..master_config(*id, &members, dir.path())
+        };
+        masters.insert(*id, start(config).await?);
+    }
+    let first = leader(&masters).await?;
+    let system = System::new();
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
+    let mut agents = register_agents(&node, &addresses, 1).await?;
+    agents[0].tasks.clear();
+    reregister(&node, &addresses, &agents[0]).await?;
+    let job = model_pb::Job {
+        name: "kept".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
+            name: "main".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 1.0,
+                mem_mb: 64,
+            }),
+            command: "sleep".into(),
+            args: vec!["60".into()],
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    };
+    masters[&first]
+        .pid()
+        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    let state = state_when(&masters[&first], "the job's task placed", |s| {
+        s.agents
+            .iter()
+            .any(|a| a.tasks.iter().any(|t| t.job == "kept"))
+    })
+    .await?;
+    let mut placed = state.agents[0]
+        .tasks
+        .iter()
+        .find(|t| t.job == "kept")
+        .context("placed task")?
+        .clone();
+
+    // The leader dies; the agent comes back to its successor saying the task was lost (it
+    // ended while the old leader was going, and that leader never evaluated the job again).
+    masters
+        .remove(&first)
+        .context("first leader")?
+        .shutdown()
+        .await;
+    let second = leader(&masters).await?;
+    placed.state = model_pb::TaskState::Lost as i32;
+    let request = pb::ReregisterAgent {
+        agent_id: agents[0].id.clone(),
+        info: Some(agents[0].info.clone()),
+        completed_tasks: vec![placed.clone()],
+        ..pb::ReregisterAgent::default()
+    };
+    let remaining: Vec<String> = members
+        .iter()
+        .filter(|(id, _)| **id != first)
+        .map(|(_, address)| address.clone())
+        .collect();
+    ask_until_admitted(&node, &remaining, request).await?;
+
+    // The convergence check notices the job below its count and places a replacement.
+    let state = state_when(&masters[&second], "a replacement placed", |s| {
+        s.agents
+            .iter()
+            .any(|a| a.tasks.iter().any(|t| t.job == "kept" && t.id != placed.id))
+    })
+    .await?;
+    assert_eq!(
+        state
+            .agents
+            .iter()
+            .flat_map(|a| &a.tasks)
+            .filter(|t| t.job == "kept")
+            .count(),
+        1
+    );
+    let metrics = masters[&second]
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
+    assert!(metrics.reconcile_evals >= 1, "{metrics:?}");
+    for master in masters.into_values() {
+        master.shutdown().await;
+    }
+    Ok(())
+}

@@ -70,6 +70,9 @@ pub enum Trigger {
     TaskEnded(String),
     /// This evaluation of the job failed (it reached the delivery limit): a later retry.
     FailedFollowUp(EvalId),
+    /// The leader's periodic check found the job's running tasks differ from what it asks
+    /// for, with no evaluation of it in flight.
+    Reconcile,
 }
 
 /// A unit of scheduling work for one job.

@@ -223,6 +223,7 @@ impl Master {
             unknown_agents_refused: self.metrics.unknown_agents,
             given_up_tasks_killed: self.metrics.given_up_killed,
             leadership_confirmations: self.metrics.leadership_confirmations,
+            reconcile_evals: self.metrics.reconcile_evals,
         };
         let Role::Leading { registrar, .. } = &self.role else {
             return reply.send(metrics);

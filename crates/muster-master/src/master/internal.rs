@@ -28,6 +28,8 @@ pub enum InternalMsg {
     /// STAGING are lost.
     #[doc(hidden)]
     LaunchesTimedOut(Vec<(String, String)>),
+    /// Time for the leader's check that jobs run what they ask for.
+    Reconcile,
     /// The re-registration deadline of the recovery begun in `term`.
     ReregistrationDeadline {
         /// The term the recovery belongs to.
@@ -44,6 +46,7 @@ impl Master {
             InternalMsg::CheckHeartbeats => self.check_heartbeats(ctx),
             InternalMsg::LaunchesTimedOut(staged) => self.launches_timed_out(staged, ctx),
             InternalMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
+            InternalMsg::Reconcile => self.reconcile_jobs(ctx),
         }
     }
 

@@ -46,6 +46,7 @@ impl From<Trigger> for pb::Trigger {
             Trigger::Unblocked => Kind::Unblocked(pb::trigger::Unblocked {}),
             Trigger::TaskEnded(task) => Kind::TaskEnded(task),
             Trigger::FailedFollowUp(eval) => Kind::FailedFollowUp(eval.0),
+            Trigger::Reconcile => Kind::Reconcile(pb::trigger::Reconcile {}),
         };
         pb::Trigger { kind: Some(kind) }
     }
@@ -64,6 +65,7 @@ impl TryFrom<pb::Trigger> for Trigger {
             Some(Kind::Unblocked(_)) => Ok(Trigger::Unblocked),
             Some(Kind::TaskEnded(task)) => Ok(Trigger::TaskEnded(task)),
             Some(Kind::FailedFollowUp(eval)) => Ok(Trigger::FailedFollowUp(EvalId(eval))),
+            Some(Kind::Reconcile(_)) => Ok(Trigger::Reconcile),
             None => Err(FieldError::new("", "none of its kinds is set")),
         }
     }
