@@ -136,10 +136,11 @@ pub(crate) struct CgroupRecord {
 }
 
 impl Record {
-    /// Writes the record durably (temporary file, fsync, rename, fsync of the directory).
+    /// Writes the record atomically (temporary file, rename). Not synced: it must survive the
+    /// agent's death, which the page cache does; a machine crash takes the task with it.
     pub(crate) fn write(&self, files: &Files) -> io::Result<()> {
         let text = toml::to_string(self).map_err(io::Error::other)?;
-        crate::store::write_atomically(&files.record, text.as_bytes(), true)
+        crate::store::write_atomically(&files.record, text.as_bytes(), false)
     }
 
     /// The record, or `None` if there is none.
