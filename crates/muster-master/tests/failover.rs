@@ -877,3 +877,100 @@ async fn a_job_left_below_its_count_by_a_failover_is_evaluated_again() -> anyhow
     }
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_copy_of_a_slot_is_stopped_by_the_convergence_check() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let members = free_addresses(1).await?;
+    let addresses: Vec<String> = members.values().cloned().collect();
+    let config = MasterConfig {
+        reconcile_interval: Duration::from_millis(200),
+        ..master_config(1, &members, dir.path())
+    };
+    let master = start(config).await?;
+    let masters = BTreeMap::from([(1, master)]);
+    leader(&masters).await?;
+    let system = System::new();
+    let node = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
+    let mut agents = register_agents(&node, &addresses, 1).await?;
+    agents[0].tasks.clear();
+    reregister(&node, &addresses, &agents[0]).await?;
+    let job = model_pb::Job {
+        name: "single".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
+            name: "main".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 1.0,
+                mem_mb: 64,
+            }),
+            command: "sleep".into(),
+            args: vec!["60".into()],
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    };
+    masters[&1]
+        .pid()
+        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    let state = state_when(&masters[&1], "the job's task placed", |s| {
+        s.agents
+            .iter()
+            .any(|a| a.tasks.iter().any(|t| t.job == "single"))
+    })
+    .await?;
+    let placed = state.agents[0]
+        .tasks
+        .iter()
+        .find(|t| t.job == "single")
+        .context("placed")?
+        .clone();
+
+    // A second copy of the slot turns up (as a task a replaced agent brings back would),
+    // with no evaluation to notice it.
+    let mut twin = placed.clone();
+    twin.id = format!("{}-twin", placed.id);
+    twin.state = model_pb::TaskState::Running as i32;
+    node.remote(format!("master@{}", addresses[0]).parse()?)
+        .tell(pb::TaskStatusUpdate {
+            agent_id: agents[0].id.clone(),
+            task: Some(twin.clone()),
+        })?;
+
+    let live = |s: &pb::ClusterState| {
+        s.agents
+            .iter()
+            .flat_map(|a| &a.tasks)
+            .filter(|t| {
+                t.job == "single"
+                    && !matches!(
+                        model_pb::TaskState::try_from(t.state),
+                        Ok(model_pb::TaskState::Killed
+                            | model_pb::TaskState::Finished
+                            | model_pb::TaskState::Failed
+                            | model_pb::TaskState::Lost)
+                    )
+            })
+            .count()
+    };
+    state_when(&masters[&1], "the second copy adopted", |s| live(s) == 2).await?;
+    // The convergence check evaluates the job, and one of the two is stopped.
+    state_when(&masters[&1], "one copy left", |s| live(s) == 1).await?;
+    let metrics = masters[&1]
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
+    assert!(metrics.reconcile_evals >= 1, "{metrics:?}");
+    for master in masters.into_values() {
+        master.shutdown().await;
+    }
+    Ok(())
+}
