@@ -145,6 +145,34 @@ mod tests {
         Ok(())
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: std::env::var("MUSTER_FUZZ_CASES")
+                .ok()
+                .and_then(|cases| cases.parse().ok())
+                .unwrap_or(2_000),
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Any text, or the example file with a slice of it replaced, parses or answers an
+        /// error; never a panic.
+        #[test]
+        fn any_job_file_parses_or_is_refused(
+            text in "\\PC{0,200}",
+            cut in 0usize..600,
+            patch in "[a-z0-9_=\\[\\]\" .{}\n-]{0,30}",
+        ) {
+            let _ = parse(&text);
+            let example = include_str!("../examples/jobs/hello.toml");
+            let at = example.char_indices().map(|(i, _)| i).nth(cut % example.chars().count()).unwrap_or(0);
+            let mut patched = example[..at].to_owned();
+            patched.push_str(&patch);
+            patched.push_str(&example[at..]);
+            let _ = parse(&patched);
+        }
+    }
+
     #[test]
     fn unknown_and_missing_keys_are_named() {
         let unknown = parse(

@@ -339,6 +339,40 @@ mod tests {
         assert!(err.contains("agent_id") && err.contains("empty"), "{err}");
     }
 
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: std::env::var("MUSTER_FUZZ_CASES")
+                .ok()
+                .and_then(|cases| cases.parse().ok())
+                .unwrap_or(500),
+            failure_persistence: None,
+            ..proptest::prelude::ProptestConfig::default()
+        })]
+
+        /// Whatever bytes a checkpoint, an executor record, the term or the agent id file
+        /// holds, reading them answers (a skipped checkpoint, an error), never a panic.
+        #[test]
+        fn the_agent_s_files_decode_anything_without_panicking(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)
+        ) {
+            let dir = tempfile::tempdir().map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            let checkpoints = checkpoint_dir(dir.path());
+            fs::create_dir_all(&checkpoints).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            for name in ["t.pb", "t.executor", "t.status", "t.pid"] {
+                fs::write(checkpoints.join(name), &bytes).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            }
+            fs::write(dir.path().join("meta").join("term"), &bytes).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            fs::write(dir.path().join(AGENT_ID_FILE), &bytes).map_err(|e| proptest::test_runner::TestCaseError::fail(e.to_string()))?;
+            let _ = read_checkpoints(dir.path());
+            let files = executor_files(dir.path(), "t");
+            let _ = crate::executor::Record::read(&files);
+            let _ = files.read_status();
+            let _ = files.read_task_pid();
+            let _ = read_term(dir.path());
+            let _ = read_agent_id(dir.path());
+        }
+    }
+
     #[test]
     fn task_ids_that_cannot_name_a_directory_are_refused() {
         assert!(check_task_id("web-1").is_ok());

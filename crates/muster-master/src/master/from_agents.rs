@@ -227,7 +227,12 @@ impl Master {
                     reply.send(not_leader(leader.as_ref()))
                 }
                 Ok(other) => reply.send(refused(format!("registry write failed: {other:?}"))),
-                Err(e) => reply.send(refused(format!("registrar unavailable: {e}"))),
+                // The registrar stops only when this master stops leading: the agent should
+                // look for the leader, not back off.
+                Err(e) => {
+                    tracing::debug!(error = %e, "registrar gone: no longer leading");
+                    reply.send(not_leader(master.leader().as_ref()));
+                }
             },
         );
     }

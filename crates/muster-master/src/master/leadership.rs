@@ -95,7 +95,14 @@ impl Master {
                         tracing::warn!(%error, term, "a quorum did not confirm this master's leadership");
                     }
                     master.leadership_lease = None;
-                    let refusal = master.not_leading();
+                    // Not `not_leading`: while its role still says so, this master would name
+                    // itself. Who leads is not known here.
+                    let refusal = match &master.role {
+                        Role::Standby { leader } => {
+                            ServiceError::not_leader(leader.as_ref().map(|(_, a)| a.clone()))
+                        }
+                        _ => ServiceError::not_leader(None),
+                    };
                     then(master, ctx, Err(refusal))
                 }
             },
