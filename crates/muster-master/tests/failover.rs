@@ -492,6 +492,60 @@ fn trigger_of(eval: &model_pb::Evaluation) -> String {
         .unwrap_or_default()
 }
 
+/// A group of `n` masters, each with its `master_config` changed by `adjust`.
+async fn start_group(
+    n: u64,
+    dir: &Path,
+    adjust: impl Fn(MasterConfig) -> MasterConfig,
+) -> anyhow::Result<(BTreeMap<u64, String>, BTreeMap<u64, MasterServer>)> {
+    let members = free_addresses(n).await?;
+    let mut masters = BTreeMap::new();
+    for id in members.keys() {
+        masters.insert(*id, start(adjust(master_config(*id, &members, dir))).await?);
+    }
+    Ok((members, masters))
+}
+
+/// A node of the test's own, presenting agent certificate `name`.
+async fn agent_node(system: &System, name: &str) -> anyhow::Result<Node> {
+    Ok(Node::bind(
+        system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, name),
+    )
+    .await?)
+}
+
+/// A service job `name`: one group `main` of `count` `sleep 60` tasks (1 cpu, 64 MiB).
+fn service_job(name: &str, count: u32) -> model_pb::Job {
+    model_pb::Job {
+        name: name.into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
+            name: "main".into(),
+            count,
+            resources: Some(model_pb::Resources {
+                cpus: 1.0,
+                mem_mb: 64,
+            }),
+            command: "sleep".into(),
+            args: vec!["60".into()],
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    }
+}
+
+/// Submits `job` at `master`.
+async fn submit(master: &MasterServer, job: model_pb::Job) -> anyhow::Result<()> {
+    master
+        .pid()
+        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
 /// A plan placing one task (`task_id`) on `agent`.
 fn one_placement(agent: &str, task_id: &str) -> muster_scheduler::Plan {
     let mut plan =
@@ -518,15 +572,11 @@ fn one_placement(agent: &str, task_id: &str) -> muster_scheduler::Plan {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let members = free_addresses(3).await?;
-    let mut masters = BTreeMap::new();
-    for id in members.keys() {
-        let config = MasterConfig {
-            workers: 0,
-            ..master_config(*id, &members, dir.path())
-        };
-        masters.insert(*id, start(config).await?);
-    }
+    let (members, mut masters) = start_group(3, dir.path(), |config| MasterConfig {
+        workers: 0,
+        ..config
+    })
+    .await?;
     let leading = leader(&masters).await?;
     let system = System::new();
     let node = Node::bind(
@@ -597,15 +647,11 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reads_are_linearizable_by_default_and_stale_only_when_asked() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let members = free_addresses(3).await?;
-    let mut masters = BTreeMap::new();
-    for id in members.keys() {
-        let config = MasterConfig {
-            workers: 0,
-            ..master_config(*id, &members, dir.path())
-        };
-        masters.insert(*id, start(config).await?);
-    }
+    let (members, mut masters) = start_group(3, dir.path(), |config| MasterConfig {
+        workers: 0,
+        ..config
+    })
+    .await?;
     let leading = leader(&masters).await?;
     let standby = *members
         .keys()
@@ -685,20 +731,11 @@ async fn reads_are_linearizable_by_default_and_stale_only_when_asked() -> anyhow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_blocked_during_recovery_is_placed_when_its_agent_comes_back() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let members = free_addresses(3).await?;
+    let (members, mut masters) = start_group(3, dir.path(), |config| config).await?;
     let addresses: Vec<String> = members.values().cloned().collect();
-    let mut masters = BTreeMap::new();
-    for id in members.keys() {
-        masters.insert(*id, start(master_config(*id, &members, dir.path())).await?);
-    }
     let first = leader(&masters).await?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     let mut agents = register_agents(&node, &addresses, 1).await?;
     agents[0].tasks.clear();
     reregister(&node, &addresses, &agents[0]).await?;
@@ -710,27 +747,8 @@ async fn a_job_blocked_during_recovery_is_placed_when_its_agent_comes_back() -> 
         .shutdown()
         .await;
     let second = leader(&masters).await?;
-    let job = model_pb::Job {
-        name: "late".into(),
-        scheduler: model_pb::SchedulerType::Service as i32,
-        groups: vec![model_pb::TaskGroup {
-            name: "main".into(),
-            count: 1,
-            resources: Some(model_pb::Resources {
-                cpus: 1.0,
-                mem_mb: 64,
-            }),
-            command: "sleep".into(),
-            args: vec!["60".into()],
-            ..model_pb::TaskGroup::default()
-        }],
-        ..model_pb::Job::default()
-    };
-    masters[&second]
-        .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let job = service_job("late", 1);
+    submit(&masters[&second], job).await?;
     // Nothing is connected yet: its evaluation blocks.
     let deadline = Instant::now() + DEADLINE;
     loop {
@@ -774,48 +792,20 @@ async fn a_job_blocked_during_recovery_is_placed_when_its_agent_comes_back() -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_left_below_its_count_by_a_failover_is_evaluated_again() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let members = free_addresses(3).await?;
+    let (members, mut masters) = start_group(3, dir.path(), |config| MasterConfig {
+        reconcile_interval: Duration::from_millis(200),
+        ..config
+    })
+    .await?;
     let addresses: Vec<String> = members.values().cloned().collect();
-    let mut masters = BTreeMap::new();
-    for id in members.keys() {
-        let config = MasterConfig {
-            reconcile_interval: Duration::from_millis(200),
-            ..master_config(*id, &members, dir.path())
-        };
-        masters.insert(*id, start(config).await?);
-    }
     let first = leader(&masters).await?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     let mut agents = register_agents(&node, &addresses, 1).await?;
     agents[0].tasks.clear();
     reregister(&node, &addresses, &agents[0]).await?;
-    let job = model_pb::Job {
-        name: "kept".into(),
-        scheduler: model_pb::SchedulerType::Service as i32,
-        groups: vec![model_pb::TaskGroup {
-            name: "main".into(),
-            count: 1,
-            resources: Some(model_pb::Resources {
-                cpus: 1.0,
-                mem_mb: 64,
-            }),
-            command: "sleep".into(),
-            args: vec!["60".into()],
-            ..model_pb::TaskGroup::default()
-        }],
-        ..model_pb::Job::default()
-    };
-    masters[&first]
-        .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let job = service_job("kept", 1);
+    submit(&masters[&first], job).await?;
     let state = state_when(&masters[&first], "the job's task placed", |s| {
         s.agents
             .iter()
@@ -881,46 +871,20 @@ async fn a_job_left_below_its_count_by_a_failover_is_evaluated_again() -> anyhow
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_copy_of_a_slot_is_stopped_by_the_convergence_check() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let members = free_addresses(1).await?;
-    let addresses: Vec<String> = members.values().cloned().collect();
-    let config = MasterConfig {
+    let (members, masters) = start_group(1, dir.path(), |config| MasterConfig {
         reconcile_interval: Duration::from_millis(200),
-        ..master_config(1, &members, dir.path())
-    };
-    let master = start(config).await?;
-    let masters = BTreeMap::from([(1, master)]);
+        ..config
+    })
+    .await?;
+    let addresses: Vec<String> = members.values().cloned().collect();
     leader(&masters).await?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     let mut agents = register_agents(&node, &addresses, 1).await?;
     agents[0].tasks.clear();
     reregister(&node, &addresses, &agents[0]).await?;
-    let job = model_pb::Job {
-        name: "single".into(),
-        scheduler: model_pb::SchedulerType::Service as i32,
-        groups: vec![model_pb::TaskGroup {
-            name: "main".into(),
-            count: 1,
-            resources: Some(model_pb::Resources {
-                cpus: 1.0,
-                mem_mb: 64,
-            }),
-            command: "sleep".into(),
-            args: vec!["60".into()],
-            ..model_pb::TaskGroup::default()
-        }],
-        ..model_pb::Job::default()
-    };
-    masters[&1]
-        .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let job = service_job("single", 1);
+    submit(&masters[&1], job).await?;
     let state = state_when(&masters[&1], "the job's task placed", |s| {
         s.agents
             .iter()
