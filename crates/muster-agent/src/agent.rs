@@ -183,6 +183,9 @@ pub struct Agent {
     term: u64,
     /// Commands refused for coming from an older term.
     stale_commands_refused: u64,
+    /// Set when the master did not know the agent's id: the next admission sets the term
+    /// (see `fencing::rebase_term_to`).
+    rebase_term: bool,
     /// Task status updates not yet sent to a master (the agent was not registered), oldest
     /// first, the latest per task only; bounded (see [`Agent::report`]).
     unsent_updates: VecDeque<Task>,

@@ -1311,7 +1311,9 @@ async fn a_returning_agent_kills_what_the_master_gave_up_and_an_unknown_id_regis
     ensure!(!has_ended(kept), "the task the master still wants runs on");
     second.stop().await;
 
-    // The master does not know the id at all: the agent's tasks go, and it registers anew.
+    // The master does not know the id at all: the agent's tasks go, and it registers anew,
+    // forgetting the term it followed (a rebuilt cluster counts its terms from the start).
+    std::fs::write(dir.path().join("meta/term"), "9\n")?;
     master.set_answer(Answer::Forgotten("agent-h".into()));
     let third = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
     let refused = master.next_reregister().await?;
@@ -1322,6 +1324,15 @@ async fn a_returning_agent_kills_what_the_master_gave_up_and_an_unknown_id_regis
     assert_eq!(
         muster_agent::store::read_agent_id(dir.path())?.as_deref(),
         Some("agent-h")
+    );
+    assert_eq!(third.handle.snapshot().await?.term, 0);
+    assert_eq!(
+        master
+            .run_task(third.upid(), shell_task("after", "exit 0"))
+            .await?
+            .error,
+        "",
+        "a command of the new cluster's term 0 is obeyed"
     );
     third.stop().await;
     master.shutdown().await;

@@ -38,4 +38,19 @@ impl Agent {
         tracing::info!(term, previous = self.term, "following a new leader term");
         self.term = term;
     }
+
+    /// Follows `term` from now on, even if lower than before: the agent was admitted anew by
+    /// a cluster that did not know it (see `master_link::register_anew`), whose terms are its
+    /// own.
+    pub(super) fn rebase_term_to(&mut self, term: u64) {
+        if let Err(error) = store::write_term(&self.config.data_dir, term) {
+            tracing::error!(%error, term, "cannot record the leader's term; a restart may forget it");
+        }
+        tracing::info!(
+            term,
+            previous = self.term,
+            "admitted anew: following this cluster's leader term"
+        );
+        self.term = term;
+    }
 }

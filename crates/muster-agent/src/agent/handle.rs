@@ -280,6 +280,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         recovered: recovery.running,
         term,
         stale_commands_refused: 0,
+        rebase_term: false,
         unsent_updates: VecDeque::new(),
     };
     let pid = node.system().spawn(agent);

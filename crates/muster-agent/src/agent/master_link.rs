@@ -199,7 +199,11 @@ impl Agent {
         };
         match reply.result {
             Some(registration_reply::Result::AgentId(id)) if !id.is_empty() => {
-                self.observe_term(reply.term);
+                if std::mem::take(&mut self.rebase_term) {
+                    self.rebase_term_to(reply.term);
+                } else {
+                    self.observe_term(reply.term);
+                }
                 self.registered(ctx, master, id, &reply.kill_tasks).await;
             }
             Some(registration_reply::Result::UnknownAgent(reason)) => {
@@ -273,6 +277,10 @@ impl Agent {
         }
         self.unsent_updates.clear();
         self.agent_id = None;
+        // A cluster that does not know the agent (rebuilt, or one that forgot it) counts its
+        // terms anew: the agent takes the term of the leader that admits it (a quorum write),
+        // not that of this answer, which a deposed master could give.
+        self.rebase_term = true;
         let data_dir = self.config.data_dir.clone();
         if let Err(error) = blocking(move || store::remove_agent_id(&data_dir)).await {
             tracing::error!(%error, "cannot remove the stored agent id");
