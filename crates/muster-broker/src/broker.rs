@@ -209,6 +209,9 @@ pub enum BrokerMsg {
     },
     /// Counters.
     Stats(Reply<BrokerStats>),
+    /// The evaluations handed to workers and not yet acked or nacked, as (job, evaluation),
+    /// sorted: what is being scheduled right now.
+    Unacked(Reply<Vec<(String, EvalId)>>),
     /// Start serving with `writer` for registry writes (this master leads); `evals` are the
     /// registry's pending evaluations.
     Restore {
@@ -765,6 +768,15 @@ impl Process for EvalBroker {
             BrokerMsg::Ack { eval, token, reply } => reply.send(self.ack(&eval, &token, ctx)),
             BrokerMsg::Nack { eval, token, reply } => reply.send(self.nack(&eval, &token, ctx)),
             BrokerMsg::Stats(reply) => reply.send(self.stats()),
+            BrokerMsg::Unacked(reply) => {
+                let mut unacked: Vec<(String, EvalId)> = self
+                    .unacked
+                    .values()
+                    .map(|held| (held.eval.job.clone(), held.eval.id.clone()))
+                    .collect();
+                unacked.sort();
+                reply.send(unacked);
+            }
             BrokerMsg::Restore { writer, evals } => {
                 self.disable();
                 self.writer = Some(writer);
@@ -810,7 +822,5 @@ const MAX_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 /// The wall clock in Unix ms, what `wait_until_ms` counts in (it must mean the same on the
 /// next leader).
 fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    muster_model::clock::unix_ms()
 }

@@ -55,10 +55,7 @@ impl MasterServer {
     /// [`MasterError`] naming the address, data dir or config problem.
     pub async fn start(config: MasterConfig) -> Result<Self, MasterError> {
         let listener = Node::listen(&config.listen).await?;
-        let local = listener
-            .local_addr()
-            .map_err(|e| MasterError::Config(format!("listening socket has no address: {e}")))?
-            .to_string();
+        let local = listener.local_addr().to_string();
         let members = if config.members.is_empty() {
             BTreeMap::from([(config.id, local.clone())])
         } else {

@@ -7,6 +7,7 @@
 //!
 //! # Layout
 //! - [`agent`]: [`AgentId`], [`AgentInfo`], [`UnreachableAgent`].
+//! - [`clock`]: the wall clock records are stamped with (a simulation installs its own).
 //! - [`resources`]: [`Resources`] and the one rule for whether a task fits
 //!   ([`Resources::fits_in`]), used by schedulers, the blocked-queue and the plan applier alike.
 //! - [`job`]: [`Job`], [`TaskGroup`], [`Constraint`], [`SchedulerType`], and [`Job::validate`],
@@ -19,6 +20,7 @@
 //!   for reading nested messages with errors that name the field path.
 
 pub mod agent;
+pub mod clock;
 pub mod convert;
 pub mod demand;
 pub mod error;

@@ -5,6 +5,8 @@
 //!   issued to.
 //! - [`tls`]: mutual TLS for every listener and client (rustls with the ring provider),
 //!   reloadable without a restart; [`Security`] is the one switch between it and `--insecure`.
+//! - [`net`]: the process's network (TCP, or a simulation's), under every listener and
+//!   client.
 //! - [`certs`]: a cluster CA and role certificates, as `muster tls` writes them.
 //! - [`acl`]: ACL tokens and their policies; [`guard`]: the tonic layer that checks a caller's
 //!   certificate role and token against a table declared where a service is installed.
@@ -14,6 +16,7 @@ pub mod acl;
 pub mod certs;
 pub mod guard;
 pub mod identity;
+pub mod net;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;

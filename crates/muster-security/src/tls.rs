@@ -19,11 +19,11 @@ use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, Server
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig, SignatureScheme};
-use tokio::net::{TcpListener, TcpStream};
 use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tonic::codegen::http::Uri;
 
 use crate::identity::{IdentityError, Peer, Role};
+use crate::net::{self, BoxError, Connection, Listener, PlainConnector};
 
 /// How long a peer has to finish its TLS handshake before the server drops the connection.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -172,10 +172,10 @@ impl Tls {
     /// The handshake's error (including the client's certificate refused).
     pub async fn accept(
         &self,
-        tcp: TcpStream,
-    ) -> std::io::Result<tokio_rustls::server::TlsStream<TcpStream>> {
+        connection: Connection,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<Connection>> {
         let acceptor = TlsAcceptor::from(Arc::clone(&self.current().server));
-        acceptor.accept(tcp).await
+        acceptor.accept(connection).await
     }
 }
 
@@ -334,17 +334,17 @@ impl ServerCertVerifier for RoleVerifier {
 /// (plaintext, a certificate from another CA, expired) is dropped with a log line and the
 /// server goes on serving the others.
 pub fn incoming(
-    listener: TcpListener,
+    mut listener: Listener,
     tls: Tls,
-) -> impl futures_core::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<TcpStream>>>
+) -> impl futures_core::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<Connection>>>
 + Send
 + 'static {
     let (sender, receiver) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
-            let (tcp, from) = tokio::select! {
+            let connection = tokio::select! {
                 accepted = listener.accept() => match accepted {
-                    Ok(accepted) => accepted,
+                    Ok(connection) => connection,
                     Err(e) => {
                         // Out of file descriptors and the like: wait a little, keep serving.
                         tracing::warn!(error = %e, "cannot accept a connection");
@@ -354,11 +354,13 @@ pub fn incoming(
                 },
                 () = sender.closed() => return,
             };
-            let _ = tcp.set_nodelay(true);
+            let from = connection
+                .remote_addr()
+                .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
             let tls = tls.clone();
             let sender = sender.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(tcp)).await {
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(connection)).await {
                     Ok(Ok(stream)) => {
                         let _ = sender.send(Ok(stream)).await;
                     }
@@ -397,14 +399,13 @@ impl Connector {
 
 type ConnectFuture = Pin<
     Box<
-        dyn Future<Output = Result<TokioIo<tokio_rustls::client::TlsStream<TcpStream>>, BoxError>>
+        dyn Future<Output = Result<TokioIo<tokio_rustls::client::TlsStream<Connection>>, BoxError>>
             + Send,
     >,
 >;
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 impl tower_service::Service<Uri> for Connector {
-    type Response = TokioIo<tokio_rustls::client::TlsStream<TcpStream>>;
+    type Response = TokioIo<tokio_rustls::client::TlsStream<Connection>>;
     type Error = BoxError;
     type Future = ConnectFuture;
 
@@ -415,14 +416,8 @@ impl tower_service::Service<Uri> for Connector {
     fn call(&mut self, uri: Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let host = uri.host().ok_or("the address has no host")?;
-            let host = host
-                .trim_start_matches('[')
-                .trim_end_matches(']')
-                .to_owned();
-            let port = uri.port_u16().ok_or("the address has no port")?;
-            let tcp = TcpStream::connect((host.as_str(), port)).await?;
-            tcp.set_nodelay(true)?;
+            let (host, port) = net::host_and_port(&uri)?;
+            let tcp = net::connect(&host, port).await?;
             let loaded = this.tls.current();
             // The name only selects SNI; the verifier checks the role names.
             let name = ServerName::try_from(Role::Master.dns_name(this.tls.cluster()))?;
@@ -471,7 +466,7 @@ impl Security {
     ) -> tonic::transport::Channel {
         match self {
             Security::Tls(tls) => endpoint.connect_with_connector_lazy(tls.connector(accepted)),
-            Security::Insecure => endpoint.connect_lazy(),
+            Security::Insecure => endpoint.connect_with_connector_lazy(PlainConnector),
         }
     }
 
@@ -491,7 +486,9 @@ impl Security {
                 let channel = endpoint.connect_with_connector(connector.clone()).await?;
                 Ok((channel, connector.reached()))
             }
-            Security::Insecure => Ok((endpoint.connect().await?, None)),
+            Security::Insecure => {
+                Ok((endpoint.connect_with_connector(PlainConnector).await?, None))
+            }
         }
     }
 }

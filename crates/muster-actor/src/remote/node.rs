@@ -11,10 +11,10 @@ use futures_util::Stream;
 use muster_proto::transport::transport_client::TransportClient;
 use muster_proto::transport::transport_server::{Transport, TransportServer};
 use muster_proto::transport::{Envelope, Frame, Kind};
+use muster_security::net::Listener;
 use muster_security::{Peer, Role, Security};
 use tokio::sync::watch;
 use tonic::service::Routes;
-use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
@@ -106,7 +106,7 @@ impl Node {
     /// # Errors
     /// [`NodeError::InvalidListenAddress`], or [`NodeError::Bind`] naming the address if the
     /// port is in use or cannot be bound.
-    pub async fn listen(address: &str) -> Result<tokio::net::TcpListener, NodeError> {
+    pub async fn listen(address: &str) -> Result<Listener, NodeError> {
         let socket: SocketAddr =
             address
                 .parse()
@@ -114,7 +114,7 @@ impl Node {
                     address: address.to_owned(),
                     source,
                 })?;
-        tokio::net::TcpListener::bind(socket)
+        muster_security::net::bind(socket)
             .await
             .map_err(|source| NodeError::Bind {
                 address: socket,
@@ -129,14 +129,11 @@ impl Node {
     /// [`NodeError::Bind`] if the listener has no local address.
     pub fn serve(
         system: &System,
-        listener: tokio::net::TcpListener,
+        listener: Listener,
         config: NodeConfig,
         routes: Routes,
     ) -> Result<Node, NodeError> {
-        let local = listener.local_addr().map_err(|source| NodeError::Bind {
-            address: SocketAddr::from(([0, 0, 0, 0], 0)),
-            source,
-        })?;
+        let local = listener.local_addr();
         let (shutdown, mut stopped) = watch::channel(false);
         let inner = Arc::new(NodeInner {
             address: local.to_string(),
@@ -174,7 +171,7 @@ impl Node {
                 });
             }
             Security::Insecure => {
-                let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+                let incoming = listener.incoming();
                 tokio::spawn(async move {
                     if let Err(e) = router.serve_with_incoming_shutdown(incoming, stopped).await {
                         tracing::error!(node = %address, error = %e, "transport server failed");

@@ -1,8 +1,6 @@
 //! Registry writes: a write as a deferred future, writes that carry evaluations (handed to the
 //! broker once stored), and the state index that orders snapshots, plans and evaluations.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use muster_actor::{Context, Pid};
 use muster_broker::BrokerMsg;
 use muster_model::{EvalStatus, Evaluation};
@@ -22,11 +20,9 @@ pub(super) fn write_registry(
     async move { registrar.ask(|r| RegistrarMsg::Write(op, r)).await }
 }
 
-/// Milliseconds since the Unix epoch (0 with a clock set before it).
+/// Milliseconds since the Unix epoch, on the cluster's wall clock.
 pub(super) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
+    muster_model::clock::unix_ms()
 }
 
 impl Master {
