@@ -35,3 +35,16 @@ pub struct ClockChosen;
 pub fn install(clock: fn() -> u64) -> Result<(), ClockChosen> {
     CLOCK.set(clock).map_err(|_| ClockChosen)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wall_clock_is_the_system_s_unless_one_was_installed() {
+        let before = system_unix_ms();
+        let read = unix_ms();
+        assert!(read >= before && read <= system_unix_ms());
+        assert!(install(|| 0).is_err(), "a clock already read cannot be swapped");
+    }
+}

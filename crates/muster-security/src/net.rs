@@ -285,3 +285,51 @@ impl tower_service::Service<Uri> for PlainConnector {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[tokio::test]
+    async fn tcp_connections_carry_bytes_and_both_addresses() -> io::Result<()> {
+        let mut listener = bind(SocketAddr::from(([127, 0, 0, 1], 0))).await?;
+        let local = listener.local_addr();
+        assert_ne!(local.port(), 0, "port 0 picks a free port");
+        let server = tokio::spawn(async move {
+            let mut accepted = listener.accept().await?;
+            let remote = accepted.remote_addr();
+            let mut buf = [0u8; 5];
+            accepted.read_exact(&mut buf).await?;
+            accepted.write_all(&buf).await?;
+            Ok::<_, io::Error>((remote, buf))
+        });
+        let mut client = connect("127.0.0.1", local.port()).await?;
+        assert_eq!(client.connect_info().remote_addr, Some(local));
+        client.write_all(b"hello").await?;
+        let mut echoed = [0u8; 5];
+        client.read_exact(&mut echoed).await?;
+        let (remote, received) = server.await.map_err(io::Error::other)??;
+        assert_eq!(&received, b"hello");
+        assert_eq!(&echoed, b"hello");
+        assert_eq!(remote, client.connect_info().local_addr);
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_refused_connection_is_an_error() {
+        let port = {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0");
+            listener.ok().and_then(|l| l.local_addr().ok()).map(|a| a.port())
+        };
+        if let Some(port) = port {
+            assert!(connect("127.0.0.1", port).await.is_err());
+        }
+    }
+
+    #[test]
+    fn a_network_cannot_be_installed_once_one_is_in_use() {
+        let _ = network();
+        assert!(install(Arc::new(Tcp)).is_err());
+    }
+}
