@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use muster::master::MAX_OPERATOR_MESSAGE;
 use muster::proto::cluster::operator_client::OperatorClient;
 use muster::scheduler::protocol::leader_hint;
 use muster_launch::security::ClientFlags;
@@ -177,7 +178,9 @@ impl Connection {
             }
         };
         let token = WithToken::new(self.token.as_ref())?;
-        Ok(OperatorClient::with_interceptor(channel, token))
+        Ok(OperatorClient::with_interceptor(channel, token)
+            .max_decoding_message_size(MAX_OPERATOR_MESSAGE)
+            .max_encoding_message_size(MAX_OPERATOR_MESSAGE))
     }
 
     /// Makes a leader-only `call` at the first master; if that master is a standby naming

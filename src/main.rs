@@ -1,11 +1,13 @@
 //! `muster`: a one-process dev cluster (`muster dev`), a cluster's state (`muster status`),
 //! jobs (`muster job run FILE`, `muster job status NAME`, `muster job stop NAME`), TLS
-//! material (`muster tls`) and ACL tokens (`muster acl`).
+//! material (`muster tls`), ACL tokens (`muster acl`) and registry snapshots
+//! (`muster operator snapshot save|restore`).
 
 mod acl_command;
 mod connection;
 mod dev;
 mod job_file;
+mod operator_command;
 mod tls_command;
 
 use std::io::Write as _;
@@ -18,6 +20,7 @@ use connection::{Connection, Target};
 use dev::DevOptions;
 use muster::model::{Evaluation, SchedulerType, TaskState};
 use muster::proto::cluster as pb;
+use operator_command::OperatorCommand;
 use tls_command::TlsCommand;
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
@@ -79,6 +82,11 @@ enum Command {
     Acl {
         #[command(subcommand)]
         command: AclCommand,
+    },
+    /// Cluster operations: registry snapshots.
+    Operator {
+        #[command(subcommand)]
+        command: OperatorCommand,
     },
 }
 
@@ -351,6 +359,9 @@ fn main() -> ExitCode {
             Command::Status { stale } => status(&target.resolve()?, stale).await,
             Command::Job { command } => job(&target.resolve()?, command).await,
             Command::Acl { command } => acl_command::run(&target.resolve()?, command).await,
+            Command::Operator { command } => {
+                operator_command::run(&target.resolve()?, command).await
+            }
         }
     });
     match result {

@@ -1,10 +1,9 @@
 //! `muster dev` starts a master and an agent in one process; `muster status` shows them.
 
-use std::process::Stdio;
-use std::time::Duration;
+mod common;
 
 use anyhow::{Context as _, ensure};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use common::DevCluster;
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_muster");
@@ -16,42 +15,9 @@ async fn free_port() -> anyhow::Result<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
-    let master = free_port().await?;
-    let agent = free_port().await?;
-    // This test's own settings file, so that it never meets a developer's dev cluster.
-    let dir = tempfile::tempdir()?;
-    let settings = dir.path().join("muster-dev.env");
-    let mut dev = Command::new(BIN)
-        .args(["dev", "--listen", &master, "--agent-listen", &agent])
-        .env("RUST_LOG", "warn")
-        .env("MUSTER_DEV_ENV", &settings)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("starting muster dev")?;
-    let mut lines = BufReader::new(dev.stdout.take().context("stdout")?).lines();
-    let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .context("muster dev did not come up")??
-        .context("muster dev exited")?;
-    ensure!(
-        first.contains("muster dev cluster running"),
-        "printed {first:?}"
-    );
-    // The banner: master, agent, data dir, TLS, the settings, and a hint.
-    let mut banner = String::new();
-    loop {
-        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
-            .await
-            .context("the banner stopped")??
-            .context("muster dev exited")?;
-        banner.push_str(&line);
-        banner.push('\n');
-        if line.contains("Try `muster status`") {
-            break;
-        }
-    }
+    let cluster = DevCluster::start().await?;
+    let (master, agent, banner) = (&cluster.master, &cluster.agent, &cluster.banner);
+    let settings = cluster.settings.clone();
     ensure!(
         banner.contains(&format!("agent@{agent}")),
         "banner: {banner}"
@@ -71,17 +37,8 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     ensure!(settings.exists(), "no settings file");
 
     // A second terminal: no flags, no variables; the CLI finds the dev cluster.
-    let muster = |args: &[&str]| {
-        let mut command = Command::new(BIN);
-        command
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .env("MUSTER_DEV_ENV", &settings)
-            .env_remove("MUSTER_ADDR")
-            .env_remove("MUSTER_TOKEN");
-        command
-    };
-    let status = muster(&["status"]).output().await?;
+    let muster = |args: &[&str]| cluster.cli(args);
+    let status = muster(&["status"])?.output().await?;
     ensure!(status.status.success(), "status failed: {status:?}");
     let text = String::from_utf8_lossy(&status.stdout);
     ensure!(text.contains(&format!("leader {master}")), "status: {text}");
@@ -94,11 +51,11 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
 
     // The README's walkthrough: run a job, see it.
     let job = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/jobs/hello.toml");
-    let run = muster(&["job", "run", job]).output().await?;
+    let run = muster(&["job", "run", job])?.output().await?;
     ensure!(run.status.success(), "job run: {run:?}");
 
     // A read token cannot submit; the error says why.
-    let created = muster(&["acl", "token", "create", "--policy", "read", "--name", "ci"])
+    let created = muster(&["acl", "token", "create", "--policy", "read", "--name", "ci"])?
         .output()
         .await?;
     ensure!(created.status.success(), "token create: {created:?}");
@@ -119,8 +76,8 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     };
     let refused = Command::new(BIN)
         .args(["job", "run", job])
-        .env("MUSTER_DEV_ENV", dir.path().join("none"))
-        .env("MUSTER_ADDR", &master)
+        .env("MUSTER_DEV_ENV", cluster.dir().join("none"))
+        .env("MUSTER_ADDR", master)
         .env("MUSTER_CACERT", var("MUSTER_CACERT")?)
         .env("MUSTER_CLIENT_CERT", var("MUSTER_CLIENT_CERT")?)
         .env("MUSTER_CLIENT_KEY", var("MUSTER_CLIENT_KEY")?)
@@ -135,21 +92,13 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     );
     // No credentials at all: plaintext to a TLS port gets nowhere, and says where it went.
     let anonymous = Command::new(BIN)
-        .args(["status", "--master", &master, "--timeout", "5s"])
-        .env("MUSTER_DEV_ENV", dir.path().join("none"))
+        .args(["status", "--master", master, "--timeout", "5s"])
+        .env("MUSTER_DEV_ENV", cluster.dir().join("none"))
         .output()
         .await?;
     ensure!(!anonymous.status.success(), "an anonymous status answered");
 
-    let pid = dev.id().context("dev pid")?;
-    Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .await?;
-    let exit = tokio::time::timeout(Duration::from_secs(20), dev.wait())
-        .await
-        .context("muster dev did not stop on SIGTERM")??;
-    ensure!(exit.success(), "muster dev exited with {exit}");
+    cluster.stop().await?;
     ensure!(!settings.exists(), "the settings file outlived the cluster");
     Ok(())
 }

@@ -157,3 +157,98 @@ pub(crate) async fn leader_state_within(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// `muster dev` as a child process, with its own settings file so that it never meets a
+/// developer's dev cluster; the CLI run through [`DevCluster::cli`] finds it with no flags.
+pub(crate) struct DevCluster {
+    /// The child.
+    pub(crate) child: Child,
+    /// The master's address.
+    pub(crate) master: String,
+    /// The agent's address.
+    pub(crate) agent: String,
+    /// Where the CLI settings (address, certificates, token) are written.
+    pub(crate) settings: PathBuf,
+    /// The banner it printed, up to its hint.
+    pub(crate) banner: String,
+    dir: tempfile::TempDir,
+}
+
+impl DevCluster {
+    /// Starts `muster dev` on free ports and waits for its banner.
+    pub(crate) async fn start() -> anyhow::Result<DevCluster> {
+        let ports = free_ports(2).await?;
+        let (master, agent) = (ports[0].clone(), ports[1].clone());
+        let dir = tempfile::tempdir()?;
+        let settings = dir.path().join("muster-dev.env");
+        let mut child = Command::new(binary("muster")?)
+            .args(["dev", "--listen", &master, "--agent-listen", &agent])
+            .env("RUST_LOG", "warn")
+            .env("MUSTER_DEV_ENV", &settings)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .context("starting muster dev")?;
+        let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+        let first = tokio::time::timeout(DEADLINE, lines.next_line())
+            .await
+            .context("muster dev did not come up")??
+            .context("muster dev exited")?;
+        anyhow::ensure!(
+            first.contains("muster dev cluster running"),
+            "printed {first:?}"
+        );
+        let mut banner = String::new();
+        loop {
+            let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+                .await
+                .context("the banner stopped")??
+                .context("muster dev exited")?;
+            banner.push_str(&line);
+            banner.push('\n');
+            if line.contains("Try `muster status`") {
+                break;
+            }
+        }
+        Ok(DevCluster {
+            child,
+            master,
+            agent,
+            settings,
+            banner,
+            dir,
+        })
+    }
+
+    /// The `muster` CLI, pointed at this cluster through its settings file alone.
+    pub(crate) fn cli(&self, args: &[&str]) -> anyhow::Result<Command> {
+        let mut command = Command::new(binary("muster")?);
+        command
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .env("MUSTER_DEV_ENV", &self.settings)
+            .env_remove("MUSTER_ADDR")
+            .env_remove("MUSTER_TOKEN");
+        Ok(command)
+    }
+
+    /// A scratch directory that lives as long as the cluster.
+    pub(crate) fn dir(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Stops it with SIGTERM and waits for a clean exit.
+    pub(crate) async fn stop(mut self) -> anyhow::Result<()> {
+        let pid = self.child.id().context("dev pid")?;
+        Command::new("kill")
+            .args(["-TERM", &pid.to_string()])
+            .status()
+            .await?;
+        let exit = tokio::time::timeout(Duration::from_secs(20), self.child.wait())
+            .await
+            .context("muster dev did not stop on SIGTERM")??;
+        anyhow::ensure!(exit.success(), "muster dev exited with {exit}");
+        Ok(())
+    }
+}

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `Operator` | `GetState`, `GetMetrics`, `JobStatus` | client certificate, token with `read` |
 //! | `Operator` | `SubmitJob`, `StopJob`, `LaunchTask` | client certificate, token with `submit` |
-//! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken` | client certificate, `management` token |
+//! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken`, `SnapshotSave`, `SnapshotRestore` | client certificate, `management` token |
 //! | `Operator` | `AclBootstrap` | client certificate (the registry allows it once) |
 //! | `Scheduling` | every method | client certificate, token with `schedule` |
 //! | `Raft` | every method | master certificate (see `RegistryNode::raft_service`) |

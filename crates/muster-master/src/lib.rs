@@ -39,7 +39,7 @@ pub use error::ServiceError;
 pub use master::{
     AclMsg, AgentMsg, InternalMsg, Master, MasterMsg, OperatorMsg, SchedulingMsg, SchedulingPids,
 };
-pub use operator::{OperatorService, REDACTED};
+pub use operator::{MAX_OPERATOR_MESSAGE, OperatorService, REDACTED};
 pub use scheduling_service::SchedulingService;
 pub use server::{MasterError, MasterServer};
 pub use workers::{LocalBackend, Workers};

@@ -54,15 +54,22 @@ pub struct OperatorService {
     master: Pid<Master>,
 }
 
+/// The largest operator request or answer: a registry snapshot travels whole, and a restore
+/// goes through raft as one entry, so this is raft's own limit.
+pub const MAX_OPERATOR_MESSAGE: usize = muster_registry::network::MAX_RAFT_MESSAGE;
+
 impl OperatorService {
     /// Answers for `master`.
     pub fn new(master: Pid<Master>) -> Self {
         OperatorService { master }
     }
 
-    /// The service, ready to add to a tonic server.
+    /// The service, ready to add to a tonic server. Messages up to
+    /// [`MAX_OPERATOR_MESSAGE`] each way: a registry snapshot is the largest.
     pub fn into_server(self) -> OperatorServer<OperatorService> {
         OperatorServer::new(self)
+            .max_decoding_message_size(MAX_OPERATOR_MESSAGE)
+            .max_encoding_message_size(MAX_OPERATOR_MESSAGE)
     }
 }
 
@@ -207,6 +214,31 @@ impl Operator for OperatorService {
         let reply = self
             .master
             .ask(|reply| OperatorMsg::Acl(AclMsg::Delete(accessor, reply)).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(reply))
+    }
+
+    async fn snapshot_save(
+        &self,
+        _request: Request<pb::SnapshotSaveRequest>,
+    ) -> Result<Response<pb::RegistrySnapshot>, Status> {
+        let data = self
+            .master
+            .ask(|reply| OperatorMsg::SnapshotSave(reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(pb::RegistrySnapshot { data: data.into() }))
+    }
+
+    async fn snapshot_restore(
+        &self,
+        request: Request<pb::RegistrySnapshot>,
+    ) -> Result<Response<pb::SnapshotRestoreReply>, Status> {
+        let data = request.into_inner().data;
+        let reply = self
+            .master
+            .ask(|reply| OperatorMsg::SnapshotRestore(data, reply).into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))

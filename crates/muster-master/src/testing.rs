@@ -2,6 +2,8 @@
 //! certificate from the shared test CA ([`TestPki`]), and a token.
 
 use muster_proto::cluster::operator_client::OperatorClient;
+
+use crate::MAX_OPERATOR_MESSAGE;
 use muster_security::guard::WithToken;
 use muster_security::testing::TestPki;
 use muster_security::{Role, Security, TokenSecret};
@@ -34,10 +36,11 @@ pub async fn channel(address: &str, security: &Security) -> anyhow::Result<Chann
 /// As [`channel`].
 pub async fn operator(address: &str, token: Option<&TokenSecret>) -> anyhow::Result<TestOperator> {
     let channel = channel(address, &client_security()).await?;
-    Ok(OperatorClient::with_interceptor(
-        channel,
-        WithToken::new(token)?,
-    ))
+    Ok(
+        OperatorClient::with_interceptor(channel, WithToken::new(token)?)
+            .max_decoding_message_size(MAX_OPERATOR_MESSAGE)
+            .max_encoding_message_size(MAX_OPERATOR_MESSAGE),
+    )
 }
 
 /// How long [`bootstrap`] keeps trying while the cluster elects a leader.

@@ -13,10 +13,12 @@
 //! - [`network`]: the raft client and server over tonic.
 //! - [`RegistryNode`]: one master's raft member, started from a [`RegistryConfig`].
 //! - [`Registrar`]: the batching writer process.
+//! - [`snapshot_file`]: the operator snapshot file (`muster operator snapshot save|restore`).
 
 pub mod network;
 mod node;
 mod registrar;
+pub mod snapshot_file;
 mod state;
 pub mod store;
 pub mod types;

@@ -241,6 +241,12 @@ impl RegistryState {
             Op::Together(ops) => Ok(Outcome::Together(
                 ops.into_iter().map(|op| self.apply(op, index)).collect(),
             )),
+            Op::Restore(restored) => {
+                let last_agent_number = self.last_agent_number.max(restored.last_agent_number);
+                *self = *restored;
+                self.last_agent_number = last_agent_number;
+                Ok(Outcome::Restored)
+            }
             Op::BootstrapAcl(token) => {
                 if self.acl_bootstrapped {
                     return Err(OpError::AclAlreadyBootstrapped);
@@ -616,5 +622,37 @@ mod tests {
         let state: RegistryState = serde_json::from_str(json).expect("decode");
         assert!(!state.acl_bootstrapped);
         assert!(state.tokens.is_empty());
+    }
+
+    #[test]
+    fn a_restore_replaces_everything_but_never_reuses_an_agent_number() {
+        let info = |host: &str| AgentInfo {
+            hostname: host.into(),
+            address: format!("agent@{host}:5051"),
+            ..AgentInfo::default()
+        };
+        let mut saved = RegistryState::default();
+        saved
+            .apply_at(Op::AdmitAgent(info("h1")))
+            .expect("admitted");
+        let mut state = saved.clone();
+        let Ok(Outcome::Admitted(later)) = state.apply_at(Op::AdmitAgent(info("h2"))) else {
+            panic!("h2 is admitted");
+        };
+        assert_eq!(
+            state.apply_at(Op::Restore(Box::new(saved.clone()))),
+            Ok(Outcome::Restored)
+        );
+        assert_eq!(
+            state.agents, saved.agents,
+            "the copy's agents, and only them"
+        );
+        let Ok(Outcome::Admitted(next)) = state.apply_at(Op::AdmitAgent(info("h3"))) else {
+            panic!("h3 is admitted");
+        };
+        assert_ne!(
+            next, later,
+            "an id handed out after the save is not handed out again"
+        );
     }
 }

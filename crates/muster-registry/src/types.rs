@@ -73,6 +73,10 @@ pub enum Op {
         /// Its public id.
         accessor: String,
     },
+    /// Replace the whole registry with a saved copy (`muster operator snapshot restore`).
+    /// Agent numbers never go back: an id handed out after the copy was saved is not handed
+    /// out again.
+    Restore(Box<crate::RegistryState>),
 }
 
 /// What one [`Op`] did.
@@ -99,6 +103,8 @@ pub enum Outcome {
     TokenStored,
     /// The token is deleted.
     TokenDeleted,
+    /// The registry now holds the restored copy.
+    Restored,
 }
 
 /// Why an [`Op`] changed nothing.

@@ -9,11 +9,12 @@ use muster_broker::blocked::BlockedMsg;
 use muster_model::{Evaluation, Job, Trigger};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
-use muster_registry::{Op, Outcome, RegistrarMsg, RegistrarStats, WriteError};
+use muster_registry::{Op, Outcome, RegistrarMsg, RegistrarStats, WriteError, snapshot_file};
 
 use super::Master;
 use super::acl_tokens::AclMsg;
 use super::leadership::Role;
+use super::registry_writes::now_ms;
 use super::tasks::task_job;
 use crate::error::ServiceError;
 
@@ -47,6 +48,13 @@ pub enum OperatorMsg {
     ),
     /// Manage ACL tokens.
     Acl(AclMsg),
+    /// A snapshot file of the registry, taken once a quorum confirms this master leads.
+    SnapshotSave(Reply<Result<Vec<u8>, ServiceError>>),
+    /// Replace the registry with the snapshot file given.
+    SnapshotRestore(
+        bytes::Bytes,
+        Reply<Result<pb::SnapshotRestoreReply, ServiceError>>,
+    ),
 }
 
 impl OperatorMsg {
@@ -68,6 +76,8 @@ impl OperatorMsg {
             OperatorMsg::JobStatus(_, _, reply) => reply.send(Err(error)),
             OperatorMsg::ReadState(_, reply) => reply.send(Err(error)),
             OperatorMsg::Acl(msg) => msg.refuse(error),
+            OperatorMsg::SnapshotSave(reply) => reply.send(Err(error)),
+            OperatorMsg::SnapshotRestore(_, reply) => reply.send(Err(error)),
             OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) => {}
         }
     }
@@ -96,7 +106,67 @@ impl Master {
                 });
             }
             OperatorMsg::Acl(msg) => self.on_acl(msg, ctx),
+            OperatorMsg::SnapshotSave(reply) => {
+                self.read(false, ctx, reply, |master| {
+                    let index = master.registry.reader().applied_index();
+                    master
+                        .registry
+                        .reader()
+                        .read(|state| snapshot_file::encode(state, index, master.term, now_ms()))
+                        .map_err(|e| {
+                            ServiceError::Unavailable(format!("the registry did not encode: {e}"))
+                        })
+                });
+            }
+            OperatorMsg::SnapshotRestore(file, reply) => self.restore(&file, reply, ctx),
         }
+    }
+
+    /// Verifies a snapshot file and writes it over the registry; then leads anew on it, as a
+    /// new leader would: the broker takes the copy's pending evaluations, agents re-register,
+    /// and the convergence check places or stops tasks to match the copy's jobs.
+    fn restore(
+        &mut self,
+        file: &[u8],
+        reply: Reply<Result<pb::SnapshotRestoreReply, ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(term) = self.leading_term() else {
+            return reply.send(Err(self.not_leading()));
+        };
+        let (header, state) = match snapshot_file::decode(file) {
+            Ok(decoded) => decoded,
+            Err(e) => {
+                return reply.send(Err(ServiceError::InvalidArgument {
+                    field: "data".into(),
+                    message: e.to_string(),
+                }));
+            }
+        };
+        tracing::warn!(
+            saved_index = header.index,
+            saved_term = header.term,
+            "restoring the registry from a snapshot"
+        );
+        self.write_with_evals(
+            vec![Op::Restore(Box::new(state))],
+            Vec::new(),
+            ctx,
+            move |master, ctx, written| match written {
+                Ok(_) => {
+                    let index = master.registry.reader().applied_index();
+                    tracing::warn!(index, "registry restored; leading anew on it");
+                    reply.send(Ok(pb::SnapshotRestoreReply {
+                        index,
+                        saved_index: header.index,
+                    }));
+                    if master.leading_term() == Some(term) {
+                        master.become_leader(term, ctx);
+                    }
+                }
+                Err(e) => reply.send(Err(e.into())),
+            },
+        );
     }
 
     // ---- reads ----

@@ -88,7 +88,7 @@ impl Master {
         self.heartbeats.clear();
     }
 
-    fn become_leader(&mut self, term: u64, ctx: &mut Context<Self>) {
+    pub(super) fn become_leader(&mut self, term: u64, ctx: &mut Context<Self>) {
         self.stop_leading();
         tracing::info!(term, "leading master: catching up with the registry");
         self.term = term;
