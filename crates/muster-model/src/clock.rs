@@ -45,6 +45,9 @@ mod tests {
         let before = system_unix_ms();
         let read = unix_ms();
         assert!(read >= before && read <= system_unix_ms());
-        assert!(install(|| 0).is_err(), "a clock already read cannot be swapped");
+        assert!(
+            install(|| 0).is_err(),
+            "a clock already read cannot be swapped"
+        );
     }
 }

@@ -320,7 +320,10 @@ mod tests {
     async fn a_refused_connection_is_an_error() {
         let port = {
             let listener = std::net::TcpListener::bind("127.0.0.1:0");
-            listener.ok().and_then(|l| l.local_addr().ok()).map(|a| a.port())
+            listener
+                .ok()
+                .and_then(|l| l.local_addr().ok())
+                .map(|a| a.port())
         };
         if let Some(port) = port {
             assert!(connect("127.0.0.1", port).await.is_err());
