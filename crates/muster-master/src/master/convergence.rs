@@ -6,7 +6,8 @@
 //! be adopted from a returning agent: what is asked and what runs can part with nothing left to
 //! notice. Every [`reconcile_interval`](crate::MasterConfig::reconcile_interval) the leader
 //! compares, job by job, the tasks that run (not ended, not being killed) with what the job
-//! asks, and gives each job that differs and has no evaluation in flight (pending or blocked)
+//! asks (for a system job, agent by agent: one task on each connected agent its constraints
+//! admit), and gives each job that differs and has no evaluation in flight (pending or blocked)
 //! one evaluation, triggered `Reconcile`. The schedulers do the rest: too few are placed, too
 //! many stopped.
 //!
@@ -14,10 +15,10 @@
 //! [`MAX_RECONCILE_EVALS`] evaluations per round, written in one raft entry. It waits while a
 //! new leader recovers (the tasks of agents not back yet are unknown).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use muster_actor::Context;
-use muster_model::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
+use muster_model::{Constraint, EvalStatus, Evaluation, Job, SchedulerType, Trigger};
 
 use super::Master;
 use super::leadership::Role;
@@ -35,15 +36,27 @@ impl Master {
         if recovery.is_some() {
             return;
         }
-        // Running tasks per job and group.
+        // Running tasks per job and group, and per job, group and agent (system jobs).
         let mut running: HashMap<(&str, &str), u32> = HashMap::new();
-        for agent in self.cluster.agents.values() {
+        let mut on_agents = OnAgents::new();
+        for (agent_id, agent) in &self.cluster.agents {
             for task in agent.tasks.iter().filter(|t| !is_terminal(t)) {
                 if let Some(job) = task_job(task) {
                     *running.entry((job, task.group.as_str())).or_default() += 1;
+                    *on_agents
+                        .entry((job, task.group.as_str(), agent_id.as_str()))
+                        .or_default() += 1;
                 }
             }
         }
+        // Where a system job's tasks belong: every connected agent, by its attributes.
+        let agents: Vec<(&str, &BTreeMap<String, String>)> = self
+            .cluster
+            .agents
+            .iter()
+            .filter(|(_, agent)| agent.connected)
+            .map(|(id, agent)| (id.as_str(), &agent.info.attributes))
+            .collect();
         let evals: Vec<Evaluation> = self.registry.reader().read(|state| {
             let in_flight: HashSet<&str> = state
                 .evals
@@ -55,7 +68,7 @@ impl Master {
                 .jobs
                 .values()
                 .filter(|job| !in_flight.contains(job.name.as_str()))
-                .filter(|job| diverges(job, &running))
+                .filter(|job| diverges(job, &running, &on_agents, &agents))
                 .take(MAX_RECONCILE_EVALS)
                 .map(|job| Evaluation::new(job, Trigger::Reconcile))
                 .collect()
@@ -77,11 +90,20 @@ impl Master {
     }
 }
 
+/// Running tasks per job, group and agent.
+type OnAgents<'a> = HashMap<(&'a str, &'a str, &'a str), u32>;
+
 /// Whether `job`'s running tasks differ from what it asks for: any for a stopped job; another
 /// count than a group's for a service job (or tasks of a group it no longer has); more than a
-/// group's count for a batch job (one that finished needs no replacement). System jobs run one
-/// task per eligible agent, which agents' arrivals and departures already evaluate.
-fn diverges(job: &Job, running: &HashMap<(&str, &str), u32>) -> bool {
+/// group's count for a batch job (one that finished needs no replacement); for a system job,
+/// on some connected agent of `agents` (id, attributes), none of a group whose constraints
+/// admit the agent, more than one, or any of a group whose constraints do not.
+fn diverges(
+    job: &Job,
+    running: &HashMap<(&str, &str), u32>,
+    on_agents: &OnAgents<'_>,
+    agents: &[(&str, &BTreeMap<String, String>)],
+) -> bool {
     let of_job = || {
         running
             .iter()
@@ -104,7 +126,20 @@ fn diverges(job: &Job, running: &HashMap<(&str, &str), u32>) -> bool {
             job.groups.iter().any(|g| counted(&g.name) != g.count) || in_groups != of_job()
         }
         SchedulerType::Batch => job.groups.iter().any(|g| counted(&g.name) > g.count),
-        SchedulerType::System => false,
+        SchedulerType::System => {
+            let in_groups: u32 = job.groups.iter().map(|g| counted(&g.name)).sum();
+            in_groups != of_job()
+                || job.groups.iter().any(|group| {
+                    agents.iter().any(|(agent, attributes)| {
+                        let here = on_agents
+                            .get(&(job.name.as_str(), group.name.as_str(), *agent))
+                            .copied()
+                            .unwrap_or(0);
+                        let admitted = Constraint::all_admit(&group.constraints, attributes);
+                        if admitted { here != 1 } else { here > 0 }
+                    })
+                })
+        }
     }
 }
 
@@ -141,28 +176,79 @@ mod tests {
     fn too_few_too_many_and_leftovers_diverge() {
         let service = job(SchedulerType::Service, &[2, 1]);
         let mut running = HashMap::from([(("web", "g0"), 2), (("web", "g1"), 1)]);
-        assert!(!diverges(&service, &running));
+        assert!(!diverges(&service, &running, &OnAgents::new(), &[]));
         running.insert(("web", "g1"), 0);
-        assert!(diverges(&service, &running), "too few");
+        assert!(
+            diverges(&service, &running, &OnAgents::new(), &[]),
+            "too few"
+        );
         running.insert(("web", "g1"), 2);
-        assert!(diverges(&service, &running), "too many");
+        assert!(
+            diverges(&service, &running, &OnAgents::new(), &[]),
+            "too many"
+        );
         running.insert(("web", "g1"), 1);
         running.insert(("web", "gone"), 1);
         assert!(
-            diverges(&service, &running),
+            diverges(&service, &running, &OnAgents::new(), &[]),
             "a group the job no longer has"
         );
 
         let batch = job(SchedulerType::Batch, &[2]);
         assert!(
-            !diverges(&batch, &HashMap::new()),
+            !diverges(&batch, &HashMap::new(), &OnAgents::new(), &[]),
             "finished batch tasks stay finished"
         );
-        assert!(diverges(&batch, &HashMap::from([(("web", "g0"), 3)])));
+        assert!(diverges(
+            &batch,
+            &HashMap::from([(("web", "g0"), 3)]),
+            &OnAgents::new(),
+            &[]
+        ));
 
         let mut stopped = job(SchedulerType::Service, &[1]);
         stopped.stopped = true;
-        assert!(diverges(&stopped, &HashMap::from([(("web", "g0"), 1)])));
-        assert!(!diverges(&stopped, &HashMap::new()));
+        assert!(diverges(
+            &stopped,
+            &HashMap::from([(("web", "g0"), 1)]),
+            &OnAgents::new(),
+            &[]
+        ));
+        assert!(!diverges(&stopped, &HashMap::new(), &OnAgents::new(), &[]));
+    }
+
+    #[test]
+    fn a_system_job_diverges_on_an_agent_without_its_task_or_with_two() {
+        let mut system = job(SchedulerType::System, &[0]);
+        system.groups[0].constraints = vec![Constraint {
+            attribute: "rack".into(),
+            op: muster_model::ConstraintOp::Equal,
+            value: "r1".into(),
+        }];
+        let r1 = BTreeMap::from([("rack".to_owned(), "r1".to_owned())]);
+        let r2 = BTreeMap::from([("rack".to_owned(), "r2".to_owned())]);
+        let agents = [("a1", &r1), ("a2", &r1), ("a3", &r2)];
+        let totals = |n| HashMap::from([(("web", "g0"), n)]);
+        let one_each = OnAgents::from([(("web", "g0", "a1"), 1), (("web", "g0", "a2"), 1)]);
+        assert!(!diverges(&system, &totals(2), &one_each, &agents));
+        let missing = OnAgents::from([(("web", "g0", "a1"), 1)]);
+        assert!(
+            diverges(&system, &totals(1), &missing, &agents),
+            "an admitted agent runs none"
+        );
+        let twice = OnAgents::from([(("web", "g0", "a1"), 2), (("web", "g0", "a2"), 1)]);
+        assert!(
+            diverges(&system, &totals(3), &twice, &agents),
+            "one runs two"
+        );
+        let outside = OnAgents::from([
+            (("web", "g0", "a1"), 1),
+            (("web", "g0", "a2"), 1),
+            (("web", "g0", "a3"), 1),
+        ]);
+        assert!(
+            diverges(&system, &totals(3), &outside, &agents),
+            "an agent its constraints do not admit runs one"
+        );
     }
 }
