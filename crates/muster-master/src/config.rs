@@ -33,6 +33,9 @@ pub struct MasterConfig {
     pub members: BTreeMap<NodeId, String>,
     /// Where the registry is stored.
     pub data_dir: PathBuf,
+    /// Keep the registry on this in-memory disk instead of in `data_dir` (deterministic
+    /// simulations, where sled cannot run).
+    pub registry_store: Option<muster_registry::MemoryDisk>,
     /// Whether the leading master also pings each agent, Mesos-style (default: off; agents'
     /// heartbeats are what keeps them connected). When on, an agent that misses
     /// [`max_missed_pings`](Self::max_missed_pings) pings in a row is marked unreachable even
@@ -99,6 +102,7 @@ impl MasterConfig {
             listen: "127.0.0.1:5050".into(),
             members: BTreeMap::new(),
             data_dir: PathBuf::from("muster-master-data"),
+            registry_store: None,
             pings: false,
             ping_interval: Duration::from_secs(15),
             ping_timeout: Duration::from_secs(15),

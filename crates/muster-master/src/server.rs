@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use muster_actor::{Node, NodeConfig, NodeError, Pid, System};
 use muster_proto::cluster as pb;
-use muster_registry::{RegistryConfig, RegistryError, RegistryNode};
+use muster_registry::{RegistryConfig, RegistryError, RegistryNode, StoreLocation};
 use std::sync::Arc;
 
 use muster_security::{Guarded, Role, TokenSource};
@@ -80,7 +80,10 @@ impl MasterServer {
         let registry = RegistryNode::start(RegistryConfig {
             id: config.id,
             members,
-            data_dir: config.data_dir.clone(),
+            store: match &config.registry_store {
+                Some(disk) => StoreLocation::Memory(disk.clone()),
+                None => StoreLocation::Directory(config.data_dir.clone()),
+            },
             heartbeat_interval: config.raft_heartbeat,
             election_timeout: config.raft_election_timeout,
             snapshot_after_entries: 5_000,

@@ -9,7 +9,7 @@
 //! - [`types`]: the raft type config, [`Op`]s and their outcomes. What they carry (agents,
 //!   jobs, evaluations) is `muster-model`'s.
 //! - [`RegistryState`]: the contents and the rules that change them.
-//! - [`store`]: the sled log and state machine.
+//! - [`store`]: the log and state machine, on sled (or a [`MemoryDisk`] in simulations).
 //! - [`network`]: the raft client and server over tonic.
 //! - [`RegistryNode`]: one master's raft member, started from a [`RegistryConfig`].
 //! - [`Registrar`]: the batching writer process.
@@ -28,6 +28,6 @@ pub use network::LeaderContact;
 pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
 pub use registrar::{MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteResult};
 pub use state::{ENDED_EVALS_KEPT_PER_JOB, RegistryState};
-pub use store::RegistryReader;
+pub use store::{MemoryDisk, RegistryReader, StoreLocation};
 pub use types::{Op, OpError, Outcome};
 pub use write_error::WriteError;

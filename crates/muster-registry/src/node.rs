@@ -14,7 +14,7 @@ use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
 
 use crate::network::{LeaderContact, NetworkFactory, RaftService};
-use crate::store::{self, RegistryReader, StoreError};
+use crate::store::{self, RegistryReader, StoreError, StoreLocation};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
 use crate::write_error::WriteError;
 
@@ -26,8 +26,9 @@ pub struct RegistryConfig {
     /// Every member of the group, this one included: id to the `host:port` that serves its
     /// raft (and the rest of the master's API).
     pub members: BTreeMap<NodeId, String>,
-    /// Where sled keeps the log and state machine.
-    pub data_dir: PathBuf,
+    /// Where the log and state machine live: a directory for sled, or an in-memory disk
+    /// (deterministic simulations).
+    pub store: StoreLocation,
     /// How often the leader sends heartbeats.
     pub heartbeat_interval: Duration,
     /// A follower that hears no heartbeat for a random time in this range starts an election.
@@ -52,7 +53,7 @@ impl RegistryConfig {
         RegistryConfig {
             id,
             members: BTreeMap::from([(id, address.into())]),
-            data_dir: data_dir.into(),
+            store: StoreLocation::Directory(data_dir.into()),
             heartbeat_interval: Duration::from_millis(100),
             election_timeout: (Duration::from_millis(400), Duration::from_millis(800)),
             snapshot_after_entries: 5_000,
@@ -138,13 +139,12 @@ impl RegistryNode {
         .validate()
         .map_err(|e| RegistryError::Config(e.to_string()))?;
 
-        std::fs::create_dir_all(&config.data_dir).map_err(|e| {
-            RegistryError::Config(format!(
-                "cannot create the data dir {}: {e}",
-                config.data_dir.display()
-            ))
-        })?;
-        let (log, state_machine) = store::open(&config.data_dir)?;
+        if let StoreLocation::Directory(dir) = &config.store {
+            std::fs::create_dir_all(dir).map_err(|e| {
+                RegistryError::Config(format!("cannot create the data dir {}: {e}", dir.display()))
+            })?;
+        }
+        let (log, state_machine) = store::open(&config.store)?;
         let reader = state_machine.reader();
         let raft = Raft::new(
             config.id,

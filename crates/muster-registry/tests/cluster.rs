@@ -443,7 +443,9 @@ async fn a_store_that_lost_its_state_refuses_to_start_instead_of_starting_empty(
     }
 
     // Everything but the store's own record goes, as a truncated or replaced database would.
-    let store = config.data_dir.clone();
+    let muster_registry::StoreLocation::Directory(store) = config.store.clone() else {
+        anyhow::bail!("the test's store is a directory");
+    };
     for entry in std::fs::read_dir(&store)? {
         let path = entry?.path();
         if path.file_name() == Some(std::ffi::OsStr::new(muster_registry::store::MARKER_FILE)) {

@@ -1,4 +1,4 @@
-//! openraft's log storage on sled: entries, the vote, the purge point.
+//! openraft's log storage: entries, the vote, the purge point.
 
 // openraft's error types are large by design and these functions return them as openraft asks.
 #![allow(clippy::result_large_err)]
@@ -12,6 +12,7 @@ use openraft::{
     StorageIOError, Vote,
 };
 
+use super::disk::{Batch, Db, Tree};
 use super::marker::Marker;
 use super::{decode, encode};
 use crate::types::{NodeId, TypeConfig};
@@ -23,9 +24,9 @@ const COMMITTED: &[u8] = b"committed";
 /// The raft log half of the store. Clones share the same trees.
 #[derive(Clone)]
 pub struct LogStore {
-    db: sled::Db,
-    log: sled::Tree,
-    raft: sled::Tree,
+    db: Db,
+    log: Tree,
+    raft: Tree,
     /// The store's integrity record, raised with each new vote and purge point.
     marker: Marker,
 }
@@ -41,7 +42,7 @@ impl Debug for LogStore {
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
 impl LogStore {
-    pub(super) fn new(db: sled::Db, log: sled::Tree, raft: sled::Tree, marker: Marker) -> Self {
+    pub(super) fn new(db: Db, log: Tree, raft: Tree, marker: Marker) -> Self {
         LogStore {
             db,
             log,
@@ -51,8 +52,8 @@ impl LogStore {
     }
 
     async fn flush(&self, error: fn(AnyError) -> StorageIOError<NodeId>) -> StoreResult<()> {
-        match self.db.flush_async().await {
-            Ok(_) => Ok(()),
+        match self.db.flush().await {
+            Ok(()) => Ok(()),
             Err(e) => Err(error(AnyError::new(&e)).into()),
         }
     }
@@ -102,7 +103,18 @@ impl RaftLogReader<TypeConfig> for LogStore {
             Bound::Unbounded => 0,
         };
         let mut entries = Vec::new();
-        for item in self.log.range(index_key(start)..) {
+        let from = index_key(start);
+        let end = match range.end_bound() {
+            Bound::Included(&i) => Some(Bound::Included(index_key(i))),
+            Bound::Excluded(&i) => Some(Bound::Excluded(index_key(i))),
+            Bound::Unbounded => None,
+        };
+        let to = match &end {
+            Some(Bound::Included(key)) => Bound::Included(key.as_slice()),
+            Some(Bound::Excluded(key)) => Bound::Excluded(key.as_slice()),
+            _ => Bound::Unbounded,
+        };
+        for item in self.log.range(Bound::Included(from.as_slice()), to) {
             let (key, bytes) = item.map_err(|e| StorageIOError::read_logs(&e))?;
             let index = u64::from_be_bytes(
                 key.as_ref()
@@ -163,7 +175,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I: IntoIterator<Item = Entry<TypeConfig>> + OptionalSend,
         I::IntoIter: OptionalSend,
     {
-        let mut batch = sled::Batch::default();
+        let mut batch = Batch::default();
         for entry in entries {
             let bytes = encode(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
             batch.insert(&index_key(entry.get_log_id().index), bytes);
@@ -171,7 +183,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.log
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        let flushed = self.db.flush_async().await.map(drop);
+        let flushed = self.db.flush().await;
         let failed = flushed.as_ref().err().map(StorageIOError::write_logs);
         callback.log_io_completed(flushed.map_err(std::io::Error::other));
         match failed {
@@ -181,9 +193,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn truncate(&mut self, log_id: LogId<NodeId>) -> StoreResult<()> {
-        let mut batch = sled::Batch::default();
-        for key in self.log.range(index_key(log_id.index)..).keys() {
-            batch.remove(key.map_err(|e| StorageIOError::write_logs(&e))?);
+        let mut batch = Batch::default();
+        let from = index_key(log_id.index);
+        for pair in self
+            .log
+            .range(Bound::Included(from.as_slice()), Bound::Unbounded)
+        {
+            let (key, _) = pair.map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.remove(&key);
         }
         self.log
             .apply_batch(batch)
@@ -201,9 +218,14 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.marker
             .saw_purge(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
-        let mut batch = sled::Batch::default();
-        for key in self.log.range(..=index_key(log_id.index)).keys() {
-            batch.remove(key.map_err(|e| StorageIOError::write_logs(&e))?);
+        let mut batch = Batch::default();
+        let to = index_key(log_id.index);
+        for pair in self
+            .log
+            .range(Bound::Unbounded, Bound::Included(to.as_slice()))
+        {
+            let (key, _) = pair.map_err(|e| StorageIOError::write_logs(&e))?;
+            batch.remove(&key);
         }
         self.log
             .apply_batch(batch)

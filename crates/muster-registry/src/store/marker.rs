@@ -14,6 +14,8 @@ use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 
+use super::disk::MemoryDisk;
+
 /// The file's name, in the store's directory.
 pub const MARKER_FILE: &str = "muster-store.json";
 
@@ -47,38 +49,91 @@ impl Held {
     }
 }
 
-/// The record's file, shared by the store's halves.
+/// Where the record is kept: a file beside sled's, or on a [`MemoryDisk`] (written
+/// durably at once, as the file is synced).
+#[derive(Clone, Debug)]
+pub(super) enum MarkerPlace {
+    File(PathBuf),
+    Memory(MemoryDisk),
+}
+
+impl MarkerPlace {
+    /// In the store directory `dir`.
+    pub(super) fn in_dir(dir: &Path) -> Self {
+        MarkerPlace::File(dir.join(MARKER_FILE))
+    }
+
+    fn name(&self) -> String {
+        match self {
+            MarkerPlace::File(path) => path.display().to_string(),
+            MarkerPlace::Memory(_) => format!("the in-memory store's {MARKER_FILE}"),
+        }
+    }
+
+    fn read(&self) -> io::Result<Option<Vec<u8>>> {
+        match self {
+            MarkerPlace::File(path) => match fs::read(path) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e),
+            },
+            MarkerPlace::Memory(disk) => Ok(disk.read_file(MARKER_FILE)),
+        }
+    }
+
+    /// Writes the record: temporary file, sync, rename, sync of the directory.
+    fn write(&self, bytes: Vec<u8>) -> io::Result<()> {
+        let path = match self {
+            MarkerPlace::File(path) => path,
+            MarkerPlace::Memory(disk) => {
+                disk.write_file(MARKER_FILE, bytes);
+                return Ok(());
+            }
+        };
+        let tmp = path.with_extension("json.tmp");
+        {
+            let mut file = fs::File::create(&tmp)?;
+            file.write_all(&bytes)?;
+            file.sync_all()?;
+        }
+        fs::rename(&tmp, path)?;
+        if let Some(dir) = path.parent() {
+            fs::File::open(dir)?.sync_all()?;
+        }
+        Ok(())
+    }
+}
+
+/// The record, shared by the store's halves.
 #[derive(Clone, Debug)]
 pub(super) struct Marker {
-    path: PathBuf,
+    place: MarkerPlace,
     floor: Arc<Mutex<Floor>>,
 }
 
 impl Marker {
-    /// Checks `held` against the record in `dir` and returns the record to keep up to date.
+    /// Checks `held` against the record at `place` and returns the record to keep up to date
+    /// (`store` names the store in errors).
     /// A store with no record yet gets one for what it holds (a new store, or one from before
     /// the record existed).
     ///
     /// # Errors
     /// The record cannot be read or written, or the store holds less than it says: the
     /// message names the directory, what is missing, and how to recover.
-    pub(super) fn check(dir: &Path, held: Held) -> Result<Marker, String> {
-        let path = dir.join(MARKER_FILE);
-        let recorded = match fs::read(&path) {
-            Ok(bytes) => Some(
+    pub(super) fn check(store: &str, place: MarkerPlace, held: Held) -> Result<Marker, String> {
+        let recorded = match place.read() {
+            Ok(Some(bytes)) => Some(
                 serde_json::from_slice::<Floor>(&bytes)
-                    .map_err(|e| format!("{} is unreadable ({e}); {}", path.display(), RECOVERY))?,
+                    .map_err(|e| format!("{} is unreadable ({e}); {}", place.name(), RECOVERY))?,
             ),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+            Ok(None) => None,
+            Err(e) => return Err(format!("cannot read {}: {e}", place.name())),
         };
         let floor = match recorded {
             Some(floor) => {
                 if let Some(missing) = missing(&floor, &held) {
                     return Err(format!(
-                        "the registry store at {} is damaged: {missing}; {}",
-                        dir.display(),
-                        RECOVERY
+                        "the registry store at {store} is damaged: {missing}; {RECOVERY}"
                     ));
                 }
                 floor
@@ -90,13 +145,13 @@ impl Marker {
             },
         };
         let marker = Marker {
-            path,
+            place,
             floor: Arc::new(Mutex::new(floor)),
         };
         if recorded.is_none() {
             marker
                 .write(&floor)
-                .map_err(|e| format!("cannot write {}: {e}", marker.path.display()))?;
+                .map_err(|e| format!("cannot write {}: {e}", marker.place.name()))?;
         }
         Ok(marker)
     }
@@ -130,20 +185,9 @@ impl Marker {
         Ok(())
     }
 
-    /// Writes the record: temporary file, sync, rename, sync of the directory.
     fn write(&self, floor: &Floor) -> io::Result<()> {
         let bytes = serde_json::to_vec_pretty(floor).map_err(io::Error::other)?;
-        let tmp = self.path.with_extension("json.tmp");
-        {
-            let mut file = fs::File::create(&tmp)?;
-            file.write_all(&bytes)?;
-            file.sync_all()?;
-        }
-        fs::rename(&tmp, &self.path)?;
-        if let Some(dir) = self.path.parent() {
-            fs::File::open(dir)?.sync_all()?;
-        }
-        Ok(())
+        self.place.write(bytes)
     }
 }
 
@@ -193,7 +237,7 @@ mod tests {
     fn a_store_that_lost_what_its_record_says_is_refused() -> Result<(), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let new = Held::default();
-        let marker = Marker::check(dir.path(), new)?;
+        let marker = Marker::check("dir", MarkerPlace::in_dir(dir.path()), new)?;
         marker.saw_vote(3).map_err(|e| e.to_string())?;
         marker.saw_purge(100).map_err(|e| e.to_string())?;
         let whole = Held {
@@ -202,8 +246,9 @@ mod tests {
             snapshot_index: Some(120),
             log_entries: 7,
         };
-        assert!(Marker::check(dir.path(), whole).is_ok());
-        let error = Marker::check(dir.path(), Held::default()).unwrap_err();
+        assert!(Marker::check("dir", MarkerPlace::in_dir(dir.path()), whole).is_ok());
+        let error =
+            Marker::check("dir", MarkerPlace::in_dir(dir.path()), Held::default()).unwrap_err();
         assert!(
             error.contains("holds no vote") && error.contains("move the directory aside"),
             "{error}"
@@ -213,7 +258,7 @@ mod tests {
             ..whole
         };
         assert!(
-            Marker::check(dir.path(), older_vote)
+            Marker::check("dir", MarkerPlace::in_dir(dir.path()), older_vote)
                 .unwrap_err()
                 .contains("term 3")
         );
@@ -222,7 +267,7 @@ mod tests {
             ..whole
         };
         assert!(
-            Marker::check(dir.path(), no_snapshot)
+            Marker::check("dir", MarkerPlace::in_dir(dir.path()), no_snapshot)
                 .unwrap_err()
                 .contains("snapshot")
         );

@@ -1,4 +1,5 @@
-//! The registry's durable storage: openraft's log and state machine on one sled database.
+//! The registry's durable storage: openraft's log and state machine on one sled database
+//! (or, in a deterministic simulation, on a [`MemoryDisk`] behind the same code: [`disk`]).
 //!
 //! One `sled::Db` per master, because a flush syncs the whole database. Trees:
 //! - `log`: raft entries keyed by big-endian index;
@@ -9,6 +10,7 @@
 //! Every write that openraft is told is persisted has been flushed first: the vote, appended
 //! entries, truncation, purge and snapshots.
 
+mod disk;
 mod log;
 mod marker;
 mod state_machine;
@@ -18,9 +20,41 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+pub use disk::MemoryDisk;
 pub use log::LogStore;
 pub use marker::MARKER_FILE;
 pub use state_machine::{RegistryReader, StateMachineStore};
+
+/// Where a registry store lives.
+#[derive(Clone, Debug)]
+pub enum StoreLocation {
+    /// A sled database in this directory.
+    Directory(PathBuf),
+    /// An in-memory disk (deterministic simulations).
+    Memory(MemoryDisk),
+}
+
+impl From<PathBuf> for StoreLocation {
+    fn from(path: PathBuf) -> Self {
+        StoreLocation::Directory(path)
+    }
+}
+
+impl From<&Path> for StoreLocation {
+    fn from(path: &Path) -> Self {
+        StoreLocation::Directory(path.to_owned())
+    }
+}
+
+impl StoreLocation {
+    /// How errors name it: the directory, or "the in-memory store".
+    pub fn name(&self) -> PathBuf {
+        match self {
+            StoreLocation::Directory(path) => path.clone(),
+            StoreLocation::Memory(_) => PathBuf::from("the in-memory store"),
+        }
+    }
+}
 
 /// Why the store could not be opened.
 #[derive(Debug, thiserror::Error)]
@@ -50,39 +84,41 @@ pub enum StoreError {
     },
 }
 
-/// Opens (or creates) the store in `path`: the log half and the state-machine half that
-/// openraft drives, over one sled database.
+/// Opens (or creates) the store at `location`: the log half and the state-machine half that
+/// openraft drives, over one database.
 ///
 /// # Errors
-/// [`StoreError`] naming the path if sled cannot open it or a stored value does not decode.
-pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
-    let db = sled::Config::new()
-        .path(path)
-        .open()
-        .map_err(|source| StoreError::Open {
-            path: path.to_owned(),
-            source,
-        })?;
-    let tree = |name: &str| {
-        db.open_tree(name).map_err(|source| StoreError::Open {
-            path: path.to_owned(),
-            source,
-        })
+/// [`StoreError`] naming the location if sled cannot open it, the integrity record says it
+/// lost data, or a stored value does not decode.
+pub fn open(location: &StoreLocation) -> Result<(LogStore, StateMachineStore), StoreError> {
+    let path = location.name();
+    let open_error = |source| StoreError::Open {
+        path: path.clone(),
+        source,
     };
+    let (db, marker_place) = match location {
+        StoreLocation::Directory(dir) => {
+            let db = sled::Config::new().path(dir).open().map_err(open_error)?;
+            (disk::Db::Sled(db), marker::MarkerPlace::in_dir(dir))
+        }
+        StoreLocation::Memory(memory) => (
+            disk::Db::Memory(memory.clone()),
+            marker::MarkerPlace::Memory(memory.clone()),
+        ),
+    };
+    let tree = |name: &str| db.open_tree(name).map_err(open_error);
     // Before the state machine lived in memory it was also written to a `state` tree: the
     // snapshot and the log hold everything it had.
-    db.drop_tree("state").map_err(|source| StoreError::Open {
-        path: path.to_owned(),
-        source,
-    })?;
+    db.drop_tree("state").map_err(open_error)?;
     let (log_tree, raft_tree, snapshot_tree) = (tree("log")?, tree("raft")?, tree("snapshot")?);
-    let held = held(path, &log_tree, &raft_tree, &snapshot_tree)?;
-    let marker = marker::Marker::check(path, held).map_err(StoreError::Damaged)?;
+    let held = held(&path, &log_tree, &raft_tree, &snapshot_tree)?;
+    let marker = marker::Marker::check(&path.display().to_string(), marker_place, held)
+        .map_err(StoreError::Damaged)?;
     let log = LogStore::new(db.clone(), log_tree, raft_tree, marker);
     let state_machine =
         StateMachineStore::load(db.clone(), snapshot_tree).map_err(|(key, reason)| {
             StoreError::Corrupt {
-                path: path.to_owned(),
+                path: path.clone(),
                 key,
                 reason,
             }
@@ -93,16 +129,16 @@ pub fn open(path: &Path) -> Result<(LogStore, StateMachineStore), StoreError> {
 /// What the store holds, for the integrity check.
 fn held(
     path: &Path,
-    log: &sled::Tree,
-    raft: &sled::Tree,
-    snapshot: &sled::Tree,
+    log: &disk::Tree,
+    raft: &disk::Tree,
+    snapshot: &disk::Tree,
 ) -> Result<marker::Held, StoreError> {
     let corrupt = |key: &str, reason: String| StoreError::Corrupt {
         path: path.to_owned(),
         key: key.to_owned(),
         reason,
     };
-    let read = |tree: &sled::Tree, key: &[u8], name: &str| {
+    let read = |tree: &disk::Tree, key: &[u8], name: &str| {
         tree.get(key).map_err(|e| corrupt(name, e.to_string()))
     };
     let vote_term = match read(raft, log::VOTE, "raft/vote")? {

@@ -22,6 +22,7 @@ use openraft::{
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
+use super::disk::{Batch, Db, Tree};
 use super::{decode, encode};
 use crate::state::RegistryState;
 use crate::types::{BatchOutcome, NodeId, TypeConfig};
@@ -55,8 +56,8 @@ struct Shared {
 /// The state-machine half of the store. Clones share the same state.
 #[derive(Clone)]
 pub struct StateMachineStore {
-    db: sled::Db,
-    snapshot: sled::Tree,
+    db: Db,
+    snapshot: Tree,
     shared: Arc<Shared>,
 }
 
@@ -107,7 +108,7 @@ impl RegistryReader {
 impl StateMachineStore {
     /// Loads the current snapshot, if there is one: the state the log is re-applied onto.
     /// Errors name the key that did not decode.
-    pub(super) fn load(db: sled::Db, snapshot: sled::Tree) -> Result<Self, (String, String)> {
+    pub(super) fn load(db: Db, snapshot: Tree) -> Result<Self, (String, String)> {
         let read = |key: &[u8]| {
             snapshot
                 .get(key)
@@ -157,8 +158,8 @@ impl StateMachineStore {
     }
 
     async fn flush(&self, error: fn(AnyError) -> StorageIOError<NodeId>) -> StoreResult<()> {
-        match self.db.flush_async().await {
-            Ok(_) => Ok(()),
+        match self.db.flush().await {
+            Ok(()) => Ok(()),
             Err(e) => Err(error(AnyError::new(&e)).into()),
         }
     }
@@ -180,7 +181,7 @@ impl StateMachineStore {
             // A newer snapshot is stored already; this one is only for openraft's use.
             return Ok(());
         }
-        let mut batch = sled::Batch::default();
+        let mut batch = Batch::default();
         batch.insert(SNAPSHOT_META, encode(meta).map_err(|e| error(&e))?);
         batch.insert(SNAPSHOT_DATA, data);
         self.snapshot.apply_batch(batch).map_err(|e| error(&e))?;
@@ -366,14 +367,14 @@ mod tests {
     fn an_older_snapshot_finishing_late_does_not_replace_a_newer_one() {
         let dir = tempfile::tempdir().expect("temp dir");
         {
-            let (_log, sm) = super::super::open(dir.path()).expect("opens");
+            let (_log, sm) = super::super::open(&dir.path().into()).expect("opens");
             // The leader's snapshot at 500 is installed while a local build from 100 runs.
             let empty = super::encode(&crate::RegistryState::default()).expect("encodes");
             sm.save_snapshot(&meta(500), &empty).expect("stored");
             sm.save_snapshot(&meta(100), &empty)
                 .expect("skipped, not an error");
         }
-        let (_log, sm) = super::super::open(dir.path()).expect("opens again");
+        let (_log, sm) = super::super::open(&dir.path().into()).expect("opens again");
         let at = sm.read().last_applied.map(|id| id.index);
         assert_eq!(
             at,
