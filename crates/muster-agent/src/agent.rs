@@ -38,8 +38,9 @@ use tokio::time::Instant;
 
 pub use handle::{AgentHandle, AgentSnapshot, AgentStatus, ISOLATION_ATTRIBUTE, start};
 
-use crate::child_process::{Ended, TaskProcess};
+use crate::child_process::Ended;
 use crate::isolation::Isolation;
+use crate::runner::Running;
 use crate::store::{self, blocking};
 use crate::task_user::TaskUsers;
 use crate::tasks::Tasks;
@@ -178,7 +179,7 @@ pub struct Agent {
     /// Running tasks and the completed history.
     tasks: Tasks,
     /// Tasks an earlier run left running, re-attached by [`start`], watched from `Start` on.
-    recovered: Vec<(Framework, Task, TaskProcess)>,
+    recovered: Vec<(Framework, Task, Running)>,
     /// The highest leader term the agent has heard from (see `fencing`), kept in `meta/term`.
     term: u64,
     /// Commands refused for coming from an older term.

@@ -62,6 +62,10 @@ pub struct AgentConfig {
     /// in another program or a test). The `muster-agent` binary sets it false: its tasks
     /// outlive it, for its next run to re-attach.
     pub stop_tasks_on_exit: bool,
+    /// What runs tasks instead of processes of this machine: `None` (the default) for
+    /// processes under executors; a simulation's [`SimulatedTasks`](crate::simulated::SimulatedTasks)
+    /// in deterministic simulation tests.
+    pub task_runner: Option<crate::runner::CustomRunner>,
 }
 
 /// Default of [`AgentConfig::recovery_timeout`].
@@ -105,6 +109,7 @@ impl AgentConfig {
             allowed_task_users: Vec::new(),
             recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
             stop_tasks_on_exit: true,
+            task_runner: None,
         }
     }
 

@@ -22,6 +22,8 @@
 //! - `child_process`: a task's processes (spawning under an executor, re-attaching after a
 //!   restart, signals, exit code).
 //! - `executor`: the executor between the agent and a task, and its files.
+//! - [`runner`]: what runs a task: processes by default, or a [`runner::TaskRunner`] such as
+//!   [`simulated::SimulatedTasks`] (deterministic simulation tests).
 //! - `task_user`: whom tasks run as (`nobody` by default when the agent is root).
 //! - `backoff`: registration delays (random start, capped exponential backoff with jitter).
 //! - [`AgentConfig`]: masters, data directory, resources, timings.
@@ -37,6 +39,8 @@ mod config;
 mod error;
 mod executor;
 pub mod isolation;
+pub mod runner;
+pub mod simulated;
 pub mod store;
 mod task_user;
 mod tasks;

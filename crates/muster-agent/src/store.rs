@@ -173,10 +173,18 @@ pub(crate) fn write_term(data_dir: &Path, term: u64) -> Result<(), AgentError> {
         .map_err(|source| AgentError::StateFile { path, source })
 }
 
-/// Runs blocking file work off the runtime's threads.
+/// Runs blocking file work off the runtime's threads; inline on a current-thread runtime,
+/// whose one thread would wait for it anyway, and where a deterministic simulation cannot
+/// have work finish on another thread at a time of the operating system's choosing (the work
+/// is small: a checkpoint, an id, a term).
 pub(crate) async fn blocking<T: Send + 'static>(
     work: impl FnOnce() -> Result<T, AgentError> + Send + 'static,
 ) -> Result<T, AgentError> {
+    if tokio::runtime::Handle::current().runtime_flavor()
+        == tokio::runtime::RuntimeFlavor::CurrentThread
+    {
+        return work();
+    }
     tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
         Err(AgentError::StateFile {
             path: PathBuf::new(),

@@ -16,6 +16,7 @@ use crate::AgentConfig;
 use crate::child_process::{Ended, Recovered, TaskProcess};
 use crate::executor::{self, Files, Record};
 use crate::isolation::{Isolation, TaskCgroup};
+use crate::runner::{Reattached, Running};
 use crate::store::{self, Checkpoint};
 use crate::tasks::is_terminal;
 
@@ -23,7 +24,7 @@ use crate::tasks::is_terminal;
 #[derive(Debug, Default)]
 pub(super) struct Recovery {
     /// Still running: re-attached, to watch once the agent process runs.
-    pub(super) running: Vec<(Framework, Task, TaskProcess)>,
+    pub(super) running: Vec<(Framework, Task, Running)>,
     /// Completed (before, or found so now), oldest first.
     pub(super) completed: Vec<(Framework, Task)>,
     /// Of those, the ones whose state changed now: their checkpoints are rewritten.
@@ -71,6 +72,46 @@ pub(super) async fn recover(
             recovery.completed.push((framework, task));
             continue;
         }
+        if let Some(runner) = &config.task_runner {
+            let (state, exit_code, message) = match runner.runner().reattach(&task.id) {
+                Reattached::Running(running) if expired => {
+                    let (kill, killed) = oneshot::channel();
+                    let _ = kill.send(Duration::ZERO);
+                    let ended = Running::Runner(running).wait(killed).await;
+                    let (_, exit_code, _) = final_state(&ended);
+                    (
+                        TaskState::Killed,
+                        exit_code,
+                        "the agent was down longer than its recovery timeout".to_owned(),
+                    )
+                }
+                Reattached::Running(running) => {
+                    tracing::info!(task = %task.id, "re-attached to a running task");
+                    recovery
+                        .running
+                        .push((framework, task, Running::Runner(running)));
+                    continue;
+                }
+                Reattached::Ended(status) => {
+                    let ended = Ended {
+                        status: Ok(status),
+                        killed: false,
+                        out_of_memory: false,
+                    };
+                    let (state, exit_code, message) = final_state(&ended);
+                    let message =
+                        message.unwrap_or_else(|| "it ended while the agent was down".into());
+                    (state, exit_code, message)
+                }
+                Reattached::Gone(why) => (TaskState::Lost, -1, why),
+            };
+            task.state = state as i32;
+            task.exit_code = exit_code;
+            task.message = message;
+            recovery.changed.push((framework.clone(), task.clone()));
+            recovery.completed.push((framework, task));
+            continue;
+        }
         let found = match Record::read(&files) {
             Ok(Some(record)) => Found::Record(
                 TaskProcess::reattach(files.clone(), &record, &boot_id),
@@ -93,7 +134,9 @@ pub(super) async fn recover(
             }
             Found::Record(Recovered::Running(process), _) => {
                 tracing::info!(task = %task.id, pid = process.pid(), "re-attached to a running task");
-                recovery.running.push((framework, task, *process));
+                recovery
+                    .running
+                    .push((framework, task, Running::Process(process)));
                 continue;
             }
             Found::Record(Recovered::Ended(status), record) => {

@@ -16,6 +16,7 @@ use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
 use crate::child_process::{self, Ended, Sandbox, TaskProcess};
 use crate::isolation::Limits;
+use crate::runner::{CustomRunner, Running};
 use crate::store::{self, blocking};
 use crate::tasks::KillRequest;
 
@@ -85,6 +86,9 @@ impl Agent {
         task.state = TaskState::Starting as i32;
         self.checkpoint(&framework, &task).await?;
         self.report(task.clone());
+        if let Some(runner) = self.config.task_runner.clone() {
+            return self.start_with(&runner, framework, task, ctx).await;
+        }
 
         let dir = store::task_dir(&self.config.data_dir, &id);
         let (stdout, stderr) = child_process::open_sandbox(&dir, credentials)
@@ -150,7 +154,32 @@ impl Agent {
         }
         tracing::info!(task = %id, framework = %framework.id, pid = process.pid(), user = %self.task_users.name_for(&task.user), command = %task.command, "task running");
         self.report(task.clone());
-        self.watch(framework, task, process, ctx);
+        self.watch(framework, task, Running::Process(Box::new(process)), ctx);
+        Ok(())
+    }
+
+    /// The rest of [`start_task`](Self::start_task) with a custom runner: start it, checkpoint
+    /// it RUNNING, report it, watch it.
+    async fn start_with(
+        &mut self,
+        runner: &CustomRunner,
+        framework: Framework,
+        mut task: Task,
+        ctx: &mut Context<Self>,
+    ) -> Result<(), String> {
+        let id = task.id.clone();
+        let running = runner.runner().start(&task, self.term)?;
+        task.state = TaskState::Running as i32;
+        task.exit_code = 0;
+        if let Err(error) = self.checkpoint(&framework, &task).await {
+            let (kill, killed) = oneshot::channel();
+            let _ = kill.send(std::time::Duration::ZERO);
+            running.wait(killed).await;
+            return Err(format!("task {id:?}: cannot checkpoint it: {error}"));
+        }
+        tracing::info!(task = %id, framework = %framework.id, command = %task.command, "task running");
+        self.report(task.clone());
+        self.watch(framework, task, Running::Runner(running), ctx);
         Ok(())
     }
 
@@ -170,25 +199,25 @@ impl Agent {
         .map_err(|e| format!("cannot checkpoint the task: {e}"))
     }
 
-    /// Watches a running task's process until it ends, and records it as running.
+    /// Watches a running task until it ends, and records it as running.
     pub(super) fn watch(
         &mut self,
         framework: Framework,
         task: Task,
-        process: TaskProcess,
+        running: Running,
         ctx: &mut Context<Self>,
     ) {
         let task_id = task.id.clone();
-        let signaller = process.signaller();
+        let signaller = running.signaller();
         let (kill, killed) = oneshot::channel();
         let waiter = ctx.defer(
-            process.wait(killed),
+            running.wait(killed),
             move |_agent: &mut Agent, ctx, ended| {
                 let _ = ctx.pid().tell(AgentMsg(Msg::TaskExited { task_id, ended }));
             },
         );
         self.tasks
-            .add_running(framework, task, Some(waiter), Some(kill), Some(signaller));
+            .add_running(framework, task, Some(waiter), Some(kill), signaller);
     }
 
     /// Starts stopping a running task; an empty string if it runs, else why not.
