@@ -241,6 +241,16 @@ impl RegistryState {
             Op::Together(ops) => Ok(Outcome::Together(
                 ops.into_iter().map(|op| self.apply(op, index)).collect(),
             )),
+            Op::StopJob(name) => {
+                let Some(job) = self.jobs.get_mut(&name) else {
+                    return Err(OpError::UnknownJob(name));
+                };
+                job.version += 1;
+                job.stopped = true;
+                Ok(Outcome::JobStored {
+                    version: job.version,
+                })
+            }
             Op::Restore(restored) => {
                 let last_agent_number = self.last_agent_number.max(restored.last_agent_number);
                 *self = *restored;
@@ -653,6 +663,26 @@ mod tests {
         assert_ne!(
             next, later,
             "an id handed out after the save is not handed out again"
+        );
+    }
+
+    #[test]
+    fn a_stop_keeps_a_submission_committed_after_the_stopper_read_the_job() {
+        let mut state = RegistryState::default();
+        let job = |count| job_of(&[("g", count, "serve")]);
+        state.apply_at(Op::UpsertJob(job(1))).expect("stored");
+        // A stopper read version 1; a submission of count 2 commits first.
+        state.apply_at(Op::UpsertJob(job(2))).expect("stored");
+        assert_eq!(
+            state.apply_at(Op::StopJob("web".into())),
+            Ok(Outcome::JobStored { version: 3 })
+        );
+        let stopped = &state.jobs["web"];
+        assert!(stopped.stopped);
+        assert_eq!(stopped.groups[0].count, 2, "the later submission is kept");
+        assert_eq!(
+            state.apply_at(Op::StopJob("nope".into())),
+            Err(OpError::UnknownJob("nope".into()))
         );
     }
 }

@@ -48,6 +48,10 @@ pub enum Op {
     RemoveAgent(AgentId),
     /// Store a job, new or changed; the registry bumps its version.
     UpsertJob(Job),
+    /// Stop a stored job: set its `stopped`, bump its version. Applied to the job as it is
+    /// when the entry applies, so a submission committed in between is kept, not overwritten
+    /// by an older copy.
+    StopJob(String),
     /// Store evaluations, new or changed. Each takes the entry's index as its modify index,
     /// and as its create index if it is new.
     UpsertEvals(Vec<Evaluation>),
@@ -122,6 +126,9 @@ pub enum OpError {
     /// No token has this accessor.
     #[error("no token with accessor {0:?}")]
     UnknownToken(String),
+    /// No job has this name.
+    #[error("no job named {0:?}")]
+    UnknownJob(String),
 }
 
 /// The operations of one raft entry. Operations queued while a write is in flight travel

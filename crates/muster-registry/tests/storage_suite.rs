@@ -4,9 +4,9 @@
 use muster_registry::store::{self, LogStore, StateMachineStore};
 use muster_registry::types::{NodeId, TypeConfig};
 use muster_registry::{MemoryDisk, StoreLocation};
-use openraft::storage::{RaftLogStorage, RaftStateMachine};
+use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
-use openraft::{CommittedLeaderId, LogId, StorageError, Vote};
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, RaftLogReader, StorageError, Vote};
 
 struct SledBuilder;
 
@@ -91,5 +91,94 @@ async fn an_in_memory_store_that_lost_its_contents_refuses_to_open() -> anyhow::
         message.contains("the in-memory store") && message.contains("damaged"),
         "{message}"
     );
+    Ok(())
+}
+
+fn blank(index: u64) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(1, index),
+        payload: EntryPayload::Blank,
+    }
+}
+
+async fn indexes(log: &mut LogStore) -> anyhow::Result<Vec<u64>> {
+    let entries = log.try_get_log_entries(..).await?;
+    Ok(entries.iter().map(|entry| entry.log_id.index).collect())
+}
+
+#[tokio::test]
+async fn appended_truncated_and_purged_logs_survive_a_crash() -> anyhow::Result<()> {
+    let disk = MemoryDisk::default();
+    let location = StoreLocation::Memory(disk.clone());
+    {
+        let (mut log, mut state_machine) = store::open(&location)?;
+        log.blocking_append((1..=6).map(blank)).await?;
+        log.truncate(log_id(1, 5)).await?;
+        // openraft purges only behind a snapshot (the integrity check insists).
+        state_machine.apply((1..=4).map(blank)).await?;
+        let mut builder = state_machine.get_snapshot_builder().await;
+        openraft::RaftSnapshotBuilder::build_snapshot(&mut builder).await?;
+        log.purge(log_id(1, 2)).await?;
+    }
+    disk.crash();
+    let (mut log, _) = store::open(&location)?;
+    assert_eq!(
+        indexes(&mut log).await?,
+        [3, 4],
+        "appended, truncated, purged: kept"
+    );
+    let state = log.get_log_state().await?;
+    assert_eq!(state.last_purged_log_id, Some(log_id(1, 2)));
+    assert_eq!(state.last_log_id, Some(log_id(1, 4)));
+
+    // Once more after the reopen: the store keeps flushing on the same disk.
+    log.blocking_append((5..=7).map(blank)).await?;
+    drop(log);
+    disk.crash();
+    let (mut log, _) = store::open(&location)?;
+    assert_eq!(indexes(&mut log).await?, [3, 4, 5, 6, 7]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_snapshot_survives_a_crash_and_the_state_machine_starts_from_it() -> anyhow::Result<()> {
+    let disk = MemoryDisk::default();
+    let location = StoreLocation::Memory(disk.clone());
+    {
+        let (mut log, mut state_machine) = store::open(&location)?;
+        log.blocking_append((1..=3).map(blank)).await?;
+        state_machine.apply((1..=3).map(blank)).await?;
+        let mut builder = state_machine.get_snapshot_builder().await;
+        openraft::RaftSnapshotBuilder::build_snapshot(&mut builder).await?;
+        state_machine.apply([blank(4)]).await?;
+    }
+    disk.crash();
+    let (_, mut state_machine) = store::open(&location)?;
+    let (applied, _) = state_machine.applied_state().await?;
+    assert_eq!(
+        applied,
+        Some(log_id(1, 3)),
+        "the snapshot's, not the later apply"
+    );
+    Ok(())
+}
+
+#[tokio::test]
+async fn reads_of_crossed_ranges_are_empty_on_both_disks() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    for location in [
+        StoreLocation::from(dir.path()),
+        StoreLocation::Memory(MemoryDisk::default()),
+    ] {
+        let (mut log, _) = store::open(&location)?;
+        log.blocking_append((1..=4).map(blank)).await?;
+        #[allow(clippy::reversed_empty_ranges)]
+        let crossed = log.try_get_log_entries(3..2).await?;
+        assert!(crossed.is_empty(), "{location:?}");
+        let none = log.try_get_log_entries(2..2).await?;
+        assert!(none.is_empty(), "{location:?}");
+        let middle = log.try_get_log_entries(2..=3).await?;
+        assert_eq!(middle.len(), 2, "{location:?}");
+    }
     Ok(())
 }

@@ -8,7 +8,8 @@
 //! compares, job by job, the tasks that run (not ended, not being killed) with what the job
 //! asks (for a system job, agent by agent: one task on each connected agent its constraints
 //! admit), and gives each job that differs and has no evaluation in flight (pending or blocked)
-//! one evaluation, triggered `Reconcile`. The schedulers do the rest: too few are placed, too
+//! one evaluation, triggered `Reconcile`; so does a job with one slot (task name) running
+//! twice, even when its counts match. The schedulers do the rest: too few are placed, too
 //! many stopped.
 //!
 //! Its cost is bounded: one pass over the tasks and one over the jobs, and at most
@@ -39,9 +40,16 @@ impl Master {
         // Running tasks per job and group, and per job, group and agent (system jobs).
         let mut running: HashMap<(&str, &str), u32> = HashMap::new();
         let mut on_agents = OnAgents::new();
+        // Jobs with a slot (task name) running more than once: the counts can match while
+        // one slot runs twice and another not at all.
+        let mut slots = HashSet::new();
+        let mut doubled: HashSet<&str> = HashSet::new();
         for (agent_id, agent) in &self.cluster.agents {
             for task in agent.tasks.iter().filter(|t| !is_terminal(t)) {
                 if let Some(job) = task_job(task) {
+                    if !slots.insert((job, task.name.as_str())) {
+                        doubled.insert(job);
+                    }
                     *running.entry((job, task.group.as_str())).or_default() += 1;
                     *on_agents
                         .entry((job, task.group.as_str(), agent_id.as_str()))
@@ -68,7 +76,10 @@ impl Master {
                 .jobs
                 .values()
                 .filter(|job| !in_flight.contains(job.name.as_str()))
-                .filter(|job| diverges(job, &running, &on_agents, &agents))
+                .filter(|job| {
+                    doubled.contains(job.name.as_str())
+                        || diverges(job, &running, &on_agents, &agents)
+                })
                 .take(MAX_RECONCILE_EVALS)
                 .map(|job| Evaluation::new(job, Trigger::Reconcile))
                 .collect()

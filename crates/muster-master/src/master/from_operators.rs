@@ -344,29 +344,39 @@ impl Master {
         );
     }
 
+    /// Stops a job: once a quorum confirms this master leads (so its registry holds every
+    /// committed submission, and "no such job" is not a stale answer), one entry that stops
+    /// the job as it is when applied (`Op::StopJob`, so a submission racing the stop is kept)
+    /// and its deregistration evaluation.
     fn stop_job(
         &mut self,
         name: String,
         reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
         ctx: &mut Context<Self>,
     ) {
-        if self.leading_term().is_none() {
-            return reply.send(Err(self.not_leading()));
-        }
-        let Some(mut job) = self.registry.reader().read(|s| s.jobs.get(&name).cloned()) else {
-            return reply.send(Err(ServiceError::UnknownJob(name)));
-        };
-        job.stopped = true;
-        let eval = Evaluation::new(&job, Trigger::JobDeregister);
-        let eval_id = eval.id.0.clone();
-        let _ = self.blocked.tell(BlockedMsg::Untrack(name.clone()));
-        tracing::info!(job = %name, eval = %eval_id, "job stopped");
-        self.write_with_evals(
-            vec![Op::UpsertJob(job)],
-            vec![eval],
-            ctx,
-            move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
-        );
+        self.with_quorum_leadership(ctx, move |master, ctx, confirmed| {
+            if let Err(refusal) = confirmed {
+                return reply.send(Err(refusal));
+            }
+            let Some(mut job) = master
+                .registry
+                .reader()
+                .read(|s| s.jobs.get(&name).cloned())
+            else {
+                return reply.send(Err(ServiceError::UnknownJob(name)));
+            };
+            job.stopped = true;
+            let eval = Evaluation::new(&job, Trigger::JobDeregister);
+            let eval_id = eval.id.0.clone();
+            let _ = master.blocked.tell(BlockedMsg::Untrack(name.clone()));
+            tracing::info!(job = %name, eval = %eval_id, "job stopped");
+            master.write_with_evals(
+                vec![Op::StopJob(name)],
+                vec![eval],
+                ctx,
+                move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
+            );
+        });
     }
 
     fn job_status(&self, name: &str) -> Result<pb::JobStatusReply, ServiceError> {

@@ -35,7 +35,17 @@ pub enum InternalMsg {
         /// The term the recovery belongs to.
         term: u64,
     },
+    /// Try again to take up the leadership of `term`, whose catching up with the registry
+    /// failed (no quorum at that moment): raft may still have this master lead that term.
+    #[doc(hidden)]
+    RetryLeading {
+        /// The term.
+        term: u64,
+    },
 }
+
+/// How long a leader whose catching up failed waits before it tries again.
+const CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
 
 impl Master {
     pub(super) fn on_internal(&mut self, msg: InternalMsg, ctx: &mut Context<Self>) {
@@ -47,6 +57,13 @@ impl Master {
             InternalMsg::LaunchesTimedOut(staged) => self.launches_timed_out(staged, ctx),
             InternalMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
             InternalMsg::Reconcile => self.reconcile_jobs(ctx),
+            InternalMsg::RetryLeading { term } => {
+                let leadership = self.registry.leadership().borrow().clone();
+                let standing_by = matches!(self.role, Role::Standby { .. });
+                if standing_by && leadership.is_self && leadership.term == term {
+                    self.become_leader(term, ctx);
+                }
+            }
         }
     }
 
@@ -113,8 +130,12 @@ impl Master {
             return;
         }
         if let Err(e) = caught_up {
-            tracing::warn!(error = %e, "could not catch up with the registry; standing by");
+            // Raft still has this master lead the term: standing by for good would leave the
+            // cluster with a leader that answers nothing (found by the simulation). Try again
+            // while the term lasts.
+            tracing::warn!(error = %e, retry_in = ?CATCH_UP_RETRY, "could not catch up with the registry; standing by, then trying again");
             self.stop_leading();
+            let _ = ctx.delay(CATCH_UP_RETRY, InternalMsg::RetryLeading { term }.into());
             return;
         }
         let Role::Starting { waiting, .. } =

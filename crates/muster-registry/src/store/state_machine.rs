@@ -1,4 +1,4 @@
-//! openraft's state machine: the registry's contents in memory, and snapshots on sled.
+//! openraft's state machine: the registry's contents in memory, snapshots on the disk.
 //!
 //! The contents live in memory ([`RegistryState`]), where `apply` changes them and readers see
 //! them. What makes them durable is the raft log (every entry is flushed before it counts)
