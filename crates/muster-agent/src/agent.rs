@@ -235,7 +235,7 @@ impl Process for Agent {
                 if let Err(error) = self.admit_term(request.term, "a KillTask") {
                     return reply.send(KillTaskReply { error });
                 }
-                let error = self.kill_task(&request.task_id);
+                let error = self.kill_task(&request.task_id, request.term);
                 if !error.is_empty() {
                     tracing::warn!(%error, "cannot kill a task");
                 }

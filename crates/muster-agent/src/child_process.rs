@@ -11,7 +11,6 @@
 use std::io;
 use std::path::Path;
 use std::process::{ExitStatus, Stdio};
-use std::time::Duration;
 
 use muster_proto::model::Task;
 use tokio::io::unix::AsyncFd;
@@ -19,6 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::executor::{self, CgroupRecord, Files, Plan, Record};
 use crate::isolation::TaskCgroup;
+use crate::runner::Stop;
 use crate::task_user::Credentials;
 
 /// How a task's process ended.
@@ -237,13 +237,13 @@ impl TaskProcess {
     }
 
     /// Waits for the task to end, then kills whatever it left behind in its group and cgroup.
-    /// A grace period arriving on `kill` first stops the task: SIGTERM, then SIGKILL if it is
-    /// still there when the grace period is over (a zero grace period: SIGKILL at once).
-    pub(crate) async fn wait(mut self, mut kill: oneshot::Receiver<Duration>) -> Ended {
+    /// A [`Stop`] arriving on `kill` first stops the task: SIGTERM, then SIGKILL if it is
+    /// still there when its grace period is over (a zero grace period: SIGKILL at once).
+    pub(crate) async fn wait(mut self, mut kill: oneshot::Receiver<Stop>) -> Ended {
         let grace = tokio::select! {
             biased;
             () = self.executor.ended() => return self.end(false).await,
-            Ok(grace) = &mut kill => grace,
+            Ok(stop) = &mut kill => stop.grace,
         };
         if grace.is_zero() {
             self.signaller.signal(libc::SIGKILL);

@@ -62,9 +62,14 @@ pub struct AgentConfig {
     /// in another program or a test). The `muster-agent` binary sets it false: its tasks
     /// outlive it, for its next run to re-attach.
     pub stop_tasks_on_exit: bool,
-    /// What runs tasks instead of processes of this machine: `None` (the default) for
-    /// processes under executors; a simulation's [`SimulatedTasks`](crate::simulated::SimulatedTasks)
-    /// in deterministic simulation tests.
+    /// What runs the tasks: `None` (the default) for processes of this machine, each under
+    /// its executor; a [`TaskRunner`](crate::runner::TaskRunner) otherwise, such as a
+    /// deterministic simulation's [`SimulatedTasks`](crate::simulated::SimulatedTasks). With a
+    /// runner the agent's own logic (checkpoints, states, kills, fencing, recovery) is the
+    /// same, but it touches none of the machine's processes, cgroups (`cgroups` is ignored:
+    /// its isolation is `none`) or users (`task_user` and `allowed_task_users` only decide
+    /// whom a task may name). Give every run of an agent the same runner, as a machine keeps
+    /// its processes across agent restarts.
     pub task_runner: Option<crate::runner::CustomRunner>,
 }
 

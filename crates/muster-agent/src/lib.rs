@@ -23,7 +23,9 @@
 //!   restart, signals, exit code).
 //! - `executor`: the executor between the agent and a task, and its files.
 //! - [`runner`]: what runs a task: processes by default, or a [`runner::TaskRunner`] such as
-//!   [`simulated::SimulatedTasks`] (deterministic simulation tests).
+//!   [`simulated::SimulatedTasks`] (deterministic simulation tests), with the agent's logic
+//!   (launches, kills, checkpoints, recovery, fencing) the same for both.
+//! - [`simulated`]: simulated tasks on the simulation's clock, for deterministic simulations.
 //! - `task_user`: whom tasks run as (`nobody` by default when the agent is root).
 //! - `backoff`: registration delays (random start, capped exponential backoff with jitter).
 //! - [`AgentConfig`]: masters, data directory, resources, timings.

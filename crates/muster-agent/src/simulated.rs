@@ -1,37 +1,65 @@
 //! Simulated tasks, for deterministic simulation tests: a [`TaskRunner`] whose tasks are
-//! entries in an in-memory "machine" instead of processes.
+//! entries in an in-memory "machine" instead of processes, and whose time is the simulation's.
 //!
 //! A simulation makes one [`SimulatedTasks`] per agent host and hands it to every incarnation
-//! of that host's agent: tasks outlive an agent restart and are re-attached by its recovery,
-//! as real tasks under their executors are, and [`reboot`](SimulatedTasks::reboot) models the
-//! machine crashing, which takes its tasks with it. What tasks do: `exit N` ends at once with
-//! exit code N; `sleep N` ends with 0 after N seconds of the simulation's clock; anything else
-//! runs until the agent stops it. The machine also keeps what the invariant checks need: every
-//! launch with the term of the leader that sent it, and what runs now.
+//! of that host's agent (in [`AgentConfig::task_runner`](crate::AgentConfig::task_runner)):
+//! tasks outlive an agent restart and are re-attached by its recovery, as real tasks under
+//! their executors are (one that ended meanwhile reports how), and
+//! [`reboot`](SimulatedTasks::reboot) models the machine crashing, which takes its tasks with
+//! it (recovery then finds them gone: LOST).
 //!
-//! Nothing here uses threads, the wall clock or hash order: a seed replays exactly.
+//! What a task does, by its command and first argument:
+//! - `exit N`: ends at once with exit code N (modulo 256, as a shell's `exit`);
+//! - `sleep N`: ends with exit code 0 after N seconds (fractions allowed) of the clock;
+//! - anything else runs until the agent stops it.
+//!
+//! A stop ends a task as a process that honours SIGTERM would be reported: killed by SIGTERM
+//! (exit code 143), or by SIGKILL (137) for a zero grace period or when the agent stops and
+//! kills its tasks.
+//!
+//! The machine keeps what the invariant checks need: every [`Launch`] with the term of the
+//! leader whose command the agent obeyed, every [`Kill`], and what runs now.
+//!
+//! Nothing here uses threads, the system's clock or hash order: a seed replays exactly. Its
+//! time is a clock the simulation gives (the same for every host and every incarnation of a
+//! host: a restarted host has a new runtime, whose `tokio::time::Instant`s do not compare
+//! with the old one's), and its waits are `tokio::time` sleeps on the agent's runtime.
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::os::unix::process::ExitStatusExt as _;
-use std::process::ExitStatus;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use muster_proto::model::Task;
 use tokio::sync::{Notify, oneshot};
 
-use crate::runner::{BoxFuture, Reattached, RunnerTask, TaskEnd, TaskRunner};
+use crate::runner::{BoxFuture, KillSwitch, Reattached, RunnerTask, Stop, TaskEnd, TaskRunner};
 
-/// One launch the machine carried out.
+/// A task the machine started.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Launch {
     /// The task's id.
     pub task_id: String,
     /// Its name (`job.group[index]`).
     pub name: String,
-    /// The raft term of the leader whose command launched it.
+    /// The raft term of the leader whose command the agent obeyed to launch it.
     pub term: u64,
+    /// When, on the simulation's clock.
+    pub at: Duration,
+}
+
+/// A task the agent stopped (that still ran until then).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Kill {
+    /// The task's id.
+    pub task_id: String,
+    /// Its name (`job.group[index]`).
+    pub name: String,
+    /// The raft term of the leader whose command the agent obeyed to stop it; `None` when
+    /// the agent stopped it on its own (see [`Stop::term`]), or killed it as it stopped.
+    pub term: Option<u64>,
+    /// The signal that ended it: `SIGTERM`, or `SIGKILL`.
+    pub signal: i32,
     /// When, on the simulation's clock.
     pub at: Duration,
 }
@@ -48,10 +76,25 @@ struct SimTask {
     state: State,
 }
 
+impl SimTask {
+    /// Its state at `now`: a sleep whose time is up has ended (recorded so).
+    fn settle(&mut self, now: Duration) -> &State {
+        if let State::Running {
+            ends_at: Some(end), ..
+        } = self.state
+            && end <= now
+        {
+            self.state = State::Ended(TaskEnd::exited(0));
+        }
+        &self.state
+    }
+}
+
 #[derive(Debug, Default)]
 struct Machine {
     tasks: BTreeMap<String, SimTask>,
     launches: Vec<Launch>,
+    kills: Vec<Kill>,
 }
 
 struct Shared {
@@ -68,23 +111,19 @@ pub struct SimulatedTasks {
 
 impl fmt::Debug for SimulatedTasks {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let machine = self.lock();
         f.debug_struct("SimulatedTasks")
-            .field("tasks", &self.lock().tasks.len())
+            .field("tasks", &machine.tasks.len())
+            .field("launches", &machine.launches.len())
+            .field("kills", &machine.kills.len())
             .finish()
     }
 }
 
-fn exited(code: i32) -> ExitStatus {
-    ExitStatus::from_raw((code & 0xff) << 8)
-}
-
-fn signalled(signal: i32) -> ExitStatus {
-    ExitStatus::from_raw(signal & 0x7f)
-}
-
 impl SimulatedTasks {
-    /// A machine with no tasks, whose time is `clock` (the simulation's elapsed time, the
-    /// same for every host and every incarnation of a host).
+    /// A machine with no tasks, whose time is `clock`: the simulation's elapsed time, the
+    /// same for every host and every incarnation of a host (in a turmoil simulation,
+    /// `turmoil::sim_elapsed`), advancing with the agent's `tokio::time`.
     pub fn new(clock: fn() -> Duration) -> Self {
         SimulatedTasks {
             shared: Arc::new(Shared {
@@ -106,7 +145,8 @@ impl SimulatedTasks {
         (self.shared.clock)()
     }
 
-    /// The machine crashed: every task is gone, with no exit status.
+    /// The machine crashed: every task is gone, with no exit status. The agent that ran them
+    /// is expected to crash with it; its next run finds them LOST.
     pub fn reboot(&self) {
         self.lock().tasks.clear();
         self.shared.changed.notify_waiters();
@@ -115,6 +155,11 @@ impl SimulatedTasks {
     /// Every launch so far, in order.
     pub fn launches(&self) -> Vec<Launch> {
         self.lock().launches.clone()
+    }
+
+    /// Every kill so far, in order.
+    pub fn kills(&self) -> Vec<Kill> {
+        self.lock().kills.clone()
     }
 
     /// The terms of the commands that launched tasks, in the order they were obeyed.
@@ -127,20 +172,41 @@ impl SimulatedTasks {
         let now = self.now();
         self.lock()
             .tasks
-            .values()
-            .filter(|t| matches!(t.state, State::Running { ends_at } if ends_at.is_none_or(|end| end > now)))
-            .map(|t| t.name.clone())
+            .values_mut()
+            .filter_map(|t| matches!(t.settle(now), State::Running { .. }).then(|| t.name.clone()))
             .collect()
     }
 
-    /// Ends `task_id` if it is still running, with `end`; answers how it ended.
-    fn end(&self, task_id: &str, end: TaskEnd) -> Option<TaskEnd> {
+    /// The state of `task_id` now, settled.
+    fn state(&self, task_id: &str) -> Option<State> {
+        let now = self.now();
+        self.lock()
+            .tasks
+            .get_mut(task_id)
+            .map(|t| t.settle(now).clone())
+    }
+
+    /// Ends `task_id` with `end` if it is still running (a stop: recorded, with its term);
+    /// answers how it ended, `None` if the machine lost it.
+    fn end(&self, task_id: &str, end: TaskEnd, stop: Option<Option<u64>>) -> Option<TaskEnd> {
+        let now = self.now();
         let mut machine = self.lock();
         let task = machine.tasks.get_mut(task_id)?;
-        if let State::Ended(earlier) = task.state {
-            return Some(earlier);
+        if let State::Ended(earlier) = task.settle(now) {
+            return Some(earlier.clone());
         }
-        task.state = State::Ended(end);
+        task.state = State::Ended(end.clone());
+        let name = task.name.clone();
+        if let (Some(term), Ok(status)) = (stop, &end.status) {
+            use std::os::unix::process::ExitStatusExt as _;
+            machine.kills.push(Kill {
+                task_id: task_id.to_owned(),
+                name,
+                term,
+                signal: status.signal().unwrap_or_default(),
+                at: now,
+            });
+        }
         drop(machine);
         self.shared.changed.notify_waiters();
         Some(end)
@@ -154,30 +220,37 @@ impl SimulatedTasks {
     }
 }
 
+/// The first argument of `task` as what `what` needs, or why not.
+fn argument<T>(task: &Task, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, String> {
+    task.args
+        .first()
+        .and_then(|a| parse(a.trim()))
+        .ok_or_else(|| format!("{what} needs a number, not {:?}", task.args.first()))
+}
+
 impl TaskRunner for SimulatedTasks {
     fn start(&self, task: &Task, term: u64) -> Result<Box<dyn RunnerTask>, String> {
         let now = self.now();
-        let number = |what: &str| {
-            task.args
-                .first()
-                .and_then(|a| a.parse::<u64>().ok())
-                .ok_or_else(|| format!("{what} needs a number"))
-        };
         let state = match task.command.as_str() {
-            "exit" => State::Ended(TaskEnd {
-                status: exited(i32::try_from(number("exit")?).unwrap_or(255)),
-                killed: false,
-            }),
-            "sleep" => State::Running {
-                ends_at: Some(now + Duration::from_secs(number("sleep")?)),
-            },
+            "exit" => {
+                let code = argument(task, "exit", |a| a.parse::<u64>().ok())?;
+                State::Ended(TaskEnd::exited(u8::try_from(code % 256).unwrap_or(u8::MAX)))
+            }
+            "sleep" => {
+                let seconds = argument(task, "sleep", |a| {
+                    a.parse::<f64>()
+                        .ok()
+                        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+                })?;
+                State::Running {
+                    ends_at: Some(now.saturating_add(seconds)),
+                }
+            }
             _ => State::Running { ends_at: None },
         };
         let mut machine = self.lock();
-        if machine
-            .tasks
-            .get(&task.id)
-            .is_some_and(|t| matches!(t.state, State::Running { .. }))
+        if let Some(running) = machine.tasks.get_mut(&task.id)
+            && matches!(running.settle(now), State::Running { .. })
         {
             return Err(format!("task {:?} already runs on this machine", task.id));
         }
@@ -199,10 +272,9 @@ impl TaskRunner for SimulatedTasks {
     }
 
     fn reattach(&self, task_id: &str) -> Reattached {
-        let state = self.lock().tasks.get(task_id).map(|t| t.state.clone());
-        match state {
+        match self.state(task_id) {
             Some(State::Running { .. }) => Reattached::Running(self.handle(task_id)),
-            Some(State::Ended(end)) => Reattached::Ended(end.status),
+            Some(State::Ended(end)) => Reattached::Ended(end),
             None => Reattached::Gone("the machine restarted since it was started".into()),
         }
     }
@@ -216,21 +288,28 @@ struct SimulatedTask {
 }
 
 impl RunnerTask for SimulatedTask {
-    fn wait(self: Box<Self>, mut stop: oneshot::Receiver<Duration>) -> BoxFuture<TaskEnd> {
+    fn kill_switch(&self) -> KillSwitch {
+        let (tasks, task_id) = (self.tasks.clone(), self.task_id.clone());
+        KillSwitch::new(move || {
+            tasks.end(
+                &task_id,
+                TaskEnd::signalled(libc::SIGKILL, true),
+                Some(None),
+            );
+        })
+    }
+
+    fn wait(self: Box<Self>, mut stop: oneshot::Receiver<Stop>) -> BoxFuture<TaskEnd> {
         Box::pin(async move {
             let SimulatedTask { tasks, task_id } = *self;
+            // A oneshot must not be polled again once it has answered.
+            let mut stop_answered = false;
             loop {
                 let changed = tasks.shared.changed.notified();
-                let state = tasks.lock().tasks.get(&task_id).map(|t| t.state.clone());
-                let ends_at = match state {
+                let ends_at = match tasks.state(&task_id) {
                     Some(State::Ended(end)) => return end,
-                    // The machine rebooted under it: as a process whose machine vanished.
-                    None => {
-                        return TaskEnd {
-                            status: signalled(libc::SIGKILL),
-                            killed: false,
-                        };
-                    }
+                    // The machine crashed under it: as a process whose machine vanished.
+                    None => return TaskEnd::signalled(libc::SIGKILL, false),
                     Some(State::Running { ends_at }) => ends_at,
                 };
                 let until_end = ends_at.map(|end| end.saturating_sub(tasks.now()));
@@ -242,17 +321,22 @@ impl RunnerTask for SimulatedTask {
                             None => std::future::pending().await,
                         }
                     } => {
-                        let finished = TaskEnd { status: exited(0), killed: false };
-                        if let Some(end) = tasks.end(&task_id, finished) {
+                        // Its time is up (by the agent's clock, which may run a hair ahead
+                        // of the simulation's).
+                        if let Some(end) = tasks.end(&task_id, TaskEnd::exited(0), None) {
                             return end;
                         }
                     }
-                    Ok(grace) = &mut stop => {
-                        // It honours SIGTERM at once; a zero grace period is SIGKILL.
-                        let signal = if grace.is_zero() { libc::SIGKILL } else { libc::SIGTERM };
-                        let killed = TaskEnd { status: signalled(signal), killed: true };
-                        if let Some(end) = tasks.end(&task_id, killed) {
-                            return end;
+                    asked = &mut stop, if !stop_answered => {
+                        stop_answered = true;
+                        // A dropped sender asks nothing.
+                        if let Ok(Stop { grace, term }) = asked {
+                            // It honours SIGTERM at once; a zero grace period is SIGKILL.
+                            let signal = if grace.is_zero() { libc::SIGKILL } else { libc::SIGTERM };
+                            let killed = TaskEnd::signalled(signal, true);
+                            if let Some(end) = tasks.end(&task_id, killed, Some(term)) {
+                                return end;
+                            }
                         }
                     }
                 }
@@ -263,10 +347,12 @@ impl RunnerTask for SimulatedTask {
 
 #[cfg(test)]
 mod tests {
+    use std::os::unix::process::ExitStatusExt as _;
+
     use super::*;
 
+    /// The tests' clock: the elapsed time of the current-thread runtime they run on, paused.
     fn clock() -> Duration {
-        // The tests run on a paused current-thread runtime: its elapsed time is the clock.
         thread_local! {
             static START: tokio::time::Instant = tokio::time::Instant::now();
         }
@@ -283,45 +369,178 @@ mod tests {
         }
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn a_sleep_ends_with_zero_on_time_and_a_kill_ends_a_server() -> Result<(), String> {
-        let _ = clock();
-        let tasks = SimulatedTasks::new(clock);
-        let sleeper = tasks.start(&task("t1", "sleep", &["5"]), 3)?;
-        let server = tasks.start(&task("t2", "serve", &[]), 4)?;
-        let (_keep, never) = oneshot::channel();
-        let started = tokio::time::Instant::now();
-        let end = sleeper.wait(never).await;
-        assert_eq!(end.status.code(), Some(0));
-        assert_eq!(started.elapsed(), Duration::from_secs(5));
-        assert_eq!(tasks.running_names(), vec!["web.main[t2]".to_owned()]);
+    /// A stop already asked for.
+    fn stop(grace: Duration, term: u64) -> oneshot::Receiver<Stop> {
+        let (sender, receiver) = oneshot::channel();
+        let _ = sender.send(Stop {
+            grace,
+            term: Some(term),
+        });
+        receiver
+    }
 
-        let (stop, stopped) = oneshot::channel();
-        let waiting = tokio::spawn(server.wait(stopped));
-        let _ = stop.send(Duration::from_secs(1));
+    fn code(end: &TaskEnd) -> Option<i32> {
+        end.status.as_ref().ok().and_then(|s| s.code())
+    }
+
+    fn signal(end: &TaskEnd) -> Option<i32> {
+        end.status.as_ref().ok().and_then(|s| s.signal())
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_sleep_ends_with_zero_on_time_an_exit_at_once_with_its_code() -> Result<(), String> {
+        let tasks = SimulatedTasks::new(clock);
+        let started = clock();
+        let sleeper = tasks.start(&task("t1", "sleep", &["5"]), 3)?;
+        let quitter = tasks.start(&task("t2", "exit", &["3"]), 3)?;
+        let (_keep, never) = oneshot::channel();
+        let end = quitter.wait(never).await;
+        assert_eq!(code(&end), Some(3));
+        assert!(!end.killed);
+        assert_eq!(clock(), started, "an exit takes no time");
+
+        let (_keep, never) = oneshot::channel();
+        let waiting = tokio::spawn(sleeper.wait(never));
+        tokio::time::sleep(Duration::from_millis(4_999)).await;
+        assert_eq!(tasks.running_names(), vec!["web.main[t1]".to_owned()]);
         let end = waiting.await.map_err(|e| e.to_string())?;
-        assert!(end.killed);
-        assert_eq!(end.status.signal(), Some(libc::SIGTERM));
+        assert_eq!(code(&end), Some(0));
+        assert!(!end.killed);
+        assert_eq!(clock() - started, Duration::from_secs(5));
         assert!(tasks.running_names().is_empty());
-        assert_eq!(tasks.obeyed_terms(), vec![3, 4]);
+        assert_eq!(tasks.obeyed_terms(), vec![3, 3]);
+        assert!(tasks.kills().is_empty());
+
+        // Nonsense arguments are refused, as a start that fails.
+        assert!(tasks.start(&task("t3", "sleep", &["soon"]), 3).is_err());
+        assert!(tasks.start(&task("t4", "exit", &[]), 3).is_err());
         Ok(())
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn tasks_outlive_the_agent_but_not_a_reboot() -> Result<(), String> {
-        let _ = clock();
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_stop_ends_a_task_as_sigterm_or_sigkill_would() -> Result<(), String> {
         let tasks = SimulatedTasks::new(clock);
+        let server = tasks.start(&task("t1", "serve", &[]), 4)?;
+        let hard = tasks.start(&task("t2", "serve", &[]), 4)?;
+        let switched = tasks.start(&task("t3", "serve", &[]), 4)?;
+        let sleeper = tasks.start(&task("t4", "sleep", &["100"]), 4)?;
+        assert_eq!(tasks.running_names().len(), 4);
+
+        // Nothing ends a server by itself.
+        let (_keep, never) = oneshot::channel();
+        let waiting = tokio::spawn(server.wait(never));
+        tokio::time::sleep(Duration::from_secs(3_600)).await;
+        assert!(!waiting.is_finished());
+        waiting.abort();
+        let Reattached::Running(server) = tasks.reattach("t1") else {
+            return Err("t1 does not run".into());
+        };
+
+        let stopping = stop(Duration::from_secs(5), 6);
+        let end = server.wait(stopping).await;
+        assert!(end.killed);
+        assert_eq!(signal(&end), Some(libc::SIGTERM));
+        let stopping = stop(Duration::ZERO, 6);
+        let end = hard.wait(stopping).await;
+        assert!(end.killed);
+        assert_eq!(signal(&end), Some(libc::SIGKILL));
+
+        // The agent stops and kills its tasks: the switch ends one without waiting for it.
+        switched.kill_switch().pull();
+        match tasks.reattach("t3") {
+            Reattached::Ended(end) => {
+                assert!(end.killed);
+                assert_eq!(signal(&end), Some(libc::SIGKILL));
+            }
+            other => return Err(format!("t3: {other:?}")),
+        }
+        // A kill switch pulled twice, or a stop for an ended task, changes nothing.
+        switched.kill_switch().pull();
+        let stopping = stop(Duration::ZERO, 7);
+        assert!(signal(&switched.wait(stopping).await) == Some(libc::SIGKILL));
+
+        // A stop whose sender is gone asks nothing: the sleep ends by itself.
+        let (sender, receiver) = oneshot::channel();
+        drop(sender);
+        let end = sleeper.wait(receiver).await;
+        assert_eq!(code(&end), Some(0));
+        assert!(!end.killed);
+
+        let kills: Vec<(String, Option<u64>, i32)> = tasks
+            .kills()
+            .into_iter()
+            .map(|k| (k.task_id, k.term, k.signal))
+            .collect();
+        assert_eq!(
+            kills,
+            vec![
+                ("t1".to_owned(), Some(6), libc::SIGTERM),
+                ("t2".to_owned(), Some(6), libc::SIGKILL),
+                ("t3".to_owned(), None, libc::SIGKILL),
+            ]
+        );
+        assert!(tasks.running_names().is_empty());
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn tasks_outlive_the_agent_but_not_a_reboot() -> Result<(), String> {
+        let tasks = SimulatedTasks::new(clock);
+        let t0 = clock();
         drop(tasks.start(&task("t1", "serve", &[]), 1)?);
         drop(tasks.start(&task("t2", "exit", &["3"]), 1)?);
-        // The agent that started them is gone; a new one finds them.
+        drop(tasks.start(&task("t3", "sleep", &["10"]), 1)?);
+        drop(tasks.start(&task("t4", "sleep", &["60"]), 2)?);
+        // The agent that started them is gone for 30 s; its next run finds them.
+        tokio::time::sleep(Duration::from_secs(30)).await;
         assert!(matches!(tasks.reattach("t1"), Reattached::Running(_)));
         match tasks.reattach("t2") {
-            Reattached::Ended(status) => assert_eq!(status.code(), Some(3)),
+            Reattached::Ended(end) => assert_eq!(code(&end), Some(3)),
             other => return Err(format!("t2: {other:?}")),
         }
+        match tasks.reattach("t3") {
+            Reattached::Ended(end) => assert_eq!((code(&end), end.killed), (Some(0), false)),
+            other => return Err(format!("t3 ended while the agent was down: {other:?}")),
+        }
+        let Reattached::Running(t4) = tasks.reattach("t4") else {
+            return Err("t4 still sleeps".into());
+        };
+        // Watched again, it ends when it was due, not 60 s after the re-attach.
+        let (_keep, never) = oneshot::channel();
+        assert_eq!(code(&t4.wait(never).await), Some(0));
+        assert_eq!(clock() - t0, Duration::from_secs(60));
+        assert!(matches!(tasks.reattach("unknown"), Reattached::Gone(_)));
+
+        // A task id that still runs cannot start twice; one that ended can start anew.
+        assert!(tasks.start(&task("t1", "serve", &[]), 2).is_err());
+        drop(tasks.start(&task("t2", "serve", &[]), 2)?);
+
         tasks.reboot();
-        assert!(matches!(tasks.reattach("t1"), Reattached::Gone(_)));
+        for id in ["t1", "t2", "t3", "t4"] {
+            assert!(
+                matches!(tasks.reattach(id), Reattached::Gone(_)),
+                "{id} survived the reboot"
+            );
+        }
         assert!(tasks.running_names().is_empty());
+        assert_eq!(tasks.obeyed_terms(), vec![1, 1, 1, 2, 2]);
+        let at: Vec<Duration> = tasks.launches().iter().map(|l| l.at - t0).collect();
+        assert_eq!(at, [0, 0, 0, 0, 60].map(Duration::from_secs));
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn a_reboot_under_a_watched_task_ends_its_wait() -> Result<(), String> {
+        let tasks = SimulatedTasks::new(clock);
+        let server = tasks.start(&task("t1", "serve", &[]), 1)?;
+        let (_keep, never) = oneshot::channel();
+        let waiting = tokio::spawn(server.wait(never));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "it waits for the server");
+        tasks.reboot();
+        let end = waiting.await.map_err(|e| e.to_string())?;
+        assert_eq!(signal(&end), Some(libc::SIGKILL));
+        assert!(!end.killed);
         Ok(())
     }
 }

@@ -8,14 +8,17 @@
 //! - `meta/tasks/<task id>.{executor,pid,status}`: what a restarted agent needs to find the
 //!   task's executor again, and what the executor records (see `executor`);
 //! - `tasks/<task id>/`: each task's working directory, with its `stdout` and `stderr`, owned
-//!   by the task's user.
+//!   by the task's user;
+//! - `meta/term`: the highest leader term the agent obeys; `meta/alive`: when it was last
+//!   alive.
 //!
-//! The agent process does this file work through `blocking`, off the runtime's threads.
+//! The agent process does this file work through `blocking`: off the runtime's threads on a
+//! multi-threaded runtime, inline on a current-thread one (see `blocking`).
 
 use std::fs;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use muster_proto::cluster::{Framework, RunTask};
 use muster_proto::model::Task;
@@ -124,24 +127,38 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::
     Ok(())
 }
 
-/// Name of the file the running agent touches now and then, under `meta/`: its age when the
-/// agent starts again says how long the agent was down.
+/// Name of the file the running agent rewrites now and then, under `meta/`: the wall-clock
+/// time in it (milliseconds since the Unix epoch, from [`muster_model::clock`]) says, when the
+/// agent starts again, how long it was down.
 const ALIVE_FILE: &str = "alive";
 
 /// Records that the agent is alive now (rewrites `meta/alive`).
 pub(crate) fn touch_alive(data_dir: &Path) -> io::Result<()> {
     let dir = data_dir.join("meta");
     fs::create_dir_all(&dir)?;
-    write_atomically(&dir.join(ALIVE_FILE), b"alive\n", false)
+    let now = muster_model::clock::unix_ms();
+    write_atomically(&dir.join(ALIVE_FILE), format!("{now}\n").as_bytes(), false)
 }
 
-/// When the agent was last alive (its last [`touch_alive`]), if it ever recorded it.
-pub(crate) fn last_alive(data_dir: &Path) -> io::Result<Option<SystemTime>> {
-    match fs::metadata(data_dir.join("meta").join(ALIVE_FILE)) {
-        Ok(metadata) => metadata.modified().map(Some),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(e),
+/// When the agent was last alive (its last [`touch_alive`]), in milliseconds since the Unix
+/// epoch, if it ever recorded it. A file of an older agent, with no time in it, counts from
+/// its modification time.
+pub(crate) fn last_alive_ms(data_dir: &Path) -> io::Result<Option<u64>> {
+    let path = data_dir.join("meta").join(ALIVE_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    if let Ok(ms) = text.trim().parse::<u64>() {
+        return Ok(Some(ms));
     }
+    let modified = fs::metadata(&path)?.modified()?;
+    Ok(Some(
+        modified.duration_since(UNIX_EPOCH).map_or(0, |since| {
+            u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+        }),
+    ))
 }
 
 /// Name of the file holding the highest leader term the agent has obeyed, under `meta/`.

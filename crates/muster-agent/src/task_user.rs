@@ -149,29 +149,51 @@ impl TaskUsers {
         }
     }
 
+    /// Users for tasks that a [`TaskRunner`](crate::runner::TaskRunner) runs: the same rule
+    /// of whom a task may name (`task_user`, `allowed`), and nothing asked of this machine
+    /// (whether the agent is root, its user database).
+    pub(crate) fn for_runner(task_user: Option<String>, allowed: Vec<String>) -> TaskUsers {
+        TaskUsers {
+            default: task_user.filter(|user| !user.is_empty()),
+            allowed,
+            root: false,
+        }
+    }
+
+    /// Whether a task may name `requested` (empty: none), by the agent's rule alone (see
+    /// [`resolve`](Self::resolve)); the reason if not.
+    pub(crate) fn admit(&self, requested: &str) -> Result<(), String> {
+        self.named(requested).map(|_| ())
+    }
+
+    /// The user a task that names `requested` (empty: none) runs as by the agent's rule:
+    /// `None` for the agent's own user. Refused, with the reason, if the task names a user
+    /// the agent does not allow.
+    fn named<'a>(&'a self, requested: &'a str) -> Result<Option<&'a str>, String> {
+        if requested.is_empty() {
+            return Ok(self.default.as_deref());
+        }
+        if self.default.as_deref() == Some(requested) || self.allowed.iter().any(|u| u == requested)
+        {
+            return Ok(Some(requested));
+        }
+        Err(format!(
+            "the task asks to run as user {requested:?}, which this agent does not allow \
+             (its allowed task users: {})",
+            if self.allowed.is_empty() {
+                "none".to_owned()
+            } else {
+                self.allowed.join(", ")
+            }
+        ))
+    }
+
     /// Whom a task that names `requested` (empty: none) runs as: `None` for the agent's own
     /// user. Refused, with the reason, if the task names a user the agent does not allow, or
     /// the user does not exist.
     pub(crate) fn resolve(&self, requested: &str) -> Result<Option<Credentials>, String> {
-        let name = if requested.is_empty() {
-            match &self.default {
-                Some(user) => user.as_str(),
-                None => return Ok(None),
-            }
-        } else if self.default.as_deref() == Some(requested)
-            || self.allowed.iter().any(|u| u == requested)
-        {
-            requested
-        } else {
-            return Err(format!(
-                "the task asks to run as user {requested:?}, which this agent does not allow \
-                 (its allowed task users: {})",
-                if self.allowed.is_empty() {
-                    "none".to_owned()
-                } else {
-                    self.allowed.join(", ")
-                }
-            ));
+        let Some(name) = self.named(requested)? else {
+            return Ok(None);
         };
         if !self.root {
             // SAFETY: geteuid has no preconditions.

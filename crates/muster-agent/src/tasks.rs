@@ -2,26 +2,25 @@
 //! completed tasks and frameworks.
 
 use std::collections::{BTreeMap, VecDeque};
-use std::time::Duration;
 
 use muster_actor::TimerHandle;
 use muster_proto::cluster::Framework;
 use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
-use crate::child_process::Signaller;
+use crate::runner::{Stop, Stopper};
 
-/// A task whose process runs.
+/// A task that runs.
 #[derive(Debug)]
 struct Active {
     task: Task,
     /// The future that waits for the task's end; cancelling it leaves the task running.
     waiter: Option<TimerHandle>,
-    /// Signals the task's processes (to kill them when the agent stops, if it should).
-    signaller: Option<Signaller>,
-    /// Asks that future to stop the child (SIGTERM, then SIGKILL after the grace period);
+    /// Ends the task at once (to kill it when the agent stops, if it should).
+    stopper: Option<Stopper>,
+    /// Asks that future to stop the task (SIGTERM, then SIGKILL after the grace period);
     /// taken by the first kill request.
-    kill: Option<oneshot::Sender<Duration>>,
+    kill: Option<oneshot::Sender<Stop>>,
 }
 
 /// What became of a request to kill a task.
@@ -82,15 +81,15 @@ impl Tasks {
             .or_else(|| self.completed_frameworks.iter().find(|f| f.id == id))
     }
 
-    /// Records a task whose process runs: `waiter` waits for it, `kill` asks the waiter to
-    /// stop it with that grace period, `signaller` reaches its processes.
+    /// Records a task that runs: `waiter` waits for it, `kill` asks the waiter to stop it,
+    /// `stopper` ends it at once.
     pub(crate) fn add_running(
         &mut self,
         framework: Framework,
         task: Task,
         waiter: Option<TimerHandle>,
-        kill: Option<oneshot::Sender<Duration>>,
-        signaller: Option<Signaller>,
+        kill: Option<oneshot::Sender<Stop>>,
+        stopper: Option<Stopper>,
     ) {
         self.completed_frameworks.retain(|f| f.id != framework.id);
         self.frameworks.insert(framework.id.clone(), framework);
@@ -100,7 +99,7 @@ impl Tasks {
                 task,
                 waiter,
                 kill,
-                signaller,
+                stopper,
             },
         );
     }
@@ -117,14 +116,14 @@ impl Tasks {
         self.push_completed(task)
     }
 
-    /// Asks a running task's waiter to stop its process (SIGTERM, SIGKILL after `grace`).
-    /// A second request for the same task changes nothing (the first grace period stands).
-    pub(crate) fn kill(&mut self, task_id: &str, grace: Duration) -> KillRequest {
+    /// Asks a running task's waiter to stop it (SIGTERM, SIGKILL after the stop's grace
+    /// period). A second request for the same task changes nothing (the first one stands).
+    pub(crate) fn kill(&mut self, task_id: &str, stop: Stop) -> KillRequest {
         if let Some(active) = self.active.get_mut(task_id) {
             if let Some(kill) = active.kill.take() {
-                // An error means the waiter is done: the process ended by itself just now,
-                // and its end is already on its way to the agent.
-                let _ = kill.send(grace);
+                // An error means the waiter is done: the task ended by itself just now, and
+                // its end is already on its way to the agent.
+                let _ = kill.send(stop);
             }
             return KillRequest::Stopping;
         }
@@ -225,8 +224,8 @@ impl Tasks {
         self.active.keys().cloned().collect()
     }
 
-    /// The agent stops: stops waiting for the running tasks and, with `kill`, sends each of
-    /// them SIGKILL. Returns the running tasks with their frameworks, in state KILLED if
+    /// The agent stops: stops waiting for the running tasks and, with `kill`, ends each of
+    /// them at once (SIGKILL). Returns the running tasks with their frameworks, in state KILLED if
     /// killed, for the checkpoints.
     pub(crate) fn stop_all(&mut self, kill: bool) -> Vec<(Framework, Task)> {
         let mut stopped = Vec::new();
@@ -235,8 +234,8 @@ impl Tasks {
                 waiter.cancel();
             }
             let mut task = active.task.clone();
-            if kill && let Some(signaller) = &active.signaller {
-                signaller.signal(libc::SIGKILL);
+            if kill && let Some(stopper) = &active.stopper {
+                stopper.kill_now();
                 task.state = TaskState::Killed as i32;
                 task.exit_code = 128 + libc::SIGKILL;
                 task.message = "the agent stopped, and killed its tasks".into();
@@ -265,7 +264,16 @@ pub(crate) fn is_terminal(state: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    fn stop(grace: Duration) -> Stop {
+        Stop {
+            grace,
+            term: Some(1),
+        }
+    }
 
     fn task(id: &str, framework: &str) -> Task {
         Task {
@@ -313,21 +321,21 @@ mod tests {
         let (kill, mut killed) = oneshot::channel();
         tasks.add_running(framework("f"), task("a", "f"), None, Some(kill), None);
         let grace = Duration::from_millis(250);
-        assert_eq!(tasks.kill("a", grace), KillRequest::Stopping);
-        assert_eq!(killed.try_recv(), Ok(grace));
+        assert_eq!(tasks.kill("a", stop(grace)), KillRequest::Stopping);
+        assert_eq!(killed.try_recv(), Ok(stop(grace)));
         // Asked again while it is still stopping: nothing more is sent, still fine.
-        assert_eq!(tasks.kill("a", Duration::ZERO), KillRequest::Stopping);
+        assert_eq!(tasks.kill("a", stop(Duration::ZERO)), KillRequest::Stopping);
         assert!(tasks.finish("a", TaskState::Killed, 143, None).is_some());
         assert_eq!(
-            tasks.kill("a", grace),
+            tasks.kill("a", stop(grace)),
             KillRequest::Ended(TaskState::Killed)
         );
-        assert_eq!(tasks.kill("b", grace), KillRequest::Unknown);
+        assert_eq!(tasks.kill("b", stop(grace)), KillRequest::Unknown);
         // A waiter that is already done (its process ended by itself): still stopping, its
         // end is on its way.
-        let (kill, done) = oneshot::channel::<Duration>();
+        let (kill, done) = oneshot::channel::<Stop>();
         drop(done);
         tasks.add_running(framework("f"), task("c", "f"), None, Some(kill), None);
-        assert_eq!(tasks.kill("c", grace), KillRequest::Stopping);
+        assert_eq!(tasks.kill("c", stop(grace)), KillRequest::Stopping);
     }
 }

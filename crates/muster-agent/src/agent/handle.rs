@@ -177,7 +177,9 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     })
     .await?;
 
-    let isolation = if config.cgroups {
+    let isolation = if config.task_runner.is_some() {
+        Isolation::None
+    } else if config.cgroups {
         let scope = isolation_scope(&config.data_dir);
         blocking(move || Ok(Isolation::detect(&scope))).await?
     } else {
@@ -191,10 +193,19 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
             "tasks are bounded by process groups only: memory, CPU and process limits are not \
              enforced, and a task's processes that leave its group survive a kill"
         ),
+        Isolation::None => {
+            tracing::info!("tasks are run by the configured task runner, not as processes")
+        }
         other => tracing::info!(isolation = other.name(), "each task runs in its own cgroup"),
     }
-    let task_users = TaskUsers::new(config.task_user.clone(), config.allowed_task_users.clone());
-    tracing::info!(user = %task_users.name_for(""), "tasks run as this user unless their job names another");
+    let (task_user, allowed) = (config.task_user.clone(), config.allowed_task_users.clone());
+    let task_users = if config.task_runner.is_some() {
+        TaskUsers::for_runner(task_user, allowed)
+    } else {
+        let task_users = TaskUsers::new(task_user, allowed);
+        tracing::info!(user = %task_users.name_for(""), "tasks run as this user unless their job names another");
+        task_users
+    };
 
     let checkpoints_found = checkpoints.len();
     let recovery = recovery::recover(&config, &isolation, checkpoints).await;
@@ -314,8 +325,9 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     })
 }
 
-/// The attribute an agent reports its task isolation in (`cgroup-v2`, `cgroup-v1` or
-/// `process-group`), as Nomad reports its drivers.
+/// The attribute an agent reports its task isolation in (`cgroup-v2`, `cgroup-v1`,
+/// `process-group`, or `none` with a [`TaskRunner`](crate::runner::TaskRunner)), as Nomad
+/// reports its drivers.
 pub const ISOLATION_ATTRIBUTE: &str = "muster.isolation";
 
 /// The agent's own cgroup directory name, stable across its restarts: `muster/agent-<hash of

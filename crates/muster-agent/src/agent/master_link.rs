@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::{Agent, AgentMsg, AgentStatus, Msg};
 use crate::backoff;
+use crate::runner::Stop;
 use crate::store::{self, blocking};
 
 /// How many `NotLeader` redirects one registration round follows before it gives up on them
@@ -204,7 +205,8 @@ impl Agent {
                 } else {
                     self.observe_term(reply.term);
                 }
-                self.registered(ctx, master, id, &reply.kill_tasks).await;
+                self.registered(ctx, master, id, &reply.kill_tasks, reply.term)
+                    .await;
             }
             Some(registration_reply::Result::UnknownAgent(reason)) => {
                 self.register_anew(ctx, master, &reason).await;
@@ -273,7 +275,12 @@ impl Agent {
             "the master does not know this agent's id: killing its old tasks and registering anew"
         );
         for task_id in &running {
-            self.tasks.kill(task_id, Duration::ZERO);
+            // The agent's own decision: the answer's term proves nothing.
+            let stop = Stop {
+                grace: Duration::ZERO,
+                term: None,
+            };
+            self.tasks.kill(task_id, stop);
         }
         self.unsent_updates.clear();
         self.agent_id = None;
@@ -293,19 +300,24 @@ impl Agent {
         self.try_next(ctx);
     }
 
-    /// A master admitted the agent: kill what the cluster gave up on while the agent was away
-    /// (`kill_tasks`) before anything else, remember the master, store a new id, link to it
-    /// and watch for its pings.
+    /// A master admitted the agent, as leader of `term`: kill what the cluster gave up on
+    /// while the agent was away (`kill_tasks`) before anything else, remember the master,
+    /// store a new id, link to it and watch for its pings.
     async fn registered(
         &mut self,
         ctx: &mut Context<Self>,
         master: Upid,
         id: String,
         kill_tasks: &[String],
+        term: u64,
     ) {
         for task_id in kill_tasks {
             tracing::warn!(%master, task = %task_id, "the cluster replaced this task while the agent was away: killing it");
-            self.tasks.kill(task_id, Duration::ZERO);
+            let stop = Stop {
+                grace: Duration::ZERO,
+                term: Some(term),
+            };
+            self.tasks.kill(task_id, stop);
         }
         // One link per master: a link's notice comes once, and re-registering with a master
         // whose link still stands must not pile up watchers on it.

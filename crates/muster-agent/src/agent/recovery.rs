@@ -1,22 +1,23 @@
 //! Taking back what an earlier run of the agent left, before the agent registers: each task
-//! its checkpoints name as started is re-attached if its executor still runs, or recorded with
-//! its real exit status if it ended while the agent was down, or LOST if nothing of it is
-//! left. An agent that was down longer than its recovery timeout kills what it finds still
-//! running first: the cluster has replaced those tasks by then.
+//! its checkpoints name as started is re-attached if it still runs (its executor, or what the
+//! configured [`TaskRunner`](crate::runner::TaskRunner) re-attaches), or recorded with its
+//! real exit status if it ended while the agent was down, or LOST if nothing of it is left.
+//! An agent that was down longer than its recovery timeout kills what it finds still running
+//! first: the cluster has replaced those tasks by then. How long it was down is measured on
+//! the wall clock of [`muster_model::clock`] (a simulation's, in a simulation).
 
 use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use muster_proto::cluster::Framework;
 use muster_proto::model::{Task, TaskState};
-use tokio::sync::oneshot;
 
 use super::task_lifecycle::final_state;
 use crate::AgentConfig;
 use crate::child_process::{Ended, Recovered, TaskProcess};
 use crate::executor::{self, Files, Record};
 use crate::isolation::{Isolation, TaskCgroup};
-use crate::runner::{Reattached, Running};
+use crate::runner::{Reattached, Running, ended_of};
 use crate::store::{self, Checkpoint};
 use crate::tasks::is_terminal;
 
@@ -41,11 +42,16 @@ pub(super) async fn recover(
     if checkpoints.is_empty() {
         return recovery;
     }
-    let boot_id = executor::boot_id().unwrap_or_default();
-    let down_for = store::last_alive(&config.data_dir)
+    let runner = config.task_runner.as_ref();
+    let boot_id = match runner {
+        Some(_) => String::new(),
+        None => executor::boot_id().unwrap_or_default(),
+    };
+    let down_for = store::last_alive_ms(&config.data_dir)
         .ok()
         .flatten()
-        .and_then(|alive| SystemTime::now().duration_since(alive).ok());
+        .and_then(|alive| muster_model::clock::unix_ms().checked_sub(alive))
+        .map(Duration::from_millis);
     let expired = down_for.is_some_and(|down| down > config.recovery_timeout);
     if expired {
         tracing::warn!(
@@ -63,7 +69,9 @@ pub(super) async fn recover(
         let files = store::executor_files(&config.data_dir, &task.id);
         if is_terminal(task.state) {
             // Killed as the agent stopped: what it left goes now.
-            if let Ok(Some(record)) = Record::read(&files) {
+            if runner.is_none()
+                && let Ok(Some(record)) = Record::read(&files)
+            {
                 settle_leftovers(&record).await;
                 if let Err(error) = files.remove() {
                     tracing::warn!(task = %task.id, %error, "cannot remove a task's executor files");
@@ -72,59 +80,17 @@ pub(super) async fn recover(
             recovery.completed.push((framework, task));
             continue;
         }
-        if let Some(runner) = &config.task_runner {
-            let (state, exit_code, message) = match runner.runner().reattach(&task.id) {
-                Reattached::Running(running) if expired => {
-                    let (kill, killed) = oneshot::channel();
-                    let _ = kill.send(Duration::ZERO);
-                    let ended = Running::Runner(running).wait(killed).await;
-                    let (_, exit_code, _) = final_state(&ended);
-                    (
-                        TaskState::Killed,
-                        exit_code,
-                        "the agent was down longer than its recovery timeout".to_owned(),
-                    )
-                }
-                Reattached::Running(running) => {
-                    tracing::info!(task = %task.id, "re-attached to a running task");
-                    recovery
-                        .running
-                        .push((framework, task, Running::Runner(running)));
-                    continue;
-                }
-                Reattached::Ended(status) => {
-                    let ended = Ended {
-                        status: Ok(status),
-                        killed: false,
-                        out_of_memory: false,
-                    };
-                    let (state, exit_code, message) = final_state(&ended);
-                    let message =
-                        message.unwrap_or_else(|| "it ended while the agent was down".into());
-                    (state, exit_code, message)
-                }
-                Reattached::Gone(why) => (TaskState::Lost, -1, why),
-            };
-            task.state = state as i32;
-            task.exit_code = exit_code;
-            task.message = message;
-            recovery.changed.push((framework.clone(), task.clone()));
-            recovery.completed.push((framework, task));
-            continue;
-        }
-        let found = match Record::read(&files) {
-            Ok(Some(record)) => Found::Record(
-                TaskProcess::reattach(files.clone(), &record, &boot_id),
-                Box::new(record),
-            ),
-            Ok(None) => Found::NoRecord,
-            Err(e) => Found::Unreadable(e.to_string()),
+        let found = match runner {
+            Some(runner) => match runner.runner().reattach(&task.id) {
+                Reattached::Running(running) => Found::Running(Running::Runner(running)),
+                Reattached::Ended(end) => Found::Ended(ended_of(end)),
+                Reattached::Gone(why) => Found::Gone(why),
+            },
+            None => find_process(isolation, &config.data_dir, &task.id, files, &boot_id).await,
         };
-        let outcome = match found {
-            Found::Record(Recovered::Running(process), _) if expired => {
-                let (kill, killed) = oneshot::channel();
-                let _ = kill.send(Duration::ZERO);
-                let ended = process.wait(killed).await;
+        let (state, exit_code, message) = match found {
+            Found::Running(running) if expired => {
+                let ended = running.kill_and_wait().await;
                 let (_, exit_code, _) = final_state(&ended);
                 (
                     TaskState::Killed,
@@ -132,43 +98,23 @@ pub(super) async fn recover(
                     "the agent was down longer than its recovery timeout".to_owned(),
                 )
             }
-            Found::Record(Recovered::Running(process), _) => {
-                tracing::info!(task = %task.id, pid = process.pid(), "re-attached to a running task");
-                recovery
-                    .running
-                    .push((framework, task, Running::Process(process)));
+            Found::Running(running) => {
+                match running.pid() {
+                    Some(pid) => {
+                        tracing::info!(task = %task.id, pid, "re-attached to a running task")
+                    }
+                    None => tracing::info!(task = %task.id, "re-attached to a running task"),
+                }
+                recovery.running.push((framework, task, running));
                 continue;
             }
-            Found::Record(Recovered::Ended(status), record) => {
-                let out_of_memory = settle_leftovers(&record).await;
-                let ended = Ended {
-                    status: Ok(status),
-                    killed: false,
-                    out_of_memory,
-                };
+            Found::Ended(ended) => {
                 let (state, exit_code, message) = final_state(&ended);
                 let message = message.unwrap_or_else(|| "it ended while the agent was down".into());
                 (state, exit_code, message)
             }
-            Found::Record(Recovered::Gone(why), record) => {
-                settle_leftovers(&record).await;
-                (TaskState::Lost, -1, why)
-            }
-            Found::NoRecord => {
-                abandon_start(isolation, &config.data_dir, &task.id, &files).await;
-                (
-                    TaskState::Lost,
-                    -1,
-                    "the agent stopped while it was starting the task".to_owned(),
-                )
-            }
-            Found::Unreadable(why) => (
-                TaskState::Lost,
-                -1,
-                format!("its executor record is unreadable: {why}"),
-            ),
+            Found::Gone(why) => (TaskState::Lost, -1, why),
         };
-        let (state, exit_code, message) = outcome;
         tracing::info!(task = %task.id, ?state, exit_code, %message, "a task of the earlier run has ended");
         task.state = state as i32;
         task.exit_code = exit_code;
@@ -179,14 +125,49 @@ pub(super) async fn recover(
     recovery
 }
 
-/// What the files of a started task say.
+/// What became of a task an earlier run started, whichever way it ran.
 enum Found {
-    /// Its executor record, and what it led to.
-    Record(Recovered, Box<Record>),
-    /// No record: the agent stopped before it got there.
-    NoRecord,
-    /// A record that cannot be read, and why.
-    Unreadable(String),
+    /// It still runs: re-attached.
+    Running(Running),
+    /// It ended while the agent was down, so.
+    Ended(Ended),
+    /// Nothing of it is left, and how it ended is not known: why.
+    Gone(String),
+}
+
+/// Finds task `task_id`'s process from its executor's files: still running under the same
+/// executor, ended with the status its executor wrote (what it left in its cgroup is killed),
+/// or gone (a start the earlier run did not see through is killed).
+async fn find_process(
+    isolation: &Isolation,
+    data_dir: &Path,
+    task_id: &str,
+    files: Files,
+    boot_id: &str,
+) -> Found {
+    let record = match Record::read(&files) {
+        Ok(Some(record)) => record,
+        Ok(None) => {
+            abandon_start(isolation, data_dir, task_id, &files).await;
+            return Found::Gone("the agent stopped while it was starting the task".to_owned());
+        }
+        Err(e) => return Found::Gone(format!("its executor record is unreadable: {e}")),
+    };
+    match TaskProcess::reattach(files, &record, boot_id) {
+        Recovered::Running(process) => Found::Running(Running::Process(process)),
+        Recovered::Ended(status) => {
+            let out_of_memory = settle_leftovers(&record).await;
+            Found::Ended(Ended {
+                status: Ok(status),
+                killed: false,
+                out_of_memory,
+            })
+        }
+        Recovered::Gone(why) => {
+            settle_leftovers(&record).await;
+            Found::Gone(why)
+        }
+    }
 }
 
 /// Kills what a task that ended (or vanished) while the agent was down left in its cgroup,

@@ -1,7 +1,8 @@
-//! What the agent process does with tasks: starts them (checks the request, prepares the working
-//! directory, spawns the child, checkpoints), stops them when the master asks, records how they
-//! ended, and reports every change of state to the master as a `TaskStatusUpdate`, keeping the
-//! updates it cannot send yet for its next registration. The task table itself is
+//! What the agent process does with tasks: starts them (checks the request, checkpoints, has
+//! the task run: a child process in its working directory, or a task of the configured
+//! [`TaskRunner`](crate::runner::TaskRunner)), stops them when the master asks, records how
+//! they ended, and reports every change of state to the master as a `TaskStatusUpdate`, keeping
+//! the updates it cannot send yet for its next registration. The task table itself is
 //! [`Tasks`](crate::tasks::Tasks); the child processes are [`crate::child_process`].
 
 use std::collections::VecDeque;
@@ -16,8 +17,9 @@ use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
 use crate::child_process::{self, Ended, Sandbox, TaskProcess};
 use crate::isolation::Limits;
-use crate::runner::{CustomRunner, Running};
+use crate::runner::{Running, Stop};
 use crate::store::{self, blocking};
+use crate::task_user::Credentials;
 use crate::tasks::KillRequest;
 
 impl Agent {
@@ -59,7 +61,8 @@ impl Agent {
         started
     }
 
-    /// Starts a task's child process (reporting STARTING, then RUNNING), or says why not.
+    /// Starts a task (reporting STARTING, then RUNNING): a child process under its executor,
+    /// or a task of the configured runner. Or says why not.
     async fn start_task(
         &mut self,
         request: RunTask,
@@ -77,20 +80,58 @@ impl Agent {
         if task.command.trim().is_empty() {
             return Err(format!("task {id:?} has no command"));
         }
-        let credentials = self
-            .task_users
-            .resolve(&task.user)
-            .map_err(|e| format!("task {id:?}: {e}"))?;
-        // Accepted: STARTING until its process runs. Checkpointed as such first, so that an
-        // agent stopped in the middle of the start finds (and ends) what it had started.
+        let runner = self.config.task_runner.clone();
+        let credentials = match &runner {
+            // Whom it may run as is the agent's rule; the machine's users are the runner's.
+            Some(_) => self.task_users.admit(&task.user).map(|()| None),
+            None => self.task_users.resolve(&task.user),
+        }
+        .map_err(|e| format!("task {id:?}: {e}"))?;
+        // Accepted: STARTING until it runs. Checkpointed as such first, so that an agent
+        // stopped in the middle of the start finds (and ends) what it had started.
         task.state = TaskState::Starting as i32;
         self.checkpoint(&framework, &task).await?;
         self.report(task.clone());
-        if let Some(runner) = self.config.task_runner.clone() {
-            return self.start_with(&runner, framework, task, ctx).await;
-        }
 
-        let dir = store::task_dir(&self.config.data_dir, &id);
+        let running = match &runner {
+            Some(runner) => runner
+                .runner()
+                .start(&task, self.term)
+                .map(Running::Runner)
+                .map_err(|e| {
+                    format!("task {id:?}: cannot start command {:?}: {e}", task.command)
+                })?,
+            None => self.spawn_process(&task, credentials).await?,
+        };
+        task.state = TaskState::Running as i32;
+        task.exit_code = 0;
+        if let Err(error) = self.checkpoint(&framework, &task).await {
+            // Untracked, it would outlive a restart unseen: it does not run at all.
+            running.kill_and_wait().await;
+            return Err(format!("task {id:?}: cannot checkpoint it: {error}"));
+        }
+        match running.pid() {
+            Some(pid) => {
+                tracing::info!(task = %id, framework = %framework.id, pid, user = %self.task_users.name_for(&task.user), command = %task.command, "task running");
+            }
+            None => {
+                tracing::info!(task = %id, framework = %framework.id, command = %task.command, term = self.term, "task running");
+            }
+        }
+        self.report(task.clone());
+        self.watch(framework, task, running, ctx);
+        Ok(())
+    }
+
+    /// Starts `task`'s child process: its working directory, its cgroup, its executor, and
+    /// the record a restarted agent finds it by (written before anyone hears it runs).
+    async fn spawn_process(
+        &self,
+        task: &Task,
+        credentials: Option<Credentials>,
+    ) -> Result<Running, String> {
+        let id = &task.id;
+        let dir = store::task_dir(&self.config.data_dir, id);
         let (stdout, stderr) = child_process::open_sandbox(&dir, credentials)
             .await
             .map_err(|e| {
@@ -107,7 +148,7 @@ impl Agent {
         };
         let cgroup = self
             .isolation
-            .for_task(&id, limits)
+            .for_task(id, limits)
             .map_err(|e| format!("task {id:?}: cannot make its cgroup: {e}"))?;
         let sandbox = Sandbox {
             stdout,
@@ -115,22 +156,25 @@ impl Agent {
             cgroup: cgroup.clone(),
             credentials,
         };
-        let files = store::executor_files(&self.config.data_dir, &id);
-        let (process, record) = match TaskProcess::spawn(&task, &dir, files.clone(), sandbox) {
+        let files = store::executor_files(&self.config.data_dir, id);
+        let (process, record) = match TaskProcess::spawn(task, &dir, files.clone(), sandbox) {
             Ok(spawned) => spawned,
             Err(e) => {
                 if let Some(cgroup) = cgroup {
                     cgroup.remove();
                 }
-                let _ = tokio::fs::remove_dir_all(&dir).await;
+                let _ = blocking(move || {
+                    let _ = std::fs::remove_dir_all(&dir);
+                    Ok(())
+                })
+                .await;
                 return Err(format!(
                     "task {id:?}: cannot start command {:?}: {e}",
                     task.command
                 ));
             }
         };
-        task.state = TaskState::Running as i32;
-        task.exit_code = 0;
+        let running = Running::Process(Box::new(process));
         // What a restarted agent needs to find it again, before anyone hears it runs.
         let written = blocking(move || {
             record
@@ -141,46 +185,11 @@ impl Agent {
                 })
         })
         .await;
-        if let Err(error) = written.map_err(|e| e.to_string()).and(
-            self.checkpoint(&framework, &task)
-                .await
-                .map_err(|e| e.to_string()),
-        ) {
-            // Untracked, it would outlive a restart unseen: it does not run at all.
-            let (kill, killed) = oneshot::channel();
-            let _ = kill.send(std::time::Duration::ZERO);
-            process.wait(killed).await;
+        if let Err(error) = written {
+            running.kill_and_wait().await;
             return Err(format!("task {id:?}: cannot checkpoint it: {error}"));
         }
-        tracing::info!(task = %id, framework = %framework.id, pid = process.pid(), user = %self.task_users.name_for(&task.user), command = %task.command, "task running");
-        self.report(task.clone());
-        self.watch(framework, task, Running::Process(Box::new(process)), ctx);
-        Ok(())
-    }
-
-    /// The rest of [`start_task`](Self::start_task) with a custom runner: start it, checkpoint
-    /// it RUNNING, report it, watch it.
-    async fn start_with(
-        &mut self,
-        runner: &CustomRunner,
-        framework: Framework,
-        mut task: Task,
-        ctx: &mut Context<Self>,
-    ) -> Result<(), String> {
-        let id = task.id.clone();
-        let running = runner.runner().start(&task, self.term)?;
-        task.state = TaskState::Running as i32;
-        task.exit_code = 0;
-        if let Err(error) = self.checkpoint(&framework, &task).await {
-            let (kill, killed) = oneshot::channel();
-            let _ = kill.send(std::time::Duration::ZERO);
-            running.wait(killed).await;
-            return Err(format!("task {id:?}: cannot checkpoint it: {error}"));
-        }
-        tracing::info!(task = %id, framework = %framework.id, command = %task.command, "task running");
-        self.report(task.clone());
-        self.watch(framework, task, Running::Runner(running), ctx);
-        Ok(())
+        Ok(running)
     }
 
     /// Records `task` of `framework` (its latest state) in its checkpoint.
@@ -208,7 +217,7 @@ impl Agent {
         ctx: &mut Context<Self>,
     ) {
         let task_id = task.id.clone();
-        let signaller = running.signaller();
+        let stopper = running.stopper();
         let (kill, killed) = oneshot::channel();
         let waiter = ctx.defer(
             running.wait(killed),
@@ -217,13 +226,18 @@ impl Agent {
             },
         );
         self.tasks
-            .add_running(framework, task, Some(waiter), Some(kill), signaller);
+            .add_running(framework, task, Some(waiter), Some(kill), Some(stopper));
     }
 
-    /// Starts stopping a running task; an empty string if it runs, else why not.
-    pub(super) fn kill_task(&mut self, task_id: &str) -> String {
+    /// Starts stopping a running task, as a leader of `term` commands; an empty string if it
+    /// runs, else why not.
+    pub(super) fn kill_task(&mut self, task_id: &str, term: u64) -> String {
         let grace = self.config.kill_grace;
-        match self.tasks.kill(task_id, grace) {
+        let stop = Stop {
+            grace,
+            term: Some(term),
+        };
+        match self.tasks.kill(task_id, stop) {
             KillRequest::Stopping => {
                 tracing::info!(task = %task_id, ?grace, "killing the task");
                 String::new()
@@ -268,7 +282,7 @@ impl Agent {
         }
     }
 
-    /// A task's process ended: move the task to the completed history in its final state,
+    /// A task ended: move the task to the completed history in its final state,
     /// report it and checkpoint it; its executor's files go.
     pub(super) async fn task_exited(&mut self, task_id: &str, ended: Ended) {
         if let Err(error) = &ended.status {
