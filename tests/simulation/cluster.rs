@@ -1,0 +1,177 @@
+//! The simulated cluster's hosts: three masters (the real master, with its registry on an
+//! in-memory disk that forgets unflushed writes when the host dies) and agents (the real
+//! agent, with simulated tasks that outlive an agent restart but not a machine crash).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use muster_actor::{Node, System};
+use muster_agent::AgentConfig;
+use muster_agent::runner::CustomRunner;
+use muster_agent::simulated::SimulatedTasks;
+use muster_broker::BrokerMsg;
+use muster_master::{MasterConfig, MasterServer, SchedulingMsg};
+use muster_registry::MemoryDisk;
+use muster_security::Role;
+use muster_security::testing::TestPki;
+
+use crate::record::Record;
+
+/// The port every master serves on.
+pub(crate) const MASTER_PORT: u16 = 7000;
+/// The port every agent serves on.
+pub(crate) const AGENT_PORT: u16 = 7001;
+
+/// How often raft's leader sends heartbeats.
+pub(crate) const RAFT_HEARTBEAT: Duration = Duration::from_millis(100);
+
+/// A master host: its name, raft id, and disk.
+#[derive(Clone, Debug)]
+pub(crate) struct MasterHost {
+    /// turmoil host name (`m1`..).
+    pub(crate) name: String,
+    /// Raft id.
+    pub(crate) id: u64,
+    /// What its store has on "disk".
+    pub(crate) disk: MemoryDisk,
+    /// Its election timeout: seeded, fixed for the run (openraft draws its own from a
+    /// generator no seed reaches; a one-millisecond range leaves it nothing to draw).
+    pub(crate) election_timeout: Duration,
+}
+
+/// An agent host.
+#[derive(Clone, Debug)]
+pub(crate) struct AgentHost {
+    /// turmoil host name (`a1`..).
+    pub(crate) name: String,
+    /// Its machine's tasks.
+    pub(crate) tasks: SimulatedTasks,
+    /// Its data directory (real files; a simulated host's files survive its crashes).
+    pub(crate) dir: Arc<tempfile::TempDir>,
+}
+
+/// Every master's `ip:port`, as the hosts see them.
+pub(crate) fn master_addresses(masters: &[MasterHost]) -> Vec<String> {
+    masters
+        .iter()
+        .map(|m| format!("{}:{MASTER_PORT}", turmoil::lookup(m.name.as_str())))
+        .collect()
+}
+
+/// Runs one incarnation of a master host until the simulation crashes it.
+pub(crate) async fn run_master(
+    host: MasterHost,
+    all: Vec<MasterHost>,
+    record: Record,
+) -> Result<(), Box<dyn std::error::Error>> {
+    // A restarted process has what its store flushed, nothing more.
+    host.disk.crash();
+    let members: BTreeMap<u64, String> = all
+        .iter()
+        .zip(master_addresses(&all))
+        .map(|(m, address)| (m.id, address))
+        .collect();
+    let mut config = MasterConfig::new(TestPki::shared().security(Role::Master, &host.name));
+    config.id = host.id;
+    config.listen = members[&host.id].clone();
+    config.members = members;
+    config.registry_store = Some(host.disk.clone());
+    config.raft_heartbeat = RAFT_HEARTBEAT;
+    config.raft_election_timeout = (
+        host.election_timeout,
+        host.election_timeout + Duration::from_millis(1),
+    );
+    config.heartbeat_min_ttl = Duration::from_secs(2);
+    config.heartbeat_grace = Duration::from_secs(2);
+    config.failover_heartbeat_ttl = Duration::from_secs(10);
+    config.reregistration_timeout = Duration::from_secs(20);
+    config.reschedule_delay = Duration::from_secs(1);
+    config.reschedule_max_delay = Duration::from_secs(5);
+    config.launch_timeout = Duration::from_secs(10);
+    config.reconcile_interval = Duration::from_secs(5);
+    config.workers = 1;
+    let server = match MasterServer::start(config).await {
+        Ok(server) => server,
+        Err(e) => {
+            record.log(format!("{} did not start: {e}", host.name));
+            return Err(e.into());
+        }
+    };
+    record.log(format!("{} started", host.name));
+    watch_broker(&server, record.clone()).await;
+    let mut leadership = server.registry().leadership();
+    loop {
+        let now = leadership.borrow_and_update().clone();
+        if now.is_self {
+            record.leader(now.term, host.id);
+        }
+        if leadership.changed().await.is_err() {
+            break;
+        }
+    }
+    std::future::pending::<()>().await;
+    drop(server);
+    Ok(())
+}
+
+/// Samples what the broker has handed out, every 50 ms: never two evaluations of one job at
+/// once.
+async fn watch_broker(server: &MasterServer, record: Record) {
+    let Ok(pids) = server
+        .pid()
+        .ask(|reply| SchedulingMsg::Pids(reply).into())
+        .await
+    else {
+        return;
+    };
+    tokio::spawn(async move {
+        let mut reported = false;
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let Ok(unacked) = pids.broker.ask(BrokerMsg::Unacked).await else {
+                return;
+            };
+            let twice = unacked.windows(2).find(|w| w[0].0 == w[1].0);
+            if let (Some(w), false) = (twice, reported) {
+                reported = true;
+                record.problem(format!(
+                    "two evaluations of {} in flight at once: {} and {}",
+                    w[0].0, w[0].1.0, w[1].1.0
+                ));
+            }
+        }
+    });
+}
+
+/// Runs one incarnation of an agent host until the simulation crashes it.
+pub(crate) async fn run_agent(
+    host: AgentHost,
+    masters: Vec<MasterHost>,
+    record: Record,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let ip = turmoil::lookup(host.name.as_str());
+    let system = System::new();
+    let node = Node::bind(
+        &system,
+        &format!("{ip}:{AGENT_PORT}"),
+        TestPki::shared().security(Role::Agent, &host.name),
+    )
+    .await?;
+    let mut config = AgentConfig::new(master_addresses(&masters), host.dir.path());
+    config.hostname = host.name.clone();
+    config.resources = (8.0, 8192);
+    config.cgroups = false;
+    config.stop_tasks_on_exit = false;
+    config.task_runner = Some(CustomRunner::new(host.tasks.clone()));
+    config.registration_backoff_initial = Duration::from_millis(200);
+    config.registration_backoff_max = Duration::from_secs(2);
+    config.master_silence_timeout = Duration::from_secs(6);
+    config.ask_timeout = Duration::from_secs(2);
+    config.kill_grace = Duration::from_millis(500);
+    let agent = muster_agent::start(&node, config).await?;
+    record.log(format!("{} started", host.name));
+    std::future::pending::<()>().await;
+    drop(agent);
+    Ok(())
+}
