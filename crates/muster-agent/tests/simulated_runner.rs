@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use muster_actor::{Node, System};
 use muster_agent::AgentConfig;
 use muster_agent::runner::CustomRunner;
@@ -25,49 +25,12 @@ fn clock() -> Duration {
 }
 
 async fn start_master(dir: &std::path::Path) -> anyhow::Result<MasterServer> {
-    let master = MasterServer::start(MasterConfig {
+    muster_master::testing::start_leading(MasterConfig {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("master"),
         ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
-    .await?;
-    let deadline = Instant::now() + DEADLINE;
-    while !master
-        .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
-        .await?
-        .is_leader
-    {
-        if Instant::now() > deadline {
-            bail!("the master did not lead");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(master)
-}
-
-/// Polls the job's status until `done` holds.
-async fn job_when(
-    master: &MasterServer,
-    name: &str,
-    what: &str,
-    done: impl Fn(&pb::JobStatusReply) -> bool,
-) -> anyhow::Result<pb::JobStatusReply> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let status = master
-            .pid()
-            .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
-            .await?
-            .map_err(anyhow::Error::msg)?;
-        if done(&status) {
-            return Ok(status);
-        }
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {DEADLINE:?}: {status:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    .await
 }
 
 fn states(status: &pb::JobStatusReply) -> Vec<i32> {
@@ -124,12 +87,12 @@ async fn a_real_master_s_task_runs_and_finishes_on_simulated_tasks() -> anyhow::
     let running = model_pb::TaskState::Running as i32;
     let finished = model_pb::TaskState::Finished as i32;
     // RUNNING first (the master hears of it long before the task's sleep is over).
-    job_when(&master, "nap", "the task running", |s| {
+    muster_master::testing::job_when(&master, "nap", "the task running", |s| {
         states(s) == [running]
     })
     .await?;
     assert_eq!(machine.running_names(), ["nap.main[0]"]);
-    let done = job_when(&master, "nap", "the task finishing", |s| {
+    let done = muster_master::testing::job_when(&master, "nap", "the task finishing", |s| {
         states(s) == [finished]
     })
     .await?;

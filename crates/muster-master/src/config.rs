@@ -44,7 +44,8 @@ pub struct MasterConfig {
     /// How often the leading master pings each agent, when [`pings`](Self::pings) is on
     /// (Mesos: 15 s).
     pub ping_interval: Duration,
-    /// How long to wait for each pong.
+    /// How long to wait for each pong, and for an agent's answer to a kill (one not answered
+    /// in time is sent again, after a back-off).
     pub ping_timeout: Duration,
     /// Missed pings in a row after which an agent is marked unreachable (Mesos: 5).
     pub max_missed_pings: u32,

@@ -147,6 +147,8 @@ struct Metrics {
     leadership_confirmations: u64,
     /// Evaluations the convergence check made for jobs that ran other than they ask.
     reconcile_evals: u64,
+    /// Kills sent again because the agent did not answer the last one.
+    kill_retries: u64,
 }
 
 /// The master process.

@@ -104,3 +104,57 @@ pub async fn create_token(
         .await?;
     Ok(TokenSecret::new(token.into_inner().secret))
 }
+
+/// How long the in-process helpers below wait for what they wait for.
+pub const WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Starts a master on `config` and waits (up to [`WAIT`]) until it leads: a single-master
+/// cluster for in-process tests.
+///
+/// # Errors
+/// The master did not start, or did not lead in time.
+pub async fn start_leading(config: crate::MasterConfig) -> anyhow::Result<crate::MasterServer> {
+    let master = crate::MasterServer::start(config).await?;
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !master
+        .pid()
+        .ask(|reply| crate::OperatorMsg::GetMetrics(reply).into())
+        .await?
+        .is_leader
+    {
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("the master did not lead within {WAIT:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    Ok(master)
+}
+
+/// Polls the status of job `name` on `master`, in process, until `done` holds (up to
+/// [`WAIT`]); `what` names the wait in the error.
+///
+/// # Errors
+/// The master could not answer, or `done` did not hold in time (the last status is in the
+/// error).
+pub async fn job_when(
+    master: &crate::MasterServer,
+    name: &str,
+    what: &str,
+    done: impl Fn(&muster_proto::cluster::JobStatusReply) -> bool,
+) -> anyhow::Result<muster_proto::cluster::JobStatusReply> {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let status = master
+            .pid()
+            .ask(|reply| crate::OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        if done(&status) {
+            return Ok(status);
+        }
+        if tokio::time::Instant::now() > deadline {
+            anyhow::bail!("{what} did not happen within {WAIT:?}: {status:#?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}

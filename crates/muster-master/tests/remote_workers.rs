@@ -55,15 +55,7 @@ async fn leading(master: &MasterServer) -> anyhow::Result<bool> {
 }
 
 async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
-    let master = MasterServer::start(config(dir, 1, &BTreeMap::new())).await?;
-    let deadline = Instant::now() + DEADLINE;
-    while !leading(&master).await? {
-        if Instant::now() > deadline {
-            bail!("the master did not lead");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(master)
+    testing::start_leading(config(dir, 1, &BTreeMap::new())).await
 }
 
 /// An address nothing listens on.
@@ -184,17 +176,7 @@ async fn job_when(
     what: &str,
     done: impl Fn(&pb::JobStatusReply) -> bool,
 ) -> anyhow::Result<pb::JobStatusReply> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let status = status(master, name).await?;
-        if done(&status) {
-            return Ok(status);
-        }
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {DEADLINE:?}: {status:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testing::job_when(master, name, what, done).await
 }
 
 fn in_state(status: &pb::JobStatusReply, states: &[model_pb::TaskState]) -> Vec<pb::JobTask> {

@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, System};
 use muster_agent::{AgentConfig, AgentHandle};
+use muster_master::testing;
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
@@ -20,25 +21,12 @@ use tokio::time::Instant;
 const DEADLINE: Duration = Duration::from_secs(30);
 
 async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
-    let master = MasterServer::start(MasterConfig {
+    testing::start_leading(MasterConfig {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.join("master"),
         ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
-    .await?;
-    let deadline = Instant::now() + DEADLINE;
-    while !master
-        .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
-        .await?
-        .is_leader
-    {
-        if Instant::now() > deadline {
-            bail!("the master did not lead");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(master)
+    .await
 }
 
 async fn start_agent(
@@ -91,21 +79,7 @@ async fn job_when(
     what: &str,
     done: impl Fn(&pb::JobStatusReply) -> bool,
 ) -> anyhow::Result<pb::JobStatusReply> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let status = master
-            .pid()
-            .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
-            .await?
-            .map_err(anyhow::Error::msg)?;
-        if done(&status) {
-            return Ok(status);
-        }
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {DEADLINE:?}: {status:#?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    testing::job_when(master, name, what, done).await
 }
 
 fn live(status: &pb::JobStatusReply) -> Vec<&pb::JobTask> {
@@ -625,6 +599,16 @@ async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow
 struct Recorder {
     launches: tokio::sync::mpsc::UnboundedSender<pb::LaunchTasks>,
     kills: tokio::sync::mpsc::UnboundedSender<pb::KillTask>,
+    /// How to answer the next kills, in order (then: the task is being killed).
+    kill_answers: std::collections::VecDeque<KillAnswer>,
+}
+
+/// A stand-in agent's answer to a kill.
+enum KillAnswer {
+    /// None: the reply is dropped, as a kill lost on a broken link.
+    Lost,
+    /// The agent runs no such task.
+    Unknown,
 }
 
 enum RecorderMsg {
@@ -640,10 +624,89 @@ impl muster_actor::Process for Recorder {
                 let _ = self.launches.send(launch);
             }
             RecorderMsg::Kill(kill, reply) => {
+                let task_id = kill.task_id.clone();
                 let _ = self.kills.send(kill);
-                reply.send(pb::KillTaskReply::default());
+                match self.kill_answers.pop_front() {
+                    None => reply.send(pb::KillTaskReply::default()),
+                    Some(KillAnswer::Lost) => drop(reply),
+                    Some(KillAnswer::Unknown) => reply.send(pb::KillTaskReply {
+                        error: format!("no task {task_id:?} runs on this agent"),
+                    }),
+                }
             }
         }
+    }
+}
+
+/// A leading master and a registered stand-in agent ([`Recorder`]) that answers kills as
+/// `kill_answers` says.
+struct StandInCluster {
+    _dir: tempfile::TempDir,
+    master: MasterServer,
+    master_upid: muster_actor::Upid,
+    node: Node,
+    agent_id: String,
+    launched: tokio::sync::mpsc::UnboundedReceiver<pb::LaunchTasks>,
+    killed: tokio::sync::mpsc::UnboundedReceiver<pb::KillTask>,
+}
+
+impl StandInCluster {
+    async fn start(
+        config: impl FnOnce(MasterConfig) -> MasterConfig,
+        kill_answers: std::collections::VecDeque<KillAnswer>,
+        hostname: &str,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let master = testing::start_leading(config(MasterConfig {
+            listen: "127.0.0.1:0".into(),
+            data_dir: dir.path().join("master"),
+            ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        }))
+        .await?;
+        let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
+        let node = Node::bind(
+            &System::new(),
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Agent, "agent-1"),
+        )
+        .await?;
+        let (launches, launched) = tokio::sync::mpsc::unbounded_channel();
+        let (kills, killed) = tokio::sync::mpsc::unbounded_channel();
+        let recorder = node.system().spawn(Recorder {
+            launches,
+            kills,
+            kill_answers,
+        });
+        node.register("agent", &recorder)?
+            .install::<pb::LaunchTasks>(RecorderMsg::Launch)
+            .install_ask::<pb::KillTask, pb::KillTaskReply>(RecorderMsg::Kill);
+        let (agent_id, _) = register_stand_in(&node, &master_upid, hostname).await?;
+        Ok(StandInCluster {
+            _dir: dir,
+            master,
+            master_upid,
+            node,
+            agent_id,
+            launched,
+            killed,
+        })
+    }
+
+    /// The first task of the next launch the stand-in receives.
+    async fn next_launched_task(&mut self) -> anyhow::Result<model_pb::Task> {
+        let launch = tokio::time::timeout(DEADLINE, self.launched.recv())
+            .await?
+            .context("a launch")?;
+        launch
+            .tasks
+            .first()
+            .and_then(|run| run.task.clone())
+            .context("a task in the launch")
+    }
+
+    async fn shutdown(self) {
+        self.node.shutdown();
+        self.master.shutdown().await;
     }
 }
 
@@ -652,51 +715,20 @@ impl muster_actor::Process for Recorder {
 /// beside its replacement.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let master = MasterServer::start(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        launch_timeout: Duration::from_millis(300),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
-    let deadline = Instant::now() + DEADLINE;
-    while !master
-        .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
-        .await?
-        .is_leader
-    {
-        anyhow::ensure!(Instant::now() < deadline, "the master did not lead");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
+    let mut cluster = StandInCluster::start(
+        |config| MasterConfig {
+            launch_timeout: Duration::from_millis(300),
+            ..config
+        },
+        Default::default(),
+        "silent",
     )
     .await?;
-    let (launches, mut launched) = tokio::sync::mpsc::unbounded_channel();
-    let (kills, mut killed) = tokio::sync::mpsc::unbounded_channel();
-    let recorder = node.system().spawn(Recorder { launches, kills });
-    node.register("agent", &recorder)?
-        .install::<pb::LaunchTasks>(RecorderMsg::Launch)
-        .install_ask::<pb::KillTask, pb::KillTaskReply>(RecorderMsg::Kill);
-    let (agent_id, _) = register_stand_in(&node, &master_upid, "silent").await?;
-
-    submit(&master, one_sleeper()).await?;
+    submit(&cluster.master, one_sleeper()).await?;
     // The launch arrives; the agent says nothing about it.
-    let launch = tokio::time::timeout(DEADLINE, launched.recv())
-        .await?
-        .context("a launch")?;
-    let first = launch
-        .tasks
-        .first()
-        .and_then(|run| run.task.clone())
-        .context("a task in the launch")?;
+    let first = cluster.next_launched_task().await?;
     let replaced = job_when(
-        &master,
+        &cluster.master,
         "web",
         "the unconfirmed task lost and replaced",
         |s| {
@@ -723,16 +755,16 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
 
     // Late news: the agent reports the lost task starting, then running. The master kills it,
     // and the RUNNING that follows does not bring it back.
-    let to_master = node.remote(master_upid);
+    let to_master = cluster.node.remote(cluster.master_upid.clone());
     for state in [model_pb::TaskState::Starting, model_pb::TaskState::Running] {
         let mut late = first.clone();
         late.state = state as i32;
         to_master.tell(pb::TaskStatusUpdate {
-            agent_id: agent_id.clone(),
+            agent_id: cluster.agent_id.clone(),
             task: Some(late),
         })?;
     }
-    let kill = tokio::time::timeout(DEADLINE, killed.recv())
+    let kill = tokio::time::timeout(DEADLINE, cluster.killed.recv())
         .await?
         .context("a kill")?;
     assert_eq!(kill.task_id, first.id);
@@ -741,11 +773,12 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         .ask_timeout::<pb::Heartbeat, pb::HeartbeatReply>(
             DEADLINE,
             pb::Heartbeat {
-                agent_id: agent_id.clone(),
+                agent_id: cluster.agent_id.clone(),
             },
         )
         .await?;
-    let status = master
+    let status = cluster
+        .master
         .pid()
         .ask(|reply| OperatorMsg::JobStatus("web".into(), false, reply).into())
         .await?
@@ -765,8 +798,71 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
         ],
         "being killed (and lost before), never running again"
     );
-    node.shutdown();
-    master.shutdown().await;
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// A kill that does not arrive (its link broke, the agent did not answer) is sent again until
+/// the agent answers; an agent that answers it runs no such task ends it for the master. Before,
+/// a lost kill left the task marked "being killed" for good: not counted as running, so nothing
+/// noticed that it ran beside its replacement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_kill_is_sent_again_and_an_unknown_task_ends() -> anyhow::Result<()> {
+    let mut cluster = StandInCluster::start(
+        |config| MasterConfig {
+            ping_timeout: Duration::from_millis(300),
+            ..config
+        },
+        [KillAnswer::Lost, KillAnswer::Unknown].into(),
+        "forgetful",
+    )
+    .await?;
+    submit(&cluster.master, one_sleeper()).await?;
+    let mut task = cluster.next_launched_task().await?;
+    task.state = model_pb::TaskState::Running as i32;
+    cluster
+        .node
+        .remote(cluster.master_upid.clone())
+        .tell(pb::TaskStatusUpdate {
+            agent_id: cluster.agent_id.clone(),
+            task: Some(task.clone()),
+        })?;
+    job_when(&cluster.master, "web", "the task running", |s| {
+        live(s).len() == 1
+    })
+    .await?;
+
+    cluster
+        .master
+        .pid()
+        .ask(|reply| OperatorMsg::StopJob("web".into(), reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    for attempt in ["the kill", "the kill sent again"] {
+        let kill = tokio::time::timeout(DEADLINE, cluster.killed.recv())
+            .await?
+            .with_context(|| attempt.to_owned())?;
+        assert_eq!(kill.task_id, task.id, "{attempt}");
+    }
+    let status = job_when(&cluster.master, "web", "the unknown task ended", |s| {
+        s.tasks
+            .iter()
+            .filter_map(|t| t.task.as_ref())
+            .any(|t| t.id == task.id && t.message.contains("the kill was answered: no task"))
+    })
+    .await?;
+    assert!(live(&status).is_empty(), "{status:#?}");
+    let metrics = cluster
+        .master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await?;
+    assert_eq!(metrics.kill_retries, 1);
+    assert!(
+        cluster.killed.try_recv().is_err(),
+        "an answered kill is not sent again"
+    );
+    cluster.shutdown().await;
     Ok(())
 }
 

@@ -294,6 +294,7 @@ impl Master {
             given_up_tasks_killed: self.metrics.given_up_killed,
             leadership_confirmations: self.metrics.leadership_confirmations,
             reconcile_evals: self.metrics.reconcile_evals,
+            kill_retries: self.metrics.kill_retries,
         };
         let Role::Leading { registrar, .. } = &self.role else {
             return reply.send(metrics);

@@ -19,6 +19,11 @@ pub(super) fn task_job(task: &Task) -> Option<&str> {
     (!task.job.is_empty()).then_some(task.job.as_str())
 }
 
+/// The first wait before a kill that did not arrive is sent again.
+pub(super) const KILL_RETRY_FIRST: Duration = Duration::from_secs(1);
+/// The longest wait between two sends of one kill.
+pub(super) const KILL_RETRY_MAX: Duration = Duration::from_secs(30);
+
 /// How many ended tasks an agent's entry keeps for `muster job status`.
 const COMPLETED_HISTORY: usize = 1_000;
 
@@ -49,14 +54,35 @@ impl Master {
             return false;
         };
         task.state = TaskState::Killed.into();
+        self.send_kill(stop.agent.0.clone(), stop.task_id.clone(), 0, ctx);
+        true
+    }
+
+    /// Tells an agent to kill a task this master has marked killed. A kill that does not
+    /// arrive (a broken link, a silent agent) is sent again after a back-off
+    /// ([`KILL_RETRY_FIRST`], doubling up to [`KILL_RETRY_MAX`]) for as long as this master
+    /// leads in the same term, the agent is connected and the task, still marked killed, has
+    /// not reported its end: otherwise it would run on beside its replacement with nothing to
+    /// notice it. An agent that answers it runs no such task ends it here.
+    fn send_kill(
+        &mut self,
+        agent_id: String,
+        task_id: String,
+        retry: u32,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(agent) = self.cluster.agents.get(&agent_id) else {
+            return;
+        };
         let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
-            return true;
+            return;
         };
         let remote = node.remote(upid);
         let kill = pb::KillTask {
-            task_id: stop.task_id.clone(),
+            task_id: task_id.clone(),
             term: self.term,
         };
+        let term = self.term;
         let timeout = self.config.ping_timeout;
         ctx.defer(
             async move {
@@ -64,13 +90,61 @@ impl Master {
                     .ask_timeout::<pb::KillTask, pb::KillTaskReply>(timeout, kill)
                     .await
             },
-            |_master: &mut Master, _ctx, answered| {
-                if let Err(e) = answered {
-                    tracing::warn!(error = %e, "could not ask an agent to kill a task");
+            move |master: &mut Master, ctx, answered| match answered {
+                Ok(reply) if reply.error.is_empty() => {}
+                Ok(reply) => master.kill_refused(agent_id, task_id, reply.error, ctx),
+                Err(e) => {
+                    let wait = KILL_RETRY_FIRST
+                        .saturating_mul(1 << retry.min(16))
+                        .min(KILL_RETRY_MAX);
+                    tracing::warn!(agent = %agent_id, task = %task_id, error = %e, retry_in = ?wait, "could not ask an agent to kill a task");
+                    master.metrics.kill_retries += 1;
+                    ctx.defer(tokio::time::sleep(wait), move |master: &mut Master, ctx, ()| {
+                        if master.leading_term() == Some(term)
+                            && master.kill_pending(&agent_id, &task_id)
+                        {
+                            master.send_kill(agent_id, task_id, retry.saturating_add(1), ctx);
+                        }
+                    });
                 }
             },
         );
-        true
+    }
+
+    /// Whether `task_id` is still marked killed on `agent_id`, connected, with no end reported.
+    fn kill_pending(&self, agent_id: &str, task_id: &str) -> bool {
+        self.cluster.agents.get(agent_id).is_some_and(|agent| {
+            agent.connected
+                && agent
+                    .tasks
+                    .iter()
+                    .any(|t| t.id == task_id && state_of(t) == TaskState::Killed)
+        })
+    }
+
+    /// The agent answered a kill with an error: it runs no such task (any more), or it refused
+    /// this master's term. Either way the task does not run for this master: it ends here
+    /// (killed, with the agent's answer), so it is not counted as running for good.
+    fn kill_refused(
+        &mut self,
+        agent_id: String,
+        task_id: String,
+        error: String,
+        ctx: &mut Context<Self>,
+    ) {
+        let Some(task) = self
+            .cluster
+            .agents
+            .get(&agent_id)
+            .and_then(|a| a.tasks.iter().find(|t| t.id == task_id))
+        else {
+            return;
+        };
+        tracing::info!(agent = %agent_id, task = %task_id, %error, "the agent runs no task to kill: counted as ended");
+        let mut ended = task.clone();
+        ended.state = TaskState::Killed.into();
+        ended.message = format!("the kill was answered: {error}");
+        self.task_updated(agent_id, ended, ctx);
     }
 
     /// An agent reports a task's state (or a launch failed). Ended tasks move to the history,
