@@ -30,7 +30,6 @@ struct Inner {
     ops: Vec<Option<OpEvent>>,
     token: Option<TokenSecret>,
     problems: Vec<String>,
-    unconverged: Vec<String>,
 }
 
 /// The run's shared record.
@@ -123,18 +122,6 @@ impl Record {
     pub(crate) fn problem(&self, problem: String) {
         self.log(format!("PROBLEM: {problem}"));
         self.lock().problems.push(problem);
-    }
-
-    /// Records that the cluster did not converge after the heal (tasks the leader does not
-    /// stop): a known, open problem, reported apart (see `--strict`).
-    pub(crate) fn unconverged(&self, problem: String) {
-        self.log(format!("NOT CONVERGED: {problem}"));
-        self.lock().unconverged.push(problem);
-    }
-
-    /// What [`unconverged`](Self::unconverged) recorded.
-    pub(crate) fn unconverged_problems(&self) -> Vec<String> {
-        self.lock().unconverged.clone()
     }
 
     /// The broken invariants recorded while the run was going.

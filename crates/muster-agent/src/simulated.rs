@@ -169,11 +169,18 @@ impl SimulatedTasks {
 
     /// The names of the tasks running now, in task id order.
     pub fn running_names(&self) -> Vec<String> {
+        self.running().into_iter().map(|(_, name)| name).collect()
+    }
+
+    /// The tasks that run now, as (task id, name), by task id.
+    pub fn running(&self) -> Vec<(String, String)> {
         let now = self.now();
         self.lock()
             .tasks
-            .values_mut()
-            .filter_map(|t| matches!(t.settle(now), State::Running { .. }).then(|| t.name.clone()))
+            .iter_mut()
+            .filter_map(|(id, t)| {
+                matches!(t.settle(now), State::Running { .. }).then(|| (id.clone(), t.name.clone()))
+            })
             .collect()
     }
 
