@@ -32,7 +32,7 @@ mod random;
 mod record;
 mod workload;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -515,9 +515,52 @@ async fn desired(client: &mut Client) -> Option<(BTreeMap<String, u32>, bool)> {
     Some((wanted, evals_done))
 }
 
+/// How long a converged cluster is watched to stay so.
+const STAYS_CONVERGED: Duration = Duration::from_secs(10);
+/// How long a slot may run twice once the cluster has converged: one heartbeat TTL
+/// (`heartbeat_min_ttl`), the time a master takes to hear of anything on an agent.
+const TWICE_AT_MOST: Duration = Duration::from_secs(2);
+
+/// Once converged, with no fault and no client left, nothing should change: watches for
+/// [`STAYS_CONVERGED`] that no slot runs twice for longer than [`TWICE_AT_MOST`] and that
+/// the same tasks run at the end as at the start, and records a problem if not.
+async fn stays_converged(agents: &[AgentHost], record: &Record) {
+    let running = || -> BTreeSet<(String, String)> {
+        agents.iter().flat_map(|a| a.tasks.running()).collect()
+    };
+    let settled = running();
+    let until = record::now() + STAYS_CONVERGED;
+    // Slot -> when it was first seen running twice, in the current stretch.
+    let mut twice_since: BTreeMap<String, Duration> = BTreeMap::new();
+    while record::now() < until {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        let now = record::now();
+        let names: Vec<String> = running().into_iter().map(|(_, name)| name).collect();
+        let twice = check::duplicates(names.iter().map(String::as_str));
+        twice_since.retain(|slot, _| twice.contains(slot));
+        for slot in twice {
+            let since = *twice_since.entry(slot.clone()).or_insert(now);
+            if now.saturating_sub(since) > TWICE_AT_MOST {
+                record.problem(format!(
+                    "after converging, slot {slot} ran twice for over {TWICE_AT_MOST:?}"
+                ));
+                return;
+            }
+        }
+    }
+    let at_end = running();
+    if at_end != settled {
+        let gone: Vec<_> = settled.difference(&at_end).collect();
+        let new: Vec<_> = at_end.difference(&settled).collect();
+        record.problem(format!(
+            "after converging, with nothing asked, tasks changed: gone {gone:?}, new {new:?}"
+        ));
+    }
+}
+
 /// After the heal: polls until every job runs its count with no slot twice and every
-/// evaluation has ended, or records why not; then reads every job once more into the
-/// checked history.
+/// evaluation has ended (then watches that it stays so), or records why not; then reads every
+/// job once more into the checked history.
 async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Record) {
     tokio::time::sleep(HEAL_AT.saturating_sub(record::now())).await;
     let mut client = Client::new(cluster::master_addresses(&masters), record.clone());
@@ -553,6 +596,7 @@ async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Reco
                         "converged {:.1}s after the heal",
                         now.saturating_sub(HEAL_AT).as_secs_f64()
                     ));
+                    stays_converged(&agents, &record).await;
                     break;
                 }
                 last = format!(
