@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use muster::actor::{Node, System};
+use muster::actor::{Node, NodeConfig, System};
 use muster::agent::AgentConfig;
 use muster::master::{AclMsg, MasterConfig, MasterServer, OperatorMsg, ServiceError};
 use muster_security::{DEFAULT_CLUSTER, Security, Tls, TlsFiles};
@@ -123,11 +123,19 @@ pub(crate) async fn run(options: DevOptions) -> anyhow::Result<()> {
 
     let system = System::new();
     let agent_security = Security::Tls(Tls::load(agent_files, DEFAULT_CLUSTER)?);
-    let node = Node::bind(&system, &agent_listen, agent_security).await?;
+    // As `muster-agent` does: gRPC health (SERVING while registered) and reflection.
+    let (serving, serving_now) = tokio::sync::watch::channel(false);
+    let node = Node::serve(
+        &system,
+        Node::listen(&agent_listen).await?,
+        NodeConfig::new(agent_security),
+        muster::actor::health::operator_routes(serving_now, &[]).await?,
+    )?;
     let mut agent_config =
         AgentConfig::new(vec![master.address().to_owned()], data_dir.join("agent"));
     agent_config.registration_backoff_initial = Duration::from_millis(100);
     let agent = muster::agent::start(&node, agent_config).await?;
+    agent.report_registered(serving);
     let (agent_id, _) = tokio::time::timeout(Duration::from_secs(30), agent.registered())
         .await
         .context("the dev agent did not register within 30 s")??;

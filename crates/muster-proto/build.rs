@@ -24,9 +24,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Some(path) => PathBuf::from(path),
         None => protoc_bin_vendored::protoc_bin_path()?,
     };
+    // Every package's descriptors in one set, for gRPC server reflection.
+    let descriptors = PathBuf::from(std::env::var("OUT_DIR")?).join("muster_descriptors.bin");
     let mut config = tonic_prost_build::Config::new();
     config
         .protoc_executable(protoc)
+        .file_descriptor_set_path(descriptors)
         .bytes(["."])
         .enable_type_names();
     tonic_prost_build::configure().compile_with_config(config, &protos, &[root])?;

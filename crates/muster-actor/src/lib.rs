@@ -60,6 +60,7 @@ pub use muster_security as security;
 pub use pid::Pid;
 pub use pool::{Pool, PoolBuilder, Routing};
 pub use process::Process;
+pub use remote::health;
 pub use remote::{
     MEMBERS, Node, NodeConfig, NodeError, Registration, RemotePid, TransportStats, Upid,
 };

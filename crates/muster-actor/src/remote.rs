@@ -8,8 +8,10 @@
 //! - `inbox`: per-process decoders by proto type name (`install`) and remote replies.
 //! - `remote_pid`: tell and ask a remote process; `Context::link_remote`.
 //! - `config`, `stats`: limits and counters.
+//! - `health`: the gRPC health service and server reflection a node serves for operators.
 
 mod config;
+pub mod health;
 mod inbox;
 mod node;
 mod peer;

@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use muster_actor::{Node, System};
+use muster_actor::{Node, NodeConfig, System};
 use muster_agent::AgentConfig;
 use muster_launch::security::{TlsFileConfig, TlsFlags};
 use muster_security::{Role, Security};
@@ -204,7 +204,16 @@ async fn run(listen: String, config: AgentConfig, security: Security) -> anyhow:
     let system = System::new();
     muster_launch::security::reload_on_sighup(&security)?;
     let insecure = security.is_insecure();
-    let node = Node::bind(&system, &listen, security).await?;
+    // Beside the actor transport: gRPC health (SERVING while registered with a master) and
+    // reflection, for load balancers and grpcurl.
+    let (serving, serving_now) = tokio::sync::watch::channel(false);
+    let routes = muster_actor::health::operator_routes(serving_now, &[]).await?;
+    let node = Node::serve(
+        &system,
+        Node::listen(&listen).await?,
+        NodeConfig::new(security),
+        routes,
+    )?;
     let address = node.address().to_owned();
     let agent = match muster_agent::start(&node, config).await {
         Ok(agent) => agent,
@@ -214,6 +223,7 @@ async fn run(listen: String, config: AgentConfig, security: Security) -> anyhow:
             return Err(e.into());
         }
     };
+    agent.report_registered(serving);
     {
         let mut stdout = std::io::stdout().lock();
         writeln!(

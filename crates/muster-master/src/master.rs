@@ -176,6 +176,9 @@ pub struct Master {
     /// The term and the moment until which a quorum's last confirmation of this master's
     /// leadership holds (see `leadership::with_quorum_leadership`).
     leadership_lease: Option<(u64, tokio::time::Instant)>,
+    /// Whether this master can do its job: it leads (caught up), or it stands by and knows
+    /// who leads. The gRPC health service reports it (see [`Master::serving`]).
+    serving: tokio::sync::watch::Sender<bool>,
 }
 
 impl Master {
@@ -204,7 +207,29 @@ impl Master {
             heartbeats: HeartbeatDeadlines::default(),
             crash_loops: crash_loops::CrashLoops::default(),
             leadership_lease: None,
+            serving: tokio::sync::watch::Sender::new(false),
         }
+    }
+
+    /// Follows whether this master can do its job: it leads, caught up with the registry, or
+    /// stands by knowing who leads (and so can point a caller there). Take it before the
+    /// process is spawned.
+    pub fn serving(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.serving.subscribe()
+    }
+
+    /// Publishes a change of [`serving`](Self::serving).
+    fn publish_serving(&self) {
+        let now = match &self.role {
+            Role::Leading { .. } => true,
+            Role::Standby { leader } => leader.is_some(),
+            Role::Starting { .. } => false,
+        };
+        self.serving.send_if_modified(|serving| {
+            let changed = *serving != now;
+            *serving = now;
+            changed
+        });
     }
 
     fn on_message(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {
@@ -283,5 +308,6 @@ impl Process for Master {
 
     async fn handle(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {
         self.on_message(msg, ctx);
+        self.publish_serving();
     }
 }

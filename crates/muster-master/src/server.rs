@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
+use muster_actor::health;
 use muster_actor::{Node, NodeConfig, NodeError, Pid, System};
 use muster_proto::cluster as pb;
 use muster_registry::{RegistryConfig, RegistryError, RegistryNode, StoreLocation};
 use std::sync::Arc;
 
 use muster_security::{Guarded, Role, TokenSource};
-use tonic::service::Routes;
 
 /// Who may send the master's agent-facing messages: agent certificates only.
 const AGENTS: &[Role] = &[Role::Agent];
@@ -35,6 +35,12 @@ pub enum MasterError {
     #[error("invalid master config: {0}")]
     Config(String),
 }
+
+/// The services whose health the master reports (beside the whole server's).
+const HEALTH_SERVICES: &[&str] = &[
+    pb::operator_server::SERVICE_NAME,
+    muster_proto::scheduling::scheduling_server::SERVICE_NAME,
+];
 
 /// A running master.
 #[derive(Debug)]
@@ -96,12 +102,9 @@ impl MasterServer {
         let placement = config.placement;
         let security = config.security.clone();
         let system = System::new();
-        let master = system.spawn(Master::new(
-            config,
-            address.clone(),
-            registry.clone(),
-            &system,
-        ));
+        let master = Master::new(config, address.clone(), registry.clone(), &system);
+        let serving = master.serving();
+        let master = system.spawn(master);
         let scheduling = master
             .ask(|reply| SchedulingMsg::Pids(reply).into())
             .await
@@ -110,7 +113,13 @@ impl MasterServer {
         // Each service behind its guard, with the rules of `authorization.rs`; tokens are
         // the registry's applied ones.
         let tokens: Arc<dyn TokenSource> = Arc::new(registry.reader().clone());
-        let routes = Routes::new(registry.raft_service())
+        // Health and reflection need a certificate of the cluster (as every connection does)
+        // but no token: load balancers and grpcurl ask them. SERVING while this master leads,
+        // or stands by knowing the leader.
+        let routes = health::operator_routes(serving, HEALTH_SERVICES)
+            .await
+            .map_err(|e| MasterError::Config(format!("gRPC reflection: {e}")))?
+            .add_service(registry.raft_service())
             .add_service(Guarded::new(
                 OperatorService::new(master.clone()).into_server(),
                 operator_rules(),

@@ -51,6 +51,11 @@ mod generated {
     }
 }
 
+/// The encoded `FileDescriptorSet` of every package above, for gRPC server reflection
+/// (`grpcurl list`).
+pub const FILE_DESCRIPTOR_SET: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/muster_descriptors.bin"));
+
 /// `muster.transport.v1`: the node-to-node actor transport.
 pub use generated::muster::transport::v1 as transport;
 

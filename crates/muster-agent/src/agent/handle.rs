@@ -97,6 +97,28 @@ impl AgentHandle {
         self.status.clone()
     }
 
+    /// Keeps `serving` true while the agent is registered with a master, false otherwise (the
+    /// gRPC health service of the agent's node follows it: see
+    /// [`muster_actor::health`]). Ends when the agent stops.
+    pub fn report_registered(&self, serving: watch::Sender<bool>) {
+        let mut status = self.status.clone();
+        tokio::spawn(async move {
+            loop {
+                let registered =
+                    matches!(*status.borrow_and_update(), AgentStatus::Registered { .. });
+                serving.send_if_modified(|now| {
+                    let changed = *now != registered;
+                    *now = registered;
+                    changed
+                });
+                if status.changed().await.is_err() {
+                    serving.send_replace(false);
+                    return;
+                }
+            }
+        });
+    }
+
     /// Waits until the agent is registered with a master (returns at once if it is) and
     /// returns its id and the master's address.
     ///
