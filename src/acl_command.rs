@@ -90,14 +90,17 @@ pub(crate) async fn run(connection: &Connection, command: AclCommand) -> anyhow:
                 .await?;
             writeln!(
                 out,
-                "{:<18} {:<20} {:<12} CREATED (ms)",
+                "{:<18} {:<20} {:<12} CREATED",
                 "ACCESSOR", "NAME", "POLICY"
             )?;
             for token in list.tokens {
                 writeln!(
                     out,
                     "{:<18} {:<20} {:<12} {}",
-                    token.accessor, token.name, token.policy, token.created_ms
+                    token.accessor,
+                    token.name,
+                    token.policy,
+                    crate::when::when(token.created_ms)
                 )?;
             }
         }

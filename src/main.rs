@@ -9,6 +9,7 @@ mod dev;
 mod job_file;
 mod operator_command;
 mod tls_command;
+mod when;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -139,7 +140,10 @@ fn staleness(read: Option<&pb::ReadInfo>) -> Option<String> {
     let contact = match read.last_contact_ms {
         0 => "it leads".to_owned(),
         u64::MAX => "it has not heard from a leader".to_owned(),
-        ms => format!("last heard from the leader {ms} ms ago"),
+        ms => format!(
+            "last heard from the leader {} ago",
+            humantime::format_duration(std::time::Duration::from_millis(ms))
+        ),
     };
     Some(format!(
         "stale read: registry index {}, {contact}{}",
@@ -324,8 +328,9 @@ async fn status(connection: &Connection, stale: bool) -> anyhow::Result<()> {
     for agent in &state.unreachable {
         writeln!(
             out,
-            "  unreachable {} since {} ms",
-            agent.id, agent.marked_at_ms
+            "  unreachable {} since {}",
+            agent.id,
+            when::when(agent.marked_at_ms)
         )?;
     }
     if !state.frameworks.is_empty() {
