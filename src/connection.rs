@@ -1,5 +1,10 @@
-//! How the CLI reaches a master: the address, TLS with a client certificate, the ACL token,
-//! and a time limit on every call.
+//! How the CLI reaches a master: the addresses, TLS with a client certificate, the ACL
+//! token, and a time limit on every call.
+//!
+//! `MUSTER_ADDR` (or `--master`) may list several masters, comma-separated. A call goes to the
+//! first; a standby's answer naming the leader is followed; a master that cannot be reached,
+//! or knows no leader, passes the call to the next. A master that takes the call and does not
+//! answer within the time limit ends it with an error, rather than the call being made twice.
 //!
 //! Settings come from flags, then the `MUSTER_*` variables (as Nomad's `NOMAD_ADDR`,
 //! `NOMAD_CACERT`, `NOMAD_CLIENT_CERT`, `NOMAD_CLIENT_KEY`, `NOMAD_TOKEN`). When none of the
@@ -27,9 +32,15 @@ pub(crate) const DEFAULT_ADDRESS: &str = "127.0.0.1:5050";
 /// Where the CLI finds a master: global flags of every command that talks to one.
 #[derive(Debug, Clone, clap::Args)]
 pub(crate) struct Target {
-    /// Any master's address; a standby's answer leads to the leader [default: the running dev
-    /// cluster's, else 127.0.0.1:5050].
-    #[arg(long, global = true, env = "MUSTER_ADDR", value_name = "HOST:PORT")]
+    /// Any master's address, or several comma-separated (tried in order when one is down);
+    /// a standby's answer leads to the leader [default: the running dev cluster's, else
+    /// 127.0.0.1:5050].
+    #[arg(
+        long,
+        global = true,
+        env = "MUSTER_ADDR",
+        value_name = "HOST:PORT[,HOST:PORT..]"
+    )]
     master: Option<String>,
     #[command(flatten)]
     client: ClientFlags,
@@ -43,7 +54,8 @@ pub(crate) type Client = OperatorClient<InterceptedService<Channel, WithToken>>;
 
 /// Resolved settings: where to go and how.
 pub(crate) struct Connection {
-    address: String,
+    /// The masters to try, in order (at least one).
+    addresses: Vec<String>,
     security: Security,
     token: Option<TokenSecret>,
     timeout: Duration,
@@ -86,6 +98,19 @@ pub(crate) fn parse_exports(text: &str) -> BTreeMap<String, String> {
             (key.trim().to_owned(), value)
         })
         .collect()
+}
+
+/// The `host:port` of each master in a comma-separated list (see [`authority`]).
+pub(crate) fn authorities(list: &str) -> anyhow::Result<Vec<String>> {
+    let addresses = list
+        .split(',')
+        .filter(|a| !a.trim().is_empty())
+        .map(authority)
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if addresses.is_empty() {
+        bail!("no master address in {list:?}");
+    }
+    Ok(addresses)
 }
 
 /// `host:port` from `host:port`, `http://host:port` or `https://host:port`.
@@ -132,7 +157,7 @@ impl Target {
                 None => get("MUSTER_ADDR").unwrap_or_else(|| DEFAULT_ADDRESS.to_owned()),
             };
             return Ok(Connection {
-                address: authority(&address)?,
+                addresses: authorities(&address)?,
                 security: flags
                     .security()
                     .with_context(|| format!("in the dev cluster's settings {}", dev.display()))?,
@@ -142,7 +167,7 @@ impl Target {
             });
         }
         Ok(Connection {
-            address: authority(self.master.as_deref().unwrap_or(DEFAULT_ADDRESS))?,
+            addresses: authorities(self.master.as_deref().unwrap_or(DEFAULT_ADDRESS))?,
             security: client.security()?,
             token: client.token(),
             timeout: self.timeout,
@@ -152,11 +177,6 @@ impl Target {
 }
 
 impl Connection {
-    /// The master address first tried.
-    pub(crate) fn address(&self) -> &str {
-        &self.address
-    }
-
     /// A client of the master at `address`.
     pub(crate) async fn client(&self, address: &str) -> anyhow::Result<Client> {
         let endpoint = Endpoint::from_shared(format!("http://{address}"))
@@ -183,25 +203,96 @@ impl Connection {
             .max_encoding_message_size(MAX_OPERATOR_MESSAGE))
     }
 
-    /// Makes a leader-only `call` at the first master; if that master is a standby naming
-    /// the leader (the one "not the leader" convention of `muster::scheduler::protocol`),
-    /// makes it once more there.
+    /// Makes a leader-only `call`: at the first master, following a standby's answer that
+    /// names the leader; a master that cannot be reached or knows no leader passes it to the
+    /// next (see the module).
     pub(crate) async fn at_leader<T, F, Fut>(&self, call: F) -> anyhow::Result<T>
     where
         F: Fn(Client) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let refused = match call(self.client(&self.address).await?).await {
+        self.each_master(|address| self.at_leader_from(address, &call))
+            .await
+    }
+
+    /// Makes `call` at the first master that answers, whatever its role (a stale read).
+    pub(crate) async fn at_any<T, F, Fut>(&self, call: F) -> anyhow::Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let call = &call;
+        self.each_master(|address| async move {
+            let client = self.client(address).await.map_err(Attempt::Next)?;
+            call(client)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|status| answered(address, status))
+        })
+        .await
+    }
+
+    /// `attempt` at each master in turn until one settles it.
+    async fn each_master<'a, T, A, Fut>(&'a self, attempt: A) -> anyhow::Result<T>
+    where
+        A: Fn(&'a str) -> Fut,
+        Fut: Future<Output = Result<T, Attempt>>,
+    {
+        let mut passed = Vec::new();
+        for address in &self.addresses {
+            match attempt(address).await {
+                Ok(answer) => return Ok(answer),
+                Err(Attempt::Final(error)) => return Err(error),
+                Err(Attempt::Next(error)) => passed.push(error),
+            }
+        }
+        match passed.len() {
+            1 => Err(passed.remove(0)),
+            _ => {
+                let why: Vec<String> = passed.iter().map(|e| format!("{e:#}")).collect();
+                bail!("no master answered: {}", why.join("; "))
+            }
+        }
+    }
+
+    /// One leader-only `call` starting at `address`.
+    async fn at_leader_from<T, F, Fut>(&self, address: &str, call: &F) -> Result<T, Attempt>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = self.client(address).await.map_err(Attempt::Next)?;
+        let refused = match call(client).await {
             Ok(reply) => return Ok(reply.into_inner()),
             Err(status) => status,
         };
-        let Some(leader) = leader_hint(&refused).filter(|leader| *leader != self.address) else {
-            bail!("{}", refused.message());
+        let Some(leader) = leader_hint(&refused).filter(|leader| leader != address) else {
+            return Err(answered(address, refused));
         };
-        call(self.client(&leader).await?)
+        let client = self.client(&leader).await.map_err(Attempt::Next)?;
+        call(client)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| anyhow::anyhow!("{}", status.message()))
+            .map_err(|status| answered(&leader, status))
+    }
+}
+
+/// How one master's attempt at a call ended, when it did not answer it.
+enum Attempt {
+    /// The master answered with an error: the call ends with it.
+    Final(anyhow::Error),
+    /// The master could not take the call (unreachable, or knows no leader): the next may.
+    Next(anyhow::Error),
+}
+
+/// What `status` from the master at `address` means for the call: `UNAVAILABLE` (a broken
+/// connection, or no leader known) passes it on; any other answer ends it.
+fn answered(address: &str, status: tonic::Status) -> Attempt {
+    let error = anyhow::anyhow!("{}", status.message());
+    if status.code() == tonic::Code::Unavailable {
+        Attempt::Next(error.context(format!("the master at {address}")))
+    } else {
+        Attempt::Final(error)
     }
 }
 
@@ -236,6 +327,17 @@ mod tests {
         for bad in ["", "localhost", "a:b", ":5050"] {
             assert!(authority(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn a_list_of_masters_is_comma_separated() {
+        assert_eq!(
+            authorities("127.0.0.1:5051, https://10.0.0.2:5052,").expect("a list"),
+            ["127.0.0.1:5051", "10.0.0.2:5052"]
+        );
+        assert!(authorities(" , ").is_err());
+        let bad = authorities("127.0.0.1:5051,nowhere").expect_err("a bad entry");
+        assert!(bad.to_string().contains("\"nowhere\""), "{bad}");
     }
 
     #[test]

@@ -118,14 +118,11 @@ enum JobCommand {
 /// `stale` from the master given, as it has it.
 async fn read_state(connection: &Connection, stale: bool) -> anyhow::Result<pb::ClusterState> {
     if stale {
-        let address = connection.address().to_owned();
-        return Ok(connection
-            .client(&address)
-            .await?
-            .get_state(pb::GetStateRequest { stale })
-            .await
-            .map_err(|status| anyhow::anyhow!("the master at {address}: {}", status.message()))?
-            .into_inner());
+        return connection
+            .at_any(
+                |mut client| async move { client.get_state(pb::GetStateRequest { stale }).await },
+            )
+            .await;
     }
     connection
         .at_leader(|mut client| async move {
@@ -185,14 +182,16 @@ async fn job(connection: &Connection, command: JobCommand) -> anyhow::Result<()>
         }
         JobCommand::Status { name, stale } => {
             let status = if stale {
-                let address = connection.address().to_owned();
                 connection
-                    .client(&address)
+                    .at_any(|mut client| {
+                        let name = name.clone();
+                        async move {
+                            client
+                                .job_status(pb::JobStatusRequest { name, stale })
+                                .await
+                        }
+                    })
                     .await?
-                    .job_status(pb::JobStatusRequest { name, stale })
-                    .await
-                    .map_err(|s| anyhow::anyhow!("the master at {address}: {}", s.message()))?
-                    .into_inner()
             } else {
                 connection
                     .at_leader(|mut client| {

@@ -49,6 +49,32 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     ensure!(text.contains(&format!("agent@{agent}")), "status: {text}");
     ensure!(text.contains("security: mutual TLS"), "status: {text}");
 
+    // Several masters in MUSTER_ADDR: one that is down is passed over, for leader-only and
+    // stale calls alike; when none answers, each one's reason is named.
+    let nobody = free_port().await?;
+    let both = format!("{nobody},{master}");
+    for args in [
+        &["status", "--master", &both][..],
+        &["status", "--stale", "--master", &both][..],
+    ] {
+        let status = muster(args)?.output().await?;
+        ensure!(status.status.success(), "{args:?} failed: {status:?}");
+        let text = String::from_utf8_lossy(&status.stdout);
+        ensure!(text.contains(&format!("leader {master}")), "status: {text}");
+    }
+    let other = free_port().await?;
+    let none = muster(&["status", "--master", &format!("{nobody},{other}")])?
+        .output()
+        .await?;
+    ensure!(!none.status.success(), "status answered with no master up");
+    let text = String::from_utf8_lossy(&none.stderr);
+    ensure!(
+        text.contains("no master answered")
+            && text.contains(&format!("cannot reach a master at {nobody}"))
+            && text.contains(&format!("cannot reach a master at {other}")),
+        "{text}"
+    );
+
     // The README's walkthrough: run a job, see it.
     let job = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/jobs/hello.toml");
     let run = muster(&["job", "run", job])?.output().await?;
