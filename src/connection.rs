@@ -232,6 +232,20 @@ impl Connection {
         .await
     }
 
+    /// A read: with `stale`, [`at_any`](Self::at_any) master; else linearizable,
+    /// [`at_leader`](Self::at_leader).
+    pub(crate) async fn read<T, F, Fut>(&self, stale: bool, call: F) -> anyhow::Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        if stale {
+            self.at_any(call).await
+        } else {
+            self.at_leader(call).await
+        }
+    }
+
     /// `attempt` at each master in turn until one settles it.
     async fn each_master<'a, T, A, Fut>(&'a self, attempt: A) -> anyhow::Result<T>
     where

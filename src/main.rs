@@ -1,5 +1,6 @@
 //! `muster`: a one-process dev cluster (`muster dev`), a cluster's state (`muster status`),
-//! jobs (`muster job run FILE`, `muster job status NAME`, `muster job stop NAME`), TLS
+//! jobs (`muster job run FILE`, `muster job status NAME`, `muster job stop NAME`,
+//! `muster job list`), evaluations (`muster eval list`), agents (`muster agent list`), TLS
 //! material (`muster tls`), ACL tokens (`muster acl`) and registry snapshots
 //! (`muster operator snapshot save|restore`).
 
@@ -7,11 +8,12 @@ mod acl_command;
 mod connection;
 mod dev;
 mod job_file;
+mod list_command;
 mod operator_command;
 mod tls_command;
 mod when;
 
-use std::io::Write as _;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -74,6 +76,16 @@ enum Command {
         #[command(subcommand)]
         command: JobCommand,
     },
+    /// List evaluations.
+    Eval {
+        #[command(subcommand)]
+        command: EvalCommand,
+    },
+    /// List agents.
+    Agent {
+        #[command(subcommand)]
+        command: AgentCommand,
+    },
     /// Make a cluster CA and certificates for masters, agents and clients.
     Tls {
         #[command(subcommand)]
@@ -92,7 +104,46 @@ enum Command {
 }
 
 #[derive(Debug, Subcommand)]
+enum EvalCommand {
+    /// Evaluations, newest first: every job's, or one's.
+    List {
+        /// Only this job's.
+        #[arg(long, default_value = "")]
+        job: String,
+        /// At most this many (the master caps it at 1000).
+        #[arg(long, default_value_t = 50)]
+        limit: u32,
+        /// Answer from the first master that answers, whatever its role; may be behind: says
+        /// by how much
+        #[arg(long)]
+        stale: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum AgentCommand {
+    /// Every agent: address, resources, tasks, isolation, whether connected; and those
+    /// unreachable.
+    List {
+        /// Answer from the first master that answers, whatever its role (a standby knows no
+        /// agents); may be behind: says by how much
+        #[arg(long)]
+        stale: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 enum JobCommand {
+    /// Every job (or those whose name starts with a prefix), with its tasks by state.
+    List {
+        /// Only jobs whose name starts with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Answer from the first master that answers, whatever its role (a standby knows the
+        /// jobs, not their tasks); may be behind: says by how much
+        #[arg(long)]
+        stale: bool,
+    },
     /// Submit the job in a TOML file (new or changed).
     Run {
         /// The job file (see examples/jobs/hello.toml).
@@ -116,23 +167,19 @@ enum JobCommand {
 
 /// The cluster state: linearizable from the leader (following a standby's hint), or with
 /// `stale` from the master given, as it has it.
-async fn read_state(connection: &Connection, stale: bool) -> anyhow::Result<pb::ClusterState> {
-    if stale {
-        return connection
-            .at_any(
-                |mut client| async move { client.get_state(pb::GetStateRequest { stale }).await },
-            )
-            .await;
-    }
+pub(crate) async fn read_state(
+    connection: &Connection,
+    stale: bool,
+) -> anyhow::Result<pb::ClusterState> {
     connection
-        .at_leader(|mut client| async move {
-            client.get_state(pb::GetStateRequest { stale: false }).await
+        .read(stale, |mut client| async move {
+            client.get_state(pb::GetStateRequest { stale }).await
         })
         .await
 }
 
 /// One line saying how stale a stale read may be; nothing for a linearizable one.
-fn staleness(read: Option<&pb::ReadInfo>) -> Option<String> {
+pub(crate) fn staleness(read: Option<&pb::ReadInfo>) -> Option<String> {
     let read = read.filter(|r| r.stale)?;
     let contact = match read.last_contact_ms {
         0 => "it leads".to_owned(),
@@ -171,6 +218,10 @@ async fn job(connection: &Connection, command: JobCommand) -> anyhow::Result<()>
                 reply.version, reply.eval_id
             )?;
         }
+        JobCommand::List { prefix, stale } => {
+            drop(out);
+            return list_command::jobs(connection, prefix, stale).await;
+        }
         JobCommand::Stop { name } => {
             let reply = connection
                 .at_leader(|mut client| {
@@ -181,29 +232,16 @@ async fn job(connection: &Connection, command: JobCommand) -> anyhow::Result<()>
             writeln!(out, "job {name} stopping (evaluation {})", reply.eval_id)?;
         }
         JobCommand::Status { name, stale } => {
-            let status = if stale {
-                connection
-                    .at_any(|mut client| {
-                        let name = name.clone();
-                        async move {
-                            client
-                                .job_status(pb::JobStatusRequest { name, stale })
-                                .await
-                        }
-                    })
-                    .await?
-            } else {
-                connection
-                    .at_leader(|mut client| {
-                        let name = name.clone();
-                        async move {
-                            client
-                                .job_status(pb::JobStatusRequest { name, stale })
-                                .await
-                        }
-                    })
-                    .await?
-            };
+            let status = connection
+                .read(stale, |mut client| {
+                    let name = name.clone();
+                    async move {
+                        client
+                            .job_status(pb::JobStatusRequest { name, stale })
+                            .await
+                    }
+                })
+                .await?;
             if let Some(line) = staleness(status.read.as_ref()) {
                 writeln!(out, "{line}")?;
             }
@@ -282,6 +320,17 @@ async fn status(connection: &Connection, stale: bool) -> anyhow::Result<()> {
             "mutual TLS, roles, ACL tokens"
         }
     )?;
+    print_agents(&mut out, &state)?;
+    if !state.frameworks.is_empty() {
+        let names: Vec<&str> = state.frameworks.iter().map(|f| f.id.as_str()).collect();
+        writeln!(out, "frameworks: {}", names.join(", "))?;
+    }
+    Ok(())
+}
+
+/// The agents of `state`: a count, a table of the connected and disconnected ones with their
+/// tasks, and the unreachable ones (`muster status`, `muster agent list`).
+pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> anyhow::Result<()> {
     writeln!(
         out,
         "agents: {} ({} connected), {} unreachable",
@@ -332,10 +381,6 @@ async fn status(connection: &Connection, stale: bool) -> anyhow::Result<()> {
             when::when(agent.marked_at_ms)
         )?;
     }
-    if !state.frameworks.is_empty() {
-        let names: Vec<&str> = state.frameworks.iter().map(|f| f.id.as_str()).collect();
-        writeln!(out, "frameworks: {}", names.join(", "))?;
-    }
     Ok(())
 }
 
@@ -362,6 +407,12 @@ fn main() -> ExitCode {
             Command::Tls { command } => tls_command::run(command),
             Command::Status { stale } => status(&target.resolve()?, stale).await,
             Command::Job { command } => job(&target.resolve()?, command).await,
+            Command::Eval {
+                command: EvalCommand::List { job, limit, stale },
+            } => list_command::evals(&target.resolve()?, job, limit, stale).await,
+            Command::Agent {
+                command: AgentCommand::List { stale },
+            } => list_command::agents(&target.resolve()?, stale).await,
             Command::Acl { command } => acl_command::run(&target.resolve()?, command).await,
             Command::Operator { command } => {
                 operator_command::run(&target.resolve()?, command).await

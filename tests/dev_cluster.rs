@@ -80,6 +80,44 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     let run = muster(&["job", "run", job])?.output().await?;
     ensure!(run.status.success(), "job run: {run:?}");
 
+    // The lists: the job with its count, its registration evaluation, the agent.
+    let jobs = muster(&["job", "list"])?.output().await?;
+    ensure!(jobs.status.success(), "job list: {jobs:?}");
+    let text = String::from_utf8_lossy(&jobs.stdout);
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("hello "))
+        .with_context(|| format!("no hello in the job list: {text}"))?;
+    let columns: Vec<&str> = row.split_whitespace().collect();
+    ensure!(
+        columns.get(1..6) == Some(&["batch", "50", "1", "running", "1"][..]),
+        "job list row: {row}"
+    );
+    let none = muster(&["job", "list", "--prefix", "nomatch"])?
+        .output()
+        .await?;
+    ensure!(
+        String::from_utf8_lossy(&none.stdout).trim() == "no jobs",
+        "{none:?}"
+    );
+    let evals = muster(&["eval", "list", "--job", "hello"])?
+        .output()
+        .await?;
+    ensure!(evals.status.success(), "eval list: {evals:?}");
+    let text = String::from_utf8_lossy(&evals.stdout);
+    ensure!(
+        text.lines()
+            .any(|l| l.contains(" hello ") && l.contains("JobRegister")),
+        "eval list: {text}"
+    );
+    let agents = muster(&["agent", "list", "--stale"])?.output().await?;
+    ensure!(agents.status.success(), "agent list: {agents:?}");
+    let text = String::from_utf8_lossy(&agents.stdout);
+    ensure!(
+        text.contains(&format!("agent@{agent}")),
+        "agent list: {text}"
+    );
+
     // A read token cannot submit; the error says why.
     let created = muster(&["acl", "token", "create", "--policy", "read", "--name", "ci"])?
         .output()

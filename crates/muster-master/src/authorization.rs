@@ -4,7 +4,7 @@
 //!
 //! | service | method | needs |
 //! |---|---|---|
-//! | `Operator` | `GetState`, `GetMetrics`, `JobStatus` | client certificate, token with `read` |
+//! | `Operator` | `GetState`, `GetMetrics`, `JobStatus`, `ListJobs`, `ListEvaluations` | client certificate, token with `read` |
 //! | `Operator` | `SubmitJob`, `StopJob`, `LaunchTask` | client certificate, token with `submit` |
 //! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken`, `SnapshotSave`, `SnapshotRestore` | client certificate, `management` token |
 //! | `Operator` | `AclBootstrap` | client certificate (the registry allows it once) |
@@ -25,6 +25,11 @@ pub fn operator_rules() -> Rules {
         .method("GetState", Requirement::Token(CLIENTS, Permission::Read))
         .method("GetMetrics", Requirement::Token(CLIENTS, Permission::Read))
         .method("JobStatus", Requirement::Token(CLIENTS, Permission::Read))
+        .method("ListJobs", Requirement::Token(CLIENTS, Permission::Read))
+        .method(
+            "ListEvaluations",
+            Requirement::Token(CLIENTS, Permission::Read),
+        )
         .method("SubmitJob", Requirement::Token(CLIENTS, Permission::Submit))
         .method("StopJob", Requirement::Token(CLIENTS, Permission::Submit))
         .method(
@@ -48,6 +53,11 @@ mod tests {
         let rules = operator_rules();
         let token = |p| Requirement::Token(CLIENTS, p);
         assert_eq!(rules.requirement("GetState"), token(Permission::Read));
+        assert_eq!(rules.requirement("ListJobs"), token(Permission::Read));
+        assert_eq!(
+            rules.requirement("ListEvaluations"),
+            token(Permission::Read)
+        );
         assert_eq!(rules.requirement("SubmitJob"), token(Permission::Submit));
         assert_eq!(rules.requirement("ListTokens"), token(Permission::Manage));
         // A method added later without a row needs management: closed by default.

@@ -1,6 +1,7 @@
 //! The operator API: gRPC on the master's port, answered by the master process.
 //!
-//! `GetMetrics` answers on every master. Reads (`GetState`, `JobStatus`) are linearizable by
+//! `GetMetrics` answers on every master. Reads (`GetState`, `JobStatus`, `ListJobs`,
+//! `ListEvaluations`) are linearizable by
 //! default: only the leader answers, once a quorum has confirmed it still leads; with
 //! `stale: true` any master answers from its own state, and the reply's `read` says how far
 //! behind it may be. The other calls are leader-only. A standby answers leader-only calls as
@@ -166,6 +167,32 @@ impl Operator for OperatorService {
                 .filter_map(|t| t.task.as_mut())
                 .for_each(redact_task);
         }
+        Ok(Response::new(reply))
+    }
+
+    async fn list_jobs(
+        &self,
+        request: Request<pb::ListJobsRequest>,
+    ) -> Result<Response<pb::JobList>, Status> {
+        let request = request.into_inner();
+        let reply = self
+            .master
+            .ask(|reply| OperatorMsg::ListJobs(request, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(reply))
+    }
+
+    async fn list_evaluations(
+        &self,
+        request: Request<pb::ListEvaluationsRequest>,
+    ) -> Result<Response<pb::EvaluationList>, Status> {
+        let request = request.into_inner();
+        let reply = self
+            .master
+            .ask(|reply| OperatorMsg::ListEvaluations(request, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
     }
 

@@ -106,16 +106,7 @@ async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Resu
     let master = start_master(dir.path()).await?;
     let (_first_node, first) = start_agent(&master, dir.path(), "first", 2.0).await?;
 
-    submit(
-        &master,
-        model_pb::Job {
-            name: "web".into(),
-            scheduler: model_pb::SchedulerType::Service as i32,
-            groups: vec![group("server", 3, 1.0, "sleep", &["30"])],
-            ..model_pb::Job::default()
-        },
-    )
-    .await?;
+    submit(&master, three_servers()).await?;
     let blocked = job_when(
         &master,
         "web",
@@ -130,6 +121,14 @@ async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Resu
     .await?;
     let (first_id, _) = first.registered().await?;
     assert!(live(&blocked).iter().all(|t| t.agent_id == first_id));
+    // The job list counts what it asks and its evaluation still to do.
+    let list = list_jobs(&master, "").await?;
+    let [web] = &list.jobs[..] else {
+        bail!("one job listed: {list:?}");
+    };
+    assert_eq!((web.name.as_str(), web.desired), ("web", 3));
+    assert_eq!(web.evals_in_flight, 1, "the blocked evaluation");
+    assert!(list_jobs(&master, "nomatch").await?.jobs.is_empty());
 
     // A second agent joins: the blocked evaluation is released and the third task placed there.
     let (_second_node, second) = start_agent(&master, dir.path(), "second", 2.0).await?;
@@ -164,11 +163,80 @@ async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Resu
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let list = list_jobs(&master, "we").await?;
+        let web = list.jobs.first().context("web listed")?;
+        if web.running == 3 {
+            assert_eq!(web.evals_in_flight, 0, "{web:?}");
+            assert_eq!(
+                web.staging + web.starting + web.failed + web.lost,
+                0,
+                "{web:?}"
+            );
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the list never counted 3 running: {web:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Its evaluations, newest first (the blocked one was released, not replaced; a second
+    // submission makes another); a limit keeps the newest and says how many there are.
+    submit(&master, three_servers()).await?;
+    let all = list_evals(&master, "web", 0).await?;
+    assert_eq!(all.total, 2, "{all:?}");
+    let indexes: Vec<u64> = all.evals.iter().map(|e| e.create_index).collect();
+    assert!(indexes.windows(2).all(|w| w[0] >= w[1]), "{indexes:?}");
+    let newest = list_evals(&master, "web", 1).await?;
+    assert_eq!(newest.evals.len(), 1);
+    assert_eq!(newest.total, all.total);
+    assert_eq!(newest.evals[0].id, all.evals[0].id);
+    assert!(list_evals(&master, "other", 0).await?.evals.is_empty());
 
     first.stop().await;
     second.stop().await;
     master.shutdown().await;
     Ok(())
+}
+
+/// A service job `web` of three `sleep 30` tasks of one CPU each.
+fn three_servers() -> model_pb::Job {
+    model_pb::Job {
+        name: "web".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![group("server", 3, 1.0, "sleep", &["30"])],
+        ..model_pb::Job::default()
+    }
+}
+
+async fn list_jobs(master: &MasterServer, prefix: &str) -> anyhow::Result<pb::JobList> {
+    let request = pb::ListJobsRequest {
+        stale: false,
+        prefix: prefix.into(),
+    };
+    master
+        .pid()
+        .ask(|reply| OperatorMsg::ListJobs(request, reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)
+}
+
+async fn list_evals(
+    master: &MasterServer,
+    job: &str,
+    limit: u32,
+) -> anyhow::Result<pb::EvaluationList> {
+    let request = pb::ListEvaluationsRequest {
+        stale: false,
+        job: job.into(),
+        limit,
+    };
+    master
+        .pid()
+        .ask(|reply| OperatorMsg::ListEvaluations(request, reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)
 }
 
 fn state_of(task: &pb::JobTask) -> i32 {
@@ -316,9 +384,10 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.path().join("master"),
         // Agents stay connected by heartbeating (at half their TTL); short TTLs so that the
-        // lost one is noticed quickly.
-        heartbeat_min_ttl: Duration::from_millis(500),
-        heartbeat_grace: Duration::from_millis(500),
+        // lost one is noticed quickly, with room for a loaded machine (at 500 ms each the
+        // survivor was once marked lost too while the machine was busy).
+        heartbeat_min_ttl: Duration::from_secs(2),
+        heartbeat_grace: Duration::from_secs(2),
         placement: muster_master::Placement::Spread,
         ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })

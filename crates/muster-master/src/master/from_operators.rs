@@ -1,12 +1,12 @@
 //! What operators send ([`OperatorMsg`], through the operator API) and its handlers: the
 //! cluster state and metrics (answered on every master), and the leader-only calls: jobs
-//! (submit, stop, status) and manual task launches.
+//! (submit, stop, status, list), evaluations (list) and manual task launches.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::BlockedMsg;
-use muster_model::{Evaluation, Job, Trigger};
+use muster_model::{EvalStatus, Evaluation, Job, TaskState, Trigger};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::{Op, Outcome, RegistrarMsg, RegistrarStats, WriteError, snapshot_file};
@@ -16,7 +16,13 @@ use super::acl_tokens::AclMsg;
 use super::leadership::Role;
 use super::registry_writes::now_ms;
 use super::tasks::task_job;
+use crate::cluster::state_of;
 use crate::error::ServiceError;
+
+/// Evaluations a list answers with when the request names no limit.
+pub(super) const DEFAULT_EVAL_LIMIT: usize = 50;
+/// The most evaluations one list answers with.
+pub(super) const MAX_EVAL_LIMIT: usize = 1_000;
 
 /// What operators ask the master.
 #[derive(Debug)]
@@ -46,6 +52,17 @@ pub enum OperatorMsg {
         bool,
         Reply<Result<pb::JobStatusReply, ServiceError>>,
     ),
+    /// Every job (or those whose name starts with the prefix), with its tasks counted by
+    /// state: linearizable, or stale (as [`OperatorMsg::ReadState`]).
+    ListJobs(
+        pb::ListJobsRequest,
+        Reply<Result<pb::JobList, ServiceError>>,
+    ),
+    /// Evaluations, newest first, of one job or all, up to a limit: linearizable, or stale.
+    ListEvaluations(
+        pb::ListEvaluationsRequest,
+        Reply<Result<pb::EvaluationList, ServiceError>>,
+    ),
     /// Manage ACL tokens.
     Acl(AclMsg),
     /// A snapshot file of the registry, taken once a quorum confirms this master leads.
@@ -64,6 +81,8 @@ impl OperatorMsg {
             self,
             OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) | OperatorMsg::ReadState(true, _)
         ) && !matches!(self, OperatorMsg::JobStatus(_, true, _))
+            && !matches!(self, OperatorMsg::ListJobs(r, _) if r.stale)
+            && !matches!(self, OperatorMsg::ListEvaluations(r, _) if r.stale)
     }
 
     /// Answers the request with `error`.
@@ -74,6 +93,8 @@ impl OperatorMsg {
                 reply.send(Err(error));
             }
             OperatorMsg::JobStatus(_, _, reply) => reply.send(Err(error)),
+            OperatorMsg::ListJobs(_, reply) => reply.send(Err(error)),
+            OperatorMsg::ListEvaluations(_, reply) => reply.send(Err(error)),
             OperatorMsg::ReadState(_, reply) => reply.send(Err(error)),
             OperatorMsg::Acl(msg) => msg.refuse(error),
             OperatorMsg::SnapshotSave(reply) => reply.send(Err(error)),
@@ -103,6 +124,26 @@ impl Master {
                     let mut status = master.job_status(&name)?;
                     status.read = Some(master.read_info(stale));
                     Ok(status)
+                });
+            }
+            OperatorMsg::ListJobs(request, reply) => {
+                let stale = request.stale;
+                self.read(stale, ctx, reply, move |master| {
+                    Ok(pb::JobList {
+                        jobs: master.job_summaries(&request.prefix),
+                        read: Some(master.read_info(stale)),
+                    })
+                });
+            }
+            OperatorMsg::ListEvaluations(request, reply) => {
+                let stale = request.stale;
+                self.read(stale, ctx, reply, move |master| {
+                    let (evals, total) = master.evaluations(&request.job, request.limit);
+                    Ok(pb::EvaluationList {
+                        evals,
+                        total,
+                        read: Some(master.read_info(stale)),
+                    })
                 });
             }
             OperatorMsg::Acl(msg) => self.on_acl(msg, ctx),
@@ -378,6 +419,80 @@ impl Master {
                 move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
             );
         });
+    }
+
+    /// A summary of every job whose name starts with `prefix`, by name.
+    fn job_summaries(&self, prefix: &str) -> Vec<pb::JobSummary> {
+        let mut summaries: BTreeMap<String, pb::JobSummary> =
+            self.registry.reader().read(|state| {
+                let mut in_flight: HashMap<&str, u64> = HashMap::new();
+                for eval in state.evals.values() {
+                    if matches!(eval.status, EvalStatus::Pending | EvalStatus::Blocked) {
+                        *in_flight.entry(eval.job.as_str()).or_default() += 1;
+                    }
+                }
+                state
+                    .jobs
+                    .range(prefix.to_owned()..)
+                    .take_while(|(name, _)| name.starts_with(prefix))
+                    .map(|(name, job)| {
+                        let summary = pb::JobSummary {
+                            name: name.clone(),
+                            scheduler: i32::from(job.scheduler),
+                            priority: u32::from(job.priority),
+                            version: job.version,
+                            stopped: job.stopped,
+                            desired: job.groups.iter().map(|g| u64::from(g.count)).sum(),
+                            evals_in_flight: in_flight.get(name.as_str()).copied().unwrap_or(0),
+                            ..pb::JobSummary::default()
+                        };
+                        (name.clone(), summary)
+                    })
+                    .collect()
+            });
+        for agent in self.cluster.agents.values() {
+            for task in agent.tasks.iter().chain(&agent.completed_tasks) {
+                let Some(summary) = task_job(task).and_then(|job| summaries.get_mut(job)) else {
+                    continue;
+                };
+                let count = match state_of(task) {
+                    TaskState::Staging => &mut summary.staging,
+                    TaskState::Starting => &mut summary.starting,
+                    TaskState::Running => &mut summary.running,
+                    TaskState::Finished => &mut summary.finished,
+                    TaskState::Failed => &mut summary.failed,
+                    TaskState::Killed => &mut summary.killed,
+                    TaskState::Lost => &mut summary.lost,
+                };
+                *count += 1;
+            }
+        }
+        summaries.into_values().collect()
+    }
+
+    /// Up to `limit` evaluations ([`DEFAULT_EVAL_LIMIT`] for 0, at most [`MAX_EVAL_LIMIT`])
+    /// of `job` (every job's if empty), newest first, and how many matched.
+    fn evaluations(&self, job: &str, limit: u32) -> (Vec<model_pb::Evaluation>, u64) {
+        let limit = match limit {
+            0 => DEFAULT_EVAL_LIMIT,
+            n => (n as usize).min(MAX_EVAL_LIMIT),
+        };
+        self.registry.reader().read(|state| {
+            let mut matched: Vec<&Evaluation> = state
+                .evals
+                .values()
+                .filter(|e| job.is_empty() || e.job == job)
+                .collect();
+            matched.sort_by(|a, b| b.create_index.cmp(&a.create_index).then(a.id.cmp(&b.id)));
+            let total = matched.len() as u64;
+            let evals = matched
+                .into_iter()
+                .take(limit)
+                .cloned()
+                .map(Into::into)
+                .collect();
+            (evals, total)
+        })
     }
 
     fn job_status(&self, name: &str) -> Result<pb::JobStatusReply, ServiceError> {
