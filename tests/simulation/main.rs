@@ -517,9 +517,12 @@ async fn desired(client: &mut Client) -> Option<(BTreeMap<String, u32>, bool)> {
 
 /// How long a converged cluster is watched to stay so.
 const STAYS_CONVERGED: Duration = Duration::from_secs(10);
-/// How long a slot may run twice once the cluster has converged: one heartbeat TTL
-/// (`heartbeat_min_ttl`), the time a master takes to hear of anything on an agent.
-const TWICE_AT_MOST: Duration = Duration::from_secs(2);
+/// How long a slot may run twice once the cluster has converged: one heartbeat deadline
+/// (`heartbeat_min_ttl` plus `heartbeat_grace`). An agent cut off long enough to be marked
+/// unreachable still runs the tasks that were replaced meanwhile until it hears so: its
+/// heartbeat, waited for no longer than the TTL, fails, and its re-registration is answered
+/// with the tasks to kill.
+const TWICE_AT_MOST: Duration = Duration::from_secs(4);
 
 /// Once converged, with no fault and no client left, nothing should change: watches for
 /// [`STAYS_CONVERGED`] that no slot runs twice for longer than [`TWICE_AT_MOST`] and that

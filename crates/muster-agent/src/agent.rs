@@ -170,6 +170,9 @@ pub struct Agent {
     silence_timer: Option<TimerHandle>,
     /// Whether the current master takes heartbeats.
     heartbeats: Heartbeats,
+    /// The TTL the master last gave a heartbeat: past it the master counts the agent late, so
+    /// a heartbeat is not waited for longer (see `master_link::send_heartbeat`).
+    heartbeat_ttl: Option<Duration>,
     /// The master to try first in the next round (one that refused a heartbeat: it leads, but
     /// wants the agent to re-register).
     preferred: Option<Upid>,

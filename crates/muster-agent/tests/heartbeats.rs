@@ -270,6 +270,35 @@ async fn a_master_that_stops_answering_heartbeats_counts_as_lost() -> anyhow::Re
     Ok(())
 }
 
+/// A heartbeat lost in a cut link is waited for no longer than the TTL the master gave (past
+/// it the master counts the agent late and may replace its tasks), not the whole silence
+/// timeout: the agent re-registers, and hears at once what it must kill. Before, it waited
+/// the silence timeout (75 s by default) while its replaced tasks ran twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unanswered_heartbeat_is_waited_for_no_longer_than_its_ttl() -> anyhow::Result<()> {
+    let mut setup = Setup::start(Beats::Ttl(Duration::from_secs(1)), |config| {
+        // Far beyond PATIENCE: only the TTL can end the wait in time.
+        config.master_silence_timeout = Duration::from_secs(120);
+    })
+    .await?;
+    ensure!(matches!(setup.next().await?, Got::Register));
+    setup.registered().await?;
+    setup.next_heartbeat().await?;
+    setup.set(Beats::Silent);
+    loop {
+        match setup.next().await? {
+            Got::Heartbeat(..) => continue,
+            Got::Reregister(id) => {
+                ensure!(id == "agent-h");
+                break;
+            }
+            Got::Register => bail!("registered anew instead of re-registering"),
+        }
+    }
+    setup.stop().await;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_long_ttl_does_not_count_as_silence() -> anyhow::Result<()> {
     // The master answers at once but gives a TTL ten times the silence timeout: the agent must

@@ -307,6 +307,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         last_ping: Instant::now(),
         silence_timer: None,
         heartbeats: Heartbeats::Unknown,
+        heartbeat_ttl: None,
         preferred: None,
         linked: HashSet::new(),
         tasks,

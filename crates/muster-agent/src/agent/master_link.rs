@@ -331,6 +331,7 @@ impl Agent {
         self.lost = None;
         self.last_ping = Instant::now();
         self.heartbeats = Heartbeats::Unknown;
+        self.heartbeat_ttl = None;
         self.arm_silence_timer(ctx, self.config.master_silence_timeout);
 
         if self.agent_id.as_deref() != Some(id.as_str()) {
@@ -356,7 +357,10 @@ impl Agent {
     // ---- heartbeats -------------------------------------------------------------------------
 
     /// Sends a heartbeat to the master the agent is registered with; the answer comes back as
-    /// a continuation. It may wait up to the master-silence timeout.
+    /// a continuation. It waits up to the TTL the master last gave (past it the master counts
+    /// the agent late, and may have marked it unreachable and replaced its tasks: better to
+    /// ask again, or re-register and hear so, than to wait for a heartbeat lost in a cut
+    /// link), and never longer than the master-silence timeout.
     pub(super) fn send_heartbeat(&mut self, ctx: &mut Context<Self>) {
         let (Connection::Registered { master }, Some(agent_id)) =
             (&self.connection, &self.agent_id)
@@ -364,7 +368,8 @@ impl Agent {
             return;
         };
         let remote = self.node.remote(master.clone());
-        let timeout = self.config.master_silence_timeout;
+        let silence = self.config.master_silence_timeout;
+        let timeout = self.heartbeat_ttl.map_or(silence, |ttl| ttl.min(silence));
         let heartbeat = Heartbeat {
             agent_id: agent_id.clone(),
         };
@@ -410,7 +415,9 @@ impl Agent {
                     }
                 }
                 self.last_ping = Instant::now();
-                let next = (Duration::from_millis(ttl_ms) / 2).max(MIN_HEARTBEAT_INTERVAL);
+                let ttl = Duration::from_millis(ttl_ms);
+                self.heartbeat_ttl = Some(ttl.max(MIN_HEARTBEAT_INTERVAL));
+                let next = (ttl / 2).max(MIN_HEARTBEAT_INTERVAL);
                 let generation = self.generation;
                 ctx.delay(next, AgentMsg(Msg::SendHeartbeat { generation }));
             }
