@@ -6,6 +6,7 @@ use clap::Subcommand;
 use muster::proto::cluster as pb;
 
 use crate::connection::Connection;
+use crate::output::{Format, print_json};
 
 /// `muster acl ...`
 #[derive(Debug, Subcommand)]
@@ -55,7 +56,11 @@ fn print_secret(out: &mut impl std::io::Write, token: &pb::AclTokenSecret) -> st
 }
 
 /// Runs a `muster acl` command.
-pub(crate) async fn run(connection: &Connection, command: AclCommand) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    connection: &Connection,
+    command: AclCommand,
+    format: Format,
+) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     match command {
         AclCommand::Bootstrap => {
@@ -64,6 +69,10 @@ pub(crate) async fn run(connection: &Connection, command: AclCommand) -> anyhow:
                     client.acl_bootstrap(pb::AclBootstrapRequest {}).await
                 })
                 .await?;
+            if format.is_json() {
+                drop(out);
+                return print_json(&token_document(&token));
+            }
             print_secret(&mut out, &token)?;
         }
         AclCommand::Token {
@@ -78,6 +87,10 @@ pub(crate) async fn run(connection: &Connection, command: AclCommand) -> anyhow:
                     async move { client.create_token(request).await }
                 })
                 .await?;
+            if format.is_json() {
+                drop(out);
+                return print_json(&token_document(&token));
+            }
             print_secret(&mut out, &token)?;
         }
         AclCommand::Token {
@@ -88,6 +101,22 @@ pub(crate) async fn run(connection: &Connection, command: AclCommand) -> anyhow:
                     client.list_tokens(pb::ListTokensRequest {}).await
                 })
                 .await?;
+            if format.is_json() {
+                drop(out);
+                let tokens: Vec<_> = list
+                    .tokens
+                    .iter()
+                    .map(|t| {
+                        serde_json::json!({
+                            "accessor": t.accessor,
+                            "name": t.name,
+                            "policy": t.policy,
+                            "created_ms": t.created_ms,
+                        })
+                    })
+                    .collect();
+                return print_json(&serde_json::json!({ "tokens": tokens }));
+            }
             writeln!(
                 out,
                 "{:<18} {:<20} {:<12} CREATED",
@@ -117,8 +146,22 @@ pub(crate) async fn run(connection: &Connection, command: AclCommand) -> anyhow:
                     }
                 })
                 .await?;
+            if format.is_json() {
+                drop(out);
+                return print_json(&serde_json::json!({ "deleted": accessor }));
+            }
             writeln!(out, "token {accessor} deleted")?;
         }
     }
     Ok(())
+}
+
+/// A token as created, with its secret (the only time it is shown), as JSON.
+fn token_document(token: &pb::AclTokenSecret) -> serde_json::Value {
+    serde_json::json!({
+        "accessor": token.accessor,
+        "name": token.name,
+        "policy": token.policy,
+        "secret": token.secret,
+    })
 }

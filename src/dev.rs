@@ -170,6 +170,11 @@ pub(crate) async fn run(options: DevOptions) -> anyhow::Result<()> {
         "  master  {addr}  (master@{addr}, operator API)",
         addr = master.address()
     )?;
+    writeln!(
+        out,
+        "  http    https://{}  (HTTP API: /v1/jobs, /v1/openapi.json; token in X-Muster-Token)",
+        master.http_address()
+    )?;
     writeln!(out, "  agent   {}  {}", agent.upid(), agent_id)?;
     writeln!(out, "  data    {}", data_dir.display())?;
     writeln!(

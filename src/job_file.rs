@@ -1,122 +1,23 @@
 //! The TOML form of a job (`muster job run FILE`), read into the wire form
-//! (`muster.model.v1.Job`).
+//! (`muster.model.v1.Job`) through [`muster_api::JobSpec`].
 
-use std::collections::HashMap;
 use std::path::Path;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use muster::proto::model as pb;
-use serde::Deserialize;
+use muster_api::JobSpec;
 
-/// A job file: the job's name, type and priority, and its task groups.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct JobFile {
-    name: String,
-    #[serde(rename = "type", default)]
-    kind: String,
-    #[serde(default)]
-    priority: u32,
-    #[serde(rename = "group", default)]
-    groups: Vec<GroupFile>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GroupFile {
-    name: String,
-    #[serde(default = "one")]
-    count: u32,
-    command: String,
-    #[serde(default)]
-    args: Vec<String>,
-    #[serde(default)]
-    env: HashMap<String, String>,
-    cpus: f64,
-    mem_mb: u64,
-    #[serde(rename = "constraint", default)]
-    constraints: Vec<ConstraintFile>,
-    /// The user its tasks run as (the agent must allow it); absent: the agent's task user.
-    #[serde(default)]
-    user: String,
-}
-
-fn one() -> u32 {
-    1
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ConstraintFile {
-    attribute: String,
-    #[serde(default)]
-    operator: String,
-    value: String,
-}
-
-/// Reads a job file. The master validates the job; this only checks the file's shape and its
-/// words (`type`, `operator`), and its errors name the file and the key.
+/// Reads a job file (the TOML form of [`JobSpec`], the document `POST /v1/jobs` takes as
+/// JSON). The master validates the job; this only checks the file's shape and its words
+/// (`type`, `operator`), and its errors name the file and the key.
 pub(crate) fn read(path: &Path) -> anyhow::Result<pb::Job> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the job file {}", path.display()))?;
     parse(&text).with_context(|| format!("bad job file {}", path.display()))
 }
 
-fn scheduler(kind: &str) -> anyhow::Result<pb::SchedulerType> {
-    Ok(match kind {
-        "" => pb::SchedulerType::Unspecified,
-        "service" => pb::SchedulerType::Service,
-        "batch" => pb::SchedulerType::Batch,
-        "system" => pb::SchedulerType::System,
-        other => bail!("type: {other:?} is not service, batch or system"),
-    })
-}
-
-fn operator(word: &str, at: &str) -> anyhow::Result<pb::ConstraintOp> {
-    Ok(match word {
-        "" => pb::ConstraintOp::Unspecified,
-        "=" | "==" => pb::ConstraintOp::Equal,
-        "!=" => pb::ConstraintOp::NotEqual,
-        other => bail!("{at}.operator: {other:?} is not = or !="),
-    })
-}
-
 fn parse(text: &str) -> anyhow::Result<pb::Job> {
-    let file: JobFile = toml::from_str(text)?;
-    let mut groups = Vec::with_capacity(file.groups.len());
-    for (i, g) in file.groups.into_iter().enumerate() {
-        let mut constraints = Vec::with_capacity(g.constraints.len());
-        for (c, constraint) in g.constraints.into_iter().enumerate() {
-            let op = operator(&constraint.operator, &format!("group[{i}].constraint[{c}]"))?;
-            constraints.push(pb::Constraint {
-                attribute: constraint.attribute,
-                op: op as i32,
-                value: constraint.value,
-            });
-        }
-        groups.push(pb::TaskGroup {
-            name: g.name,
-            count: g.count,
-            resources: Some(pb::Resources {
-                cpus: g.cpus,
-                mem_mb: g.mem_mb,
-            }),
-            command: g.command,
-            args: g.args,
-            env: g.env,
-            constraints,
-            spec_version: 0,
-            user: g.user,
-        });
-    }
-    Ok(pb::Job {
-        name: file.name,
-        priority: file.priority,
-        scheduler: scheduler(&file.kind)? as i32,
-        groups,
-        stopped: false,
-        version: 0,
-    })
+    Ok(JobSpec::from_toml(text)?.to_proto()?)
 }
 
 #[cfg(test)]

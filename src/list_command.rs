@@ -9,6 +9,7 @@ use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
 
 use crate::connection::Connection;
+use crate::output::{Format, print_json};
 use crate::staleness;
 
 /// `muster job list`: every job (or those whose name starts with `prefix`), one line each.
@@ -16,6 +17,7 @@ pub(crate) async fn jobs(
     connection: &Connection,
     prefix: String,
     stale: bool,
+    format: Format,
 ) -> anyhow::Result<()> {
     let list = connection
         .read(stale, |mut client| {
@@ -27,6 +29,9 @@ pub(crate) async fn jobs(
             }
         })
         .await?;
+    if format.is_json() {
+        return print_json(&muster_api::JobList::from(list));
+    }
     let mut out = std::io::stdout().lock();
     if let Some(line) = staleness(list.read.as_ref()) {
         writeln!(out, "{line}")?;
@@ -79,17 +84,26 @@ pub(crate) async fn evals(
     job: String,
     limit: u32,
     stale: bool,
+    format: Format,
 ) -> anyhow::Result<()> {
     let list = connection
         .read(stale, |mut client| {
             let job = job.clone();
             async move {
                 client
-                    .list_evaluations(pb::ListEvaluationsRequest { stale, job, limit })
+                    .list_evaluations(pb::ListEvaluationsRequest {
+                        stale,
+                        job,
+                        limit,
+                        id: String::new(),
+                    })
                     .await
             }
         })
         .await?;
+    if format.is_json() {
+        return print_json(&muster_api::EvaluationList::from(list));
+    }
     let mut out = std::io::stdout().lock();
     if let Some(line) = staleness(list.read.as_ref()) {
         writeln!(out, "{line}")?;
@@ -138,8 +152,15 @@ fn eval_line(eval: model_pb::Evaluation) -> String {
 }
 
 /// `muster agent list`: the agents and where they stand.
-pub(crate) async fn agents(connection: &Connection, stale: bool) -> anyhow::Result<()> {
+pub(crate) async fn agents(
+    connection: &Connection,
+    stale: bool,
+    format: Format,
+) -> anyhow::Result<()> {
     let state = crate::read_state(connection, stale).await?;
+    if format.is_json() {
+        return print_json(&muster_api::AgentList::from(&state));
+    }
     let mut out = std::io::stdout().lock();
     if let Some(line) = staleness(state.read.as_ref()) {
         writeln!(out, "{line}")?;

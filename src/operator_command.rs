@@ -10,6 +10,7 @@ use muster::proto::cluster as pb;
 use muster::registry::snapshot_file;
 
 use crate::connection::Connection;
+use crate::output::{Format, print_json};
 
 /// `muster operator ...`
 #[derive(Debug, Subcommand)]
@@ -40,15 +41,19 @@ pub(crate) enum SnapshotCommand {
 }
 
 /// Runs `command` against the cluster.
-pub(crate) async fn run(connection: &Connection, command: OperatorCommand) -> anyhow::Result<()> {
+pub(crate) async fn run(
+    connection: &Connection,
+    command: OperatorCommand,
+    format: Format,
+) -> anyhow::Result<()> {
     let OperatorCommand::Snapshot { command } = command;
     match command {
-        SnapshotCommand::Save { file } => save(connection, &file).await,
-        SnapshotCommand::Restore { file } => restore(connection, &file).await,
+        SnapshotCommand::Save { file } => save(connection, &file, format).await,
+        SnapshotCommand::Restore { file } => restore(connection, &file, format).await,
     }
 }
 
-async fn save(connection: &Connection, file: &Path) -> anyhow::Result<()> {
+async fn save(connection: &Connection, file: &Path, format: Format) -> anyhow::Result<()> {
     let snapshot = connection
         .at_leader(
             |mut client| async move { client.snapshot_save(pb::SnapshotSaveRequest {}).await },
@@ -61,6 +66,18 @@ async fn save(connection: &Connection, file: &Path) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", temporary.display()))?;
     std::fs::rename(&temporary, file)
         .with_context(|| format!("cannot move the snapshot into {}", file.display()))?;
+    if format.is_json() {
+        return print_json(&serde_json::json!({
+            "file": file.display().to_string(),
+            "index": header.index,
+            "term": header.term,
+            "sha256": header.sha256,
+            "jobs": state.jobs.len(),
+            "agents": state.agents.len(),
+            "evaluations": state.evals.len(),
+            "tokens": state.tokens.len(),
+        }));
+    }
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -77,7 +94,7 @@ async fn save(connection: &Connection, file: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn restore(connection: &Connection, file: &Path) -> anyhow::Result<()> {
+async fn restore(connection: &Connection, file: &Path, format: Format) -> anyhow::Result<()> {
     let data = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
     // Refused here already if damaged: nothing is sent.
     let (header, _) = snapshot_file::decode(&data)
@@ -89,6 +106,12 @@ async fn restore(connection: &Connection, file: &Path) -> anyhow::Result<()> {
             async move { client.snapshot_restore(pb::RegistrySnapshot { data }).await }
         })
         .await?;
+    if format.is_json() {
+        return print_json(&serde_json::json!({
+            "restored_from_index": header.index,
+            "index": reply.index,
+        }));
+    }
     writeln!(
         std::io::stdout().lock(),
         "Restored the registry saved at index {} (now at index {}); agents re-register and jobs converge to the snapshot",

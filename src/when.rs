@@ -25,6 +25,16 @@ pub(crate) fn when_at(unix_ms: u64, now: SystemTime) -> String {
     }
 }
 
+/// `unix_ms` as RFC 3339 alone (UTC, to the millisecond), for lines that follow events as
+/// they come.
+pub(crate) fn rfc3339(unix_ms: u64) -> String {
+    const LAST_MS: u64 = 253_402_300_799_999;
+    if unix_ms > LAST_MS {
+        return format!("{unix_ms} ms after 1970 (out of range)");
+    }
+    humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(unix_ms)).to_string()
+}
+
 /// [`when_at`] against the system clock.
 pub(crate) fn when(unix_ms: u64) -> String {
     when_at(unix_ms, SystemTime::now())

@@ -118,6 +118,95 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         "agent list: {text}"
     );
 
+    // --json: the documents the HTTP API answers, one per line.
+    let json = |args: &'static [&'static str]| {
+        let command = muster(args);
+        async move {
+            let output = command?.output().await?;
+            ensure!(output.status.success(), "{args:?}: {output:?}");
+            let value: serde_json::Value = serde_json::from_slice(&output.stdout)
+                .with_context(|| format!("{args:?} printed no JSON: {output:?}"))?;
+            anyhow::Ok(value)
+        }
+    };
+    let jobs = json(&["job", "list", "--json"]).await?;
+    ensure!(
+        jobs["jobs"][0]["name"] == "hello" && jobs["jobs"][0]["type"] == "batch",
+        "{jobs}"
+    );
+    let hello = json(&["job", "status", "hello", "--json"]).await?;
+    ensure!(
+        hello["job"]["name"] == "hello" && hello["evaluations"][0]["job"] == "hello",
+        "{hello}"
+    );
+    let evals = json(&["eval", "list", "--json", "--job", "hello"]).await?;
+    ensure!(
+        evals["evaluations"][0]["triggered_by"] == "job-register",
+        "{evals}"
+    );
+    let agents = json(&["agent", "list", "--json"]).await?;
+    ensure!(agents["agents"][0]["status"] == "ready", "{agents}");
+    let status = json(&["status", "--json"]).await?;
+    ensure!(
+        status["is_leader"] == true && status["leader"] == master.as_str(),
+        "{status}"
+    );
+
+    // A dry run of the same file: the next version; nothing is submitted.
+    let plan = muster(&["job", "plan", job])?.output().await?;
+    ensure!(
+        plan.status.success()
+            && String::from_utf8_lossy(&plan.stdout).starts_with("job hello would be version 2"),
+        "job plan: {plan:?}"
+    );
+
+    // Its history: one version so far.
+    let history = muster(&["job", "history", "hello"])?.output().await?;
+    ensure!(
+        history.status.success()
+            && String::from_utf8_lossy(&history.stdout).starts_with("version 1 (current):"),
+        "job history: {history:?}"
+    );
+
+    // The task's output, followed until the task ends.
+    let logs = muster(&["job", "logs", "hello", "--follow"])?
+        .output()
+        .await?;
+    ensure!(logs.status.success(), "job logs: {logs:?}");
+    ensure!(
+        String::from_utf8_lossy(&logs.stdout).contains("hello from muster, task one"),
+        "job logs: {logs:?}"
+    );
+    let missing = muster(&["job", "logs", "hello", "--task", "nope"])?
+        .output()
+        .await?;
+    ensure!(
+        !missing.status.success()
+            && String::from_utf8_lossy(&missing.stderr).contains("has no task \"nope\""),
+        "{missing:?}"
+    );
+
+    // The event stream: what is kept comes first (the job's registration), as JSON lines.
+    {
+        use tokio::io::AsyncBufReadExt as _;
+        let mut events = muster(&["events", "--json", "--topic", "job"])?
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()?;
+        let stdout = events.stdout.take().context("no stdout")?;
+        let mut lines = tokio::io::BufReader::new(stdout).lines();
+        let line = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+            .await
+            .context("no event in 30 s")??
+            .context("the event stream ended")?;
+        let event: serde_json::Value = serde_json::from_str(&line)?;
+        ensure!(
+            event["kind"] == "job-registered" && event["key"] == "hello",
+            "{event}"
+        );
+        events.kill().await?;
+    }
+
     // A read token cannot submit; the error says why.
     let created = muster(&["acl", "token", "create", "--policy", "read", "--name", "ci"])?
         .output()

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_actor::{Node, System};
+use muster_actor::{Node, NodeConfig, System};
 use muster_agent::AgentConfig;
 use muster_agent::runner::CustomRunner;
 use muster_agent::simulated::SimulatedTasks;
@@ -25,6 +25,8 @@ pub(crate) const AGENT_PORT: u16 = 7001;
 
 /// How often raft's leader sends heartbeats.
 pub(crate) const RAFT_HEARTBEAT: Duration = Duration::from_millis(100);
+/// Ping interval and timeout of every actor-transport link.
+const LINK_KEEPALIVE: Duration = Duration::from_millis(500);
 
 /// A master host: its name, raft id, and disk.
 #[derive(Clone, Debug)]
@@ -91,6 +93,7 @@ pub(crate) async fn run_master(
     config.launch_timeout = Duration::from_secs(10);
     config.reconcile_interval = Duration::from_secs(5);
     config.workers = 1;
+    config.link_keepalive = LINK_KEEPALIVE;
     let server = match MasterServer::start(config).await {
         Ok(server) => server,
         Err(e) => {
@@ -152,12 +155,10 @@ pub(crate) async fn run_agent(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let ip = turmoil::lookup(host.name.as_str());
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        &format!("{ip}:{AGENT_PORT}"),
-        TestPki::shared().security(Role::Agent, &host.name),
-    )
-    .await?;
+    let mut node_config = NodeConfig::new(TestPki::shared().security(Role::Agent, &host.name));
+    node_config.keepalive_interval = LINK_KEEPALIVE;
+    node_config.keepalive_timeout = LINK_KEEPALIVE;
+    let node = Node::bind_with(&system, &format!("{ip}:{AGENT_PORT}"), node_config).await?;
     let mut config = AgentConfig::new(master_addresses(&masters), host.dir.path());
     config.hostname = host.name.clone();
     config.resources = (8.0, 8192);

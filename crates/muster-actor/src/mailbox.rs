@@ -11,6 +11,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Poll, Waker};
 
 use tokio::sync::{Semaphore, TryAcquireError};
@@ -47,6 +48,9 @@ pub enum MailboxCapacity {
 pub(crate) struct Mailbox<P: Process> {
     queue: Mutex<Queue<Envelope<P>>>,
     limit: Option<Semaphore>,
+    /// Envelopes the receiver has swapped out of the queue and not yet taken: with the
+    /// queue's, the mailbox's depth ([`Mailbox::depth`]). Written only by the receiver.
+    batched: AtomicUsize,
 }
 
 struct Queue<T> {
@@ -78,7 +82,15 @@ impl<P: Process> Mailbox<P> {
                 interrupted: false,
             }),
             limit,
+            batched: AtomicUsize::new(0),
         }
+    }
+
+    /// Envelopes waiting: queued, or swapped out by the receiver and not yet taken (the one
+    /// being handled is not counted). A moment's figure, for metrics.
+    pub(crate) fn depth(&self) -> usize {
+        let queued = lock(&self.queue).items.len();
+        queued + self.batched.load(Ordering::Relaxed)
     }
 
     /// Queues a user message without waiting.
@@ -170,6 +182,7 @@ impl<P: Process> MailboxReceiver<P> {
     pub(crate) async fn recv(&mut self, mailbox: &Mailbox<P>) -> Option<Envelope<P>> {
         loop {
             if let Some(envelope) = self.batch.pop_front() {
+                mailbox.batched.store(self.batch.len(), Ordering::Relaxed);
                 // Give other tasks on this worker a turn now and then, as a channel would.
                 tokio::task::consume_budget().await;
                 return Some(envelope);
@@ -190,6 +203,7 @@ impl<P: Process> MailboxReceiver<P> {
                     return Poll::Pending;
                 }
                 std::mem::swap(&mut queue.items, &mut self.batch);
+                mailbox.batched.store(self.batch.len(), Ordering::Relaxed);
                 Poll::Ready(false)
             })
             .await;
@@ -211,6 +225,7 @@ impl<P: Process> MailboxReceiver<P> {
             queue.receiver = None;
             std::mem::take(&mut queue.items)
         };
+        mailbox.batched.store(0, Ordering::Relaxed);
         let left = self.batch.drain(..).chain(queued);
         // Dropped outside the lock: a message's Drop may run code (a remote reply answers).
         left.filter(|envelope| matches!(envelope, Envelope::Message(_)))

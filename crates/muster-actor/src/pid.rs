@@ -231,6 +231,13 @@ impl<P: Process> Pid<P> {
         self.inner.exit.get().is_none()
     }
 
+    /// How many envelopes wait in the process's mailbox: user messages, asks, dispatches and
+    /// deferred continuations not yet handled (the one being handled is not counted). A
+    /// moment's figure, for metrics: it may be stale as soon as it is read.
+    pub fn queued(&self) -> usize {
+        self.inner.mailbox.depth()
+    }
+
     /// The reference linked processes receive in `exited`.
     pub fn process_ref(&self) -> ProcessRef {
         ProcessRef::Local(self.inner.id)

@@ -134,6 +134,14 @@ async fn remote_tell_and_ask_round_trip_between_two_nodes() -> anyhow::Result<()
         "envelopes are batched into frames"
     );
     assert_eq!(b.stats().dead_letters(), 0);
+    // Every frame a wrote (its greeting and the tells) arrived, and so did b's answer: each
+    // side's bytes received are the other's bytes sent. Nothing was lost, so no reconnect.
+    let (a_stats, b_stats) = (a.stats(), b.stats());
+    assert!(a_stats.bytes_sent > 1000, "{a_stats:?}");
+    assert_eq!(a_stats.bytes_sent, b_stats.bytes_received);
+    assert!(b_stats.bytes_sent > 0, "{b_stats:?}");
+    assert_eq!(b_stats.bytes_sent, a_stats.bytes_received);
+    assert_eq!((a_stats.reconnects, b_stats.reconnects), (0, 0));
     Ok(())
 }
 

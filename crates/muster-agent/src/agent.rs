@@ -9,7 +9,9 @@
 //! - [`task_lifecycle`]: launching and killing tasks, recording how they ended, and reporting
 //!   their states to the master;
 //! - [`recovery`]: taking back the tasks an earlier run of the agent left (re-attaching to
-//!   those still running, recording the real end of the others).
+//!   those still running, recording the real end of the others);
+//! - [`task_output`]: rotating the running tasks' output files now and then, and answering the
+//!   masters' reads of a task's output.
 //!
 //! The task table is [`crate::tasks`], the tasks' child processes [`crate::child_process`], the
 //! files under the data directory [`crate::store`].
@@ -19,6 +21,7 @@ mod handle;
 mod master_link;
 mod recovery;
 mod task_lifecycle;
+mod task_output;
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
@@ -29,8 +32,8 @@ use muster_actor::{
 };
 use muster_proto::cluster::Framework;
 use muster_proto::cluster::{
-    KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, RegistrationReply,
-    RunTask, RunTaskReply,
+    KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, ReadTaskOutput,
+    RegistrationReply, RunTask, RunTaskReply, TaskOutputChunk,
 };
 use muster_proto::model::{AgentInfo, Task};
 use tokio::sync::watch;
@@ -40,6 +43,7 @@ pub use handle::{AgentHandle, AgentSnapshot, AgentStatus, ISOLATION_ATTRIBUTE, s
 
 use crate::child_process::Ended;
 use crate::isolation::Isolation;
+use crate::metrics::AgentFigures;
 use crate::runner::Running;
 use crate::store::{self, blocking};
 use crate::task_user::TaskUsers;
@@ -80,6 +84,20 @@ impl AgentMsg {
     pub fn kill_task(request: KillTask, reply: Reply<KillTaskReply>) -> Self {
         AgentMsg(Msg::KillTask(request, reply))
     }
+
+    /// A master's request for a piece of a task's stdout or stderr (running, or in the
+    /// completed history), by absolute offset across rotations; answered with the bytes, or
+    /// an error naming an unknown or invalid task id or a failed read.
+    pub fn read_task_output(request: ReadTaskOutput, reply: Reply<TaskOutputChunk>) -> Self {
+        AgentMsg(Msg::ReadTaskOutput(request, reply))
+    }
+
+    /// A local ask for what the agent counts ([`AgentFigures`]): answered at once, with the
+    /// running tasks' processes and cgroups but not their usage, which the asker reads off the
+    /// agent's thread (see [`crate::metrics::gather`]).
+    pub fn figures(reply: Reply<AgentFigures>) -> Self {
+        AgentMsg(Msg::Figures(reply))
+    }
 }
 
 impl fmt::Debug for AgentMsg {
@@ -89,6 +107,8 @@ impl fmt::Debug for AgentMsg {
             Msg::RunTask(..) => "RunTask",
             Msg::LaunchTasks(..) => "LaunchTasks",
             Msg::KillTask(..) => "KillTask",
+            Msg::ReadTaskOutput(..) => "ReadTaskOutput",
+            Msg::CheckOutput => "CheckOutput",
             Msg::Start => "Start",
             Msg::Round { .. } => "Round",
             Msg::Replied { .. } => "Replied",
@@ -99,6 +119,7 @@ impl fmt::Debug for AgentMsg {
             Msg::LeaderAnnounced(_) => "LeaderAnnounced",
             Msg::AgentId(_) => "AgentId",
             Msg::Snapshot(_) => "Snapshot",
+            Msg::Figures(_) => "Figures",
         };
         f.debug_tuple("AgentMsg").field(&kind).finish()
     }
@@ -109,6 +130,9 @@ enum Msg {
     RunTask(Box<RunTask>, Reply<RunTaskReply>),
     LaunchTasks(LaunchTasks),
     KillTask(KillTask, Reply<KillTaskReply>),
+    ReadTaskOutput(ReadTaskOutput, Reply<TaskOutputChunk>),
+    /// Time to rotate the running tasks' output files that are past their limit.
+    CheckOutput,
     /// Sent once by [`start`] after the process is registered on the node.
     Start,
     /// Time for a registration round (after the initial delay or a backoff).
@@ -140,6 +164,7 @@ enum Msg {
     LeaderAnnounced(LeaderAnnouncement),
     AgentId(Reply<Option<String>>),
     Snapshot(Reply<AgentSnapshot>),
+    Figures(Reply<AgentFigures>),
 }
 
 /// The agent process. Start it with [`start`]; it lives on the node's system, registered as
@@ -187,12 +212,16 @@ pub struct Agent {
     term: u64,
     /// Commands refused for coming from an older term.
     stale_commands_refused: u64,
+    /// What the agent counts for its metrics (see [`AgentFigures`]).
+    counts: Counts,
     /// Set when the master did not know the agent's id: the next admission sets the term
     /// (see `fencing::rebase_term_to`).
     rebase_term: bool,
     /// Task status updates not yet sent to a master (the agent was not registered), oldest
     /// first, the latest per task only; bounded (see [`Agent::report`]).
     unsent_updates: VecDeque<Task>,
+    /// The tasks' output files (see `task_output`).
+    output: task_output::Output,
 }
 
 impl fmt::Debug for Agent {
@@ -236,18 +265,28 @@ impl Process for Agent {
             }
             Msg::KillTask(request, reply) => {
                 if let Err(error) = self.admit_term(request.term, "a KillTask") {
-                    return reply.send(KillTaskReply { error });
+                    return reply.send(KillTaskReply {
+                        error,
+                        follows_term: self.term,
+                    });
                 }
                 let error = self.kill_task(&request.task_id, request.term);
                 if !error.is_empty() {
                     tracing::warn!(%error, "cannot kill a task");
                 }
-                reply.send(KillTaskReply { error });
+                reply.send(KillTaskReply {
+                    error,
+                    follows_term: 0,
+                });
             }
+            Msg::ReadTaskOutput(request, reply) => self.read_task_output(request, reply),
+            Msg::CheckOutput => self.check_output(ctx),
             Msg::Start => {
                 for (framework, task, process) in std::mem::take(&mut self.recovered) {
                     self.watch(framework, task, process, ctx);
                 }
+                // Re-attached tasks included: the first check rotates what grew meanwhile.
+                self.schedule_output_check(ctx);
                 self.keep_alive(ctx).await;
                 let delay = backoff::initial_delay(
                     self.config.registration_backoff_initial,
@@ -292,6 +331,7 @@ impl Process for Agent {
             Msg::LeaderAnnounced(announcement) => self.on_announcement(&announcement, ctx),
             Msg::AgentId(reply) => reply.send(self.agent_id.clone()),
             Msg::Snapshot(reply) => reply.send(self.snapshot()),
+            Msg::Figures(reply) => reply.send(self.figures()),
         }
     }
 
@@ -333,6 +373,19 @@ impl Process for Agent {
     }
 }
 
+/// What the agent counts for its metrics, beside what its state already says.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Heartbeats sent.
+    heartbeats_sent: u64,
+    /// Admissions under the id the agent already had.
+    reregistrations: u64,
+    /// Tasks it was asked to run, started or not.
+    launches: u64,
+    /// Of those, the ones that did not start.
+    launch_failures: u64,
+}
+
 /// How often a running agent records that it is alive, at most.
 const ALIVE_INTERVAL: Duration = Duration::from_secs(30);
 
@@ -367,6 +420,21 @@ impl Agent {
             completed_tasks: self.tasks.completed(),
             term: self.term,
             stale_commands_refused: self.stale_commands_refused,
+        }
+    }
+
+    /// What the agent counts now, for its metrics.
+    fn figures(&self) -> AgentFigures {
+        AgentFigures {
+            registered: matches!(self.connection, master_link::Connection::Registered { .. }),
+            term: self.term,
+            stale_commands_refused: self.stale_commands_refused,
+            heartbeats_sent: self.counts.heartbeats_sent,
+            reregistrations: self.counts.reregistrations,
+            launches: self.counts.launches,
+            launch_failures: self.counts.launch_failures,
+            running: self.tasks.running_for_metrics(),
+            completed: self.tasks.completed_by_state(),
         }
     }
 }

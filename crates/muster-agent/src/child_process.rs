@@ -18,6 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::executor::{self, CgroupRecord, Files, Plan, Record};
 use crate::isolation::TaskCgroup;
+use crate::output::{self, Stream};
 use crate::runner::Stop;
 use crate::task_user::Credentials;
 
@@ -70,6 +71,16 @@ pub(crate) struct Signaller {
 }
 
 impl Signaller {
+    /// The task's pid (the leader of its process group).
+    pub(crate) fn pid(&self) -> i32 {
+        self.group
+    }
+
+    /// The task's cgroup, if it has one.
+    pub(crate) fn cgroup(&self) -> Option<&TaskCgroup> {
+        self.cgroup.as_ref()
+    }
+
     /// Sends `signal` to every process of the task.
     pub(crate) fn signal(&self, signal: libc::c_int) {
         if let Some(cgroup) = &self.cgroup {
@@ -311,23 +322,30 @@ impl TaskCgroup {
 }
 
 /// Creates a task's working directory with its `stdout` and `stderr` files, all owned by
-/// `owner` if given.
+/// `owner` if given. The files are opened for appending (see [`crate::output`]): when the agent
+/// rotates one (copies and truncates it), the task's next write lands at its start.
 pub(crate) async fn open_sandbox(
     dir: &Path,
     owner: Option<Credentials>,
 ) -> io::Result<(Stdio, Stdio)> {
-    tokio::fs::create_dir_all(dir).await?;
-    let stdout = tokio::fs::File::create(dir.join("stdout")).await?;
-    let stderr = tokio::fs::File::create(dir.join("stderr")).await?;
-    if let Some(owner) = owner {
-        for path in [dir.to_owned(), dir.join("stdout"), dir.join("stderr")] {
-            owner.own(&path)?;
+    let dir = dir.to_owned();
+    let opened = tokio::task::spawn_blocking(move || {
+        std::fs::create_dir_all(&dir)?;
+        let stdout = output::create_for_task(&dir, Stream::Stdout)?;
+        let stderr = output::create_for_task(&dir, Stream::Stderr)?;
+        if let Some(owner) = owner {
+            for path in [dir.clone(), dir.join("stdout"), dir.join("stderr")] {
+                owner.own(&path)?;
+            }
         }
-    }
-    Ok((
-        Stdio::from(stdout.into_std().await),
-        Stdio::from(stderr.into_std().await),
-    ))
+        Ok::<_, io::Error>((Stdio::from(stdout), Stdio::from(stderr)))
+    })
+    .await;
+    opened.unwrap_or_else(|e| {
+        Err(io::Error::other(format!(
+            "opening the task's files did not finish: {e}"
+        )))
+    })
 }
 
 /// The exit code, or 128 + the signal number for a process killed by a signal (as shells do).

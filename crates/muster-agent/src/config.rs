@@ -71,6 +71,19 @@ pub struct AgentConfig {
     /// whom a task may name). Give every run of an agent the same runner, as a machine keeps
     /// its processes across agent restarts.
     pub task_runner: Option<crate::runner::CustomRunner>,
+    /// Size past which a task's `stdout` or `stderr` is rotated (default 10 MiB): copied to
+    /// `stdout.1` (the older ones shifting to `stdout.2`, ...) and truncated, as logrotate's
+    /// `copytruncate` does, since the task keeps writing to the file it was given. A write that
+    /// lands just between the copy and the truncation is lost. A stream takes at most about
+    /// (`task_output_files` + 1) × this on disk, plus what the task writes in one
+    /// `task_output_check_interval`.
+    pub task_output_max_bytes: u64,
+    /// Rotated files kept per stream of a task, `stdout.1` (newest) to `stdout.<n>` (default
+    /// 5); the oldest is dropped when a rotation would make one more.
+    pub task_output_files: u32,
+    /// How often the agent checks its running tasks' output files for rotation (default 1 s).
+    /// The check runs off the agent process's thread, so a large copy never delays it.
+    pub task_output_check_interval: Duration,
 }
 
 /// Default of [`AgentConfig::recovery_timeout`].
@@ -91,6 +104,12 @@ pub const DEFAULT_ASK_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_COMPLETED_TASK_HISTORY: usize = 1000;
 /// Default of [`AgentConfig::kill_grace`].
 pub const DEFAULT_KILL_GRACE: Duration = Duration::from_secs(5);
+/// Default of [`AgentConfig::task_output_max_bytes`]: 10 MiB.
+pub const DEFAULT_TASK_OUTPUT_MAX_BYTES: u64 = 10 * 1024 * 1024;
+/// Default of [`AgentConfig::task_output_files`].
+pub const DEFAULT_TASK_OUTPUT_FILES: u32 = 5;
+/// Default of [`AgentConfig::task_output_check_interval`].
+pub const DEFAULT_TASK_OUTPUT_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 impl AgentConfig {
     /// A config for the given masters (`host:port`) and data directory, with this machine's
@@ -115,6 +134,9 @@ impl AgentConfig {
             recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
             stop_tasks_on_exit: true,
             task_runner: None,
+            task_output_max_bytes: DEFAULT_TASK_OUTPUT_MAX_BYTES,
+            task_output_files: DEFAULT_TASK_OUTPUT_FILES,
+            task_output_check_interval: DEFAULT_TASK_OUTPUT_CHECK_INTERVAL,
         }
     }
 
@@ -173,6 +195,15 @@ impl AgentConfig {
         }
         if self.recovery_timeout.is_zero() {
             return invalid("recovery_timeout must be greater than zero");
+        }
+        if self.task_output_max_bytes == 0 {
+            return invalid("task_output_max_bytes must be greater than zero");
+        }
+        if self.task_output_files == 0 {
+            return invalid("task_output_files must be at least 1");
+        }
+        if self.task_output_check_interval.is_zero() {
+            return invalid("task_output_check_interval must be greater than zero");
         }
         if let Some(user) = &self.task_user
             && user.trim().is_empty()
@@ -233,6 +264,9 @@ mod tests {
         assert_eq!(config.ask_timeout, Duration::from_secs(5));
         assert_eq!(config.completed_task_history, 1000);
         assert_eq!(config.kill_grace, Duration::from_secs(5));
+        assert_eq!(config.task_output_max_bytes, 10 * 1024 * 1024);
+        assert_eq!(config.task_output_files, 5);
+        assert_eq!(config.task_output_check_interval, Duration::from_secs(1));
         assert!(!config.hostname.is_empty());
         assert!(config.validate().is_ok());
     }
@@ -249,5 +283,22 @@ mod tests {
         config.registration_backoff_initial = Duration::ZERO;
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("registration_backoff_initial"), "{err}");
+    }
+
+    #[test]
+    fn zero_output_limits_are_named() {
+        let valid = AgentConfig::new(vec!["h:1".into()], "/tmp/x");
+        let mut config = valid.clone();
+        config.task_output_max_bytes = 0;
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("task_output_max_bytes"), "{err}");
+        let mut config = valid.clone();
+        config.task_output_files = 0;
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("task_output_files"), "{err}");
+        let mut config = valid;
+        config.task_output_check_interval = Duration::ZERO;
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("task_output_check_interval"), "{err}");
     }
 }

@@ -357,6 +357,22 @@ impl TaskCgroup {
         (&self.dirs, &self.memory, self.v2)
     }
 
+    /// The directories holding its CPU and memory accounting, for the agent's metrics: the
+    /// one directory on v2; on v1 the cpu hierarchy's (`cpuacct` is mounted with `cpu`) and the
+    /// memory hierarchy's.
+    pub(crate) fn usage_paths(&self) -> crate::metrics::CgroupPaths {
+        let cpu = if self.v2 {
+            self.memory.clone()
+        } else {
+            // Made as [memory, cpu, pids] (see `Isolation::for_task`).
+            self.dirs
+                .get(1)
+                .cloned()
+                .unwrap_or_else(|| self.memory.clone())
+        };
+        crate::metrics::CgroupPaths::new(cpu, self.memory.clone(), self.v2)
+    }
+
     /// What the child needs to join the cgroup, made before the fork.
     pub(crate) fn join_handle(&self) -> JoinHandle {
         JoinHandle {

@@ -22,6 +22,8 @@
 //! - `child_process`: a task's processes (spawning under an executor, re-attaching after a
 //!   restart, signals, exit code).
 //! - `executor`: the executor between the agent and a task, and its files.
+//! - `output`: a task's `stdout` and `stderr` files: rotation (copy and truncate) past a size,
+//!   and reading them back by absolute offset across rotations.
 //! - [`runner`]: what runs a task: processes by default, or a [`runner::TaskRunner`] such as
 //!   [`simulated::SimulatedTasks`] (deterministic simulation tests), with the agent's logic
 //!   (launches, kills, checkpoints, recovery, fencing) the same for both.
@@ -31,6 +33,9 @@
 //! - [`AgentConfig`]: masters, data directory, resources, timings.
 //! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs).
 //! - [`AgentError`]: why an agent could not start.
+//! - [`metrics`]: the agent's figures (asked of the agent process), its tasks' CPU and memory
+//!   (read from their cgroups or `/proc`) and its transport counters, as Prometheus text.
+//! - [`http`]: the agent's HTTP port: `GET /metrics` and health, with the agent's TLS.
 //!
 //! The `muster-agent` binary wraps this for operators.
 
@@ -40,7 +45,10 @@ mod child_process;
 mod config;
 mod error;
 mod executor;
+pub mod http;
 pub mod isolation;
+pub mod metrics;
+mod output;
 pub mod runner;
 pub mod simulated;
 pub mod store;
@@ -53,7 +61,8 @@ pub use agent::{
 pub use config::{
     AgentConfig, DEFAULT_ASK_TIMEOUT, DEFAULT_BACKOFF_INITIAL, DEFAULT_BACKOFF_MAX,
     DEFAULT_COMPLETED_TASK_HISTORY, DEFAULT_KILL_GRACE, DEFAULT_MASTER_SILENCE_TIMEOUT,
-    DEFAULT_RECOVERY_TIMEOUT, DEFAULT_TASK_PIDS_MAX, default_hostname,
+    DEFAULT_RECOVERY_TIMEOUT, DEFAULT_TASK_OUTPUT_CHECK_INTERVAL, DEFAULT_TASK_OUTPUT_FILES,
+    DEFAULT_TASK_OUTPUT_MAX_BYTES, DEFAULT_TASK_PIDS_MAX, default_hostname,
 };
 pub use error::AgentError;
 pub use isolation::Isolation;

@@ -3,7 +3,13 @@
 //! Settings come from flags and, optionally, a TOML file (`--config`) with the same keys;
 //! flags win. Logs go to stderr through `tracing` (`RUST_LOG`, by default `info` with openraft
 //! and sled at `warn`; colour only on a terminal); the one line on stdout says where the agent
-//! listens.
+//! listens, and ends with where its metrics are served.
+//!
+//! Beside its gRPC port (the actor transport, gRPC health and reflection) the agent serves an
+//! HTTP port (`--http-listen`, by default the `--listen` port plus 10): `GET /metrics` in the
+//! Prometheus text format, `GET /v1/health/live` and `GET /v1/health/ready` (200 while
+//! registered with a master, else 503). It has the agent's TLS (no client certificate
+//! required) and asks for no token: agents hold no token table (see `muster_agent::http`).
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -35,6 +41,11 @@ struct Args {
     /// Address to listen on, as the masters reach it [default: 127.0.0.1:5051]
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
+    /// Address of the HTTP port: GET /metrics (Prometheus text, no token; TLS as the rest of
+    /// the agent, no client certificate needed) and /v1/health/live, /v1/health/ready
+    /// [default: the --listen host, its port plus 10; port 0 stays 0, any free port]
+    #[arg(long, value_name = "HOST:PORT")]
+    http_listen: Option<String>,
     /// A master's address; repeat for each master (required unless in the config file)
     #[arg(long = "master", value_name = "HOST:PORT")]
     masters: Vec<String>,
@@ -54,8 +65,9 @@ struct Args {
     /// An attribute to report; repeat for each
     #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
     attributes: Vec<(String, String)>,
-    /// A TOML file with the same keys (listen, master, data_dir, hostname, cpus, mem_mb,
-    /// task_user, allowed_task_users, recovery_timeout, [attributes], [tls]); flags override it
+    /// A TOML file with the same keys (listen, http_listen, master, data_dir, hostname, cpus,
+    /// mem_mb, task_user, allowed_task_users, recovery_timeout, task_output_max_bytes,
+    /// task_output_files, task_output_check_interval, [attributes], [tls]); flags override it
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Do not bound tasks with cgroups even where the machine allows: each task's process
@@ -73,6 +85,19 @@ struct Args {
     /// [default: 15m]; past it, it kills them when it starts
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     recovery_timeout: Option<std::time::Duration>,
+    /// Size past which a task's stdout or stderr is rotated (copied to stdout.1, the older
+    /// copies shifting, and truncated; a write landing just between the two is lost), in bytes
+    /// or with a unit: 512KiB, 10MiB, 1GiB [default: 10MiB]
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    task_output_max_bytes: Option<u64>,
+    /// Rotated files kept per stream of a task (stdout.1 to stdout.N); the oldest goes when
+    /// one more would be made [default: 5]
+    #[arg(long, value_name = "N")]
+    task_output_files: Option<u32>,
+    /// How often the running tasks' output files are checked for rotation, e.g. 1s
+    /// [default: 1s]
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    task_output_check_interval: Option<std::time::Duration>,
     /// Kill the running tasks when the agent stops (by default they keep running, for the
     /// agent to take back when it starts again)
     #[arg(long)]
@@ -87,6 +112,8 @@ struct Args {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<String>,
+    #[serde(alias = "http-listen")]
+    http_listen: Option<String>,
     #[serde(default, alias = "masters")]
     master: Vec<String>,
     #[serde(alias = "data-dir")]
@@ -104,8 +131,61 @@ struct FileConfig {
     /// A duration such as `15m`.
     #[serde(alias = "recovery-timeout")]
     recovery_timeout: Option<String>,
+    /// A number of bytes, or a size such as `10MiB`.
+    #[serde(alias = "task-output-max-bytes")]
+    task_output_max_bytes: Option<FileSize>,
+    #[serde(alias = "task-output-files")]
+    task_output_files: Option<u32>,
+    /// A duration such as `1s`.
+    #[serde(alias = "task-output-check-interval")]
+    task_output_check_interval: Option<String>,
     /// `[tls]`: ca, cert, key, cluster, insecure.
     tls: Option<TlsFileConfig>,
+}
+
+/// A size in the config file: a number of bytes, or text as the flag takes it.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum FileSize {
+    Bytes(u64),
+    Text(String),
+}
+
+impl FileSize {
+    fn bytes(&self) -> Result<u64, String> {
+        match self {
+            FileSize::Bytes(bytes) => Ok(*bytes),
+            FileSize::Text(text) => parse_size(text),
+        }
+    }
+}
+
+/// A size: a number of bytes, optionally followed by a unit, `B`, `KiB`, `MiB` or `GiB` (`K`,
+/// `M`, `G` for short; any case), as in `10MiB`.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits);
+    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kib" => 1024,
+        "m" | "mib" => 1024 * 1024,
+        "g" | "gib" => 1024 * 1024 * 1024,
+        _ => {
+            return Err(format!(
+                "{text:?} is not a size: expected a number of bytes, optionally with a unit \
+                 (B, KiB, MiB, GiB), such as 10MiB"
+            ));
+        }
+    };
+    let number: u64 = number.parse().map_err(|_| {
+        format!("{text:?} is not a size: expected a number of bytes, such as 10485760 or 10MiB")
+    })?;
+    number
+        .checked_mul(multiplier)
+        .ok_or_else(|| format!("{text:?} is too large a size"))
 }
 
 /// `key=value`, with a non-empty key.
@@ -126,8 +206,19 @@ fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
     toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
 }
 
-/// The listen address, the agent config and its security, from the flags over the file.
-fn settings(args: Args) -> anyhow::Result<(String, AgentConfig, Security)> {
+/// What the binary runs with, from the flags over the file.
+#[derive(Debug)]
+struct Settings {
+    /// The gRPC port's address (the actor transport).
+    listen: String,
+    /// The HTTP port's address (metrics and health).
+    http_listen: String,
+    config: AgentConfig,
+    security: Security,
+}
+
+/// The settings, from the flags over the file.
+fn settings(args: Args) -> anyhow::Result<Settings> {
     let mut file = match &args.config {
         Some(path) => load_file(path)?,
         None => FileConfig::default(),
@@ -141,6 +232,9 @@ fn settings(args: Args) -> anyhow::Result<(String, AgentConfig, Security)> {
         .listen
         .or(file.listen)
         .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
+    let http_listen =
+        muster_agent::http::http_address(&listen, args.http_listen.or(file.http_listen).as_deref())
+            .map_err(anyhow::Error::msg)?;
     let masters = if args.masters.is_empty() {
         file.master
     } else {
@@ -180,15 +274,48 @@ fn settings(args: Args) -> anyhow::Result<(String, AgentConfig, Security)> {
     if let Some(timeout) = args.recovery_timeout.or(file_timeout) {
         config.recovery_timeout = timeout;
     }
+    let file_max_bytes = file
+        .task_output_max_bytes
+        .as_ref()
+        .map(FileSize::bytes)
+        .transpose()
+        .map_err(anyhow::Error::msg)
+        .context("task_output_max_bytes in the config file")?;
+    if let Some(max_bytes) = args.task_output_max_bytes.or(file_max_bytes) {
+        config.task_output_max_bytes = max_bytes;
+    }
+    if let Some(files) = args.task_output_files.or(file.task_output_files) {
+        config.task_output_files = files;
+    }
+    let file_interval = file
+        .task_output_check_interval
+        .as_deref()
+        .map(humantime::parse_duration)
+        .transpose()
+        .context("task_output_check_interval in the config file")?;
+    if let Some(interval) = args.task_output_check_interval.or(file_interval) {
+        config.task_output_check_interval = interval;
+    }
     // The binary's tasks outlive it: a restart (even a SIGKILL) takes them back.
     config.stop_tasks_on_exit = args.stop_tasks_on_exit;
     config.attributes = file.attributes;
     config.attributes.extend(args.attributes);
     config.validate()?;
-    Ok((listen, config, security))
+    Ok(Settings {
+        listen,
+        http_listen,
+        config,
+        security,
+    })
 }
 
-async fn run(listen: String, config: AgentConfig, security: Security) -> anyhow::Result<()> {
+async fn run(settings: Settings) -> anyhow::Result<()> {
+    let Settings {
+        listen,
+        http_listen,
+        config,
+        security,
+    } = settings;
     muster_agent::store::check_data_dir(&config.data_dir)?;
     if listen
         .parse::<SocketAddr>()
@@ -207,13 +334,15 @@ async fn run(listen: String, config: AgentConfig, security: Security) -> anyhow:
     // Beside the actor transport: gRPC health (SERVING while registered with a master) and
     // reflection, for load balancers and grpcurl.
     let (serving, serving_now) = tokio::sync::watch::channel(false);
-    let routes = muster_actor::health::operator_routes(serving_now, &[]).await?;
-    let node = Node::serve(
-        &system,
-        Node::listen(&listen).await?,
-        NodeConfig::new(security),
-        routes,
-    )?;
+    let routes = muster_actor::health::operator_routes(serving_now.clone(), &[]).await?;
+    let listener = Node::listen(&listen).await?;
+    // Both ports are bound before anything starts, so a port in use is named at once.
+    let http_listener = Node::listen(&http_listen)
+        .await
+        .context("the HTTP port (--http-listen)")?;
+    let http_address = http_listener.local_addr();
+    let http_security = security.clone();
+    let node = Node::serve(&system, listener, NodeConfig::new(security), routes)?;
     let address = node.address().to_owned();
     let agent = match muster_agent::start(&node, config).await {
         Ok(agent) => agent,
@@ -224,19 +353,31 @@ async fn run(listen: String, config: AgentConfig, security: Security) -> anyhow:
         }
     };
     agent.report_registered(serving);
+    let (http_stop, http_stopped) = tokio::sync::oneshot::channel::<()>();
+    muster_agent::http::serve(
+        http_listener,
+        &http_security,
+        muster_agent::http::router(agent.clone(), node.clone(), serving_now),
+        async move {
+            let _ = http_stopped.await;
+        },
+    );
     {
         let mut stdout = std::io::stdout().lock();
+        // Tests and scripts read the address up to the first space: keep the start as it is.
         writeln!(
             stdout,
-            "muster-agent listening on {address} ({}){}",
+            "muster-agent listening on {address} ({}){}, metrics on {}://{http_address}/metrics",
             agent.upid(),
-            if insecure { ", INSECURE" } else { ", TLS" }
+            if insecure { ", INSECURE" } else { ", TLS" },
+            if insecure { "http" } else { "https" },
         )
         .and_then(|()| stdout.flush())
         .context("cannot write to stdout")?;
     }
     let which = signal.await;
     tracing::info!(signal = which, "shutting down");
+    let _ = http_stop.send(());
     agent.stop().await;
     node.shutdown();
     system.shutdown().await;
@@ -246,14 +387,114 @@ async fn run(listen: String, config: AgentConfig, security: Security) -> anyhow:
 fn main() -> ExitCode {
     let args = Args::parse();
     muster_launch::init_logging();
-    let outcome = settings(args).and_then(|(listen, config, security)| {
-        muster_launch::block_on(run(listen, config, security))
-    });
+    let outcome = settings(args).and_then(|settings| muster_launch::block_on(run(settings)));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("muster-agent: error: {error:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_bytes_or_binary_units_and_name_bad_text() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("512KiB"), Ok(512 * 1024));
+        assert_eq!(parse_size("10MiB"), Ok(10 * 1024 * 1024));
+        assert_eq!(parse_size("10m"), Ok(10 * 1024 * 1024));
+        assert_eq!(parse_size("1 GiB"), Ok(1024 * 1024 * 1024));
+        assert_eq!(parse_size("7B"), Ok(7));
+        for bad in ["", "MiB", "10MB", "ten", "-1", "99999999999999999999GiB"] {
+            let Err(error) = parse_size(bad) else {
+                panic!("{bad:?} parsed as a size");
+            };
+            assert!(error.contains(&format!("{bad:?}")), "{error}");
+        }
+    }
+
+    #[test]
+    fn output_settings_come_from_the_file_and_flags_win() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            "master = [\"127.0.0.1:5050\"]\ndata_dir = \"/tmp/a\"\n\
+             task_output_max_bytes = \"2MiB\"\ntask_output_files = 3\n\
+             task_output_check_interval = \"250ms\"\n[tls]\ninsecure = true\n",
+        )?;
+        let config_arg = file.to_string_lossy().into_owned();
+        let args = Args::try_parse_from(["muster-agent", "--config", &config_arg])?;
+        let config = settings(args)?.config;
+        assert_eq!(config.task_output_max_bytes, 2 * 1024 * 1024);
+        assert_eq!(config.task_output_files, 3);
+        assert_eq!(
+            config.task_output_check_interval,
+            std::time::Duration::from_millis(250)
+        );
+        let args = Args::try_parse_from([
+            "muster-agent",
+            "--config",
+            &config_arg,
+            "--task-output-max-bytes",
+            "4096",
+            "--task-output-files",
+            "1",
+        ])?;
+        let config = settings(args)?.config;
+        assert_eq!(config.task_output_max_bytes, 4096);
+        assert_eq!(config.task_output_files, 1);
+        let args = Args::try_parse_from([
+            "muster-agent",
+            "--config",
+            &config_arg,
+            "--task-output-files",
+            "0",
+        ])?;
+        let Err(error) = settings(args) else {
+            anyhow::bail!("zero task_output_files accepted");
+        };
+        assert!(error.to_string().contains("task_output_files"), "{error:#}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_http_port_is_the_listen_port_plus_ten_unless_the_file_or_a_flag_says()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("agent.toml");
+        let base = "master = [\"127.0.0.1:5050\"]\ndata_dir = \"/tmp/a\"\n[tls]\ninsecure = true\n";
+        std::fs::write(&file, base)?;
+        let config_arg = file.to_string_lossy().into_owned();
+        let parse = |extra: &[&str]| -> anyhow::Result<Settings> {
+            let mut args = vec!["muster-agent", "--config", &config_arg];
+            args.extend_from_slice(extra);
+            settings(Args::try_parse_from(args)?)
+        };
+        assert_eq!(parse(&[])?.http_listen, "127.0.0.1:5061");
+        assert_eq!(
+            parse(&["--listen", "10.0.0.7:7000"])?.http_listen,
+            "10.0.0.7:7010"
+        );
+        assert_eq!(
+            parse(&["--listen", "127.0.0.1:0"])?.http_listen,
+            "127.0.0.1:0"
+        );
+        std::fs::write(&file, format!("http_listen = \"127.0.0.1:9100\"\n{base}"))?;
+        assert_eq!(parse(&[])?.http_listen, "127.0.0.1:9100");
+        assert_eq!(
+            parse(&["--http-listen", "0.0.0.0:9200"])?.http_listen,
+            "0.0.0.0:9200"
+        );
+        std::fs::write(&file, base)?;
+        let Err(error) = parse(&["--listen", "no-port"]) else {
+            anyhow::bail!("a listen address without a port gave an HTTP address");
+        };
+        assert!(error.to_string().contains("no-port"), "{error:#}");
+        Ok(())
     }
 }

@@ -189,6 +189,19 @@ pub(crate) enum Stopper {
 }
 
 impl Stopper {
+    /// The task's process and cgroup, where its usage can be read: none for a runner's task.
+    pub(crate) fn usage_source(&self) -> (Option<i32>, Option<crate::metrics::CgroupPaths>) {
+        match self {
+            Stopper::Process(signaller) => (
+                Some(signaller.pid()),
+                signaller
+                    .cgroup()
+                    .map(crate::isolation::TaskCgroup::usage_paths),
+            ),
+            Stopper::Runner(_) => (None, None),
+        }
+    }
+
     /// Ends the task at once: SIGKILL to every process of it, or its runner's switch.
     pub(crate) fn kill_now(&self) {
         match self {

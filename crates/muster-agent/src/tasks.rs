@@ -8,6 +8,7 @@ use muster_proto::cluster::Framework;
 use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
+use crate::metrics::RunningTask;
 use crate::runner::{Stop, Stopper};
 
 /// A task that runs.
@@ -217,6 +218,39 @@ impl Tasks {
     /// Completed tasks, oldest first.
     pub(crate) fn completed(&self) -> Vec<Task> {
         self.completed.iter().cloned().collect()
+    }
+
+    /// The running tasks, with where their usage can be read (for the metrics).
+    pub(crate) fn running_for_metrics(&self) -> Vec<RunningTask> {
+        self.active
+            .values()
+            .map(|active| {
+                let (pid, cgroup) = active
+                    .stopper
+                    .as_ref()
+                    .map_or((None, None), Stopper::usage_source);
+                let mut task = RunningTask::default();
+                task.task_id.clone_from(&active.task.id);
+                task.job.clone_from(&active.task.job);
+                task.pid = pid;
+                task.cgroup = cgroup;
+                task
+            })
+            .collect()
+    }
+
+    /// The completed history's tasks counted by final state (`finished`, `failed`, ...).
+    pub(crate) fn completed_by_state(&self) -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
+        for task in &self.completed {
+            let state = TaskState::try_from(task.state).unwrap_or(TaskState::Unspecified);
+            let name = state
+                .as_str_name()
+                .trim_start_matches("TASK_STATE_")
+                .to_ascii_lowercase();
+            *counts.entry(name).or_insert(0) += 1;
+        }
+        counts
     }
 
     /// The ids of the running tasks.

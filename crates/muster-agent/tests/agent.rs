@@ -459,6 +459,22 @@ async fn a_restarted_agent_reregisters_with_its_stored_id_and_tasks() -> anyhow:
             state_of(&s.completed_tasks, "done") == Some(TaskState::Finished)
         })
         .await?;
+    // What the metrics say: two launches, one task running (a process), one finished, no
+    // re-registration yet.
+    let figures = first.handle.figures().await?;
+    assert!(figures.registered, "{figures:?}");
+    assert_eq!((figures.launches, figures.launch_failures), (2, 0));
+    assert_eq!(figures.reregistrations, 0);
+    assert_eq!(figures.running.len(), 1, "{figures:?}");
+    assert_eq!(figures.running[0].task_id, "long");
+    assert!(
+        figures.running[0].pid.is_some_and(|pid| pid > 0),
+        "{figures:?}"
+    );
+    assert_eq!(
+        figures.completed,
+        std::collections::BTreeMap::from([("finished".to_owned(), 1)])
+    );
     first.stop().await;
 
     // A new node (new address), same data directory.
@@ -480,6 +496,9 @@ async fn a_restarted_agent_reregisters_with_its_stored_id_and_tasks() -> anyhow:
     assert_eq!(request.completed_frameworks, vec![framework()]);
     assert_eq!(second.registered_with(&master.upid()?).await?, "agent-7");
     assert!(master.got_nothing(), "no fresh RegisterAgent");
+    let figures = second.handle.figures().await?;
+    assert_eq!(figures.reregistrations, 1, "{figures:?}");
+    assert_eq!(figures.completed.get("killed"), Some(&1), "{figures:?}");
 
     // Task ids stay unique across the restart.
     let reply = master
@@ -777,6 +796,27 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
     };
     master.node.remote(to.clone()).tell(later)?;
     master.expect_started("agent-l", "later").await?;
+    // Four launches, two of them refused or failed; the metrics show the two running tasks'
+    // memory, read from their cgroups or processes.
+    let figures = agent.handle.figures().await?;
+    assert_eq!(
+        (figures.launches, figures.launch_failures),
+        (4, 2),
+        "{figures:?}"
+    );
+    let text = muster_agent::metrics::gather(&agent.handle, &agent.node).await?;
+    for line in [
+        "muster_agent_task_launches_total 4",
+        "muster_agent_task_launch_failures_total 2",
+        "muster_agent_tasks{state=\"running\"} 2",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no {line:?} in:\n{text}");
+    }
+    let memory = text
+        .lines()
+        .filter(|l| l.starts_with("muster_agent_task_memory_bytes{task=\""))
+        .count();
+    assert_eq!(memory, 2, "{text}");
     agent.stop().await;
     master.shutdown().await;
     Ok(())
@@ -1251,6 +1291,18 @@ async fn a_restarted_agent_takes_back_its_running_tasks_and_the_real_end_of_the_
     // The batch task ends while no agent runs.
     std::fs::write(dir.path().join("tasks/batch/release"), "")?;
     ends(batch_pid, "the batch task").await?;
+    // Ended is not yet recorded: its executor writes the wait status once it has reaped it.
+    // An agent that starts before then finds the executor still there and re-attaches.
+    let status = dir.path().join("meta/tasks/batch.status");
+    let deadline = tokio::time::Instant::now() + PATIENCE;
+    while !status.exists() {
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the executor never recorded the batch task's end in {}",
+            status.display()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
 
     let second = AgentNode::start(keeping_config(&[master.address()], dir.path())).await?;
     let request = master.next_reregister().await?;

@@ -56,6 +56,10 @@ fn help_lists_the_flags() -> anyhow::Result<()> {
         "--mem-mb",
         "--attribute",
         "--config",
+        "--task-output-max-bytes",
+        "--task-output-files",
+        "--task-output-check-interval",
+        "--http-listen",
     ] {
         ensure!(
             text.contains(flag),
@@ -89,6 +93,72 @@ fn a_port_in_use_is_an_error_naming_the_address() -> anyhow::Result<()> {
         "{text}"
     );
     Ok(())
+}
+
+#[test]
+fn an_http_port_in_use_is_an_error_naming_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let data_dir = dir.path().join("data").to_string_lossy().into_owned();
+    // Given with --http-listen.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let address = taken.local_addr()?.to_string();
+    let output = run(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--http-listen",
+        &address,
+        "--master",
+        "127.0.0.1:1",
+        "--data-dir",
+        &data_dir,
+    ])?;
+    ensure!(
+        !output.status.success(),
+        "started on a taken HTTP port: {output:?}"
+    );
+    let text = stderr(&output);
+    ensure!(
+        text.contains("--http-listen")
+            && text.contains(&format!("cannot listen on {address}"))
+            && text.contains("in use"),
+        "{text}"
+    );
+
+    // By default: the --listen port plus 10. A taken port whose port minus 10 is free (that
+    // free port may be taken meanwhile by another program: then try again).
+    for _ in 0..20 {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+        let http = taken.local_addr()?;
+        let Some(port) = http.port().checked_sub(10) else {
+            continue;
+        };
+        if port == 0 || std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            continue;
+        }
+        let listen = format!("127.0.0.1:{port}");
+        let output = run(&[
+            "--listen",
+            &listen,
+            "--master",
+            "127.0.0.1:1",
+            "--data-dir",
+            &data_dir,
+        ])?;
+        let text = stderr(&output);
+        if text.contains(&format!("cannot listen on {listen}")) {
+            continue;
+        }
+        ensure!(
+            !output.status.success(),
+            "started with its default HTTP port {http} taken: {output:?}"
+        );
+        ensure!(
+            text.contains(&format!("cannot listen on {http}")) && text.contains("in use"),
+            "{text}"
+        );
+        return Ok(());
+    }
+    anyhow::bail!("found no free port 10 below a taken one in 20 tries")
 }
 
 #[test]
@@ -146,6 +216,44 @@ fn bad_attributes_and_config_files_are_errors_naming_the_problem() -> anyhow::Re
     let output = run(&["--data-dir", &data_dir])?;
     ensure!(!output.status.success(), "{output:?}");
     ensure!(stderr(&output).contains("--master"), "{}", stderr(&output));
+
+    // Task output rotation: a size that is not one, and zero limits, named.
+    let output = run(&[
+        "--master",
+        "127.0.0.1:1",
+        "--data-dir",
+        &data_dir,
+        "--task-output-max-bytes",
+        "lots",
+    ])?;
+    ensure!(!output.status.success(), "{output:?}");
+    let text = stderr(&output);
+    ensure!(
+        text.contains("--task-output-max-bytes") && text.contains("\"lots\""),
+        "{text}"
+    );
+    for (flag, field) in [
+        ("--task-output-max-bytes", "task_output_max_bytes"),
+        ("--task-output-files", "task_output_files"),
+        ("--task-output-check-interval", "task_output_check_interval"),
+    ] {
+        let zero = if flag.ends_with("interval") {
+            "0s"
+        } else {
+            "0"
+        };
+        let output = run(&[
+            "--master",
+            "127.0.0.1:1",
+            "--data-dir",
+            &data_dir,
+            flag,
+            zero,
+        ])?;
+        ensure!(!output.status.success(), "{output:?}");
+        let text = stderr(&output);
+        ensure!(text.contains(field), "{flag} {zero}: {text}");
+    }
     Ok(())
 }
 
@@ -192,9 +300,11 @@ fn it_prints_where_it_listens_and_stops_on_sigterm() -> anyhow::Result<()> {
             .and_then(|rest| rest.split_once(' '))
             .map(|(address, _)| address.to_owned())
             .with_context(|| format!("unexpected first line {line:?}"))?;
+        // Then where the metrics are: on the HTTP port, with TLS too.
         ensure!(
-            line.trim_end()
-                .ends_with(&format!("(agent@{address}), TLS")),
+            line.contains(&format!(
+                "(agent@{address}), TLS, metrics on https://127.0.0.1:"
+            )) && line.trim_end().ends_with("/metrics"),
             "{line:?}"
         );
         ensure!(data_dir.is_dir(), "the data directory was created");

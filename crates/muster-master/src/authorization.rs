@@ -4,7 +4,7 @@
 //!
 //! | service | method | needs |
 //! |---|---|---|
-//! | `Operator` | `GetState`, `GetMetrics`, `JobStatus`, `ListJobs`, `ListEvaluations` | client certificate, token with `read` |
+//! | `Operator` | `GetState`, `GetMetrics`, `JobStatus`, `ListJobs`, `ListEvaluations`, `StreamEvents`, `TaskLogs`, `JobVersions`, `PlanJob` | client certificate, token with `read` |
 //! | `Operator` | `SubmitJob`, `StopJob`, `LaunchTask` | client certificate, token with `submit` |
 //! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken`, `SnapshotSave`, `SnapshotRestore` | client certificate, `management` token |
 //! | `Operator` | `AclBootstrap` | client certificate (the registry allows it once) |
@@ -30,6 +30,13 @@ pub fn operator_rules() -> Rules {
             "ListEvaluations",
             Requirement::Token(CLIENTS, Permission::Read),
         )
+        .method(
+            "StreamEvents",
+            Requirement::Token(CLIENTS, Permission::Read),
+        )
+        .method("TaskLogs", Requirement::Token(CLIENTS, Permission::Read))
+        .method("JobVersions", Requirement::Token(CLIENTS, Permission::Read))
+        .method("PlanJob", Requirement::Token(CLIENTS, Permission::Read))
         .method("SubmitJob", Requirement::Token(CLIENTS, Permission::Submit))
         .method("StopJob", Requirement::Token(CLIENTS, Permission::Submit))
         .method(

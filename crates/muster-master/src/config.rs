@@ -92,9 +92,48 @@ pub struct MasterConfig {
     pub raft_heartbeat: Duration,
     /// raft election timeout range.
     pub raft_election_timeout: (Duration, Duration),
+    /// How often the actor transport pings each link, and how long a ping may go unanswered
+    /// before the link is dropped and reconnected (default 5 s each). Keep the two together
+    /// under `heartbeat_min_ttl` plus `heartbeat_grace`, so that a connection to an agent that
+    /// died silently is replaced before the agent is counted late.
+    pub link_keepalive: Duration,
+    /// Where the HTTP/JSON API listens (`host:port`). `None` (the default): the gRPC port
+    /// plus [`HTTP_PORT_OFFSET`] on the same host (5060 beside 5050; port 0 stays 0: any free
+    /// port).
+    pub http_listen: Option<String>,
+    /// Other masters' HTTP addresses by raft id, for the redirects a standby answers, where
+    /// they are not at their gRPC port plus the offset this master uses. Empty by default.
+    pub http_members: BTreeMap<u64, String>,
 }
 
+/// How far above its gRPC port a master's HTTP API listens by default: 5060 beside 5050, clear
+/// of an agent's 5051 and of masters on consecutive ports.
+pub const HTTP_PORT_OFFSET: u16 = 10;
+
 impl MasterConfig {
+    /// Where the HTTP API listens: `http_listen`, or the gRPC address `listen` with its port
+    /// plus [`HTTP_PORT_OFFSET`] (0 stays 0).
+    ///
+    /// # Errors
+    /// A message naming `listen` if it has no port.
+    pub fn http_address(&self, listen: &str) -> Result<String, String> {
+        if let Some(address) = &self.http_listen {
+            return Ok(address.clone());
+        }
+        let (host, port) = listen
+            .rsplit_once(':')
+            .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
+            .ok_or_else(|| format!("the listen address {listen:?} has no port"))?;
+        let port = if port == 0 {
+            0
+        } else {
+            port.checked_add(HTTP_PORT_OFFSET).ok_or_else(|| {
+                format!("no port after {port} for the HTTP API; set --http-listen")
+            })?
+        };
+        Ok(format!("{host}:{port}"))
+    }
+
     /// The default settings, with `security`.
     pub fn new(security: Security) -> Self {
         MasterConfig {
@@ -123,6 +162,9 @@ impl MasterConfig {
             reconcile_interval: Duration::from_secs(30),
             raft_heartbeat: Duration::from_millis(100),
             raft_election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),
+            link_keepalive: Duration::from_secs(5),
+            http_listen: None,
+            http_members: BTreeMap::new(),
         }
     }
 }

@@ -22,6 +22,9 @@ pub enum ServiceError {
     /// No ACL token with that accessor: `NOT_FOUND`.
     #[error("no token with accessor {0:?}")]
     UnknownToken(String),
+    /// No task by that id on any agent this master knows: `NOT_FOUND`.
+    #[error("no task {0:?} on any agent this master knows")]
+    UnknownTask(String),
     /// A request field is missing or wrong: `INVALID_ARGUMENT`.
     #[error("{message}")]
     InvalidArgument {
@@ -74,7 +77,8 @@ impl From<ServiceError> for Status {
         match error {
             ServiceError::UnknownJob(_)
             | ServiceError::UnknownAgent(_)
-            | ServiceError::UnknownToken(_) => Status::not_found(error.to_string()),
+            | ServiceError::UnknownToken(_)
+            | ServiceError::UnknownTask(_) => Status::not_found(error.to_string()),
             ServiceError::InvalidArgument { message, .. } => Status::invalid_argument(message),
             ServiceError::NotLeader { leader } => protocol::not_leader(leader.as_deref()),
             ServiceError::FailedPrecondition(why) => Status::failed_precondition(why),

@@ -19,6 +19,9 @@
 //! - [`MasterServer`]: port, registry, process and API started together ([`MasterError`]:
 //!   why it could not start).
 //! - [`Workers`], [`LocalBackend`]: scheduler workers inside the master process.
+//! - [`http`]: the HTTP/JSON API on its own port, with its OpenAPI document.
+//! - [`metrics`]: the master's Prometheus metrics ([`metrics::render`]) and the instruments
+//!   observed where things happen ([`metrics::MasterInstruments`]).
 //! - [`SchedulingService`]: the broker and plan applier over gRPC, for workers in other
 //!   programs (their side: [`muster_scheduler::RemoteBackend`]).
 
@@ -26,7 +29,9 @@ pub mod authorization;
 mod cluster;
 mod config;
 mod error;
+pub mod http;
 mod master;
+pub mod metrics;
 mod operator;
 mod scheduling_service;
 mod server;
@@ -34,10 +39,11 @@ mod server;
 pub mod testing;
 mod workers;
 
-pub use config::{MasterConfig, Placement};
+pub use config::{HTTP_PORT_OFFSET, MasterConfig, Placement};
 pub use error::ServiceError;
 pub use master::{
-    AclMsg, AgentMsg, InternalMsg, Master, MasterMsg, OperatorMsg, SchedulingMsg, SchedulingPids,
+    AclMsg, AgentMsg, InternalMsg, KEPT_EVENTS, Master, MasterMsg, OperatorMsg, SUBSCRIBER_BUFFER,
+    SchedulingMsg, SchedulingPids, Subscription,
 };
 pub use operator::{MAX_OPERATOR_MESSAGE, OperatorService, REDACTED};
 pub use scheduling_service::SchedulingService;

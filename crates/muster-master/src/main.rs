@@ -33,10 +33,18 @@ struct Flags {
     /// Address to listen on, HOST:PORT [default: 127.0.0.1:5050].
     #[arg(long)]
     listen: Option<String>,
+    /// Where the HTTP/JSON API and /metrics listen, HOST:PORT [default: the --listen port
+    /// plus 10: 127.0.0.1:5060].
+    #[arg(long)]
+    http_listen: Option<String>,
     /// A member of the group, ID=HOST:PORT; repeat for each, this master included. None: a
     /// group of one.
     #[arg(long = "peer", value_name = "ID=HOST:PORT")]
     peers: Vec<String>,
+    /// Another master's HTTP API, ID=HOST:PORT, where it is not its --peer port plus the
+    /// offset this master's --http-listen has; repeat for each (for a standby's redirects).
+    #[arg(long = "http-peer", value_name = "ID=HOST:PORT")]
+    http_peers: Vec<String>,
     /// Where the registry is stored.
     #[arg(long)]
     data_dir: Option<PathBuf>,
@@ -104,7 +112,9 @@ struct Flags {
 struct FileConfig {
     id: Option<u64>,
     listen: Option<String>,
+    http_listen: Option<String>,
     peers: Option<Vec<String>>,
+    http_peers: Option<Vec<String>>,
     data_dir: Option<PathBuf>,
     pings: Option<bool>,
     ping_interval: Option<String>,
@@ -167,6 +177,15 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
     } else {
         flags.peers
     };
+    let http_peers = if flags.http_peers.is_empty() {
+        file.http_peers.unwrap_or_default()
+    } else {
+        flags.http_peers
+    };
+    let http_members = http_peers
+        .iter()
+        .map(|p| parse_peer(p))
+        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
     let members = peers
         .iter()
         .map(|p| parse_peer(p))
@@ -174,6 +193,8 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
     Ok(MasterConfig {
         id: flags.id.or(file.id).unwrap_or(defaults.id),
         listen: flags.listen.or(file.listen).unwrap_or(defaults.listen),
+        http_listen: flags.http_listen.or(file.http_listen),
+        http_members,
         members,
         data_dir: flags
             .data_dir
@@ -270,14 +291,20 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "muster-master {id} listening on {addr} (master@{addr}), registry in {}{}",
+        "muster-master {id} listening on {addr} (master@{addr}), HTTP API on {scheme}://{http}, registry in {}{}",
         data_dir.display(),
         if security.is_insecure() {
             ", INSECURE"
         } else {
             ", TLS"
         },
-        addr = master.address()
+        addr = master.address(),
+        scheme = if security.is_insecure() {
+            "http"
+        } else {
+            "https"
+        },
+        http = master.http_address(),
     )?;
     out.flush()?;
     drop(out);

@@ -32,6 +32,7 @@
 //! (marking agents unreachable), `registry_writes` (registry writes
 //! with their evaluations, the state index), `crash_loops` (back-off of failing slots).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use muster_actor::{Context, Node, Pid, Process, System};
@@ -42,11 +43,14 @@ use muster_registry::RegistryNode;
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::error::ServiceError;
+use crate::metrics::MasterInstruments;
 
 mod acl_tokens;
 mod arriving_agents;
 mod convergence;
 mod crash_loops;
+mod events;
+mod figures;
 mod from_agents;
 mod from_operators;
 mod from_scheduling;
@@ -59,6 +63,7 @@ mod reregistration;
 mod tasks;
 
 pub use acl_tokens::AclMsg;
+pub use events::{KEPT_EVENTS, SUBSCRIBER_BUFFER, Subscription};
 pub use from_agents::AgentMsg;
 pub use from_operators::OperatorMsg;
 pub use from_scheduling::{SchedulingMsg, SchedulingPids};
@@ -149,6 +154,8 @@ struct Metrics {
     reconcile_evals: u64,
     /// Kills sent again because the agent did not answer the last one.
     kill_retries: u64,
+    /// Kills an agent refused for their term (see `pb::MasterMetrics::kills_fenced`).
+    kills_fenced: u64,
 }
 
 /// The master process.
@@ -168,6 +175,8 @@ pub struct Master {
     term: u64,
     /// Bumped on every change to agents or tasks; snapshots and plans carry it.
     state_index: u64,
+    /// What changed, for the event stream.
+    events: events::EventLog,
     /// While leading: when each tracked agent's next heartbeat is due at the latest (TTL plus
     /// grace).
     heartbeats: HeartbeatDeadlines,
@@ -179,6 +188,9 @@ pub struct Master {
     /// Whether this master can do its job: it leads (caught up), or it stands by and knows
     /// who leads. The gRPC health service reports it (see [`Master::serving`]).
     serving: tokio::sync::watch::Sender<bool>,
+    /// The histograms and counters observed where things happen, shared with the scheduler
+    /// workers (see [`crate::metrics`]).
+    instruments: Arc<MasterInstruments>,
 }
 
 impl Master {
@@ -204,11 +216,19 @@ impl Master {
             metrics: Metrics::default(),
             term: 0,
             state_index: 0,
+            events: events::EventLog::default(),
             heartbeats: HeartbeatDeadlines::default(),
             crash_loops: crash_loops::CrashLoops::default(),
             leadership_lease: None,
             serving: tokio::sync::watch::Sender::new(false),
+            instruments: Arc::new(MasterInstruments::new()),
         }
+    }
+
+    /// The instruments this master observes (its scheduler workers get them with
+    /// [`SchedulingPids`]); [`crate::metrics::render`] encodes them.
+    pub fn instruments(&self) -> Arc<MasterInstruments> {
+        Arc::clone(&self.instruments)
     }
 
     /// Follows whether this master can do its job: it leads, caught up with the registry, or
@@ -257,9 +277,20 @@ impl Process for Master {
         // Follow the registry's leadership as messages to this process.
         let mut leadership = self.registry.leadership();
         let me = ctx.pid().clone();
+        let instruments = Arc::clone(&self.instruments);
         tokio::spawn(async move {
+            // Counted: each leader (or term) seen, from none known at the start.
+            let mut seen = muster_registry::Leadership {
+                leader: None,
+                is_self: false,
+                term: 0,
+            };
             loop {
                 let now = leadership.borrow_and_update().clone();
+                if now != seen {
+                    instruments.leader_changed();
+                    seen = now.clone();
+                }
                 if me.tell(InternalMsg::Leadership(now).into()).is_err() {
                     return;
                 }

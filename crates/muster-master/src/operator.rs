@@ -196,6 +196,115 @@ impl Operator for OperatorService {
         Ok(Response::new(reply))
     }
 
+    type StreamEventsStream = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<pb::EventMessage, Status>> + Send + 'static>,
+    >;
+
+    async fn stream_events(
+        &self,
+        request: Request<pb::StreamEventsRequest>,
+    ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let pb::StreamEventsRequest { index, topics } = request.into_inner();
+        let (backlog, live) = self
+            .master
+            .ask(|reply| OperatorMsg::SubscribeEvents(index, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        let wanted =
+            move |event: &muster_api::Event| topics.is_empty() || topics.contains(&event.topic);
+        let message = |event: &muster_api::Event| pb::EventMessage {
+            index: event.index,
+            term: event.term,
+            time_ms: event.time_ms,
+            topic: event.topic.clone(),
+            kind: event.kind.clone(),
+            key: event.key.clone(),
+            payload_json: event.payload.to_string(),
+        };
+        let state = (backlog.into_iter(), live, index, false);
+        let stream = futures_util::stream::unfold(
+            state,
+            move |(mut backlog, mut live, mut last, ended)| {
+                let wanted = wanted.clone();
+                async move {
+                    if ended {
+                        return None;
+                    }
+                    for event in backlog.by_ref() {
+                        last = event.index;
+                        if wanted(&event) {
+                            return Some((Ok(message(&event)), (backlog, live, last, false)));
+                        }
+                    }
+                    loop {
+                        match live.recv().await {
+                            Ok(event) => {
+                                last = event.index;
+                                if wanted(&event) {
+                                    return Some((
+                                        Ok(message(&event)),
+                                        (backlog, live, last, false),
+                                    ));
+                                }
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
+                                let status = Status::resource_exhausted(format!(
+                                    "this reader fell {missed} events behind; resume with index {last}"
+                                ));
+                                return Some((Err(status), (backlog, live, last, true)));
+                            }
+                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
+                        }
+                    }
+                }
+            },
+        );
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn plan_job(
+        &self,
+        request: Request<pb::SubmitJobRequest>,
+    ) -> Result<Response<pb::JobPlan>, Status> {
+        let job = request.into_inner().job;
+        let plan = self
+            .master
+            .ask(|reply| OperatorMsg::PlanJob(job, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(plan))
+    }
+
+    async fn job_versions(
+        &self,
+        request: Request<pb::JobStatusRequest>,
+    ) -> Result<Response<pb::JobVersionList>, Status> {
+        let reveal = reveals_env(&request);
+        let pb::JobStatusRequest { name, stale } = request.into_inner();
+        let mut list = self
+            .master
+            .ask(|reply| OperatorMsg::JobVersions(name, stale, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        if !reveal {
+            list.versions.iter_mut().for_each(redact_job);
+        }
+        Ok(Response::new(list))
+    }
+
+    async fn task_logs(
+        &self,
+        request: Request<pb::ReadTaskOutput>,
+    ) -> Result<Response<pb::TaskOutputChunk>, Status> {
+        let request = request.into_inner();
+        let chunk = self
+            .master
+            .ask(|reply| OperatorMsg::TaskLogs(request, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(chunk))
+    }
+
     async fn acl_bootstrap(
         &self,
         _request: Request<pb::AclBootstrapRequest>,

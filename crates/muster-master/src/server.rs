@@ -50,6 +50,8 @@ pub struct MasterServer {
     registry: RegistryNode,
     master: Pid<Master>,
     address: String,
+    http_address: String,
+    http_stop: tokio::sync::watch::Sender<bool>,
     workers: Workers,
 }
 
@@ -83,6 +85,22 @@ impl MasterServer {
         if config.ping_interval.is_zero() {
             return Err(MasterError::Config("ping interval must be non-zero".into()));
         }
+        // The HTTP API's port is bound before anything starts, so a port in use is named at
+        // once.
+        let http_listen = config.http_address(&local).map_err(MasterError::Config)?;
+        let http_listener = Node::listen(&http_listen).await?;
+        let http_config = crate::http::HttpConfig {
+            members: members.clone(),
+            http_members: config.http_members.clone(),
+            grpc_address: address.clone(),
+            http_address: http_listener.local_addr().to_string(),
+        };
+        let link_keepalive = config.link_keepalive;
+        if link_keepalive.is_zero() {
+            return Err(MasterError::Config(
+                "link keepalive must be non-zero".into(),
+            ));
+        }
         let registry = RegistryNode::start(RegistryConfig {
             id: config.id,
             members,
@@ -113,6 +131,23 @@ impl MasterServer {
         // Each service behind its guard, with the rules of `authorization.rs`; tokens are
         // the registry's applied ones.
         let tokens: Arc<dyn TokenSource> = Arc::new(registry.reader().clone());
+        let http_address = http_config.http_address.clone();
+        let (http_stop, mut http_stopped) = tokio::sync::watch::channel(false);
+        crate::http::serve(
+            http_listener,
+            &security,
+            crate::http::router(crate::http::ApiState {
+                operator: OperatorService::new(master.clone()),
+                master: master.clone(),
+                tokens: Arc::clone(&tokens),
+                secure: !security.is_insecure(),
+                serving: serving.clone(),
+                config: Arc::new(http_config),
+            }),
+            async move {
+                let _ = http_stopped.wait_for(|stop| *stop).await;
+            },
+        );
         // Health and reflection need a certificate of the cluster (as every connection does)
         // but no token: load balancers and grpcurl ask them. SERVING while this master leads,
         // or stands by knowing the leader.
@@ -132,7 +167,10 @@ impl MasterServer {
                 &security,
                 tokens,
             ));
-        let node = Node::serve(&system, listener, NodeConfig::new(security.clone()), routes)?;
+        let mut node_config = NodeConfig::new(security.clone());
+        node_config.keepalive_interval = link_keepalive;
+        node_config.keepalive_timeout = link_keepalive;
+        let node = Node::serve(&system, listener, node_config, routes)?;
         // Only fails if the master already ended, which `start` would have no way to cause.
         let _ = master.tell(InternalMsg::UseNode(node.clone()).into());
         node.register("master", &master)?
@@ -160,12 +198,19 @@ impl MasterServer {
             registry,
             master,
             address,
+            http_address,
+            http_stop,
         })
     }
 
     /// The address agents, peers and operators use (`host:port`).
     pub fn address(&self) -> &str {
         &self.address
+    }
+
+    /// Where the HTTP/JSON API listens (`host:port`).
+    pub fn http_address(&self) -> &str {
+        &self.http_address
     }
 
     /// The master process.
@@ -186,6 +231,7 @@ impl MasterServer {
     /// Stops serving, stops raft and ends the master's processes.
     pub async fn shutdown(self) {
         self.workers.stop().await;
+        let _ = self.http_stop.send(true);
         self.node.shutdown();
         self.registry.shutdown().await;
         self.system.shutdown().await;

@@ -1,7 +1,9 @@
 //! Scheduler workers inside the master process: a [`Backend`] that talks to the master and
-//! its broker by moving messages, and the workers the master server runs.
+//! its broker by moving messages, and the workers the master server runs. Each worker times
+//! the evaluations it runs in the master's instruments (`muster_scheduler_run_seconds`).
 
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use muster_actor::{AskError, Pid};
 use muster_broker::{BrokerError, BrokerMsg, EvalBroker};
@@ -14,6 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::master::{Master, SchedulingMsg};
+use crate::metrics::{MasterInstruments, RunOutcome};
 
 /// A worker's way to the leading master when it runs in the same process.
 #[derive(Clone, Debug)]
@@ -199,8 +202,24 @@ impl Workers {
         let (stop, stopped) = watch::channel(false);
         let running = (0..count)
             .map(|_| {
-                let worker = Worker::new(backend.clone(), make(), config.clone());
-                tokio::spawn(worker.run(stopped.clone()))
+                let (backend, scheduler) = (backend.clone(), make());
+                let (config, stopped) = (config.clone(), stopped.clone());
+                tokio::spawn(async move {
+                    // The master's instruments, to time the runs in. A master that has ended
+                    // answers nothing: the worker then runs untimed (and finds no work).
+                    let instruments = backend
+                        .master
+                        .ask(|reply| SchedulingMsg::Pids(reply).into())
+                        .await
+                        .ok()
+                        .map(|pids| pids.instruments);
+                    let backend = TimedBackend {
+                        inner: backend,
+                        instruments,
+                        run: Mutex::new(None),
+                    };
+                    Worker::new(backend, scheduler, config).run(stopped).await
+                })
             })
             .collect();
         Workers { stop, running }
@@ -216,5 +235,80 @@ impl Workers {
             }
         }
         stats
+    }
+}
+
+/// One worker's backend: a [`LocalBackend`] that times the evaluation the worker holds, from
+/// its dequeue to its ack or nack, by how it ended.
+#[derive(Debug)]
+struct TimedBackend {
+    inner: LocalBackend,
+    instruments: Option<Arc<MasterInstruments>>,
+    /// The evaluation in hand: when it was dequeued, and how it ends so far.
+    run: Mutex<Option<(Instant, RunOutcome)>>,
+}
+
+impl TimedBackend {
+    fn set_run(&self, run: impl FnOnce(&mut Option<(Instant, RunOutcome)>)) {
+        run(&mut self.run.lock().unwrap_or_else(PoisonError::into_inner));
+    }
+
+    /// The run in hand ended, `nacked` or as recorded.
+    fn end_run(&self, nacked: bool) {
+        let mut ended = None;
+        self.set_run(|run| ended = run.take());
+        if let (Some(instruments), Some((started, outcome))) = (&self.instruments, ended) {
+            let outcome = if nacked { RunOutcome::Nacked } else { outcome };
+            instruments.scheduler_run(outcome, started.elapsed());
+        }
+    }
+}
+
+impl Backend for TimedBackend {
+    async fn dequeue(
+        &self,
+        schedulers: &[SchedulerType],
+        timeout: Duration,
+    ) -> Result<Option<Assignment>, WorkerError> {
+        let assignment = self.inner.dequeue(schedulers, timeout).await?;
+        if assignment.is_some() {
+            self.set_run(|run| *run = Some((Instant::now(), RunOutcome::Complete)));
+        }
+        Ok(assignment)
+    }
+
+    async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
+        self.inner.snapshot(min_index).await
+    }
+
+    async fn submit(&self, plan: Plan) -> Result<PlanResult, WorkerError> {
+        self.inner.submit(plan).await
+    }
+
+    async fn ack(&self, eval: &EvalId, token: &str) -> Result<(), WorkerError> {
+        self.inner.ack(eval, token).await?;
+        // A failed ack is followed by a nack, which ends the run.
+        self.end_run(false);
+        Ok(())
+    }
+
+    async fn nack(&self, eval: &EvalId, token: &str) -> Result<(), WorkerError> {
+        let nacked = self.inner.nack(eval, token).await;
+        self.end_run(true);
+        nacked
+    }
+
+    async fn block(&self, eval: Evaluation, unplaced: Vec<Demand>) -> Result<(), WorkerError> {
+        self.inner.block(eval, unplaced).await?;
+        self.set_run(|run| {
+            if let Some((_, outcome)) = run {
+                *outcome = RunOutcome::Blocked;
+            }
+        });
+        Ok(())
+    }
+
+    async fn complete(&self, eval: &Evaluation) -> Result<(), WorkerError> {
+        self.inner.complete(eval).await
     }
 }

@@ -231,6 +231,7 @@ async fn list_evals(
         stale: false,
         job: job.into(),
         limit,
+        id: String::new(),
     };
     master
         .pid()
@@ -678,6 +679,8 @@ enum KillAnswer {
     Lost,
     /// The agent runs no such task.
     Unknown,
+    /// The agent follows a newer term than the kill's: refused by fencing.
+    Fenced,
 }
 
 enum RecorderMsg {
@@ -694,12 +697,23 @@ impl muster_actor::Process for Recorder {
             }
             RecorderMsg::Kill(kill, reply) => {
                 let task_id = kill.task_id.clone();
+                let kill_term = kill.term;
                 let _ = self.kills.send(kill);
                 match self.kill_answers.pop_front() {
                     None => reply.send(pb::KillTaskReply::default()),
                     Some(KillAnswer::Lost) => drop(reply),
                     Some(KillAnswer::Unknown) => reply.send(pb::KillTaskReply {
                         error: format!("no task {task_id:?} runs on this agent"),
+                        follows_term: 0,
+                    }),
+                    Some(KillAnswer::Fenced) => reply.send(pb::KillTaskReply {
+                        error: format!(
+                            "refused a KillTask: it comes from a leader of term {}, but this \
+                             agent follows term {}",
+                            kill_term,
+                            kill_term + 1
+                        ),
+                        follows_term: kill_term + 1,
                     }),
                 }
             }
@@ -931,6 +945,74 @@ async fn a_lost_kill_is_sent_again_and_an_unknown_task_ends() -> anyhow::Result<
         cluster.killed.try_recv().is_err(),
         "an answered kill is not sent again"
     );
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// A kill refused for its term says nothing about the task: the master keeps it as being
+/// killed (counted, not ended), instead of counting it as gone while it may still run.
+#[tokio::test]
+async fn a_kill_refused_for_its_term_does_not_end_the_task() -> anyhow::Result<()> {
+    let mut cluster =
+        StandInCluster::start(|config| config, [KillAnswer::Fenced].into(), "fenced").await?;
+    submit(&cluster.master, one_sleeper()).await?;
+    let mut task = cluster.next_launched_task().await?;
+    task.state = model_pb::TaskState::Running as i32;
+    cluster
+        .node
+        .remote(cluster.master_upid.clone())
+        .tell(pb::TaskStatusUpdate {
+            agent_id: cluster.agent_id.clone(),
+            task: Some(task.clone()),
+        })?;
+    job_when(&cluster.master, "web", "the task running", |s| {
+        live(s).len() == 1
+    })
+    .await?;
+    cluster
+        .master
+        .pid()
+        .ask(|reply| OperatorMsg::StopJob("web".into(), reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    let kill = tokio::time::timeout(DEADLINE, cluster.killed.recv())
+        .await?
+        .context("the kill")?;
+    assert_eq!(kill.task_id, task.id);
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let metrics = cluster
+            .master
+            .pid()
+            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+            .await?;
+        if metrics.kills_fenced == 1 {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the fenced answer was never counted"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let status = cluster
+        .master
+        .pid()
+        .ask(|reply| OperatorMsg::JobStatus("web".into(), false, reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?;
+    let kept = status
+        .tasks
+        .iter()
+        .filter_map(|t| t.task.as_ref())
+        .find(|t| t.id == task.id)
+        .context("the task is gone from the job")?;
+    assert_eq!(
+        kept.state,
+        model_pb::TaskState::Killed as i32,
+        "still being killed, not ended: {kept:#?}"
+    );
+    assert!(!kept.message.contains("the kill was answered"), "{kept:#?}");
     cluster.shutdown().await;
     Ok(())
 }

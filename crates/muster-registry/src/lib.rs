@@ -27,7 +27,7 @@ mod write_error;
 pub use network::LeaderContact;
 pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
 pub use registrar::{MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteResult};
-pub use state::{ENDED_EVALS_KEPT_PER_JOB, RegistryState};
+pub use state::{ENDED_EVALS_KEPT_PER_JOB, JOB_VERSIONS_KEPT, RegistryState, next_version};
 pub use store::{MemoryDisk, RegistryReader, StoreLocation};
 pub use types::{Op, OpError, Outcome};
 pub use write_error::WriteError;

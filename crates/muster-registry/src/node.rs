@@ -18,6 +18,8 @@ use crate::store::{self, RegistryReader, StoreError, StoreLocation};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
 use crate::write_error::WriteError;
 
+/// How long `catch_up` waits for a quorum to commit the leader's own first entry.
+const CATCH_UP_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How to start a registry member.
 #[derive(Clone, Debug)]
 pub struct RegistryConfig {
@@ -250,10 +252,29 @@ impl RegistryNode {
     ///
     /// # Errors
     /// [`WriteError::NotLeader`] if leadership moved meanwhile.
+    ///
+    /// A leader that took its term up again after a restart may hold entries of that term,
+    /// written before the crash, that it has not yet committed anew: raft commits them only
+    /// with a later entry of the leader's term. So when its log reaches past what it has
+    /// committed, it commits an empty batch of its own first, and then waits for all of it:
+    /// an evaluation stored before the crash is in the registry it reads, not applied later
+    /// behind its back.
     pub async fn catch_up(&self) -> Result<(), WriteError> {
         match self.raft.ensure_linearizable().await {
             Ok(Some(log_id)) => {
-                self.reader.wait_applied(log_id.index).await;
+                let last = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+                if last > log_id.index {
+                    // Bounded: without a quorum the write would wait for good; the caller
+                    // tries to lead again.
+                    tokio::time::timeout(CATCH_UP_WRITE_TIMEOUT, self.write(Batch { ops: Vec::new() }))
+                        .await
+                        .map_err(|_| {
+                            WriteError::Failed(format!(
+                                "no quorum committed this leader's first entry within {CATCH_UP_WRITE_TIMEOUT:?}"
+                            ))
+                        })??;
+                }
+                self.reader.wait_applied(log_id.index.max(last)).await;
                 Ok(())
             }
             Ok(None) => Ok(()),

@@ -3,7 +3,7 @@
 //! Pure logic: the state machine applies committed entries with [`RegistryState::apply`] and
 //! snapshots the result; readers see it through a [`RegistryReader`](crate::RegistryReader).
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
@@ -29,6 +29,9 @@ pub struct RegistryState {
     pub last_agent_number: u64,
     /// Jobs by name.
     pub jobs: BTreeMap<String, Job>,
+    /// Each job's earlier versions, oldest first, at most [`JOB_VERSIONS_KEPT`] (Nomad's job
+    /// history: `muster job history NAME`).
+    pub job_versions: BTreeMap<String, VecDeque<Job>>,
     /// Evaluations by id: every pending and blocked one, and the newest
     /// [`ENDED_EVALS_KEPT_PER_JOB`] ended ones of each job.
     pub evals: BTreeMap<EvalId, Evaluation>,
@@ -43,6 +46,36 @@ pub struct RegistryState {
     /// The tokens by secret hash, for authenticating calls. Derived from `tokens`.
     #[serde(skip)]
     token_table: TokenTable,
+}
+
+/// `job` as the registry stores it over `old`: the next version number, and each group's spec
+/// version. A group whose tasks are defined as before keeps its spec version (a count or
+/// `stopped` change restarts nothing); a new or changed one gets this version, so that its
+/// tasks placed earlier are replaced. (Also what a dry run, `muster job plan`, plans with.)
+pub fn next_version(old: Option<&Job>, mut job: Job) -> Job {
+    let version = old.map_or(1, |old| old.version + 1);
+    job.version = version;
+    for group in &mut job.groups {
+        group.spec_version = old
+            .and_then(|old| old.groups.iter().find(|g| g.name == group.name))
+            .filter(|previous| previous.same_task_definition(group))
+            .map_or(version, |previous| previous.spec_version);
+    }
+    job
+}
+
+/// Earlier versions of a job the registry keeps.
+pub const JOB_VERSIONS_KEPT: usize = 10;
+
+impl RegistryState {
+    /// Keeps `old`, a version just replaced, dropping the oldest past [`JOB_VERSIONS_KEPT`].
+    fn keep_version(&mut self, old: Job) {
+        let versions = self.job_versions.entry(old.name.clone()).or_default();
+        versions.push_back(old);
+        while versions.len() > JOB_VERSIONS_KEPT {
+            versions.pop_front();
+        }
+    }
 }
 
 /// Orders a job's ended evaluations: by the entry that ended them, then by age.
@@ -69,6 +102,8 @@ struct Contents {
     #[serde(default)]
     jobs: BTreeMap<String, Job>,
     #[serde(default)]
+    job_versions: BTreeMap<String, VecDeque<Job>>,
+    #[serde(default)]
     evals: BTreeMap<EvalId, Evaluation>,
     #[serde(default)]
     acl_bootstrapped: bool,
@@ -83,6 +118,7 @@ impl From<Contents> for RegistryState {
             unreachable: contents.unreachable,
             last_agent_number: contents.last_agent_number,
             jobs: contents.jobs,
+            job_versions: contents.job_versions,
             evals: contents.evals,
             ended: BTreeMap::new(),
             token_table: TokenTable::new(contents.tokens.values().cloned()),
@@ -193,20 +229,12 @@ impl RegistryState {
                 }
                 Ok(Outcome::Removed)
             }
-            Op::UpsertJob(mut job) => {
-                let old = self.jobs.get(&job.name);
-                let version = old.map_or(1, |old| old.version + 1);
-                job.version = version;
-                // A group whose tasks are defined as before keeps its spec version (a count
-                // or `stopped` change restarts nothing); a new or changed one gets this version,
-                // so that its tasks placed earlier are replaced.
-                for group in &mut job.groups {
-                    group.spec_version = old
-                        .and_then(|old| old.groups.iter().find(|g| g.name == group.name))
-                        .filter(|previous| previous.same_task_definition(group))
-                        .map_or(version, |previous| previous.spec_version);
+            Op::UpsertJob(job) => {
+                let job = next_version(self.jobs.get(&job.name), job);
+                let version = job.version;
+                if let Some(old) = self.jobs.insert(job.name.clone(), job) {
+                    self.keep_version(old);
                 }
-                self.jobs.insert(job.name.clone(), job);
                 Ok(Outcome::JobStored { version })
             }
             Op::UpsertEvals(evals) => {
@@ -245,11 +273,12 @@ impl RegistryState {
                 let Some(job) = self.jobs.get_mut(&name) else {
                     return Err(OpError::UnknownJob(name));
                 };
+                let old = job.clone();
                 job.version += 1;
                 job.stopped = true;
-                Ok(Outcome::JobStored {
-                    version: job.version,
-                })
+                let version = job.version;
+                self.keep_version(old);
+                Ok(Outcome::JobStored { version })
             }
             Op::Restore(restored) => {
                 let last_agent_number = self.last_agent_number.max(restored.last_agent_number);
@@ -664,6 +693,30 @@ mod tests {
             next, later,
             "an id handed out after the save is not handed out again"
         );
+    }
+
+    #[test]
+    fn earlier_versions_of_a_job_are_kept_oldest_first_up_to_the_cap() {
+        let mut state = RegistryState::default();
+        let job = |count| job_of(&[("g", count, "serve")]);
+        for count in 1..=(JOB_VERSIONS_KEPT as u32 + 3) {
+            state.apply_at(Op::UpsertJob(job(count))).expect("stored");
+        }
+        state.apply_at(Op::StopJob("web".into())).expect("stopped");
+        let kept = &state.job_versions["web"];
+        assert_eq!(kept.len(), JOB_VERSIONS_KEPT);
+        let versions: Vec<u64> = kept.iter().map(|j| j.version).collect();
+        let last = JOB_VERSIONS_KEPT as u64 + 3;
+        assert_eq!(versions, ((last - 9)..=last).collect::<Vec<_>>());
+        assert!(
+            kept.iter().all(|j| !j.stopped),
+            "the stop is the current version"
+        );
+        assert_eq!(state.jobs["web"].version, last + 1);
+        // Stored and read back with the rest of the state.
+        let json = serde_json::to_string(&state).expect("serialised");
+        let back: RegistryState = serde_json::from_str(&json).expect("read back");
+        assert_eq!(back.job_versions, state.job_versions);
     }
 
     #[test]

@@ -149,8 +149,26 @@ fn check<B>(
         };
         return Ok((peer, caller));
     };
-    let secret = token_of(request.headers())
-        .ok_or_else(|| Status::unauthenticated("no token; set MUSTER_TOKEN or --token"))?;
+    let caller = token_caller(tokens, request.headers(), permission)?;
+    Ok((peer, caller))
+}
+
+/// Who the token in `headers` speaks for, if it grants `permission`; else the status to
+/// refuse the request with (`UNAUTHENTICATED` for no token or an unknown one,
+/// `PERMISSION_DENIED` naming the policy needed). The gRPC guard and the HTTP API both use it.
+///
+/// # Errors
+/// As above.
+pub fn token_caller(
+    tokens: &dyn TokenSource,
+    headers: &http::HeaderMap,
+    permission: Permission,
+) -> Result<Caller, Status> {
+    let secret = token_of(headers).ok_or_else(|| {
+        Status::unauthenticated(
+            "no token; set MUSTER_TOKEN or --token (HTTP: an X-Muster-Token or Authorization: Bearer header)",
+        )
+    })?;
     let token = tokens.authenticate(&secret).ok_or_else(|| {
         Status::unauthenticated("the token is not known (deleted, or never issued by this cluster)")
     })?;
@@ -163,13 +181,10 @@ fn check<B>(
             permission.least_policy()
         )));
     }
-    Ok((
-        peer,
-        Caller {
-            name: token.name,
-            policy: token.policy,
-        },
-    ))
+    Ok(Caller {
+        name: token.name,
+        policy: token.policy,
+    })
 }
 
 impl<S, B> tower_service::Service<http::Request<B>> for Guarded<S>

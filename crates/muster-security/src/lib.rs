@@ -22,6 +22,6 @@ pub mod testing;
 pub mod tls;
 
 pub use acl::{AclToken, Caller, Permission, Policy, TokenSecret, TokenTable};
-pub use guard::{Guarded, Requirement, Rules, TokenSource};
+pub use guard::{Guarded, Requirement, Rules, TokenSource, token_caller};
 pub use identity::{DEFAULT_CLUSTER, IdentityError, Peer, Role};
 pub use tls::{Security, Tls, TlsError, TlsFiles};

@@ -80,6 +80,10 @@ pub enum TlsError {
 /// The material as loaded: configs ready for handshakes, and who this node is.
 struct Loaded {
     server: Arc<ServerConfig>,
+    /// For HTTP ports (API, UI, metrics): a client certificate is verified if presented but
+    /// not required (browsers and scrapers authenticate with tokens), and HTTP/1.1 is offered
+    /// beside HTTP/2.
+    web: Arc<ServerConfig>,
     client: Arc<ClientConfig>,
     own: Peer,
 }
@@ -177,6 +181,20 @@ impl Tls {
         let acceptor = TlsAcceptor::from(Arc::clone(&self.current().server));
         acceptor.accept(connection).await
     }
+
+    /// A TLS handshake as an HTTP server (API, UI, metrics) on an accepted TCP connection:
+    /// the server proves itself with this node's certificate; a client certificate is
+    /// verified against the cluster CA if one is presented, and not required.
+    ///
+    /// # Errors
+    /// The handshake's error.
+    pub async fn accept_web(
+        &self,
+        connection: Connection,
+    ) -> std::io::Result<tokio_rustls::server::TlsStream<Connection>> {
+        let acceptor = TlsAcceptor::from(Arc::clone(&self.current().web));
+        acceptor.accept(connection).await
+    }
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
@@ -251,6 +269,19 @@ fn load(files: &TlsFiles, cluster: &str) -> Result<Loaded, TlsError> {
         .map_err(config)?;
     server.alpn_protocols = vec![b"h2".to_vec()];
 
+    let optional_client =
+        WebPkiClientVerifier::builder_with_provider(Arc::clone(&roots), provider())
+            .allow_unauthenticated()
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+    let mut web = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(config)?
+        .with_client_cert_verifier(optional_client)
+        .with_single_cert(chain.clone(), key.clone_key())
+        .map_err(config)?;
+    web.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+
     let server_verifier = WebPkiServerVerifier::builder_with_provider(roots, provider())
         .build()
         .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -270,6 +301,7 @@ fn load(files: &TlsFiles, cluster: &str) -> Result<Loaded, TlsError> {
     client.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Loaded {
         server: Arc::new(server),
+        web: Arc::new(web),
         client: Arc::new(client),
         own,
     })
@@ -334,8 +366,29 @@ impl ServerCertVerifier for RoleVerifier {
 /// (plaintext, a certificate from another CA, expired) is dropped with a log line and the
 /// server goes on serving the others.
 pub fn incoming(
+    listener: Listener,
+    tls: Tls,
+) -> impl futures_core::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<Connection>>>
++ Send
++ 'static {
+    accept_all(listener, tls, false)
+}
+
+/// As [`incoming`], for an HTTP port: handshakes as [`Tls::accept_web`] makes them (no
+/// client certificate required; HTTP/1.1 and HTTP/2).
+pub fn incoming_web(
+    listener: Listener,
+    tls: Tls,
+) -> impl futures_core::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<Connection>>>
++ Send
++ 'static {
+    accept_all(listener, tls, true)
+}
+
+fn accept_all(
     mut listener: Listener,
     tls: Tls,
+    web: bool,
 ) -> impl futures_core::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<Connection>>>
 + Send
 + 'static {
@@ -360,7 +413,14 @@ pub fn incoming(
             let tls = tls.clone();
             let sender = sender.clone();
             tokio::spawn(async move {
-                match tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(connection)).await {
+                let handshake = async {
+                    if web {
+                        tls.accept_web(connection).await
+                    } else {
+                        tls.accept(connection).await
+                    }
+                };
+                match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake).await {
                     Ok(Ok(stream)) => {
                         let _ = sender.send(Ok(stream)).await;
                     }

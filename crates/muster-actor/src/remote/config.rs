@@ -28,10 +28,15 @@ pub struct NodeConfig {
     pub reconnect_min: Duration,
     /// Cap on the reconnect delay (default 5 s). Each delay is jittered by up to half.
     pub reconnect_max: Duration,
-    /// How often an idle link sends an HTTP/2 ping (default 10 s), so that a peer that vanished
-    /// without closing its connection is noticed.
+    /// How often a link sends an HTTP/2 ping (default 5 s), so that a peer that vanished
+    /// without closing its connection (a host that died, a partition, a firewall that dropped
+    /// the connection's state) is noticed, and the link reconnected.
     pub keepalive_interval: Duration,
-    /// How long a ping may go unanswered before the link counts as lost (default 20 s).
+    /// How long a ping may go unanswered before the link counts as lost (default 5 s). With
+    /// the interval, a silent link is noticed within 10 s: under the default heartbeat
+    /// deadline of a master (10 s TTL plus 10 s grace), so an agent whose connection died
+    /// reconnects before it is counted late. Pings are answered by the peer's HTTP/2 layer, so a
+    /// busy peer still answers them.
     pub keepalive_timeout: Duration,
 }
 
@@ -46,8 +51,8 @@ impl NodeConfig {
             connect_timeout: Duration::from_secs(5),
             reconnect_min: Duration::from_millis(50),
             reconnect_max: Duration::from_secs(5),
-            keepalive_interval: Duration::from_secs(10),
-            keepalive_timeout: Duration::from_secs(20),
+            keepalive_interval: Duration::from_secs(5),
+            keepalive_timeout: Duration::from_secs(5),
         }
     }
 

@@ -13,6 +13,7 @@ use muster_proto::transport::transport_server::{Transport, TransportServer};
 use muster_proto::transport::{Envelope, Frame, Kind};
 use muster_security::net::Listener;
 use muster_security::{Peer, Role, Security};
+use prost::Message as _;
 use tokio::sync::watch;
 use tonic::service::Routes;
 use tonic::transport::{Endpoint, Server};
@@ -69,7 +70,8 @@ pub(crate) struct NodeInner {
     processes: RwLock<HashMap<String, Arc<dyn Inbox>>>,
     peers: Mutex<HashMap<String, Arc<PeerLink>>>,
     next_request: AtomicU64,
-    pub(crate) stats: Stats,
+    /// Shared with the streams that write frames, which count what they send.
+    pub(crate) stats: Arc<Stats>,
     shutdown: watch::Sender<bool>,
 }
 
@@ -142,7 +144,7 @@ impl Node {
             processes: RwLock::new(HashMap::new()),
             peers: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
-            stats: Stats::default(),
+            stats: Arc::default(),
             shutdown,
         });
         let frame_limit = inner.config.max_frame_size();
@@ -369,6 +371,9 @@ impl NodeInner {
             match inbound.message().await {
                 Ok(Some(frame)) => {
                     self.stats.frames_received.fetch_add(1, Ordering::Relaxed);
+                    self.stats
+                        .bytes_received
+                        .fetch_add(frame.encoded_len() as u64, Ordering::Relaxed);
                     for envelope in frame.envelopes {
                         self.receive(link, sender, envelope);
                     }
@@ -402,7 +407,11 @@ async fn run_outbound(
     let queue = Arc::new(tokio::sync::Mutex::new(queue));
     let mut stop = node.shutdown.subscribe();
     let mut failures = 0u32;
+    let mut first = true;
     while !node.is_shut_down() {
+        if !std::mem::take(&mut first) {
+            node.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
         match connect(&node, &link, Arc::clone(&queue)).await {
             Ok((inbound, peer)) => {
                 failures = 0;
@@ -461,18 +470,34 @@ async fn connect(
     let mut client = TransportClient::new(channel)
         .max_decoding_message_size(frame_limit)
         .max_encoding_message_size(frame_limit);
-    let outbound = frames(
-        Some(node.address.clone()),
-        Arc::clone(link),
-        queue,
-        node.config.max_batch,
-        node.config.max_message_size,
+    let outbound = counted(
+        &node.stats,
+        frames(
+            Some(node.address.clone()),
+            Arc::clone(link),
+            queue,
+            node.config.max_batch,
+            node.config.max_message_size,
+        ),
     );
     let response = client
         .link(outbound)
         .await
         .map_err(|status| format!("link refused: {status}"))?;
     Ok((response.into_inner(), peer))
+}
+
+/// `frames`, each counted in `stats` as it is written.
+fn counted(
+    stats: &Arc<Stats>,
+    frames: impl Stream<Item = Frame> + Send + 'static,
+) -> impl Stream<Item = Frame> + Send + 'static {
+    let stats = Arc::clone(stats);
+    futures_util::StreamExt::inspect(frames, move |frame| {
+        stats
+            .bytes_sent
+            .fetch_add(frame.encoded_len() as u64, Ordering::Relaxed);
+    })
 }
 
 /// An error and its causes, for a log line that says what actually failed.
@@ -540,6 +565,9 @@ impl Transport for LinkService {
         let reader_link = Arc::clone(&link);
         let mut stop = self.node.shutdown.subscribe();
         tokio::spawn(async move {
+            node.stats
+                .bytes_received
+                .fetch_add(first.encoded_len() as u64, Ordering::Relaxed);
             for envelope in first.envelopes {
                 node.receive(&reader_link, sender.as_ref(), envelope);
             }
@@ -551,12 +579,15 @@ impl Transport for LinkService {
             // An accepted link ends with its stream; the next send makes a fresh one.
             reader_link.close(RemoteError::ConnectionLost(reader_link.node.clone()));
         });
-        let outbound = frames(
-            None,
-            Arc::clone(&link),
-            Arc::new(tokio::sync::Mutex::new(queue)),
-            self.node.config.max_batch,
-            self.node.config.max_message_size,
+        let outbound = counted(
+            &self.node.stats,
+            frames(
+                None,
+                Arc::clone(&link),
+                Arc::new(tokio::sync::Mutex::new(queue)),
+                self.node.config.max_batch,
+                self.node.config.max_message_size,
+            ),
         );
         // A link never ends by itself; end it on shutdown so the server's graceful stop (which
         // waits for open requests) completes and the peer sees the link close.

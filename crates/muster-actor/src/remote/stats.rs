@@ -1,4 +1,5 @@
-//! [`TransportStats`]: what a node received and what it could not deliver.
+//! [`TransportStats`]: what a node sent and received, how often it reconnected, and what it
+//! could not deliver.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
@@ -26,6 +27,14 @@ pub struct TransportStats {
     pub unauthorized: u64,
     /// Answers that arrived after their asker gave up.
     pub late_replies: u64,
+    /// Bytes of the frames written on all links, as protobuf-encoded (before the gRPC, HTTP/2
+    /// and TLS framing around them), greetings included.
+    pub bytes_sent: u64,
+    /// Bytes of the frames read from all links, counted as [`bytes_sent`](Self::bytes_sent).
+    pub bytes_received: u64,
+    /// Connection attempts to a peer after its link was lost or the last attempt failed (the
+    /// first connection to a peer is not one).
+    pub reconnects: u64,
 }
 
 impl TransportStats {
@@ -51,6 +60,9 @@ pub(crate) struct Stats {
     rejected: AtomicU64,
     unauthorized: AtomicU64,
     pub(crate) late_replies: AtomicU64,
+    pub(crate) bytes_sent: AtomicU64,
+    pub(crate) bytes_received: AtomicU64,
+    pub(crate) reconnects: AtomicU64,
 }
 
 impl Stats {
@@ -77,6 +89,9 @@ impl Stats {
             rejected: self.rejected.load(Relaxed),
             unauthorized: self.unauthorized.load(Relaxed),
             late_replies: self.late_replies.load(Relaxed),
+            bytes_sent: self.bytes_sent.load(Relaxed),
+            bytes_received: self.bytes_received.load(Relaxed),
+            reconnects: self.reconnects.load(Relaxed),
         }
     }
 }

@@ -121,3 +121,34 @@ async fn a_terminated_bounded_process_answers_stopped() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[tokio::test]
+async fn queued_counts_what_waits_whether_queued_or_taken_in_a_batch() -> anyhow::Result<()> {
+    let system = System::new();
+    let slow = system.spawn(Slow::default());
+    assert_eq!(slow.queued(), 0);
+    let open_first = block(&slow).await?;
+    assert_eq!(slow.queued(), 0, "the message being handled is not counted");
+
+    // Queued behind the blocked handler: an item, a second block, two items.
+    let (entered, entered_rx) = oneshot::channel();
+    let (open_second, gate) = oneshot::channel();
+    slow.tell(SlowMsg::Item(1)).told()?;
+    slow.tell(SlowMsg::Block { entered, gate }).told()?;
+    slow.tell(SlowMsg::Item(2)).told()?;
+    slow.tell(SlowMsg::Item(3)).told()?;
+    assert_eq!(slow.queued(), 4);
+
+    // The process takes all four at once, handles the item and blocks on the second block:
+    // the two items left in its batch still wait.
+    let _ = open_first.send(());
+    entered_rx.await?;
+    assert_eq!(slow.queued(), 2);
+    slow.tell(SlowMsg::Item(4)).told()?;
+    assert_eq!(slow.queued(), 3);
+
+    let _ = open_second.send(());
+    assert_eq!(slow.ask(SlowMsg::Items).await?, vec![1, 2, 3, 4]);
+    assert_eq!(slow.queued(), 0);
+    Ok(())
+}

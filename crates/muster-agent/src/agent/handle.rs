@@ -6,8 +6,8 @@ use std::collections::{HashSet, VecDeque};
 
 use muster_actor::{ExitReason, Node, Pid, Upid};
 use muster_proto::cluster::{
-    Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, RunTask,
-    RunTaskReply,
+    Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong,
+    ReadTaskOutput, RunTask, RunTaskReply, TaskOutputChunk,
 };
 use muster_proto::model::{AgentInfo, Resources, Task};
 use tokio::sync::watch;
@@ -16,6 +16,7 @@ use tokio::time::Instant;
 use super::master_link::{Connection, Heartbeats};
 use super::{Agent, AgentMsg, Msg, recovery};
 use crate::isolation::Isolation;
+use crate::metrics::AgentFigures;
 use crate::store::{self, blocking};
 use crate::task_user::TaskUsers;
 use crate::tasks::Tasks;
@@ -147,6 +148,19 @@ impl AgentHandle {
             .map_err(|_| AgentError::Stopped)
     }
 
+    /// What the agent counts now, for its metrics: its link to the masters, its launches, its
+    /// running tasks (with where to read their usage: see [`crate::metrics::sample_usage`])
+    /// and its completed history by state.
+    ///
+    /// # Errors
+    /// [`AgentError::Stopped`] if the agent process has ended.
+    pub async fn figures(&self) -> Result<AgentFigures, AgentError> {
+        self.pid
+            .ask(AgentMsg::figures)
+            .await
+            .map_err(|_| AgentError::Stopped)
+    }
+
     /// Stops the agent process and waits for it to end. Its tasks are killed with it if its
     /// config says [`stop_tasks_on_exit`](AgentConfig::stop_tasks_on_exit), else they keep
     /// running for its next run to take back.
@@ -158,10 +172,15 @@ impl AgentHandle {
 
 /// Starts an agent on `node`: checks the data directory, reads the stored id and task
 /// checkpoints, spawns the [`Agent`] process on the node's system, registers it as `agent` with
-/// the asks `Ping -> Pong`, `RunTask -> RunTaskReply` and `KillTask -> KillTaskReply` and the
-/// tell `LaunchTasks`, and lets
+/// the asks `Ping -> Pong`, `RunTask -> RunTaskReply`, `KillTask -> KillTaskReply` and
+/// `ReadTaskOutput -> TaskOutputChunk` and the tell `LaunchTasks`, and lets
 /// it look for the leading master (after a random delay below
 /// [`registration_backoff_initial`](AgentConfig::registration_backoff_initial)).
+///
+/// Every [`task_output_check_interval`](AgentConfig::task_output_check_interval) the agent
+/// rotates the output files of its running tasks (re-attached ones included) that are past
+/// [`task_output_max_bytes`](AgentConfig::task_output_max_bytes), off its own thread (see
+/// `crate::output`).
 ///
 /// Whenever a task changes state (RUNNING once its process started; FINISHED, FAILED or
 /// KILLED when it ended) the agent tells the master it is registered with a
@@ -314,14 +333,16 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         recovered: recovery.running,
         term,
         stale_commands_refused: 0,
+        counts: super::Counts::default(),
         rebase_term: false,
         unsent_updates: VecDeque::new(),
+        output: super::task_output::Output::default(),
     };
     let pid = node.system().spawn(agent);
     const MASTERS: &[muster_security::Role] = &[muster_security::Role::Master];
     match node.register("agent", &pid) {
         Ok(registration) => {
-            // Launches, kills and pings come from masters only.
+            // Launches, kills, pings and output reads come from masters only.
             registration
                 .install_ask_from::<Ping, Pong>(MASTERS, |m, r, _| AgentMsg::ping(m, r))
                 .install_ask_from::<RunTask, RunTaskReply>(MASTERS, |m, r, _| {
@@ -331,6 +352,9 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
                 .install_from::<LeaderAnnouncement>(MASTERS, |m, _| AgentMsg::leader_announced(m))
                 .install_ask_from::<KillTask, KillTaskReply>(MASTERS, |m, r, _| {
                     AgentMsg::kill_task(m, r)
+                })
+                .install_ask_from::<ReadTaskOutput, TaskOutputChunk>(MASTERS, |m, r, _| {
+                    AgentMsg::read_task_output(m, r)
                 });
         }
         Err(e) => {

@@ -200,6 +200,11 @@ impl Agent {
         };
         match reply.result {
             Some(registration_reply::Result::AgentId(id)) if !id.is_empty() => {
+                // Only one request is out at a time, and the id changes only between them
+                // (`register_anew`): with an id now, the request was a re-registration.
+                if self.agent_id.is_some() {
+                    self.counts.reregistrations += 1;
+                }
                 if std::mem::take(&mut self.rebase_term) {
                     self.rebase_term_to(reply.term);
                 } else {
@@ -374,6 +379,7 @@ impl Agent {
             agent_id: agent_id.clone(),
         };
         let generation = self.generation;
+        self.counts.heartbeats_sent += 1;
         ctx.defer(
             async move {
                 remote

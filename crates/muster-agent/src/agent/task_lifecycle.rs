@@ -32,7 +32,11 @@ impl Agent {
         ctx: &mut Context<Self>,
     ) -> Result<(), String> {
         let refused = request.task.clone();
+        self.counts.launches += 1;
         let started = self.start_task(request, ctx).await;
+        if started.is_err() {
+            self.counts.launch_failures += 1;
+        }
         if let Err(error) = &started
             && let Some(mut task) = refused
             && !self.tasks.knows(&task.id)

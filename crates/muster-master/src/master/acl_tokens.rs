@@ -8,7 +8,7 @@ use muster_security::acl::new_accessor;
 use muster_security::{AclToken, Policy, TokenSecret};
 
 use super::Master;
-use super::registry_writes::{now_ms, write_registry};
+use super::registry_writes::now_ms;
 use crate::error::ServiceError;
 use crate::master::leadership::Role;
 
@@ -99,7 +99,7 @@ impl Master {
                     Ok(made) => made,
                     Err(e) => return reply.send(Err(e)),
                 };
-                let write = write_registry(&registrar, Op::BootstrapAcl(token.clone()));
+                let write = self.write_registry(&registrar, Op::BootstrapAcl(token.clone()));
                 ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
                     let answer = written(outcome).map(|_| shown(&token, &secret));
                     if answer.is_ok() {
@@ -128,7 +128,7 @@ impl Master {
                     Ok(made) => made,
                     Err(e) => return reply.send(Err(e)),
                 };
-                let write = write_registry(&registrar, Op::CreateToken(token.clone()));
+                let write = self.write_registry(&registrar, Op::CreateToken(token.clone()));
                 ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
                     let answer = written(outcome).map(|_| shown(&token, &secret));
                     if answer.is_ok() {
@@ -154,7 +154,7 @@ impl Master {
                 reply.send(Ok(pb::TokenList { tokens }));
             }
             AclMsg::Delete(accessor, reply) => {
-                let write = write_registry(&registrar, Op::DeleteToken { accessor });
+                let write = self.write_registry(&registrar, Op::DeleteToken { accessor });
                 ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
                     reply.send(written(outcome).map(|_| pb::DeleteTokenReply {}));
                 });

@@ -16,7 +16,6 @@ use muster_security::Peer;
 
 use super::Master;
 use super::leadership::Role;
-use super::registry_writes::write_registry;
 use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, same_info};
 
 /// What agents send the master, with the sender's verified identity (`None` on an insecure
@@ -135,6 +134,7 @@ impl Master {
                 self.reregister(request, reply, identity(sender.as_ref()), ctx);
             }
             AgentMsg::Heartbeat(heartbeat, reply, sender) => {
+                self.instruments.heartbeat_received();
                 self.on_heartbeat(heartbeat, reply, identity(sender.as_ref()));
             }
             AgentMsg::TaskStatus(update, sender) => {
@@ -205,7 +205,7 @@ impl Master {
             return self.reregister(again, reply, identity, ctx);
         }
         let info = registry_info(&info, sender);
-        let write = write_registry(registrar, Op::AdmitAgent(info.clone()));
+        let write = self.write_registry(registrar, Op::AdmitAgent(info.clone()));
         let term = self.term;
         ctx.defer(
             write,
@@ -219,6 +219,7 @@ impl Master {
                             AgentEntry::connected(info, Vec::new(), Vec::new()),
                         );
                         master.heartbeat_received(&id.0);
+                        master.publish_agent(&id.0, "agent-registered");
                         master.agent_joined(&id.0, ctx);
                     }
                     reply.send(admitted(id.0, Vec::new(), term));

@@ -35,6 +35,9 @@ pub enum OperatorMsg {
     ReadState(bool, Reply<Result<pb::ClusterState, ServiceError>>),
     /// This master's counters (any master answers).
     GetMetrics(Reply<pb::MasterMetrics>),
+    /// This master's figures and the handles to read the rest, for
+    /// [`crate::metrics::render`] (any master answers, at once).
+    MetricsSnapshot(Reply<crate::metrics::MetricsSnapshot>),
     /// Launch a task on an agent (boxed: the request is much bigger than the other
     /// messages).
     LaunchTask(Box<pb::LaunchTaskRequest>, Reply<Result<(), ServiceError>>),
@@ -67,6 +70,28 @@ pub enum OperatorMsg {
     Acl(AclMsg),
     /// A snapshot file of the registry, taken once a quorum confirms this master leads.
     SnapshotSave(Reply<Result<Vec<u8>, ServiceError>>),
+    /// The events after an index kept on this master, and every one to come (leader only,
+    /// once a quorum confirms it leads).
+    SubscribeEvents(
+        u64,
+        Reply<Result<super::events::Subscription, ServiceError>>,
+    ),
+    /// A dry run of a submission: what would be placed, stopped and replaced (leader only).
+    PlanJob(
+        Option<model_pb::Job>,
+        Reply<Result<pb::JobPlan, ServiceError>>,
+    ),
+    /// A job's versions, newest first: linearizable, or with `true`, stale.
+    JobVersions(
+        String,
+        bool,
+        Reply<Result<pb::JobVersionList, ServiceError>>,
+    ),
+    /// A piece of a task's output, read from its agent (leader only).
+    TaskLogs(
+        pb::ReadTaskOutput,
+        Reply<Result<pb::TaskOutputChunk, ServiceError>>,
+    ),
     /// Replace the registry with the snapshot file given.
     SnapshotRestore(
         bytes::Bytes,
@@ -79,8 +104,12 @@ impl OperatorMsg {
     pub(super) fn waits_for_registry(&self) -> bool {
         !matches!(
             self,
-            OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) | OperatorMsg::ReadState(true, _)
+            OperatorMsg::GetState(_)
+                | OperatorMsg::GetMetrics(_)
+                | OperatorMsg::MetricsSnapshot(_)
+                | OperatorMsg::ReadState(true, _)
         ) && !matches!(self, OperatorMsg::JobStatus(_, true, _))
+            && !matches!(self, OperatorMsg::JobVersions(_, true, _))
             && !matches!(self, OperatorMsg::ListJobs(r, _) if r.stale)
             && !matches!(self, OperatorMsg::ListEvaluations(r, _) if r.stale)
     }
@@ -98,8 +127,14 @@ impl OperatorMsg {
             OperatorMsg::ReadState(_, reply) => reply.send(Err(error)),
             OperatorMsg::Acl(msg) => msg.refuse(error),
             OperatorMsg::SnapshotSave(reply) => reply.send(Err(error)),
+            OperatorMsg::SubscribeEvents(_, reply) => reply.send(Err(error)),
+            OperatorMsg::TaskLogs(_, reply) => reply.send(Err(error)),
+            OperatorMsg::JobVersions(_, _, reply) => reply.send(Err(error)),
+            OperatorMsg::PlanJob(_, reply) => reply.send(Err(error)),
             OperatorMsg::SnapshotRestore(_, reply) => reply.send(Err(error)),
-            OperatorMsg::GetState(_) | OperatorMsg::GetMetrics(_) => {}
+            OperatorMsg::GetState(_)
+            | OperatorMsg::GetMetrics(_)
+            | OperatorMsg::MetricsSnapshot(_) => {}
         }
     }
 }
@@ -109,6 +144,7 @@ impl Master {
         match msg {
             OperatorMsg::GetState(reply) => reply.send(self.state()),
             OperatorMsg::GetMetrics(reply) => self.send_metrics(reply, ctx),
+            OperatorMsg::MetricsSnapshot(reply) => reply.send(self.metrics_snapshot(ctx)),
             OperatorMsg::LaunchTask(request, reply) => self.launch(*request, reply, ctx),
             OperatorMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
             OperatorMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
@@ -126,6 +162,50 @@ impl Master {
                     Ok(status)
                 });
             }
+            OperatorMsg::TaskLogs(request, reply) => self.task_logs(request, reply),
+            OperatorMsg::PlanJob(spec, reply) => {
+                let job = match spec.map(Job::from_submitted) {
+                    None => {
+                        return reply.send(Err(ServiceError::InvalidArgument {
+                            field: "job".into(),
+                            message: "PlanJob carries no job".into(),
+                        }));
+                    }
+                    Some(Err(e)) => return reply.send(Err(e.within("job").into())),
+                    Some(Ok(job)) => job,
+                };
+                if let Err(e) = job.check_limits(&self.config.job_limits) {
+                    return reply.send(Err(e.within("job").into()));
+                }
+                self.with_quorum_leadership(ctx, move |master, _ctx, confirmed| {
+                    reply.send(confirmed.map(|()| master.plan_job(job)));
+                });
+            }
+            OperatorMsg::JobVersions(name, stale, reply) => {
+                self.read(stale, ctx, reply, move |master| {
+                    let versions = master.registry.reader().read(|state| {
+                        let current = state.jobs.get(&name)?.clone();
+                        let earlier = state.job_versions.get(&name);
+                        Some(
+                            std::iter::once(current)
+                                .chain(earlier.into_iter().flatten().rev().cloned())
+                                .map(model_pb::Job::from)
+                                .collect::<Vec<_>>(),
+                        )
+                    });
+                    let versions =
+                        versions.ok_or_else(|| ServiceError::UnknownJob(name.clone()))?;
+                    Ok(pb::JobVersionList {
+                        versions,
+                        read: Some(master.read_info(stale)),
+                    })
+                });
+            }
+            OperatorMsg::SubscribeEvents(after, reply) => {
+                self.read(false, ctx, reply, move |master| {
+                    Ok(master.events.subscribe(after))
+                });
+            }
             OperatorMsg::ListJobs(request, reply) => {
                 let stale = request.stale;
                 self.read(stale, ctx, reply, move |master| {
@@ -138,7 +218,8 @@ impl Master {
             OperatorMsg::ListEvaluations(request, reply) => {
                 let stale = request.stale;
                 self.read(stale, ctx, reply, move |master| {
-                    let (evals, total) = master.evaluations(&request.job, request.limit);
+                    let (evals, total) =
+                        master.evaluations(&request.job, &request.id, request.limit);
                     Ok(pb::EvaluationList {
                         evals,
                         total,
@@ -336,6 +417,7 @@ impl Master {
             leadership_confirmations: self.metrics.leadership_confirmations,
             reconcile_evals: self.metrics.reconcile_evals,
             kill_retries: self.metrics.kill_retries,
+            kills_fenced: self.metrics.kills_fenced,
         };
         let Role::Leading { registrar, .. } = &self.role else {
             return reply.send(metrics);
@@ -472,7 +554,60 @@ impl Master {
 
     /// Up to `limit` evaluations ([`DEFAULT_EVAL_LIMIT`] for 0, at most [`MAX_EVAL_LIMIT`])
     /// of `job` (every job's if empty), newest first, and how many matched.
-    fn evaluations(&self, job: &str, limit: u32) -> (Vec<model_pb::Evaluation>, u64) {
+    /// Reads a piece of a task's output from the agent it was placed on; the ask runs beside
+    /// the process, which goes on handling messages.
+    fn task_logs(
+        &self,
+        request: pb::ReadTaskOutput,
+        reply: Reply<Result<pb::TaskOutputChunk, ServiceError>>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let found = self.cluster.agents.iter().find(|(_, agent)| {
+            agent
+                .tasks
+                .iter()
+                .chain(&agent.completed_tasks)
+                .any(|t| t.id == request.task_id)
+        });
+        let Some((agent_id, agent)) = found else {
+            return reply.send(Err(ServiceError::UnknownTask(request.task_id)));
+        };
+        if !agent.connected {
+            return reply.send(Err(ServiceError::Unavailable(format!(
+                "agent {agent_id}, where task {} ran, is not connected",
+                request.task_id
+            ))));
+        }
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<muster_actor::Upid>())
+        else {
+            return reply.send(Err(ServiceError::Unavailable(format!(
+                "agent {agent_id} has no usable address {:?}",
+                agent.info.address
+            ))));
+        };
+        let remote = node.remote(upid);
+        let timeout = self.config.ping_timeout;
+        let agent_id = agent_id.clone();
+        tokio::spawn(async move {
+            let answer = remote
+                .ask_timeout::<pb::ReadTaskOutput, pb::TaskOutputChunk>(timeout, request)
+                .await;
+            reply.send(match answer {
+                Ok(chunk) if chunk.error.is_empty() => Ok(chunk),
+                Ok(chunk) => Err(ServiceError::FailedPrecondition(format!(
+                    "agent {agent_id}: {}",
+                    chunk.error
+                ))),
+                Err(e) => Err(ServiceError::Unavailable(format!(
+                    "agent {agent_id} did not answer: {e}"
+                ))),
+            });
+        });
+    }
+
+    fn evaluations(&self, job: &str, id: &str, limit: u32) -> (Vec<model_pb::Evaluation>, u64) {
         let limit = match limit {
             0 => DEFAULT_EVAL_LIMIT,
             n => (n as usize).min(MAX_EVAL_LIMIT),
@@ -482,6 +617,7 @@ impl Master {
                 .evals
                 .values()
                 .filter(|e| job.is_empty() || e.job == job)
+                .filter(|e| id.is_empty() || e.id.0 == id)
                 .collect();
             matched.sort_by(|a, b| b.create_index.cmp(&a.create_index).then(a.id.cmp(&b.id)));
             let total = matched.len() as u64;

@@ -24,6 +24,7 @@ use muster_scheduler::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult};
 use super::tasks::view;
 use super::{InternalMsg, Master};
 use crate::error::ServiceError;
+use crate::metrics::MasterInstruments;
 
 /// What scheduler workers and the blocked-queue send the master.
 #[derive(Debug)]
@@ -60,6 +61,8 @@ pub struct SchedulingPids {
     pub broker: Pid<EvalBroker>,
     /// The blocked-queue.
     pub blocked: Pid<BlockedEvals>,
+    /// The master's instruments, for workers to observe their runs in.
+    pub instruments: Arc<MasterInstruments>,
 }
 
 impl SchedulingMsg {
@@ -94,13 +97,15 @@ impl Master {
             SchedulingMsg::Pids(reply) => reply.send(SchedulingPids {
                 broker: self.broker.clone(),
                 blocked: self.blocked.clone(),
+                instruments: Arc::clone(&self.instruments),
             }),
             SchedulingMsg::Snapshot(reply) => reply.send(self.snapshot()),
             SchedulingMsg::SubmitPlan(plan, reply) => {
+                let arrived = std::time::Instant::now();
                 // Launches and kills only from a master a quorum still follows: a leader
                 // paused and resumed must not act on its stale view.
                 self.with_quorum_leadership(ctx, move |master, ctx, confirmed| match confirmed {
-                    Ok(()) => master.apply_plan(plan, reply, ctx),
+                    Ok(()) => master.apply_plan(plan, arrived, reply, ctx),
                     Err(refusal) => reply.send(Err(refusal)),
                 });
             }
@@ -113,6 +118,75 @@ impl Master {
             SchedulingMsg::CompleteEval(eval, reply) => self.complete_eval(eval, reply, ctx),
             SchedulingMsg::EvalsUnblocked(evals) => self.evals_unblocked(evals, ctx),
             SchedulingMsg::EvalsCanceled(evals) => self.evals_canceled(evals, ctx),
+        }
+    }
+
+    /// A dry run of submitting `job` (Nomad's job plan): the plan this master's scheduler
+    /// would make for it against the cluster now, with the version the registry would give
+    /// it. Nothing is written; what the plan applier would refuse is not checked.
+    pub(super) fn plan_job(&mut self, job: muster_model::Job) -> pb::JobPlan {
+        let old = self
+            .registry
+            .reader()
+            .read(|state| state.jobs.get(&job.name).cloned());
+        let job = muster_registry::next_version(old.as_ref(), job);
+        let version = job.version;
+        let mut snapshot = self.snapshot();
+        let eval = Evaluation::new(&job, muster_model::Trigger::JobRegister);
+        snapshot.jobs.insert(job.name.clone(), job);
+        let plan = match self.config.placement {
+            crate::Placement::Binpack => muster_scheduler::Scheduler::schedule(
+                &mut muster_scheduler::binpack(),
+                &eval,
+                &snapshot,
+            ),
+            crate::Placement::Spread => muster_scheduler::Scheduler::schedule(
+                &mut muster_scheduler::spread(),
+                &eval,
+                &snapshot,
+            ),
+        };
+        let name_of = |agent: &AgentId, task_id: &str| {
+            snapshot
+                .agent(agent)
+                .and_then(|a| a.tasks.iter().find(|t| t.id == task_id))
+                .map(|t| t.name.clone())
+                .unwrap_or_default()
+        };
+        let stop: Vec<pb::PlannedTask> = plan
+            .stop
+            .iter()
+            .map(|s| pb::PlannedTask {
+                name: name_of(&s.agent, &s.task_id),
+                agent_id: s.agent.0.clone(),
+                task_id: s.task_id.clone(),
+            })
+            .collect();
+        let place: Vec<pb::PlannedTask> = plan
+            .place
+            .iter()
+            .map(|p| pb::PlannedTask {
+                name: p.name.clone(),
+                agent_id: p.agent.0.clone(),
+                task_id: String::new(),
+            })
+            .collect();
+        let replaced = place
+            .iter()
+            .filter(|p| stop.iter().any(|s| s.name == p.name))
+            .map(|p| p.name.clone())
+            .collect();
+        let unplaced = plan
+            .unplaced
+            .iter()
+            .map(|demand| format!("{demand:?}"))
+            .collect();
+        pb::JobPlan {
+            version,
+            place,
+            stop,
+            replaced,
+            unplaced,
         }
     }
 
@@ -151,10 +225,12 @@ impl Master {
         }
     }
 
-    /// Applies one plan: stops first, then each placement that still fits.
+    /// Applies one plan, which `arrived` then: stops first, then each placement that still
+    /// fits.
     fn apply_plan(
         &mut self,
         plan: Plan,
+        arrived: std::time::Instant,
         reply: Reply<Result<PlanResult, ServiceError>>,
         ctx: &mut Context<Self>,
     ) {
@@ -214,6 +290,11 @@ impl Master {
             self.current_index()
         };
         self.metrics.plans += 1;
+        self.instruments.plan_applied(
+            arrived.elapsed(),
+            result.committed.len(),
+            result.rejected.len(),
+        );
         reply.send(Ok(result));
     }
 
@@ -295,6 +376,7 @@ impl Master {
         let demands = unplaced;
         self.write_status(eval.clone(), ctx, move |master, written| {
             if written.is_ok() {
+                master.instruments.evaluation_blocked();
                 let _ = master
                     .blocked
                     .tell(BlockedMsg::Block(BlockedEval { eval, demands }));
@@ -311,7 +393,12 @@ impl Master {
         ctx: &mut Context<Self>,
     ) {
         eval.status = EvalStatus::Complete;
-        self.write_status(eval, ctx, move |_master, written| reply.send(written));
+        self.write_status(eval, ctx, move |master, written| {
+            if written.is_ok() {
+                master.instruments.evaluation_completed();
+            }
+            reply.send(written);
+        });
     }
 
     /// Records an evaluation's new status (complete, blocked) in the registry.

@@ -110,6 +110,7 @@ impl Master {
         previous: AgentEntry,
         ctx: &mut Context<Self>,
     ) {
+        self.publish_agent(agent_id, "agent-reregistered");
         let Some(agent) = self.cluster.agents.get(agent_id) else {
             return;
         };

@@ -92,6 +92,17 @@ impl Master {
             },
             move |master: &mut Master, ctx, answered| match answered {
                 Ok(reply) if reply.error.is_empty() => {}
+                Ok(reply) if reply.follows_term > term => {
+                    // Fenced: the kill said nothing about the task. If this master leads
+                    // again, in a newer term, the kill goes again with that term.
+                    master.metrics.kills_fenced += 1;
+                    tracing::warn!(agent = %agent_id, task = %task_id, sent_in = term, agent_follows = reply.follows_term, "an agent refused a kill of an older term");
+                    if master.leading_term().is_some_and(|now| now >= reply.follows_term)
+                        && master.kill_pending(&agent_id, &task_id)
+                    {
+                        master.send_kill(agent_id, task_id, 0, ctx);
+                    }
+                }
                 Ok(reply) => master.kill_refused(agent_id, task_id, reply.error, ctx),
                 Err(e) => {
                     let wait = KILL_RETRY_FIRST
@@ -122,9 +133,9 @@ impl Master {
         })
     }
 
-    /// The agent answered a kill with an error: it runs no such task (any more), or it refused
-    /// this master's term. Either way the task does not run for this master: it ends here
-    /// (killed, with the agent's answer), so it is not counted as running for good.
+    /// The agent answered a kill with an error: it runs no such task (any more). The task ends
+    /// here (killed, with the agent's answer), so it is not counted as running for good. (A
+    /// refusal of the kill's term says nothing about the task: `send_kill` handles it.)
     fn kill_refused(
         &mut self,
         agent_id: String,
@@ -199,6 +210,7 @@ impl Master {
         // What an ended task freed goes to the blocked-queue.
         let freed = ended.then(|| (agent.info.attributes.clone(), agent.free()));
         let index = self.next_index();
+        self.publish_task(&agent_id, &task);
         let Some((attributes, free_now)) = freed else {
             return;
         };

@@ -374,7 +374,20 @@ mod tests {
             sm.save_snapshot(&meta(100), &empty)
                 .expect("skipped, not an error");
         }
-        let (_log, sm) = super::super::open(&dir.path().into()).expect("opens again");
+        // sled's flusher thread may hold the directory's lock a moment after the drop.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let (_log, sm) = loop {
+            match super::super::open(&dir.path().into()) {
+                Ok(opened) => break opened,
+                Err(e)
+                    if std::time::Instant::now() < deadline
+                        && format!("{e:?}").contains("acquire lock") =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Err(e) => panic!("opens again: {e:?}"),
+            }
+        };
         let at = sm.read().last_applied.map(|id| id.index);
         assert_eq!(
             at,

@@ -1,0 +1,286 @@
+//! [`JobSpec`]: the job document users write — a TOML file for `muster job run FILE`, or the
+//! same document as JSON in the body of `POST /v1/jobs` — and its conversion to the wire form
+//! (`muster.model.v1.Job`). The master validates the job; this only checks the document's shape
+//! and its words (`type`, `operator`), and its errors name the key.
+
+use std::collections::BTreeMap;
+
+use muster_proto::model as pb;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// A job: its name, type and priority, and its task groups.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct JobSpec {
+    /// The job's name: letters, digits, `-` and `_`, at most 128.
+    pub name: String,
+    /// `service` (the default), `batch` or `system`.
+    #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
+    pub kind: String,
+    /// 1 to 100; 0 or absent: 50.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub priority: u32,
+    /// Its task groups.
+    #[serde(rename = "group", default)]
+    pub groups: Vec<GroupSpec>,
+}
+
+/// A task group: `count` copies of one task.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GroupSpec {
+    /// The group's name, unique in the job.
+    pub name: String,
+    /// How many copies run (default 1; a system job: one per agent).
+    #[serde(default = "one")]
+    pub count: u32,
+    /// The program each task runs.
+    pub command: String,
+    /// Its arguments.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Its environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// CPUs each task is given.
+    pub cpus: f64,
+    /// Memory each task is given, in MiB.
+    pub mem_mb: u64,
+    /// Agent attributes a task's agent must (not) have.
+    #[serde(rename = "constraint", default, skip_serializing_if = "Vec::is_empty")]
+    pub constraints: Vec<ConstraintSpec>,
+    /// The user its tasks run as (the agent must allow it); empty: the agent's task user.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub user: String,
+}
+
+/// A placement constraint on an agent attribute.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ConstraintSpec {
+    /// The attribute (`rack`, `muster.isolation`, ...).
+    pub attribute: String,
+    /// `=` (the default) or `!=`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub operator: String,
+    /// The value compared.
+    pub value: String,
+}
+
+fn one() -> u32 {
+    1
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// Why a job document was refused: the key and what is wrong with it.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    /// The text is not a job document (bad syntax, an unknown or missing key); serde's message
+    /// names the key and where.
+    #[error("{0}")]
+    Syntax(String),
+    /// A key holds a word the document does not know.
+    #[error("{key}: {message}")]
+    Value {
+        /// The key's path (`group[0].constraint[1].operator`).
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl JobSpec {
+    /// Reads a TOML job file's text.
+    ///
+    /// # Errors
+    /// [`SpecError::Syntax`] naming the key and line.
+    pub fn from_toml(text: &str) -> Result<JobSpec, SpecError> {
+        toml::from_str(text).map_err(|e| SpecError::Syntax(e.to_string()))
+    }
+
+    /// Reads the JSON form (an HTTP request's body).
+    ///
+    /// # Errors
+    /// [`SpecError::Syntax`] naming the key, line and column.
+    pub fn from_json(text: &[u8]) -> Result<JobSpec, SpecError> {
+        serde_json::from_slice(text).map_err(|e| SpecError::Syntax(e.to_string()))
+    }
+
+    /// The wire form of the job, as the master takes it.
+    ///
+    /// # Errors
+    /// [`SpecError::Value`] for an unknown `type` or `operator`.
+    pub fn to_proto(&self) -> Result<pb::Job, SpecError> {
+        let mut groups = Vec::with_capacity(self.groups.len());
+        for (i, g) in self.groups.iter().enumerate() {
+            let mut constraints = Vec::with_capacity(g.constraints.len());
+            for (c, constraint) in g.constraints.iter().enumerate() {
+                let op = operator(
+                    &constraint.operator,
+                    &format!("group[{i}].constraint[{c}].operator"),
+                )?;
+                constraints.push(pb::Constraint {
+                    attribute: constraint.attribute.clone(),
+                    op: op as i32,
+                    value: constraint.value.clone(),
+                });
+            }
+            groups.push(pb::TaskGroup {
+                name: g.name.clone(),
+                count: g.count,
+                resources: Some(pb::Resources {
+                    cpus: g.cpus,
+                    mem_mb: g.mem_mb,
+                }),
+                command: g.command.clone(),
+                args: g.args.clone(),
+                env: g.env.clone().into_iter().collect(),
+                constraints,
+                spec_version: 0,
+                user: g.user.clone(),
+            });
+        }
+        Ok(pb::Job {
+            name: self.name.clone(),
+            priority: self.priority,
+            scheduler: scheduler(&self.kind)? as i32,
+            groups,
+            stopped: false,
+            version: 0,
+        })
+    }
+
+    /// The document form of a job the master holds (for reading it back, and `history`).
+    pub fn from_proto(job: &pb::Job) -> JobSpec {
+        JobSpec {
+            name: job.name.clone(),
+            kind: scheduler_name(job.scheduler).to_owned(),
+            priority: job.priority,
+            groups: job
+                .groups
+                .iter()
+                .map(|g| GroupSpec {
+                    name: g.name.clone(),
+                    count: g.count,
+                    command: g.command.clone(),
+                    args: g.args.clone(),
+                    env: g.env.clone().into_iter().collect(),
+                    cpus: g.resources.as_ref().map_or(0.0, |r| r.cpus),
+                    mem_mb: g.resources.as_ref().map_or(0, |r| r.mem_mb),
+                    constraints: g
+                        .constraints
+                        .iter()
+                        .map(|c| ConstraintSpec {
+                            attribute: c.attribute.clone(),
+                            operator: match pb::ConstraintOp::try_from(c.op) {
+                                Ok(pb::ConstraintOp::NotEqual) => "!=".into(),
+                                _ => "=".into(),
+                            },
+                            value: c.value.clone(),
+                        })
+                        .collect(),
+                    user: g.user.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The document's word for a scheduler type (`service`, `batch`, `system`; empty if unset).
+pub fn scheduler_name(scheduler: i32) -> &'static str {
+    match pb::SchedulerType::try_from(scheduler) {
+        Ok(pb::SchedulerType::Service) => "service",
+        Ok(pb::SchedulerType::Batch) => "batch",
+        Ok(pb::SchedulerType::System) => "system",
+        _ => "",
+    }
+}
+
+fn scheduler(kind: &str) -> Result<pb::SchedulerType, SpecError> {
+    Ok(match kind {
+        "" => pb::SchedulerType::Unspecified,
+        "service" => pb::SchedulerType::Service,
+        "batch" => pb::SchedulerType::Batch,
+        "system" => pb::SchedulerType::System,
+        other => {
+            return Err(SpecError::Value {
+                key: "type".into(),
+                message: format!("{other:?} is not service, batch or system"),
+            });
+        }
+    })
+}
+
+fn operator(word: &str, key: &str) -> Result<pb::ConstraintOp, SpecError> {
+    Ok(match word {
+        "" => pb::ConstraintOp::Unspecified,
+        "=" | "==" => pb::ConstraintOp::Equal,
+        "!=" => pb::ConstraintOp::NotEqual,
+        other => {
+            return Err(SpecError::Value {
+                key: key.into(),
+                message: format!("{other:?} is not = or !="),
+            });
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WEB: &str = "name = \"web\"\ntype = \"service\"\n[[group]]\nname = \"g\"\ncount = 2\ncommand = \"sleep\"\nargs = [\"60\"]\ncpus = 0.1\nmem_mb = 8\n[[group.constraint]]\nattribute = \"rack\"\noperator = \"!=\"\nvalue = \"r1\"\n";
+
+    #[test]
+    fn the_toml_and_json_forms_are_one_document() -> Result<(), SpecError> {
+        let spec = JobSpec::from_toml(WEB)?;
+        let json = serde_json::to_vec(&spec).map_err(|e| SpecError::Syntax(e.to_string()))?;
+        assert_eq!(JobSpec::from_json(&json)?, spec);
+        let job = spec.to_proto()?;
+        assert_eq!(job.scheduler, pb::SchedulerType::Service as i32);
+        assert_eq!(job.groups[0].count, 2);
+        assert_eq!(
+            job.groups[0].constraints[0].op,
+            pb::ConstraintOp::NotEqual as i32
+        );
+        assert_eq!(JobSpec::from_proto(&job), spec);
+        Ok(())
+    }
+
+    #[test]
+    fn unknown_and_missing_keys_and_words_are_named() {
+        let unknown = JobSpec::from_json(
+            br#"{"name":"x","group":[{"name":"g","command":"c","cpus":1,"mem_mb":1,"cuont":2}]}"#,
+        );
+        assert!(
+            unknown
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("cuont")),
+            "{unknown:?}"
+        );
+        let missing =
+            JobSpec::from_toml("name = \"x\"\n[[group]]\nname = \"g\"\ncpus = 1\nmem_mb = 1\n");
+        assert!(
+            missing
+                .as_ref()
+                .is_err_and(|e| e.to_string().contains("command")),
+            "{missing:?}"
+        );
+        let kind = JobSpec::from_toml("name = \"x\"\ntype = \"cron\"\n").and_then(|s| s.to_proto());
+        assert!(
+            kind.as_ref()
+                .is_err_and(|e| e.to_string().starts_with("type: \"cron\"")),
+            "{kind:?}"
+        );
+        let op = JobSpec::from_toml(&WEB.replace("!=", "~")).and_then(|s| s.to_proto());
+        assert!(
+            op.as_ref()
+                .is_err_and(|e| e.to_string().starts_with("group[0].constraint[0].operator")),
+            "{op:?}"
+        );
+    }
+}

@@ -1,0 +1,16 @@
+//! The documents of Muster's HTTP API, shared by the master that serves them and the CLI that
+//! prints them with `--json`: one JSON shape per answer, each with an OpenAPI schema
+//! (`utoipa`), made from the operator API's reply it stands for.
+//!
+//! - [`JobSpec`]: the job document users write, a TOML file or the same document as JSON.
+//! - [`documents`]: what the API answers (jobs, tasks, evaluations, agents, status, errors).
+
+pub mod documents;
+pub mod job_spec;
+
+pub use documents::{
+    AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, EvaluationInfo, EvaluationList,
+    Event, JobDetail, JobList, JobPlan, JobSummary, JobVersion, JobVersions, Member, PlannedTask,
+    ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs,
+};
+pub use job_spec::{ConstraintSpec, GroupSpec, JobSpec, SpecError};

@@ -1,0 +1,657 @@
+//! The endpoints: each checks the token, calls the operator handler its gRPC twin calls, and
+//! answers the [`muster_api`] document made from the reply.
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{OriginalUri, Path, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use muster_api::{
+    AgentDetail, AgentList, ApiError, ClusterStatus, EvaluationInfo, EvaluationList, JobDetail,
+    JobList, JobSpec, ReadInfo, Submitted, TaskInfo,
+};
+use muster_proto::cluster as pb;
+use muster_proto::cluster::operator_server::Operator as _;
+use muster_security::{Caller, Permission};
+use serde::Deserialize;
+use utoipa::IntoParams;
+
+use super::{ApiState, HttpError, error_response};
+
+/// Every route of the API.
+pub(super) fn routes() -> Router<ApiState> {
+    Router::new()
+        .route("/v1/jobs", get(list_jobs).post(submit_job))
+        .route("/v1/job/{name}", get(read_job).delete(stop_job))
+        .route("/v1/job/{name}/tasks", get(job_tasks))
+        .route("/v1/job/{name}/versions", get(job_versions))
+        .route("/v1/job/{name}/plan", axum::routing::post(plan_job))
+        .route("/v1/job/{name}/evaluations", get(job_evaluations))
+        .route("/v1/evaluations", get(list_evaluations))
+        .route("/v1/evaluation/{id}", get(read_evaluation))
+        .route("/v1/agents", get(list_agents))
+        .route("/v1/agent/{id}", get(read_agent))
+        .route("/v1/status", get(status))
+        .route("/v1/health/live", get(live))
+        .route("/v1/health/ready", get(ready))
+        .route("/v1/task/{id}/logs", get(task_logs))
+        .route("/v1/event/stream", get(event_stream))
+        .route("/v1/openapi.json", get(openapi_document))
+        .route("/metrics", get(metrics))
+        .fallback(unknown_path)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+/// A query string that does not parse: a JSON error naming it, not axum's plain text.
+fn parsed<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, HttpError> {
+    query
+        .map(|Query(query)| query)
+        .map_err(|e| HttpError::BadRequest(format!("bad query string: {}", e.body_text())))
+}
+
+/// A gRPC request carrying the HTTP caller, as the gRPC guard would have set it.
+fn request<T>(message: T, caller: Caller) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.extensions_mut().insert(caller);
+    request
+}
+
+/// A refusal as the API answers it: a standby's "not the leader, the leader is X" becomes a
+/// redirect to the same path and query on X's HTTP port.
+fn refused(state: &ApiState, uri: &OriginalUri, status: tonic::Status) -> HttpError {
+    if let Some(leader) = muster_scheduler::protocol::leader_hint(&status)
+        && let Some(http) = state.config.leader_http(&leader)
+    {
+        let scheme = if state.secure { "https" } else { "http" };
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        return HttpError::Redirect(format!("{scheme}://{http}{path}"));
+    }
+    HttpError::Status(status)
+}
+
+/// `doc` with the read's headers (Nomad's `X-Nomad-Index`, `-KnownLeader`, `-LastContact`).
+fn read_response<T: serde::Serialize>(doc: T, read: &ReadInfo) -> Response {
+    let mut response = Json(doc).into_response();
+    let headers = response.headers_mut();
+    headers.insert("x-muster-index", HeaderValue::from(read.applied_index));
+    headers.insert(
+        "x-muster-known-leader",
+        HeaderValue::from_static(if read.known_leader { "true" } else { "false" }),
+    );
+    headers.insert(
+        "x-muster-last-contact",
+        HeaderValue::from(read.last_contact_ms),
+    );
+    response
+}
+
+/// `?stale=true`: answer from this master's own state (Nomad's `?stale`).
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReadQuery {
+    /// Answer from the asked master's own state, without confirming it leads; the `read`
+    /// field says how far behind it may be.
+    #[serde(default)]
+    stale: bool,
+}
+
+/// `GET /v1/jobs` options.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct JobsQuery {
+    /// As in every read.
+    #[serde(default)]
+    stale: bool,
+    /// Only jobs whose name starts with this.
+    #[serde(default)]
+    prefix: String,
+}
+
+/// `GET /v1/evaluations` options.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EvaluationsQuery {
+    /// As in every read.
+    #[serde(default)]
+    stale: bool,
+    /// Only this job's.
+    #[serde(default)]
+    job: String,
+    /// At most this many, newest first (default 50, at most 1000).
+    #[serde(default)]
+    limit: u32,
+}
+
+/// `GET /v1/event/stream` options.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EventsQuery {
+    /// Resume after this index (0, the default: every event still kept).
+    #[serde(default)]
+    index: u64,
+    /// Only these topics, comma-separated: `job`, `evaluation`, `task`, `agent`.
+    #[serde(default)]
+    topic: String,
+}
+
+/// How often an idle event stream sends a heartbeat (`{}` in NDJSON, a comment in SSE), so
+/// proxies and clients can tell a quiet stream from a dead one.
+const EVENT_HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The event stream: jobs, evaluations, tasks and agents as they change on the leader, as
+/// NDJSON (one [`muster_api::Event`] per line; `{}` heartbeats), or as server-sent events
+/// when the request accepts `text/event-stream`. Resumable with `?index=`.
+#[utoipa::path(get, path = "/v1/event/stream", params(EventsQuery), tag = "events",
+    responses((status = 200, description = "NDJSON of Event, or SSE", body = muster_api::Event), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
+pub(crate) async fn event_stream(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    query: Result<Query<EventsQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    state.authorize(&headers, Permission::Read)?;
+    let topics: Vec<String> = query
+        .topic
+        .split(',')
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned)
+        .collect();
+    if let Some(unknown) = topics
+        .iter()
+        .find(|t| !["job", "evaluation", "task", "agent"].contains(&t.as_str()))
+    {
+        return Err(HttpError::BadRequest(format!(
+            "unknown topic {unknown:?}: job, evaluation, task or agent"
+        )));
+    }
+    let after = query.index;
+    let subscription = state
+        .master
+        .ask(|reply| crate::OperatorMsg::SubscribeEvents(after, reply).into())
+        .await
+        .map_err(|e| HttpError::Status(crate::ServiceError::from(e).into()))?
+        .map_err(|e| refused(&state, &uri, e.into()))?;
+    let sse = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.contains("text/event-stream"));
+    let body = super::events::body(subscription, topics, sse, EVENT_HEARTBEAT);
+    let content_type = if sse {
+        "text/event-stream"
+    } else {
+        "application/x-ndjson"
+    };
+    Ok((
+        [
+            (axum::http::header::CONTENT_TYPE, content_type),
+            (axum::http::header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+        .into_response())
+}
+
+/// `GET /v1/task/{id}/logs` options.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct LogsQuery {
+    /// stderr instead of stdout.
+    #[serde(default)]
+    stderr: bool,
+    /// Where to start, an absolute offset in the stream (0: its oldest kept byte).
+    #[serde(default)]
+    offset: u64,
+    /// Most bytes (0: the agent's cap, 1 MiB).
+    #[serde(default)]
+    limit: u32,
+}
+
+/// A piece of a task's stdout or stderr, read from its agent across rotations.
+#[utoipa::path(get, path = "/v1/task/{id}/logs", params(("id" = String, Path, description = "The task's id"), LogsQuery), tag = "tasks",
+    responses((status = 200, body = muster_api::TaskLogs), (status = 404, body = ApiError), (status = 503, body = ApiError), (status = 401, body = ApiError)))]
+pub(crate) async fn task_logs(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<LogsQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let caller = state.authorize(&headers, Permission::Read)?;
+    let chunk = state
+        .operator
+        .task_logs(request(
+            pb::ReadTaskOutput {
+                task_id: id.clone(),
+                stderr: query.stderr,
+                offset: query.offset,
+                limit: query.limit,
+            },
+            caller,
+        ))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    Ok(Json(muster_api::TaskLogs::new(&id, query.stderr, chunk)).into_response())
+}
+
+/// Lists jobs with their tasks counted by state.
+#[utoipa::path(get, path = "/v1/jobs", params(JobsQuery), tag = "jobs",
+    responses((status = 200, body = JobList), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError), (status = 503, body = ApiError)))]
+pub(crate) async fn list_jobs(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    query: Result<Query<JobsQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let caller = state.authorize(&headers, Permission::Read)?;
+    let list = state
+        .operator
+        .list_jobs(request(
+            pb::ListJobsRequest {
+                stale: query.stale,
+                prefix: query.prefix,
+            },
+            caller,
+        ))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    let doc = JobList::from(list);
+    let read = doc.read.clone();
+    Ok(read_response(doc, &read))
+}
+
+/// Submits a job (new, or a new version of one): the body is the job document, the JSON form
+/// of a job file.
+#[utoipa::path(post, path = "/v1/jobs", request_body = JobSpec, tag = "jobs",
+    responses((status = 200, body = Submitted), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError), (status = 503, body = ApiError)))]
+pub(crate) async fn submit_job(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let caller = state.authorize(&headers, Permission::Submit)?;
+    let spec = JobSpec::from_json(&body)
+        .map_err(|e| HttpError::BadRequest(format!("the body is not a job document: {e}")))?;
+    let job = spec
+        .to_proto()
+        .map_err(|e| HttpError::BadRequest(format!("job: {e}")))?;
+    let reply = state
+        .operator
+        .submit_job(request(pb::SubmitJobRequest { job: Some(job) }, caller))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    Ok(Json(Submitted::from(reply)).into_response())
+}
+
+/// A job: its document, tasks and evaluations.
+#[utoipa::path(get, path = "/v1/job/{name}", params(("name" = String, Path, description = "The job's name"), ReadQuery), tag = "jobs",
+    responses((status = 200, body = JobDetail), (status = 404, body = ApiError), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
+pub(crate) async fn read_job(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let doc = job_detail(&state, &uri, &headers, name, query.stale).await?;
+    let read = doc.read.clone();
+    Ok(read_response(doc, &read))
+}
+
+async fn job_detail(
+    state: &ApiState,
+    uri: &OriginalUri,
+    headers: &HeaderMap,
+    name: String,
+    stale: bool,
+) -> Result<JobDetail, HttpError> {
+    let caller = state.authorize(headers, Permission::Read)?;
+    let reply = state
+        .operator
+        .job_status(request(pb::JobStatusRequest { name, stale }, caller))
+        .await
+        .map_err(|s| refused(state, uri, s))?
+        .into_inner();
+    Ok(JobDetail::from(reply))
+}
+
+/// A job's tasks, with their agents.
+#[utoipa::path(get, path = "/v1/job/{name}/tasks", params(("name" = String, Path, description = "The job's name"), ReadQuery), tag = "jobs",
+    responses((status = 200, body = Vec<TaskInfo>), (status = 404, body = ApiError), (status = 401, body = ApiError)))]
+pub(crate) async fn job_tasks(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let doc = job_detail(&state, &uri, &headers, name, query.stale).await?;
+    Ok(read_response(doc.tasks, &doc.read))
+}
+
+/// A dry run: what submitting the job document in the body would place, stop and replace now.
+/// Nothing is written. The body's name must be the path's.
+#[utoipa::path(post, path = "/v1/job/{name}/plan", params(("name" = String, Path, description = "The job's name")), request_body = JobSpec, tag = "jobs",
+    responses((status = 200, body = muster_api::JobPlan), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
+pub(crate) async fn plan_job(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let caller = state.authorize(&headers, Permission::Read)?;
+    let spec = JobSpec::from_json(&body)
+        .map_err(|e| HttpError::BadRequest(format!("the body is not a job document: {e}")))?;
+    if spec.name != name {
+        return Err(HttpError::BadRequest(format!(
+            "the body is job {:?}, the path {name:?}",
+            spec.name
+        )));
+    }
+    let job = spec
+        .to_proto()
+        .map_err(|e| HttpError::BadRequest(format!("job: {e}")))?;
+    let plan = state
+        .operator
+        .plan_job(request(pb::SubmitJobRequest { job: Some(job) }, caller))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    Ok(Json(muster_api::JobPlan::from(plan)).into_response())
+}
+
+/// A job's versions, newest first (the current one and the earlier ones kept).
+#[utoipa::path(get, path = "/v1/job/{name}/versions", params(("name" = String, Path, description = "The job's name"), ReadQuery), tag = "jobs",
+    responses((status = 200, body = muster_api::JobVersions), (status = 404, body = ApiError), (status = 401, body = ApiError)))]
+pub(crate) async fn job_versions(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let caller = state.authorize(&headers, Permission::Read)?;
+    let list = state
+        .operator
+        .job_versions(request(
+            pb::JobStatusRequest {
+                name,
+                stale: query.stale,
+            },
+            caller,
+        ))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    let doc = muster_api::JobVersions::from(list);
+    let read = doc.read.clone();
+    Ok(read_response(doc, &read))
+}
+
+/// A job's evaluations, newest first.
+#[utoipa::path(get, path = "/v1/job/{name}/evaluations", params(("name" = String, Path, description = "The job's name"), EvaluationsQuery), tag = "evaluations",
+    responses((status = 200, body = EvaluationList), (status = 401, body = ApiError)))]
+pub(crate) async fn job_evaluations(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+    query: Result<Query<EvaluationsQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    evaluations(&state, &uri, &headers, name, parsed(query)?).await
+}
+
+/// Evaluations, newest first, of every job or one.
+#[utoipa::path(get, path = "/v1/evaluations", params(EvaluationsQuery), tag = "evaluations",
+    responses((status = 200, body = EvaluationList), (status = 401, body = ApiError)))]
+pub(crate) async fn list_evaluations(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    query: Result<Query<EvaluationsQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let job = query.job.clone();
+    evaluations(&state, &uri, &headers, job, query).await
+}
+
+async fn evaluations(
+    state: &ApiState,
+    uri: &OriginalUri,
+    headers: &HeaderMap,
+    job: String,
+    query: EvaluationsQuery,
+) -> Result<Response, HttpError> {
+    let caller = state.authorize(headers, Permission::Read)?;
+    let list = state
+        .operator
+        .list_evaluations(request(
+            pb::ListEvaluationsRequest {
+                stale: query.stale,
+                job,
+                limit: query.limit,
+                id: String::new(),
+            },
+            caller,
+        ))
+        .await
+        .map_err(|s| refused(state, uri, s))?
+        .into_inner();
+    let doc = EvaluationList::from(list);
+    let read = doc.read.clone();
+    Ok(read_response(doc, &read))
+}
+
+/// One evaluation.
+#[utoipa::path(get, path = "/v1/evaluation/{id}", params(("id" = String, Path, description = "The evaluation's id"), ReadQuery), tag = "evaluations",
+    responses((status = 200, body = EvaluationInfo), (status = 404, body = ApiError), (status = 401, body = ApiError)))]
+pub(crate) async fn read_evaluation(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let caller = state.authorize(&headers, Permission::Read)?;
+    let list = state
+        .operator
+        .list_evaluations(request(
+            pb::ListEvaluationsRequest {
+                stale: query.stale,
+                job: String::new(),
+                limit: 1,
+                id: id.clone(),
+            },
+            caller,
+        ))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    let doc = EvaluationList::from(list);
+    let eval = doc
+        .evaluations
+        .into_iter()
+        .next()
+        .ok_or_else(|| HttpError::NotFound(format!("no evaluation {id:?}")))?;
+    Ok(read_response(eval, &doc.read))
+}
+
+/// Stops a job: its tasks are stopped, its document kept.
+#[utoipa::path(delete, path = "/v1/job/{name}", params(("name" = String, Path, description = "The job's name")), tag = "jobs",
+    responses((status = 200, body = Submitted), (status = 404, body = ApiError), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
+pub(crate) async fn stop_job(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(name): Path<String>,
+) -> Result<Response, HttpError> {
+    let caller = state.authorize(&headers, Permission::Submit)?;
+    let reply = state
+        .operator
+        .stop_job(request(pb::StopJobRequest { name }, caller))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    Ok(Json(Submitted::from(reply)).into_response())
+}
+
+async fn cluster_state(
+    state: &ApiState,
+    uri: &OriginalUri,
+    headers: &HeaderMap,
+    stale: bool,
+) -> Result<pb::ClusterState, HttpError> {
+    let caller = state.authorize(headers, Permission::Read)?;
+    Ok(state
+        .operator
+        .get_state(request(pb::GetStateRequest { stale }, caller))
+        .await
+        .map_err(|s| refused(state, uri, s))?
+        .into_inner())
+}
+
+/// Agents: what each offers and uses, and how it stands.
+#[utoipa::path(get, path = "/v1/agents", params(ReadQuery), tag = "agents",
+    responses((status = 200, body = AgentList), (status = 401, body = ApiError)))]
+pub(crate) async fn list_agents(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let cluster = cluster_state(&state, &uri, &headers, query.stale).await?;
+    let doc = AgentList::from(&cluster);
+    let read = doc.read.clone();
+    Ok(read_response(doc, &read))
+}
+
+/// An agent and its tasks.
+#[utoipa::path(get, path = "/v1/agent/{id}", params(("id" = String, Path, description = "The agent's id"), ReadQuery), tag = "agents",
+    responses((status = 200, body = AgentDetail), (status = 404, body = ApiError), (status = 401, body = ApiError)))]
+pub(crate) async fn read_agent(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let cluster = cluster_state(&state, &uri, &headers, query.stale).await?;
+    let doc = AgentDetail::find(&cluster, &id)
+        .ok_or_else(|| HttpError::NotFound(format!("unknown agent {id:?}")))?;
+    let read = doc.read.clone();
+    Ok(read_response(doc, &read))
+}
+
+/// Who leads, in which term, and how the agents stand.
+#[utoipa::path(get, path = "/v1/status", params(ReadQuery), tag = "cluster",
+    responses((status = 200, body = ClusterStatus), (status = 401, body = ApiError)))]
+pub(crate) async fn status(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    query: Result<Query<ReadQuery>, QueryRejection>,
+) -> Result<Response, HttpError> {
+    let query = parsed(query)?;
+    let cluster = cluster_state(&state, &uri, &headers, query.stale).await?;
+    let mut doc = ClusterStatus::from(&cluster);
+    doc.members = state
+        .config
+        .members
+        .iter()
+        .map(|(id, address)| muster_api::Member {
+            id: *id,
+            address: address.clone(),
+            http_address: state.config.leader_http(address).unwrap_or_default(),
+            leader: *address == cluster.leader,
+        })
+        .collect();
+    let read = doc.read.clone();
+    Ok(read_response(doc, &read))
+}
+
+/// Liveness, for load balancers: the process answers. No token needed.
+#[utoipa::path(get, path = "/v1/health/live", tag = "cluster", responses((status = 200, description = "The master process runs")))]
+pub(crate) async fn live() -> Response {
+    Json(serde_json::json!({ "status": "live" })).into_response()
+}
+
+/// Readiness, for load balancers: 200 while this master leads or stands by knowing the leader
+/// (it can answer, or redirect), 503 otherwise. No token needed.
+#[utoipa::path(get, path = "/v1/health/ready", tag = "cluster", responses((status = 200, description = "Ready"), (status = 503, body = ApiError)))]
+pub(crate) async fn ready(State(state): State<ApiState>) -> Response {
+    if *state.serving.borrow() {
+        Json(serde_json::json!({ "status": "ready" })).into_response()
+    } else {
+        error_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "this master neither leads nor knows a leader".into(),
+        )
+    }
+}
+
+/// The master's metrics for Prometheus: the 0.0.4 text format, or OpenMetrics when the
+/// request's `Accept` asks for it. Needs a token with `read` once ACLs are on (Prometheus:
+/// `authorization: { credentials: ... }`).
+#[utoipa::path(get, path = "/metrics", tag = "cluster", responses((status = 200, description = "Prometheus text"), (status = 401, body = ApiError)))]
+pub(crate) async fn metrics(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    state.authorize(&headers, Permission::Read)?;
+    let format = crate::metrics::Format::from_accept(
+        headers
+            .get(axum::http::header::ACCEPT)
+            .and_then(|v| v.to_str().ok()),
+    );
+    let text = crate::metrics::render_as(&state.master, format)
+        .await
+        .map_err(|e| HttpError::Status(e.into()))?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, format.content_type())],
+        text,
+    )
+        .into_response())
+}
+
+/// The OpenAPI document of this API.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "cluster", responses((status = 200, description = "OpenAPI 3.1 document")))]
+pub(crate) async fn openapi_document() -> Response {
+    Json(super::openapi::document()).into_response()
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: OriginalUri) -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method}", uri.path()),
+    )
+}
+
+async fn unknown_path(uri: OriginalUri) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no endpoint {}; see /v1/openapi.json for the API",
+            uri.path()
+        ),
+    )
+}

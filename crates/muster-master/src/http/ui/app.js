@@ -1,0 +1,354 @@
+// Muster's web UI: plain JavaScript over the HTTP API (/v1/...), no build step. Pages are
+// hash routes; every page re-renders when the event stream (/v1/event/stream, NDJSON over
+// fetch, so the token travels in a header) says something changed.
+"use strict";
+
+const state = {
+  token: sessionStorage.getItem("muster-token") || "",
+  render: null,      // the current page's render function
+  lastIndex: 0,      // the last event index seen, to resume the stream
+  logs: null,        // the task whose logs are open: {id, stderr, offset, text}
+};
+
+// --- DOM ------------------------------------------------------------------------------------
+
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "class") el.className = value;
+    else if (key.startsWith("on")) el.addEventListener(key.slice(2), value);
+    else if (value !== undefined && value !== null) el.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+const badge = (word) => h("span", { class: `state ${word}` }, word);
+const link = (href, text) => h("a", { href }, text);
+const num = (n) => h("td", { class: "num" }, n);
+const table = (heads, rows) =>
+  h("table", {},
+    h("thead", {}, h("tr", {}, heads.map((t) => h("th", { class: t.endsWith(" ") ? "num" : "" }, t.trim())))),
+    h("tbody", {}, rows.length ? rows : [h("tr", {}, h("td", { colspan: heads.length, class: "muted" }, "none"))]));
+const when = (ms) => (ms ? new Date(ms).toISOString().replace(".000", "") : "—");
+
+function show(...nodes) {
+  const main = document.getElementById("main");
+  main.replaceChildren(...nodes);
+}
+
+// --- API ------------------------------------------------------------------------------------
+
+class Unauthorized extends Error {}
+
+async function api(path, options = {}) {
+  const headers = Object.assign({}, options.headers || {});
+  if (state.token) headers["X-Muster-Token"] = state.token;
+  const response = await fetch(path, Object.assign({}, options, { headers }));
+  if (response.status === 401) throw new Unauthorized((await response.json()).message);
+  const body = await response.json();
+  if (!response.ok) throw new Error(`${body.code}: ${body.message}`);
+  return body;
+}
+
+// --- pages ----------------------------------------------------------------------------------
+
+async function overview() {
+  const [status, jobs, agents] = await Promise.all([
+    api("/v1/status"), api("/v1/jobs"), api("/v1/agents"),
+  ]);
+  const count = (f) => jobs.jobs.reduce((n, j) => n + f(j), 0);
+  const card = (label, value) => h("div", { class: "card" },
+    h("div", { class: "label" }, label), h("div", { class: "value" }, value));
+  const figures = await brokerFigures();
+  show(
+    h("h1", {}, "Cluster"),
+    h("div", { class: "cards" },
+      card("Leader", status.leader || "none known"),
+      card("Raft term", status.term),
+      card("Registry index", status.read.applied_index),
+      card("Agents ready", `${status.agents_ready} of ${status.agents_ready + status.agents_disconnected + status.agents_unreachable}`),
+      card("Jobs", jobs.jobs.length),
+      card("Tasks running", count((j) => j.tasks.running)),
+      card("Evaluations in flight", count((j) => j.evaluations_in_flight)),
+      ...figures.map(([label, value]) => card(label, value)),
+    ),
+    status.recovering ? h("p", { class: "error" }, "Recovering: waiting for agents to re-register after a failover.") : null,
+    h("h2", {}, "Masters"),
+    table(["Id", "Address", "HTTP", "Role"], (status.members || []).map((m) => h("tr", {},
+      h("td", {}, m.id), h("td", {}, h("code", {}, m.address)), h("td", {}, h("code", {}, m.http_address)),
+      h("td", {}, badge(m.leader ? "leader" : "standby"))))),
+    h("p", { class: "muted" }, status.insecure ? "INSECURE: no TLS, no tokens." : "Mutual TLS between members; ACL tokens on."),
+  );
+}
+
+// Broker and blocked-queue figures, from /metrics (Prometheus text), where the master has them.
+async function brokerFigures() {
+  try {
+    const headers = state.token ? { "X-Muster-Token": state.token } : {};
+    const response = await fetch("/metrics", { headers });
+    if (!response.ok) return [];
+    const text = await response.text();
+    const sum = (name) => text.split("\n")
+      .filter((l) => l.startsWith(name + "{") || l.startsWith(name + " "))
+      .reduce((n, l) => n + Number(l.trim().split(/\s+/).pop()), 0);
+    return [
+      ["Broker ready", sum("muster_broker_ready")],
+      ["Broker unacked", sum("muster_broker_unacked")],
+      ["Blocked evaluations", sum("muster_broker_blocked")],
+    ];
+  } catch (_) {
+    return [];
+  }
+}
+
+async function jobsPage() {
+  const list = await api("/v1/jobs");
+  show(
+    h("h1", {}, "Jobs"),
+    table(["Name", "Type", "Version ", "Status", "Desired ", "Running ", "Pending ", "Finished ", "Failed ", "Lost ", "Evals "],
+      list.jobs.map((j) => h("tr", {},
+        h("td", {}, link(`#/job/${encodeURIComponent(j.name)}`, j.name)),
+        h("td", {}, j.type), num(j.version),
+        h("td", {}, badge(j.stopped ? "stopped" : j.tasks.running > 0 ? "running" : "pending")),
+        num(j.desired), num(j.tasks.running), num(j.tasks.staging + j.tasks.starting),
+        num(j.tasks.finished), num(j.tasks.failed), num(j.tasks.lost), num(j.evaluations_in_flight),
+      ))),
+  );
+}
+
+async function jobPage(name) {
+  const job = await api(`/v1/job/${encodeURIComponent(name)}`);
+  const spec = job.job;
+  const groups = spec.group.map((g) => `${g.name} × ${g.count}: ${g.command} ${(g.args || []).join(" ")}`);
+  show(
+    h("h1", {}, `Job ${spec.name}`),
+    h("p", {}, `${spec.type || "service"}, version ${job.version}, priority ${spec.priority || 50}`,
+      job.stopped ? [" — ", badge("stopped")] : null),
+    h("ul", {}, groups.map((g) => h("li", {}, h("code", {}, g)))),
+    h("h2", {}, "Tasks"),
+    table(["Name", "Id", "Agent", "State", "Exit ", "Reason", ""],
+      job.tasks.map((t) => h("tr", { "data-task": t.id },
+        h("td", {}, t.name), h("td", {}, h("code", {}, t.id)),
+        h("td", {}, link(`#/agent/${encodeURIComponent(t.agent_id)}`, t.agent_id)),
+        h("td", { class: "task-state" }, badge(t.state)), num(t.exit_code), h("td", {}, t.message),
+        h("td", {}, h("button", { class: "small", "data-logs": t.id, onclick: () => openLogs(t.id, false) }, "logs")),
+      ))),
+    logsPanel(),
+    h("h2", {}, "Evaluations"),
+    evaluationsTable(job.evaluations),
+  );
+}
+
+function evaluationsTable(evals) {
+  return table(["Id", "Job", "Triggered by", "Status", "Description", "Index "],
+    evals.map((e) => h("tr", {},
+      h("td", {}, link(`#/evaluation/${e.id}`, e.id.slice(0, 8))),
+      h("td", {}, link(`#/job/${encodeURIComponent(e.job)}`, e.job)),
+      h("td", {}, e.triggered_by, e.trigger_detail ? ` (${e.trigger_detail})` : ""),
+      h("td", {}, badge(e.status)), h("td", {}, e.status_description), num(e.create_index),
+    )));
+}
+
+async function evaluationsPage() {
+  const list = await api("/v1/evaluations?limit=100");
+  show(h("h1", {}, "Evaluations"), h("p", { class: "muted" }, `${list.total} in all, newest first`),
+    evaluationsTable(list.evaluations));
+}
+
+async function evaluationPage(id) {
+  const e = await api(`/v1/evaluation/${encodeURIComponent(id)}`);
+  const row = (k, v) => h("tr", {}, h("th", {}, k), h("td", {}, v));
+  show(h("h1", {}, `Evaluation ${e.id}`),
+    h("table", {}, h("tbody", {},
+      row("Job", link(`#/job/${encodeURIComponent(e.job)}`, e.job)), row("Type", e.type),
+      row("Priority", e.priority), row("Triggered by", `${e.triggered_by} ${e.trigger_detail}`),
+      row("Status", badge(e.status)), row("Description", e.status_description),
+      row("Created at index", e.create_index), row("Modified at index", e.modify_index),
+      row("Wait until", when(e.wait_until_ms)))));
+}
+
+function usage(used, total, unit) {
+  const share = total > 0 ? Math.min(100, (100 * used) / total) : 0;
+  return h("div", {}, `${+used.toFixed(2)} / ${total} ${unit}`,
+    h("div", { class: "bar" }, h("span", { style: `width:${share}%` })));
+}
+
+async function agentsPage() {
+  const list = await api("/v1/agents");
+  show(h("h1", {}, "Agents"),
+    table(["Id", "Hostname", "Address", "Status", "CPU", "Memory", "Tasks "],
+      list.agents.map((a) => h("tr", {},
+        h("td", {}, link(`#/agent/${encodeURIComponent(a.id)}`, a.id)), h("td", {}, a.hostname),
+        h("td", {}, h("code", {}, a.address)), h("td", {}, badge(a.status)),
+        h("td", {}, usage(a.cpus_used, a.cpus, "CPUs")), h("td", {}, usage(a.mem_mb_used, a.mem_mb, "MiB")),
+        num(a.tasks)))));
+}
+
+async function agentPage(id) {
+  const detail = await api(`/v1/agent/${encodeURIComponent(id)}`);
+  const a = detail.agent;
+  show(h("h1", {}, `Agent ${a.id}`),
+    h("p", {}, badge(a.status), ` ${a.hostname} at `, h("code", {}, a.address)),
+    h("div", { class: "cards" },
+      h("div", { class: "card" }, h("div", { class: "label" }, "CPU"), usage(a.cpus_used, a.cpus, "CPUs")),
+      h("div", { class: "card" }, h("div", { class: "label" }, "Memory"), usage(a.mem_mb_used, a.mem_mb, "MiB"))),
+    h("h2", {}, "Tasks"),
+    table(["Name", "Job", "State", "Exit "], detail.tasks.concat(detail.completed_tasks).map((t) => h("tr", {},
+      h("td", {}, t.name), h("td", {}, link(`#/job/${encodeURIComponent(t.job)}`, t.job)),
+      h("td", {}, badge(t.state)), num(t.exit_code)))),
+    h("h2", {}, "Attributes"),
+    table(["Name", "Value"], Object.entries(a.attributes).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v)))));
+}
+
+// --- task logs ------------------------------------------------------------------------------
+
+function logsPanel() {
+  if (!state.logs) return null;
+  const { id, stderr, text, error } = state.logs;
+  return h("section", { id: "logs" },
+    h("h2", {}, `Logs of ${id} `,
+      h("button", { class: "small", onclick: () => openLogs(id, !stderr) }, stderr ? "show stdout" : "show stderr"),
+      " ", h("button", { class: "small", onclick: () => { state.logs = null; refresh(); } }, "close")),
+    error ? h("p", { class: "error" }, error) : null,
+    h("pre", { class: "logs", id: "logs-text" }, text || "(nothing yet)"));
+}
+
+async function openLogs(id, stderr) {
+  state.logs = { id, stderr, offset: 0, text: "" };
+  await pollLogs();
+}
+
+async function pollLogs() {
+  const logs = state.logs;
+  if (!logs) return;
+  try {
+    const chunk = await api(`/v1/task/${encodeURIComponent(logs.id)}/logs?stderr=${logs.stderr}&offset=${logs.offset}`);
+    if (state.logs !== logs) return;
+    logs.text += chunk.data;
+    logs.offset = chunk.next_offset;
+    logs.error = "";
+    refresh();
+    if (chunk.task_running || chunk.next_offset > chunk.offset) {
+      setTimeout(pollLogs, 1000);
+    }
+  } catch (e) {
+    logs.error = String(e.message || e);
+    refresh();
+  }
+}
+
+// --- routing, sign-in and live updates ------------------------------------------------------
+
+const routes = [
+  [/^#?\/?$/, overview, "overview"],
+  [/^#\/jobs$/, jobsPage, "jobs"],
+  [/^#\/job\/(.+)$/, jobPage, "jobs"],
+  [/^#\/agents$/, agentsPage, "agents"],
+  [/^#\/agent\/(.+)$/, agentPage, "agents"],
+  [/^#\/evaluations$/, evaluationsPage, "evaluations"],
+  [/^#\/evaluation\/(.+)$/, evaluationPage, "evaluations"],
+];
+
+function route() {
+  const hash = location.hash || "#/";
+  for (const [pattern, page, nav] of routes) {
+    const match = hash.match(pattern);
+    if (match) {
+      const arg = match[1] ? decodeURIComponent(match[1]) : undefined;
+      document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === nav));
+      if (!hash.startsWith("#/job/")) state.logs = null;
+      state.render = () => page(arg);
+      return refresh();
+    }
+  }
+  show(h("p", { class: "error" }, `No page ${hash}`));
+}
+
+let refreshing = null;
+async function refresh() {
+  if (!state.render) return;
+  const render = state.render;
+  refreshing = (async () => {
+    try {
+      await render();
+    } catch (e) {
+      if (e instanceof Unauthorized) return signIn(e.message);
+      show(h("p", { class: "error" }, String(e.message || e)));
+    }
+  })();
+  return refreshing;
+}
+
+function signIn(reason) {
+  const dialog = document.getElementById("login");
+  document.getElementById("login-error").textContent = state.token ? reason : "";
+  if (!dialog.open) dialog.showModal();
+}
+
+document.getElementById("login-form").addEventListener("submit", () => {
+  state.token = document.getElementById("token").value.trim();
+  sessionStorage.setItem("muster-token", state.token);
+  document.getElementById("signout").hidden = false;
+  follow();
+  refresh();
+});
+
+document.getElementById("signout").addEventListener("click", () => {
+  state.token = "";
+  sessionStorage.removeItem("muster-token");
+  location.reload();
+});
+
+// Re-render at most every 250 ms while events arrive.
+let pending = null;
+function changed() {
+  if (pending) return;
+  pending = setTimeout(() => { pending = null; refresh(); }, 250);
+}
+
+let following = 0;
+async function follow() {
+  const me = ++following;
+  const live = document.getElementById("live");
+  for (let delay = 500; me === following; delay = Math.min(delay * 2, 10000)) {
+    try {
+      const headers = state.token ? { "X-Muster-Token": state.token } : {};
+      const response = await fetch(`/v1/event/stream?index=${state.lastIndex}`, { headers });
+      if (response.status === 401) { live.textContent = "signed out"; return; }
+      if (!response.ok) throw new Error(`event stream: ${response.status}`);
+      live.textContent = "live";
+      live.classList.add("on");
+      delay = 500;
+      const reader = response.body.getReader();
+      const decoder = new TextDecoder();
+      let buffered = "";
+      for (;;) {
+        const { value, done } = await reader.read();
+        if (done || me !== following) break;
+        buffered += decoder.decode(value, { stream: true });
+        let newline;
+        while ((newline = buffered.indexOf("\n")) >= 0) {
+          const line = buffered.slice(0, newline);
+          buffered = buffered.slice(newline + 1);
+          if (!line.trim()) continue;
+          const event = JSON.parse(line);
+          if (event.index) { state.lastIndex = event.index; changed(); }
+        }
+      }
+    } catch (_) {
+      // Reconnect below.
+    }
+    live.textContent = "reconnecting";
+    live.classList.remove("on");
+    await new Promise((resolve) => setTimeout(resolve, delay));
+  }
+}
+
+window.addEventListener("hashchange", route);
+document.getElementById("signout").hidden = !state.token;
+route();
+follow();

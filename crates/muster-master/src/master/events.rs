@@ -1,0 +1,204 @@
+//! The event stream: what changed on the leading master — jobs, evaluations, tasks, agents —
+//! in one order, for `GET /v1/event/stream` and `muster events` (Nomad's event stream).
+//!
+//! The master publishes an event where the change happens: after a registry write it made
+//! (jobs, evaluations, agents marked unreachable), when an agent registers, and when a task's
+//! state changes. The log keeps the last [`KEPT_EVENTS`] for subscribers that resume from an
+//! index; a subscriber gets what is kept after its index and then every new event, from a
+//! broadcast channel. One that falls more than [`SUBSCRIBER_BUFFER`] events behind is told
+//! so (and resumes from its last index), so a slow reader never holds the master up.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+
+use muster_api::{EvaluationInfo, Event, TaskInfo};
+use muster_model::Evaluation;
+use muster_proto::model as model_pb;
+use muster_registry::Op;
+use tokio::sync::broadcast;
+
+use super::Master;
+use super::registry_writes::now_ms;
+
+/// Events the log keeps for subscribers resuming from an index.
+pub const KEPT_EVENTS: usize = 4096;
+/// Events one subscriber may fall behind before it is told it lagged.
+pub const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// What a subscriber starts from: the kept events after its index, then the live ones.
+pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+
+/// The master's event log.
+#[derive(Debug)]
+pub(crate) struct EventLog {
+    next: u64,
+    kept: VecDeque<Arc<Event>>,
+    live: broadcast::Sender<Arc<Event>>,
+}
+
+impl Default for EventLog {
+    fn default() -> Self {
+        EventLog {
+            next: 1,
+            kept: VecDeque::with_capacity(KEPT_EVENTS),
+            live: broadcast::Sender::new(SUBSCRIBER_BUFFER),
+        }
+    }
+}
+
+impl EventLog {
+    /// Appends an event and sends it to the subscribers.
+    pub(crate) fn publish(
+        &mut self,
+        term: u64,
+        topic: &str,
+        kind: &str,
+        key: &str,
+        payload: serde_json::Value,
+    ) {
+        let event = Arc::new(Event {
+            index: self.next,
+            term,
+            time_ms: now_ms(),
+            topic: topic.to_owned(),
+            kind: kind.to_owned(),
+            key: key.to_owned(),
+            payload,
+        });
+        self.next += 1;
+        if self.kept.len() == KEPT_EVENTS {
+            self.kept.pop_front();
+        }
+        self.kept.push_back(Arc::clone(&event));
+        // No subscriber: nothing to do.
+        let _ = self.live.send(event);
+    }
+
+    /// The kept events after `after` (all of them for 0, or for an index from before what is
+    /// kept), and a receiver of the ones to come.
+    pub(crate) fn subscribe(&self, after: u64) -> Subscription {
+        let backlog = self
+            .kept
+            .iter()
+            .filter(|e| e.index > after)
+            .cloned()
+            .collect();
+        (backlog, self.live.subscribe())
+    }
+}
+
+impl Master {
+    /// Publishes an event on this master's stream, in its current term.
+    fn publish(&mut self, topic: &str, kind: &str, key: &str, payload: serde_json::Value) {
+        let term = self.term;
+        self.events.publish(term, topic, kind, key, payload);
+    }
+
+    /// Publishes what the registry write `ops` changed, once it is stored.
+    pub(super) fn publish_written(&mut self, ops: &[Op]) {
+        for op in ops {
+            match op {
+                Op::Together(ops) => self.publish_written(ops),
+                Op::UpsertJob(job) => self.publish_job(&job.name, "job-registered"),
+                Op::StopJob(name) => self.publish_job(name, "job-stopped"),
+                Op::UpsertEvals(evals) => {
+                    let ids: Vec<String> = evals.iter().map(|e| e.id.0.clone()).collect();
+                    self.publish_evals(&ids);
+                }
+                Op::SetEvalStatus { ids, .. } => {
+                    let ids: Vec<String> = ids.iter().map(|id| id.0.clone()).collect();
+                    self.publish_evals(&ids);
+                }
+                Op::MarkUnreachable { id, .. } => {
+                    self.publish_agent(&id.0, "agent-unreachable");
+                }
+                Op::UpdateAgent { id, .. } => self.publish_agent(&id.0, "agent-updated"),
+                _ => {}
+            }
+        }
+    }
+
+    fn publish_job(&mut self, name: &str, kind: &str) {
+        let payload = self.registry.reader().read(|state| {
+            state.jobs.get(name).map(|job| {
+                serde_json::json!({
+                    "name": job.name,
+                    "version": job.version,
+                    "stopped": job.stopped,
+                })
+            })
+        });
+        if let Some(payload) = payload {
+            self.publish("job", kind, name, payload);
+        }
+    }
+
+    fn publish_evals(&mut self, ids: &[String]) {
+        let stored: Vec<Evaluation> = self.registry.reader().read(|state| {
+            ids.iter()
+                .filter_map(|id| state.evals.get(&muster_model::EvalId(id.clone())).cloned())
+                .collect()
+        });
+        for eval in stored {
+            let doc = EvaluationInfo::from(model_pb::Evaluation::from(eval));
+            let key = doc.id.clone();
+            if let Ok(payload) = serde_json::to_value(doc) {
+                self.publish("evaluation", "evaluation-updated", &key, payload);
+            }
+        }
+    }
+
+    /// Publishes an agent's change: `kind` is `agent-registered`, `agent-reregistered`,
+    /// `agent-updated` or `agent-unreachable`.
+    pub(super) fn publish_agent(&mut self, id: &str, kind: &str) {
+        let status = match kind {
+            "agent-unreachable" => "unreachable",
+            _ => "ready",
+        };
+        self.publish(
+            "agent",
+            kind,
+            id,
+            serde_json::json!({ "id": id, "status": status }),
+        );
+    }
+
+    /// Publishes a task's new state on `agent_id`.
+    pub(super) fn publish_task(&mut self, agent_id: &str, task: &model_pb::Task) {
+        let doc = TaskInfo::new(agent_id, task.clone());
+        let key = doc.id.clone();
+        if let Ok(payload) = serde_json::to_value(doc) {
+            self.publish("task", "task-updated", &key, payload);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_subscriber_resumes_after_its_index_from_what_is_kept() {
+        let mut log = EventLog::default();
+        for n in 0..(KEPT_EVENTS + 10) {
+            log.publish(
+                1,
+                "job",
+                "job-registered",
+                &format!("j{n}"),
+                serde_json::Value::Null,
+            );
+        }
+        let (backlog, _) = log.subscribe(0);
+        assert_eq!(backlog.len(), KEPT_EVENTS, "only the last ones are kept");
+        assert_eq!(backlog.first().map(|e| e.index), Some(11));
+        let (backlog, mut live) = log.subscribe(KEPT_EVENTS as u64 + 8);
+        assert_eq!(
+            backlog.iter().map(|e| e.index).collect::<Vec<_>>(),
+            [KEPT_EVENTS as u64 + 9, KEPT_EVENTS as u64 + 10]
+        );
+        log.publish(2, "task", "task-updated", "t1", serde_json::Value::Null);
+        let next = live.try_recv().map(|e| (e.index, e.term, e.key.clone()));
+        assert_eq!(next.ok(), Some((KEPT_EVENTS as u64 + 11, 2, "t1".into())));
+    }
+}

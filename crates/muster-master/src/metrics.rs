@@ -1,0 +1,953 @@
+//! The master's metrics in Prometheus's formats, encoded by `prometheus-client`.
+//!
+//! Two kinds of figures make up a rendering:
+//! - **Instruments** observed where things happen ([`MasterInstruments`]): the latency
+//!   histograms of scheduler runs, plans and registry writes, and the counters of evaluations,
+//!   placements, heartbeats and leader changes. The master process owns them and shares them
+//!   (an `Arc`) with its scheduler workers; they are registered once, in one
+//!   [`Registry`] per master.
+//! - **Figures** read at each rendering: one ask to the master process answers its own
+//!   counters, agents, tasks by state and the handles to the rest ([`MetricsSnapshot`]); the
+//!   broker's and the blocked-queue's queues, the registrar's writes, the raft member's
+//!   indexes and the actor runtime's counters are then read beside the master, which goes on
+//!   handling messages, and the whole is encoded on the caller's task, off the actor's
+//!   thread.
+//!
+//! Every master answers, leading or not ([`render`]). Counters never go back: they count since
+//! the master process started, across leadership changes. Gauges are what is current.
+//!
+//! [`Format`] picks the encoding: OpenMetrics 1.0 (what [`render`] gives) or the Prometheus
+//! text format 0.0.4, which `promtool check metrics` and scrapers that do not ask for
+//! OpenMetrics read (an OpenMetrics counter's family is named without its `_total` suffix,
+//! which the 0.0.4 parsers read as two families).
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use muster_actor::{Node, Pid, System, TransportStats};
+use muster_broker::{BlockedEvals, BlockedMsg, BlockedStats, BrokerMsg, BrokerStats, EvalBroker};
+use muster_model::{SchedulerType, TaskState};
+use muster_registry::{Registrar, RegistrarMsg, RegistrarStats, RegistryNode};
+use prometheus_client::encoding::{EncodeMetric, MetricEncoder, prometheus_text, text};
+use prometheus_client::metrics::counter::{ConstCounter, Counter};
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::metrics::{MetricType, TypedMetric};
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::error::ServiceError;
+use crate::master::{Master, OperatorMsg};
+
+/// The `Content-Type` of [`Format::OpenMetrics`].
+pub const OPENMETRICS_CONTENT_TYPE: &str =
+    "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The `Content-Type` of [`Format::PrometheusText`].
+pub const PROMETHEUS_TEXT_CONTENT_TYPE: &str = prometheus_text::CONTENT_TYPE;
+
+/// How long a rendering waits for each process it asks (the master, its broker, its
+/// blocked-queue, its registrar).
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The master's metrics in OpenMetrics text 1.0, as `prometheus-client` writes it, ending in
+/// `# EOF` (serve it as [`OPENMETRICS_CONTENT_TYPE`]).
+///
+/// # Errors
+/// [`ServiceError::Unavailable`] if the master, its broker or its blocked-queue did not
+/// answer within [`ASK_TIMEOUT`] (they have ended, or are stuck).
+pub async fn render(master: &Pid<Master>) -> Result<String, ServiceError> {
+    render_as(master, Format::OpenMetrics).await
+}
+
+/// The master's metrics in `format`.
+///
+/// # Errors
+/// As [`render`].
+pub async fn render_as(master: &Pid<Master>, format: Format) -> Result<String, ServiceError> {
+    let snapshot = master
+        .ask_timeout(ASK_TIMEOUT, |reply| {
+            OperatorMsg::MetricsSnapshot(reply).into()
+        })
+        .await?;
+    let figures = snapshot.gather().await?;
+    encode(&snapshot.instruments, &figures, format)
+        .map_err(|e| ServiceError::Unavailable(format!("the metrics did not encode: {e}")))
+}
+
+/// The text formats a rendering can take.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Format {
+    /// OpenMetrics text 1.0, ending in `# EOF`: what Prometheus asks for first.
+    #[default]
+    OpenMetrics,
+    /// The Prometheus text format 0.0.4: what `promtool check metrics` reads, and scrapers
+    /// that do not ask for OpenMetrics.
+    PrometheusText,
+}
+
+impl Format {
+    /// The format an HTTP request's `Accept` header asks for: OpenMetrics if it names
+    /// `application/openmetrics-text`, else the Prometheus text format (also for a missing
+    /// header, as Prometheus's own exporters answer).
+    pub fn from_accept(accept: Option<&str>) -> Format {
+        let asks_openmetrics = accept.is_some_and(|accept| {
+            accept.split(',').any(|range| {
+                range
+                    .split(';')
+                    .next()
+                    .is_some_and(|media| media.trim() == "application/openmetrics-text")
+            })
+        });
+        if asks_openmetrics {
+            Format::OpenMetrics
+        } else {
+            Format::PrometheusText
+        }
+    }
+
+    /// The `Content-Type` to serve it with.
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Format::OpenMetrics => OPENMETRICS_CONTENT_TYPE,
+            Format::PrometheusText => PROMETHEUS_TEXT_CONTENT_TYPE,
+        }
+    }
+}
+
+// ---- instruments ----
+
+/// One label and its value.
+type Label = (&'static str, &'static str);
+
+/// Buckets of the latency histograms: 0.5 ms to about 33 s, doubling.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.0005, 2.0, 17)
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(latency_buckets())
+}
+
+/// How a scheduler worker's run of an evaluation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RunOutcome {
+    /// Everything placed; the evaluation completed and acked.
+    Complete,
+    /// Some tasks found no room; the evaluation blocked and acked.
+    Blocked,
+    /// A backend error interrupted it; the evaluation was handed back.
+    Nacked,
+}
+
+impl RunOutcome {
+    fn label(self) -> [Label; 1] {
+        [(
+            "outcome",
+            match self {
+                RunOutcome::Complete => "complete",
+                RunOutcome::Blocked => "blocked",
+                RunOutcome::Nacked => "nacked",
+            },
+        )]
+    }
+}
+
+/// The instruments observed where events happen, registered once in this master's
+/// [`Registry`]. The master process owns them; its scheduler workers hold a clone of the
+/// `Arc` (handed out with [`SchedulingPids`](crate::SchedulingPids)).
+#[derive(Debug)]
+pub struct MasterInstruments {
+    registry: Registry,
+    scheduler_runs: Family<[Label; 1], Histogram, fn() -> Histogram>,
+    plan_apply: Histogram,
+    registry_writes: Histogram,
+    evaluations_created: Counter,
+    evaluations_completed: Counter,
+    evaluations_blocked: Counter,
+    placements: Family<[Label; 1], Counter>,
+    heartbeats: Counter,
+    leader_changes: Counter,
+}
+
+impl Default for MasterInstruments {
+    fn default() -> Self {
+        MasterInstruments::new()
+    }
+}
+
+impl MasterInstruments {
+    /// New instruments, all at zero, registered in a registry of their own.
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let scheduler_runs: Family<[Label; 1], Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        // Every series exists from the start, at zero, so a rate over it is defined.
+        for outcome in [
+            RunOutcome::Complete,
+            RunOutcome::Blocked,
+            RunOutcome::Nacked,
+        ] {
+            scheduler_runs.get_or_create_owned(&outcome.label());
+        }
+        registry.register_with_unit(
+            "muster_scheduler_run",
+            "Time a scheduler worker of this master spent on an evaluation, from its dequeue to \
+             its ack or nack, by outcome (complete, blocked, nacked)",
+            Unit::Seconds,
+            scheduler_runs.clone(),
+        );
+        let plan_apply = latency_histogram();
+        registry.register_with_unit(
+            "muster_plan_apply",
+            "Time from a plan's arrival at this master's plan applier to its answer, the quorum's \
+             confirmation of the leadership included (plans applied only)",
+            Unit::Seconds,
+            plan_apply.clone(),
+        );
+        let registry_writes = latency_histogram();
+        registry.register_with_unit(
+            "muster_registry_write",
+            "Time a registry write of this master took, from its ask to the registrar to its \
+             entry applied (batching included)",
+            Unit::Seconds,
+            registry_writes.clone(),
+        );
+        let evaluations_created = Counter::default();
+        registry.register(
+            "muster_evaluations_created",
+            "Evaluations this master created and stored (job submissions and stops, task ends, \
+             agents arriving or lost, reconciliation)",
+            evaluations_created.clone(),
+        );
+        let evaluations_completed = Counter::default();
+        registry.register(
+            "muster_evaluations_completed",
+            "Evaluations a scheduler planned fully and this master recorded complete",
+            evaluations_completed.clone(),
+        );
+        let evaluations_blocked = Counter::default();
+        registry.register(
+            "muster_evaluations_blocked",
+            "Evaluations a scheduler could not place fully and this master recorded blocked",
+            evaluations_blocked.clone(),
+        );
+        let placements: Family<[Label; 1], Counter> = Family::default();
+        for result in ["committed", "rejected"] {
+            placements.get_or_create_owned(&[("result", result)]);
+        }
+        registry.register(
+            "muster_placements",
+            "Placements in the plans this master applied, by result (committed: it fit and was \
+             launched; rejected: it no longer fit)",
+            placements.clone(),
+        );
+        let heartbeats = Counter::default();
+        registry.register(
+            "muster_heartbeats_received",
+            "Heartbeats agents sent this master, answered or refused",
+            heartbeats.clone(),
+        );
+        let leader_changes = Counter::default();
+        registry.register(
+            "muster_leader_changes",
+            "Changes of the registry's leader or term as this master's member saw them, from no \
+             leader known when it started",
+            leader_changes.clone(),
+        );
+        MasterInstruments {
+            registry,
+            scheduler_runs,
+            plan_apply,
+            registry_writes,
+            evaluations_created,
+            evaluations_completed,
+            evaluations_blocked,
+            placements,
+            heartbeats,
+            leader_changes,
+        }
+    }
+
+    /// The registry the instruments are registered in.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// A scheduler worker's run of an evaluation ended.
+    pub(crate) fn scheduler_run(&self, outcome: RunOutcome, took: Duration) {
+        self.scheduler_runs
+            .get_or_create(&outcome.label())
+            .observe(took.as_secs_f64());
+    }
+
+    /// A plan was applied: `committed` placements fit, `rejected` did not.
+    pub(crate) fn plan_applied(&self, took: Duration, committed: usize, rejected: usize) {
+        self.plan_apply.observe(took.as_secs_f64());
+        self.placements
+            .get_or_create(&[("result", "committed")])
+            .inc_by(committed as u64);
+        self.placements
+            .get_or_create(&[("result", "rejected")])
+            .inc_by(rejected as u64);
+    }
+
+    /// A registry write was answered (stored or not).
+    pub(crate) fn registry_written(&self, took: Duration) {
+        self.registry_writes.observe(took.as_secs_f64());
+    }
+
+    /// `count` new evaluations were stored.
+    pub(crate) fn evaluations_created(&self, count: usize) {
+        self.evaluations_created.inc_by(count as u64);
+    }
+
+    /// An evaluation was recorded complete.
+    pub(crate) fn evaluation_completed(&self) {
+        self.evaluations_completed.inc();
+    }
+
+    /// An evaluation was recorded blocked.
+    pub(crate) fn evaluation_blocked(&self) {
+        self.evaluations_blocked.inc();
+    }
+
+    /// An agent's heartbeat arrived.
+    pub(crate) fn heartbeat_received(&self) {
+        self.heartbeats.inc();
+    }
+
+    /// The registry's leader or term changed.
+    pub(crate) fn leader_changed(&self) {
+        self.leader_changes.inc();
+    }
+}
+
+// ---- figures read at each rendering ----
+
+/// What the master process answers a rendering with ([`OperatorMsg::MetricsSnapshot`]): its
+/// own figures at that moment, and the handles to read the rest beside it.
+#[derive(Debug)]
+pub struct MetricsSnapshot {
+    pub(crate) instruments: Arc<MasterInstruments>,
+    pub(crate) master: MasterFigures,
+    /// Envelopes waiting in the master's mailbox when it answered.
+    pub(crate) master_queued: usize,
+    pub(crate) broker: Pid<EvalBroker>,
+    pub(crate) blocked: Pid<BlockedEvals>,
+    /// While leading.
+    pub(crate) registrar: Option<Pid<Registrar>>,
+    pub(crate) registry: RegistryNode,
+    /// Once the master serves its port.
+    pub(crate) node: Option<Node>,
+    pub(crate) system: System,
+}
+
+/// The master process's own figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(crate) struct MasterFigures {
+    pub(crate) is_leader: bool,
+    /// The last failover recovery's length, once one completed.
+    pub(crate) recovery: Option<Duration>,
+    pub(crate) messages: u64,
+    /// Agents admitted in the registry and not marked unreachable.
+    pub(crate) agents_registered: u64,
+    pub(crate) agents_connected: u64,
+    pub(crate) agents_unreachable: u64,
+    /// Tasks by state, in [`TASK_STATES`]'s order.
+    pub(crate) tasks: [u64; TASK_STATES.len()],
+    pub(crate) registrations: u64,
+    pub(crate) reregistrations: u64,
+    pub(crate) marked_unreachable: u64,
+    pub(crate) impersonations_refused: u64,
+    pub(crate) unknown_agents_refused: u64,
+    pub(crate) given_up_tasks_killed: u64,
+    pub(crate) leadership_confirmations: u64,
+    pub(crate) reconcile_evals: u64,
+    pub(crate) kill_retries: u64,
+    pub(crate) kills_fenced: u64,
+}
+
+/// The task states counted, with their label values.
+pub(crate) const TASK_STATES: [(TaskState, &str); 7] = [
+    (TaskState::Staging, "staging"),
+    (TaskState::Starting, "starting"),
+    (TaskState::Running, "running"),
+    (TaskState::Finished, "finished"),
+    (TaskState::Failed, "failed"),
+    (TaskState::Killed, "killed"),
+    (TaskState::Lost, "lost"),
+];
+
+/// Everything a rendering shows besides the instruments.
+#[derive(Clone, Debug, Default)]
+struct Figures {
+    master: MasterFigures,
+    broker: BrokerStats,
+    blocked: BlockedStats,
+    registrar: RegistrarStats,
+    raft: RaftFigures,
+    processes: usize,
+    dead_letters: u64,
+    /// Envelopes waiting per process, by name.
+    mailboxes: Vec<(&'static str, usize)>,
+    transport: TransportStats,
+}
+
+/// The registry member's raft figures.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct RaftFigures {
+    term: u64,
+    last_log_index: u64,
+    applied_index: u64,
+    snapshot_index: u64,
+    purged_index: u64,
+}
+
+impl MetricsSnapshot {
+    /// Asks the broker, the blocked-queue and the registrar for their counters (at once),
+    /// and reads the raft member and the runtime.
+    async fn gather(&self) -> Result<Figures, ServiceError> {
+        let registrar = async {
+            match &self.registrar {
+                // A registrar that ended meanwhile (leadership lost) has written nothing.
+                Some(registrar) => registrar
+                    .ask_timeout(ASK_TIMEOUT, RegistrarMsg::Stats)
+                    .await
+                    .unwrap_or_default(),
+                None => RegistrarStats::default(),
+            }
+        };
+        let (broker, blocked, registrar) = tokio::join!(
+            self.broker.ask_timeout(ASK_TIMEOUT, BrokerMsg::Stats),
+            self.blocked.ask_timeout(ASK_TIMEOUT, BlockedMsg::Stats),
+            registrar,
+        );
+        let raft = {
+            let metrics = self.registry.raft().metrics();
+            let metrics = metrics.borrow();
+            RaftFigures {
+                term: metrics.current_term,
+                last_log_index: metrics.last_log_index.unwrap_or(0),
+                applied_index: metrics.last_applied.map_or(0, |id| id.index),
+                snapshot_index: metrics.snapshot.map_or(0, |id| id.index),
+                purged_index: metrics.purged.map_or(0, |id| id.index),
+            }
+        };
+        let mut mailboxes = vec![
+            ("master", self.master_queued),
+            ("broker", self.broker.queued()),
+            ("blocked", self.blocked.queued()),
+        ];
+        if let Some(registrar) = &self.registrar {
+            mailboxes.push(("registrar", registrar.queued()));
+        }
+        Ok(Figures {
+            master: self.master,
+            broker: broker.map_err(|e| {
+                ServiceError::Unavailable(format!("the eval broker did not answer: {e}"))
+            })?,
+            blocked: blocked.map_err(|e| {
+                ServiceError::Unavailable(format!("the blocked-queue did not answer: {e}"))
+            })?,
+            registrar,
+            raft,
+            processes: self.system.len(),
+            dead_letters: self.system.dead_letters(),
+            mailboxes,
+            transport: self.node.as_ref().map(Node::stats).unwrap_or_default(),
+        })
+    }
+}
+
+/// The values of one family, each with its labels, in order: a family built for one
+/// rendering.
+#[derive(Debug)]
+struct Series<M, const N: usize> {
+    values: Vec<([Label; N], M)>,
+}
+
+impl<M: TypedMetric, const N: usize> TypedMetric for Series<M, N> {
+    const TYPE: MetricType = M::TYPE;
+}
+
+impl<M, const N: usize> EncodeMetric for Series<M, N>
+where
+    M: EncodeMetric + TypedMetric,
+{
+    fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
+        for (labels, metric) in &self.values {
+            metric.encode(encoder.encode_family(labels)?)?;
+        }
+        Ok(())
+    }
+
+    fn metric_type(&self) -> MetricType {
+        M::TYPE
+    }
+
+    fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+fn series<M, const N: usize>(values: impl IntoIterator<Item = ([Label; N], M)>) -> Series<M, N> {
+    Series {
+        values: values.into_iter().collect(),
+    }
+}
+
+/// A registry of `figures`, for one rendering.
+fn figures_registry(figures: &Figures) -> Registry {
+    let mut r = Registry::default();
+    let gauge = |r: &mut Registry, name: &str, help: &str, value: u64| {
+        r.register(name, help, ConstGauge::new(value));
+    };
+    let counter = |r: &mut Registry, name: &str, help: &str, value: u64| {
+        r.register(name, help, ConstCounter::new(value));
+    };
+
+    // The master process.
+    let m = &figures.master;
+    gauge(
+        &mut r,
+        "muster_master_is_leader",
+        "Whether this master leads, caught up with the registry (1), or not (0)",
+        u64::from(m.is_leader),
+    );
+    r.register_with_unit(
+        "muster_recovery",
+        "How long this master's last failover recovery took, from leading to every admitted \
+         agent back or the deadline passed (0 until one completes)",
+        Unit::Seconds,
+        ConstGauge::new(m.recovery.map_or(0.0, |d| d.as_secs_f64())),
+    );
+    counter(
+        &mut r,
+        "muster_master_messages",
+        "Messages the master process handled",
+        m.messages,
+    );
+    gauge(
+        &mut r,
+        "muster_agents_registered",
+        "Agents admitted in the registry and not marked unreachable",
+        m.agents_registered,
+    );
+    gauge(
+        &mut r,
+        "muster_agents_connected",
+        "Agents connected to this master (0 on a standby)",
+        m.agents_connected,
+    );
+    gauge(
+        &mut r,
+        "muster_agents_unreachable",
+        "Agents the registry holds marked unreachable",
+        m.agents_unreachable,
+    );
+    r.register(
+        "muster_tasks",
+        "Tasks on the agents this master knows, by state (ended ones while their agents keep \
+         them; none on a standby)",
+        series(
+            TASK_STATES
+                .iter()
+                .zip(m.tasks)
+                .map(|((_, state), count)| ([("state", *state)], ConstGauge::new(count))),
+        ),
+    );
+    for (name, help, value) in [
+        (
+            "muster_agent_registrations",
+            "Agents this master admitted",
+            m.registrations,
+        ),
+        (
+            "muster_agent_reregistrations",
+            "Re-registrations of admitted agents this master took",
+            m.reregistrations,
+        ),
+        (
+            "muster_agents_marked_unreachable",
+            "Agents this master marked unreachable",
+            m.marked_unreachable,
+        ),
+        (
+            "muster_impersonations_refused",
+            "Agent messages refused for speaking for an agent bound to another certificate",
+            m.impersonations_refused,
+        ),
+        (
+            "muster_unknown_agents_refused",
+            "Re-registrations refused under an id the registry does not hold",
+            m.unknown_agents_refused,
+        ),
+        (
+            "muster_given_up_tasks_killed",
+            "Tasks returning agents were told to kill: given up as lost, and replaced",
+            m.given_up_tasks_killed,
+        ),
+        (
+            "muster_leadership_confirmations",
+            "Rounds in which a quorum confirmed this master's leadership",
+            m.leadership_confirmations,
+        ),
+        (
+            "muster_reconcile_evaluations",
+            "Evaluations the convergence check made for jobs that ran other than they ask",
+            m.reconcile_evals,
+        ),
+        (
+            "muster_kill_retries",
+            "Kills sent again because the agent did not answer the last one",
+            m.kill_retries,
+        ),
+        (
+            "muster_kills_fenced",
+            "Kills an agent refused for their leader term",
+            m.kills_fenced,
+        ),
+    ] {
+        counter(&mut r, name, help, value);
+    }
+
+    // The broker and the blocked-queue.
+    let mut evaluations = Vec::new();
+    for scheduler in SchedulerType::ALL {
+        let q = figures
+            .broker
+            .by_scheduler
+            .get(&scheduler)
+            .copied()
+            .unwrap_or_default();
+        let blocked = figures
+            .blocked
+            .by_scheduler
+            .get(&scheduler)
+            .copied()
+            .unwrap_or(0);
+        for (state, count) in [
+            ("ready", q.ready),
+            ("unacked", q.unacked),
+            ("pending", q.pending),
+            ("delayed", q.delayed),
+            ("cancelable", q.cancelable),
+            ("failed", q.failed),
+            ("blocked", blocked),
+        ] {
+            evaluations.push((
+                [("scheduler", scheduler.name()), ("state", state)],
+                ConstGauge::new(count as u64),
+            ));
+        }
+    }
+    r.register(
+        "muster_broker_evaluations",
+        "Evaluations the eval broker holds, by scheduler type and state (ready, unacked, \
+         pending, delayed, cancelable, failed), and those the blocked-queue holds (blocked)",
+        series(evaluations),
+    );
+    counter(
+        &mut r,
+        "muster_broker_deliveries",
+        "Evaluations the broker handed to scheduler workers, redeliveries included",
+        figures.broker.delivered,
+    );
+    counter(
+        &mut r,
+        "muster_broker_canceled_evaluations",
+        "Evaluations the broker marked canceled in the registry",
+        figures.broker.canceled,
+    );
+    counter(
+        &mut r,
+        "muster_blocked_unblocked_evaluations",
+        "Evaluations the blocked-queue released for capacity that changed",
+        figures.blocked.total_unblocked,
+    );
+    counter(
+        &mut r,
+        "muster_blocked_canceled_evaluations",
+        "Blocked evaluations canceled for a newer one of their job",
+        figures.blocked.total_canceled,
+    );
+
+    // The registry.
+    let raft = &figures.raft;
+    for (name, help, value) in [
+        (
+            "muster_registry_term",
+            "The raft term this master's registry member is in",
+            raft.term,
+        ),
+        (
+            "muster_registry_last_log_index",
+            "The index of the last entry in this member's raft log",
+            raft.last_log_index,
+        ),
+        (
+            "muster_registry_applied_index",
+            "The index of the last entry this member applied to its registry",
+            raft.applied_index,
+        ),
+        (
+            "muster_registry_snapshot_index",
+            "The index of the last entry in this member's latest snapshot",
+            raft.snapshot_index,
+        ),
+        (
+            "muster_registry_log_entries",
+            "Entries in this member's raft log: after the last one purged into a snapshot, up \
+             to the last",
+            raft.last_log_index.saturating_sub(raft.purged_index),
+        ),
+        (
+            "muster_registrar_entries",
+            "Raft entries this master's registrar wrote since this master last became leader (0 \
+             on a standby)",
+            figures.registrar.entries,
+        ),
+        (
+            "muster_registrar_operations",
+            "Operations the registrar's entries carried since this master last became leader",
+            figures.registrar.ops,
+        ),
+    ] {
+        gauge(&mut r, name, help, value);
+    }
+
+    // The actor runtime.
+    gauge(
+        &mut r,
+        "muster_processes",
+        "Actor processes running in this master",
+        figures.processes as u64,
+    );
+    r.register(
+        "muster_mailbox_depth",
+        "Envelopes waiting in a process's mailbox: the master (which is also the plan \
+         applier), the eval broker, the blocked-queue, the registrar (while leading)",
+        series(
+            figures
+                .mailboxes
+                .iter()
+                .map(|(process, depth)| ([("process", *process)], ConstGauge::new(*depth as u64))),
+        ),
+    );
+    counter(
+        &mut r,
+        "muster_dead_letters",
+        "Messages this master's actor system could not deliver: left in a mailbox when its \
+         process ended, or from another node and not delivered",
+        figures.dead_letters,
+    );
+    let t = &figures.transport;
+    r.register_with_unit(
+        "muster_transport_sent",
+        "Bytes of the frames this master wrote on its links to other nodes (protobuf-encoded, \
+         before gRPC, HTTP/2 and TLS framing)",
+        Unit::Bytes,
+        ConstCounter::new(t.bytes_sent),
+    );
+    r.register_with_unit(
+        "muster_transport_received",
+        "Bytes of the frames this master read from its links to other nodes (as sent bytes)",
+        Unit::Bytes,
+        ConstCounter::new(t.bytes_received),
+    );
+    counter(
+        &mut r,
+        "muster_transport_reconnects",
+        "Connection attempts to a peer after its link was lost or an attempt failed",
+        t.reconnects,
+    );
+    counter(
+        &mut r,
+        "muster_transport_frames_received",
+        "Frames this master read from its links",
+        t.frames_received,
+    );
+    counter(
+        &mut r,
+        "muster_transport_envelopes_received",
+        "Envelopes this master read from its links",
+        t.envelopes_received,
+    );
+    counter(
+        &mut r,
+        "muster_transport_late_replies",
+        "Answers from other nodes that came after their asker gave up",
+        t.late_replies,
+    );
+    r.register(
+        "muster_transport_undelivered",
+        "Envelopes from other nodes that were not delivered, by cause",
+        series(
+            [
+                ("unknown_process", t.unknown_process),
+                ("unknown_type", t.unknown_type),
+                ("malformed", t.malformed),
+                ("oversized", t.oversized),
+                ("rejected", t.rejected),
+                ("unauthorized", t.unauthorized),
+            ]
+            .map(|(cause, count)| ([("cause", cause)], ConstCounter::new(count))),
+        ),
+    );
+    r
+}
+
+/// Encodes the figures and the instruments in `format`.
+fn encode(
+    instruments: &MasterInstruments,
+    figures: &Figures,
+    format: Format,
+) -> Result<String, fmt::Error> {
+    let figures = figures_registry(figures);
+    let mut out = String::with_capacity(16 * 1024);
+    match format {
+        Format::OpenMetrics => {
+            text::encode_registry(&mut out, &figures)?;
+            text::encode_registry(&mut out, instruments.registry())?;
+            text::encode_eof(&mut out)?;
+        }
+        Format::PrometheusText => {
+            prometheus_text::encode(&mut out, &figures)?;
+            prometheus_text::encode(&mut out, instruments.registry())?;
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::{BTreeMap, HashSet};
+
+    use muster_broker::QueueStats;
+
+    use super::*;
+
+    fn figures() -> Figures {
+        Figures {
+            master: MasterFigures {
+                is_leader: true,
+                recovery: Some(Duration::from_millis(1500)),
+                agents_registered: 2,
+                tasks: [1, 0, 3, 0, 0, 0, 1],
+                kill_retries: 4,
+                ..MasterFigures::default()
+            },
+            broker: BrokerStats {
+                by_scheduler: BTreeMap::from([(
+                    SchedulerType::Batch,
+                    QueueStats {
+                        ready: 5,
+                        ..QueueStats::default()
+                    },
+                )]),
+                delivered: 9,
+                ..BrokerStats::default()
+            },
+            blocked: BlockedStats {
+                by_scheduler: BTreeMap::from([(SchedulerType::Service, 2)]),
+                ..BlockedStats::default()
+            },
+            raft: RaftFigures {
+                term: 3,
+                last_log_index: 40,
+                applied_index: 40,
+                snapshot_index: 10,
+                purged_index: 8,
+            },
+            mailboxes: vec![("master", 1), ("broker", 0)],
+            ..Figures::default()
+        }
+    }
+
+    /// The families a text declares with `# TYPE`, in order.
+    fn families(text: &str) -> Vec<(&str, &str)> {
+        text.lines()
+            .filter_map(|line| line.strip_prefix("# TYPE "))
+            .filter_map(|rest| rest.split_once(' '))
+            .collect()
+    }
+
+    #[test]
+    fn both_formats_declare_each_family_once_with_its_help() -> Result<(), fmt::Error> {
+        let instruments = MasterInstruments::new();
+        instruments.plan_applied(Duration::from_millis(3), 2, 1);
+        for format in [Format::OpenMetrics, Format::PrometheusText] {
+            let text = encode(&instruments, &figures(), format)?;
+            let families = families(&text);
+            assert!(families.len() > 40, "{format:?}: {families:?}");
+            let mut seen = HashSet::new();
+            for (name, _) in &families {
+                assert!(seen.insert(*name), "{format:?}: {name} declared twice");
+                assert!(name.starts_with("muster_"), "{name}");
+                assert!(
+                    text.contains(&format!("# HELP {name} ")),
+                    "{format:?}: {name} has no help"
+                );
+            }
+            assert_eq!(
+                text.ends_with("# EOF\n"),
+                format == Format::OpenMetrics,
+                "{format:?}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn figures_land_in_their_series() -> Result<(), fmt::Error> {
+        let instruments = MasterInstruments::new();
+        instruments.plan_applied(Duration::from_millis(3), 2, 1);
+        instruments.evaluations_created(3);
+        let text = encode(&instruments, &figures(), Format::PrometheusText)?;
+        for line in [
+            "muster_master_is_leader 1",
+            "muster_recovery_seconds 1.5",
+            "muster_agents_registered 2",
+            "muster_tasks{state=\"running\"} 3",
+            "muster_tasks{state=\"lost\"} 1",
+            "muster_kill_retries_total 4",
+            "muster_broker_evaluations{scheduler=\"batch\",state=\"ready\"} 5",
+            "muster_broker_evaluations{scheduler=\"service\",state=\"blocked\"} 2",
+            "muster_broker_evaluations{scheduler=\"system\",state=\"failed\"} 0",
+            "muster_broker_deliveries_total 9",
+            "muster_registry_term 3",
+            "muster_registry_log_entries 32",
+            "muster_mailbox_depth{process=\"master\"} 1",
+            "muster_transport_undelivered_total{cause=\"unauthorized\"} 0",
+            "muster_transport_sent_bytes_total 0",
+            "muster_evaluations_created_total 3",
+            "muster_placements_total{result=\"committed\"} 2",
+            "muster_placements_total{result=\"rejected\"} 1",
+            "muster_plan_apply_seconds_count 1",
+            "muster_scheduler_run_seconds_count{outcome=\"nacked\"} 0",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in:\n{text}"
+            );
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn the_accept_header_picks_the_format() {
+        let openmetrics = "application/openmetrics-text;version=1.0.0,text/plain;q=0.5";
+        assert_eq!(Format::from_accept(Some(openmetrics)), Format::OpenMetrics);
+        assert_eq!(
+            Format::from_accept(Some("text/plain; version=0.0.4")),
+            Format::PrometheusText
+        );
+        assert_eq!(Format::from_accept(None), Format::PrometheusText);
+        assert_eq!(
+            Format::OpenMetrics.content_type(),
+            "application/openmetrics-text; version=1.0.0; charset=utf-8"
+        );
+    }
+}
