@@ -570,7 +570,7 @@ async fn events(
     format: Format,
 ) -> anyhow::Result<()> {
     for topic in &topics {
-        if !["job", "evaluation", "task", "agent"].contains(&topic.as_str()) {
+        if !muster_api::EVENT_TOPICS.contains(&topic.as_str()) {
             anyhow::bail!("unknown topic {topic:?}: job, evaluation, task or agent");
         }
     }

@@ -609,6 +609,9 @@ mod tests {
     }
 }
 
+/// The event stream's topics, as `?topic=` and `muster events --topic` name them.
+pub const EVENT_TOPICS: [&str; 4] = ["job", "evaluation", "task", "agent"];
+
 /// One change on the leading master, as the event stream carries it (`GET /v1/event/stream`,
 /// `muster events`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]

@@ -42,8 +42,8 @@ mod workers;
 pub use config::{HTTP_PORT_OFFSET, MasterConfig, Placement};
 pub use error::ServiceError;
 pub use master::{
-    AclMsg, AgentMsg, InternalMsg, KEPT_EVENTS, Master, MasterMsg, OperatorMsg, SUBSCRIBER_BUFFER,
-    SchedulingMsg, SchedulingPids, Subscription,
+    AclMsg, AgentMsg, EventFeed, InternalMsg, KEPT_EVENTS, Lagged, Master, MasterMsg, OperatorMsg,
+    SUBSCRIBER_BUFFER, SchedulingMsg, SchedulingPids, Subscription,
 };
 pub use operator::{MAX_OPERATOR_MESSAGE, OperatorService, REDACTED};
 pub use scheduling_service::SchedulingService;

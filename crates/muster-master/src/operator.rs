@@ -21,7 +21,7 @@ use muster_proto::model as model_pb;
 use muster_security::{Caller, Permission};
 
 use crate::error::ServiceError;
-use crate::master::{AclMsg, Master, OperatorMsg};
+use crate::master::{AclMsg, EventFeed, Master, OperatorMsg};
 
 /// What a redacted environment value reads as.
 pub const REDACTED: &str = "<redacted>";
@@ -46,6 +46,19 @@ fn redact_job(job: &mut model_pb::Job) {
         for value in group.env.values_mut() {
             REDACTED.clone_into(value);
         }
+    }
+}
+
+/// The wire form of an event.
+fn event_message(event: &muster_api::Event) -> pb::EventMessage {
+    pb::EventMessage {
+        index: event.index,
+        term: event.term,
+        time_ms: event.time_ms,
+        topic: event.topic.clone(),
+        kind: event.kind.clone(),
+        key: event.key.clone(),
+        payload_json: event.payload.to_string(),
     }
 }
 
@@ -205,60 +218,26 @@ impl Operator for OperatorService {
         request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
         let pb::StreamEventsRequest { index, topics } = request.into_inner();
-        let (backlog, live) = self
+        let subscription = self
             .master
             .ask(|reply| OperatorMsg::SubscribeEvents(index, reply).into())
             .await
             .map_err(ServiceError::from)??;
-        let wanted =
-            move |event: &muster_api::Event| topics.is_empty() || topics.contains(&event.topic);
-        let message = |event: &muster_api::Event| pb::EventMessage {
-            index: event.index,
-            term: event.term,
-            time_ms: event.time_ms,
-            topic: event.topic.clone(),
-            kind: event.kind.clone(),
-            key: event.key.clone(),
-            payload_json: event.payload.to_string(),
-        };
-        let state = (backlog.into_iter(), live, index, false);
-        let stream = futures_util::stream::unfold(
-            state,
-            move |(mut backlog, mut live, mut last, ended)| {
-                let wanted = wanted.clone();
-                async move {
-                    if ended {
-                        return None;
-                    }
-                    for event in backlog.by_ref() {
-                        last = event.index;
-                        if wanted(&event) {
-                            return Some((Ok(message(&event)), (backlog, live, last, false)));
-                        }
-                    }
-                    loop {
-                        match live.recv().await {
-                            Ok(event) => {
-                                last = event.index;
-                                if wanted(&event) {
-                                    return Some((
-                                        Ok(message(&event)),
-                                        (backlog, live, last, false),
-                                    ));
-                                }
-                            }
-                            Err(tokio::sync::broadcast::error::RecvError::Lagged(missed)) => {
-                                let status = Status::resource_exhausted(format!(
-                                    "this reader fell {missed} events behind; resume with index {last}"
-                                ));
-                                return Some((Err(status), (backlog, live, last, true)));
-                            }
-                            Err(tokio::sync::broadcast::error::RecvError::Closed) => return None,
-                        }
-                    }
-                }
-            },
-        );
+        let feed = EventFeed::new(subscription, index, topics);
+        let stream = futures_util::stream::unfold(Some(feed), |feed| async move {
+            let mut feed = feed?;
+            match feed.next().await? {
+                Ok(event) => Some((Ok(event_message(&event)), Some(feed))),
+                // The stream ends after saying where to resume.
+                Err(lagged) => Some((
+                    Err(Status::resource_exhausted(format!(
+                        "this reader fell {} events behind; resume with index {}",
+                        lagged.missed, lagged.resume_after
+                    ))),
+                    None,
+                )),
+            }
+        });
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -459,7 +459,8 @@ async fn the_event_stream_carries_changes_as_they_happen_and_resumes_from_an_ind
     Ok(())
 }
 
-/// Two free ports on localhost, as `host:port`.
+/// `n` distinct free ports on localhost, as `host:port` (all held while they are picked, so
+/// none is handed out twice).
 fn free_addresses(n: usize) -> anyhow::Result<Vec<String>> {
     let held: Vec<std::net::TcpListener> = (0..n)
         .map(|_| std::net::TcpListener::bind("127.0.0.1:0"))
@@ -472,8 +473,8 @@ fn free_addresses(n: usize) -> anyhow::Result<Vec<String>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_standby_redirects_to_the_leaders_http_port_and_is_ready() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let grpc = free_addresses(2)?;
-    let http = free_addresses(2)?;
+    let ports = free_addresses(4)?;
+    let (grpc, http) = ports.split_at(2);
     let members: std::collections::BTreeMap<u64, String> =
         [(1, grpc[0].clone()), (2, grpc[1].clone())].into();
     let http_members: std::collections::BTreeMap<u64, String> =

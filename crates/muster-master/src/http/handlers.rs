@@ -163,7 +163,7 @@ pub(crate) async fn event_stream(
         .collect();
     if let Some(unknown) = topics
         .iter()
-        .find(|t| !["job", "evaluation", "task", "agent"].contains(&t.as_str()))
+        .find(|t| !muster_api::EVENT_TOPICS.contains(&t.as_str()))
     {
         return Err(HttpError::BadRequest(format!(
             "unknown topic {unknown:?}: job, evaluation, task or agent"
@@ -180,7 +180,7 @@ pub(crate) async fn event_stream(
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
-    let body = super::events::body(subscription, topics, sse, EVENT_HEARTBEAT);
+    let body = super::events::body(subscription, after, topics, sse, EVENT_HEARTBEAT);
     let content_type = if sse {
         "text/event-stream"
     } else {

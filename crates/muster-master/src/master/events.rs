@@ -28,6 +28,72 @@ pub const SUBSCRIBER_BUFFER: usize = 1024;
 /// What a subscriber starts from: the kept events after its index, then the live ones.
 pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
 
+/// A subscriber's events in order, the kept ones first, filtered to some topics: what the
+/// HTTP stream and the gRPC `StreamEvents` both read.
+#[derive(Debug)]
+pub struct EventFeed {
+    backlog: std::vec::IntoIter<Arc<Event>>,
+    live: broadcast::Receiver<Arc<Event>>,
+    topics: Vec<String>,
+    /// The index of the last event read, wanted or not: where a lagged reader resumes.
+    last: u64,
+}
+
+/// A reader fell more than [`SUBSCRIBER_BUFFER`] events behind and missed some.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Lagged {
+    /// How many it missed.
+    pub missed: u64,
+    /// The index to resume after.
+    pub resume_after: u64,
+}
+
+impl EventFeed {
+    /// The feed of `subscription` (made after index `after`), filtered to `topics` (every
+    /// topic if empty).
+    pub fn new(subscription: Subscription, after: u64, topics: Vec<String>) -> EventFeed {
+        let (backlog, live) = subscription;
+        EventFeed {
+            backlog: backlog.into_iter(),
+            live,
+            topics,
+            last: after,
+        }
+    }
+
+    fn wanted(&self, event: &Event) -> bool {
+        self.topics.is_empty() || self.topics.contains(&event.topic)
+    }
+
+    /// The next wanted event; `None` once the log is gone (the master stopped or stepped
+    /// down). Cancel-safe: a cancelled call loses nothing.
+    pub async fn next(&mut self) -> Option<Result<Arc<Event>, Lagged>> {
+        while let Some(event) = self.backlog.next() {
+            self.last = event.index;
+            if self.wanted(&event) {
+                return Some(Ok(event));
+            }
+        }
+        loop {
+            match self.live.recv().await {
+                Ok(event) => {
+                    self.last = event.index;
+                    if self.wanted(&event) {
+                        return Some(Ok(event));
+                    }
+                }
+                Err(broadcast::error::RecvError::Lagged(missed)) => {
+                    return Some(Err(Lagged {
+                        missed,
+                        resume_after: self.last,
+                    }));
+                }
+                Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+}
+
 /// The master's event log.
 #[derive(Debug)]
 pub(crate) struct EventLog {
