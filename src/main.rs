@@ -5,6 +5,7 @@
 //! (`muster operator snapshot save|restore`).
 
 mod acl_command;
+mod agent_command;
 mod connection;
 mod dev;
 mod job_file;
@@ -19,6 +20,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use acl_command::AclCommand;
+use agent_command::AgentCommand;
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use connection::{Connection, Target};
@@ -88,7 +90,7 @@ enum Command {
         #[command(subcommand)]
         command: EvalCommand,
     },
-    /// List agents.
+    /// Agents: list them, drain one, set whether one takes new tasks.
     Agent {
         #[command(subcommand)]
         command: AgentCommand,
@@ -132,18 +134,6 @@ enum EvalCommand {
         limit: u32,
         /// Answer from the first master that answers, whatever its role; may be behind: says
         /// by how much
-        #[arg(long)]
-        stale: bool,
-    },
-}
-
-#[derive(Debug, Subcommand)]
-enum AgentCommand {
-    /// Every agent: address, resources, tasks, isolation, whether connected; and those
-    /// unreachable.
-    List {
-        /// Answer from the first master that answers, whatever its role (a standby knows no
-        /// agents); may be behind: says by how much
         #[arg(long)]
         stale: bool,
     },
@@ -686,8 +676,8 @@ pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> an
     if !state.agents.is_empty() {
         writeln!(
             out,
-            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} CONNECTED",
-            "ID", "HOSTNAME", "ADDRESS", "CPUS", "MEM MB", "TASKS", "ISOLATION"
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {:<9}  SCHEDULING",
+            "ID", "HOSTNAME", "ADDRESS", "CPUS", "MEM MB", "TASKS", "ISOLATION", "CONNECTED"
         )?;
     }
     for agent in &state.agents {
@@ -697,9 +687,10 @@ pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> an
             .attributes
             .get(muster::agent::ISOLATION_ATTRIBUTE)
             .map_or("?", String::as_str);
+        let scheduling = muster_api::AgentScheduling::new(&agent.id, agent.scheduling.as_ref());
         writeln!(
             out,
-            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {}",
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {:<9}  {}",
             agent.id,
             info.hostname,
             info.address,
@@ -707,7 +698,8 @@ pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> an
             resources.mem_mb,
             agent.tasks.len(),
             isolation,
-            agent.connected
+            agent.connected,
+            agent_command::describe(&scheduling)
         )?;
         for task in &agent.tasks {
             let task_state = state_name(task.state);
@@ -759,9 +751,9 @@ fn main() -> ExitCode {
             Command::Eval {
                 command: EvalCommand::List { job, limit, stale },
             } => list_command::evals(&target.resolve()?, job, limit, stale, format).await,
-            Command::Agent {
-                command: AgentCommand::List { stale },
-            } => list_command::agents(&target.resolve()?, stale, format).await,
+            Command::Agent { command } => {
+                agent_command::run(&target.resolve()?, command, format).await
+            }
             Command::Acl { command } => acl_command::run(&target.resolve()?, command, format).await,
             Command::Operator { command } => {
                 operator_command::run(&target.resolve()?, command, format).await

@@ -152,6 +152,68 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         "{status}"
     );
 
+    // Draining the agent and its eligibility: a drain makes it ineligible until cancelled,
+    // and eligibility cannot be set while it drains.
+    let agent_id = agents["agents"][0]["id"]
+        .as_str()
+        .context("no agent id")?
+        .to_owned();
+    let drained = muster(&["agent", "drain", &agent_id, "--deadline", "10m", "--json"])?
+        .output()
+        .await?;
+    ensure!(drained.status.success(), "agent drain: {drained:?}");
+    let drained: serde_json::Value = serde_json::from_slice(&drained.stdout)?;
+    ensure!(
+        drained["drain"] == "draining"
+            && drained["eligible"] == false
+            && drained["drain_deadline_ms"].as_u64() > Some(0),
+        "{drained}"
+    );
+    let refused = muster(&["agent", "eligibility", &agent_id, "--enable"])?
+        .output()
+        .await?;
+    ensure!(
+        !refused.status.success()
+            && String::from_utf8_lossy(&refused.stderr).contains("is draining"),
+        "eligibility while draining: {refused:?}"
+    );
+    let listed = muster(&["agent", "list"])?.output().await?;
+    ensure!(
+        String::from_utf8_lossy(&listed.stdout).contains("draining, deadline "),
+        "agent list: {listed:?}"
+    );
+    let cancelled = muster(&["agent", "drain", &agent_id, "--disable"])?
+        .output()
+        .await?;
+    ensure!(
+        cancelled.status.success()
+            && String::from_utf8_lossy(&cancelled.stdout).trim()
+                == format!("agent {agent_id}: eligible"),
+        "drain --disable: {cancelled:?}"
+    );
+    let ineligible = muster(&["agent", "eligibility", &agent_id, "--disable"])?
+        .output()
+        .await?;
+    ensure!(
+        String::from_utf8_lossy(&ineligible.stdout).trim()
+            == format!("agent {agent_id}: ineligible"),
+        "eligibility --disable: {ineligible:?}"
+    );
+    let eligible = muster(&["agent", "eligibility", &agent_id, "--enable"])?
+        .output()
+        .await?;
+    ensure!(
+        eligible.status.success(),
+        "eligibility --enable: {eligible:?}"
+    );
+    let neither = muster(&["agent", "eligibility", &agent_id])?
+        .output()
+        .await?;
+    ensure!(
+        !neither.status.success() && String::from_utf8_lossy(&neither.stderr).contains("--enable"),
+        "eligibility without a choice: {neither:?}"
+    );
+
     // A dry run of the same file: the next version; nothing is submitted.
     let plan = muster(&["job", "plan", job])?.output().await?;
     ensure!(

@@ -244,6 +244,7 @@ impl From<pb::Evaluation> for EvaluationInfo {
             Some(Kind::TaskEnded(task)) => ("task-ended", task),
             Some(Kind::FailedFollowUp(eval)) => ("failed-follow-up", eval),
             Some(Kind::Reconcile(_)) => ("reconcile", String::new()),
+            Some(Kind::AgentDrain(agent)) => ("agent-drain", agent),
             None => ("unknown", String::new()),
         };
         let status = match pb::EvalStatus::try_from(eval.status) {
@@ -368,6 +369,95 @@ pub struct AgentSummary {
     pub tasks: u64,
     /// Its attributes.
     pub attributes: BTreeMap<String, String>,
+    /// Whether new tasks may be placed on it (false while it drains and after, or as an
+    /// operator set it with `muster agent eligibility`).
+    pub eligible: bool,
+    /// `none`, `draining` (its tasks move or end), `stopping` (the drain's deadline passed:
+    /// whatever is left stops) or `drained` (its last drain completed, and it was not made
+    /// eligible since).
+    pub drain: String,
+    /// The deadline of the drain under way, in milliseconds since the Unix epoch; 0 if none.
+    pub drain_deadline_ms: u64,
+}
+
+/// `POST /v1/agent/{id}/drain`: start, change or cancel an agent's drain.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DrainRequest {
+    /// How long batch tasks may run on before whatever is left is stopped, as a duration
+    /// (`90s`, `30m`, `1h`); absent: one hour.
+    #[serde(default)]
+    pub deadline: Option<String>,
+    /// No deadline: tasks are left to end or move.
+    #[serde(default)]
+    pub no_deadline: bool,
+    /// Stop every task now.
+    #[serde(default)]
+    pub force: bool,
+    /// Cancel the drain under way instead; the agent becomes eligible again unless
+    /// `keep_ineligible`.
+    #[serde(default)]
+    pub cancel: bool,
+    /// With `cancel`: leave the agent ineligible.
+    #[serde(default)]
+    pub keep_ineligible: bool,
+}
+
+/// `POST /v1/agent/{id}/eligibility`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EligibilityRequest {
+    /// Whether schedulers may place new tasks on the agent.
+    pub eligible: bool,
+}
+
+/// The answer to a drain or eligibility change: the agent's scheduling now.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct AgentScheduling {
+    /// The agent.
+    pub agent_id: String,
+    /// Whether new tasks may be placed on it.
+    pub eligible: bool,
+    /// `none`, `draining`, `stopping` or `drained` (as in [`AgentSummary`]).
+    pub drain: String,
+    /// The drain's deadline, in milliseconds since the Unix epoch; 0 if none.
+    pub drain_deadline_ms: u64,
+}
+
+impl AgentScheduling {
+    /// The agent `agent_id`'s scheduling as the wire carries it (absent: eligible, never
+    /// drained).
+    pub fn new(agent_id: &str, scheduling: Option<&pb::AgentScheduling>) -> Self {
+        let (eligible, drain, drain_deadline_ms) = scheduling_fields(scheduling);
+        AgentScheduling {
+            agent_id: agent_id.to_owned(),
+            eligible,
+            drain,
+            drain_deadline_ms,
+        }
+    }
+}
+
+impl From<cluster_pb::AgentSchedulingReply> for AgentScheduling {
+    fn from(reply: cluster_pb::AgentSchedulingReply) -> Self {
+        AgentScheduling::new(&reply.agent_id, reply.scheduling.as_ref())
+    }
+}
+
+/// An agent's eligibility, drain state and deadline, as the documents show them.
+fn scheduling_fields(scheduling: Option<&pb::AgentScheduling>) -> (bool, String, u64) {
+    let scheduling = scheduling.cloned().unwrap_or_default();
+    let drain = match &scheduling.drain {
+        Some(drain) if drain.past_deadline => "stopping",
+        Some(_) => "draining",
+        None if scheduling.drained_at_ms != 0 && scheduling.ineligible => "drained",
+        None => "none",
+    };
+    let deadline = scheduling
+        .drain
+        .as_ref()
+        .map_or(0, |drain| drain.deadline_ms);
+    (!scheduling.ineligible, drain.to_owned(), deadline)
 }
 
 /// `GET /v1/agents`.
@@ -441,10 +531,12 @@ fn live(task: &pb::Task) -> bool {
 fn summary(
     id: &str,
     info: Option<&pb::AgentInfo>,
+    scheduling: Option<&pb::AgentScheduling>,
     status: &str,
     tasks: &[pb::Task],
 ) -> AgentSummary {
     let info = info.cloned().unwrap_or_default();
+    let (eligible, drain, drain_deadline_ms) = scheduling_fields(scheduling);
     let offered = info.resources.unwrap_or_default();
     let live: Vec<&pb::Task> = tasks.iter().filter(|t| live(t)).collect();
     AgentSummary {
@@ -466,6 +558,9 @@ fn summary(
             .sum(),
         tasks: live.len() as u64,
         attributes: info.attributes.into_iter().collect(),
+        eligible,
+        drain,
+        drain_deadline_ms,
     }
 }
 
@@ -476,14 +571,28 @@ impl From<&cluster_pb::ClusterState> for AgentList {
             .iter()
             .map(|a| {
                 let status = if a.connected { "ready" } else { "disconnected" };
-                summary(&a.id, a.info.as_ref(), status, &a.tasks)
+                summary(
+                    &a.id,
+                    a.info.as_ref(),
+                    a.scheduling.as_ref(),
+                    status,
+                    &a.tasks,
+                )
             })
             .collect();
         agents.sort_by(|a, b| a.id.cmp(&b.id));
         let mut unreachable: Vec<AgentSummary> = state
             .unreachable
             .iter()
-            .map(|a| summary(&a.id, a.info.as_ref(), "unreachable", &[]))
+            .map(|a| {
+                summary(
+                    &a.id,
+                    a.info.as_ref(),
+                    a.scheduling.as_ref(),
+                    "unreachable",
+                    &[],
+                )
+            })
             .collect();
         unreachable.sort_by(|a, b| a.id.cmp(&b.id));
         agents.extend(unreachable);
@@ -502,7 +611,13 @@ impl AgentDetail {
         if let Some(a) = state.agents.iter().find(|a| a.id == id) {
             let status = if a.connected { "ready" } else { "disconnected" };
             return Some(AgentDetail {
-                agent: summary(&a.id, a.info.as_ref(), status, &a.tasks),
+                agent: summary(
+                    &a.id,
+                    a.info.as_ref(),
+                    a.scheduling.as_ref(),
+                    status,
+                    &a.tasks,
+                ),
                 tasks: a
                     .tasks
                     .iter()
@@ -521,7 +636,13 @@ impl AgentDetail {
             .iter()
             .find(|a| a.id == id)
             .map(|a| AgentDetail {
-                agent: summary(&a.id, a.info.as_ref(), "unreachable", &[]),
+                agent: summary(
+                    &a.id,
+                    a.info.as_ref(),
+                    a.scheduling.as_ref(),
+                    "unreachable",
+                    &[],
+                ),
                 tasks: Vec::new(),
                 completed_tasks: Vec::new(),
                 read,
@@ -626,7 +747,8 @@ pub struct Event {
     /// `job`, `evaluation`, `task` or `agent`.
     pub topic: String,
     /// What happened: `job-registered`, `job-stopped`, `evaluation-updated`, `task-updated`,
-    /// `agent-registered`, `agent-reregistered`, `agent-updated`, `agent-unreachable`.
+    /// `agent-registered`, `agent-reregistered`, `agent-updated`, `agent-unreachable`,
+    /// `agent-scheduling` (its eligibility or drain changed).
     pub kind: String,
     /// What it is about: the job's name, the evaluation's, task's or agent's id.
     pub key: String,

@@ -53,6 +53,10 @@ pub struct GroupSpec {
     /// The user its tasks run as (the agent must allow it); empty: the agent's task user.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub user: String,
+    /// How many of its tasks may move at once off a draining agent (Nomad's
+    /// `migrate.max_parallel`); 0 or absent: 1.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub migrate_max_parallel: u32,
 }
 
 /// A placement constraint on an agent attribute.
@@ -142,6 +146,7 @@ impl JobSpec {
                 constraints,
                 spec_version: 0,
                 user: g.user.clone(),
+                migrate_max_parallel: g.migrate_max_parallel,
             });
         }
         Ok(pb::Job {
@@ -184,6 +189,7 @@ impl JobSpec {
                         })
                         .collect(),
                     user: g.user.clone(),
+                    migrate_max_parallel: g.migrate_max_parallel,
                 })
                 .collect(),
         }

@@ -9,8 +9,9 @@ pub mod documents;
 pub mod job_spec;
 
 pub use documents::{
-    AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, EVENT_TOPICS, EvaluationInfo,
-    EvaluationList, Event, JobDetail, JobList, JobPlan, JobSummary, JobVersion, JobVersions,
-    Member, PlannedTask, ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs,
+    AgentDetail, AgentList, AgentScheduling, AgentSummary, ApiError, ClusterStatus, DrainRequest,
+    EVENT_TOPICS, EligibilityRequest, EvaluationInfo, EvaluationList, Event, JobDetail, JobList,
+    JobPlan, JobSummary, JobVersion, JobVersions, Member, PlannedTask, ReadInfo, Submitted,
+    TaskCounts, TaskInfo, TaskLogs,
 };
 pub use job_spec::{ConstraintSpec, GroupSpec, JobSpec, SpecError};

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | `Operator` | `GetState`, `GetMetrics`, `JobStatus`, `ListJobs`, `ListEvaluations`, `StreamEvents`, `TaskLogs`, `JobVersions`, `PlanJob` | client certificate, token with `read` |
 //! | `Operator` | `SubmitJob`, `StopJob`, `LaunchTask` | client certificate, token with `submit` |
-//! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken`, `SnapshotSave`, `SnapshotRestore` | client certificate, `management` token |
+//! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken`, `SnapshotSave`, `SnapshotRestore`, `DrainAgent`, `SetAgentEligibility` | client certificate, `management` token |
 //! | `Operator` | `AclBootstrap` | client certificate (the registry allows it once) |
 //! | `Scheduling` | every method | client certificate, token with `schedule` |
 //! | `Raft` | every method | master certificate (see `RegistryNode::raft_service`) |
@@ -67,6 +67,11 @@ mod tests {
         );
         assert_eq!(rules.requirement("SubmitJob"), token(Permission::Submit));
         assert_eq!(rules.requirement("ListTokens"), token(Permission::Manage));
+        assert_eq!(rules.requirement("DrainAgent"), token(Permission::Manage));
+        assert_eq!(
+            rules.requirement("SetAgentEligibility"),
+            token(Permission::Manage)
+        );
         // A method added later without a row needs management: closed by default.
         assert_eq!(rules.requirement("SomethingNew"), token(Permission::Manage));
         assert_eq!(

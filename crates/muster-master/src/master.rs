@@ -29,8 +29,9 @@
 //! role and its changes), `heartbeats` (deadlines and TTLs), `tasks` (task bookkeeping and
 //! replacements), `reregistration` (rebuilding an agent after a failover, the recovery and its
 //! deadline), `arriving_agents` (what an agent joining or coming back sets off), `lost_agents`
-//! (marking agents unreachable), `registry_writes` (registry writes
-//! with their evaluations, the state index), `crash_loops` (back-off of failing slots).
+//! (marking agents unreachable), `drains` (agents' eligibility and drains, carried to their
+//! end), `registry_writes` (registry writes with their evaluations, the state index),
+//! `crash_loops` (back-off of failing slots).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -49,6 +50,7 @@ mod acl_tokens;
 mod arriving_agents;
 mod convergence;
 mod crash_loops;
+mod drains;
 mod events;
 mod figures;
 mod from_agents;
@@ -191,6 +193,9 @@ pub struct Master {
     /// The histograms and counters observed where things happen, shared with the scheduler
     /// workers (see [`crate::metrics`]).
     instruments: Arc<MasterInstruments>,
+    /// The agents draining, as of the last drain check or scheduling change: a task update
+    /// of a job with a task on one of them sets off the drain's next step.
+    draining: std::collections::BTreeSet<String>,
 }
 
 impl Master {
@@ -222,6 +227,7 @@ impl Master {
             leadership_lease: None,
             serving: tokio::sync::watch::Sender::new(false),
             instruments: Arc::new(MasterInstruments::new()),
+            draining: std::collections::BTreeSet::new(),
         }
     }
 
@@ -309,6 +315,7 @@ impl Process for Master {
         ctx.interval(self.config.reconcile_interval, || {
             InternalMsg::Reconcile.into()
         });
+        ctx.interval(drains::DRAIN_CHECK, || InternalMsg::CheckDrains.into());
         // What the blocked-queue releases or cancels comes back here to be recorded.
         if let Some(SinkReceivers {
             mut unblocked,

@@ -161,6 +161,32 @@ impl Operator for OperatorService {
         Ok(Response::new(reply))
     }
 
+    async fn drain_agent(
+        &self,
+        request: Request<pb::DrainAgentRequest>,
+    ) -> Result<Response<pb::AgentSchedulingReply>, Status> {
+        let request = request.into_inner();
+        let reply = self
+            .master
+            .ask(|reply| OperatorMsg::DrainAgent(request, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(reply))
+    }
+
+    async fn set_agent_eligibility(
+        &self,
+        request: Request<pb::AgentEligibilityRequest>,
+    ) -> Result<Response<pb::AgentSchedulingReply>, Status> {
+        let request = request.into_inner();
+        let reply = self
+            .master
+            .ask(|reply| OperatorMsg::SetAgentEligibility(request, reply).into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(reply))
+    }
+
     async fn job_status(
         &self,
         request: Request<pb::JobStatusRequest>,

@@ -320,6 +320,59 @@ async fn curl_drives_jobs_through_the_http_api_with_tokens_and_json_errors() -> 
         agents.status == 200 && agents.body["agents"].as_array().is_some(),
         "{agents:?}"
     );
+    // Drain and eligibility: management only; an unknown agent, a bad deadline and a bad
+    // body are named.
+    let not_allowed = curl(
+        &server,
+        "POST",
+        "/v1/agent/agent-9/drain",
+        Some(("x", &reader)),
+        Some("{}"),
+    )
+    .await?;
+    ensure!(not_allowed.status == 403, "{not_allowed:?}");
+    let unknown = curl(
+        &server,
+        "POST",
+        "/v1/agent/agent-9/drain",
+        Some(("x", &management)),
+        Some(r#"{"deadline": "5m"}"#),
+    )
+    .await?;
+    ensure!(
+        unknown.status == 404
+            && unknown.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("agent-9")),
+        "{unknown:?}"
+    );
+    let bad_deadline = curl(
+        &server,
+        "POST",
+        "/v1/agent/agent-9/drain",
+        Some(("x", &management)),
+        Some(r#"{"deadline": "soon"}"#),
+    )
+    .await?;
+    ensure!(
+        bad_deadline.status == 400
+            && bad_deadline.body["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("deadline")),
+        "{bad_deadline:?}"
+    );
+    let bad_body = curl(
+        &server,
+        "POST",
+        "/v1/agent/agent-9/eligibility",
+        Some(("x", &management)),
+        Some(r#"{"eligible": "yes"}"#),
+    )
+    .await?;
+    ensure!(
+        bad_body.status == 400 && code(&bad_body) == "bad_request",
+        "{bad_body:?}"
+    );
     let stopped = curl(
         &server,
         "DELETE",

@@ -73,6 +73,8 @@ pub enum Trigger {
     /// The leader's periodic check found the job's running tasks differ from what it asks
     /// for, with no evaluation of it in flight.
     Reconcile,
+    /// This agent drains: the job's tasks there move or stop.
+    AgentDrain(AgentId),
 }
 
 /// A unit of scheduling work for one job.

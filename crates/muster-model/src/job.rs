@@ -111,9 +111,19 @@ pub struct TaskGroup {
     /// named user only if its config allows that user.
     #[serde(default)]
     pub user: String,
+    /// How many of its tasks may move at once off a draining agent (Nomad's
+    /// `migrate.max_parallel`); 0 counts as 1. Each moving task keeps running until its
+    /// replacement runs elsewhere.
+    #[serde(default)]
+    pub migrate_max_parallel: u32,
 }
 
 impl TaskGroup {
+    /// How many of its tasks may move at once off a draining agent: at least 1.
+    pub fn migration_step(&self) -> u32 {
+        self.migrate_max_parallel.max(1)
+    }
+
     /// Whether `other` defines the same tasks: everything but the name, the count and the spec
     /// version is equal. A change the scheduler must replace running tasks for.
     pub fn same_task_definition(&self, other: &TaskGroup) -> bool {
@@ -128,6 +138,7 @@ impl TaskGroup {
             constraints,
             spec_version: _,
             user,
+            migrate_max_parallel: _,
         } = self;
         *resources == other.resources
             && *command == other.command

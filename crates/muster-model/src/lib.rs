@@ -29,7 +29,7 @@ pub mod job;
 pub mod resources;
 pub mod task;
 
-pub use agent::{AgentId, AgentInfo, UnreachableAgent};
+pub use agent::{AgentId, AgentInfo, AgentScheduling, Drain, DrainPhase, UnreachableAgent};
 pub use demand::Demand;
 pub use error::FieldError;
 pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};

@@ -7,7 +7,9 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
 
-use muster_model::{AgentId, AgentInfo, EvalId, EvalStatus, Evaluation, Job, UnreachableAgent};
+use muster_model::{
+    AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job, UnreachableAgent,
+};
 use muster_security::{AclToken, TokenTable};
 
 use crate::types::{Op, OpError, Outcome};
@@ -27,6 +29,9 @@ pub struct RegistryState {
     pub unreachable: BTreeMap<AgentId, UnreachableAgent>,
     /// The number in the last id handed out.
     pub last_agent_number: u64,
+    /// How schedulers may use each agent (eligibility, drain), for the agents whose
+    /// scheduling is not the default (eligible, never drained); admitted or unreachable.
+    pub scheduling: BTreeMap<AgentId, AgentScheduling>,
     /// Jobs by name.
     pub jobs: BTreeMap<String, Job>,
     /// Each job's earlier versions, oldest first, at most [`JOB_VERSIONS_KEPT`] (Nomad's job
@@ -100,6 +105,8 @@ struct Contents {
     unreachable: BTreeMap<AgentId, UnreachableAgent>,
     last_agent_number: u64,
     #[serde(default)]
+    scheduling: BTreeMap<AgentId, AgentScheduling>,
+    #[serde(default)]
     jobs: BTreeMap<String, Job>,
     #[serde(default)]
     job_versions: BTreeMap<String, VecDeque<Job>>,
@@ -117,6 +124,7 @@ impl From<Contents> for RegistryState {
             agents: contents.agents,
             unreachable: contents.unreachable,
             last_agent_number: contents.last_agent_number,
+            scheduling: contents.scheduling,
             jobs: contents.jobs,
             job_versions: contents.job_versions,
             evals: contents.evals,
@@ -227,7 +235,19 @@ impl RegistryState {
                 if !known {
                     return Err(OpError::UnknownAgent(id));
                 }
+                self.scheduling.remove(&id);
                 Ok(Outcome::Removed)
+            }
+            Op::SetScheduling { id, scheduling } => {
+                if !self.agents.contains_key(&id) && !self.unreachable.contains_key(&id) {
+                    return Err(OpError::UnknownAgent(id));
+                }
+                if scheduling.is_default() {
+                    self.scheduling.remove(&id);
+                } else {
+                    self.scheduling.insert(id, scheduling);
+                }
+                Ok(Outcome::Updated)
             }
             Op::UpsertJob(job) => {
                 let job = next_version(self.jobs.get(&job.name), job);
@@ -360,6 +380,52 @@ mod tests {
         assert_eq!(back, Ok(Outcome::Updated));
         assert!(state.unreachable.is_empty());
         assert_eq!(state.agents[&id].hostname, "a2");
+    }
+
+    #[test]
+    fn scheduling_is_kept_apart_from_what_agents_report_and_goes_with_the_agent() {
+        let mut state = RegistryState::default();
+        let id = AgentId("agent-1".into());
+        let ineligible = AgentScheduling {
+            eligible: false,
+            ..AgentScheduling::default()
+        };
+        let unknown = state.apply_at(Op::SetScheduling {
+            id: id.clone(),
+            scheduling: ineligible.clone(),
+        });
+        assert_eq!(unknown, Err(OpError::UnknownAgent(id.clone())));
+        state.apply_at(Op::AdmitAgent(info("a"))).expect("admit");
+        state
+            .apply_at(Op::SetScheduling {
+                id: id.clone(),
+                scheduling: ineligible.clone(),
+            })
+            .expect("set");
+        // A re-registration stores the agent's info again: its scheduling stays.
+        state
+            .apply_at(Op::UpdateAgent {
+                id: id.clone(),
+                info: info("a"),
+            })
+            .expect("update");
+        assert_eq!(state.scheduling.get(&id), Some(&ineligible));
+        // Back to the default: nothing kept.
+        state
+            .apply_at(Op::SetScheduling {
+                id: id.clone(),
+                scheduling: AgentScheduling::default(),
+            })
+            .expect("set");
+        assert!(state.scheduling.is_empty());
+        state
+            .apply_at(Op::SetScheduling {
+                id: id.clone(),
+                scheduling: ineligible,
+            })
+            .expect("set");
+        state.apply_at(Op::RemoveAgent(id)).expect("remove");
+        assert!(state.scheduling.is_empty());
     }
 
     #[test]

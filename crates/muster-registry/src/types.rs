@@ -5,7 +5,7 @@ use std::io::Cursor; // `declare_raft_types!` names `Cursor` unqualified.
 
 use serde::{Deserialize, Serialize};
 
-use muster_model::{AgentId, AgentInfo, EvalId, EvalStatus, Evaluation, Job};
+use muster_model::{AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job};
 use muster_security::AclToken;
 
 openraft::declare_raft_types!(
@@ -46,6 +46,14 @@ pub enum Op {
     },
     /// Forget an agent, admitted or unreachable.
     RemoveAgent(AgentId),
+    /// Set how schedulers may use an agent, admitted or unreachable (an operator's drain or
+    /// eligibility). The default scheduling is not stored.
+    SetScheduling {
+        /// The agent.
+        id: AgentId,
+        /// Its scheduling now.
+        scheduling: AgentScheduling,
+    },
     /// Store a job, new or changed; the registry bumps its version.
     UpsertJob(Job),
     /// Stop a stored job: set its `stopped`, bump its version. Applied to the job as it is
@@ -88,7 +96,7 @@ pub enum Op {
 pub enum Outcome {
     /// The agent was admitted under this id.
     Admitted(AgentId),
-    /// The agent's info is stored (and it is no longer unreachable).
+    /// The agent's info (or scheduling) is stored (and it is no longer unreachable).
     Updated,
     /// The agent is now unreachable.
     MarkedUnreachable,

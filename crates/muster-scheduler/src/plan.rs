@@ -9,7 +9,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use muster_model::{AgentId, Constraint, Demand, EvalId, Job, Resources, TaskState};
+use muster_model::{AgentId, Constraint, Demand, DrainPhase, EvalId, Job, Resources, TaskState};
 
 /// A consistent view of the cluster: the input of every scheduler.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -50,6 +50,11 @@ pub struct AgentView {
     pub total: Resources,
     /// Its tasks, running and recently ended.
     pub tasks: Vec<TaskView>,
+    /// Whether new tasks may be placed on it (false while it drains, or as an operator set
+    /// it).
+    pub eligible: bool,
+    /// Where its drain is: its tasks move or stop (see [`reconcile`](crate::reconcile)).
+    pub drain: DrainPhase,
 }
 
 impl AgentView {
@@ -211,6 +216,8 @@ mod tests {
     #[test]
     fn only_live_tasks_take_resources() {
         let agent = AgentView {
+            drain: muster_model::DrainPhase::None,
+            eligible: true,
             id: AgentId("a".into()),
             attributes: BTreeMap::new(),
             total: Resources {
@@ -246,6 +253,8 @@ mod tests {
     #[test]
     fn an_overcommitted_agent_has_nothing_free() {
         let agent = AgentView {
+            drain: muster_model::DrainPhase::None,
+            eligible: true,
             id: AgentId("a".into()),
             attributes: BTreeMap::new(),
             total: Resources {

@@ -18,6 +18,15 @@
 //!   group removed, the agent no longer eligible, or a second task fills the same slot (the
 //!   running one, then the lowest agent and task id, stays). A stopped job, or one missing from
 //!   the snapshot, stops all its non-terminal tasks.
+//! - Draining agents (Nomad's node drain), by [`DrainPhase`]: while it migrates, a service
+//!   task there moves. Its slot is placed again elsewhere, at most the group's
+//!   [`migration_step`](TaskGroup::migration_step) slots at a time, and the task runs until
+//!   its replacement runs, then stops: the job never runs fewer than its count for a move. A
+//!   batch task stays to run to its end; a system task stays while a task of another type
+//!   runs on the agent, then stops. Past the deadline every task there stops, and its slot
+//!   is placed elsewhere.
+//! - No task is placed on an agent that is not [`eligible`](AgentView::eligible): a system
+//!   slot on one is not missing.
 //! - Terminal tasks are never stopped.
 //! - A slot the snapshot lists as [`held`](ClusterSnapshot::held) (its task keeps failing and
 //!   its replacement backs off) is not missing: it is placed by a later evaluation.
@@ -25,12 +34,10 @@
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use muster_model::{AgentId, Resources};
+use muster_model::{AgentId, DrainPhase, Resources, TaskState};
 use muster_model::{Constraint, Evaluation, Job, SchedulerType, TaskGroup};
 
-use muster_model::TaskState;
-
-use crate::plan::{ClusterSnapshot, Placement, Stop, TaskView};
+use crate::plan::{AgentView, ClusterSnapshot, Placement, Stop, TaskView};
 
 /// A task slot that no task fills: what a scheduler must place.
 #[derive(Clone, Debug, PartialEq)]
@@ -112,12 +119,15 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
         .enumerate()
         .map(|(i, slot)| (slot.name.as_str(), i))
         .collect();
-    let batch = stored.is_some_and(|job| job.scheduler == SchedulerType::Batch);
+    let scheduler = stored.map(|job| job.scheduler);
+    let batch = scheduler == Some(SchedulerType::Batch);
 
-    let mut holders: Vec<Option<(&AgentId, &TaskView)>> = vec![None; slots.len()];
+    // The live tasks filling each slot.
+    let mut fillers: Vec<Vec<Filler<'_>>> = vec![Vec::new(); slots.len()];
     let mut finished = vec![false; slots.len()];
     let mut stop = Vec::new();
     for agent in &snapshot.agents {
+        let departure = departure(agent, scheduler, snapshot);
         for task in agent.tasks.iter().filter(|task| task.job == job_name) {
             let slot = by_name.get(task.name.as_str()).copied().filter(|&i| {
                 let slot = &slots[i];
@@ -138,34 +148,153 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
                 stop.push(stop_of(&agent.id, task));
                 continue;
             }
-            match holders[i] {
-                None => holders[i] = Some((&agent.id, task)),
-                Some(held) if keep_first((&agent.id, task), held) => {
-                    stop.push(stop_of(held.0, held.1));
-                    holders[i] = Some((&agent.id, task));
-                }
-                Some(_) => stop.push(stop_of(&agent.id, task)),
+            match departure {
+                Departure::Stays => fillers[i].push(Filler {
+                    agent: &agent.id,
+                    task,
+                    leaving: false,
+                }),
+                Departure::Moves => fillers[i].push(Filler {
+                    agent: &agent.id,
+                    task,
+                    leaving: true,
+                }),
+                Departure::Stops => stop.push(stop_of(&agent.id, task)),
             }
+        }
+    }
+
+    // One holder per slot; a task leaving a draining agent holds its slot only while no task
+    // elsewhere does, and stops once one elsewhere runs.
+    let mut holders: Vec<Option<&Filler<'_>>> = vec![None; slots.len()];
+    // Per group, the moves under way: replacements placed and not running yet.
+    let mut moving: HashMap<&str, u32> = HashMap::new();
+    let mut to_move: Vec<usize> = Vec::new();
+    for (i, fill) in fillers.iter().enumerate() {
+        let staying = fill
+            .iter()
+            .filter(|f| !f.leaving)
+            .min_by(|a, b| a.rank().cmp(&b.rank()));
+        let Some(holder) = staying.or_else(|| fill.iter().min_by(|a, b| a.rank().cmp(&b.rank())))
+        else {
+            continue;
+        };
+        holders[i] = Some(holder);
+        let replacement_runs = holder.task.state == TaskState::Running;
+        for other in fill.iter().filter(|f| !std::ptr::eq(*f, holder)) {
+            if other.leaving && !holder.leaving && !replacement_runs {
+                // Moving: it runs until its replacement does.
+                continue;
+            }
+            stop.push(stop_of(other.agent, other.task));
+        }
+        if holder.leaving {
+            to_move.push(i);
+        } else if !replacement_runs && fill.iter().any(|f| f.leaving) {
+            *moving.entry(slots[i].group.name.as_str()).or_default() += 1;
+        }
+    }
+    // Start as many moves as each group's migration step leaves room for, in slot order.
+    let mut moves = vec![false; slots.len()];
+    for i in to_move {
+        let group = &slots[i].group;
+        let under_way = moving.entry(group.name.as_str()).or_default();
+        if *under_way < group.migration_step() {
+            *under_way += 1;
+            moves[i] = true;
         }
     }
     stop.sort();
 
+    let ineligible: HashSet<&AgentId> = snapshot
+        .agents
+        .iter()
+        .filter(|agent| !agent.eligible)
+        .map(|agent| &agent.id)
+        .collect();
     let wanted = slots.iter().map(|slot| slot.name.clone()).collect();
     let missing = slots
         .into_iter()
         .enumerate()
         .filter(|(i, slot)| {
-            holders[*i].is_none() && !finished[*i] && !snapshot.held.contains(&slot.name)
+            (holders[*i].is_none() || moves[*i])
+                && !finished[*i]
+                && !snapshot.held.contains(&slot.name)
+                && slot
+                    .agent
+                    .as_ref()
+                    .is_none_or(|id| !ineligible.contains(id))
         })
         .map(|(_, slot)| slot)
         .collect();
     Reconciled {
         job: job_name.to_owned(),
         job_version: stored.map_or(0, |job| job.version),
-        scheduler: stored.map(|job| job.scheduler),
+        scheduler,
         wanted,
         missing,
         stop,
+    }
+}
+
+/// A live task filling a slot, and whether it is leaving a draining agent.
+#[derive(Clone, Copy, Debug)]
+struct Filler<'a> {
+    agent: &'a AgentId,
+    task: &'a TaskView,
+    leaving: bool,
+}
+
+impl<'a> Filler<'a> {
+    /// Of two tasks filling one slot, the lower rank stays: a running task over a pending
+    /// one, then the lowest agent id, then the lowest task id.
+    fn rank(&self) -> (bool, &'a AgentId, &'a str) {
+        (
+            self.task.state != TaskState::Running,
+            self.agent,
+            &self.task.id,
+        )
+    }
+}
+
+/// What becomes of the job's tasks on an agent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Departure {
+    /// They stay.
+    Stays,
+    /// Each moves: it runs until a replacement elsewhere runs.
+    Moves,
+    /// They stop.
+    Stops,
+}
+
+/// What becomes of the tasks of a job of type `scheduler` on `agent`, by its drain: on a
+/// migrating agent service tasks move, batch tasks stay (to run to their end), and system
+/// tasks stay while a task of another type still runs there; past the deadline, all stop.
+fn departure(
+    agent: &AgentView,
+    scheduler: Option<SchedulerType>,
+    snapshot: &ClusterSnapshot,
+) -> Departure {
+    match (agent.drain, scheduler) {
+        (DrainPhase::None, _) => Departure::Stays,
+        (DrainPhase::Stopping, _) | (DrainPhase::Migrating, None) => Departure::Stops,
+        (DrainPhase::Migrating, Some(SchedulerType::Service)) => Departure::Moves,
+        (DrainPhase::Migrating, Some(SchedulerType::Batch)) => Departure::Stays,
+        (DrainPhase::Migrating, Some(SchedulerType::System)) => {
+            let others_run = agent.tasks.iter().any(|task| {
+                !task.state.is_terminal()
+                    && snapshot
+                        .jobs
+                        .get(&task.job)
+                        .is_some_and(|job| job.scheduler != SchedulerType::System)
+            });
+            if others_run {
+                Departure::Stays
+            } else {
+                Departure::Stops
+            }
+        }
     }
 }
 
@@ -213,16 +342,6 @@ fn wanted_slots(job_name: &str, job: &Job, snapshot: &ClusterSnapshot) -> Vec<Sl
 /// version (0) is not.
 fn is_outdated(task: &TaskView, group: &TaskGroup) -> bool {
     task.job_version != 0 && task.job_version < group.spec_version
-}
-
-/// Of two live tasks filling one slot, whether `a` should stay rather than `b`: a running task
-/// over a pending one, then the lowest agent id, then the lowest task id.
-fn keep_first(a: (&AgentId, &TaskView), b: (&AgentId, &TaskView)) -> bool {
-    rank(a) < rank(b)
-}
-
-fn rank<'a>((agent, task): (&'a AgentId, &'a TaskView)) -> (bool, &'a AgentId, &'a str) {
-    (task.state != TaskState::Running, agent, &task.id)
 }
 
 fn stop_of(agent: &AgentId, task: &TaskView) -> Stop {

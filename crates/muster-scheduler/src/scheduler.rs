@@ -231,7 +231,10 @@ fn build_plan<P: Placer + ?Sized>(
             Some(pinned) => {
                 if let Some(&i) = position.get(pinned) {
                     let standing = &standings[i];
-                    if standing.agent.admits(slot.constraints()) && standing.fits(need) {
+                    if standing.agent.eligible
+                        && standing.agent.admits(slot.constraints())
+                        && standing.fits(need)
+                    {
                         fitting.push(i);
                     }
                 }
@@ -240,7 +243,10 @@ fn build_plan<P: Placer + ?Sized>(
             None => {
                 let admitted = eligible.entry(group.to_owned()).or_insert_with(|| {
                     (0..standings.len())
-                        .filter(|&i| standings[i].agent.admits(slot.constraints()))
+                        .filter(|&i| {
+                            let agent = standings[i].agent;
+                            agent.eligible && agent.admits(slot.constraints())
+                        })
                         .collect()
                 });
                 fitting.extend(
@@ -370,6 +376,8 @@ mod tests {
 
     fn view(id: &str, cpus: f64) -> AgentView {
         AgentView {
+            drain: muster_model::DrainPhase::None,
+            eligible: true,
             id: AgentId(id.into()),
             attributes: BTreeMap::new(),
             total: Resources { cpus, mem_mb: 1024 },

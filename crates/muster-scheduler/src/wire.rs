@@ -52,6 +52,8 @@ impl From<AgentView> for pb::AgentView {
             attributes: unsorted(this.attributes),
             total: Some(this.total.into()),
             tasks: all(this.tasks),
+            ineligible: !this.eligible,
+            drain: muster_proto::model::DrainPhase::from(this.drain).into(),
         }
     }
 }
@@ -65,6 +67,12 @@ impl TryFrom<pb::AgentView> for AgentView {
             attributes: sorted(proto.attributes),
             total: required(proto.total, "total")?,
             tasks: each(proto.tasks, "tasks")?,
+            eligible: !proto.ineligible,
+            drain: muster_proto::model::DrainPhase::try_from(proto.drain)
+                .map_err(|_| {
+                    FieldError::new("drain", format!("unknown drain phase {}", proto.drain))
+                })?
+                .into(),
         })
     }
 }
@@ -272,6 +280,7 @@ mod tests {
             priority: 70,
             scheduler: SchedulerType::System,
             groups: vec![TaskGroup {
+                migrate_max_parallel: 0,
                 name: "fe".into(),
                 count: 3,
                 resources: resources(0.25, 128),
@@ -335,6 +344,8 @@ mod tests {
         ClusterSnapshot {
             index: 42,
             agents: vec![Arc::new(AgentView {
+                drain: muster_model::DrainPhase::None,
+                eligible: true,
                 id: AgentId("agent-1".into()),
                 attributes: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
                 total: resources(8.0, 4096),

@@ -10,8 +10,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use muster_api::{
-    AgentDetail, AgentList, ApiError, ClusterStatus, EvaluationInfo, EvaluationList, JobDetail,
-    JobList, JobSpec, ReadInfo, Submitted, TaskInfo,
+    AgentDetail, AgentList, AgentScheduling, ApiError, ClusterStatus, DrainRequest,
+    EligibilityRequest, EvaluationInfo, EvaluationList, JobDetail, JobList, JobSpec, ReadInfo,
+    Submitted, TaskInfo,
 };
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_server::Operator as _;
@@ -34,6 +35,11 @@ pub(super) fn routes() -> Router<ApiState> {
         .route("/v1/evaluation/{id}", get(read_evaluation))
         .route("/v1/agents", get(list_agents))
         .route("/v1/agent/{id}", get(read_agent))
+        .route("/v1/agent/{id}/drain", axum::routing::post(drain_agent))
+        .route(
+            "/v1/agent/{id}/eligibility",
+            axum::routing::post(set_agent_eligibility),
+        )
         .route("/v1/status", get(status))
         .route("/v1/health/live", get(live))
         .route("/v1/health/ready", get(ready))
@@ -557,6 +563,86 @@ pub(crate) async fn read_agent(
         .ok_or_else(|| HttpError::NotFound(format!("unknown agent {id:?}")))?;
     let read = doc.read.clone();
     Ok(read_response(doc, &read))
+}
+
+/// Starts, changes or cancels an agent's drain (Nomad's node drain): it takes no new tasks,
+/// its service tasks move elsewhere a few at a time (each replacement running before the task
+/// it replaces stops), batch tasks may run until the deadline, then whatever is left stops and
+/// the agent is marked drained. Needs a management token.
+#[utoipa::path(post, path = "/v1/agent/{id}/drain", params(("id" = String, Path, description = "The agent's id")), request_body = DrainRequest, tag = "agents",
+    responses((status = 200, body = AgentScheduling), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError)))]
+pub(crate) async fn drain_agent(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let caller = state.authorize(&headers, Permission::Manage)?;
+    let drain: DrainRequest = if body.is_empty() {
+        DrainRequest::default()
+    } else {
+        serde_json::from_slice(&body)
+            .map_err(|e| HttpError::BadRequest(format!("the body is not a drain request: {e}")))?
+    };
+    let deadline_ms = match &drain.deadline {
+        None => 0,
+        Some(text) => {
+            let deadline = humantime::parse_duration(text).map_err(|e| {
+                HttpError::BadRequest(format!("deadline: {text:?} is not a duration: {e}"))
+            })?;
+            u64::try_from(deadline.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1)
+        }
+    };
+    let reply = state
+        .operator
+        .drain_agent(request(
+            pb::DrainAgentRequest {
+                agent_id: id,
+                deadline_ms,
+                no_deadline: drain.no_deadline,
+                force: drain.force,
+                cancel: drain.cancel,
+                keep_ineligible: drain.keep_ineligible,
+            },
+            caller,
+        ))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    Ok(Json(AgentScheduling::from(reply)).into_response())
+}
+
+/// Sets whether new tasks may be placed on an agent; its tasks stay. Refused (409) while it
+/// drains. Needs a management token.
+#[utoipa::path(post, path = "/v1/agent/{id}/eligibility", params(("id" = String, Path, description = "The agent's id")), request_body = EligibilityRequest, tag = "agents",
+    responses((status = 200, body = AgentScheduling), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 409, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError)))]
+pub(crate) async fn set_agent_eligibility(
+    State(state): State<ApiState>,
+    uri: OriginalUri,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    body: Bytes,
+) -> Result<Response, HttpError> {
+    let caller = state.authorize(&headers, Permission::Manage)?;
+    let wanted: EligibilityRequest = serde_json::from_slice(&body).map_err(|e| {
+        HttpError::BadRequest(format!("the body is not an eligibility request: {e}"))
+    })?;
+    let reply = state
+        .operator
+        .set_agent_eligibility(request(
+            pb::AgentEligibilityRequest {
+                agent_id: id,
+                eligible: wanted.eligible,
+            },
+            caller,
+        ))
+        .await
+        .map_err(|s| refused(&state, &uri, s))?
+        .into_inner();
+    Ok(Json(AgentScheduling::from(reply)).into_response())
 }
 
 /// Who leads, in which term, and how the agents stand.

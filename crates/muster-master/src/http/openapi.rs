@@ -28,6 +28,8 @@ use super::handlers;
         handlers::read_evaluation,
         handlers::list_agents,
         handlers::read_agent,
+        handlers::drain_agent,
+        handlers::set_agent_eligibility,
         handlers::status,
         handlers::live,
         handlers::ready,
@@ -41,7 +43,8 @@ use super::handlers;
     components(schemas(
         AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, ConstraintSpec,
         EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
-        ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member
+        ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member,
+        muster_api::AgentScheduling, muster_api::DrainRequest, muster_api::EligibilityRequest
     )),
     modifiers(&Tokens),
     security(("token" = []), ("bearer" = []))
@@ -82,12 +85,16 @@ mod tests {
             "/v1/evaluations",
             "/v1/agents",
             "/v1/agent/{id}",
+            "/v1/agent/{id}/drain",
+            "/v1/agent/{id}/eligibility",
             "/v1/status",
             "/v1/health/ready",
         ] {
             assert!(doc.paths.paths.contains_key(path), "{path} missing");
         }
         let schemas = doc.components.map(|c| c.schemas).unwrap_or_default();
-        assert!(schemas.contains_key("JobSpec") && schemas.contains_key("ApiError"));
+        for schema in ["JobSpec", "ApiError", "DrainRequest", "AgentScheduling"] {
+            assert!(schemas.contains_key(schema), "{schema} missing");
+        }
     }
 }

@@ -6,8 +6,8 @@
 //! be adopted from a returning agent: what is asked and what runs can part with nothing left to
 //! notice. Every [`reconcile_interval`](crate::MasterConfig::reconcile_interval) the leader
 //! compares, job by job, the tasks that run (not ended, not being killed) with what the job
-//! asks (for a system job, agent by agent: one task on each connected agent its constraints
-//! admit), and gives each job that differs and has no evaluation in flight (pending or blocked)
+//! asks (for a system job, agent by agent: one task on each connected, eligible agent its
+//! constraints admit), and gives each job that differs and has no evaluation in flight (pending or blocked)
 //! one evaluation, triggered `Reconcile`; so does a job with one slot (task name) running
 //! twice, even when its counts match. The schedulers do the rest: too few are placed, too
 //! many stopped.
@@ -57,12 +57,14 @@ impl Master {
                 }
             }
         }
-        // Where a system job's tasks belong: every connected agent, by its attributes.
+        // Where a system job's tasks belong: every connected agent new tasks may go to, by
+        // its attributes (a drained agent's system tasks stopped for good).
+        let scheduling = self.agent_scheduling();
         let agents: Vec<(&str, &BTreeMap<String, String>)> = self
             .cluster
             .agents
             .iter()
-            .filter(|(_, agent)| agent.connected)
+            .filter(|(id, agent)| agent.connected && scheduling.get(*id).is_none_or(|s| s.eligible))
             .map(|(id, agent)| (id.as_str(), &agent.info.attributes))
             .collect();
         let evals: Vec<Evaluation> = self.registry.reader().read(|state| {

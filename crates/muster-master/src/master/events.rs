@@ -179,6 +179,17 @@ impl Master {
                     self.publish_agent(&id.0, "agent-unreachable");
                 }
                 Op::UpdateAgent { id, .. } => self.publish_agent(&id.0, "agent-updated"),
+                Op::SetScheduling { id, scheduling } => {
+                    let doc = muster_api::AgentScheduling::from(
+                        muster_proto::cluster::AgentSchedulingReply {
+                            agent_id: id.0.clone(),
+                            scheduling: Some(scheduling.clone().into()),
+                        },
+                    );
+                    if let Ok(payload) = serde_json::to_value(doc) {
+                        self.publish("agent", "agent-scheduling", &id.0, payload);
+                    }
+                }
                 _ => {}
             }
         }

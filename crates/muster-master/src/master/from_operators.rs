@@ -92,6 +92,16 @@ pub enum OperatorMsg {
         pb::ReadTaskOutput,
         Reply<Result<pb::TaskOutputChunk, ServiceError>>,
     ),
+    /// Start, change or cancel an agent's drain (leader only).
+    DrainAgent(
+        pb::DrainAgentRequest,
+        Reply<Result<pb::AgentSchedulingReply, ServiceError>>,
+    ),
+    /// Set whether new tasks may be placed on an agent (leader only).
+    SetAgentEligibility(
+        pb::AgentEligibilityRequest,
+        Reply<Result<pb::AgentSchedulingReply, ServiceError>>,
+    ),
     /// Replace the registry with the snapshot file given.
     SnapshotRestore(
         bytes::Bytes,
@@ -132,6 +142,9 @@ impl OperatorMsg {
             OperatorMsg::JobVersions(_, _, reply) => reply.send(Err(error)),
             OperatorMsg::PlanJob(_, reply) => reply.send(Err(error)),
             OperatorMsg::SnapshotRestore(_, reply) => reply.send(Err(error)),
+            OperatorMsg::DrainAgent(_, reply) | OperatorMsg::SetAgentEligibility(_, reply) => {
+                reply.send(Err(error));
+            }
             OperatorMsg::GetState(_)
             | OperatorMsg::GetMetrics(_)
             | OperatorMsg::MetricsSnapshot(_) => {}
@@ -148,6 +161,10 @@ impl Master {
             OperatorMsg::LaunchTask(request, reply) => self.launch(*request, reply, ctx),
             OperatorMsg::SubmitJob(spec, reply) => self.submit_job(spec, reply, ctx),
             OperatorMsg::StopJob(name, reply) => self.stop_job(name, reply, ctx),
+            OperatorMsg::DrainAgent(request, reply) => self.drain_agent(request, reply, ctx),
+            OperatorMsg::SetAgentEligibility(request, reply) => {
+                self.set_agent_eligibility(request, reply, ctx);
+            }
             OperatorMsg::ReadState(stale, reply) => {
                 self.read(stale, ctx, reply, move |master| {
                     let mut state = master.state();
@@ -365,6 +382,12 @@ impl Master {
         if !is_leader {
             return state;
         }
+        let scheduling = self.agent_scheduling();
+        let scheduling_of = |id: &str| {
+            scheduling
+                .get(id)
+                .map(|scheduling| scheduling.clone().into())
+        };
         state.unreachable = self.registry.reader().read(|registry| {
             registry
                 .unreachable
@@ -373,6 +396,7 @@ impl Master {
                     id: id.0.clone(),
                     info: Some(agent.info.clone().into()),
                     marked_at_ms: agent.marked_at_ms,
+                    scheduling: scheduling_of(&id.0),
                 })
                 .collect()
         });
@@ -390,6 +414,7 @@ impl Master {
                 tasks: agent.tasks.clone(),
                 completed_tasks: agent.completed_tasks.clone(),
                 connected: agent.connected,
+                scheduling: scheduling_of(id),
             })
             .collect();
         agents.sort_by(|a, b| a.id.cmp(&b.id));

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use muster_actor::{Context, Pid, Reply, Upid};
 use muster_broker::EvalBroker;
 use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg};
-use muster_model::{AgentId, Demand, EvalStatus, Evaluation, Task, TaskState};
+use muster_model::{AgentId, Demand, DrainPhase, EvalStatus, Evaluation, Task, TaskState};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::Op;
@@ -194,12 +194,24 @@ impl Master {
     /// Agents whose tasks did not change since the last snapshot share their views with it.
     fn snapshot(&mut self) -> ClusterSnapshot {
         let jobs = self.registry.reader().read(|state| state.jobs.clone());
+        let scheduling = self.agent_scheduling();
         let mut agents: Vec<Arc<AgentView>> = self
             .cluster
             .agents
             .iter_mut()
             .filter(|(_, agent)| agent.connected)
             .map(|(id, agent)| {
+                let (eligible, drain) = scheduling
+                    .get(id)
+                    .map_or((true, DrainPhase::None), |s| (s.eligible, s.phase()));
+                // A view of an older scheduling (a restored registry) is rebuilt.
+                if agent
+                    .view
+                    .as_ref()
+                    .is_some_and(|view| (view.eligible, view.drain) != (eligible, drain))
+                {
+                    agent.view = None;
+                }
                 let view = agent.view.get_or_insert_with(|| {
                     Arc::new(AgentView {
                         id: AgentId(id.clone()),
@@ -211,6 +223,8 @@ impl Master {
                             .chain(agent.completed_tasks.iter().rev().take(100))
                             .map(view)
                             .collect(),
+                        eligible,
+                        drain,
                     })
                 });
                 Arc::clone(view)
@@ -245,14 +259,19 @@ impl Master {
         }
         // One launch message per agent for the whole plan.
         let mut launches: HashMap<String, Vec<pb::RunTask>> = HashMap::new();
+        // A plan made before an agent was drained or made ineligible places nothing there.
+        let scheduling = self.agent_scheduling();
         for placement in plan.place {
+            let eligible = scheduling
+                .get(&placement.agent.0)
+                .is_none_or(|s| s.eligible);
             let fits = self
                 .cluster
                 .agents
                 .get(&placement.agent.0)
                 .is_some_and(|agent| {
                     // The model's one fit rule, as the schedulers and the blocked-queue use it.
-                    agent.connected && placement.resources.fits_in(&agent.free())
+                    eligible && agent.connected && placement.resources.fits_in(&agent.free())
                 });
             if fits {
                 if let Some(run) = self.stage_placement(&placement) {

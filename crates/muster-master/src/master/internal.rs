@@ -30,6 +30,8 @@ pub enum InternalMsg {
     LaunchesTimedOut(Vec<(String, String)>),
     /// Time for the leader's check that jobs run what they ask for.
     Reconcile,
+    /// Time for the leader's check of the drains under way.
+    CheckDrains,
     /// The re-registration deadline of the recovery begun in `term`.
     ReregistrationDeadline {
         /// The term the recovery belongs to.
@@ -55,6 +57,7 @@ impl Master {
             InternalMsg::PingAgents => self.ping_agents(ctx),
             InternalMsg::CheckHeartbeats => self.check_heartbeats(ctx),
             InternalMsg::LaunchesTimedOut(staged) => self.launches_timed_out(staged, ctx),
+            InternalMsg::CheckDrains => self.check_drains(ctx),
             InternalMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
             InternalMsg::Reconcile => self.reconcile_jobs(ctx),
             InternalMsg::RetryLeading { term } => {

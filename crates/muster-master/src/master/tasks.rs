@@ -211,6 +211,12 @@ impl Master {
         let freed = ended.then(|| (agent.info.attributes.clone(), agent.free()));
         let index = self.next_index();
         self.publish_task(&agent_id, &task);
+        if (ended || state_of(&task) == TaskState::Running)
+            && let Some(job) = task_job(&task).map(str::to_owned)
+        {
+            // A replacement running, or a task ending, lets a drain take its next step.
+            self.drain_progressed(&job, ctx);
+        }
         let Some((attributes, free_now)) = freed else {
             return;
         };

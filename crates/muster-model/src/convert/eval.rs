@@ -47,6 +47,7 @@ impl From<Trigger> for pb::Trigger {
             Trigger::TaskEnded(task) => Kind::TaskEnded(task),
             Trigger::FailedFollowUp(eval) => Kind::FailedFollowUp(eval.0),
             Trigger::Reconcile => Kind::Reconcile(pb::trigger::Reconcile {}),
+            Trigger::AgentDrain(agent) => Kind::AgentDrain(agent.0),
         };
         pb::Trigger { kind: Some(kind) }
     }
@@ -66,6 +67,7 @@ impl TryFrom<pb::Trigger> for Trigger {
             Some(Kind::TaskEnded(task)) => Ok(Trigger::TaskEnded(task)),
             Some(Kind::FailedFollowUp(eval)) => Ok(Trigger::FailedFollowUp(EvalId(eval))),
             Some(Kind::Reconcile(_)) => Ok(Trigger::Reconcile),
+            Some(Kind::AgentDrain(agent)) => Ok(Trigger::AgentDrain(AgentId(agent))),
             None => Err(FieldError::new("", "none of its kinds is set")),
         }
     }

@@ -88,6 +88,7 @@ impl From<TaskGroup> for pb::TaskGroup {
             constraints: all(group.constraints),
             spec_version: group.spec_version,
             user: group.user,
+            migrate_max_parallel: group.migrate_max_parallel,
         }
     }
 }
@@ -106,6 +107,7 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
             constraints: each(proto.constraints, "constraints")?,
             spec_version: proto.spec_version,
             user: proto.user,
+            migrate_max_parallel: proto.migrate_max_parallel,
         })
     }
 }
@@ -196,6 +198,7 @@ impl Job {
                 // The registry sets it when it stores the job.
                 spec_version: 0,
                 user: group.user,
+                migrate_max_parallel: group.migrate_max_parallel,
             });
         }
         let job = Job {
@@ -237,6 +240,7 @@ mod tests {
                 }],
                 spec_version: 0,
                 user: String::new(),
+                migrate_max_parallel: 0,
             }],
             stopped: false,
             version: 0,

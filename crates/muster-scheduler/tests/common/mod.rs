@@ -18,6 +18,8 @@ pub(crate) fn res(cpus: f64, mem_mb: u64) -> Resources {
 
 pub(crate) fn agent(name: &str, cpus: f64, mem_mb: u64) -> AgentView {
     AgentView {
+        drain: muster_model::DrainPhase::None,
+        eligible: true,
         id: id(name),
         attributes: BTreeMap::new(),
         total: res(cpus, mem_mb),
@@ -32,6 +34,7 @@ pub(crate) fn with_attr(mut agent: AgentView, key: &str, value: &str) -> AgentVi
 
 pub(crate) fn group(name: &str, count: u32, cpus: f64, mem_mb: u64) -> TaskGroup {
     TaskGroup {
+        migrate_max_parallel: 0,
         name: name.to_owned(),
         count,
         resources: res(cpus, mem_mb),

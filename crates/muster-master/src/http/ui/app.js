@@ -177,13 +177,23 @@ function usage(used, total, unit) {
     h("div", { class: "bar" }, h("span", { style: `width:${share}%` })));
 }
 
+// An agent's eligibility and drain: `eligible`, `ineligible`, `draining until ...`, `drained`.
+function scheduling(a) {
+  if (a.drain === "draining") {
+    return badge(a.drain_deadline_ms ? `draining until ${new Date(a.drain_deadline_ms).toISOString()}` : "draining");
+  }
+  if (a.drain === "stopping" || a.drain === "drained") return badge(a.drain);
+  return badge(a.eligible ? "eligible" : "ineligible");
+}
+
 async function agentsPage() {
   const list = await api("/v1/agents");
   show(h("h1", {}, "Agents"),
-    table(["Id", "Hostname", "Address", "Status", "CPU", "Memory", "Tasks "],
+    table(["Id", "Hostname", "Address", "Status", "Scheduling", "CPU", "Memory", "Tasks "],
       list.agents.map((a) => h("tr", {},
         h("td", {}, link(`#/agent/${encodeURIComponent(a.id)}`, a.id)), h("td", {}, a.hostname),
         h("td", {}, h("code", {}, a.address)), h("td", {}, badge(a.status)),
+        h("td", {}, scheduling(a)),
         h("td", {}, usage(a.cpus_used, a.cpus, "CPUs")), h("td", {}, usage(a.mem_mb_used, a.mem_mb, "MiB")),
         num(a.tasks)))));
 }
@@ -192,7 +202,7 @@ async function agentPage(id) {
   const detail = await api(`/v1/agent/${encodeURIComponent(id)}`);
   const a = detail.agent;
   show(h("h1", {}, `Agent ${a.id}`),
-    h("p", {}, badge(a.status), ` ${a.hostname} at `, h("code", {}, a.address)),
+    h("p", {}, badge(a.status), " ", scheduling(a), ` ${a.hostname} at `, h("code", {}, a.address)),
     h("div", { class: "cards" },
       h("div", { class: "card" }, h("div", { class: "label" }, "CPU"), usage(a.cpus_used, a.cpus, "CPUs")),
       h("div", { class: "card" }, h("div", { class: "label" }, "Memory"), usage(a.mem_mb_used, a.mem_mb, "MiB"))),
