@@ -491,6 +491,10 @@ pub struct ClusterStatus {
     pub is_leader: bool,
     /// The registry's raft term.
     pub term: u64,
+    /// The registry's raft commit index as the answering master knows it: on the leader, the
+    /// highest index a majority of the masters hold; on a standby, the index it applied (a
+    /// lower bound). The index it applied is in `read`.
+    pub commit_index: u64,
     /// True while a new leader waits for admitted agents to re-register.
     pub recovering: bool,
     /// True on a cluster run with `--insecure`.
@@ -656,6 +660,7 @@ impl From<&cluster_pb::ClusterState> for ClusterStatus {
             leader: state.leader.clone(),
             is_leader: state.is_leader,
             term: state.term,
+            commit_index: state.commit_index,
             recovering: state.recovering,
             insecure: state.insecure,
             agents_ready: state.agents.iter().filter(|a| a.connected).count() as u64,

@@ -400,6 +400,7 @@ struct Figures {
 struct RaftFigures {
     term: u64,
     last_log_index: u64,
+    commit_index: u64,
     applied_index: u64,
     snapshot_index: u64,
     purged_index: u64,
@@ -424,12 +425,14 @@ impl MetricsSnapshot {
             self.blocked.ask_timeout(ASK_TIMEOUT, BlockedMsg::Stats),
             registrar,
         );
+        let commit_index = self.registry.commit_index();
         let raft = {
             let metrics = self.registry.raft().metrics();
             let metrics = metrics.borrow();
             RaftFigures {
                 term: metrics.current_term,
                 last_log_index: metrics.last_log_index.unwrap_or(0),
+                commit_index,
                 applied_index: metrics.last_applied.map_or(0, |id| id.index),
                 snapshot_index: metrics.snapshot.map_or(0, |id| id.index),
                 purged_index: metrics.purged.map_or(0, |id| id.index),
@@ -688,6 +691,12 @@ fn figures_registry(figures: &Figures) -> Registry {
             raft.last_log_index,
         ),
         (
+            "muster_registry_commit_index",
+            "The registry's raft commit index as this member knows it: on the leader, the \
+             highest index a majority holds; on a standby, its applied index (a lower bound)",
+            raft.commit_index,
+        ),
+        (
             "muster_registry_applied_index",
             "The index of the last entry this member applied to its registry",
             raft.applied_index,
@@ -857,6 +866,7 @@ mod tests {
             raft: RaftFigures {
                 term: 3,
                 last_log_index: 40,
+                commit_index: 40,
                 applied_index: 40,
                 snapshot_index: 10,
                 purged_index: 8,

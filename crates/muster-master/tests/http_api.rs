@@ -312,7 +312,8 @@ async fn curl_drives_jobs_through_the_http_api_with_tokens_and_json_errors() -> 
         status.status == 200
             && status.body["is_leader"] == true
             && status.body["term"].as_u64() >= Some(1)
-            && status.body["members"][0]["leader"] == true,
+            && status.body["members"][0]["leader"] == true
+            && status.body["commit_index"].as_u64() >= Some(1),
         "{status:?}"
     );
     let agents = curl(&server, "GET", "/v1/agents", Some(("x", &reader)), None).await?;

@@ -159,6 +159,7 @@ async fn a_leading_master_renders_what_it_did_in_both_formats() -> anyhow::Resul
     exactly("muster_master_is_leader", &[], 1.0)?;
     at_least("muster_registry_term", &[], 1.0)?;
     at_least("muster_registry_applied_index", &[], 1.0)?;
+    at_least("muster_registry_commit_index", &[], 1.0)?;
     at_least("muster_registry_last_log_index", &[], 1.0)?;
     at_least("muster_registry_log_entries", &[], 1.0)?;
     at_least("muster_registrar_entries", &[], 1.0)?;

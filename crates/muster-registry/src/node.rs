@@ -217,6 +217,37 @@ impl RegistryNode {
         )
     }
 
+    /// The registry's commit index as this member knows it. On the leader, the highest index
+    /// a majority of the voters hold, from openraft's replication figures (once the leader has
+    /// applied an entry of its own term, as a leading master has, that is raft's commit
+    /// index); on a follower, which openraft 0.9 does not tell its commit index, the index it
+    /// applied, a lower bound.
+    pub fn commit_index(&self) -> u64 {
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        let applied = metrics.last_applied.map_or(0, |id| id.index);
+        let Some(replication) = &metrics.replication else {
+            return applied;
+        };
+        let own = metrics.last_log_index.unwrap_or(0);
+        let matched = metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .map(|voter| {
+                if voter == self.id {
+                    own
+                } else {
+                    replication
+                        .get(&voter)
+                        .copied()
+                        .flatten()
+                        .map_or(0, |id| id.index)
+                }
+            });
+        majority_index(matched).max(applied)
+    }
+
     /// How long ago this member last accepted entries or a heartbeat from a leader (`None`
     /// if it never has): on a follower, how stale its registry may be.
     pub fn last_leader_contact(&self) -> Option<Duration> {
@@ -344,4 +375,25 @@ fn watch_leadership(raft: &Raft, me: NodeId) -> watch::Receiver<Leadership> {
         }
     });
     rx
+}
+/// The highest index held by a majority of the voters whose matched indexes are given: the
+/// middle one, counting from the highest.
+fn majority_index(matched: impl Iterator<Item = u64>) -> u64 {
+    let mut matched: Vec<u64> = matched.collect();
+    matched.sort_unstable_by(|a, b| b.cmp(a));
+    matched.get(matched.len() / 2).copied().unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::majority_index;
+
+    #[test]
+    fn the_commit_index_is_what_a_majority_holds() {
+        assert_eq!(majority_index([7].into_iter()), 7, "one voter");
+        assert_eq!(majority_index([9, 4, 7].into_iter()), 7);
+        assert_eq!(majority_index([9, 4].into_iter()), 4, "two voters: both");
+        assert_eq!(majority_index([5, 9, 1, 7, 3].into_iter()), 5);
+        assert_eq!(majority_index(std::iter::empty()), 0);
+    }
 }

@@ -368,6 +368,7 @@ impl Master {
             leader: leader.map(|(_, a)| a).unwrap_or_default(),
             is_leader,
             term: self.term,
+            commit_index: self.registry.commit_index(),
             insecure: self.config.security.is_insecure(),
             recovering: matches!(
                 &self.role,
