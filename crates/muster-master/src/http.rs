@@ -15,6 +15,7 @@
 
 mod events;
 mod handlers;
+mod logs;
 pub mod openapi;
 mod ui;
 

@@ -28,10 +28,32 @@ async fn curl(
     token: Option<(&str, &TokenSecret)>,
     body: Option<&str>,
 ) -> anyhow::Result<Answer> {
+    let (status, headers, body) = curl_text(server, method, path, token, body).await?;
+    let body = if body.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&body).with_context(|| format!("not JSON: {body}"))?
+    };
+    Ok(Answer {
+        status,
+        body,
+        headers: headers.to_ascii_lowercase(),
+    })
+}
+
+/// As [`curl`], the answer as it came: its status, headers and body (all of it: a streamed
+/// body until the server ended it).
+async fn curl_text(
+    server: &MasterServer,
+    method: &str,
+    path: &str,
+    token: Option<(&str, &TokenSecret)>,
+    body: Option<&str>,
+) -> anyhow::Result<(u16, String, String)> {
     let url = format!("https://{}{path}", server.http_address());
     let mut command = tokio::process::Command::new("curl");
     command
-        .args(["--silent", "--show-error", "--max-time", "30"])
+        .args(["--silent", "--show-error", "--globoff", "--max-time", "30"])
         .arg("--cacert")
         .arg(TestPki::shared().ca_file())
         .args(["--request", method, "--dump-header", "-"])
@@ -65,16 +87,7 @@ async fn curl(
     let text = String::from_utf8(output.stdout)?;
     let (rest, status) = text.rsplit_once('\n').context("no status line")?;
     let (headers, body) = rest.split_once("\r\n\r\n").unwrap_or(("", rest));
-    let body = if body.trim().is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_str(body).with_context(|| format!("not JSON: {body}"))?
-    };
-    Ok(Answer {
-        status: status.trim().parse()?,
-        body,
-        headers: headers.to_ascii_lowercase(),
-    })
+    Ok((status.trim().parse()?, headers.to_owned(), body.to_owned()))
 }
 
 /// The error code of an error answer.
@@ -603,5 +616,110 @@ async fn a_standby_redirects_to_the_leaders_http_port_and_is_ready() -> anyhow::
     for master in masters {
         master.shutdown().await;
     }
+    Ok(())
+}
+
+/// `curl` of a streamed `path` with `token`: everything it sent until it ended.
+async fn curl_stream(
+    server: &MasterServer,
+    path: &str,
+    token: &TokenSecret,
+) -> anyhow::Result<String> {
+    let (status, headers, body) = curl_text(server, "GET", path, Some(("x", token)), None).await?;
+    ensure!(status == 200, "GET {path}: {status} {headers} {body}");
+    Ok(body)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tasks_output_is_followed_until_the_task_ends() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = muster_master::testing::start_leading(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("master"),
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+    })
+    .await?;
+    let node = muster_actor::Node::bind(
+        &muster_actor::System::new(),
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
+    let mut config =
+        muster_agent::AgentConfig::new(vec![server.address().to_owned()], dir.path().join("agent"));
+    config.registration_backoff_initial = std::time::Duration::from_millis(20);
+    let agent = muster_agent::start(&node, config).await?;
+    tokio::time::timeout(std::time::Duration::from_secs(30), agent.registered())
+        .await
+        .context("the agent did not register")??;
+    let token = bootstrap(server.address()).await?;
+
+    // Two lines two seconds apart: the second is written while the stream is open.
+    let job = r#"{"name":"talk","type":"batch","group":[{"name":"say","count":1,"command":"sh","args":["-c","echo first; sleep 2; echo second"],"cpus":0.1,"mem_mb":16}]}"#;
+    let submitted = curl(&server, "POST", "/v1/jobs", Some(("x", &token)), Some(job)).await?;
+    ensure!(submitted.status == 200, "{submitted:?}");
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let task_id = loop {
+        let tasks = curl(
+            &server,
+            "GET",
+            "/v1/job/talk/tasks",
+            Some(("x", &token)),
+            None,
+        )
+        .await?;
+        let running = tasks
+            .body
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|t| t["state"] == "running")
+            .and_then(|t| t["id"].as_str().map(str::to_owned));
+        if let Some(id) = running {
+            break id;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the task never ran: {tasks:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    let followed = curl_stream(
+        &server,
+        &format!("/v1/task/{task_id}/logs?follow=true"),
+        &token,
+    )
+    .await?;
+    let mut text = String::new();
+    for line in followed.lines() {
+        let piece: Value =
+            serde_json::from_str(line).with_context(|| format!("not JSON: {line}"))?;
+        ensure!(piece["task_id"] == task_id.as_str(), "{piece}");
+        text.push_str(piece["data"].as_str().unwrap_or(""));
+    }
+    ensure!(text == "first\nsecond\n", "followed: {followed:?}");
+    // The task has ended: the plain form sends what there is and ends at once.
+    let plain = curl_stream(
+        &server,
+        &format!("/v1/task/{task_id}/logs?follow=true&plain=true"),
+        &token,
+    )
+    .await?;
+    ensure!(plain == "first\nsecond\n", "plain: {plain:?}");
+    let unknown = curl(
+        &server,
+        "GET",
+        "/v1/task/nope/logs?follow=true",
+        Some(("x", &token)),
+        None,
+    )
+    .await?;
+    ensure!(
+        unknown.status == 404 || unknown.status == 400,
+        "{unknown:?}"
+    );
+
+    agent.stop().await;
+    server.shutdown().await;
     Ok(())
 }

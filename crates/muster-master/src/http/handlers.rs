@@ -215,9 +215,18 @@ pub(crate) struct LogsQuery {
     /// Most bytes (0: the agent's cap, 1 MiB).
     #[serde(default)]
     limit: u32,
+    /// Keep the response open and send what the task writes next, until it ends (NDJSON, a
+    /// document per piece).
+    #[serde(default)]
+    follow: bool,
+    /// With `follow`: the bytes alone (`text/plain`), not documents.
+    #[serde(default)]
+    plain: bool,
 }
 
-/// A piece of a task's stdout or stderr, read from its agent across rotations.
+/// A piece of a task's stdout or stderr, read from its agent across rotations; with
+/// `follow=true`, every piece as it is written (NDJSON, or the bytes alone with `plain=true`)
+/// until the task ends.
 #[utoipa::path(get, path = "/v1/task/{id}/logs", params(("id" = String, Path, description = "The task's id"), LogsQuery), tag = "tasks",
     responses((status = 200, body = muster_api::TaskLogs), (status = 404, body = ApiError), (status = 503, body = ApiError), (status = 401, body = ApiError)))]
 pub(crate) async fn task_logs(
@@ -238,12 +247,31 @@ pub(crate) async fn task_logs(
                 offset: query.offset,
                 limit: query.limit,
             },
-            caller,
+            caller.clone(),
         ))
         .await
         .map_err(|s| refused(&state, &uri, s))?
         .into_inner();
-    Ok(Json(muster_api::TaskLogs::new(&id, query.stderr, chunk)).into_response())
+    if !query.follow {
+        return Ok(Json(muster_api::TaskLogs::new(&id, query.stderr, chunk)).into_response());
+    }
+    let content_type = if query.plain {
+        "text/plain; charset=utf-8"
+    } else {
+        "application/x-ndjson"
+    };
+    let follow = super::logs::Follow {
+        operator: state.operator.clone(),
+        caller,
+        task_id: id,
+        stderr: query.stderr,
+        plain: query.plain,
+    };
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, content_type)],
+        super::logs::body(follow, chunk),
+    )
+        .into_response())
 }
 
 /// Lists jobs with their tasks counted by state.
