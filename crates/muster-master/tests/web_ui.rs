@@ -1,7 +1,8 @@
 //! The web UI in a real browser: headless Chromium driven through WebDriver (chromedriver),
 //! against a real master and agent over TLS. The test signs in with a token, submits a job
 //! through the HTTP API, watches its task go to RUNNING and then FINISHED on the page without
-//! a reload, opens the task's logs, and saves a screenshot (`target/web-ui.png`).
+//! a reload, opens the task's logs, sees the job's versions, saves a screenshot
+//! (`target/web-ui.png`), and finds the agent listed as eligible.
 //!
 //! Needs `chromium` and `chromedriver` (Debian's `chromium` and `chromium-driver`; `.ci/run`
 //! installs them). Without them the test says so and passes, unless `MUSTER_REQUIRE_BROWSER=1`
@@ -283,6 +284,10 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
                 "return (document.getElementById('logs-text')?.textContent || '').includes('hello-from-the-task')",
             )?;
             page.until(
+                "the job's versions",
+                "return !!document.querySelector('tr[data-version=\"1\"]')",
+            )?;
+            page.until(
                 "the task finished",
                 "return [...document.querySelectorAll('td.task-state')].some(td => td.textContent === 'finished')",
             )?;
@@ -291,6 +296,12 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
                 "the page reloaded"
             );
             page.screenshot(&screenshot_path())?;
+            // The agents page shows how each agent takes work.
+            page.open(&format!("{base}/ui/#/agents"))?;
+            page.until(
+                "the agent eligible on the agents page",
+                "return [...document.querySelectorAll('td span.state')].some(s => s.textContent === 'eligible')",
+            )?;
             Ok(())
         }
     };

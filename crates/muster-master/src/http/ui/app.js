@@ -121,10 +121,16 @@ async function jobsPage() {
   );
 }
 
+// A job document's groups in a line each: `web × 3: sleep 600`.
+const groupLines = (spec) => (spec.group || []).map((g) => `${g.name} × ${g.count}: ${g.command} ${(g.args || []).join(" ")}`);
+
 async function jobPage(name) {
-  const job = await api(`/v1/job/${encodeURIComponent(name)}`);
+  const [job, history] = await Promise.all([
+    api(`/v1/job/${encodeURIComponent(name)}`),
+    api(`/v1/job/${encodeURIComponent(name)}/versions`),
+  ]);
   const spec = job.job;
-  const groups = spec.group.map((g) => `${g.name} × ${g.count}: ${g.command} ${(g.args || []).join(" ")}`);
+  const groups = groupLines(spec);
   show(
     h("h1", {}, `Job ${spec.name}`),
     h("p", {}, `${spec.type || "service"}, version ${job.version}, priority ${spec.priority || 50}`,
@@ -141,6 +147,10 @@ async function jobPage(name) {
     logsPanel(),
     h("h2", {}, "Evaluations"),
     evaluationsTable(job.evaluations),
+    h("h2", {}, "Versions"),
+    table(["Version", "State", "Groups"], history.versions.map((v) => h("tr", { "data-version": v.version },
+      num(v.version), h("td", {}, badge(v.stopped ? "stopped" : v.version === job.version ? "current" : "earlier")),
+      h("td", {}, groupLines(v.job).map((g) => h("div", {}, h("code", {}, g))))))),
   );
 }
 
