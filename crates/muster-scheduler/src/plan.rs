@@ -39,7 +39,9 @@ impl ClusterSnapshot {
     }
 }
 
-/// One agent as a scheduler sees it.
+/// One agent as a scheduler sees it. Its tasks are kept grouped by job, with what its live
+/// tasks hold worked out once: a scheduler run finds a job's tasks on an agent by a binary
+/// search, and never walks the agent's other tasks ([`AgentView::tasks_of`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentView {
     /// Its id.
@@ -48,30 +50,89 @@ pub struct AgentView {
     pub attributes: BTreeMap<String, String>,
     /// Everything it offers.
     pub total: Resources,
-    /// Its tasks, running and recently ended.
-    pub tasks: Vec<TaskView>,
     /// Whether new tasks may be placed on it (false while it drains, or as an operator set
     /// it).
     pub eligible: bool,
     /// Where its drain is: its tasks move or stop (see [`reconcile`](crate::reconcile)).
     pub drain: DrainPhase,
+    /// Its tasks, running and recently ended, ordered by job.
+    tasks: Vec<TaskView>,
+    /// What its live tasks hold.
+    used: Resources,
+    /// How many of its tasks are live.
+    live: usize,
 }
 
 impl AgentView {
-    /// The resources its non-terminal tasks hold.
-    pub fn used(&self) -> Resources {
+    /// An eligible agent, not draining, with `tasks`.
+    pub fn new(
+        id: AgentId,
+        attributes: BTreeMap<String, String>,
+        total: Resources,
+        tasks: Vec<TaskView>,
+    ) -> Self {
+        let mut view = AgentView {
+            id,
+            attributes,
+            total,
+            eligible: true,
+            drain: DrainPhase::None,
+            tasks,
+            used: Resources::default(),
+            live: 0,
+        };
+        view.index();
+        view
+    }
+
+    /// Its tasks, running and recently ended, ordered by job.
+    pub fn tasks(&self) -> &[TaskView] {
+        &self.tasks
+    }
+
+    /// Its tasks, ordered by job, taken out of the view.
+    pub fn into_tasks(self) -> Vec<TaskView> {
         self.tasks
-            .iter()
-            .filter(|task| !task.state.is_terminal())
-            .fold(Resources::default(), |used, task| {
-                used.saturating_add(&task.resources)
-            })
+    }
+
+    /// Its tasks of `job`, found by a binary search.
+    pub fn tasks_of(&self, job: &str) -> &[TaskView] {
+        let start = self.tasks.partition_point(|task| task.job.as_str() < job);
+        let len = self.tasks[start..].partition_point(|task| task.job == job);
+        &self.tasks[start..start + len]
+    }
+
+    /// Changes its tasks with `change`; the order by job and the figures follow.
+    pub fn update_tasks(&mut self, change: impl FnOnce(&mut Vec<TaskView>)) {
+        change(&mut self.tasks);
+        self.index();
+    }
+
+    /// Orders the tasks by job (stable: otherwise as given) and works out what the live ones
+    /// hold.
+    fn index(&mut self) {
+        self.tasks.sort_by(|a, b| a.job.cmp(&b.job));
+        let live = self.tasks.iter().filter(|task| !task.state.is_terminal());
+        self.live = live.clone().count();
+        self.used = live.fold(Resources::default(), |used, task| {
+            used.saturating_add(&task.resources)
+        });
+    }
+
+    /// The resources its non-terminal tasks hold.
+    pub fn used(&self) -> &Resources {
+        &self.used
+    }
+
+    /// How many of its tasks are not terminal.
+    pub fn live_tasks(&self) -> usize {
+        self.live
     }
 
     /// What is left for new tasks: its total minus what its non-terminal tasks hold, never
     /// below zero.
     pub fn free(&self) -> Resources {
-        self.total.saturating_sub(&self.used())
+        self.total.saturating_sub(&self.used)
     }
 
     /// Whether a task needing `need` fits in what is free now (the model's one rule,
@@ -133,6 +194,22 @@ pub struct Placement {
     /// its group's [`spec_version`](muster_model::TaskGroup::spec_version) is
     /// outdated and replaced.
     pub job_version: u64,
+}
+
+impl Placement {
+    /// The task this placement starts, as a scheduler sees it before its agent reports it
+    /// (staging).
+    pub fn staged_task(&self) -> TaskView {
+        TaskView {
+            id: self.task_id.clone(),
+            name: self.name.clone(),
+            job: self.job.clone(),
+            group: self.group.clone(),
+            resources: self.resources.clone(),
+            state: TaskState::Staging,
+            job_version: self.job_version,
+        }
+    }
 }
 
 /// A task to stop.
@@ -215,16 +292,14 @@ mod tests {
 
     #[test]
     fn only_live_tasks_take_resources() {
-        let agent = AgentView {
-            drain: muster_model::DrainPhase::None,
-            eligible: true,
-            id: AgentId("a".into()),
-            attributes: BTreeMap::new(),
-            total: Resources {
+        let agent = AgentView::new(
+            AgentId("a".into()),
+            BTreeMap::new(),
+            Resources {
                 cpus: 4.0,
                 mem_mb: 4096,
             },
-            tasks: vec![
+            vec![
                 task("1", 1.0, 1024, TaskState::Running),
                 task("2", 0.5, 512, TaskState::Staging),
                 task("3", 2.0, 2048, TaskState::Finished),
@@ -232,7 +307,8 @@ mod tests {
                 task("5", 2.0, 2048, TaskState::Killed),
                 task("6", 2.0, 2048, TaskState::Lost),
             ],
-        };
+        );
+        assert_eq!(agent.live_tasks(), 2);
         assert_eq!(
             agent.free(),
             Resources {
@@ -252,17 +328,45 @@ mod tests {
 
     #[test]
     fn an_overcommitted_agent_has_nothing_free() {
-        let agent = AgentView {
-            drain: muster_model::DrainPhase::None,
-            eligible: true,
-            id: AgentId("a".into()),
-            attributes: BTreeMap::new(),
-            total: Resources {
+        let agent = AgentView::new(
+            AgentId("a".into()),
+            BTreeMap::new(),
+            Resources {
                 cpus: 1.0,
                 mem_mb: 100,
             },
-            tasks: vec![task("1", 2.0, 200, TaskState::Running)],
-        };
+            vec![task("1", 2.0, 200, TaskState::Running)],
+        );
         assert_eq!(agent.free(), Resources::default());
+    }
+
+    #[test]
+    fn a_jobs_tasks_are_found_by_job_whatever_the_order_given() {
+        let of = |job: &str, id: &str| TaskView {
+            job: job.into(),
+            ..task(id, 0.1, 1, TaskState::Running)
+        };
+        let mut agent = AgentView::new(
+            AgentId("a".into()),
+            BTreeMap::new(),
+            Resources {
+                cpus: 8.0,
+                mem_mb: 100,
+            },
+            vec![
+                of("web", "w1"),
+                of("api", "a1"),
+                of("web", "w2"),
+                of("db", "d1"),
+            ],
+        );
+        let ids = |tasks: &[TaskView]| tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>();
+        assert_eq!(ids(agent.tasks_of("web")), ["w1", "w2"]);
+        assert_eq!(ids(agent.tasks_of("api")), ["a1"]);
+        assert!(agent.tasks_of("nope").is_empty());
+        assert!(agent.tasks_of("").is_empty());
+        agent.update_tasks(|tasks| tasks.push(of("api", "a2")));
+        assert_eq!(ids(agent.tasks_of("api")), ["a1", "a2"]);
+        assert_eq!(agent.live_tasks(), 5);
     }
 }

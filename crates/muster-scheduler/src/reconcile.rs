@@ -128,7 +128,7 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     let mut stop = Vec::new();
     for agent in &snapshot.agents {
         let departure = departure(agent, scheduler, snapshot);
-        for task in agent.tasks.iter().filter(|task| task.job == job_name) {
+        for task in agent.tasks_of(job_name) {
             let slot = by_name.get(task.name.as_str()).copied().filter(|&i| {
                 let slot = &slots[i];
                 slot.group.name == task.group && slot.agent.as_ref().is_none_or(|a| a == &agent.id)
@@ -282,7 +282,7 @@ fn departure(
         (DrainPhase::Migrating, Some(SchedulerType::Service)) => Departure::Moves,
         (DrainPhase::Migrating, Some(SchedulerType::Batch)) => Departure::Stays,
         (DrainPhase::Migrating, Some(SchedulerType::System)) => {
-            let others_run = agent.tasks.iter().any(|task| {
+            let others_run = agent.tasks().iter().any(|task| {
                 !task.state.is_terminal()
                     && snapshot
                         .jobs

@@ -200,14 +200,15 @@ fn build_plan<P: Placer + ?Sized>(
     agents.dedup_by(|later, earlier| later.id == earlier.id);
     let mut standings: Vec<Standing<'_>> = agents
         .iter()
-        .map(|agent| {
-            let live = agent.tasks.iter().filter(|t| !t.state.is_terminal());
-            Standing {
-                agent,
-                used: agent.used(),
-                tasks: live.clone().count(),
-                job_tasks: live.filter(|t| t.job == reconciled.job).count(),
-            }
+        .map(|agent| Standing {
+            agent,
+            used: agent.used().clone(),
+            tasks: agent.live_tasks(),
+            job_tasks: agent
+                .tasks_of(&reconciled.job)
+                .iter()
+                .filter(|t| !t.state.is_terminal())
+                .count(),
         })
         .collect();
     let position: HashMap<&AgentId, usize> = agents
@@ -375,14 +376,12 @@ mod tests {
     use super::*;
 
     fn view(id: &str, cpus: f64) -> AgentView {
-        AgentView {
-            drain: muster_model::DrainPhase::None,
-            eligible: true,
-            id: AgentId(id.into()),
-            attributes: BTreeMap::new(),
-            total: Resources { cpus, mem_mb: 1024 },
-            tasks: Vec::new(),
-        }
+        AgentView::new(
+            AgentId(id.into()),
+            BTreeMap::new(),
+            Resources { cpus, mem_mb: 1024 },
+            Vec::new(),
+        )
     }
 
     fn slot() -> SlotRequest {

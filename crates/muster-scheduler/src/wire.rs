@@ -46,14 +46,19 @@ impl TryFrom<pb::TaskView> for TaskView {
 }
 
 impl From<AgentView> for pb::AgentView {
-    fn from(this: AgentView) -> Self {
+    fn from(mut this: AgentView) -> Self {
+        let id = std::mem::take(&mut this.id.0);
+        let attributes = unsorted(std::mem::take(&mut this.attributes));
+        let total = Some(this.total.clone().into());
+        let ineligible = !this.eligible;
+        let drain = muster_proto::model::DrainPhase::from(this.drain).into();
         pb::AgentView {
-            id: this.id.0,
-            attributes: unsorted(this.attributes),
-            total: Some(this.total.into()),
-            tasks: all(this.tasks),
-            ineligible: !this.eligible,
-            drain: muster_proto::model::DrainPhase::from(this.drain).into(),
+            id,
+            attributes,
+            total,
+            tasks: all(this.into_tasks()),
+            ineligible,
+            drain,
         }
     }
 }
@@ -62,18 +67,17 @@ impl TryFrom<pb::AgentView> for AgentView {
     type Error = FieldError;
 
     fn try_from(proto: pb::AgentView) -> Result<Self, FieldError> {
-        Ok(AgentView {
-            id: AgentId(proto.id),
-            attributes: sorted(proto.attributes),
-            total: required(proto.total, "total")?,
-            tasks: each(proto.tasks, "tasks")?,
-            eligible: !proto.ineligible,
-            drain: muster_proto::model::DrainPhase::try_from(proto.drain)
-                .map_err(|_| {
-                    FieldError::new("drain", format!("unknown drain phase {}", proto.drain))
-                })?
-                .into(),
-        })
+        let mut view = AgentView::new(
+            AgentId(proto.id),
+            sorted(proto.attributes),
+            required(proto.total, "total")?,
+            each(proto.tasks, "tasks")?,
+        );
+        view.eligible = !proto.ineligible;
+        view.drain = muster_proto::model::DrainPhase::try_from(proto.drain)
+            .map_err(|_| FieldError::new("drain", format!("unknown drain phase {}", proto.drain)))?
+            .into();
+        Ok(view)
     }
 }
 
@@ -343,13 +347,11 @@ mod tests {
         ];
         ClusterSnapshot {
             index: 42,
-            agents: vec![Arc::new(AgentView {
-                drain: muster_model::DrainPhase::None,
-                eligible: true,
-                id: AgentId("agent-1".into()),
-                attributes: BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
-                total: resources(8.0, 4096),
-                tasks: states
+            agents: vec![Arc::new(AgentView::new(
+                AgentId("agent-1".into()),
+                BTreeMap::from([("rack".to_owned(), "r1".to_owned())]),
+                resources(8.0, 4096),
+                states
                     .iter()
                     .enumerate()
                     .map(|(i, state)| TaskView {
@@ -363,7 +365,7 @@ mod tests {
                         job_version: i as u64,
                     })
                     .collect(),
-            })],
+            ))],
             jobs: BTreeMap::from([("web".to_owned(), job())]),
             held: ["web.fe[0]".to_owned()].into(),
         }

@@ -18,12 +18,15 @@ fn stopped_ids(r: &Reconciled) -> Vec<&str> {
     r.stop.iter().map(|s| s.task_id.as_str()).collect()
 }
 
-fn draining(agent: AgentView, phase: DrainPhase) -> AgentView {
-    AgentView {
-        eligible: false,
-        drain: phase,
-        ..agent
-    }
+fn draining(mut agent: AgentView, phase: DrainPhase) -> AgentView {
+    agent.eligible = false;
+    agent.drain = phase;
+    agent
+}
+
+fn ineligible(mut agent: AgentView) -> AgentView {
+    agent.eligible = false;
+    agent
 }
 
 fn running(name: &str, job: &str, group: &str) -> muster_scheduler::TaskView {
@@ -33,10 +36,11 @@ fn running(name: &str, job: &str, group: &str) -> muster_scheduler::TaskView {
 /// Sets the state of the task `id` wherever it runs in `snapshot`.
 fn set_state(snapshot: &mut ClusterSnapshot, id: &str, state: TaskState) {
     for agent in &mut snapshot.agents {
-        let agent = Arc::make_mut(agent);
-        for task in agent.tasks.iter_mut().filter(|t| t.id == id) {
-            task.state = state;
-        }
+        Arc::make_mut(agent).update_tasks(|tasks| {
+            for task in tasks.iter_mut().filter(|t| t.id == id) {
+                task.state = state;
+            }
+        });
     }
 }
 
@@ -47,7 +51,7 @@ fn holders(snapshot: &ClusterSnapshot, name: &str) -> Vec<(String, TaskState)> {
         .iter()
         .flat_map(|agent| {
             agent
-                .tasks
+                .tasks()
                 .iter()
                 .filter(|t| t.name == name && !t.state.is_terminal())
                 .map(|t| (agent.id.0.clone(), t.state))
@@ -123,16 +127,15 @@ fn service_tasks_move_a_step_at_a_time_and_stop_only_once_their_replacement_runs
         }
         // `apply` placed the next slot's replacement: the next round checks it.
         for agent in &mut snap.agents {
-            let agent = Arc::make_mut(agent);
-            agent
-                .tasks
-                .retain(|t| !plan.place.iter().any(|p| p.task_id == t.id));
+            Arc::make_mut(agent).update_tasks(|tasks| {
+                tasks.retain(|t| !plan.place.iter().any(|p| p.task_id == t.id))
+            });
         }
     }
     assert!(plan.place.is_empty(), "nothing left to move");
     assert!(
         snap.agent(&id("a1"))
-            .is_some_and(|a| a.tasks.iter().all(|t| t.state.is_terminal())),
+            .is_some_and(|a| a.tasks().iter().all(|t| t.state.is_terminal())),
         "a1 is empty"
     );
 }
@@ -245,10 +248,7 @@ fn system_tasks_go_last_and_no_system_slot_is_placed_on_an_ineligible_agent() {
     assert!(r.missing.is_empty(), "not placed again there: {r:?}");
 
     // Ineligible without a drain: its system task stays, and none is placed there.
-    let ineligible = AgentView {
-        eligible: false,
-        ..agent("a1", 8.0, 8192)
-    };
+    let ineligible = ineligible(agent("a1", 8.0, 8192));
     let kept = snapshot(
         3,
         vec![on(ineligible.clone(), vec![ship()])],
@@ -267,10 +267,7 @@ fn system_tasks_go_last_and_no_system_slot_is_placed_on_an_ineligible_agent() {
 #[test]
 fn nothing_is_placed_on_an_ineligible_agent() {
     let web = job("web", SchedulerType::Service, vec![group("fe", 2, 1.0, 64)]);
-    let ineligible = AgentView {
-        eligible: false,
-        ..agent("a1", 8.0, 8192)
-    };
+    let ineligible = ineligible(agent("a1", 8.0, 8192));
     let only_it = snapshot(1, vec![ineligible.clone()], vec![web.clone()]);
     let plan = binpack().plan(&eval_for(&web), &only_it);
     assert!(plan.place.is_empty());

@@ -100,7 +100,7 @@ impl Fake {
             .cluster
             .agents
             .iter()
-            .flat_map(|a| a.tasks.iter().map(move |t| (a.id.0.clone(), t.clone())))
+            .flat_map(|a| a.tasks().iter().map(move |t| (a.id.0.clone(), t.clone())))
             .filter(|(_, t)| t.job == job && !t.state.is_terminal())
             .collect()
     }
@@ -161,10 +161,11 @@ impl Backend for Fake {
                 .iter_mut()
                 .filter(|a| a.id == stop.agent)
             {
-                let agent = Arc::make_mut(agent);
-                for task in agent.tasks.iter_mut().filter(|t| t.id == stop.task_id) {
-                    task.state = TaskState::Killed;
-                }
+                Arc::make_mut(agent).update_tasks(|tasks| {
+                    for task in tasks.iter_mut().filter(|t| t.id == stop.task_id) {
+                        task.state = TaskState::Killed;
+                    }
+                });
             }
             result.stopped.push(stop);
         }
@@ -178,17 +179,10 @@ impl Backend for Fake {
                 Some(agent)
                     if !reject_all
                         && agent.fits(&placement.resources)
-                        && agent.tasks.iter().all(|t| t.id != placement.task_id) =>
+                        && agent.tasks().iter().all(|t| t.id != placement.task_id) =>
                 {
-                    Arc::make_mut(agent).tasks.push(TaskView {
-                        id: placement.task_id.clone(),
-                        name: placement.name.clone(),
-                        job: placement.job.clone(),
-                        group: placement.group.clone(),
-                        resources: placement.resources.clone(),
-                        state: TaskState::Staging,
-                        job_version: placement.job_version,
-                    });
+                    let task = placement.staged_task();
+                    Arc::make_mut(agent).update_tasks(|tasks| tasks.push(task));
                     result.committed.push(placement);
                 }
                 _ => result.rejected.push(placement),
@@ -321,14 +315,16 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
     fake.lock()
         .before_submit
         .push_back(Box::new(|cluster: &mut ClusterSnapshot| {
-            Arc::make_mut(&mut cluster.agents[0]).tasks.push(task(
-                "other.x[0]",
-                "other",
-                "x",
-                1.0,
-                256,
-                TaskState::Staging,
-            ));
+            Arc::make_mut(&mut cluster.agents[0]).update_tasks(|tasks| {
+                tasks.push(task(
+                    "other.x[0]",
+                    "other",
+                    "x",
+                    1.0,
+                    256,
+                    TaskState::Staging,
+                ));
+            });
         }));
     let mut worker = Worker::new(Arc::clone(&fake), binpack(), config());
     let outcome = worker.run_once().await.expect("step");

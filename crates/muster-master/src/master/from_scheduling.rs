@@ -149,7 +149,7 @@ impl Master {
         let name_of = |agent: &AgentId, task_id: &str| {
             snapshot
                 .agent(agent)
-                .and_then(|a| a.tasks.iter().find(|t| t.id == task_id))
+                .and_then(|a| a.tasks().iter().find(|t| t.id == task_id))
                 .map(|t| t.name.clone())
                 .unwrap_or_default()
         };
@@ -213,19 +213,20 @@ impl Master {
                     agent.view = None;
                 }
                 let view = agent.view.get_or_insert_with(|| {
-                    Arc::new(AgentView {
-                        id: AgentId(id.clone()),
-                        attributes: agent.info.attributes.clone(),
-                        total: agent.info.resources.clone(),
-                        tasks: agent
+                    let mut built = AgentView::new(
+                        AgentId(id.clone()),
+                        agent.info.attributes.clone(),
+                        agent.info.resources.clone(),
+                        agent
                             .tasks
                             .iter()
                             .chain(agent.completed_tasks.iter().rev().take(100))
                             .map(view)
                             .collect(),
-                        eligible,
-                        drain,
-                    })
+                    );
+                    built.eligible = eligible;
+                    built.drain = drain;
+                    Arc::new(built)
                 });
                 Arc::clone(view)
             })

@@ -17,14 +17,7 @@ pub(crate) fn res(cpus: f64, mem_mb: u64) -> Resources {
 }
 
 pub(crate) fn agent(name: &str, cpus: f64, mem_mb: u64) -> AgentView {
-    AgentView {
-        drain: muster_model::DrainPhase::None,
-        eligible: true,
-        id: id(name),
-        attributes: BTreeMap::new(),
-        total: res(cpus, mem_mb),
-        tasks: Vec::new(),
-    }
+    AgentView::new(id(name), BTreeMap::new(), res(cpus, mem_mb), Vec::new())
 }
 
 pub(crate) fn with_attr(mut agent: AgentView, key: &str, value: &str) -> AgentView {
@@ -109,7 +102,7 @@ pub(crate) fn task(
 }
 
 pub(crate) fn on(mut agent: AgentView, tasks: Vec<TaskView>) -> AgentView {
-    agent.tasks.extend(tasks);
+    agent.update_tasks(|all| all.extend(tasks));
     agent
 }
 
@@ -118,24 +111,16 @@ pub(crate) fn on(mut agent: AgentView, tasks: Vec<TaskView>) -> AgentView {
 pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
     for stop in &plan.stop {
         for agent in snapshot.agents.iter_mut().filter(|a| a.id == stop.agent) {
-            let agent = Arc::make_mut(agent);
-            for task in agent.tasks.iter_mut().filter(|t| t.id == stop.task_id) {
-                task.state = TaskState::Killed;
-            }
+            Arc::make_mut(agent).update_tasks(|tasks| {
+                for task in tasks.iter_mut().filter(|t| t.id == stop.task_id) {
+                    task.state = TaskState::Killed;
+                }
+            });
         }
     }
     for placement in &plan.place {
         if let Some(agent) = snapshot.agents.iter_mut().find(|a| a.id == placement.agent) {
-            let agent = Arc::make_mut(agent);
-            agent.tasks.push(TaskView {
-                id: placement.task_id.clone(),
-                name: placement.name.clone(),
-                job: placement.job.clone(),
-                group: placement.group.clone(),
-                resources: placement.resources.clone(),
-                state: TaskState::Staging,
-                job_version: placement.job_version,
-            });
+            Arc::make_mut(agent).update_tasks(|tasks| tasks.push(placement.staged_task()));
         }
     }
     snapshot.index += 1;
