@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Node, System};
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::testing;
@@ -1022,4 +1022,114 @@ fn trigger_of(eval: &model_pb::Evaluation) -> String {
     muster_model::Evaluation::try_from(eval.clone())
         .map(|eval| format!("{:?}", eval.trigger))
         .unwrap_or_default()
+}
+
+/// An agent marked unreachable comes back. The tasks it reports running were replaced, so the
+/// answer to its re-registration names them to kill, and the master sends the kills as well,
+/// again until they end: an answer lost on the way must not leave them running beside their
+/// replacements. A task it does not report, but starts later (a launch held up in the
+/// network), is killed as soon as it reports in. Both were found by the simulation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_agent_back_from_unreachable_has_its_replaced_tasks_killed_even_late_ones()
+-> anyhow::Result<()> {
+    let mut cluster = StandInCluster::start(
+        |config| MasterConfig {
+            heartbeat_min_ttl: Duration::from_millis(200),
+            heartbeat_grace: Duration::from_millis(100),
+            ..config
+        },
+        Default::default(),
+        "returning",
+    )
+    .await?;
+    submit(
+        &cluster.master,
+        model_pb::Job {
+            name: "web".into(),
+            scheduler: model_pb::SchedulerType::Service as i32,
+            groups: vec![group("server", 2, 1.0, "sleep", &["30"])],
+            ..model_pb::Job::default()
+        },
+    )
+    .await?;
+    let launch = tokio::time::timeout(DEADLINE, cluster.launched.recv())
+        .await?
+        .context("a launch")?;
+    let tasks: Vec<model_pb::Task> = launch.tasks.iter().filter_map(|r| r.task.clone()).collect();
+    let [reported, late] = tasks.as_slice() else {
+        bail!("expected both tasks in one launch: {tasks:?}");
+    };
+    let to_master = cluster.node.remote(cluster.master_upid.clone());
+    for task in [reported, late] {
+        let mut running = task.clone();
+        running.state = model_pb::TaskState::Running as i32;
+        to_master.tell(pb::TaskStatusUpdate {
+            agent_id: cluster.agent_id.clone(),
+            task: Some(running),
+        })?;
+    }
+    // The stand-in never heartbeats: it is marked unreachable.
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let state = cluster
+            .master
+            .pid()
+            .ask(|reply| OperatorMsg::GetState(reply).into())
+            .await?;
+        if state.unreachable.iter().any(|a| a.id == cluster.agent_id) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the stand-in was not marked unreachable"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    // Back, running one of the two.
+    let info = model_pb::AgentInfo {
+        hostname: "returning".into(),
+        address: format!("agent@{}", cluster.node.address()),
+        resources: Some(model_pb::Resources {
+            cpus: 4.0,
+            mem_mb: 4096,
+        }),
+        ..model_pb::AgentInfo::default()
+    };
+    let mut still_running = reported.clone();
+    still_running.state = model_pb::TaskState::Running as i32;
+    let answer = to_master
+        .ask_timeout::<pb::ReregisterAgent, pb::RegistrationReply>(
+            DEADLINE,
+            pb::ReregisterAgent {
+                agent_id: cluster.agent_id.clone(),
+                info: Some(info),
+                tasks: vec![still_running],
+                ..pb::ReregisterAgent::default()
+            },
+        )
+        .await?;
+    assert_eq!(
+        answer.kill_tasks,
+        std::slice::from_ref(&reported.id),
+        "{answer:?}"
+    );
+    let kill = tokio::time::timeout(DEADLINE, cluster.killed.recv())
+        .await?
+        .context("the kill sent besides the answer")?;
+    assert_eq!(kill.task_id, reported.id);
+
+    // The other one starts late: killed as soon as it reports in.
+    let mut started_late = late.clone();
+    started_late.state = model_pb::TaskState::Running as i32;
+    to_master.tell(pb::TaskStatusUpdate {
+        agent_id: cluster.agent_id.clone(),
+        task: Some(started_late),
+    })?;
+    let kill = tokio::time::timeout(DEADLINE, cluster.killed.recv())
+        .await?
+        .context("a kill of the late task")?;
+    assert_eq!(kill.task_id, late.id);
+    cluster.shutdown().await;
+    Ok(())
 }

@@ -40,7 +40,23 @@ impl Master {
             Ok(_) => {
                 for id in &ids {
                     master.metrics.unreachable += 1;
-                    master.cluster.agents.remove(id);
+                    if let Some(agent) = master.cluster.agents.remove(id) {
+                        // Every task not reported ended: running, or being killed.
+                        let lost: Vec<_> = agent
+                            .tasks
+                            .into_iter()
+                            .map(|t| muster_proto::model::Task {
+                                id: t.id,
+                                name: t.name,
+                                job: t.job,
+                                group: t.group,
+                                state: muster_model::TaskState::Lost.into(),
+                                message: "given up: its agent was marked unreachable".into(),
+                                ..muster_proto::model::Task::default()
+                            })
+                            .collect();
+                        master.cluster.given_up.insert(id.clone(), lost);
+                    }
                     master.heartbeats.remove(id);
                     tracing::warn!(agent = %id, "agent marked unreachable");
                 }

@@ -51,6 +51,21 @@ impl Master {
                 self.cluster.completed_frameworks.insert(framework.id);
             }
         }
+        // What it ran when it was marked unreachable and does not report now: remembered as
+        // LOST, so that a late start of one is killed when it reports in.
+        let mut completed_tasks = completed_tasks;
+        if let Some(lost) = self.cluster.given_up.remove(&agent_id) {
+            let reported: HashSet<&str> = tasks
+                .iter()
+                .chain(&completed_tasks)
+                .map(|t| t.id.as_str())
+                .collect();
+            let forgotten: Vec<_> = lost
+                .into_iter()
+                .filter(|t| !reported.contains(t.id.as_str()))
+                .collect();
+            completed_tasks.extend(forgotten);
+        }
         let previous = self.cluster.agents.insert(
             agent_id.clone(),
             AgentEntry::connected(
@@ -91,6 +106,12 @@ impl Master {
         // Its capacity is news to the blocked-queue: evaluations blocked while it was away
         // (a job submitted during a failover's recovery, say) may fit now.
         self.capacity_joined(&agent_id);
+        // The answer names them, but it may be lost on the way (the agent then asks again and
+        // hears nothing of them, as they are no longer given up): the kills are also sent,
+        // and sent again until each task reports its end.
+        for task_id in &kill {
+            self.send_kill(agent_id.clone(), task_id.clone(), 0, ctx);
+        }
         if let Some(previous) = previous {
             self.settle_reregistered(&agent_id, previous, ctx);
         }

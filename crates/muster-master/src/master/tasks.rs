@@ -64,7 +64,7 @@ impl Master {
     /// leads in the same term, the agent is connected and the task, still marked killed, has
     /// not reported its end: otherwise it would run on beside its replacement with nothing to
     /// notice it. An agent that answers it runs no such task ends it here.
-    fn send_kill(
+    pub(super) fn send_kill(
         &mut self,
         agent_id: String,
         task_id: String,
