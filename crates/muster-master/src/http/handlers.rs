@@ -58,6 +58,29 @@ fn parsed<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, HttpError> {
         .map_err(|e| HttpError::BadRequest(format!("bad query string: {}", e.body_text())))
 }
 
+/// The operator handler's answer to `message`, asked through `method` (the gRPC twin's) as the
+/// caller `headers` carry, if they grant `permission`; a refusal becomes the HTTP error it
+/// maps to (a standby's, a redirect to the leader).
+async fn call<T, R>(
+    state: &ApiState,
+    uri: &OriginalUri,
+    headers: &HeaderMap,
+    permission: Permission,
+    message: T,
+    method: impl for<'a> FnOnce(&'a crate::OperatorService, tonic::Request<T>) -> OperatorCall<'a, R>,
+) -> Result<R, HttpError> {
+    let caller = state.authorize(headers, permission)?;
+    method(&state.operator, request(message, caller))
+        .await
+        .map(tonic::Response::into_inner)
+        .map_err(|status| refused(state, uri, status))
+}
+
+/// What an operator handler returns: its answer, to await.
+type OperatorCall<'a, R> = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<tonic::Response<R>, tonic::Status>> + Send + 'a>,
+>;
+
 /// A gRPC request carrying the HTTP caller, as the gRPC guard would have set it.
 fn request<T>(message: T, caller: Caller) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
@@ -284,19 +307,18 @@ pub(crate) async fn list_jobs(
     query: Result<Query<JobsQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
     let query = parsed(query)?;
-    let caller = state.authorize(&headers, Permission::Read)?;
-    let list = state
-        .operator
-        .list_jobs(request(
-            pb::ListJobsRequest {
-                stale: query.stale,
-                prefix: query.prefix,
-            },
-            caller,
-        ))
-        .await
-        .map_err(|s| refused(&state, &uri, s))?
-        .into_inner();
+    let list = call(
+        &state,
+        &uri,
+        &headers,
+        Permission::Read,
+        pb::ListJobsRequest {
+            stale: query.stale,
+            prefix: query.prefix,
+        },
+        |operator, request| operator.list_jobs(request),
+    )
+    .await?;
     let doc = JobList::from(list);
     let read = doc.read.clone();
     Ok(read_response(doc, &read))
@@ -350,13 +372,15 @@ async fn job_detail(
     name: String,
     stale: bool,
 ) -> Result<JobDetail, HttpError> {
-    let caller = state.authorize(headers, Permission::Read)?;
-    let reply = state
-        .operator
-        .job_status(request(pb::JobStatusRequest { name, stale }, caller))
-        .await
-        .map_err(|s| refused(state, uri, s))?
-        .into_inner();
+    let reply = call(
+        state,
+        uri,
+        headers,
+        Permission::Read,
+        pb::JobStatusRequest { name, stale },
+        |operator, request| operator.job_status(request),
+    )
+    .await?;
     Ok(JobDetail::from(reply))
 }
 
@@ -418,19 +442,18 @@ pub(crate) async fn job_versions(
     query: Result<Query<ReadQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
     let query = parsed(query)?;
-    let caller = state.authorize(&headers, Permission::Read)?;
-    let list = state
-        .operator
-        .job_versions(request(
-            pb::JobStatusRequest {
-                name,
-                stale: query.stale,
-            },
-            caller,
-        ))
-        .await
-        .map_err(|s| refused(&state, &uri, s))?
-        .into_inner();
+    let list = call(
+        &state,
+        &uri,
+        &headers,
+        Permission::Read,
+        pb::JobStatusRequest {
+            name,
+            stale: query.stale,
+        },
+        |operator, request| operator.job_versions(request),
+    )
+    .await?;
     let doc = muster_api::JobVersions::from(list);
     let read = doc.read.clone();
     Ok(read_response(doc, &read))
@@ -470,21 +493,20 @@ async fn evaluations(
     job: String,
     query: EvaluationsQuery,
 ) -> Result<Response, HttpError> {
-    let caller = state.authorize(headers, Permission::Read)?;
-    let list = state
-        .operator
-        .list_evaluations(request(
-            pb::ListEvaluationsRequest {
-                stale: query.stale,
-                job,
-                limit: query.limit,
-                id: String::new(),
-            },
-            caller,
-        ))
-        .await
-        .map_err(|s| refused(state, uri, s))?
-        .into_inner();
+    let list = call(
+        state,
+        uri,
+        headers,
+        Permission::Read,
+        pb::ListEvaluationsRequest {
+            stale: query.stale,
+            job,
+            limit: query.limit,
+            id: String::new(),
+        },
+        |operator, request| operator.list_evaluations(request),
+    )
+    .await?;
     let doc = EvaluationList::from(list);
     let read = doc.read.clone();
     Ok(read_response(doc, &read))
@@ -501,21 +523,20 @@ pub(crate) async fn read_evaluation(
     query: Result<Query<ReadQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
     let query = parsed(query)?;
-    let caller = state.authorize(&headers, Permission::Read)?;
-    let list = state
-        .operator
-        .list_evaluations(request(
-            pb::ListEvaluationsRequest {
-                stale: query.stale,
-                job: String::new(),
-                limit: 1,
-                id: id.clone(),
-            },
-            caller,
-        ))
-        .await
-        .map_err(|s| refused(&state, &uri, s))?
-        .into_inner();
+    let list = call(
+        &state,
+        &uri,
+        &headers,
+        Permission::Read,
+        pb::ListEvaluationsRequest {
+            stale: query.stale,
+            job: String::new(),
+            limit: 1,
+            id: id.clone(),
+        },
+        |operator, request| operator.list_evaluations(request),
+    )
+    .await?;
     let doc = EvaluationList::from(list);
     let eval = doc
         .evaluations
@@ -534,13 +555,15 @@ pub(crate) async fn stop_job(
     headers: HeaderMap,
     Path(name): Path<String>,
 ) -> Result<Response, HttpError> {
-    let caller = state.authorize(&headers, Permission::Submit)?;
-    let reply = state
-        .operator
-        .stop_job(request(pb::StopJobRequest { name }, caller))
-        .await
-        .map_err(|s| refused(&state, &uri, s))?
-        .into_inner();
+    let reply = call(
+        &state,
+        &uri,
+        &headers,
+        Permission::Submit,
+        pb::StopJobRequest { name },
+        |operator, request| operator.stop_job(request),
+    )
+    .await?;
     Ok(Json(Submitted::from(reply)).into_response())
 }
 
@@ -550,13 +573,15 @@ async fn cluster_state(
     headers: &HeaderMap,
     stale: bool,
 ) -> Result<pb::ClusterState, HttpError> {
-    let caller = state.authorize(headers, Permission::Read)?;
-    Ok(state
-        .operator
-        .get_state(request(pb::GetStateRequest { stale }, caller))
-        .await
-        .map_err(|s| refused(state, uri, s))?
-        .into_inner())
+    call(
+        state,
+        uri,
+        headers,
+        Permission::Read,
+        pb::GetStateRequest { stale },
+        |operator, request| operator.get_state(request),
+    )
+    .await
 }
 
 /// Agents: what each offers and uses, and how it stands.

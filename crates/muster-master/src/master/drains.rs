@@ -153,12 +153,8 @@ impl Master {
     fn scheduling_changed(&mut self, agent_id: &str) {
         self.cluster.agent_mut(agent_id);
         self.next_index();
-        self.draining = self
-            .agent_scheduling()
-            .into_iter()
-            .filter(|(_, scheduling)| scheduling.is_draining())
-            .map(|(id, _)| id)
-            .collect();
+        let scheduling = self.agent_scheduling();
+        self.draining = draining(&scheduling);
     }
 
     /// An evaluation (triggered by the agent's drain) for each job with a live task on
@@ -253,11 +249,7 @@ impl Master {
             return;
         }
         let scheduling = self.agent_scheduling();
-        self.draining = scheduling
-            .iter()
-            .filter(|(_, s)| s.is_draining())
-            .map(|(id, _)| id.clone())
-            .collect();
+        self.draining = draining(&scheduling);
         if self.draining.is_empty() {
             return;
         }
@@ -342,6 +334,15 @@ impl Master {
             },
         );
     }
+}
+
+/// The agents of `scheduling` that drain.
+fn draining(scheduling: &BTreeMap<String, AgentScheduling>) -> BTreeSet<String> {
+    scheduling
+        .iter()
+        .filter(|(_, s)| s.is_draining())
+        .map(|(id, _)| id.clone())
+        .collect()
 }
 
 /// The scheduling `request` asks for, over the agent's `current` one, at `now_ms`.
