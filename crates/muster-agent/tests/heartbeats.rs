@@ -73,16 +73,23 @@ impl Process for FakeMaster {
                 let _ = self.got.send(Got::Reregister(agent_id));
             }
             FakeMsg::Heartbeat(heartbeat, reply) => {
+                // How to answer is decided before the test hears of the heartbeat: a test that
+                // changes `beats` on hearing of one changes the answer to the next, never to
+                // this one.
+                let mut beats = self.beats.lock().unwrap_or_else(|p| p.into_inner());
+                let decided = *beats;
+                if let Beats::RefuseOnce(then) = decided {
+                    *beats = Beats::Ttl(then);
+                }
+                drop(beats);
                 let _ = self
                     .got
                     .send(Got::Heartbeat(heartbeat.agent_id, Instant::now()));
-                let mut beats = self.beats.lock().unwrap_or_else(|p| p.into_inner());
-                let result = match *beats {
+                let result = match decided {
                     Beats::Ttl(ttl) => {
                         heartbeat_reply::Result::TtlMs(ttl.as_millis().try_into().unwrap_or(0))
                     }
-                    Beats::RefuseOnce(then) => {
-                        *beats = Beats::Ttl(then);
+                    Beats::RefuseOnce(_) => {
                         heartbeat_reply::Result::Refused("unknown agent; re-register".into())
                     }
                     Beats::Silent => {
