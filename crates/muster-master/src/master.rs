@@ -196,6 +196,8 @@ pub struct Master {
     /// The agents draining, as of the last drain check or scheduling change: a task update
     /// of a job with a task on one of them sets off the drain's next step.
     draining: std::collections::BTreeSet<String>,
+    /// The job index of the last snapshot, which the next one updates rather than rebuilds.
+    job_index: Option<Arc<muster_scheduler::JobIndex>>,
 }
 
 impl Master {
@@ -228,6 +230,7 @@ impl Master {
             serving: tokio::sync::watch::Sender::new(false),
             instruments: Arc::new(MasterInstruments::new()),
             draining: std::collections::BTreeSet::new(),
+            job_index: None,
         }
     }
 

@@ -43,11 +43,12 @@ pub mod worker;
 pub use muster_model as model;
 pub use muster_model::{Demand, TaskState, utilization};
 
-pub use plan::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult, Stop, TaskView};
+pub use plan::{AgentView, ClusterSnapshot, JobIndex, Placement, Plan, PlanResult, Stop, TaskView};
 pub use reconcile::{Reconciled, SlotRequest, reconcile};
 pub use remote::{RemoteBackend, RemoteConfig, RemoteError};
 pub use scheduler::{
-    BinPack, Candidate, FnPlacer, Placer, PlacingScheduler, Scheduler, Spread, binpack, spread,
+    BinPack, Candidate, FnPlacer, MIN_CANDIDATES, Placer, PlacingScheduler, Scheduler, Spread,
+    binpack, sampled_candidates, spread,
 };
 pub use worker::{
     Assignment, Backend, DEFAULT_MAX_ATTEMPTS, Outcome, Worker, WorkerConfig, WorkerError,

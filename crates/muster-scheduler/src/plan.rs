@@ -6,7 +6,8 @@
 //! one at a time and answers each with a [`PlanResult`]; placements that no longer fit (another
 //! scheduler got there first) come back rejected.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 
 use muster_model::{AgentId, Constraint, Demand, DrainPhase, EvalId, Job, Resources, TaskState};
@@ -17,9 +18,10 @@ pub struct ClusterSnapshot {
     /// The state index this view is as of; plans carry it so the applier knows how stale they
     /// are.
     pub index: u64,
-    /// The agents that can take work, with their tasks. Shared: a master keeps one view per
-    /// agent and rebuilds only the agents that changed, so a snapshot costs a pointer per
-    /// agent, not a copy of every task.
+    /// The agents that can take work, with their tasks, ordered by id (see
+    /// [`agents_by_id`](Self::agents_by_id)). Shared: a master keeps one view per agent and
+    /// rebuilds only the agents that changed, so a snapshot costs a pointer per agent, not a
+    /// copy of every task.
     pub agents: Vec<Arc<AgentView>>,
     /// The registered jobs, by name.
     pub jobs: BTreeMap<String, Job>,
@@ -27,6 +29,10 @@ pub struct ClusterSnapshot {
     /// off: schedulers leave them empty for now. An evaluation held back until the wait is
     /// over places them.
     pub held: BTreeSet<String>,
+    /// Which agents run tasks of each job, so that a scheduler run visits only those
+    /// ([`JobIndex`]). Optional: without it, or if `agents` changed since it was built, a run
+    /// looks at every agent.
+    pub job_index: Option<Arc<JobIndex>>,
 }
 
 impl ClusterSnapshot {
@@ -36,6 +42,164 @@ impl ClusterSnapshot {
             .iter()
             .map(|agent| &**agent)
             .find(|agent| &agent.id == id)
+    }
+
+    /// The positions in [`agents`](Self::agents) of the agents with a task of `job`
+    /// (running or recently ended), in order, if the snapshot's [`JobIndex`] holds for its
+    /// agents; `None` if there is none, or its agents changed since it was built (then every
+    /// agent must be looked at).
+    pub fn agents_with(&self, job: &str) -> Option<&[u32]> {
+        let index = self.job_index.as_ref()?;
+        index
+            .holds_for(&self.agents)
+            .then(|| index.agents_with(job))
+    }
+
+    /// Its agents ordered by id, each once, as schedulers read them. A master's snapshots
+    /// list them so and are only checked (borrowed); others are sorted into a copy, where an
+    /// id listed twice counts once (the first).
+    pub fn agents_by_id(&self) -> Cow<'_, [Arc<AgentView>]> {
+        if self.agents.is_sorted_by(|a, b| a.id < b.id) {
+            return Cow::Borrowed(&self.agents);
+        }
+        let mut agents = self.agents.clone();
+        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        agents.dedup_by(|later, earlier| later.id == earlier.id);
+        Cow::Owned(agents)
+    }
+}
+
+/// For each job, the agents (by position in a snapshot's agents, ordered by id) with a task
+/// of it, running or recently ended: what lets a scheduler run cost what its job costs, not
+/// what the cluster does.
+///
+/// A master keeps one from snapshot to snapshot ([`JobIndex::update`]): an agent whose view is
+/// the same `Arc` as before costs a pointer comparison, a changed view the difference of its
+/// jobs, and only a change of the agents themselves (one joined or left) renumbers the
+/// positions. The index holds the views it was built from, so a snapshot whose agents were
+/// changed after it was built is detected ([`ClusterSnapshot::agents_with`]).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct JobIndex {
+    agents: Vec<Arc<AgentView>>,
+    jobs: HashMap<Arc<str>, Arc<Vec<u32>>>,
+}
+
+impl JobIndex {
+    /// The index of `agents` (ordered by id, each once), built from `previous`, the index of
+    /// an earlier list, when there is one. Returns `previous` itself if nothing changed.
+    pub fn update(previous: Option<&Arc<JobIndex>>, agents: &[Arc<AgentView>]) -> Arc<JobIndex> {
+        let empty = JobIndex::default();
+        let before = previous.map_or(&empty, |index| &**index);
+        if let Some(previous) = previous
+            && previous.holds_for(agents)
+        {
+            return Arc::clone(previous);
+        }
+        // Walk the old and new lists together (both ordered by id): where each old agent is
+        // now, and the views that are new or changed.
+        let old = &before.agents;
+        let mut moved_to = vec![u32::MAX; old.len()];
+        let mut renumbered = old.len() != agents.len();
+        let mut changed: Vec<(Option<&AgentView>, u32)> = Vec::new();
+        let (mut i, mut j) = (0, 0);
+        while i < old.len() || j < agents.len() {
+            let order = match (old.get(i), agents.get(j)) {
+                (Some(a), Some(b)) if Arc::ptr_eq(a, b) => None,
+                (Some(a), Some(b)) => Some(a.id.cmp(&b.id)),
+                (Some(_), None) => Some(std::cmp::Ordering::Less),
+                (None, _) => Some(std::cmp::Ordering::Greater),
+            };
+            match order {
+                None => {
+                    moved_to[i] = j as u32;
+                    renumbered |= i != j;
+                    (i, j) = (i + 1, j + 1);
+                }
+                Some(std::cmp::Ordering::Equal) => {
+                    moved_to[i] = j as u32;
+                    renumbered |= i != j;
+                    changed.push((Some(&old[i]), j as u32));
+                    (i, j) = (i + 1, j + 1);
+                }
+                Some(std::cmp::Ordering::Less) => {
+                    renumbered = true;
+                    i += 1;
+                }
+                Some(std::cmp::Ordering::Greater) => {
+                    renumbered = true;
+                    changed.push((None, j as u32));
+                    j += 1;
+                }
+            }
+        }
+        let mut jobs = before.jobs.clone();
+        if renumbered {
+            // An agent joined or left: every position moves (monotonically, so each list
+            // stays ordered).
+            jobs = jobs
+                .into_iter()
+                .map(|(job, at)| {
+                    let moved: Vec<u32> = at
+                        .iter()
+                        .map(|&p| moved_to[p as usize])
+                        .filter(|&p| p != u32::MAX)
+                        .collect();
+                    (job, Arc::new(moved))
+                })
+                .collect();
+        }
+        for (was, at) in changed {
+            let now = &agents[at as usize];
+            let before: Vec<&str> = was.map(|view| view.jobs().collect()).unwrap_or_default();
+            let after: Vec<&str> = now.jobs().collect();
+            for job in before
+                .iter()
+                .filter(|job| after.binary_search(job).is_err())
+            {
+                if let Some(list) = jobs.get_mut(*job) {
+                    let list = Arc::make_mut(list);
+                    if let Ok(k) = list.binary_search(&at) {
+                        list.remove(k);
+                    }
+                }
+            }
+            for job in after
+                .iter()
+                .filter(|job| before.binary_search(job).is_err())
+            {
+                match jobs.get_mut(*job) {
+                    Some(list) => {
+                        let list = Arc::make_mut(list);
+                        if let Err(k) = list.binary_search(&at) {
+                            list.insert(k, at);
+                        }
+                    }
+                    None => {
+                        jobs.insert(Arc::from(*job), Arc::new(vec![at]));
+                    }
+                }
+            }
+        }
+        jobs.retain(|_, at| !at.is_empty());
+        Arc::new(JobIndex {
+            agents: agents.to_vec(),
+            jobs,
+        })
+    }
+
+    /// The positions of the agents with a task of `job`, in order.
+    pub fn agents_with(&self, job: &str) -> &[u32] {
+        self.jobs.get(job).map_or(&[], |at| at.as_slice())
+    }
+
+    /// Whether it was built for exactly these views.
+    fn holds_for(&self, agents: &[Arc<AgentView>]) -> bool {
+        self.agents.len() == agents.len()
+            && self
+                .agents
+                .iter()
+                .zip(agents)
+                .all(|(a, b)| Arc::ptr_eq(a, b))
     }
 }
 
@@ -93,6 +257,13 @@ impl AgentView {
     /// Its tasks, ordered by job, taken out of the view.
     pub fn into_tasks(self) -> Vec<TaskView> {
         self.tasks
+    }
+
+    /// The jobs it has tasks of, each once, in order.
+    pub fn jobs(&self) -> impl Iterator<Item = &str> {
+        self.tasks
+            .chunk_by(|a, b| a.job == b.job)
+            .map(|tasks| tasks[0].job.as_str())
     }
 
     /// Its tasks of `job`, found by a binary search.
@@ -368,5 +539,87 @@ mod tests {
         agent.update_tasks(|tasks| tasks.push(of("api", "a2")));
         assert_eq!(ids(agent.tasks_of("api")), ["a1", "a2"]);
         assert_eq!(agent.live_tasks(), 5);
+    }
+
+    /// Agent `n` running a task of each of `jobs`.
+    fn running(n: u32, jobs: &[&str]) -> Arc<AgentView> {
+        let tasks = jobs
+            .iter()
+            .map(|job| TaskView {
+                job: (*job).into(),
+                ..task(&format!("{job}-{n}"), 0.1, 1, TaskState::Running)
+            })
+            .collect();
+        Arc::new(AgentView::new(
+            AgentId(format!("agent-{n:03}")),
+            BTreeMap::new(),
+            Resources {
+                cpus: 8.0,
+                mem_mb: 100,
+            },
+            tasks,
+        ))
+    }
+
+    #[test]
+    fn the_job_index_lists_the_agents_of_each_job_and_is_kept_when_nothing_changed() {
+        let agents = vec![
+            running(1, &["web", "db"]),
+            running(2, &[]),
+            running(3, &["web"]),
+        ];
+        let index = JobIndex::update(None, &agents);
+        assert_eq!(index.agents_with("web"), [0, 2]);
+        assert_eq!(index.agents_with("db"), [0]);
+        assert!(index.agents_with("nope").is_empty());
+        assert!(Arc::ptr_eq(
+            &index,
+            &JobIndex::update(Some(&index), &agents)
+        ));
+
+        let mut snapshot = ClusterSnapshot {
+            agents: agents.clone(),
+            job_index: Some(Arc::clone(&index)),
+            ..ClusterSnapshot::default()
+        };
+        assert_eq!(snapshot.agents_with("web"), Some(&[0, 2][..]));
+        // A view replaced after the index was built: the index no longer holds.
+        snapshot.agents[1] = running(2, &["web"]);
+        assert_eq!(snapshot.agents_with("web"), None);
+    }
+
+    #[test]
+    fn an_updated_job_index_is_the_one_built_afresh() {
+        let jobs = ["a", "b", "c", "d"];
+        let mut rng = fastrand::Rng::with_seed(7);
+        let mut agents: Vec<Arc<AgentView>> = Vec::new();
+        let mut index = JobIndex::update(None, &agents);
+        for round in 0..500 {
+            for _ in 0..rng.usize(1..4) {
+                let n = rng.u32(0..40);
+                let at = agents.binary_search_by(|a| a.id.cmp(&running(n, &[]).id));
+                let some_jobs: Vec<&str> = jobs.iter().copied().filter(|_| rng.bool()).collect();
+                match (at, rng.u8(0..3)) {
+                    (Ok(at), 0) => {
+                        agents.remove(at);
+                    }
+                    (Ok(at), _) => agents[at] = running(n, &some_jobs),
+                    (Err(at), _) => agents.insert(at, running(n, &some_jobs)),
+                }
+            }
+            index = JobIndex::update(Some(&index), &agents);
+            let fresh = JobIndex::update(None, &agents);
+            for job in jobs {
+                assert_eq!(
+                    index.agents_with(job),
+                    fresh.agents_with(job),
+                    "round {round}, job {job}"
+                );
+                let expected: Vec<u32> = (0..agents.len() as u32)
+                    .filter(|&at| !agents[at as usize].tasks_of(job).is_empty())
+                    .collect();
+                assert_eq!(index.agents_with(job), expected, "round {round}, job {job}");
+            }
+        }
     }
 }

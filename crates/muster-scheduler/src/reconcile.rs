@@ -31,7 +31,8 @@
 //! - A slot the snapshot lists as [`held`](ClusterSnapshot::held) (its task keeps failing and
 //!   its replacement backs off) is not missing: it is placed by a later evaluation.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_model::{AgentId, DrainPhase, Resources, TaskState};
@@ -97,91 +98,110 @@ pub struct Reconciled {
     pub job_version: u64,
     /// Its scheduler type in the snapshot (`None` if it is missing).
     pub scheduler: Option<SchedulerType>,
-    /// Every slot the job wants, in order: by group as the job lists them, then by index (or
-    /// agent id for system groups).
-    pub wanted: Vec<String>,
-    /// The wanted slots no task fills, in the same order.
+    /// How many slots the job wants.
+    pub wanted: usize,
+    /// The wanted slots no task fills, in order: by group as the job lists them, then by index
+    /// (or agent id for system groups).
     pub missing: Vec<SlotRequest>,
     /// Tasks to stop, ordered by agent then task id.
     pub stop: Vec<Stop>,
 }
 
 /// Reconciles the evaluation's job in `snapshot`: see the [module docs](self) for the rules.
+///
+/// Its cost follows the job: the agents with its tasks (from the snapshot's [`JobIndex`]
+/// when it has one), its tasks there, and for a system job the agents themselves. Slot names
+/// are only written out for missing slots.
+///
+/// [`JobIndex`]: crate::JobIndex
 pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     let job_name = eval.job.as_str();
+    let agents = snapshot.agents_by_id();
     let stored = snapshot.jobs.get(job_name);
-    let slots = match stored {
-        Some(job) if !job.stopped => wanted_slots(job_name, job, snapshot),
-        _ => Vec::new(),
+    let layout = match stored {
+        Some(job) if !job.stopped => SlotLayout::of(job, &agents),
+        _ => SlotLayout::default(),
     };
-    let by_name: HashMap<&str, usize> = slots
-        .iter()
-        .enumerate()
-        .map(|(i, slot)| (slot.name.as_str(), i))
-        .collect();
     let scheduler = stored.map(|job| job.scheduler);
     let batch = scheduler == Some(SchedulerType::Batch);
 
-    // The live tasks filling each slot.
-    let mut fillers: Vec<Vec<Filler<'_>>> = vec![Vec::new(); slots.len()];
-    let mut finished = vec![false; slots.len()];
+    // The live tasks filling each slot, as (slot, filler).
+    let mut fillers: Vec<(usize, Filler<'_>)> = Vec::new();
+    let mut finished = vec![false; layout.len];
     let mut stop = Vec::new();
-    for agent in &snapshot.agents {
+    // The agents with tasks of the job: from the snapshot's index where it has one for these
+    // agents, otherwise every agent.
+    let visit: Vec<usize> = match snapshot.agents_with(job_name) {
+        Some(at) if matches!(agents, Cow::Borrowed(_)) => {
+            at.iter().map(|&position| position as usize).collect()
+        }
+        _ => (0..agents.len()).collect(),
+    };
+    for position in visit {
+        let agent = &agents[position];
+        let tasks = agent.tasks_of(job_name);
+        if tasks.is_empty() {
+            continue;
+        }
         let departure = departure(agent, scheduler, snapshot);
-        for task in agent.tasks_of(job_name) {
-            let slot = by_name.get(task.name.as_str()).copied().filter(|&i| {
-                let slot = &slots[i];
-                slot.group.name == task.group && slot.agent.as_ref().is_none_or(|a| a == &agent.id)
-            });
+        for task in tasks {
+            let slot = layout.slot_of(job_name, task, position, &agent.id);
             if task.state.is_terminal() {
-                if let (true, TaskState::Finished, Some(i)) = (batch, task.state, slot) {
+                if let (true, TaskState::Finished, Some((i, _))) = (batch, task.state, slot) {
                     finished[i] = true;
                 }
                 continue;
             }
-            let Some(i) = slot else {
+            let Some((i, group)) = slot else {
                 stop.push(stop_of(&agent.id, task));
                 continue;
             };
-            if is_outdated(task, &slots[i].group) {
+            if is_outdated(task, group) {
                 // Never a holder: the slot stays missing and is placed anew.
                 stop.push(stop_of(&agent.id, task));
                 continue;
             }
-            match departure {
-                Departure::Stays => fillers[i].push(Filler {
+            let leaving = match departure {
+                Departure::Stays => false,
+                Departure::Moves => true,
+                Departure::Stops => {
+                    stop.push(stop_of(&agent.id, task));
+                    continue;
+                }
+            };
+            fillers.push((
+                i,
+                Filler {
                     agent: &agent.id,
                     task,
-                    leaving: false,
-                }),
-                Departure::Moves => fillers[i].push(Filler {
-                    agent: &agent.id,
-                    task,
-                    leaving: true,
-                }),
-                Departure::Stops => stop.push(stop_of(&agent.id, task)),
-            }
+                    leaving,
+                },
+            ));
         }
     }
+    // Stable: a slot's fillers stay in agent order.
+    fillers.sort_by_key(|(i, _)| *i);
 
     // One holder per slot; a task leaving a draining agent holds its slot only while no task
     // elsewhere does, and stops once one elsewhere runs.
-    let mut holders: Vec<Option<&Filler<'_>>> = vec![None; slots.len()];
+    let mut held = vec![false; layout.len];
     // Per group, the moves under way: replacements placed and not running yet.
     let mut moving: HashMap<&str, u32> = HashMap::new();
     let mut to_move: Vec<usize> = Vec::new();
-    for (i, fill) in fillers.iter().enumerate() {
+    for fill in fillers.chunk_by(|a, b| a.0 == b.0) {
+        let i = fill[0].0;
+        let fill = fill.iter().map(|(_, filler)| filler);
         let staying = fill
-            .iter()
+            .clone()
             .filter(|f| !f.leaving)
             .min_by(|a, b| a.rank().cmp(&b.rank()));
-        let Some(holder) = staying.or_else(|| fill.iter().min_by(|a, b| a.rank().cmp(&b.rank())))
+        let Some(holder) = staying.or_else(|| fill.clone().min_by(|a, b| a.rank().cmp(&b.rank())))
         else {
             continue;
         };
-        holders[i] = Some(holder);
+        held[i] = true;
         let replacement_runs = holder.task.state == TaskState::Running;
-        for other in fill.iter().filter(|f| !std::ptr::eq(*f, holder)) {
+        for other in fill.clone().filter(|f| !std::ptr::eq(*f, holder)) {
             if other.leaving && !holder.leaving && !replacement_runs {
                 // Moving: it runs until its replacement does.
                 continue;
@@ -190,51 +210,163 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
         }
         if holder.leaving {
             to_move.push(i);
-        } else if !replacement_runs && fill.iter().any(|f| f.leaving) {
-            *moving.entry(slots[i].group.name.as_str()).or_default() += 1;
+        } else if !replacement_runs && fill.clone().any(|f| f.leaving) {
+            *moving
+                .entry(layout.group_of(i).group.name.as_str())
+                .or_default() += 1;
         }
     }
     // Start as many moves as each group's migration step leaves room for, in slot order.
-    let mut moves = vec![false; slots.len()];
     for i in to_move {
-        let group = &slots[i].group;
+        let group = &layout.group_of(i).group;
         let under_way = moving.entry(group.name.as_str()).or_default();
         if *under_way < group.migration_step() {
             *under_way += 1;
-            moves[i] = true;
+            held[i] = false;
         }
     }
     stop.sort();
 
-    let ineligible: HashSet<&AgentId> = snapshot
-        .agents
-        .iter()
-        .filter(|agent| !agent.eligible)
-        .map(|agent| &agent.id)
-        .collect();
-    let wanted = slots.iter().map(|slot| slot.name.clone()).collect();
-    let missing = slots
-        .into_iter()
-        .enumerate()
-        .filter(|(i, slot)| {
-            (holders[*i].is_none() || moves[*i])
-                && !finished[*i]
-                && !snapshot.held.contains(&slot.name)
-                && slot
-                    .agent
-                    .as_ref()
-                    .is_none_or(|id| !ineligible.contains(id))
-        })
-        .map(|(_, slot)| slot)
-        .collect();
+    let job_version = stored.map_or(0, |job| job.version);
+    let mut missing = Vec::new();
+    for i in (0..layout.len).filter(|&i| !held[i] && !finished[i]) {
+        let slots = layout.group_of(i);
+        let offset = i - slots.first;
+        let (key, agent) = match &slots.per_agent {
+            None => (offset.to_string(), None),
+            Some(on) => {
+                let agent = &agents[on[offset]];
+                if !agent.eligible {
+                    continue;
+                }
+                (agent.id.0.clone(), Some(agent.id.clone()))
+            }
+        };
+        let name = format!("{job_name}.{}[{key}]", slots.group.name);
+        if snapshot.held.contains(&name) {
+            continue;
+        }
+        missing.push(SlotRequest {
+            name,
+            job: job_name.to_owned(),
+            group: Arc::clone(&slots.group),
+            job_version,
+            agent,
+        });
+    }
     Reconciled {
         job: job_name.to_owned(),
-        job_version: stored.map_or(0, |job| job.version),
+        job_version,
         scheduler,
-        wanted,
+        wanted: layout.len,
         missing,
         stop,
     }
+}
+
+/// Every slot a job wants, numbered: each group's slots in turn, a service or batch group's
+/// by index, a system group's by agent (in id order). A group name repeated within the job
+/// counts once (the first).
+#[derive(Debug, Default)]
+struct SlotLayout {
+    groups: Vec<GroupSlots>,
+    /// How many slots in all.
+    len: usize,
+}
+
+/// One group's slots in a [`SlotLayout`].
+#[derive(Debug)]
+struct GroupSlots {
+    group: Arc<TaskGroup>,
+    /// The number of its first slot.
+    first: usize,
+    /// A system group's agents, by their position in the snapshot's agents ordered by id (its
+    /// slot `first + k` is on `per_agent[k]`), and the slot number of each agent (`None`
+    /// where its constraints do not admit the agent). `None` for a counted group.
+    per_agent: Option<Vec<usize>>,
+    slot_at: Vec<Option<usize>>,
+}
+
+impl SlotLayout {
+    fn of(job: &Job, agents: &[Arc<AgentView>]) -> SlotLayout {
+        let mut seen = HashSet::new();
+        let mut layout = SlotLayout::default();
+        for group in &job.groups {
+            if !seen.insert(group.name.as_str()) {
+                continue;
+            }
+            let first = layout.len;
+            let (per_agent, slot_at) = match job.scheduler {
+                SchedulerType::Service | SchedulerType::Batch => {
+                    layout.len += group.count as usize;
+                    (None, Vec::new())
+                }
+                SchedulerType::System => {
+                    let on: Vec<usize> = (0..agents.len())
+                        .filter(|&at| agents[at].admits(&group.constraints))
+                        .collect();
+                    let mut slot_at = vec![None; agents.len()];
+                    for (k, &at) in on.iter().enumerate() {
+                        slot_at[at] = Some(first + k);
+                    }
+                    layout.len += on.len();
+                    (Some(on), slot_at)
+                }
+            };
+            layout.groups.push(GroupSlots {
+                group: Arc::new(group.clone()),
+                first,
+                per_agent,
+                slot_at,
+            });
+        }
+        layout
+    }
+
+    /// The group slot `i` belongs to.
+    fn group_of(&self, i: usize) -> &GroupSlots {
+        let at = self.groups.partition_point(|slots| slots.first <= i) - 1;
+        &self.groups[at]
+    }
+
+    /// The slot `task`, on the agent at `position` with id `agent`, fills, with its group:
+    /// the task's name must be the slot's (`{job}.{group}[{index or agent id}]`), and a
+    /// system slot's task must be on the slot's agent.
+    fn slot_of(
+        &self,
+        job: &str,
+        task: &TaskView,
+        position: usize,
+        agent: &AgentId,
+    ) -> Option<(usize, &TaskGroup)> {
+        let slots = self.groups.iter().find(|s| s.group.name == task.group)?;
+        let key = task
+            .name
+            .strip_prefix(job)?
+            .strip_prefix('.')?
+            .strip_prefix(slots.group.name.as_str())?
+            .strip_prefix('[')?
+            .strip_suffix(']')?;
+        let slot = match &slots.per_agent {
+            None => {
+                let index = canonical_index(key)?;
+                (index < slots.group.count as usize).then_some(slots.first + index)?
+            }
+            Some(_) if key == agent.0 => slots.slot_at[position]?,
+            Some(_) => return None,
+        };
+        Some((slot, &slots.group))
+    }
+}
+
+/// `key` as a slot index, if it is one written as slot names write it (decimal, no sign, no
+/// leading zero).
+fn canonical_index(key: &str) -> Option<usize> {
+    let digits = key.bytes().all(|b| b.is_ascii_digit());
+    if !digits || key.is_empty() || (key.len() > 1 && key.starts_with('0')) {
+        return None;
+    }
+    key.parse().ok()
 }
 
 /// A live task filling a slot, and whether it is leaving a draining agent.
@@ -296,46 +428,6 @@ fn departure(
             }
         }
     }
-}
-
-/// Every slot `job` wants. A group name repeated within the job counts once (the first).
-fn wanted_slots(job_name: &str, job: &Job, snapshot: &ClusterSnapshot) -> Vec<SlotRequest> {
-    let mut seen = HashSet::new();
-    let mut slots = Vec::new();
-    for group in &job.groups {
-        if !seen.insert(group.name.as_str()) {
-            continue;
-        }
-        let shared = Arc::new(group.clone());
-        let slot = |name: String, agent: Option<AgentId>| SlotRequest {
-            name,
-            job: job_name.to_owned(),
-            group: Arc::clone(&shared),
-            job_version: job.version,
-            agent,
-        };
-        match job.scheduler {
-            SchedulerType::Service | SchedulerType::Batch => {
-                slots.extend(
-                    (0..group.count).map(|i| slot(format!("{job_name}.{}[{i}]", group.name), None)),
-                );
-            }
-            SchedulerType::System => {
-                let eligible: BTreeSet<&AgentId> = snapshot
-                    .agents
-                    .iter()
-                    .filter(|agent| agent.admits(&group.constraints))
-                    .map(|agent| &agent.id)
-                    .collect();
-                slots.extend(
-                    eligible.into_iter().map(|id| {
-                        slot(format!("{job_name}.{}[{id}]", group.name), Some(id.clone()))
-                    }),
-                );
-            }
-        }
-    }
-    slots
 }
 
 /// Whether `task` was placed before `group`'s task definition last changed. A task of unknown

@@ -4,16 +4,24 @@
 //! A [`PlacingScheduler`] reconciles the evaluation's job ([`reconcile()`]), stops what must
 //! stop, and asks its [`Placer`] to choose an agent for each missing slot among the
 //! [`Candidate`]s: the agents whose attributes the group's constraints admit and whose free
-//! resources, after the placements already in this plan, fit the task. A system slot only has
-//! its own agent as a candidate. A slot with no candidate, or for which the placer chooses
-//! none, counts towards the plan's unplaced [`Demand`]s.
+//! resources, after the placements already in this plan, fit the task; all of them, or a
+//! sample of them for a placer with a [candidate limit](Placer::candidate_limit), as the
+//! built-in ones have. A system slot only has its own agent as a candidate. A slot with no
+//! candidate, or for which the placer chooses none, counts towards the plan's unplaced
+//! [`Demand`]s.
+//!
+//! A run's cost follows its job: its tasks, and the agents its slots consider. Only a placer
+//! without a limit looks at every agent for every slot.
 //!
 //! Resources held by tasks this plan stops are not reused by this plan's placements: the agent
 //! still runs them until the stop reaches it, and the applier checks placements against what
 //! the agents hold now.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
 
 use muster_model::{AgentId, Evaluation, Resources, utilization};
 
@@ -79,7 +87,32 @@ pub trait Placer {
     /// Picks one of `candidates` (never empty; ordered by agent id) for `slot`, or `None` to
     /// leave it unplaced. An id that is not among the candidates counts as `None`.
     fn choose(&mut self, slot: &SlotRequest, candidates: &[Candidate<'_>]) -> Option<AgentId>;
+
+    /// How many candidates a slot's search stops at, in a cluster of `agents` agents. `None`
+    /// (the default) shows [`choose`](Self::choose) every agent the slot fits on, which costs
+    /// a look at every agent for every slot. With a limit, as Nomad's schedulers do, the plan
+    /// goes through the admitted agents in an order shuffled once per evaluation (seeded by
+    /// its id), each slot's search going on where the last one stopped, and stops at that
+    /// many fitting agents; the agent the group's last slot went to is offered too, while the
+    /// task fits there.
+    fn candidate_limit(&self, agents: usize) -> Option<usize> {
+        let _ = agents;
+        None
+    }
 }
+
+/// The candidate limit of the built-in placers: at least [`MIN_CANDIDATES`], and twice the
+/// log₂ of the cluster's size (Nomad's service scheduler looks at log₂ n), so a run costs what
+/// the job's slots cost, whatever the cluster's size. A cluster of up to [`MIN_CANDIDATES`]
+/// agents is searched whole.
+pub fn sampled_candidates(agents: usize) -> usize {
+    let log2 = usize::BITS - agents.leading_zeros();
+    MIN_CANDIDATES.max(2 * log2 as usize)
+}
+
+/// The fewest candidates the built-in placers look at for a slot: see
+/// [`sampled_candidates`].
+pub const MIN_CANDIDATES: usize = 16;
 
 /// A [`Placer`] made from a closure; see [`PlacingScheduler::from_fn`].
 pub struct FnPlacer<F>(pub F);
@@ -152,28 +185,162 @@ impl<P: Placer + Send> Scheduler for PlacingScheduler<P> {
     }
 }
 
-/// An agent's standing while a plan is built.
-#[derive(Debug)]
-struct Standing<'a> {
-    agent: &'a AgentView,
+/// What a plan placed on one agent so far.
+#[derive(Debug, Default)]
+struct Added {
     used: Resources,
     tasks: usize,
-    job_tasks: usize,
 }
 
-impl<'a> Standing<'a> {
-    fn candidate(&self) -> Candidate<'a> {
-        Candidate {
-            agent: self.agent,
-            used: self.used.clone(),
-            free: self.agent.total.saturating_sub(&self.used),
-            tasks: self.tasks,
-            job_tasks: self.job_tasks,
+/// One group's search for agents while a plan is built.
+#[derive(Debug)]
+struct GroupSearch {
+    /// The agents (positions in id order) its constraints admit: in id order for a placer
+    /// that sees every candidate, shuffled for one with a limit.
+    admitted: Vec<usize>,
+    /// Where the next slot's search starts in `admitted`.
+    cursor: usize,
+    /// Nothing fits any agent any more: free capacity only shrinks while planning, so its
+    /// later (unpinned) slots need no search.
+    exhausted: bool,
+    /// The agent its last slot went to, offered again while the task fits there (so that a
+    /// bin-packing placer fills it before the next one).
+    last: Option<usize>,
+}
+
+/// The agents as a plan in progress leaves them: the snapshot's figures plus what the plan
+/// placed so far. Only the agents a slot considers are looked at.
+struct Search<'a> {
+    agents: &'a [Arc<AgentView>],
+    job: &'a str,
+    added: HashMap<usize, Added>,
+    groups: HashMap<String, GroupSearch>,
+    /// How many candidates a slot's search stops at (`None`: every fitting agent).
+    limit: Option<usize>,
+    rng: fastrand::Rng,
+}
+
+impl<'a> Search<'a> {
+    fn new(
+        agents: &'a [Arc<AgentView>],
+        job: &'a str,
+        eval: &Evaluation,
+        limit: Option<usize>,
+    ) -> Self {
+        let mut seed = std::hash::DefaultHasher::new();
+        eval.id.hash(&mut seed);
+        Search {
+            agents,
+            job,
+            added: HashMap::new(),
+            groups: HashMap::new(),
+            limit,
+            rng: fastrand::Rng::with_seed(seed.finish()),
         }
     }
 
-    fn fits(&self, need: &Resources) -> bool {
-        need.fits_in(&self.agent.total.saturating_sub(&self.used))
+    fn used(&self, at: usize) -> Resources {
+        let used = self.agents[at].used();
+        match self.added.get(&at) {
+            Some(added) => used.saturating_add(&added.used),
+            None => used.clone(),
+        }
+    }
+
+    fn fits(&self, at: usize, need: &Resources) -> bool {
+        need.fits_in(&self.agents[at].total.saturating_sub(&self.used(at)))
+    }
+
+    fn candidate(&self, at: usize) -> Candidate<'a> {
+        let agent: &'a AgentView = &self.agents[at];
+        let used = self.used(at);
+        let added = self.added.get(&at).map_or(0, |added| added.tasks);
+        let job_live = agent
+            .tasks_of(self.job)
+            .iter()
+            .filter(|task| !task.state.is_terminal())
+            .count();
+        Candidate {
+            agent,
+            free: agent.total.saturating_sub(&used),
+            used,
+            tasks: agent.live_tasks() + added,
+            job_tasks: job_live + added,
+        }
+    }
+
+    fn place(&mut self, at: usize, need: &Resources, group: &str) {
+        let added = self.added.entry(at).or_default();
+        added.used = added.used.saturating_add(need);
+        added.tasks += 1;
+        if let Some(search) = self.groups.get_mut(group) {
+            search.last = Some(at);
+        }
+    }
+
+    /// The agents (positions) `slot` may go to: its own agent for a pinned slot; otherwise
+    /// every fitting admitted agent, or with a limit, that many found from where the group's
+    /// last search stopped, and the group's last agent if it still fits. In id order.
+    fn fitting(&mut self, slot: &SlotRequest) -> Vec<usize> {
+        let need = slot.resources();
+        let admits = |agent: &AgentView| agent.eligible && agent.admits(slot.constraints());
+        if let Some(pinned) = &slot.agent {
+            return self
+                .agents
+                .binary_search_by(|agent| agent.id.cmp(pinned))
+                .ok()
+                .filter(|&at| admits(&self.agents[at]) && self.fits(at, need))
+                .into_iter()
+                .collect();
+        }
+        let group = slot.group.name.as_str();
+        if !self.groups.contains_key(group) {
+            let mut admitted: Vec<usize> = (0..self.agents.len())
+                .filter(|&at| admits(&self.agents[at]))
+                .collect();
+            if self.limit.is_some() {
+                self.rng.shuffle(&mut admitted);
+            }
+            let search = GroupSearch {
+                admitted,
+                cursor: 0,
+                exhausted: false,
+                last: None,
+            };
+            self.groups.insert(group.to_owned(), search);
+        }
+        let Some(search) = self.groups.get(group) else {
+            return Vec::new();
+        };
+        if search.exhausted {
+            return Vec::new();
+        }
+        let admitted = &search.admitted;
+        let mut fitting = Vec::new();
+        let mut looked = 0;
+        let wanted = self.limit.unwrap_or(usize::MAX);
+        while looked < admitted.len() && fitting.len() < wanted {
+            let at = admitted[(search.cursor + looked) % admitted.len()];
+            looked += 1;
+            if self.fits(at, need) {
+                fitting.push(at);
+            }
+        }
+        if let Some(last) = search.last.filter(|last| !fitting.contains(last))
+            && self.fits(last, need)
+        {
+            fitting.push(last);
+        }
+        let (cursor, exhausted) = (
+            (search.cursor + looked) % admitted.len().max(1),
+            fitting.is_empty(),
+        );
+        if let Some(search) = self.groups.get_mut(group) {
+            search.cursor = cursor;
+            search.exhausted = exhausted;
+        }
+        fitting.sort_unstable();
+        fitting
     }
 }
 
@@ -194,85 +361,28 @@ fn build_plan<P: Placer + ?Sized>(
         unplaced: Vec::new(),
     };
 
-    // Agents by id; an id listed twice counts once (the first).
-    let mut agents: Vec<&AgentView> = snapshot.agents.iter().map(|a| &**a).collect();
-    agents.sort_by(|a, b| a.id.cmp(&b.id));
-    agents.dedup_by(|later, earlier| later.id == earlier.id);
-    let mut standings: Vec<Standing<'_>> = agents
-        .iter()
-        .map(|agent| Standing {
-            agent,
-            used: agent.used().clone(),
-            tasks: agent.live_tasks(),
-            job_tasks: agent
-                .tasks_of(&reconciled.job)
-                .iter()
-                .filter(|t| !t.state.is_terminal())
-                .count(),
-        })
-        .collect();
-    let position: HashMap<&AgentId, usize> = agents
-        .iter()
-        .enumerate()
-        .map(|(i, agent)| (&agent.id, i))
-        .collect();
-
-    // Agents each group's constraints admit, worked out once per group.
-    let mut eligible: HashMap<String, Vec<usize>> = HashMap::new();
-    // Groups for which nothing fits any more: free capacity only shrinks while planning, so
-    // their later (unpinned) slots need no search.
-    let mut exhausted: HashSet<String> = HashSet::new();
-    let mut unplaced_groups: HashSet<String> = HashSet::new();
-
+    let agents = if reconciled.missing.is_empty() {
+        Cow::Borrowed(&[][..])
+    } else {
+        snapshot.agents_by_id()
+    };
+    let limit = placer.candidate_limit(agents.len());
+    let mut search = Search::new(&agents, &reconciled.job, eval, limit);
+    let mut unplaced_groups: HashSet<&str> = HashSet::new();
     for slot in &reconciled.missing {
-        let group = slot.group.name.as_str();
         let need = slot.resources();
-        let mut fitting: Vec<usize> = Vec::new();
-        match &slot.agent {
-            Some(pinned) => {
-                if let Some(&i) = position.get(pinned) {
-                    let standing = &standings[i];
-                    if standing.agent.eligible
-                        && standing.agent.admits(slot.constraints())
-                        && standing.fits(need)
-                    {
-                        fitting.push(i);
-                    }
-                }
-            }
-            None if exhausted.contains(group) => {}
-            None => {
-                let admitted = eligible.entry(group.to_owned()).or_insert_with(|| {
-                    (0..standings.len())
-                        .filter(|&i| {
-                            let agent = standings[i].agent;
-                            agent.eligible && agent.admits(slot.constraints())
-                        })
-                        .collect()
-                });
-                fitting.extend(
-                    admitted
-                        .iter()
-                        .copied()
-                        .filter(|&i| standings[i].fits(need)),
-                );
-                if fitting.is_empty() {
-                    exhausted.insert(group.to_owned());
-                }
-            }
-        }
-
+        let fitting = search.fitting(slot);
         let chosen = if fitting.is_empty() {
             None
         } else {
             let candidates: Vec<Candidate<'_>> =
-                fitting.iter().map(|&i| standings[i].candidate()).collect();
+                fitting.iter().map(|&at| search.candidate(at)).collect();
             let choice = placer.choose(slot, &candidates);
             let found = choice.as_ref().and_then(|id| {
                 candidates
                     .iter()
                     .position(|c| c.id() == id)
-                    .map(|at| fitting[at])
+                    .map(|k| fitting[k])
             });
             if let (Some(id), None) = (&choice, found) {
                 tracing::warn!(slot = %slot.name, agent = %id, "placer chose an agent that is not a candidate");
@@ -281,15 +391,12 @@ fn build_plan<P: Placer + ?Sized>(
         };
 
         match chosen {
-            Some(i) => {
-                let standing = &mut standings[i];
-                standing.used = standing.used.saturating_add(need);
-                standing.tasks += 1;
-                standing.job_tasks += 1;
-                plan.place.push(slot.placement(standing.agent.id.clone()));
+            Some(at) => {
+                search.place(at, need, &slot.group.name);
+                plan.place.push(slot.placement(agents[at].id.clone()));
             }
             None => {
-                if unplaced_groups.insert(group.to_owned()) {
+                if unplaced_groups.insert(slot.group.name.as_str()) {
                     plan.unplaced.push(Demand {
                         resources: need.clone(),
                         constraints: slot.constraints().to_vec(),
@@ -309,12 +416,18 @@ fn build_plan<P: Placer + ?Sized>(
     plan
 }
 
-/// Chooses the fitting agent that ends up most utilized, so that agents fill one after
-/// another and whole agents stay free for large tasks. Ties go to the lowest agent id.
+/// Chooses the candidate that ends up most utilized, so that agents fill one after another and
+/// whole agents stay free for large tasks. Ties go to the lowest agent id. It is shown a
+/// sample of the fitting agents ([`sampled_candidates`]), among them the one the group's last
+/// slot went to: a plan fills that agent before it moves on.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BinPack;
 
 impl Placer for BinPack {
+    fn candidate_limit(&self, agents: usize) -> Option<usize> {
+        Some(sampled_candidates(agents))
+    }
+
     fn choose(&mut self, slot: &SlotRequest, candidates: &[Candidate<'_>]) -> Option<AgentId> {
         let need = slot.resources();
         candidates
@@ -332,13 +445,18 @@ impl Placer for BinPack {
     }
 }
 
-/// Chooses the fitting agent with the fewest tasks of the job, then the lowest utilization,
-/// so that a job evens out over the cluster and concurrent schedulers rarely pick the same
-/// agent (as in HashiCorp's "Nomad 2 million container challenge"). Ties go to the lowest agent id.
+/// Chooses the candidate with the fewest tasks of the job, then the lowest utilization, so
+/// that a job evens out over the cluster and concurrent schedulers rarely pick the same agent
+/// (as in HashiCorp's "Nomad 2 million container challenge"). Ties go to the lowest agent id.
+/// It is shown a sample of the fitting agents ([`sampled_candidates`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spread;
 
 impl Placer for Spread {
+    fn candidate_limit(&self, agents: usize) -> Option<usize> {
+        Some(sampled_candidates(agents))
+    }
+
     fn choose(&mut self, slot: &SlotRequest, candidates: &[Candidate<'_>]) -> Option<AgentId> {
         let need = slot.resources();
         candidates

@@ -117,6 +117,7 @@ impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
                 .collect(),
             jobs,
             held: proto.held.into_iter().collect(),
+            job_index: None,
         })
     }
 }
@@ -368,6 +369,7 @@ mod tests {
             ))],
             jobs: BTreeMap::from([("web".to_owned(), job())]),
             held: ["web.fe[0]".to_owned()].into(),
+            job_index: None,
         }
     }
 

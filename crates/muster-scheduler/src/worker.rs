@@ -571,6 +571,7 @@ mod tests {
             agents: Vec::new(),
             jobs: BTreeMap::from([("web".to_owned(), job)]),
             held: Default::default(),
+            job_index: None,
         };
         let placement = |group: &str| Placement {
             agent: AgentId("a1".into()),

@@ -8,7 +8,8 @@ use common::*;
 use muster_model::AgentId;
 use muster_model::{ConstraintOp, Job, SchedulerType};
 use muster_scheduler::{
-    ClusterSnapshot, Demand, PlacingScheduler, Plan, Scheduler, TaskState, binpack, spread,
+    AgentView, BinPack, Candidate, ClusterSnapshot, Demand, MIN_CANDIDATES, Placer,
+    PlacingScheduler, Plan, Scheduler, SlotRequest, TaskState, binpack, sampled_candidates, spread,
 };
 
 fn schedulers() -> Vec<Box<dyn Scheduler>> {
@@ -574,4 +575,119 @@ fn an_updated_group_is_replaced_once_then_planning_converges() {
     apply(&mut snap, &update);
     let again = binpack().schedule(&eval_for(&web), &snap);
     assert!(again.is_noop(), "{again:?}");
+}
+
+/// `n` agents of 4 cpus and 4 GiB, `agent-0000` onwards, listed in reverse.
+fn large_cluster(n: usize) -> Vec<AgentView> {
+    (0..n)
+        .rev()
+        .map(|i| agent(&format!("agent-{i:04}"), 4.0, 4096))
+        .collect()
+}
+
+/// Binpack, recording how many candidates each slot was shown.
+struct Counting {
+    shown: Vec<usize>,
+}
+
+impl Placer for Counting {
+    fn candidate_limit(&self, agents: usize) -> Option<usize> {
+        BinPack.candidate_limit(agents)
+    }
+
+    fn choose(&mut self, slot: &SlotRequest, candidates: &[Candidate<'_>]) -> Option<AgentId> {
+        self.shown.push(candidates.len());
+        assert!(
+            candidates.is_sorted_by(|a, b| a.id() < b.id()),
+            "candidates in id order"
+        );
+        BinPack.choose(slot, candidates)
+    }
+}
+
+#[test]
+fn the_built_in_placers_look_at_a_sample_of_a_large_cluster_and_at_all_of_a_small_one() {
+    assert_eq!(sampled_candidates(3), MIN_CANDIDATES);
+    assert_eq!(sampled_candidates(1_000), 20, "twice log2, rounded up");
+    assert_eq!(sampled_candidates(100_000), 34);
+
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 40, 1.0, 256)],
+    );
+    let snap = snapshot(3, large_cluster(1_000), vec![web.clone()]);
+    let mut scheduler = PlacingScheduler::new("counting", Counting { shown: Vec::new() });
+    let plan = scheduler.plan(&eval_for(&web), &snap);
+    assert_eq!(plan.place.len(), 40);
+    let shown = &scheduler.placer().shown;
+    assert_eq!(shown.len(), 40);
+    // The sample, and the agent the last slot went to.
+    assert!(shown.iter().all(|&n| (20..=21).contains(&n)), "{shown:?}");
+
+    let small = snapshot(3, large_cluster(MIN_CANDIDATES), vec![web.clone()]);
+    let mut scheduler = PlacingScheduler::new("counting", Counting { shown: Vec::new() });
+    scheduler.plan(&eval_for(&web), &small);
+    assert_eq!(
+        scheduler.placer().shown[0],
+        MIN_CANDIDATES,
+        "a small cluster is searched whole"
+    );
+}
+
+/// A service job `web` of `count` tasks of `cpus` each, and a snapshot of 2,000 empty
+/// agents that run nothing yet.
+fn web_in_a_large_cluster(count: u32, cpus: f64) -> (Job, ClusterSnapshot) {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", count, cpus, 256)],
+    );
+    let snap = snapshot(3, large_cluster(2_000), vec![web.clone()]);
+    (web, snap)
+}
+
+#[test]
+fn binpack_in_a_large_cluster_still_fills_one_agent_before_the_next() {
+    let (web, snap) = web_in_a_large_cluster(10, 1.0);
+    let plan = binpack().schedule(&eval_for(&web), &snap);
+    let mut loads: Vec<usize> = per_agent(&plan).into_values().collect();
+    loads.sort_unstable();
+    assert_eq!(loads, [2, 4, 4], "three agents, two of them full");
+}
+
+#[test]
+fn spread_in_a_large_cluster_puts_every_task_on_its_own_agent() {
+    let (web, snap) = web_in_a_large_cluster(200, 1.0);
+    let plan = spread().schedule(&eval_for(&web), &snap);
+    assert_eq!(plan.place.len(), 200);
+    assert!(per_agent(&plan).values().all(|&n| n == 1));
+}
+
+#[test]
+fn a_sampled_plan_is_the_same_for_the_same_evaluation_and_differs_for_another() {
+    let (web, snap) = web_in_a_large_cluster(30, 1.0);
+    let eval = eval_for(&web);
+    let agents_of = |plan: &Plan| {
+        let mut by_slot: Vec<(String, String)> = plan
+            .place
+            .iter()
+            .map(|p| (p.name.clone(), p.agent.0.clone()))
+            .collect();
+        by_slot.sort();
+        by_slot
+    };
+    let first = agents_of(&spread().schedule(&eval, &snap));
+    assert_eq!(first, agents_of(&spread().schedule(&eval, &snap)));
+    assert_ne!(first, agents_of(&spread().schedule(&eval_for(&web), &snap)));
+}
+
+#[test]
+fn a_full_large_cluster_reports_the_demand_after_one_search() {
+    let (web, snap) = web_in_a_large_cluster(50, 8.0);
+    let mut scheduler = PlacingScheduler::new("counting", Counting { shown: Vec::new() });
+    let plan = scheduler.plan(&eval_for(&web), &snap);
+    assert!(plan.place.is_empty());
+    assert_eq!(plan.unplaced.len(), 1);
+    assert!(scheduler.placer().shown.is_empty(), "no candidate ever");
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use common::*;
 use muster_model::{ConstraintOp, SchedulerType};
-use muster_scheduler::{Reconciled, Stop, TaskState, reconcile};
+use muster_scheduler::{JobIndex, Reconciled, Stop, TaskState, reconcile};
 
 fn missing_names(r: &Reconciled) -> Vec<&str> {
     r.missing.iter().map(|s| s.name.as_str()).collect()
@@ -32,7 +32,7 @@ fn service_count_up_wants_only_the_new_slots() {
         vec![web.clone()],
     );
     let r = reconcile(&eval_for(&web), &snap);
-    assert_eq!(r.wanted, ["web.fe[0]", "web.fe[1]", "web.fe[2]"]);
+    assert_eq!(r.wanted, 3);
     assert_eq!(missing_names(&r), ["web.fe[1]", "web.fe[2]"]);
     assert!(r.stop.is_empty());
     assert_eq!(r.job_version, 1);
@@ -178,7 +178,7 @@ fn system_jobs_want_one_slot_per_eligible_agent() {
         vec![logs.clone()],
     );
     let r = reconcile(&eval_for(&logs), &snap);
-    assert_eq!(r.wanted, ["logs.ship[a1]", "logs.ship[a2]"]);
+    assert_eq!(r.wanted, 2, "a1 and a2, on rack r1");
     assert_eq!(missing_names(&r), ["logs.ship[a2]"]);
     assert_eq!(r.missing[0].agent, Some(id("a2")));
     // a3 is no longer eligible (rack r2): its task stops.
@@ -222,7 +222,7 @@ fn system_slots_of_a_gone_agent_are_no_longer_wanted() {
         vec![logs.clone()],
     );
     let r = reconcile(&eval_for(&logs), &after);
-    assert_eq!(r.wanted, ["logs.ship[a1]"]);
+    assert_eq!(r.wanted, 1);
     assert!(r.missing.is_empty());
     assert!(r.stop.is_empty());
 }
@@ -275,7 +275,7 @@ fn a_stopped_job_stops_all_its_live_tasks() {
         vec![web.clone()],
     );
     let r = reconcile(&eval, &snap);
-    assert!(r.wanted.is_empty() && r.missing.is_empty());
+    assert!(r.wanted == 0 && r.missing.is_empty());
     assert_eq!(stopped_ids(&r), ["web.fe[0]-t", "web.fe[1]-t"]);
 
     // A job missing from the snapshot (deregistered) is treated the same.
@@ -545,5 +545,101 @@ fn a_held_slot_is_left_empty_while_its_replacement_backs_off() {
     snap.held.insert("web.fe[0]".into());
     let r = reconcile(&eval_for(&web), &snap);
     assert_eq!(missing_names(&r), ["web.fe[1]"], "only the slot not held");
-    assert_eq!(r.wanted, ["web.fe[0]", "web.fe[1]"], "still wanted");
+    assert_eq!(r.wanted, 2, "still wanted");
+}
+
+#[test]
+fn only_a_name_written_as_the_slots_is_fills_it() {
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 2, 1.0, 100)],
+    );
+    let odd = [
+        "web.fe[01]",
+        "web.fe[+1]",
+        "web.fe[1 ]",
+        "web.fe[]",
+        "web.fe[2]",
+        "web.fe1]",
+        "web.fe[1",
+        "web.be[1]",
+        "webx.fe[1]",
+        "web.fe[99999999999999999999999]",
+    ];
+    let mut tasks: Vec<_> = odd
+        .iter()
+        .map(|name| task(name, "web", "fe", 0.1, 1, TaskState::Running))
+        .collect();
+    tasks.push(task("web.fe[0]", "web", "fe", 0.1, 1, TaskState::Running));
+    let snap = snapshot(
+        7,
+        vec![on(agent("a1", 8.0, 8192), tasks)],
+        vec![web.clone()],
+    );
+    let r = reconcile(&eval_for(&web), &snap);
+    assert_eq!(missing_names(&r), ["web.fe[1]"]);
+    let mut stopped = stopped_ids(&r);
+    stopped.sort_unstable();
+    let mut expected: Vec<String> = odd.iter().map(|name| format!("{name}-t")).collect();
+    expected.sort_unstable();
+    assert_eq!(stopped, expected);
+}
+
+#[test]
+fn reconciling_through_the_job_index_finds_what_looking_at_every_agent_finds() {
+    let web = job("web", SchedulerType::Service, vec![group("fe", 6, 0.5, 64)]);
+    let logs = job(
+        "logs",
+        SchedulerType::System,
+        vec![group("ship", 0, 0.1, 8)],
+    );
+    // Agents a0..a7: web's slots dealt out with a duplicate and an extra, logs on every
+    // other agent.
+    let agents = (0..8)
+        .map(|n| {
+            let name = format!("a{n}");
+            let mut tasks = vec![task(
+                &format!("web.fe[{}]", n % 7),
+                "web",
+                "fe",
+                0.5,
+                64,
+                TaskState::Running,
+            )];
+            if n % 2 == 0 {
+                tasks.push(task(
+                    &format!("logs.ship[{name}]"),
+                    "logs",
+                    "ship",
+                    0.1,
+                    8,
+                    TaskState::Running,
+                ));
+            }
+            on(agent(&name, 4.0, 4096), tasks)
+        })
+        .collect();
+    let mut snap = snapshot(7, agents, vec![web.clone(), logs.clone()]);
+    let by_scan = [
+        reconcile(&eval_for(&web), &snap),
+        reconcile(&eval_for(&logs), &snap),
+    ];
+    snap.job_index = Some(JobIndex::update(None, &snap.agents));
+    assert!(snap.agents_with("web").is_some(), "the index is used");
+    let by_index = [
+        reconcile(&eval_for(&web), &snap),
+        reconcile(&eval_for(&logs), &snap),
+    ];
+    assert_eq!(by_scan, by_index);
+    assert_eq!(
+        missing_names(&by_scan[1]).len(),
+        4,
+        "logs on the odd agents"
+    );
+    assert_eq!(
+        by_scan[0].stop.len(),
+        2,
+        "web.fe[0] twice, web.fe[6] beyond the count"
+    );
 }

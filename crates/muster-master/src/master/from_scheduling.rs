@@ -19,7 +19,7 @@ use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::Op;
 
-use muster_scheduler::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult};
+use muster_scheduler::{AgentView, ClusterSnapshot, JobIndex, Placement, Plan, PlanResult};
 
 use super::tasks::view;
 use super::{InternalMsg, Master};
@@ -232,11 +232,14 @@ impl Master {
             })
             .collect();
         agents.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        let job_index = JobIndex::update(self.job_index.as_ref(), &agents);
+        self.job_index = Some(Arc::clone(&job_index));
         ClusterSnapshot {
             index: self.current_index(),
             agents,
             jobs,
             held: self.crash_loops.held(tokio::time::Instant::now()),
+            job_index: Some(job_index),
         }
     }
 

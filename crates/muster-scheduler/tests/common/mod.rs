@@ -78,6 +78,7 @@ pub(crate) fn snapshot(index: u64, agents: Vec<AgentView>, jobs: Vec<Job>) -> Cl
             .map(|job| (job.name.clone(), job))
             .collect(),
         held: Default::default(),
+        job_index: None,
     }
 }
 
