@@ -1,7 +1,7 @@
 //! The leading master's in-memory view of the cluster: agents with their tasks, and
 //! frameworks. None of it is in the registry; a new leader rebuilds it from re-registrations.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_model::convert::sorted;
@@ -79,7 +79,8 @@ impl AgentEntry {
 /// Agents by id and frameworks by id.
 #[derive(Debug, Default)]
 pub(crate) struct Cluster {
-    pub(crate) agents: HashMap<String, AgentEntry>,
+    /// Ordered by id, as schedulers read them: a snapshot lists them without sorting.
+    pub(crate) agents: BTreeMap<String, AgentEntry>,
     pub(crate) frameworks: HashMap<String, pb::Framework>,
     /// Frameworks known only from completed tasks.
     pub(crate) completed_frameworks: HashSet<String>,

@@ -51,6 +51,6 @@ pub use scheduler::{
     binpack, sampled_candidates, spread,
 };
 pub use worker::{
-    Assignment, Backend, DEFAULT_MAX_ATTEMPTS, Outcome, Worker, WorkerConfig, WorkerError,
-    WorkerStats,
+    Assignment, Backend, DEFAULT_MAX_ATTEMPTS, DEFAULT_SETTLING, Outcome, Worker, WorkerConfig,
+    WorkerError, WorkerStats,
 };

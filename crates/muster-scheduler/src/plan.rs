@@ -59,7 +59,10 @@ impl ClusterSnapshot {
     /// list them so and are only checked (borrowed); others are sorted into a copy, where an
     /// id listed twice counts once (the first).
     pub fn agents_by_id(&self) -> Cow<'_, [Arc<AgentView>]> {
-        if self.agents.is_sorted_by(|a, b| a.id < b.id) {
+        let indexed = |index: &Arc<JobIndex>| index.holds_for(&self.agents);
+        if self.job_index.as_ref().is_some_and(indexed)
+            || self.agents.is_sorted_by(|a, b| a.id < b.id)
+        {
             return Cow::Borrowed(&self.agents);
         }
         let mut agents = self.agents.clone();
@@ -82,14 +85,24 @@ impl ClusterSnapshot {
 pub struct JobIndex {
     agents: Vec<Arc<AgentView>>,
     jobs: HashMap<Arc<str>, Arc<Vec<u32>>>,
+    /// Whether `agents` are ordered by id, each once, as the index needs (if not, it is
+    /// never used). Checked where the list changed only: views kept from the list before
+    /// stay in its order.
+    ordered: bool,
 }
 
 impl JobIndex {
     /// The index of `agents` (ordered by id, each once), built from `previous`, the index of
     /// an earlier list, when there is one. Returns `previous` itself if nothing changed.
     pub fn update(previous: Option<&Arc<JobIndex>>, agents: &[Arc<AgentView>]) -> Arc<JobIndex> {
-        let empty = JobIndex::default();
-        let before = previous.map_or(&empty, |index| &**index);
+        let empty = JobIndex {
+            ordered: true,
+            ..JobIndex::default()
+        };
+        // An index of a list out of order is not built on.
+        let before = previous
+            .filter(|index| index.ordered)
+            .map_or(&empty, |index| &**index);
         if let Some(previous) = previous
             && previous.holds_for(agents)
         {
@@ -132,6 +145,12 @@ impl JobIndex {
                 }
             }
         }
+        let in_order =
+            |at: usize| at == 0 || at >= agents.len() || agents[at - 1].id < agents[at].id;
+        let ordered = before.ordered
+            && changed
+                .iter()
+                .all(|&(_, at)| in_order(at as usize) && in_order(at as usize + 1));
         let mut jobs = before.jobs.clone();
         if renumbered {
             // An agent joined or left: every position moves (monotonically, so each list
@@ -184,6 +203,7 @@ impl JobIndex {
         Arc::new(JobIndex {
             agents: agents.to_vec(),
             jobs,
+            ordered,
         })
     }
 
@@ -192,9 +212,10 @@ impl JobIndex {
         self.jobs.get(job).map_or(&[], |at| at.as_slice())
     }
 
-    /// Whether it was built for exactly these views.
+    /// Whether it was built for exactly these views, ordered by id.
     fn holds_for(&self, agents: &[Arc<AgentView>]) -> bool {
-        self.agents.len() == agents.len()
+        self.ordered
+            && self.agents.len() == agents.len()
             && self
                 .agents
                 .iter()
@@ -205,7 +226,8 @@ impl JobIndex {
 
 /// One agent as a scheduler sees it. Its tasks are kept grouped by job, with what its live
 /// tasks hold worked out once: a scheduler run finds a job's tasks on an agent by a binary
-/// search, and never walks the agent's other tasks ([`AgentView::tasks_of`]).
+/// search over a small directory of job-name hashes, and never walks the agent's other tasks
+/// ([`AgentView::tasks_of`]).
 #[derive(Clone, Debug, PartialEq)]
 pub struct AgentView {
     /// Its id.
@@ -221,6 +243,9 @@ pub struct AgentView {
     pub drain: DrainPhase,
     /// Its tasks, running and recently ended, ordered by job.
     tasks: Vec<TaskView>,
+    /// Where each job's tasks are in `tasks`, ordered by the hash of the job's name: a
+    /// lookup compares integers in one small array, not names spread over the heap.
+    jobs: Vec<JobTasks>,
     /// What its live tasks hold.
     used: Resources,
     /// How many of its tasks are live.
@@ -242,6 +267,7 @@ impl AgentView {
             eligible: true,
             drain: DrainPhase::None,
             tasks,
+            jobs: Vec::new(),
             used: Resources::default(),
             live: 0,
         };
@@ -266,11 +292,16 @@ impl AgentView {
             .map(|tasks| tasks[0].job.as_str())
     }
 
-    /// Its tasks of `job`, found by a binary search.
+    /// Its tasks of `job`, found by a binary search of the job's name hash.
     pub fn tasks_of(&self, job: &str) -> &[TaskView] {
-        let start = self.tasks.partition_point(|task| task.job.as_str() < job);
-        let len = self.tasks[start..].partition_point(|task| task.job == job);
-        &self.tasks[start..start + len]
+        let hash = job_hash(job);
+        let first = self.jobs.partition_point(|entry| entry.hash < hash);
+        self.jobs[first..]
+            .iter()
+            .take_while(|entry| entry.hash == hash)
+            .map(|entry| &self.tasks[entry.start as usize..entry.end as usize])
+            .find(|tasks| tasks[0].job == job)
+            .unwrap_or(&[])
     }
 
     /// Changes its tasks with `change`; the order by job and the figures follow.
@@ -283,6 +314,21 @@ impl AgentView {
     /// hold.
     fn index(&mut self) {
         self.tasks.sort_by(|a, b| a.job.cmp(&b.job));
+        let mut start = 0;
+        self.jobs = self
+            .tasks
+            .chunk_by(|a, b| a.job == b.job)
+            .map(|tasks| {
+                let entry = JobTasks {
+                    hash: job_hash(&tasks[0].job),
+                    start: start as u32,
+                    end: (start + tasks.len()) as u32,
+                };
+                start += tasks.len();
+                entry
+            })
+            .collect();
+        self.jobs.sort_unstable_by_key(|entry| entry.hash);
         let live = self.tasks.iter().filter(|task| !task.state.is_terminal());
         self.live = live.clone().count();
         self.used = live.fold(Resources::default(), |used, task| {
@@ -316,6 +362,22 @@ impl AgentView {
     pub fn admits(&self, constraints: &[Constraint]) -> bool {
         Constraint::all_admit(constraints, &self.attributes)
     }
+}
+
+/// Where one job's tasks are in an [`AgentView`]'s tasks.
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct JobTasks {
+    hash: u64,
+    start: u32,
+    end: u32,
+}
+
+/// A job name's hash for [`AgentView::tasks_of`] (FNV-1a: short names, no seed needed, as
+/// equal hashes are checked against the name).
+fn job_hash(job: &str) -> u64 {
+    job.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// One task on an agent.
@@ -620,6 +682,45 @@ mod tests {
                     .collect();
                 assert_eq!(index.agents_with(job), expected, "round {round}, job {job}");
             }
+            assert!(index.holds_for(&agents), "round {round}: kept in order");
         }
+    }
+
+    #[test]
+    fn a_job_index_of_agents_out_of_order_is_never_used() {
+        let sorted = vec![running(1, &["web"]), running(2, &["web"]), running(3, &[])];
+        let index = JobIndex::update(None, &sorted);
+        let mut swapped = sorted.clone();
+        swapped.swap(0, 2);
+        for index in [
+            JobIndex::update(None, &swapped),
+            JobIndex::update(Some(&index), &swapped),
+        ] {
+            let snapshot = ClusterSnapshot {
+                agents: swapped.clone(),
+                job_index: Some(Arc::clone(&index)),
+                ..ClusterSnapshot::default()
+            };
+            assert_eq!(snapshot.agents_with("web"), None);
+            assert!(matches!(snapshot.agents_by_id(), Cow::Owned(_)));
+            // Once in order again, an index built on it holds.
+            let again = JobIndex::update(Some(&index), &sorted);
+            assert_eq!(again.agents_with("web"), [0, 1]);
+            assert!(again.holds_for(&sorted));
+        }
+    }
+
+    #[test]
+    fn tasks_of_finds_each_jobs_tasks_among_many_jobs() {
+        let names: Vec<String> = (0..300).map(|n| format!("job-{n}")).collect();
+        let jobs: Vec<&str> = names.iter().map(String::as_str).collect();
+        let agent = running(1, &jobs);
+        for job in &jobs {
+            let found = agent.tasks_of(job);
+            assert_eq!(found.len(), 1, "{job}");
+            assert_eq!(found[0].job, *job);
+        }
+        assert!(agent.tasks_of("job-300").is_empty());
+        assert!(agent.tasks_of("").is_empty());
     }
 }

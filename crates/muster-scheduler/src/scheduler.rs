@@ -195,10 +195,9 @@ struct Added {
 /// One group's search for agents while a plan is built.
 #[derive(Debug)]
 struct GroupSearch {
-    /// The agents (positions in id order) its constraints admit: in id order for a placer
-    /// that sees every candidate, shuffled for one with a limit.
-    admitted: Vec<usize>,
-    /// Where the next slot's search starts in `admitted`.
+    /// The order it looks at agents in.
+    walk: Walk,
+    /// How far along `walk` the next slot's search starts.
     cursor: usize,
     /// Nothing fits any agent any more: free capacity only shrinks while planning, so its
     /// later (unpinned) slots need no search.
@@ -206,6 +205,56 @@ struct GroupSearch {
     /// The agent its last slot went to, offered again while the task fits there (so that a
     /// bin-packing placer fills it before the next one).
     last: Option<usize>,
+}
+
+/// A walk over agent positions `0..len` that visits each once per round: step `k` is
+/// `(start + k * step) mod len`, with `step` coprime to `len`. In id order (start 0, step 1)
+/// for a placer that sees every candidate; from a random start with a random step for one
+/// with a limit, so that a search looks at a random-looking sample without shuffling (or even
+/// reading) every agent first.
+#[derive(Debug)]
+struct Walk {
+    start: usize,
+    step: usize,
+    len: usize,
+}
+
+impl Walk {
+    fn in_order(len: usize) -> Self {
+        Walk {
+            start: 0,
+            step: 1,
+            len,
+        }
+    }
+
+    fn random(len: usize, rng: &mut fastrand::Rng) -> Self {
+        if len < 2 {
+            return Walk::in_order(len);
+        }
+        let mut step = rng.usize(1..len);
+        while gcd(step, len) != 1 {
+            step = step % (len - 1) + 1;
+        }
+        Walk {
+            start: rng.usize(0..len),
+            step,
+            len,
+        }
+    }
+
+    /// The position visited at step `k`.
+    fn at(&self, k: usize) -> usize {
+        let offset = (k % self.len) as u128 * self.step as u128;
+        ((self.start as u128 + offset) % self.len as u128) as usize
+    }
+}
+
+fn gcd(mut a: usize, mut b: usize) -> usize {
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    a
 }
 
 /// The agents as a plan in progress leaves them: the snapshot's figures plus what the plan
@@ -295,14 +344,12 @@ impl<'a> Search<'a> {
         }
         let group = slot.group.name.as_str();
         if !self.groups.contains_key(group) {
-            let mut admitted: Vec<usize> = (0..self.agents.len())
-                .filter(|&at| admits(&self.agents[at]))
-                .collect();
-            if self.limit.is_some() {
-                self.rng.shuffle(&mut admitted);
-            }
+            let walk = match self.limit {
+                Some(_) => Walk::random(self.agents.len(), &mut self.rng),
+                None => Walk::in_order(self.agents.len()),
+            };
             let search = GroupSearch {
-                admitted,
+                walk,
                 cursor: 0,
                 exhausted: false,
                 last: None,
@@ -315,14 +362,14 @@ impl<'a> Search<'a> {
         if search.exhausted {
             return Vec::new();
         }
-        let admitted = &search.admitted;
         let mut fitting = Vec::new();
         let mut looked = 0;
         let wanted = self.limit.unwrap_or(usize::MAX);
-        while looked < admitted.len() && fitting.len() < wanted {
-            let at = admitted[(search.cursor + looked) % admitted.len()];
+        let len = self.agents.len();
+        while looked < len && fitting.len() < wanted {
+            let at = search.walk.at(search.cursor + looked);
             looked += 1;
-            if self.fits(at, need) {
+            if admits(&self.agents[at]) && self.fits(at, need) {
                 fitting.push(at);
             }
         }
@@ -331,10 +378,7 @@ impl<'a> Search<'a> {
         {
             fitting.push(last);
         }
-        let (cursor, exhausted) = (
-            (search.cursor + looked) % admitted.len().max(1),
-            fitting.is_empty(),
-        );
+        let (cursor, exhausted) = ((search.cursor + looked) % len.max(1), fitting.is_empty());
         if let Some(search) = self.groups.get_mut(group) {
             search.cursor = cursor;
             search.exhausted = exhausted;
@@ -579,5 +623,25 @@ mod tests {
         // cpu 1/4 and mem 0/1024, then cpu 2/4.
         assert_eq!(c.utilization(), 0.125);
         assert_eq!(c.utilization_with(slot().resources()), 0.25);
+    }
+
+    #[test]
+    fn a_random_walk_visits_every_agent_once_a_round() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        for len in [1, 2, 3, 4, 12, 97, 100, 1_000, 1_024] {
+            for _ in 0..20 {
+                let walk = Walk::random(len, &mut rng);
+                for round in [0, 1, 5] {
+                    let mut seen: Vec<usize> = (0..len).map(|k| walk.at(round * len + k)).collect();
+                    seen.sort_unstable();
+                    assert_eq!(seen, (0..len).collect::<Vec<_>>(), "len {len}");
+                }
+            }
+        }
+        let walk = Walk::in_order(5);
+        assert_eq!(
+            (0..7).map(|k| walk.at(k)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 0, 1]
+        );
     }
 }

@@ -13,7 +13,11 @@
 //!
 //! Any backend error after the dequeue nacks the evaluation, so that the broker hands it out
 //! again (up to its delivery limit).
+//!
+//! [`Worker::run`] overlaps step 5 of one evaluation (a registry write) with steps 1 to 4 of
+//! the next.
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +33,10 @@ use crate::scheduler::Scheduler;
 /// How many plans a worker submits for one evaluation before it gives up on rejected
 /// placements (Nomad's limit).
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
+
+/// How many evaluations a running worker may have being recorded while it plans the next
+/// ([`WorkerConfig::settling`]).
+pub const DEFAULT_SETTLING: usize = 2;
 
 /// An evaluation handed to this worker, with the token that proves it holds it.
 #[derive(Clone, Debug, PartialEq)]
@@ -214,6 +222,9 @@ pub struct WorkerConfig {
     pub max_attempts: u32,
     /// How long [`Worker::run`] waits after a failed dequeue before the next.
     pub error_backoff: Duration,
+    /// How many planned evaluations [`Worker::run`] may have being recorded and acked while
+    /// it plans the next (0 counts as 1). Records in flight together share a registry write.
+    pub settling: usize,
 }
 
 impl Default for WorkerConfig {
@@ -223,6 +234,7 @@ impl Default for WorkerConfig {
             dequeue_timeout: Duration::from_secs(1),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             error_backoff: Duration::from_millis(500),
+            settling: DEFAULT_SETTLING,
         }
     }
 }
@@ -342,10 +354,27 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
 
     /// Runs until `stop` turns true (or its sender is dropped), then returns the stats.
     ///
+    /// Pipelined: while evaluations already planned are recorded and acked (registry writes,
+    /// mostly disk), the worker dequeues and plans the next; with
+    /// [`settling`](WorkerConfig::settling) of them in flight it waits for the oldest before
+    /// it settles another. The broker hands out one evaluation per job at a time, so those in
+    /// flight are always of different jobs.
+    ///
     /// The stop interrupts a dequeue's long poll or the backoff after a failed dequeue, never
     /// an evaluation in progress: that one is settled (acked or nacked) first.
-    pub async fn run(mut self, mut stop: watch::Receiver<bool>) -> WorkerStats {
-        tracing::debug!(scheduler = self.scheduler.name(), "worker started");
+    pub async fn run(self, mut stop: watch::Receiver<bool>) -> WorkerStats
+    where
+        B: 'static,
+    {
+        let mut worker = Worker {
+            backend: Arc::new(self.backend),
+            scheduler: self.scheduler,
+            config: self.config,
+            stats: self.stats,
+        };
+        tracing::debug!(scheduler = worker.scheduler.name(), "worker started");
+        let depth = worker.config.settling.max(1);
+        let mut settling: VecDeque<tokio::task::JoinHandle<Settled>> = VecDeque::new();
         loop {
             if *stop.borrow_and_update() {
                 break;
@@ -358,13 +387,23 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
                     }
                     continue;
                 }
-                dequeued = self.dequeue() => dequeued,
+                dequeued = worker.dequeue() => dequeued,
             };
             match dequeued {
                 Ok(Some(assignment)) => {
-                    if let Err(error) = self.handle(assignment).await {
-                        tracing::warn!(%error, "evaluation left unsettled");
+                    let planned = worker.plan(&assignment).await;
+                    while settling.len() >= depth {
+                        if let Some(oldest) = settling.pop_front() {
+                            worker.count_settled(oldest.await);
+                        }
                     }
+                    let backend = Arc::clone(&worker.backend);
+                    settling.push_back(tokio::spawn(async move {
+                        match planned {
+                            Ok(planned) => settle(&*backend, assignment, planned).await,
+                            Err(error) => nack(&*backend, assignment, error).await,
+                        }
+                    }));
                 }
                 Ok(None) => {}
                 Err(error) => {
@@ -376,13 +415,16 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
                                 break;
                             }
                         }
-                        () = tokio::time::sleep(self.config.error_backoff) => {}
+                        () = tokio::time::sleep(worker.config.error_backoff) => {}
                     }
                 }
             }
         }
-        tracing::debug!(scheduler = self.scheduler.name(), stats = ?self.stats, "worker stopped");
-        self.stats
+        for in_flight in settling {
+            worker.count_settled(in_flight.await);
+        }
+        tracing::debug!(scheduler = worker.scheduler.name(), stats = ?worker.stats, "worker stopped");
+        worker.stats
     }
 
     /// One step: dequeue one evaluation (waiting up to the dequeue timeout) and settle it.
@@ -392,9 +434,17 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
     /// error interrupted the evaluation and the nack failed too (the error returned is the
     /// first one).
     pub async fn run_once(&mut self) -> Result<Option<Outcome>, WorkerError> {
-        match self.dequeue().await? {
-            Some(assignment) => self.handle(assignment).await.map(Some),
-            None => Ok(None),
+        let Some(assignment) = self.dequeue().await? else {
+            return Ok(None);
+        };
+        let settled = match self.plan(&assignment).await {
+            Ok(planned) => settle(&self.backend, assignment, planned).await,
+            Err(error) => nack(&self.backend, assignment, error).await,
+        };
+        self.count_settled(Ok(settled.clone()));
+        match settled {
+            Settled::Outcome(outcome) => Ok(Some(outcome)),
+            Settled::Unsettled(error) => Err(error),
         }
     }
 
@@ -411,28 +461,27 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
         dequeued
     }
 
-    /// Settles one evaluation, nacking it on error.
-    async fn handle(&mut self, assignment: Assignment) -> Result<Outcome, WorkerError> {
-        let error = match self.process(&assignment).await {
-            Ok(outcome) => return Ok(outcome),
-            Err(error) => error,
-        };
-        let eval = assignment.eval.id;
-        tracing::warn!(%eval, %error, "nacking evaluation");
-        match self.backend.nack(&eval, &assignment.token).await {
-            Ok(()) => {
-                self.stats.evals_nacked += 1;
-                Ok(Outcome::Nacked { eval, error })
-            }
-            Err(nack_error) => {
+    /// Counts how an evaluation was settled (a settling task that panicked counts as a
+    /// failed nack: the broker's nack timeout hands the evaluation out again).
+    fn count_settled(&mut self, settled: Result<Settled, tokio::task::JoinError>) {
+        match settled {
+            Ok(Settled::Outcome(Outcome::Completed { .. })) => self.stats.evals_completed += 1,
+            Ok(Settled::Outcome(Outcome::Blocked { .. })) => self.stats.evals_blocked += 1,
+            Ok(Settled::Outcome(Outcome::Nacked { .. })) => self.stats.evals_nacked += 1,
+            Ok(Settled::Unsettled(error)) => {
                 self.stats.nack_failures += 1;
-                tracing::warn!(%eval, error = %nack_error, "nack failed");
-                Err(error)
+                tracing::warn!(%error, "evaluation left unsettled");
+            }
+            Err(error) => {
+                self.stats.nack_failures += 1;
+                tracing::error!(%error, "settling an evaluation panicked");
             }
         }
     }
 
-    async fn process(&mut self, assignment: &Assignment) -> Result<Outcome, WorkerError> {
+    /// Steps 2 to 4: plans the evaluation until its plan is applied whole, nothing is left to
+    /// change, or the attempts run out; returns how to record it.
+    async fn plan(&mut self, assignment: &Assignment) -> Result<Planned, WorkerError> {
         let mut eval = assignment.eval.clone();
         let max_attempts = self.config.max_attempts.max(1);
         let mut min_index = eval.modify_index;
@@ -475,15 +524,18 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
 
         eval.snapshot_index = snapshot_index;
         let id = eval.id.clone();
-        let outcome = if unplaced.is_empty() {
+        Ok(if unplaced.is_empty() {
             eval.status = EvalStatus::Complete;
             eval.status_description.clear();
-            self.backend.complete(&eval).await?;
-            Outcome::Completed {
-                eval: id,
-                attempts,
-                placed,
-                stopped,
+            Planned {
+                eval,
+                unplaced,
+                outcome: Outcome::Completed {
+                    eval: id,
+                    attempts,
+                    placed,
+                    stopped,
+                },
             }
         } else {
             eval.status = EvalStatus::Blocked;
@@ -491,24 +543,18 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
                 "{} task group(s) could not place all their tasks",
                 unplaced.len()
             );
-            self.backend.block(eval, unplaced.clone()).await?;
-            Outcome::Blocked {
-                eval: id,
-                attempts,
-                placed,
-                stopped,
-                unplaced,
+            Planned {
+                eval,
+                unplaced: unplaced.clone(),
+                outcome: Outcome::Blocked {
+                    eval: id,
+                    attempts,
+                    placed,
+                    stopped,
+                    unplaced,
+                },
             }
-        };
-        self.backend
-            .ack(&assignment.eval.id, &assignment.token)
-            .await?;
-        match outcome {
-            Outcome::Completed { .. } => self.stats.evals_completed += 1,
-            Outcome::Blocked { .. } => self.stats.evals_blocked += 1,
-            Outcome::Nacked { .. } => {}
-        }
-        Ok(outcome)
+        })
     }
 
     async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
@@ -520,6 +566,57 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
             });
         }
         Ok(snapshot)
+    }
+}
+
+/// An evaluation planned to the end, to be recorded (complete or blocked) and acked.
+#[derive(Debug)]
+struct Planned {
+    /// The evaluation with its new status.
+    eval: Evaluation,
+    /// What did not fit (empty when complete).
+    unplaced: Vec<Demand>,
+    /// What the worker reports once it is recorded and acked.
+    outcome: Outcome,
+}
+
+/// How settling one evaluation ended.
+#[derive(Clone, Debug)]
+enum Settled {
+    /// Recorded and acked, or nacked after an error.
+    Outcome(Outcome),
+    /// An error, and the nack failed too (the first error).
+    Unsettled(WorkerError),
+}
+
+/// Step 5: records the planned evaluation complete or blocked, then acks it; nacks it if
+/// either fails.
+async fn settle<B: Backend>(backend: &B, assignment: Assignment, planned: Planned) -> Settled {
+    let recorded = if planned.unplaced.is_empty() {
+        backend.complete(&planned.eval).await
+    } else {
+        backend.block(planned.eval, planned.unplaced).await
+    };
+    let acked = match recorded {
+        Ok(()) => backend.ack(&assignment.eval.id, &assignment.token).await,
+        Err(error) => Err(error),
+    };
+    match acked {
+        Ok(()) => Settled::Outcome(planned.outcome),
+        Err(error) => nack(backend, assignment, error).await,
+    }
+}
+
+/// Hands the evaluation back to the broker after `error`.
+async fn nack<B: Backend>(backend: &B, assignment: Assignment, error: WorkerError) -> Settled {
+    let eval = assignment.eval.id;
+    tracing::warn!(%eval, %error, "nacking evaluation");
+    match backend.nack(&eval, &assignment.token).await {
+        Ok(()) => Settled::Outcome(Outcome::Nacked { eval, error }),
+        Err(nack_error) => {
+            tracing::warn!(%eval, error = %nack_error, "nack failed");
+            Settled::Unsettled(error)
+        }
     }
 }
 

@@ -14,7 +14,9 @@ use std::sync::Arc;
 use muster_actor::{Context, Pid, Reply, Upid};
 use muster_broker::EvalBroker;
 use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg};
-use muster_model::{AgentId, Demand, DrainPhase, EvalStatus, Evaluation, Task, TaskState};
+use muster_model::{
+    AgentId, Demand, DrainPhase, EvalStatus, Evaluation, Resources, Task, TaskState,
+};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::Op;
@@ -195,7 +197,7 @@ impl Master {
     fn snapshot(&mut self) -> ClusterSnapshot {
         let jobs = self.registry.reader().read(|state| state.jobs.clone());
         let scheduling = self.agent_scheduling();
-        let mut agents: Vec<Arc<AgentView>> = self
+        let agents: Vec<Arc<AgentView>> = self
             .cluster
             .agents
             .iter_mut()
@@ -231,7 +233,7 @@ impl Master {
                 Arc::clone(view)
             })
             .collect();
-        agents.sort_unstable_by(|a, b| a.id.cmp(&b.id));
+        debug_assert!(agents.is_sorted_by(|a, b| a.id < b.id));
         let job_index = JobIndex::update(self.job_index.as_ref(), &agents);
         self.job_index = Some(Arc::clone(&job_index));
         ClusterSnapshot {
@@ -265,19 +267,29 @@ impl Master {
         let mut launches: HashMap<String, Vec<pb::RunTask>> = HashMap::new();
         // A plan made before an agent was drained or made ineligible places nothing there.
         let scheduling = self.agent_scheduling();
+        // What is free on each agent this plan places on, worked out once per agent (a walk
+        // over its tasks) and then reduced by each placement committed there.
+        let mut free: HashMap<String, Option<Resources>> = HashMap::new();
         for placement in plan.place {
             let eligible = scheduling
                 .get(&placement.agent.0)
                 .is_none_or(|s| s.eligible);
-            let fits = self
-                .cluster
-                .agents
-                .get(&placement.agent.0)
-                .is_some_and(|agent| {
-                    // The model's one fit rule, as the schedulers and the blocked-queue use it.
-                    eligible && agent.connected && placement.resources.fits_in(&agent.free())
-                });
+            let left = free.entry(placement.agent.0.clone()).or_insert_with(|| {
+                self.cluster
+                    .agents
+                    .get(&placement.agent.0)
+                    .filter(|agent| agent.connected)
+                    .map(|agent| agent.free())
+            });
+            // The model's one fit rule, as the schedulers and the blocked-queue use it.
+            let fits = eligible
+                && left
+                    .as_ref()
+                    .is_some_and(|left| placement.resources.fits_in(left));
             if fits {
+                if let Some(left) = left.as_mut() {
+                    *left = left.saturating_sub(&placement.resources);
+                }
                 if let Some(run) = self.stage_placement(&placement) {
                     launches
                         .entry(placement.agent.0.clone())
