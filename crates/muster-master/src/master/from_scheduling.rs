@@ -274,27 +274,29 @@ impl Master {
             let eligible = scheduling
                 .get(&placement.agent.0)
                 .is_none_or(|s| s.eligible);
-            let left = free.entry(placement.agent.0.clone()).or_insert_with(|| {
-                self.cluster
+            if !free.contains_key(&placement.agent.0) {
+                let left = self
+                    .cluster
                     .agents
                     .get(&placement.agent.0)
                     .filter(|agent| agent.connected)
-                    .map(|agent| agent.free())
-            });
+                    .map(|agent| agent.free());
+                free.insert(placement.agent.0.clone(), left);
+            }
             // The model's one fit rule, as the schedulers and the blocked-queue use it.
-            let fits = eligible
-                && left
-                    .as_ref()
-                    .is_some_and(|left| placement.resources.fits_in(left));
-            if fits {
-                if let Some(left) = left.as_mut() {
-                    *left = left.saturating_sub(&placement.resources);
-                }
+            let left = free
+                .get_mut(&placement.agent.0)
+                .and_then(Option::as_mut)
+                .filter(|left| eligible && placement.resources.fits_in(left));
+            if let Some(left) = left {
+                *left = left.saturating_sub(&placement.resources);
                 if let Some(run) = self.stage_placement(&placement) {
-                    launches
-                        .entry(placement.agent.0.clone())
-                        .or_default()
-                        .push(run);
+                    match launches.get_mut(&placement.agent.0) {
+                        Some(runs) => runs.push(run),
+                        None => {
+                            launches.insert(placement.agent.0.clone(), vec![run]);
+                        }
+                    }
                 }
                 result.committed.push(placement);
             } else {
@@ -379,14 +381,24 @@ impl Master {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
-        let staged: Vec<model_pb::Task> = tasks.iter().filter_map(|run| run.task.clone()).collect();
+        // Only the ids are kept for a failure: the tasks are as staged on the agent's entry.
+        let ids: Vec<String> = tasks
+            .iter()
+            .filter_map(|run| Some(run.task.as_ref()?.id.clone()))
+            .collect();
         let Err(e) = node.remote(upid).tell(pb::LaunchTasks {
             tasks,
             term: self.term,
         }) else {
             return;
         };
-        tracing::warn!(agent = %agent_id, error = %e, tasks = staged.len(), "launch failed");
+        tracing::warn!(agent = %agent_id, error = %e, tasks = ids.len(), "launch failed");
+        let staged: Vec<model_pb::Task> = agent
+            .tasks
+            .iter()
+            .filter(|task| ids.contains(&task.id))
+            .cloned()
+            .collect();
         for mut failed in staged {
             failed.state = TaskState::Failed.into();
             failed.exit_code = -1;
