@@ -137,7 +137,7 @@ pub struct QueueStats {
     pub unacked: usize,
     /// Waiting behind their job's evaluation in flight.
     pub pending: usize,
-    /// Dropped, not yet marked canceled in the registry.
+    /// Dropped, not yet marked canceled in the registry (including those being written).
     pub cancelable: usize,
     /// Past the delivery limit.
     pub failed: usize,
@@ -334,6 +334,9 @@ pub struct EvalBroker {
     waiters: VecDeque<Waiter>,
     next_waiter: u64,
     writing: bool,
+    /// The cancellations the write in flight carries, by scheduler type: still cancelable
+    /// until it is written (the stats count them so).
+    canceling: BTreeMap<SchedulerType, usize>,
     /// Bumped by every restore and disable: a registry write that completes in a later
     /// session is not this session's business.
     session: u64,
@@ -360,6 +363,7 @@ impl EvalBroker {
             waiters: VecDeque::new(),
             next_waiter: 0,
             writing: false,
+            canceling: BTreeMap::new(),
             session: 0,
             stats: BrokerStats::default(),
         }
@@ -645,6 +649,10 @@ impl EvalBroker {
             ops.push(Op::UpsertEvals(follow_ups.clone()));
         }
         self.writing = true;
+        self.canceling.clear();
+        for eval in &canceled {
+            *self.canceling.entry(eval.scheduler).or_default() += 1;
+        }
         self.stats.registry_writes += 1;
         let op = Op::Together(ops);
         let session = self.session;
@@ -657,6 +665,7 @@ impl EvalBroker {
                     return;
                 }
                 broker.writing = false;
+                broker.canceling.clear();
                 match written {
                     Ok(()) => {
                         broker.stats.canceled += canceled.len() as u64;
@@ -708,7 +717,8 @@ impl EvalBroker {
         // counts it keeps.
         for (scheduler, q) in &mut stats.by_scheduler {
             q.ready = self.ready.get(scheduler).map_or(0, BTreeMap::len);
-            q.cancelable = self.cancelable.count(*scheduler);
+            q.cancelable = self.cancelable.count(*scheduler)
+                + self.canceling.get(scheduler).copied().unwrap_or(0);
         }
         for waiting in self.pending.values() {
             if let Some(q) = waiting
@@ -725,6 +735,7 @@ impl EvalBroker {
         self.writer = None;
         self.session += 1;
         self.writing = false;
+        self.canceling.clear();
         for held in self.unacked.values() {
             held.timer.cancel();
         }

@@ -161,6 +161,49 @@ async fn one_evaluation_in_flight_per_job_and_the_rest_cancelable_on_ack() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn cancellations_being_written_still_count_as_cancelable() {
+    // A registry write that waits for a permit.
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let writer = {
+        let gate = Arc::clone(&gate);
+        RegistryWriter::new(move |_op| {
+            let gate = Arc::clone(&gate);
+            Box::pin(async move {
+                gate.acquire().await.expect("gate open").forget();
+                Ok(())
+            })
+        })
+    };
+    let broker = System::new().spawn(EvalBroker::new(BrokerConfig::default()));
+    let evals = (1..=10)
+        .map(|n| eval(&format!("e{n}"), "job", 50, n))
+        .collect();
+    broker
+        .tell(BrokerMsg::Restore { writer, evals })
+        .map_err(drop)
+        .expect("broker runs");
+    let first = dequeue(&broker, Duration::ZERO).await;
+    ack(&broker, first.as_ref().expect("delivery"))
+        .await
+        .expect("ack");
+    // The write of the 8 cancellations is under way: they are not canceled yet.
+    let during = stats(&broker).await;
+    assert_eq!((during.total().cancelable, during.canceled), (8, 0));
+
+    gate.add_permits(1);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let after = stats(&broker).await;
+        if after.canceled == 8 {
+            assert_eq!(after.total().cancelable, 0);
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{after:?}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn dequeue_waits_for_work_and_times_out() {
     let writes = Writes::default();
     let broker = start(BrokerConfig::default(), &writes, Vec::new());

@@ -36,7 +36,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 
 /// How many evaluations a running worker may have being recorded while it plans the next
 /// ([`WorkerConfig::settling`]).
-pub const DEFAULT_SETTLING: usize = 2;
+pub const DEFAULT_SETTLING: usize = 8;
 
 /// An evaluation handed to this worker, with the token that proves it holds it.
 #[derive(Clone, Debug, PartialEq)]
