@@ -131,7 +131,8 @@ pub async fn start_leading(config: crate::MasterConfig) -> anyhow::Result<crate:
 }
 
 /// Polls the status of job `name` on `master`, in process, until `done` holds (up to
-/// [`WAIT`]); `what` names the wait in the error.
+/// [`WAIT`]); `what` names the wait in the error. A read the master answers with
+/// "unavailable, retry" is retried.
 ///
 /// # Errors
 /// The master could not answer, or `done` did not hold in time (the last status is in the
@@ -144,11 +145,22 @@ pub async fn job_when(
 ) -> anyhow::Result<muster_proto::cluster::JobStatusReply> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let status = master
+        let answer = master
             .pid()
             .ask(|reply| crate::OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
-            .await?
-            .map_err(anyhow::Error::msg)?;
+            .await?;
+        let status = match answer {
+            // A linearizable read whose leadership confirmation ran out while it was computed
+            // (a loaded machine): the master says to retry, as a client would.
+            Err(crate::error::ServiceError::Unavailable(why))
+                if tokio::time::Instant::now() < deadline =>
+            {
+                tracing::debug!(%why, "job status unavailable; retrying");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                continue;
+            }
+            answer => answer.map_err(anyhow::Error::msg)?,
+        };
         if done(&status) {
             return Ok(status);
         }
