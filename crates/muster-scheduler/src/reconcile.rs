@@ -31,7 +31,6 @@
 //! - A slot the snapshot lists as [`held`](ClusterSnapshot::held) (its task keeps failing and
 //!   its replacement backs off) is not missing: it is placed by a later evaluation.
 
-use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
@@ -129,13 +128,11 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     let mut fillers: Vec<(usize, Filler<'_>)> = Vec::new();
     let mut finished = vec![false; layout.len];
     let mut stop = Vec::new();
-    // The agents with tasks of the job: from the snapshot's index where it has one for these
-    // agents, otherwise every agent.
+    // The agents with tasks of the job: from the snapshot's index where it holds for its
+    // agents (which are then in id order, as `agents` borrows them), otherwise every agent.
     let visit: Vec<usize> = match snapshot.agents_with(job_name) {
-        Some(at) if matches!(agents, Cow::Borrowed(_)) => {
-            at.iter().map(|&position| position as usize).collect()
-        }
-        _ => (0..agents.len()).collect(),
+        Some(at) => at.iter().map(|&position| position as usize).collect(),
+        None => (0..agents.len()).collect(),
     };
     for position in visit {
         let agent = &agents[position];

@@ -90,11 +90,11 @@ pub trait Placer {
 
     /// How many candidates a slot's search stops at, in a cluster of `agents` agents. `None`
     /// (the default) shows [`choose`](Self::choose) every agent the slot fits on, which costs
-    /// a look at every agent for every slot. With a limit, as Nomad's schedulers do, the plan
-    /// goes through the admitted agents in an order shuffled once per evaluation (seeded by
-    /// its id), each slot's search going on where the last one stopped, and stops at that
-    /// many fitting agents; the agent the group's last slot went to is offered too, while the
-    /// task fits there.
+    /// a look at every agent for every slot. With a limit, as Nomad's schedulers do, each
+    /// group's search walks the agents from a random start by a random step (seeded by the
+    /// evaluation's id), each slot's search going on where the last one stopped, and stops at
+    /// that many fitting agents; the agent the group's last slot went to is offered too, while
+    /// the task fits there.
     fn candidate_limit(&self, agents: usize) -> Option<usize> {
         let _ = agents;
         None
