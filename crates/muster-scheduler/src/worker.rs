@@ -6,7 +6,9 @@
 //! 3. schedule and submit the plan (a plan that changes nothing is not submitted);
 //! 4. if the applier rejected placements (another scheduler's plan took the room), take a
 //!    snapshot at least as new as the applier's index and schedule again: at most
-//!    [`max_attempts`](WorkerConfig::max_attempts) plans in all, as in Nomad. Placements still
+//!    [`max_attempts`](WorkerConfig::max_attempts) plans in a row that commit nothing, as in
+//!    Nomad (a plan that commits anything starts the count over: its job is closer to done, and
+//!    blocking it would wait for a capacity change that may never come). Placements still
 //!    rejected by the last attempt count as unplaced;
 //! 5. if demands remain unplaced, [`block`](Backend::block) the evaluation, otherwise
 //!    [`complete`](Backend::complete) it; then ack it.
@@ -30,8 +32,8 @@ use muster_model::Demand;
 use crate::plan::{ClusterSnapshot, Placement, Plan, PlanResult};
 use crate::scheduler::Scheduler;
 
-/// How many plans a worker submits for one evaluation before it gives up on rejected
-/// placements (Nomad's limit).
+/// How many plans in a row that commit nothing a worker submits for one evaluation before it
+/// gives up on rejected placements (Nomad's limit).
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 3;
 
 /// How many evaluations a running worker may have being recorded while it plans the next
@@ -218,7 +220,8 @@ pub struct WorkerConfig {
     pub schedulers: Vec<SchedulerType>,
     /// How long one dequeue long-polls.
     pub dequeue_timeout: Duration,
-    /// Plans submitted per evaluation at most (0 counts as 1).
+    /// Plans in a row that commit nothing, per evaluation, at most (0 counts as 1); a plan
+    /// that commits part of itself starts the count over (Nomad's retry with progress).
     pub max_attempts: u32,
     /// How long [`Worker::run`] waits after a failed dequeue before the next.
     pub error_backoff: Duration,
@@ -486,6 +489,7 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
         let max_attempts = self.config.max_attempts.max(1);
         let mut min_index = eval.modify_index;
         let (mut attempts, mut placed, mut stopped) = (0u32, 0usize, 0usize);
+        let mut fruitless = 0u32;
         let (snapshot_index, unplaced) = loop {
             attempts += 1;
             let snapshot = self.snapshot(min_index).await?;
@@ -510,7 +514,12 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
                 rejected = result.rejected.len(),
                 "placements rejected"
             );
-            if attempts >= max_attempts {
+            if result.committed.is_empty() && result.stopped.is_empty() {
+                fruitless += 1;
+            } else {
+                fruitless = 0;
+            }
+            if fruitless >= max_attempts {
                 for placement in &result.rejected {
                     let demand = demand_of(placement, &snapshot);
                     if !unplaced.contains(&demand) {

@@ -51,6 +51,9 @@ struct State {
     before_submit: VecDeque<Hook>,
     /// The applier rejects every placement.
     reject_all: bool,
+    /// The applier commits at most this many placements of each plan and rejects the rest
+    /// (another scheduler's plans keep taking the room).
+    commit_at_most: Option<usize>,
     /// Answer snapshots this much older than the cluster.
     snapshot_lag: u64,
     /// When set, each `complete` waits for a permit (a registry write held up).
@@ -156,6 +159,7 @@ impl Backend for Fake {
         // The serial applier: stops first, then each placement against what is free now.
         let mut result = PlanResult::default();
         let reject_all = state.reject_all;
+        let mut room = state.commit_at_most.unwrap_or(usize::MAX);
         for stop in plan.stop {
             for agent in state
                 .cluster
@@ -180,9 +184,11 @@ impl Backend for Fake {
             match agent {
                 Some(agent)
                     if !reject_all
+                        && room > 0
                         && agent.fits(&placement.resources)
                         && agent.tasks().iter().all(|t| t.id != placement.task_id) =>
                 {
+                    room -= 1;
                     let task = placement.staged_task();
                     Arc::make_mut(agent).update_tasks(|tasks| tasks.push(task));
                     result.committed.push(placement);
@@ -462,6 +468,29 @@ async fn placements_rejected_on_every_attempt_block_after_three() {
         calls.last(),
         Some(&Call::Ack(eval.id.clone(), "tok".into()))
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_plan_that_commits_part_starts_the_attempts_over() {
+    // Every plan loses all but one placement to other schedulers (two workers binpacking onto
+    // the same agents do this), more times in a row than `max_attempts`: each plan still makes
+    // progress, so the worker plans again until every slot is placed, as Nomad's retry with
+    // progress does. Blocking instead would wait for a capacity change that may never come.
+    let (fake, eval) = setup(2, 6);
+    fake.lock().commit_at_most = Some(1);
+    let mut worker = Worker::new(Arc::clone(&fake), spread(), config());
+    let outcome = worker.run_once().await.expect("step");
+    assert_eq!(
+        outcome,
+        Some(Outcome::Completed {
+            eval: eval.id.clone(),
+            attempts: 6,
+            placed: 6,
+            stopped: 0
+        })
+    );
+    assert_eq!(fake.live_tasks("web").len(), 6);
+    assert_eq!(worker.stats().placements_rejected, 5 + 4 + 3 + 2 + 1);
 }
 
 #[tokio::test(start_paused = true)]

@@ -1,0 +1,533 @@
+//! The shape of HashiCorp's "C2M" challenge (two million containers on 6,100 hosts, Nomad
+//! 0.11: 22 min 14 s, about 1,500 placements a second with 3 servers), on one real master.
+//!
+//! 6,100 stand-in agents run in this program on one `Node`, reached by the master over the real
+//! transport with mutual TLS, as the broker bench's are; each offers 32 cpus and 128 GiB and
+//! counts the tasks it is told to launch (it starts none, so they stay staged). The master is
+//! the real one (master process, registrar, single-member raft registry on sled, broker and its
+//! 2 in-master scheduler workers), started with TLS and ACLs. Service jobs of 1,000 tasks each
+//! (cpus 0.05, mem 128 MiB, a command with arguments and an environment) are submitted through
+//! the master's gRPC API with a management token, 16 submissions in flight, until the tasks
+//! asked for are placed. The clock starts at the first submission and stops when the agents
+//! have been told to launch the last task.
+//!
+//! It runs twice, once with binpack and once with spread placement, and prints for each: a
+//! line per 100,000 placements (the time and the rate since the previous line), the time to
+//! the last placement and the rate over the whole run, the raft entries written, and the
+//! process's heap growth from before the first submission to after the last placement,
+//! divided by the tasks. That heap figure covers the whole program, so it is an upper bound on
+//! what the master holds per task; the heap is counted by a thin wrapper around mimalloc (the
+//! binaries' allocator) that adds up what is allocated and not freed.
+//!
+//! Baseline in the same run, `transport floor`: the same number of launches, each job's 1,000
+//! tasks as one-task `LaunchTasks` messages to 1,000 consecutive agents (the shape spread
+//! placement sends), told by a node of this program straight to the same stand-in agents over
+//! the same TLS transport, without a master.
+//!
+//! Targets on a 2-core machine: at least 20,000 placements a second sustained (two million in
+//! under 100 s), and at most 200 bytes of heap per task.
+//!
+//! `cargo bench --bench c2m` places 200,000 tasks (200 jobs) per run, which takes well under a
+//! minute; `MUSTER_C2M_TASKS=2000000 cargo bench --bench c2m` is the full challenge. This bench
+//! is a plain program rather than a criterion group: one run of the full size takes minutes,
+//! and its figure is a rate over the run, printed as it goes.
+
+use std::alloc::{GlobalAlloc, Layout};
+use std::cell::Cell;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use futures_util::stream;
+use muster::actor::{Context, Node, Pid, Process, RemoteError, System, Upid};
+use muster::master::{
+    AgentMsg, MasterConfig, MasterServer, OperatorMsg, Placement, testing as master_testing,
+};
+use muster::proto::cluster as pb;
+use muster::proto::model as model_pb;
+use muster_security::Role;
+use muster_security::testing::TestPki;
+
+/// The binaries' allocator, with what is in use counted (see [`heap_in_use`]).
+#[global_allocator]
+static ALLOCATOR: Counted = Counted;
+
+const AGENTS: usize = 6_100;
+const TASKS_PER_JOB: usize = 1_000;
+const DEFAULT_TASKS: usize = 200_000;
+const SUBMISSIONS_IN_FLIGHT: usize = 16;
+const REPORT_EVERY: u64 = 100_000;
+const AGENT_CPUS: f64 = 32.0;
+const AGENT_MEM_MB: u64 = 128 * 1024;
+const TASK_CPUS: f64 = 0.05;
+const TASK_MEM_MB: u64 = 128;
+
+// ---------------------------------------------------------------------------------------------
+// The heap in use: mimalloc, with allocations and frees added up in per-thread shards (one
+// shared counter would bounce a cache line between the cores on every allocation).
+
+struct Counted;
+
+const SHARDS: usize = 32;
+
+#[repr(align(128))]
+struct Shard(AtomicIsize);
+
+static IN_USE: [Shard; SHARDS] = [const { Shard(AtomicIsize::new(0)) }; SHARDS];
+static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
+
+thread_local! {
+    static MY_SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
+}
+
+fn count(bytes: isize) {
+    let shard = MY_SHARD
+        .try_with(|shard| {
+            if shard.get() == usize::MAX {
+                shard.set(NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS);
+            }
+            shard.get()
+        })
+        .unwrap_or(0);
+    IN_USE[shard].0.fetch_add(bytes, Ordering::Relaxed);
+}
+
+// SAFETY: every call is forwarded to mimalloc unchanged; the counting touches no memory the
+// allocator hands out.
+unsafe impl GlobalAlloc for Counted {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: the caller's contract is mimalloc's.
+        unsafe { mimalloc::MiMalloc.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count(layout.size() as isize);
+        // SAFETY: as above.
+        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        count(-(layout.size() as isize));
+        // SAFETY: as above.
+        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count(new_size as isize - layout.size() as isize);
+        // SAFETY: as above.
+        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
+    }
+}
+
+/// Bytes allocated and not freed, by every thread of the program.
+fn heap_in_use() -> i64 {
+    IN_USE
+        .iter()
+        .map(|shard| shard.0.load(Ordering::Relaxed) as i64)
+        .sum()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The stand-in agents.
+
+/// A stand-in agent: counts the tasks it is told to launch, answers the rest.
+struct CountingAgent {
+    launched: Arc<AtomicU64>,
+}
+
+enum CountingAgentMsg {
+    Launch(usize),
+    Run(muster::actor::Reply<pb::RunTaskReply>),
+    Kill(muster::actor::Reply<pb::KillTaskReply>),
+    Ping(muster::actor::Reply<pb::Pong>),
+}
+
+impl Process for CountingAgent {
+    type Message = CountingAgentMsg;
+    async fn handle(&mut self, msg: CountingAgentMsg, _ctx: &mut Context<Self>) {
+        match msg {
+            CountingAgentMsg::Launch(tasks) => {
+                self.launched.fetch_add(tasks as u64, Ordering::Relaxed);
+            }
+            CountingAgentMsg::Run(reply) => {
+                self.launched.fetch_add(1, Ordering::Relaxed);
+                reply.send(pb::RunTaskReply::default());
+            }
+            CountingAgentMsg::Kill(reply) => reply.send(pb::KillTaskReply::default()),
+            CountingAgentMsg::Ping(reply) => reply.send(pb::Pong::default()),
+        }
+    }
+}
+
+/// 6,100 stand-in agents on one node, and the count of tasks they were told to launch.
+struct Agents {
+    node: Node,
+    _pids: Vec<Pid<CountingAgent>>,
+    launched: Arc<AtomicU64>,
+}
+
+impl Agents {
+    async fn start(system: &System) -> Agents {
+        let node = Node::bind(
+            system,
+            "127.0.0.1:0",
+            TestPki::shared().security(Role::Agent, "c2m-agents"),
+        )
+        .await
+        .expect("the agents' node binds");
+        let launched = Arc::new(AtomicU64::new(0));
+        let pids = (0..AGENTS)
+            .map(|n| {
+                let pid = system.spawn(CountingAgent {
+                    launched: launched.clone(),
+                });
+                node.register(&agent_name(n), &pid)
+                    .expect("agent names are unique")
+                    .install::<pb::LaunchTasks>(|launch| {
+                        CountingAgentMsg::Launch(launch.tasks.len())
+                    })
+                    .install_ask::<pb::RunTask, pb::RunTaskReply>(|_, r| CountingAgentMsg::Run(r))
+                    .install_ask::<pb::KillTask, pb::KillTaskReply>(|_, r| {
+                        CountingAgentMsg::Kill(r)
+                    })
+                    .install_ask::<pb::Ping, pb::Pong>(|_, r| CountingAgentMsg::Ping(r));
+                pid
+            })
+            .collect();
+        Agents {
+            node,
+            _pids: pids,
+            launched,
+        }
+    }
+
+    fn upid(&self, n: usize) -> Upid {
+        Upid::new(agent_name(n), self.node.address()).expect("a valid upid")
+    }
+
+    /// Waits until `total` tasks have been launched in all, printing a line per
+    /// [`REPORT_EVERY`]; returns the time from `started` to the last, or `Err` with the count
+    /// past `deadline`.
+    async fn wait_launched(
+        &self,
+        total: u64,
+        started: Instant,
+        deadline: Duration,
+    ) -> Result<Duration, u64> {
+        let mut next_report = REPORT_EVERY.min(total);
+        let mut last = (0u64, Duration::ZERO);
+        loop {
+            let launched = self.launched.load(Ordering::Relaxed);
+            let now = started.elapsed();
+            while launched >= next_report {
+                let rate = (next_report - last.0) as f64 / (now - last.1).as_secs_f64();
+                eprintln!(
+                    "  {next_report:>9} placed at {:>7.2} s  ({:>7.0} placements/s since the \
+                     previous line)",
+                    now.as_secs_f64(),
+                    rate,
+                );
+                last = (next_report, now);
+                next_report = (next_report + REPORT_EVERY).min(total.max(next_report + 1));
+            }
+            if launched >= total {
+                return Ok(now);
+            }
+            if now > deadline {
+                return Err(launched);
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+}
+
+fn agent_name(n: usize) -> String {
+    format!("agent-{n}")
+}
+
+// ---------------------------------------------------------------------------------------------
+// The jobs.
+
+fn job(j: usize) -> model_pb::Job {
+    model_pb::Job {
+        name: format!("c2m-{j:04}"),
+        priority: 50,
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
+            name: "cache".into(),
+            count: TASKS_PER_JOB as u32,
+            resources: Some(model_pb::Resources {
+                cpus: TASK_CPUS,
+                mem_mb: TASK_MEM_MB,
+            }),
+            command: "redis-server".into(),
+            args: vec!["--port".into(), "6379".into(), "--save".into(), "".into()],
+            env: [
+                ("REDIS_MAXMEMORY".to_owned(), "100mb".to_owned()),
+                ("ENVIRONMENT".to_owned(), "c2m".to_owned()),
+            ]
+            .into(),
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    }
+}
+
+/// The task the master would send for slot `slot` of job `j`: the floor's message.
+fn run_task(spec: &model_pb::Job, slot: usize) -> pb::RunTask {
+    let group = &spec.groups[0];
+    let name = format!("{}.{}[{slot}]", spec.name, group.name);
+    pb::RunTask {
+        framework: Some(pb::Framework {
+            id: spec.name.clone(),
+            name: spec.name.clone(),
+        }),
+        task: Some(model_pb::Task {
+            id: format!("{name}-{:08x}", slot * 7919),
+            name,
+            job: spec.name.clone(),
+            group: group.name.clone(),
+            job_version: 1,
+            framework_id: spec.name.clone(),
+            resources: group.resources,
+            command: group.command.clone(),
+            args: group.args.clone(),
+            env: group.env.clone(),
+            ..model_pb::Task::default()
+        }),
+        term: 1,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One run on the real master.
+
+struct Figures {
+    took: Duration,
+    entries: u64,
+    heap_per_task: f64,
+}
+
+async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
+    master
+        .pid()
+        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .await
+        .expect("the master answers")
+}
+
+async fn run(placement: Placement, tasks: usize) -> Figures {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let master = master_testing::start_leading(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("master"),
+        placement,
+        workers: 2,
+        ping_interval: Duration::from_secs(3600),
+        // The stand-in agents do not heartbeat, and never report a task running.
+        heartbeat_min_ttl: Duration::from_secs(24 * 3600),
+        launch_timeout: Duration::from_secs(3600),
+        reconcile_interval: Duration::from_secs(3600),
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+    })
+    .await
+    .expect("the master starts and leads");
+    let token = master_testing::bootstrap(master.address())
+        .await
+        .expect("ACLs bootstrap");
+
+    let system = System::new();
+    let agents = Agents::start(&system).await;
+    let address = agents.node.address().to_owned();
+    stream::iter(0..AGENTS)
+        .for_each_concurrent(64, |n| {
+            let pid = master.pid().clone();
+            let info = model_pb::AgentInfo {
+                hostname: format!("host-{n}"),
+                address: format!("{}@{address}", agent_name(n)),
+                resources: Some(model_pb::Resources {
+                    cpus: AGENT_CPUS,
+                    mem_mb: AGENT_MEM_MB,
+                }),
+                attributes: Default::default(),
+            };
+            async move {
+                let reply = pid
+                    .ask(|r| {
+                        AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r, None).into()
+                    })
+                    .await
+                    .expect("the master answers");
+                assert!(
+                    matches!(
+                        reply.result,
+                        Some(pb::registration_reply::Result::AgentId(_))
+                    ),
+                    "the agent is admitted: {reply:?}"
+                );
+            }
+        })
+        .await;
+
+    let client = master_testing::operator(master.address(), Some(&token))
+        .await
+        .expect("an operator client connects");
+    let entries_before = metrics(&master).await.registry_entries;
+    let heap_before = heap_in_use();
+    let started = Instant::now();
+    let jobs = tasks.div_ceil(TASKS_PER_JOB);
+    let submit = stream::iter(0..jobs).for_each_concurrent(SUBMISSIONS_IN_FLIGHT, |j| {
+        let mut client = client.clone();
+        async move {
+            client
+                .submit_job(pb::SubmitJobRequest { job: Some(job(j)) })
+                .await
+                .expect("the job is accepted");
+        }
+    });
+    // Generous: a tenth of the target rate, plus a minute.
+    let deadline = Duration::from_secs(60 + tasks as u64 / 2_000);
+    let total = (jobs * TASKS_PER_JOB) as u64;
+    let (_, took) = tokio::join!(submit, agents.wait_launched(total, started, deadline));
+    let took = match took {
+        Ok(took) => took,
+        Err(launched) => {
+            explain_shortfall(client).await;
+            panic!("only {launched} of {total} tasks launched in {deadline:?}");
+        }
+    };
+    let entries = metrics(&master).await.registry_entries - entries_before;
+    let heap_per_task = (heap_in_use() - heap_before) as f64 / total as f64;
+
+    agents.node.shutdown();
+    master.shutdown().await;
+    system.shutdown().await;
+    Figures {
+        took,
+        entries,
+        heap_per_task,
+    }
+}
+
+/// Prints the jobs short of their count and the evaluations not complete, for a run that
+/// did not place everything.
+async fn explain_shortfall(mut client: master_testing::TestOperator) {
+    let jobs = client
+        .list_jobs(pb::ListJobsRequest::default())
+        .await
+        .expect("jobs listed")
+        .into_inner();
+    for job in jobs
+        .jobs
+        .iter()
+        .filter(|job| job.staging + job.running < job.desired)
+    {
+        eprintln!("short: {job:?}");
+    }
+    let evals = client
+        .list_evaluations(pb::ListEvaluationsRequest {
+            limit: 1000,
+            ..Default::default()
+        })
+        .await
+        .expect("evaluations listed")
+        .into_inner();
+    for eval in evals
+        .evals
+        .iter()
+        .filter(|eval| eval.status != model_pb::EvalStatus::Complete as i32)
+    {
+        eprintln!("not complete: {eval:?}");
+    }
+}
+
+/// The floor: the same launches told straight to the stand-in agents by a node of this program.
+async fn transport_floor(tasks: usize) -> Duration {
+    let system = System::new();
+    let agents = Agents::start(&system).await;
+    let sender = Node::bind(
+        &system,
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Master, "master-1"),
+    )
+    .await
+    .expect("the sender's node binds");
+    let remotes: Vec<_> = (0..AGENTS).map(|n| sender.remote(agents.upid(n))).collect();
+    let jobs = tasks.div_ceil(TASKS_PER_JOB);
+    let total = (jobs * TASKS_PER_JOB) as u64;
+    let started = Instant::now();
+    let send = async {
+        for j in 0..jobs {
+            let spec = job(j);
+            for slot in 0..TASKS_PER_JOB {
+                let agent = (j * TASKS_PER_JOB + slot) % AGENTS;
+                // A full queue for the agents' node is waited out, as a sender would.
+                loop {
+                    let launch = pb::LaunchTasks {
+                        tasks: vec![run_task(&spec, slot)],
+                        term: 1,
+                    };
+                    match remotes[agent].tell(launch) {
+                        Ok(()) => break,
+                        Err(RemoteError::QueueFull(_)) => tokio::task::yield_now().await,
+                        Err(e) => panic!("the launch is sent: {e}"),
+                    }
+                }
+            }
+            tokio::task::yield_now().await;
+        }
+    };
+    let deadline = Duration::from_secs(60 + tasks as u64 / 2_000);
+    let (_, took) = tokio::join!(send, agents.wait_launched(total, started, deadline));
+    let took = took.unwrap_or_else(|launched| {
+        panic!("only {launched} of {total} launches arrived in {deadline:?}")
+    });
+    sender.shutdown();
+    agents.node.shutdown();
+    system.shutdown().await;
+    took
+}
+
+fn main() {
+    if std::env::args().any(|arg| arg == "--list") {
+        // `cargo bench -- --list` and test discovery: nothing to list but the bench itself.
+        println!("c2m: benchmark");
+        return;
+    }
+    let tasks = match std::env::var("MUSTER_C2M_TASKS") {
+        Ok(value) => value
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("MUSTER_C2M_TASKS={value:?} is not a positive number")),
+        Err(_) => DEFAULT_TASKS,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    runtime.block_on(async {
+        eprintln!(
+            "c2m: {tasks} tasks in jobs of {TASKS_PER_JOB} on {AGENTS} agents (mutual TLS, ACLs)"
+        );
+        for placement in [Placement::Binpack, Placement::Spread] {
+            eprintln!("{placement:?}:");
+            let figures = run(placement, tasks).await;
+            eprintln!(
+                "c2m {placement:?}: {tasks} placed in {:.2} s = {:.0} placements/s; {} raft \
+                 entries; heap {:.0} B per task",
+                figures.took.as_secs_f64(),
+                tasks as f64 / figures.took.as_secs_f64(),
+                figures.entries,
+                figures.heap_per_task,
+            );
+        }
+        eprintln!("transport floor:");
+        let floor = transport_floor(tasks).await;
+        eprintln!(
+            "c2m transport floor: {tasks} launches in {:.2} s = {:.0} launches/s",
+            floor.as_secs_f64(),
+            tasks as f64 / floor.as_secs_f64(),
+        );
+    });
+}
