@@ -60,8 +60,8 @@ fn job(name: &str, scheduler: SchedulerType, count: u32) -> Job {
 
 fn task(job: &str, name: String, n: usize) -> TaskView {
     TaskView {
-        id: format!("{name}-{n:08x}"),
-        name,
+        id: format!("{name}-{n:08x}").into(),
+        name: name.into(),
         job: job.into(),
         group: "g".into(),
         resources: TASK,
@@ -157,7 +157,7 @@ fn planning(c: &mut Criterion) {
             .agents
             .iter()
             .flat_map(|agent| agent.tasks_of(&service.job))
-            .map(|task| task.name.clone())
+            .map(|task| task.name.to_string())
             .collect();
         assert_eq!(names.len(), SERVICE_COUNT);
         group.bench_function(BenchmarkId::new("job_walk", agents), |b| {

@@ -10,15 +10,16 @@ use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_scheduler::AgentView;
 
+use crate::task_record::{TaskInterner, TaskRecord};
+
 /// An agent the leading master knows.
 #[derive(Debug)]
 pub(crate) struct AgentEntry {
     pub(crate) info: AgentInfo,
-    /// Its tasks in their wire form, as the agent reports them: converting every task of
-    /// every agent on a failover would double the time a new leader takes to rebuild. The
-    /// model's rules read them through [`state_of`] and [`resources_of`].
-    pub(crate) tasks: Vec<model_pb::Task>,
-    pub(crate) completed_tasks: Vec<model_pb::Task>,
+    /// Its live tasks (and those being killed), each sharing what its group's tasks share.
+    pub(crate) tasks: Vec<TaskRecord>,
+    /// Its ended tasks, oldest first.
+    pub(crate) completed_tasks: Vec<TaskRecord>,
     /// False for an admitted agent that has not re-registered with this master yet.
     pub(crate) connected: bool,
     pub(crate) missed_pings: u32,
@@ -46,8 +47,8 @@ impl AgentEntry {
     /// A connected agent with what it runs.
     pub(crate) fn connected(
         info: AgentInfo,
-        tasks: Vec<model_pb::Task>,
-        completed_tasks: Vec<model_pb::Task>,
+        tasks: Vec<TaskRecord>,
+        completed_tasks: Vec<TaskRecord>,
     ) -> Self {
         AgentEntry {
             info,
@@ -68,9 +69,9 @@ impl AgentEntry {
         let used = self
             .tasks
             .iter()
-            .filter(|t| !state_of(t).is_terminal())
+            .filter(|t| !t.is_terminal())
             .fold(Resources::default(), |sum, t| {
-                sum.saturating_add(&resources_of(t))
+                sum.saturating_add(t.resources())
             });
         self.info.resources.saturating_sub(&used)
     }
@@ -88,7 +89,9 @@ pub(crate) struct Cluster {
     /// were replaced,
     /// by agent, as LOST: an agent that comes back gets them among its ended tasks, so that
     /// one it starts late (a launch held up in the network) is killed when it reports in.
-    pub(crate) given_up: HashMap<String, Vec<model_pb::Task>>,
+    pub(crate) given_up: HashMap<String, Vec<TaskRecord>>,
+    /// The one copy of what tasks share.
+    pub(crate) interner: TaskInterner,
 }
 
 impl Cluster {
@@ -136,11 +139,6 @@ fn resources(r: model_pb::Resources) -> Resources {
 /// says more).
 pub(crate) fn state_of(task: &model_pb::Task) -> TaskState {
     TaskState::try_from(task.state).unwrap_or(TaskState::Staging)
-}
-
-/// What a task holds while it runs; none if the agent did not say.
-pub(crate) fn resources_of(task: &model_pb::Task) -> Resources {
-    task.resources.map(resources).unwrap_or_default()
 }
 
 /// The jobs an agent reports live (not ended) tasks of.
@@ -200,7 +198,9 @@ mod tests {
             ..model_pb::Task::default()
         };
         assert_eq!(state_of(&odd), TaskState::Staging);
-        assert_eq!(resources_of(&odd), Resources::default());
+        let record = crate::task_record::TaskInterner::default().task(odd.clone());
+        assert_eq!(record.state(), TaskState::Staging);
+        assert_eq!(*record.resources(), Resources::default());
         let running = model_pb::Task {
             state: TaskState::Finished.into(),
             job: "web".into(),

@@ -35,6 +35,7 @@ pub mod metrics;
 mod operator;
 mod scheduling_service;
 mod server;
+mod task_record;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod workers;

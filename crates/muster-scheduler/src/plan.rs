@@ -169,24 +169,17 @@ impl JobIndex {
         }
         for (was, at) in changed {
             let now = &agents[at as usize];
-            let before: Vec<&str> = was.map(|view| view.jobs().collect()).unwrap_or_default();
-            let after: Vec<&str> = now.jobs().collect();
-            for job in before
-                .iter()
-                .filter(|job| after.binary_search(job).is_err())
-            {
-                if let Some(list) = jobs.get_mut(*job) {
+            let (gone, new) = job_changes(was, now);
+            for job in gone {
+                if let Some(list) = jobs.get_mut(job) {
                     let list = Arc::make_mut(list);
                     if let Ok(k) = list.binary_search(&at) {
                         list.remove(k);
                     }
                 }
             }
-            for job in after
-                .iter()
-                .filter(|job| before.binary_search(job).is_err())
-            {
-                match jobs.get_mut(*job) {
+            for job in new {
+                match jobs.get_mut(job) {
                     Some(list) => {
                         let list = Arc::make_mut(list);
                         if let Err(k) = list.binary_search(&at) {
@@ -194,7 +187,7 @@ impl JobIndex {
                         }
                     }
                     None => {
-                        jobs.insert(Arc::from(*job), Arc::new(vec![at]));
+                        jobs.insert(Arc::from(job), Arc::new(vec![at]));
                     }
                 }
             }
@@ -289,7 +282,7 @@ impl AgentView {
     pub fn jobs(&self) -> impl Iterator<Item = &str> {
         self.tasks
             .chunk_by(|a, b| a.job == b.job)
-            .map(|tasks| tasks[0].job.as_str())
+            .map(|tasks| &*tasks[0].job)
     }
 
     /// Its tasks of `job`, found by a binary search of the job's name hash.
@@ -300,7 +293,7 @@ impl AgentView {
             .iter()
             .take_while(|entry| entry.hash == hash)
             .map(|entry| &self.tasks[entry.start as usize..entry.end as usize])
-            .find(|tasks| tasks[0].job == job)
+            .find(|tasks| *tasks[0].job == *job)
             .unwrap_or(&[])
     }
 
@@ -364,6 +357,54 @@ impl AgentView {
     }
 }
 
+/// The jobs `was` has tasks of and `now` has not (gone), and those `now` has and `was` has not
+/// (new). A merge of the two job directories, which are ordered by name hash: a job both have
+/// costs an integer comparison and one name check, so a changed agent running hundreds of jobs
+/// (spread placement puts a task of every job on every agent) costs little more than its
+/// directory.
+fn job_changes<'a>(was: Option<&'a AgentView>, now: &'a AgentView) -> (Vec<&'a str>, Vec<&'a str>) {
+    let name = |view: &'a AgentView, entry: &JobTasks| -> &'a str {
+        &view.tasks[entry.start as usize].job
+    };
+    let (old, new): (&[JobTasks], &[JobTasks]) = (was.map_or(&[], |v| &v.jobs), &now.jobs);
+    let (mut gone, mut added) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j), was) {
+            (Some(a), Some(b), Some(was)) if a.hash == b.hash => {
+                // The entries of this hash on each side: one each, and the same job, but for
+                // a collision.
+                let hash = a.hash;
+                let i_end = i + old[i..].iter().take_while(|e| e.hash == hash).count();
+                let j_end = j + new[j..].iter().take_while(|e| e.hash == hash).count();
+                for a in &old[i..i_end] {
+                    if !new[j..j_end].iter().any(|b| name(now, b) == name(was, a)) {
+                        gone.push(name(was, a));
+                    }
+                }
+                for b in &new[j..j_end] {
+                    if !old[i..i_end].iter().any(|a| name(was, a) == name(now, b)) {
+                        added.push(name(now, b));
+                    }
+                }
+                (i, j) = (i_end, j_end);
+            }
+            (Some(a), b, Some(was)) if b.is_none_or(|b| a.hash < b.hash) => {
+                gone.push(name(was, a));
+                i += 1;
+            }
+            (_, Some(b), _) => {
+                added.push(name(now, b));
+                j += 1;
+            }
+            // Unreachable: an old entry exists only with `was`, and the arms above take every
+            // case with one left.
+            _ => break,
+        }
+    }
+    (gone, added)
+}
+
 /// Where one job's tasks are in an [`AgentView`]'s tasks.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct JobTasks {
@@ -380,17 +421,19 @@ fn job_hash(job: &str) -> u64 {
     })
 }
 
-/// One task on an agent.
+/// One task on an agent. Its strings are shared (`Arc<str>`): a master keeps one copy of each
+/// and every snapshot's views point at it, and a job's and group's names are kept once for all
+/// their tasks.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaskView {
     /// Its unique id (`web.frontend[0]-1a2b3c4d`).
-    pub id: String,
+    pub id: Arc<str>,
     /// The slot it fills (`web.frontend[0]`; system jobs: `web.frontend[agent-1]`).
-    pub name: String,
+    pub name: Arc<str>,
     /// Its job.
-    pub job: String,
+    pub job: Arc<str>,
     /// Its task group.
-    pub group: String,
+    pub group: Arc<str>,
     /// What it holds while not terminal.
     pub resources: Resources,
     /// Where it is.
@@ -434,10 +477,10 @@ impl Placement {
     /// (staging).
     pub fn staged_task(&self) -> TaskView {
         TaskView {
-            id: self.task_id.clone(),
-            name: self.name.clone(),
-            job: self.job.clone(),
-            group: self.group.clone(),
+            id: self.task_id.as_str().into(),
+            name: self.name.as_str().into(),
+            job: self.job.as_str().into(),
+            group: self.group.as_str().into(),
             resources: self.resources.clone(),
             state: TaskState::Staging,
             job_version: self.job_version,
@@ -523,6 +566,34 @@ mod tests {
         }
     }
 
+    fn sorted(mut jobs: Vec<&str>) -> Vec<&str> {
+        jobs.sort_unstable();
+        jobs
+    }
+
+    #[test]
+    fn job_changes_are_the_jobs_gone_and_new() {
+        let was = running(1, &["a", "b", "c", "e"]);
+        let now = running(1, &["b", "c", "d", "e", "f"]);
+        let (gone, new) = job_changes(Some(&was), &now);
+        assert_eq!(sorted(gone), ["a"]);
+        assert_eq!(sorted(new), ["d", "f"]);
+        let (gone, new) = job_changes(None, &now);
+        assert!(gone.is_empty());
+        assert_eq!(sorted(new), ["b", "c", "d", "e", "f"]);
+        let (gone, new) = job_changes(Some(&now), &now);
+        assert!(gone.is_empty() && new.is_empty());
+
+        // Every name hashing alike (a collision for each pair) still gives the difference.
+        let (mut was, mut now) = (Arc::unwrap_or_clone(was), Arc::unwrap_or_clone(now));
+        for entry in was.jobs.iter_mut().chain(now.jobs.iter_mut()) {
+            entry.hash = 7;
+        }
+        let (gone, new) = job_changes(Some(&was), &now);
+        assert_eq!(sorted(gone), ["a"]);
+        assert_eq!(sorted(new), ["d", "f"]);
+    }
+
     #[test]
     fn only_live_tasks_take_resources() {
         let agent = AgentView::new(
@@ -593,7 +664,7 @@ mod tests {
                 of("db", "d1"),
             ],
         );
-        let ids = |tasks: &[TaskView]| tasks.iter().map(|t| t.id.clone()).collect::<Vec<_>>();
+        let ids = |tasks: &[TaskView]| tasks.iter().map(|t| t.id.to_string()).collect::<Vec<_>>();
         assert_eq!(ids(agent.tasks_of("web")), ["w1", "w2"]);
         assert_eq!(ids(agent.tasks_of("api")), ["a1"]);
         assert!(agent.tasks_of("nope").is_empty());
@@ -718,7 +789,7 @@ mod tests {
         for job in &jobs {
             let found = agent.tasks_of(job);
             assert_eq!(found.len(), 1, "{job}");
-            assert_eq!(found[0].job, *job);
+            assert_eq!(&*found[0].job, *job);
         }
         assert!(agent.tasks_of("job-300").is_empty());
         assert!(agent.tasks_of("").is_empty());

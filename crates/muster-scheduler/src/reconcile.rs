@@ -336,7 +336,7 @@ impl SlotLayout {
         position: usize,
         agent: &AgentId,
     ) -> Option<(usize, &TaskGroup)> {
-        let slots = self.groups.iter().find(|s| s.group.name == task.group)?;
+        let slots = self.groups.iter().find(|s| *s.group.name == *task.group)?;
         let key = task
             .name
             .strip_prefix(job)?
@@ -415,7 +415,7 @@ fn departure(
                 !task.state.is_terminal()
                     && snapshot
                         .jobs
-                        .get(&task.job)
+                        .get(&*task.job)
                         .is_some_and(|job| job.scheduler != SchedulerType::System)
             });
             if others_run {
@@ -436,6 +436,6 @@ fn is_outdated(task: &TaskView, group: &TaskGroup) -> bool {
 fn stop_of(agent: &AgentId, task: &TaskView) -> Stop {
     Stop {
         agent: agent.clone(),
-        task_id: task.id.clone(),
+        task_id: task.id.to_string(),
     }
 }

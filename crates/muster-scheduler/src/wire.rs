@@ -18,10 +18,10 @@ use crate::worker::Assignment;
 impl From<TaskView> for pb::TaskView {
     fn from(this: TaskView) -> Self {
         pb::TaskView {
-            id: this.id,
-            name: this.name,
-            job: this.job,
-            group: this.group,
+            id: this.id.to_string(),
+            name: this.name.to_string(),
+            job: this.job.to_string(),
+            group: this.group.to_string(),
             resources: Some(this.resources.into()),
             state: this.state.into(),
             job_version: this.job_version,
@@ -34,10 +34,10 @@ impl TryFrom<pb::TaskView> for TaskView {
 
     fn try_from(proto: pb::TaskView) -> Result<Self, FieldError> {
         Ok(TaskView {
-            id: proto.id,
-            name: proto.name,
-            job: proto.job,
-            group: proto.group,
+            id: proto.id.into(),
+            name: proto.name.into(),
+            job: proto.job.into(),
+            group: proto.group.into(),
             resources: required(proto.resources, "resources")?,
             state: read(proto.state, "state")?,
             job_version: proto.job_version,
@@ -356,8 +356,8 @@ mod tests {
                     .iter()
                     .enumerate()
                     .map(|(i, state)| TaskView {
-                        id: format!("t{i}"),
-                        name: format!("web.fe[{i}]"),
+                        id: format!("t{i}").into(),
+                        name: format!("web.fe[{i}]").into(),
                         job: "web".into(),
                         group: "fe".into(),
                         resources: resources(0.5, 32),

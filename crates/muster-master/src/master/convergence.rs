@@ -47,12 +47,12 @@ impl Master {
         for (agent_id, agent) in &self.cluster.agents {
             for task in agent.tasks.iter().filter(|t| !is_terminal(t)) {
                 if let Some(job) = task_job(task) {
-                    if !slots.insert((job, task.name.as_str())) {
+                    if !slots.insert((job, task.name())) {
                         doubled.insert(job);
                     }
-                    *running.entry((job, task.group.as_str())).or_default() += 1;
+                    *running.entry((job, &*task.view.group)).or_default() += 1;
                     *on_agents
-                        .entry((job, task.group.as_str(), agent_id.as_str()))
+                        .entry((job, &*task.view.group, agent_id.as_str()))
                         .or_default() += 1;
                 }
             }

@@ -222,10 +222,12 @@ impl Master {
             return;
         }
         let on_draining = self.draining.iter().find(|id| {
-            self.cluster
-                .agents
-                .get(*id)
-                .is_some_and(|agent| agent.tasks.iter().any(|t| !is_terminal(t) && t.job == job))
+            self.cluster.agents.get(*id).is_some_and(|agent| {
+                agent
+                    .tasks
+                    .iter()
+                    .any(|t| !is_terminal(t) && t.job() == job)
+            })
         });
         let Some(agent_id) = on_draining.cloned() else {
             return;

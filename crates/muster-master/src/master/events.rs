@@ -19,6 +19,7 @@ use tokio::sync::broadcast;
 
 use super::Master;
 use super::registry_writes::now_ms;
+use crate::task_record::TaskRecord;
 
 /// Events the log keeps for subscribers resuming from an index.
 pub const KEPT_EVENTS: usize = 4096;
@@ -241,8 +242,8 @@ impl Master {
     }
 
     /// Publishes a task's new state on `agent_id`.
-    pub(super) fn publish_task(&mut self, agent_id: &str, task: &model_pb::Task) {
-        let doc = TaskInfo::new(agent_id, task.clone());
+    pub(super) fn publish_task(&mut self, agent_id: &str, task: &TaskRecord) {
+        let doc = TaskInfo::new(agent_id, task.to_wire());
         let key = doc.id.clone();
         if let Ok(payload) = serde_json::to_value(doc) {
             self.publish("task", "task-updated", &key, payload);

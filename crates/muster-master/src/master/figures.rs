@@ -10,7 +10,7 @@ use muster_actor::Context;
 
 use super::Master;
 use super::leadership::Role;
-use crate::cluster::state_of;
+
 use crate::metrics::{MasterFigures, MetricsSnapshot, TASK_STATES};
 
 impl Master {
@@ -19,7 +19,7 @@ impl Master {
         let mut tasks = [0u64; TASK_STATES.len()];
         for agent in self.cluster.agents.values() {
             for task in agent.tasks.iter().chain(&agent.completed_tasks) {
-                let state = state_of(task);
+                let state = task.state();
                 if let Some(i) = TASK_STATES.iter().position(|(s, _)| *s == state) {
                     tasks[i] += 1;
                 }

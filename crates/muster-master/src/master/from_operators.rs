@@ -16,8 +16,8 @@ use super::acl_tokens::AclMsg;
 use super::leadership::Role;
 use super::registry_writes::now_ms;
 use super::tasks::task_job;
-use crate::cluster::state_of;
 use crate::error::ServiceError;
+use crate::task_record::TaskRecord;
 
 /// Evaluations a list answers with when the request names no limit.
 pub(super) const DEFAULT_EVAL_LIMIT: usize = 50;
@@ -412,8 +412,12 @@ impl Master {
             .map(|(id, agent)| pb::AgentState {
                 id: id.clone(),
                 info: Some(agent.info.clone().into()),
-                tasks: agent.tasks.clone(),
-                completed_tasks: agent.completed_tasks.clone(),
+                tasks: agent.tasks.iter().map(TaskRecord::to_wire).collect(),
+                completed_tasks: agent
+                    .completed_tasks
+                    .iter()
+                    .map(TaskRecord::to_wire)
+                    .collect(),
                 connected: agent.connected,
                 scheduling: scheduling_of(id),
             })
@@ -563,7 +567,7 @@ impl Master {
                 let Some(summary) = task_job(task).and_then(|job| summaries.get_mut(job)) else {
                     continue;
                 };
-                let count = match state_of(task) {
+                let count = match task.state() {
                     TaskState::Staging => &mut summary.staging,
                     TaskState::Starting => &mut summary.starting,
                     TaskState::Running => &mut summary.running,
@@ -595,7 +599,7 @@ impl Master {
                 .tasks
                 .iter()
                 .chain(&agent.completed_tasks)
-                .any(|t| t.id == request.task_id)
+                .any(|t| t.id() == request.task_id)
         });
         let Some((agent_id, agent)) = found else {
             return reply.send(Err(ServiceError::UnknownTask(request.task_id)));
@@ -678,7 +682,7 @@ impl Master {
                 if task_job(task) == Some(name) {
                     tasks.push(pb::JobTask {
                         agent_id: agent_id.clone(),
-                        task: Some(task.clone()),
+                        task: Some(task.to_wire()),
                     });
                 }
             }
@@ -748,7 +752,7 @@ impl Master {
                 ))));
             }
         };
-        if agent.tasks.iter().any(|t| t.id == task.id) {
+        if agent.tasks.iter().any(|t| t.id() == task.id) {
             return reply.send(Err(ServiceError::FailedPrecondition(format!(
                 "task {:?} already runs there",
                 task.id
@@ -767,6 +771,7 @@ impl Master {
         let task_id = task.id.clone();
         // Recorded before it is sent: the agent's first status update may come before the
         // answer to the launch.
+        let task = self.cluster.interner.task(task);
         if let Some(agent) = self.cluster.agent_mut(&agent_id) {
             agent.tasks.push(task);
         }
@@ -787,7 +792,7 @@ impl Master {
                     Err(e) => ServiceError::Unavailable(format!("agent unreachable: {e}")),
                 };
                 if let Some(agent) = master.cluster.agent_mut(&agent_id) {
-                    agent.tasks.retain(|t| t.id != task_id);
+                    agent.tasks.retain(|t| t.id() != task_id);
                 }
                 reply.send(Err(refused));
             },

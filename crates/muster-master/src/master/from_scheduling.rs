@@ -14,19 +14,18 @@ use std::sync::Arc;
 use muster_actor::{Context, Pid, Reply, Upid};
 use muster_broker::EvalBroker;
 use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg};
-use muster_model::{
-    AgentId, Demand, DrainPhase, EvalStatus, Evaluation, Resources, Task, TaskState,
-};
+use muster_model::{AgentId, Demand, DrainPhase, EvalStatus, Evaluation, Resources, TaskState};
 use muster_proto::cluster as pb;
-use muster_proto::model as model_pb;
 use muster_registry::Op;
 
-use muster_scheduler::{AgentView, ClusterSnapshot, JobIndex, Placement, Plan, PlanResult};
+use muster_scheduler::{
+    AgentView, ClusterSnapshot, JobIndex, Placement, Plan, PlanResult, TaskView,
+};
 
-use super::tasks::view;
 use super::{InternalMsg, Master};
 use crate::error::ServiceError;
 use crate::metrics::MasterInstruments;
+use crate::task_record::{TaskDetail, TaskRecord};
 
 /// What scheduler workers and the blocked-queue send the master.
 #[derive(Debug)]
@@ -151,8 +150,8 @@ impl Master {
         let name_of = |agent: &AgentId, task_id: &str| {
             snapshot
                 .agent(agent)
-                .and_then(|a| a.tasks().iter().find(|t| t.id == task_id))
-                .map(|t| t.name.clone())
+                .and_then(|a| a.tasks().iter().find(|t| *t.id == *task_id))
+                .map(|t| t.name.to_string())
                 .unwrap_or_default()
         };
         let stop: Vec<pb::PlannedTask> = plan
@@ -223,7 +222,7 @@ impl Master {
                             .tasks
                             .iter()
                             .chain(agent.completed_tasks.iter().rev().take(100))
-                            .map(view)
+                            .map(|task| task.view.clone())
                             .collect(),
                     );
                     built.eligible = eligible;
@@ -270,6 +269,7 @@ impl Master {
         // What is free on each agent this plan places on, worked out once per agent (a walk
         // over its tasks) and then reduced by each placement committed there.
         let mut free: HashMap<String, Option<Resources>> = HashMap::new();
+        let mut shared = HashMap::new();
         for placement in plan.place {
             let eligible = scheduling
                 .get(&placement.agent.0)
@@ -290,7 +290,7 @@ impl Master {
                 .filter(|left| eligible && placement.resources.fits_in(left));
             if let Some(left) = left {
                 *left = left.saturating_sub(&placement.resources);
-                if let Some(run) = self.stage_placement(&placement) {
+                if let Some(run) = self.stage_placement(&placement, &mut shared) {
                     match launches.get_mut(&placement.agent.0) {
                         Some(runs) => runs.push(run),
                         None => {
@@ -336,39 +336,70 @@ impl Master {
     }
 
     /// Records a placement's task on its agent, staging; returns what to send the agent.
-    fn stage_placement(&mut self, placement: &Placement) -> Option<pb::RunTask> {
-        let framework = pb::Framework {
-            id: placement.job.clone(),
-            name: placement.job.clone(),
-        };
-        let task = Task {
-            id: placement.task_id.clone(),
-            name: placement.name.clone(),
-            job: placement.job.clone(),
-            group: placement.group.clone(),
-            job_version: placement.job_version,
-            framework_id: placement.job.clone(),
-            resources: placement.resources.clone(),
-            labels: Vec::new(),
-            state: TaskState::Staging,
-            exit_code: 0,
-            command: placement.command.clone(),
-            args: placement.args.clone(),
-            env: placement.env.clone(),
-            message: String::new(),
-            user: placement.user.clone(),
-        };
-        if !self.cluster.frameworks.contains_key(&framework.id) {
-            self.cluster.add_frameworks(vec![framework.clone()]);
+    /// `shared` keeps, per task group, what this plan's tasks of the group share, interned
+    /// once per plan.
+    fn stage_placement(
+        &mut self,
+        placement: &Placement,
+        shared: &mut HashMap<String, GroupShared>,
+    ) -> Option<pb::RunTask> {
+        if !self.cluster.frameworks.contains_key(&placement.job) {
+            self.cluster.add_frameworks(vec![pb::Framework {
+                id: placement.job.clone(),
+                name: placement.job.clone(),
+            }]);
         }
-        let agent = self.cluster.agent_mut(&placement.agent.0)?;
-        let task = model_pb::Task::from(task);
-        agent.tasks.push(task.clone());
-        Some(pb::RunTask {
-            framework: Some(framework),
-            task: Some(task),
+        let interner = &mut self.cluster.interner;
+        let group = match shared.get(&placement.group) {
+            Some(group) if group.describes(placement) => group.clone(),
+            _ => {
+                let mut env: Vec<(String, String)> = placement
+                    .env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                env.sort_unstable();
+                let group = GroupShared {
+                    job: interner.name(&placement.job),
+                    group: interner.name(&placement.group),
+                    detail: interner.detail(TaskDetail {
+                        framework_id: placement.job.clone(),
+                        command: placement.command.clone(),
+                        args: placement.args.clone(),
+                        env,
+                        user: placement.user.clone(),
+                        labels: Vec::new(),
+                    }),
+                };
+                shared.insert(placement.group.clone(), group.clone());
+                group
+            }
+        };
+        let task = TaskRecord {
+            view: TaskView {
+                id: placement.task_id.as_str().into(),
+                name: placement.name.as_str().into(),
+                job: group.job,
+                group: group.group,
+                resources: placement.resources.clone(),
+                state: TaskState::Staging,
+                job_version: placement.job_version,
+            },
+            detail: group.detail,
+            exit_code: 0,
+            message: Box::default(),
+        };
+        let run = pb::RunTask {
+            framework: Some(pb::Framework {
+                id: placement.job.clone(),
+                name: placement.job.clone(),
+            }),
+            task: Some(task.to_wire()),
             term: self.term,
-        })
+        };
+        let agent = self.cluster.agent_mut(&placement.agent.0)?;
+        agent.tasks.push(task);
+        Some(run)
     }
 
     /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
@@ -393,17 +424,17 @@ impl Master {
             return;
         };
         tracing::warn!(agent = %agent_id, error = %e, tasks = ids.len(), "launch failed");
-        let staged: Vec<model_pb::Task> = agent
+        let staged: Vec<TaskRecord> = agent
             .tasks
             .iter()
-            .filter(|task| ids.contains(&task.id))
+            .filter(|task| ids.iter().any(|id| id == task.id()))
             .cloned()
             .collect();
         for mut failed in staged {
-            failed.state = TaskState::Failed.into();
+            failed.view.state = TaskState::Failed;
             failed.exit_code = -1;
-            failed.message = format!("could not send the launch to the agent: {e}");
-            self.task_updated(agent_id.clone(), failed, ctx);
+            failed.message = format!("could not send the launch to the agent: {e}").into();
+            self.record_updated(agent_id.clone(), failed, ctx);
         }
     }
 
@@ -499,5 +530,31 @@ impl Master {
                 tracing::warn!(error = %e, "could not record canceled evaluations");
             }
         });
+    }
+}
+
+/// What the tasks one plan places of one group share: interned once per plan.
+#[derive(Clone, Debug)]
+struct GroupShared {
+    job: Arc<str>,
+    group: Arc<str>,
+    detail: Arc<TaskDetail>,
+}
+
+impl GroupShared {
+    /// Whether `placement` runs what this describes (a plan from another program could name
+    /// one group with two programs; each then gets its own).
+    fn describes(&self, placement: &Placement) -> bool {
+        let detail = &*self.detail;
+        *self.job == *placement.job
+            && detail.command == placement.command
+            && detail.args == placement.args
+            && detail.user == placement.user
+            && detail.env.len() == placement.env.len()
+            && detail
+                .env
+                .iter()
+                .zip(&placement.env)
+                .all(|((k, v), (pk, pv))| k == pk && v == pv)
     }
 }

@@ -11,7 +11,7 @@ use tokio::time::Instant;
 use super::Master;
 use super::heartbeats::MAX_HEARTBEAT_TTL;
 use super::leadership::{Recovery, Role};
-use crate::cluster::{AgentEntry, Cluster, state_of};
+use crate::cluster::{AgentEntry, Cluster};
 
 /// What the master sends itself.
 #[derive(Debug)]
@@ -351,19 +351,20 @@ impl Master {
                 agent
                     .tasks
                     .iter()
-                    .find(|t| t.id == task_id && state_of(t) == TaskState::Staging)
+                    .find(|t| t.id() == task_id && t.state() == TaskState::Staging)
                     .cloned()
             }) else {
                 continue;
             };
             tracing::warn!(agent = %agent_id, task = %task_id, "no word from the agent about a launched task: lost");
             let mut lost = task;
-            lost.state = TaskState::Lost.into();
+            lost.view.state = TaskState::Lost;
             lost.message = format!(
                 "no word from the agent within {:?} of the launch",
                 self.config.launch_timeout
-            );
-            self.task_updated(agent_id, lost, ctx);
+            )
+            .into();
+            self.record_updated(agent_id, lost, ctx);
         }
     }
 }

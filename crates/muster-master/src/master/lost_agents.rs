@@ -45,14 +45,11 @@ impl Master {
                         let lost: Vec<_> = agent
                             .tasks
                             .into_iter()
-                            .map(|t| muster_proto::model::Task {
-                                id: t.id,
-                                name: t.name,
-                                job: t.job,
-                                group: t.group,
-                                state: muster_model::TaskState::Lost.into(),
-                                message: "given up: its agent was marked unreachable".into(),
-                                ..muster_proto::model::Task::default()
+                            .map(|mut t| {
+                                t.view.state = muster_model::TaskState::Lost;
+                                t.exit_code = 0;
+                                t.message = "given up: its agent was marked unreachable".into();
+                                t
                             })
                             .collect();
                         master.cluster.given_up.insert(id.clone(), lost);

@@ -13,6 +13,7 @@ use muster_scheduler::Stop;
 use super::Master;
 use super::leadership::Role;
 use crate::cluster::{AgentEntry, registry_info, state_of};
+use crate::task_record::TaskRecord;
 
 impl Master {
     /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
@@ -51,18 +52,23 @@ impl Master {
                 self.cluster.completed_frameworks.insert(framework.id);
             }
         }
+        let interner = &mut self.cluster.interner;
+        let tasks: Vec<TaskRecord> = tasks.into_iter().map(|t| interner.task(t)).collect();
+        let mut completed_tasks: Vec<TaskRecord> = completed_tasks
+            .into_iter()
+            .map(|t| interner.task(t))
+            .collect();
         // What it ran when it was marked unreachable and does not report now: remembered as
         // LOST, so that a late start of one is killed when it reports in.
-        let mut completed_tasks = completed_tasks;
         if let Some(lost) = self.cluster.given_up.remove(&agent_id) {
             let reported: HashSet<&str> = tasks
                 .iter()
                 .chain(&completed_tasks)
-                .map(|t| t.id.as_str())
+                .map(TaskRecord::id)
                 .collect();
             let forgotten: Vec<_> = lost
                 .into_iter()
-                .filter(|t| !reported.contains(t.id.as_str()))
+                .filter(|t| !reported.contains(t.id()))
                 .collect();
             completed_tasks.extend(forgotten);
         }
@@ -139,35 +145,31 @@ impl Master {
         let given_up: HashSet<&str> = previous
             .completed_tasks
             .iter()
-            .filter(|t| state_of(t) == TaskState::Lost)
+            .filter(|t| t.state() == TaskState::Lost)
             .chain(
                 previous
                     .tasks
                     .iter()
-                    .filter(|t| state_of(t) == TaskState::Killed),
+                    .filter(|t| t.state() == TaskState::Killed),
             )
-            .map(|t| t.id.as_str())
+            .map(TaskRecord::id)
             .collect();
         let to_kill: Vec<Stop> = agent
             .tasks
             .iter()
-            .filter(|t| given_up.contains(t.id.as_str()))
+            .filter(|t| given_up.contains(t.id()))
             .map(|t| Stop {
                 agent: AgentId(agent_id.to_owned()),
-                task_id: t.id.clone(),
+                task_id: t.id().to_owned(),
             })
             .collect();
         let mut ended_away = Vec::new();
         let mut lost = Vec::new();
-        for known in previous
-            .tasks
-            .into_iter()
-            .filter(|t| !state_of(t).is_terminal())
-        {
-            if agent.tasks.iter().any(|t| t.id == known.id) {
+        for known in previous.tasks.into_iter().filter(|t| !t.is_terminal()) {
+            if agent.tasks.iter().any(|t| t.id() == known.id()) {
                 continue;
             }
-            match agent.completed_tasks.iter().find(|t| t.id == known.id) {
+            match agent.completed_tasks.iter().find(|t| t.id() == known.id()) {
                 Some(ended) => ended_away.push((known, ended.clone())),
                 None => lost.push(known),
             }
@@ -178,19 +180,19 @@ impl Master {
         }
         for (known, ended) in ended_away {
             if let Some(agent) = self.cluster.agent_mut(agent_id) {
-                agent.completed_tasks.retain(|t| t.id != ended.id);
+                agent.completed_tasks.retain(|t| t.id() != ended.id());
                 agent.tasks.push(known);
             }
-            self.task_updated(agent_id.to_owned(), ended, ctx);
+            self.record_updated(agent_id.to_owned(), ended, ctx);
         }
         for mut task in lost {
-            tracing::warn!(agent = %agent_id, task = %task.id, "the re-registered agent does not know a task launched on it");
+            tracing::warn!(agent = %agent_id, task = %task.id(), "the re-registered agent does not know a task launched on it");
             if let Some(agent) = self.cluster.agent_mut(agent_id) {
                 agent.tasks.push(task.clone());
             }
-            task.state = TaskState::Lost.into();
+            task.view.state = TaskState::Lost;
             task.message = "the agent did not report it when it re-registered".into();
-            self.task_updated(agent_id.to_owned(), task, ctx);
+            self.record_updated(agent_id.to_owned(), task, ctx);
         }
     }
 }

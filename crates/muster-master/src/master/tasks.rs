@@ -8,15 +8,15 @@ use muster_broker::blocked::{BlockedMsg, CapacityChange};
 use muster_model::{AgentId, Evaluation, SchedulerType, TaskState, Trigger};
 use muster_proto::cluster as pb;
 use muster_proto::model::Task;
-use muster_scheduler::{Stop, TaskView};
+use muster_scheduler::Stop;
 
 use super::Master;
 use super::registry_writes::now_ms;
-use crate::cluster::{resources_of, state_of};
+use crate::task_record::TaskRecord;
 
 /// The job a task belongs to, if the master launched it for one.
-pub(super) fn task_job(task: &Task) -> Option<&str> {
-    (!task.job.is_empty()).then_some(task.job.as_str())
+pub(super) fn task_job(task: &TaskRecord) -> Option<&str> {
+    task.job_name()
 }
 
 /// The first wait before a kill that did not arrive is sent again.
@@ -28,20 +28,8 @@ pub(super) const KILL_RETRY_MAX: Duration = Duration::from_secs(30);
 const COMPLETED_HISTORY: usize = 1_000;
 
 /// Whether the task ended (finished, failed, killed, lost).
-pub(super) fn is_terminal(task: &Task) -> bool {
-    state_of(task).is_terminal()
-}
-
-pub(super) fn view(task: &Task) -> TaskView {
-    TaskView {
-        id: task.id.clone(),
-        name: task.name.clone(),
-        job: task.job.clone(),
-        group: task.group.clone(),
-        resources: resources_of(task),
-        state: state_of(task),
-        job_version: task.job_version,
-    }
+pub(super) fn is_terminal(task: &TaskRecord) -> bool {
+    task.is_terminal()
 }
 
 impl Master {
@@ -50,10 +38,10 @@ impl Master {
         let Some(agent) = self.cluster.agent_mut(&stop.agent.0) else {
             return false;
         };
-        let Some(task) = agent.tasks.iter_mut().find(|t| t.id == stop.task_id) else {
+        let Some(task) = agent.tasks.iter_mut().find(|t| t.id() == stop.task_id) else {
             return false;
         };
-        task.state = TaskState::Killed.into();
+        task.view.state = TaskState::Killed;
         self.send_kill(stop.agent.0.clone(), stop.task_id.clone(), 0, ctx);
         true
     }
@@ -129,7 +117,7 @@ impl Master {
                 && agent
                     .tasks
                     .iter()
-                    .any(|t| t.id == task_id && state_of(t) == TaskState::Killed)
+                    .any(|t| t.id() == task_id && t.state() == TaskState::Killed)
         })
     }
 
@@ -147,15 +135,15 @@ impl Master {
             .cluster
             .agents
             .get(&agent_id)
-            .and_then(|a| a.tasks.iter().find(|t| t.id == task_id))
+            .and_then(|a| a.tasks.iter().find(|t| t.id() == task_id))
         else {
             return;
         };
         tracing::info!(agent = %agent_id, task = %task_id, %error, "the agent runs no task to kill: counted as ended");
         let mut ended = task.clone();
-        ended.state = TaskState::Killed.into();
-        ended.message = format!("the kill was answered: {error}");
-        self.task_updated(agent_id, ended, ctx);
+        ended.view.state = TaskState::Killed;
+        ended.message = format!("the kill was answered: {error}").into();
+        self.record_updated(agent_id, ended, ctx);
     }
 
     /// An agent reports a task's state (or a launch failed). Ended tasks move to the history,
@@ -163,14 +151,25 @@ impl Master {
     /// gets an evaluation to replace it (held back when the same slot keeps failing: see
     /// [`MasterConfig::reschedule_delay`](crate::MasterConfig::reschedule_delay)).
     pub(super) fn task_updated(&mut self, agent_id: String, task: Task, ctx: &mut Context<Self>) {
+        let task = self.cluster.interner.task(task);
+        self.record_updated(agent_id, task, ctx);
+    }
+
+    /// [`Master::task_updated`], with the task as the master keeps it.
+    pub(super) fn record_updated(
+        &mut self,
+        agent_id: String,
+        task: TaskRecord,
+        ctx: &mut Context<Self>,
+    ) {
         let Some(agent) = self.cluster.agent_mut(&agent_id) else {
             return;
         };
-        let ended = is_terminal(&task);
-        let position = agent.tasks.iter().position(|t| t.id == task.id);
+        let ended = task.is_terminal();
+        let position = agent.tasks.iter().position(|t| t.id() == task.id());
         let was_killed = position
             .and_then(|i| agent.tasks.get(i))
-            .is_some_and(|t| state_of(t) == TaskState::Killed);
+            .is_some_and(|t| t.state() == TaskState::Killed);
         match (position, ended) {
             // Being killed: only its end counts (a RUNNING sent before the kill arrived must
             // not bring it back).
@@ -187,20 +186,20 @@ impl Master {
                 let given_up = agent
                     .completed_tasks
                     .iter()
-                    .any(|t| t.id == task.id && state_of(t) == TaskState::Lost);
+                    .any(|t| t.id() == task.id() && t.state() == TaskState::Lost);
                 let mut adopted = task.clone();
                 if given_up {
                     // Reported after this master gave it up as lost and replaced it: it
                     // must not run beside its replacement.
-                    adopted.state = TaskState::Killed.into();
+                    adopted.view.state = TaskState::Killed;
                 }
                 agent.tasks.push(adopted);
                 if given_up {
                     let stop = Stop {
                         agent: AgentId(agent_id.clone()),
-                        task_id: task.id.clone(),
+                        task_id: task.id().to_owned(),
                     };
-                    tracing::warn!(agent = %agent_id, task = %task.id, "a task given up as lost reports in: killing it");
+                    tracing::warn!(agent = %agent_id, task = %task.id(), "a task given up as lost reports in: killing it");
                     self.stop_task(&stop, ctx);
                     return;
                 }
@@ -211,7 +210,7 @@ impl Master {
         let freed = ended.then(|| (agent.info.attributes.clone(), agent.free()));
         let index = self.next_index();
         self.publish_task(&agent_id, &task);
-        if (ended || state_of(&task) == TaskState::Running)
+        if (ended || task.state() == TaskState::Running)
             && let Some(job) = task_job(&task).map(str::to_owned)
         {
             // A replacement running, or a task ending, lets a drain take its next step.
@@ -228,14 +227,14 @@ impl Master {
         };
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
         let replace = !was_killed
-            && state_of(&task) != TaskState::Finished
+            && task.state() != TaskState::Finished
             && task_job(&task).is_some_and(|job| {
                 self.registry.reader().read(|s| {
                     s.jobs.get(job).is_some_and(|j| {
                         // A batch task that failed has run; one lost never did.
                         !j.stopped
                             && (j.scheduler != SchedulerType::Batch
-                                || state_of(&task) == TaskState::Lost)
+                                || task.state() == TaskState::Lost)
                     })
                 })
             });
@@ -243,13 +242,13 @@ impl Master {
             let Some(job) = self.registry.reader().read(|s| s.jobs.get(&job).cloned()) else {
                 return;
             };
-            let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id.clone()));
+            let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id().to_owned()));
             // A task lost with its agent or its launch did not crash: no back-off.
-            let (failures, wait) = if state_of(&task) == TaskState::Lost {
+            let (failures, wait) = if task.state() == TaskState::Lost {
                 (0, Duration::ZERO)
             } else {
                 self.crash_loops.failed(
-                    &task.name,
+                    task.name(),
                     tokio::time::Instant::now(),
                     self.config.reschedule_delay,
                     self.config.reschedule_max_delay,
@@ -260,11 +259,11 @@ impl Master {
                 eval.wait_until_ms = now_ms().saturating_add(wait_ms);
                 eval.status_description = format!(
                     "{} ended {failures} times in a row: replaced after {wait:?}",
-                    task.name
+                    task.name()
                 );
-                tracing::warn!(slot = %task.name, failures, ?wait, "task crash-looping: its replacement backs off");
+                tracing::warn!(slot = %task.name(), failures, ?wait, "task crash-looping: its replacement backs off");
             }
-            let slot = task.name.clone();
+            let slot = task.name().to_owned();
             self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, _ctx, written| {
                 if let Err(e) = written {
                     tracing::warn!(error = %e, "could not write the replacement evaluation");

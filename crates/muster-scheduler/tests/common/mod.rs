@@ -92,10 +92,10 @@ pub(crate) fn task(
     state: TaskState,
 ) -> TaskView {
     TaskView {
-        id: format!("{name}-t"),
-        name: name.to_owned(),
-        job: job.to_owned(),
-        group: group.to_owned(),
+        id: format!("{name}-t").into(),
+        name: name.into(),
+        job: job.into(),
+        group: group.into(),
         resources: res(cpus, mem_mb),
         state,
         job_version: 0,
@@ -113,7 +113,7 @@ pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
     for stop in &plan.stop {
         for agent in snapshot.agents.iter_mut().filter(|a| a.id == stop.agent) {
             Arc::make_mut(agent).update_tasks(|tasks| {
-                for task in tasks.iter_mut().filter(|t| t.id == stop.task_id) {
+                for task in tasks.iter_mut().filter(|t| *t.id == *stop.task_id) {
                     task.state = TaskState::Killed;
                 }
             });
