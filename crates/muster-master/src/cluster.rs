@@ -66,6 +66,10 @@ impl AgentEntry {
     /// What is left for new tasks: its resources less what its non-terminal tasks hold, never
     /// below zero.
     pub(crate) fn free(&self) -> Resources {
+        // A view is dropped whenever the tasks change, so one still here has it worked out.
+        if let Some(view) = &self.view {
+            return view.free();
+        }
         let used = self
             .tasks
             .iter()

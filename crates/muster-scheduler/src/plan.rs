@@ -287,7 +287,12 @@ impl AgentView {
 
     /// Its tasks of `job`, found by a binary search of the job's name hash.
     pub fn tasks_of(&self, job: &str) -> &[TaskView] {
-        let hash = job_hash(job);
+        self.tasks_of_hashed(job, job_hash(job))
+    }
+
+    /// [`AgentView::tasks_of`] with the name's [`job_hash`] worked out by the caller (a
+    /// placement search asks every agent it looks at for the same job).
+    pub(crate) fn tasks_of_hashed(&self, job: &str, hash: u64) -> &[TaskView] {
         let first = self.jobs.partition_point(|entry| entry.hash < hash);
         self.jobs[first..]
             .iter()
@@ -306,11 +311,18 @@ impl AgentView {
     /// Orders the tasks by job (stable: otherwise as given) and works out what the live ones
     /// hold.
     fn index(&mut self) {
-        self.tasks.sort_by(|a, b| a.job.cmp(&b.job));
+        // Interned names compare by pointer first: the tasks of one job share theirs.
+        let same_job = |a: &TaskView, b: &TaskView| Arc::ptr_eq(&a.job, &b.job) || a.job == b.job;
+        if !self
+            .tasks
+            .is_sorted_by(|a, b| same_job(a, b) || a.job <= b.job)
+        {
+            self.tasks.sort_by(|a, b| a.job.cmp(&b.job));
+        }
         let mut start = 0;
         self.jobs = self
             .tasks
-            .chunk_by(|a, b| a.job == b.job)
+            .chunk_by(|a, b| same_job(a, b))
             .map(|tasks| {
                 let entry = JobTasks {
                     hash: job_hash(&tasks[0].job),
@@ -415,7 +427,7 @@ struct JobTasks {
 
 /// A job name's hash for [`AgentView::tasks_of`] (FNV-1a: short names, no seed needed, as
 /// equal hashes are checked against the name).
-fn job_hash(job: &str) -> u64 {
+pub(crate) fn job_hash(job: &str) -> u64 {
     job.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
     })

@@ -262,6 +262,8 @@ fn gcd(mut a: usize, mut b: usize) -> usize {
 struct Search<'a> {
     agents: &'a [Arc<AgentView>],
     job: &'a str,
+    /// The job name's hash, for finding its tasks on each agent looked at.
+    job_hash: u64,
     added: HashMap<usize, Added>,
     groups: HashMap<String, GroupSearch>,
     /// How many candidates a slot's search stops at (`None`: every fitting agent).
@@ -281,6 +283,7 @@ impl<'a> Search<'a> {
         Search {
             agents,
             job,
+            job_hash: crate::plan::job_hash(job),
             added: HashMap::new(),
             groups: HashMap::new(),
             limit,
@@ -305,7 +308,7 @@ impl<'a> Search<'a> {
         let used = self.used(at);
         let added = self.added.get(&at).map_or(0, |added| added.tasks);
         let job_live = agent
-            .tasks_of(self.job)
+            .tasks_of_hashed(self.job, self.job_hash)
             .iter()
             .filter(|task| !task.state.is_terminal())
             .count();

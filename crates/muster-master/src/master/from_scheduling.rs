@@ -262,8 +262,8 @@ impl Master {
                 result.stopped.push(stop);
             }
         }
-        // One launch message per agent for the whole plan.
-        let mut launches: HashMap<String, Vec<pb::RunTask>> = HashMap::new();
+        // One launch message per agent for the whole plan, and the ids of the tasks in it.
+        let mut launches: HashMap<String, (Vec<pb::RunTask>, Vec<Arc<str>>)> = HashMap::new();
         // A plan made before an agent was drained or made ineligible places nothing there.
         let scheduling = self.agent_scheduling();
         // What is free on each agent this plan places on, worked out once per agent (a walk
@@ -290,11 +290,14 @@ impl Master {
                 .filter(|left| eligible && placement.resources.fits_in(left));
             if let Some(left) = left {
                 *left = left.saturating_sub(&placement.resources);
-                if let Some(run) = self.stage_placement(&placement, &mut shared) {
+                if let Some((run, task_id)) = self.stage_placement(&placement, &mut shared) {
                     match launches.get_mut(&placement.agent.0) {
-                        Some(runs) => runs.push(run),
+                        Some((runs, ids)) => {
+                            runs.push(run);
+                            ids.push(task_id);
+                        }
                         None => {
-                            launches.insert(placement.agent.0.clone(), vec![run]);
+                            launches.insert(placement.agent.0.clone(), (vec![run], vec![task_id]));
                         }
                     }
                 }
@@ -303,17 +306,11 @@ impl Master {
                 result.rejected.push(placement);
             }
         }
-        let staged: Vec<(String, String)> = launches
-            .iter()
-            .flat_map(|(agent_id, runs)| {
-                runs.iter().filter_map(|run| {
-                    let task = run.task.as_ref()?;
-                    Some((agent_id.clone(), task.id.clone()))
-                })
-            })
-            .collect();
-        for (agent_id, tasks) in launches {
-            self.send_launch(agent_id, tasks, ctx);
+        // The ids are the records' own (shared, not copied): they wait out the launch timeout.
+        let mut staged: Vec<(String, Vec<Arc<str>>)> = Vec::with_capacity(launches.len());
+        for (agent_id, (tasks, ids)) in launches {
+            self.send_launch(agent_id.clone(), tasks, ctx);
+            staged.push((agent_id, ids));
         }
         if !staged.is_empty() && self.node.is_some() {
             ctx.delay(
@@ -335,14 +332,14 @@ impl Master {
         reply.send(Ok(result));
     }
 
-    /// Records a placement's task on its agent, staging; returns what to send the agent.
-    /// `shared` keeps, per task group, what this plan's tasks of the group share, interned
+    /// Records a placement's task on its agent, staging; returns what to send the agent, and
+    /// the task's id. `shared` keeps, per task group, what this plan's tasks of the group share, interned
     /// once per plan.
     fn stage_placement(
         &mut self,
         placement: &Placement,
         shared: &mut HashMap<String, GroupShared>,
-    ) -> Option<pb::RunTask> {
+    ) -> Option<(pb::RunTask, Arc<str>)> {
         if !self.cluster.frameworks.contains_key(&placement.job) {
             self.cluster.add_frameworks(vec![pb::Framework {
                 id: placement.job.clone(),
@@ -397,9 +394,10 @@ impl Master {
             task: Some(task.to_wire()),
             term: self.term,
         };
+        let id = Arc::clone(&task.view.id);
         let agent = self.cluster.agent_mut(&placement.agent.0)?;
         agent.tasks.push(task);
-        Some(run)
+        Some((run, id))
     }
 
     /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure

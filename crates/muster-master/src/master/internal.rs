@@ -2,6 +2,9 @@
 //! registry member, its timers (pings, the heartbeat sweep, launch timeouts, the
 //! re-registration deadline), and the transport it reaches agents through.
 
+use std::collections::HashSet;
+use std::sync::Arc;
+
 use muster_actor::{Context, Node, Upid};
 use muster_model::TaskState;
 use muster_proto::cluster as pb;
@@ -12,6 +15,7 @@ use super::Master;
 use super::heartbeats::MAX_HEARTBEAT_TTL;
 use super::leadership::{Recovery, Role};
 use crate::cluster::{AgentEntry, Cluster};
+use crate::task_record::TaskRecord;
 
 /// What the master sends itself.
 #[derive(Debug)]
@@ -27,7 +31,7 @@ pub enum InternalMsg {
     /// Launched tasks (agent id, task id) whose launch timeout ran out: the ones still
     /// STAGING are lost.
     #[doc(hidden)]
-    LaunchesTimedOut(Vec<(String, String)>),
+    LaunchesTimedOut(Vec<(String, Vec<Arc<str>>)>),
     /// Time for the leader's check that jobs run what they ask for.
     Reconcile,
     /// Time for the leader's check of the drains under way.
@@ -343,28 +347,35 @@ impl Master {
 
     // ---- launches ----
 
-    /// Launches in `staged` (agent id, task id) that are still STAGING: no word from the agent
-    /// since (a one-way launch can be lost with a broken link): LOST, and replaced.
-    fn launches_timed_out(&mut self, staged: Vec<(String, String)>, ctx: &mut Context<Self>) {
-        for (agent_id, task_id) in staged {
-            let Some(task) = self.cluster.agents.get(&agent_id).and_then(|agent| {
-                agent
-                    .tasks
-                    .iter()
-                    .find(|t| t.id() == task_id && t.state() == TaskState::Staging)
-                    .cloned()
-            }) else {
+    /// Launches in `staged` (agent id, the ids of the tasks launched there) that are still
+    /// STAGING: no word from the agent since (a one-way launch can be lost with a broken
+    /// link): LOST, and replaced. One walk over each agent's tasks.
+    fn launches_timed_out(
+        &mut self,
+        staged: Vec<(String, Vec<Arc<str>>)>,
+        ctx: &mut Context<Self>,
+    ) {
+        for (agent_id, task_ids) in staged {
+            let Some(agent) = self.cluster.agents.get(&agent_id) else {
                 continue;
             };
-            tracing::warn!(agent = %agent_id, task = %task_id, "no word from the agent about a launched task: lost");
-            let mut lost = task;
-            lost.view.state = TaskState::Lost;
-            lost.message = format!(
-                "no word from the agent within {:?} of the launch",
-                self.config.launch_timeout
-            )
-            .into();
-            self.record_updated(agent_id, lost, ctx);
+            let ids: HashSet<&str> = task_ids.iter().map(|id| &**id).collect();
+            let silent: Vec<TaskRecord> = agent
+                .tasks
+                .iter()
+                .filter(|t| t.state() == TaskState::Staging && ids.contains(t.id()))
+                .cloned()
+                .collect();
+            for mut lost in silent {
+                tracing::warn!(agent = %agent_id, task = %lost.id(), "no word from the agent about a launched task: lost");
+                lost.view.state = TaskState::Lost;
+                lost.message = format!(
+                    "no word from the agent within {:?} of the launch",
+                    self.config.launch_timeout
+                )
+                .into();
+                self.record_updated(agent_id.clone(), lost, ctx);
+            }
         }
     }
 }
