@@ -264,6 +264,9 @@ struct Search<'a> {
     job: &'a str,
     /// The job name's hash, for finding its tasks on each agent looked at.
     job_hash: u64,
+    /// The positions of the agents with a task of the job, from the snapshot's job index
+    /// when it holds: an agent not listed has none, with nothing of it read.
+    with_job: Option<&'a [u32]>,
     added: HashMap<usize, Added>,
     groups: HashMap<String, GroupSearch>,
     /// How many candidates a slot's search stops at (`None`: every fitting agent).
@@ -275,6 +278,7 @@ impl<'a> Search<'a> {
     fn new(
         agents: &'a [Arc<AgentView>],
         job: &'a str,
+        with_job: Option<&'a [u32]>,
         eval: &Evaluation,
         limit: Option<usize>,
     ) -> Self {
@@ -284,6 +288,7 @@ impl<'a> Search<'a> {
             agents,
             job,
             job_hash: crate::plan::job_hash(job),
+            with_job,
             added: HashMap::new(),
             groups: HashMap::new(),
             limit,
@@ -307,11 +312,18 @@ impl<'a> Search<'a> {
         let agent: &'a AgentView = &self.agents[at];
         let used = self.used(at);
         let added = self.added.get(&at).map_or(0, |added| added.tasks);
-        let job_live = agent
-            .tasks_of_hashed(self.job, self.job_hash)
-            .iter()
-            .filter(|task| !task.state.is_terminal())
-            .count();
+        let listed = self
+            .with_job
+            .is_none_or(|with_job| with_job.binary_search(&(at as u32)).is_ok());
+        let job_live = if listed {
+            agent
+                .tasks_of_hashed(self.job, self.job_hash)
+                .iter()
+                .filter(|task| !task.state.is_terminal())
+                .count()
+        } else {
+            0
+        };
         Candidate {
             agent,
             free: agent.total.saturating_sub(&used),
@@ -413,8 +425,15 @@ fn build_plan<P: Placer + ?Sized>(
     } else {
         snapshot.agents_by_id()
     };
+    // Positions in the job index are the snapshot's own, which `agents` then borrows.
+    let with_job = match &agents {
+        Cow::Borrowed(listed) if listed.len() == snapshot.agents.len() => {
+            snapshot.agents_with(&reconciled.job)
+        }
+        _ => None,
+    };
     let limit = placer.candidate_limit(agents.len());
-    let mut search = Search::new(&agents, &reconciled.job, eval, limit);
+    let mut search = Search::new(&agents, &reconciled.job, with_job, eval, limit);
     let mut unplaced_groups: HashSet<&str> = HashSet::new();
     for slot in &reconciled.missing {
         let need = slot.resources();
