@@ -32,8 +32,9 @@ pub(crate) struct TaskDetail {
 /// One task as the master keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct TaskRecord {
-    /// What schedulers see of it; its strings are shared with the views built from it.
-    pub(crate) view: TaskView,
+    /// What schedulers see of it, shared with the views built from it (a view of an agent
+    /// costs a pointer per task).
+    pub(crate) view: Arc<TaskView>,
     /// What it runs and who owns it, shared with the tasks of its group.
     pub(crate) detail: Arc<TaskDetail>,
     pub(crate) exit_code: i32,
@@ -65,6 +66,11 @@ impl TaskRecord {
     /// Where it is.
     pub(crate) fn state(&self) -> TaskState {
         self.view.state
+    }
+
+    /// Moves it to `state` (a view that shares it keeps the state it was built with).
+    pub(crate) fn set_state(&mut self, state: TaskState) {
+        Arc::make_mut(&mut self.view).state = state;
     }
 
     /// Whether it ended (finished, failed, killed, lost).
@@ -169,7 +175,7 @@ impl TaskInterner {
                 .collect(),
         });
         TaskRecord {
-            view: TaskView {
+            view: Arc::new(TaskView {
                 id: wire.id.into(),
                 name: wire.name.into(),
                 job: self.name(&wire.job),
@@ -177,7 +183,7 @@ impl TaskInterner {
                 resources,
                 state,
                 job_version: wire.job_version,
-            },
+            }),
             detail,
             exit_code: wire.exit_code,
             message: wire.message.into_boxed_str(),

@@ -51,6 +51,10 @@ pub struct RegistryState {
     /// The tokens by secret hash, for authenticating calls. Derived from `tokens`.
     #[serde(skip)]
     token_table: TokenTable,
+    /// Admitted and unreachable agents by the address they registered with, for finding an
+    /// agent that registers again without a scan. Derived from `agents` and `unreachable`.
+    #[serde(skip)]
+    by_address: BTreeMap<String, BTreeSet<AgentId>>,
 }
 
 /// `job` as the registry stores it over `old`: the next version number, and each group's spec
@@ -132,8 +136,10 @@ impl From<Contents> for RegistryState {
             token_table: TokenTable::new(contents.tokens.values().cloned()),
             acl_bootstrapped: contents.acl_bootstrapped,
             tokens: contents.tokens,
+            by_address: BTreeMap::new(),
         };
         state.index_ended();
+        state.index_addresses();
         state
     }
 }
@@ -142,6 +148,54 @@ impl RegistryState {
     /// The tokens by secret hash, as applied: what API calls are authenticated against.
     pub fn token_table(&self) -> &TokenTable {
         &self.token_table
+    }
+
+    /// The agent, admitted (first) or unreachable, that registered from `address` as
+    /// `hostname` with a certificate named `identity`: the same agent registering again.
+    /// Among several, the one with the lowest id.
+    pub fn registered_as(&self, identity: &str, address: &str, hostname: &str) -> Option<&AgentId> {
+        let ids = self.by_address.get(address)?;
+        let same = |info: &AgentInfo| info.identity == identity && info.hostname == hostname;
+        ids.iter()
+            .find(|id| self.agents.get(*id).is_some_and(same))
+            .or_else(|| {
+                ids.iter()
+                    .find(|id| self.unreachable.get(*id).is_some_and(|u| same(&u.info)))
+            })
+    }
+
+    /// Rebuilds the index of agents by address from `agents` and `unreachable`.
+    fn index_addresses(&mut self) {
+        let mut by_address: BTreeMap<String, BTreeSet<AgentId>> = BTreeMap::new();
+        let infos = self
+            .agents
+            .iter()
+            .chain(self.unreachable.iter().map(|(id, u)| (id, &u.info)));
+        for (id, info) in infos {
+            by_address
+                .entry(info.address.clone())
+                .or_default()
+                .insert(id.clone());
+        }
+        self.by_address = by_address;
+    }
+
+    /// Records that `id` registered from `address`.
+    fn add_address(&mut self, id: &AgentId, address: &str) {
+        self.by_address
+            .entry(address.to_owned())
+            .or_default()
+            .insert(id.clone());
+    }
+
+    /// Forgets that `id` registered from `address`.
+    fn remove_address(&mut self, id: &AgentId, address: &str) {
+        if let Some(ids) = self.by_address.get_mut(address) {
+            ids.remove(id);
+            if ids.is_empty() {
+                self.by_address.remove(address);
+            }
+        }
     }
 
     /// Rebuilds the index of ended evaluations from `evals`, after loading them.
@@ -207,12 +261,21 @@ impl RegistryState {
             Op::AdmitAgent(info) => {
                 self.last_agent_number += 1;
                 let id = AgentId(format!("agent-{}", self.last_agent_number));
+                self.add_address(&id, &info.address);
                 self.agents.insert(id.clone(), info);
                 Ok(Outcome::Admitted(id))
             }
             Op::UpdateAgent { id, info } => {
-                self.unreachable.remove(&id);
-                self.agents.insert(id.clone(), info);
+                let new_address = info.address.clone();
+                let old = match self.unreachable.remove(&id) {
+                    Some(unreachable) => Some(unreachable.info),
+                    None => None,
+                };
+                let old = self.agents.insert(id.clone(), info).or(old);
+                if let Some(old) = old {
+                    self.remove_address(&id, &old.address);
+                }
+                self.add_address(&id, &new_address);
                 Ok(Outcome::Updated)
             }
             Op::MarkUnreachable { id, at_ms } => {
@@ -230,10 +293,14 @@ impl RegistryState {
                 Ok(Outcome::MarkedUnreachable)
             }
             Op::RemoveAgent(id) => {
-                let known =
-                    self.agents.remove(&id).is_some() | self.unreachable.remove(&id).is_some();
-                if !known {
+                let admitted = self.agents.remove(&id);
+                let unreachable = self.unreachable.remove(&id).map(|u| u.info);
+                let removed: Vec<AgentInfo> = admitted.into_iter().chain(unreachable).collect();
+                if removed.is_empty() {
                     return Err(OpError::UnknownAgent(id));
+                }
+                for info in &removed {
+                    self.remove_address(&id, &info.address);
                 }
                 self.scheduling.remove(&id);
                 Ok(Outcome::Removed)
@@ -333,6 +400,49 @@ impl RegistryState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_agent_registering_again_is_found_by_its_address() {
+        let mut state = RegistryState::default();
+        let at = |address: &str, hostname: &str| AgentInfo {
+            hostname: hostname.into(),
+            address: address.into(),
+            identity: "agent-cert".into(),
+            ..AgentInfo::default()
+        };
+        let Ok(Outcome::Admitted(a)) = state.apply_at(Op::AdmitAgent(at("a@h1:1", "h1"))) else {
+            panic!("admitted");
+        };
+        let Ok(Outcome::Admitted(b)) = state.apply_at(Op::AdmitAgent(at("b@h2:1", "h2"))) else {
+            panic!("admitted");
+        };
+        assert_eq!(state.registered_as("agent-cert", "a@h1:1", "h1"), Some(&a));
+        assert_eq!(state.registered_as("other-cert", "a@h1:1", "h1"), None);
+        assert_eq!(state.registered_as("agent-cert", "a@h1:1", "h2"), None);
+        state
+            .apply_at(Op::MarkUnreachable {
+                id: b.clone(),
+                at_ms: 1,
+            })
+            .expect("marked");
+        assert_eq!(state.registered_as("agent-cert", "b@h2:1", "h2"), Some(&b));
+        // Back at another address: found there, not at the old one.
+        state
+            .apply_at(Op::UpdateAgent {
+                id: b.clone(),
+                info: at("b@h3:1", "h2"),
+            })
+            .expect("updated");
+        assert_eq!(state.registered_as("agent-cert", "b@h2:1", "h2"), None);
+        assert_eq!(state.registered_as("agent-cert", "b@h3:1", "h2"), Some(&b));
+        // A stored state rebuilds the index when it is read back.
+        let stored = serde_json::to_string(&state).expect("serialized");
+        let loaded: RegistryState = serde_json::from_str(&stored).expect("read back");
+        assert_eq!(loaded.registered_as("agent-cert", "b@h3:1", "h2"), Some(&b));
+        assert_eq!(loaded, state);
+        state.apply_at(Op::RemoveAgent(a)).expect("removed");
+        assert_eq!(state.registered_as("agent-cert", "a@h1:1", "h1"), None);
+    }
 
     fn info(host: &str) -> AgentInfo {
         AgentInfo {

@@ -234,8 +234,10 @@ pub struct AgentView {
     pub eligible: bool,
     /// Where its drain is: its tasks move or stop (see [`reconcile`](crate::reconcile)).
     pub drain: DrainPhase,
-    /// Its tasks, running and recently ended, ordered by job.
-    tasks: Vec<TaskView>,
+    /// Its tasks, running and recently ended, ordered by job. Each is shared (`Arc`) with
+    /// whoever built the view: a master rebuilding the view of an agent whose tasks changed
+    /// copies a pointer per task.
+    tasks: Vec<Arc<TaskView>>,
     /// Where each job's tasks are in `tasks`, ordered by the hash of the job's name: a
     /// lookup compares integers in one small array, not names spread over the heap.
     jobs: Vec<JobTasks>,
@@ -251,7 +253,7 @@ impl AgentView {
         id: AgentId,
         attributes: BTreeMap<String, String>,
         total: Resources,
-        tasks: Vec<TaskView>,
+        tasks: impl IntoIterator<Item = impl Into<Arc<TaskView>>>,
     ) -> Self {
         let mut view = AgentView {
             id,
@@ -259,7 +261,7 @@ impl AgentView {
             total,
             eligible: true,
             drain: DrainPhase::None,
-            tasks,
+            tasks: tasks.into_iter().map(Into::into).collect(),
             jobs: Vec::new(),
             used: Resources::default(),
             live: 0,
@@ -269,12 +271,12 @@ impl AgentView {
     }
 
     /// Its tasks, running and recently ended, ordered by job.
-    pub fn tasks(&self) -> &[TaskView] {
+    pub fn tasks(&self) -> &[Arc<TaskView>] {
         &self.tasks
     }
 
     /// Its tasks, ordered by job, taken out of the view.
-    pub fn into_tasks(self) -> Vec<TaskView> {
+    pub fn into_tasks(self) -> Vec<Arc<TaskView>> {
         self.tasks
     }
 
@@ -286,13 +288,13 @@ impl AgentView {
     }
 
     /// Its tasks of `job`, found by a binary search of the job's name hash.
-    pub fn tasks_of(&self, job: &str) -> &[TaskView] {
+    pub fn tasks_of(&self, job: &str) -> &[Arc<TaskView>] {
         self.tasks_of_hashed(job, job_hash(job))
     }
 
     /// [`AgentView::tasks_of`] with the name's [`job_hash`] worked out by the caller (a
     /// placement search asks every agent it looks at for the same job).
-    pub(crate) fn tasks_of_hashed(&self, job: &str, hash: u64) -> &[TaskView] {
+    pub(crate) fn tasks_of_hashed(&self, job: &str, hash: u64) -> &[Arc<TaskView>] {
         let first = self.jobs.partition_point(|entry| entry.hash < hash);
         self.jobs[first..]
             .iter()
@@ -303,7 +305,7 @@ impl AgentView {
     }
 
     /// Changes its tasks with `change`; the order by job and the figures follow.
-    pub fn update_tasks(&mut self, change: impl FnOnce(&mut Vec<TaskView>)) {
+    pub fn update_tasks(&mut self, change: impl FnOnce(&mut Vec<Arc<TaskView>>)) {
         change(&mut self.tasks);
         self.index();
     }
@@ -676,12 +678,13 @@ mod tests {
                 of("db", "d1"),
             ],
         );
-        let ids = |tasks: &[TaskView]| tasks.iter().map(|t| t.id.to_string()).collect::<Vec<_>>();
+        let ids =
+            |tasks: &[Arc<TaskView>]| tasks.iter().map(|t| t.id.to_string()).collect::<Vec<_>>();
         assert_eq!(ids(agent.tasks_of("web")), ["w1", "w2"]);
         assert_eq!(ids(agent.tasks_of("api")), ["a1"]);
         assert!(agent.tasks_of("nope").is_empty());
         assert!(agent.tasks_of("").is_empty());
-        agent.update_tasks(|tasks| tasks.push(of("api", "a2")));
+        agent.update_tasks(|tasks| tasks.push(Arc::new(of("api", "a2"))));
         assert_eq!(ids(agent.tasks_of("api")), ["a1", "a2"]);
         assert_eq!(agent.live_tasks(), 5);
     }
@@ -694,7 +697,7 @@ mod tests {
                 job: (*job).into(),
                 ..task(&format!("{job}-{n}"), 0.1, 1, TaskState::Running)
             })
-            .collect();
+            .collect::<Vec<_>>();
         Arc::new(AgentView::new(
             AgentId(format!("agent-{n:03}")),
             BTreeMap::new(),

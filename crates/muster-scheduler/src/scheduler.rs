@@ -564,7 +564,7 @@ mod tests {
             AgentId(id.into()),
             BTreeMap::new(),
             Resources { cpus, mem_mb: 1024 },
-            Vec::new(),
+            Vec::<crate::TaskView>::new(),
         )
     }
 

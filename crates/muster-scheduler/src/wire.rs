@@ -56,7 +56,11 @@ impl From<AgentView> for pb::AgentView {
             id,
             attributes,
             total,
-            tasks: all(this.into_tasks()),
+            tasks: this
+                .into_tasks()
+                .into_iter()
+                .map(|task| Arc::unwrap_or_clone(task).into())
+                .collect(),
             ineligible,
             drain,
         }
@@ -71,7 +75,7 @@ impl TryFrom<pb::AgentView> for AgentView {
             AgentId(proto.id),
             sorted(proto.attributes),
             required(proto.total, "total")?,
-            each(proto.tasks, "tasks")?,
+            each::<TaskView, _>(proto.tasks, "tasks")?,
         );
         view.eligible = !proto.ineligible;
         view.drain = muster_proto::model::DrainPhase::try_from(proto.drain)
@@ -365,7 +369,7 @@ mod tests {
                         // 0 (unknown) included.
                         job_version: i as u64,
                     })
-                    .collect(),
+                    .collect::<Vec<_>>(),
             ))],
             jobs: BTreeMap::from([("web".to_owned(), job())]),
             held: ["web.fe[0]".to_owned()].into(),

@@ -38,7 +38,7 @@ fn set_state(snapshot: &mut ClusterSnapshot, id: &str, state: TaskState) {
     for agent in &mut snapshot.agents {
         Arc::make_mut(agent).update_tasks(|tasks| {
             for task in tasks.iter_mut().filter(|t| *t.id == *id) {
-                task.state = state;
+                Arc::make_mut(task).state = state;
             }
         });
     }

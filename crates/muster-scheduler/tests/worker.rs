@@ -105,7 +105,11 @@ impl Fake {
             .cluster
             .agents
             .iter()
-            .flat_map(|a| a.tasks().iter().map(move |t| (a.id.0.clone(), t.clone())))
+            .flat_map(|a| {
+                a.tasks()
+                    .iter()
+                    .map(move |t| (a.id.0.clone(), TaskView::clone(t)))
+            })
             .filter(|(_, t)| *t.job == *job && !t.state.is_terminal())
             .collect()
     }
@@ -169,7 +173,7 @@ impl Backend for Fake {
             {
                 Arc::make_mut(agent).update_tasks(|tasks| {
                     for task in tasks.iter_mut().filter(|t| *t.id == *stop.task_id) {
-                        task.state = TaskState::Killed;
+                        Arc::make_mut(task).state = TaskState::Killed;
                     }
                 });
             }
@@ -190,7 +194,7 @@ impl Backend for Fake {
                 {
                     room -= 1;
                     let task = placement.staged_task();
-                    Arc::make_mut(agent).update_tasks(|tasks| tasks.push(task));
+                    Arc::make_mut(agent).update_tasks(|tasks| tasks.push(Arc::new(task)));
                     result.committed.push(placement);
                 }
                 _ => result.rejected.push(placement),
@@ -331,14 +335,14 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
         .before_submit
         .push_back(Box::new(|cluster: &mut ClusterSnapshot| {
             Arc::make_mut(&mut cluster.agents[0]).update_tasks(|tasks| {
-                tasks.push(task(
+                tasks.push(Arc::new(task(
                     "other.x[0]",
                     "other",
                     "x",
                     1.0,
                     256,
                     TaskState::Staging,
-                ));
+                )));
             });
         }));
     let mut worker = Worker::new(Arc::clone(&fake), binpack(), config());

@@ -177,23 +177,9 @@ impl Master {
         // admission was written): taken back under the id it was given, never admitted twice.
         let sender = identity.unwrap_or_default();
         let admitted_before = self.registry.reader().read(|state| {
-            let same = |known: &muster_model::AgentInfo| {
-                known.identity == sender
-                    && known.address == info.address
-                    && known.hostname == info.hostname
-            };
             state
-                .agents
-                .iter()
-                .find(|(_, known)| same(known))
-                .or_else(|| {
-                    state
-                        .unreachable
-                        .iter()
-                        .find(|(_, u)| same(&u.info))
-                        .map(|(id, u)| (id, &u.info))
-                })
-                .map(|(id, _)| id.0.clone())
+                .registered_as(sender, &info.address, &info.hostname)
+                .map(|id| id.0.clone())
         });
         if let Some(agent_id) = admitted_before {
             tracing::info!(agent = %agent_id, address = %info.address, "an admitted agent registers again: taken back under its id");

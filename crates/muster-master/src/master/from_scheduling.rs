@@ -222,8 +222,7 @@ impl Master {
                             .tasks
                             .iter()
                             .chain(agent.completed_tasks.iter().rev().take(100))
-                            .map(|task| task.view.clone())
-                            .collect(),
+                            .map(|task| Arc::clone(&task.view)),
                     );
                     built.eligible = eligible;
                     built.drain = drain;
@@ -373,7 +372,7 @@ impl Master {
             }
         };
         let task = TaskRecord {
-            view: TaskView {
+            view: Arc::new(TaskView {
                 id: placement.task_id.as_str().into(),
                 name: placement.name.as_str().into(),
                 job: group.job,
@@ -381,7 +380,7 @@ impl Master {
                 resources: placement.resources.clone(),
                 state: TaskState::Staging,
                 job_version: placement.job_version,
-            },
+            }),
             detail: group.detail,
             exit_code: 0,
             message: Box::default(),
@@ -429,7 +428,7 @@ impl Master {
             .cloned()
             .collect();
         for mut failed in staged {
-            failed.view.state = TaskState::Failed;
+            failed.set_state(TaskState::Failed);
             failed.exit_code = -1;
             failed.message = format!("could not send the launch to the agent: {e}").into();
             self.record_updated(agent_id.clone(), failed, ctx);

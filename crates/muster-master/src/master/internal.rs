@@ -368,7 +368,7 @@ impl Master {
                 .collect();
             for mut lost in silent {
                 tracing::warn!(agent = %agent_id, task = %lost.id(), "no word from the agent about a launched task: lost");
-                lost.view.state = TaskState::Lost;
+                lost.set_state(TaskState::Lost);
                 lost.message = format!(
                     "no word from the agent within {:?} of the launch",
                     self.config.launch_timeout

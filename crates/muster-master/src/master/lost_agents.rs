@@ -46,7 +46,7 @@ impl Master {
                             .tasks
                             .into_iter()
                             .map(|mut t| {
-                                t.view.state = muster_model::TaskState::Lost;
+                                t.set_state(muster_model::TaskState::Lost);
                                 t.exit_code = 0;
                                 t.message = "given up: its agent was marked unreachable".into();
                                 t

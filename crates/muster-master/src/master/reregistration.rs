@@ -190,7 +190,7 @@ impl Master {
             if let Some(agent) = self.cluster.agent_mut(agent_id) {
                 agent.tasks.push(task.clone());
             }
-            task.view.state = TaskState::Lost;
+            task.set_state(TaskState::Lost);
             task.message = "the agent did not report it when it re-registered".into();
             self.record_updated(agent_id.to_owned(), task, ctx);
         }

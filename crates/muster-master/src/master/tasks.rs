@@ -41,7 +41,7 @@ impl Master {
         let Some(task) = agent.tasks.iter_mut().find(|t| t.id() == stop.task_id) else {
             return false;
         };
-        task.view.state = TaskState::Killed;
+        task.set_state(TaskState::Killed);
         self.send_kill(stop.agent.0.clone(), stop.task_id.clone(), 0, ctx);
         true
     }
@@ -141,7 +141,7 @@ impl Master {
         };
         tracing::info!(agent = %agent_id, task = %task_id, %error, "the agent runs no task to kill: counted as ended");
         let mut ended = task.clone();
-        ended.view.state = TaskState::Killed;
+        ended.set_state(TaskState::Killed);
         ended.message = format!("the kill was answered: {error}").into();
         self.record_updated(agent_id, ended, ctx);
     }
@@ -191,7 +191,7 @@ impl Master {
                 if given_up {
                     // Reported after this master gave it up as lost and replaced it: it
                     // must not run beside its replacement.
-                    adopted.view.state = TaskState::Killed;
+                    adopted.set_state(TaskState::Killed);
                 }
                 agent.tasks.push(adopted);
                 if given_up {

@@ -17,7 +17,12 @@ pub(crate) fn res(cpus: f64, mem_mb: u64) -> Resources {
 }
 
 pub(crate) fn agent(name: &str, cpus: f64, mem_mb: u64) -> AgentView {
-    AgentView::new(id(name), BTreeMap::new(), res(cpus, mem_mb), Vec::new())
+    AgentView::new(
+        id(name),
+        BTreeMap::new(),
+        res(cpus, mem_mb),
+        Vec::<TaskView>::new(),
+    )
 }
 
 pub(crate) fn with_attr(mut agent: AgentView, key: &str, value: &str) -> AgentView {
@@ -103,7 +108,7 @@ pub(crate) fn task(
 }
 
 pub(crate) fn on(mut agent: AgentView, tasks: Vec<TaskView>) -> AgentView {
-    agent.update_tasks(|all| all.extend(tasks));
+    agent.update_tasks(|all| all.extend(tasks.into_iter().map(Arc::new)));
     agent
 }
 
@@ -114,14 +119,15 @@ pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
         for agent in snapshot.agents.iter_mut().filter(|a| a.id == stop.agent) {
             Arc::make_mut(agent).update_tasks(|tasks| {
                 for task in tasks.iter_mut().filter(|t| *t.id == *stop.task_id) {
-                    task.state = TaskState::Killed;
+                    Arc::make_mut(task).state = TaskState::Killed;
                 }
             });
         }
     }
     for placement in &plan.place {
         if let Some(agent) = snapshot.agents.iter_mut().find(|a| a.id == placement.agent) {
-            Arc::make_mut(agent).update_tasks(|tasks| tasks.push(placement.staged_task()));
+            Arc::make_mut(agent)
+                .update_tasks(|tasks| tasks.push(Arc::new(placement.staged_task())));
         }
     }
     snapshot.index += 1;
