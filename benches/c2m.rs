@@ -32,10 +32,8 @@
 //! is a plain program rather than a criterion group: one run of the full size takes minutes,
 //! and its figure is a rate over the run, printed as it goes.
 
-use std::alloc::{GlobalAlloc, Layout};
-use std::cell::Cell;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicIsize, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
@@ -49,9 +47,13 @@ use muster::proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
 
+#[path = "common/counted.rs"]
+mod counted;
+use counted::heap_in_use;
+
 /// The binaries' allocator, with what is in use counted (see [`heap_in_use`]).
 #[global_allocator]
-static ALLOCATOR: Counted = Counted;
+static ALLOCATOR: counted::Counted = counted::Counted;
 
 const AGENTS: usize = 6_100;
 const TASKS_PER_JOB: usize = 1_000;
@@ -62,69 +64,6 @@ const AGENT_CPUS: f64 = 32.0;
 const AGENT_MEM_MB: u64 = 128 * 1024;
 const TASK_CPUS: f64 = 0.05;
 const TASK_MEM_MB: u64 = 128;
-
-// ---------------------------------------------------------------------------------------------
-// The heap in use: mimalloc, with allocations and frees added up in per-thread shards (one
-// shared counter would bounce a cache line between the cores on every allocation).
-
-struct Counted;
-
-const SHARDS: usize = 32;
-
-#[repr(align(128))]
-struct Shard(AtomicIsize);
-
-static IN_USE: [Shard; SHARDS] = [const { Shard(AtomicIsize::new(0)) }; SHARDS];
-static NEXT_SHARD: AtomicUsize = AtomicUsize::new(0);
-
-thread_local! {
-    static MY_SHARD: Cell<usize> = const { Cell::new(usize::MAX) };
-}
-
-fn count(bytes: isize) {
-    let shard = MY_SHARD
-        .try_with(|shard| {
-            if shard.get() == usize::MAX {
-                shard.set(NEXT_SHARD.fetch_add(1, Ordering::Relaxed) % SHARDS);
-            }
-            shard.get()
-        })
-        .unwrap_or(0);
-    IN_USE[shard].0.fetch_add(bytes, Ordering::Relaxed);
-}
-
-// SAFETY: every call is forwarded to mimalloc unchanged; the counting touches no memory the
-// allocator hands out.
-unsafe impl GlobalAlloc for Counted {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: the caller's contract is mimalloc's.
-        unsafe { mimalloc::MiMalloc.alloc(layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count(layout.size() as isize);
-        // SAFETY: as above.
-        unsafe { mimalloc::MiMalloc.alloc_zeroed(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        count(-(layout.size() as isize));
-        // SAFETY: as above.
-        unsafe { mimalloc::MiMalloc.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count(new_size as isize - layout.size() as isize);
-        // SAFETY: as above.
-        unsafe { mimalloc::MiMalloc.realloc(ptr, layout, new_size) }
-    }
-}
-
-/// Bytes allocated and not freed, by every thread of the program.
-fn heap_in_use() -> i64 {
-    IN_USE
-        .iter()
-        .map(|shard| shard.0.load(Ordering::Relaxed) as i64)
-        .sum()
-}
 
 // ---------------------------------------------------------------------------------------------
 // The stand-in agents.

@@ -25,8 +25,8 @@ pub(crate) struct TaskDetail {
     /// Ordered by name.
     pub(crate) env: Vec<(String, String)>,
     pub(crate) user: String,
-    /// In order, as given.
-    pub(crate) labels: Vec<(String, String)>,
+    /// In order, as given; interned on their own (tasks of many groups carry the same ones).
+    pub(crate) labels: Arc<Vec<(String, String)>>,
 }
 
 /// One task as the master keeps it.
@@ -115,10 +115,15 @@ impl TaskRecord {
 
 /// Keeps one copy of each job name, group name and [`TaskDetail`] the master's tasks use.
 /// Entries no task uses any more are dropped as the interner grows ([`TaskInterner::sweep`]).
+///
+/// It hashes with foldhash (seeded per process): a new leader interns every task of the
+/// cluster as the agents re-register, and SipHash over a detail's dozens of short strings cost
+/// more than the rest of a re-registration.
 #[derive(Debug, Default)]
 pub(crate) struct TaskInterner {
-    names: HashSet<Arc<str>>,
-    details: HashSet<Arc<TaskDetail>>,
+    names: HashSet<Arc<str>, foldhash::fast::RandomState>,
+    labels: HashSet<Arc<Vec<(String, String)>>, foldhash::fast::RandomState>,
+    details: HashSet<Arc<TaskDetail>, foldhash::fast::RandomState>,
     /// Entries after the last sweep: the next comes when there are twice as many.
     swept_at: usize,
 }
@@ -135,6 +140,17 @@ impl TaskInterner {
         self.maybe_sweep();
         let shared: Arc<str> = name.into();
         self.names.insert(Arc::clone(&shared));
+        shared
+    }
+
+    /// The shared copy of `labels`.
+    pub(crate) fn labels(&mut self, labels: Vec<(String, String)>) -> Arc<Vec<(String, String)>> {
+        if let Some(shared) = self.labels.get(&labels) {
+            return Arc::clone(shared);
+        }
+        self.maybe_sweep();
+        let shared = Arc::new(labels);
+        self.labels.insert(Arc::clone(&shared));
         shared
     }
 
@@ -162,17 +178,19 @@ impl TaskInterner {
             .unwrap_or_default();
         let mut env: Vec<(String, String)> = wire.env.into_iter().collect();
         env.sort_unstable();
+        let labels = self.labels(
+            wire.labels
+                .into_iter()
+                .map(|label| (label.key, label.value))
+                .collect(),
+        );
         let detail = self.detail(TaskDetail {
             framework_id: wire.framework_id,
             command: wire.command,
             args: wire.args,
             env,
             user: wire.user,
-            labels: wire
-                .labels
-                .into_iter()
-                .map(|label| (label.key, label.value))
-                .collect(),
+            labels,
         });
         TaskRecord {
             view: Arc::new(TaskView {
@@ -192,7 +210,7 @@ impl TaskInterner {
 
     /// Names and details interned now.
     pub(crate) fn len(&self) -> usize {
-        self.names.len() + self.details.len()
+        self.names.len() + self.labels.len() + self.details.len()
     }
 
     /// Sweeps when the interner has doubled since the last sweep (and is past a floor), so
@@ -205,8 +223,10 @@ impl TaskInterner {
 
     /// Drops the entries no task uses any more.
     pub(crate) fn sweep(&mut self) {
-        self.names.retain(|name| Arc::strong_count(name) > 1);
+        // Details first: a detail dropped here releases its labels.
         self.details.retain(|detail| Arc::strong_count(detail) > 1);
+        self.labels.retain(|labels| Arc::strong_count(labels) > 1);
+        self.names.retain(|name| Arc::strong_count(name) > 1);
         self.swept_at = self.len();
     }
 }
@@ -290,9 +310,17 @@ mod tests {
         other.job = "api".into();
         other.command = "api".into();
         drop(interner.task(other));
-        assert_eq!(interner.len(), 5, "web, fe, api and two details");
+        assert_eq!(
+            interner.len(),
+            6,
+            "web, fe, api, the labels and two details"
+        );
         interner.sweep();
-        assert_eq!(interner.len(), 3, "web, fe and the detail still used");
+        assert_eq!(
+            interner.len(),
+            4,
+            "web, fe, the labels and the detail still used"
+        );
         let again = interner.task(wire("c", 2));
         assert!(Arc::ptr_eq(&kept.detail, &again.detail));
     }

@@ -54,7 +54,7 @@ pub struct RegistryState {
     /// Admitted and unreachable agents by the address they registered with, for finding an
     /// agent that registers again without a scan. Derived from `agents` and `unreachable`.
     #[serde(skip)]
-    by_address: BTreeMap<String, BTreeSet<AgentId>>,
+    by_address: BTreeMap<String, Vec<AgentId>>,
 }
 
 /// `job` as the registry stores it over `old`: the next version number, and each group's spec
@@ -166,32 +166,31 @@ impl RegistryState {
 
     /// Rebuilds the index of agents by address from `agents` and `unreachable`.
     fn index_addresses(&mut self) {
-        let mut by_address: BTreeMap<String, BTreeSet<AgentId>> = BTreeMap::new();
-        let infos = self
+        self.by_address = BTreeMap::new();
+        let infos: Vec<(AgentId, String)> = self
             .agents
             .iter()
-            .chain(self.unreachable.iter().map(|(id, u)| (id, &u.info)));
-        for (id, info) in infos {
-            by_address
-                .entry(info.address.clone())
-                .or_default()
-                .insert(id.clone());
+            .chain(self.unreachable.iter().map(|(id, u)| (id, &u.info)))
+            .map(|(id, info)| (id.clone(), info.address.clone()))
+            .collect();
+        for (id, address) in infos {
+            self.add_address(&id, &address);
         }
-        self.by_address = by_address;
     }
 
-    /// Records that `id` registered from `address`.
+    /// Records that `id` registered from `address` (the ids of one address stay in order: one
+    /// address rarely has more than one).
     fn add_address(&mut self, id: &AgentId, address: &str) {
-        self.by_address
-            .entry(address.to_owned())
-            .or_default()
-            .insert(id.clone());
+        let ids = self.by_address.entry(address.to_owned()).or_default();
+        if let Err(at) = ids.binary_search(id) {
+            ids.insert(at, id.clone());
+        }
     }
 
     /// Forgets that `id` registered from `address`.
     fn remove_address(&mut self, id: &AgentId, address: &str) {
         if let Some(ids) = self.by_address.get_mut(address) {
-            ids.remove(id);
+            ids.retain(|known| known != id);
             if ids.is_empty() {
                 self.by_address.remove(address);
             }

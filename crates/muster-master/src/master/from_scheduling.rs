@@ -355,6 +355,7 @@ impl Master {
                     .map(|(k, v)| (k.clone(), v.clone()))
                     .collect();
                 env.sort_unstable();
+                let no_labels = interner.labels(Vec::new());
                 let group = GroupShared {
                     job: interner.name(&placement.job),
                     group: interner.name(&placement.group),
@@ -364,7 +365,7 @@ impl Master {
                         args: placement.args.clone(),
                         env,
                         user: placement.user.clone(),
-                        labels: Vec::new(),
+                        labels: no_labels,
                     }),
                 };
                 shared.insert(placement.group.clone(), group.clone());
