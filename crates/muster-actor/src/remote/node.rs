@@ -741,11 +741,15 @@ async fn accept(
         .message()
         .await?
         .ok_or_else(|| Status::invalid_argument("link closed before its hello frame"))?;
-    let hello = match Envelopes::new(&first).next() {
-        Some(Ok(Item::Hello(node))) => String::from_utf8(node.to_vec())
-            .map_err(|_| Status::invalid_argument("the hello's node is not UTF-8"))?,
-        _ => return Err(Status::invalid_argument("the first frame must carry hello")),
-    };
+    // Wherever it stands in the frame (protobuf fields come in any order).
+    let hello = Envelopes::new(&first)
+        .find_map(|item| match item {
+            Ok(Item::Hello(node)) => Some(node),
+            _ => None,
+        })
+        .ok_or_else(|| Status::invalid_argument("the first frame must carry hello"))?;
+    let hello = String::from_utf8(hello.to_vec())
+        .map_err(|_| Status::invalid_argument("the hello's node is not UTF-8"))?;
     let link = PeerLink::new(hello.clone(), node.limits());
     // On an insecure node, sends to the peer go back over this stream, unless we already
     // have our own link. With TLS they never do: the hello names an address no
