@@ -105,6 +105,47 @@ impl<P: Process> Mailbox<P> {
         self.push_message(msg)
     }
 
+    /// Queues user messages in order, under one lock, without waiting. Those that find a
+    /// bounded mailbox full, or the process stopped, go to `refused` (after the lock is let
+    /// go, so that dropping them runs no code under it).
+    pub(crate) fn try_send_all(
+        &self,
+        msgs: Vec<P::Message>,
+        mut refused: impl FnMut(TellError<P::Message>),
+    ) {
+        let mut turned_away = Vec::new();
+        let receiver = {
+            let mut queue = lock(&self.queue);
+            for msg in msgs {
+                if queue.closed {
+                    turned_away.push(TellError::Stopped(msg));
+                    continue;
+                }
+                if let Some(limit) = &self.limit {
+                    match limit.try_acquire() {
+                        Ok(permit) => permit.forget(),
+                        Err(TryAcquireError::NoPermits) => {
+                            turned_away.push(TellError::Busy(msg));
+                            continue;
+                        }
+                        Err(TryAcquireError::Closed) => {
+                            turned_away.push(TellError::Stopped(msg));
+                            continue;
+                        }
+                    }
+                }
+                queue.items.push_back(Envelope::Message(msg));
+            }
+            queue.receiver.take()
+        };
+        if let Some(receiver) = receiver {
+            receiver.wake();
+        }
+        for refusal in turned_away {
+            refused(refusal);
+        }
+    }
+
     /// Queues a user message, waiting for room if a bounded mailbox is full.
     pub(crate) async fn send(&self, msg: P::Message) -> Result<(), TellError<P::Message>> {
         if let Some(limit) = &self.limit {
@@ -193,13 +234,7 @@ impl<P: Process> MailboxReceiver<P> {
                     return Poll::Ready(true);
                 }
                 if queue.items.is_empty() {
-                    if !queue
-                        .receiver
-                        .as_ref()
-                        .is_some_and(|w| w.will_wake(cx.waker()))
-                    {
-                        queue.receiver = Some(cx.waker().clone());
-                    }
+                    crate::sync::park(&mut queue.receiver, cx.waker());
                     return Poll::Pending;
                 }
                 std::mem::swap(&mut queue.items, &mut self.batch);

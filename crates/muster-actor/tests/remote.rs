@@ -146,6 +146,47 @@ async fn remote_tell_and_ask_round_trip_between_two_nodes() -> anyhow::Result<()
 }
 
 #[tokio::test]
+async fn tells_and_asks_keep_their_order_across_many_frames() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, mut seqs) = pong_node(&system, config()).await?;
+    let mut small_frames = config();
+    small_frames.max_batch = 7;
+    let a = Node::bind_with(&system, "127.0.0.1:0", small_frames).await?;
+    let pong = a.remote(pong_at(&b));
+
+    for round in 0..10u64 {
+        for seq in round * 100..(round + 1) * 100 {
+            pong.tell(Ping {
+                seq,
+                payload: vec![0; (seq % 5) as usize],
+            })?;
+        }
+        // Handled after the round's tells, which went before it on the link.
+        let answer: Pong = pong
+            .ask(Ping {
+                seq: round,
+                payload: vec![],
+            })
+            .await?;
+        assert_eq!(answer.seq, round + 1);
+        for expected in round * 100..(round + 1) * 100 {
+            assert_eq!(
+                seqs.try_recv().ok(),
+                Some(expected),
+                "tells arrive in order"
+            );
+        }
+    }
+    let frames = b.stats().frames_received;
+    assert!(
+        frames >= 1000 / 7,
+        "at most 7 envelopes a frame: {frames} frames"
+    );
+    assert_eq!(b.stats().dead_letters(), 0);
+    Ok(())
+}
+
+#[tokio::test]
 async fn unknown_process_and_unknown_type_are_errors_and_the_link_carries_on() -> anyhow::Result<()>
 {
     let system = System::new();
@@ -342,6 +383,137 @@ async fn malformed_oversized_and_unknown_kind_envelopes_get_errors_and_the_link_
 
     let stats = b.stats();
     assert_eq!((stats.malformed, stats.oversized), (3, 1));
+    Ok(())
+}
+
+/// Frames written as raw bytes (so a test can send what no encoder would), answers read as
+/// `Frame`s.
+#[derive(Clone, Copy, Default)]
+struct RawFrames;
+
+impl tonic::codec::Codec for RawFrames {
+    type Encode = Vec<u8>;
+    type Decode = Frame;
+    type Encoder = RawFrames;
+    type Decoder = RawFrames;
+
+    fn encoder(&mut self) -> RawFrames {
+        RawFrames
+    }
+
+    fn decoder(&mut self) -> RawFrames {
+        RawFrames
+    }
+}
+
+impl tonic::codec::Encoder for RawFrames {
+    type Item = Vec<u8>;
+    type Error = tonic::Status;
+
+    fn encode(
+        &mut self,
+        item: Vec<u8>,
+        dst: &mut tonic::codec::EncodeBuf<'_>,
+    ) -> Result<(), tonic::Status> {
+        bytes::BufMut::put_slice(dst, &item);
+        Ok(())
+    }
+}
+
+impl tonic::codec::Decoder for RawFrames {
+    type Item = Frame;
+    type Error = tonic::Status;
+
+    fn decode(
+        &mut self,
+        src: &mut tonic::codec::DecodeBuf<'_>,
+    ) -> Result<Option<Frame>, tonic::Status> {
+        Frame::decode(src)
+            .map(Some)
+            .map_err(|e| tonic::Status::internal(e.to_string()))
+    }
+}
+
+/// An envelope as one element of a frame's `envelopes` (field 2): key, length, bytes.
+fn element(envelope: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![0x12];
+    prost::encode_length_delimiter(envelope.len(), &mut bytes).expect("a Vec grows");
+    bytes.extend_from_slice(envelope);
+    bytes
+}
+
+#[tokio::test]
+async fn a_broken_envelope_is_refused_by_id_and_the_rest_of_its_frame_delivered()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let (b, _seqs) = pong_node(&system, config()).await?;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", b.address()))?;
+    let (channel, _) = member()
+        .channel(endpoint, &[Role::Master, Role::Agent])
+        .await?;
+    let mut client = tonic::client::Grpc::new(channel);
+    client.ready().await?;
+    let (frames, rx) = mpsc::channel::<Vec<u8>>(16);
+    frames
+        .send(
+            Frame {
+                hello: Some(Hello {
+                    node: "127.0.0.1:1".into(),
+                }),
+                envelopes: vec![],
+            }
+            .encode_to_vec(),
+        )
+        .await?;
+    let mut inbound = client
+        .streaming(
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx)),
+            tonic::codegen::http::uri::PathAndQuery::from_static(
+                "/muster.transport.v1.Transport/Link",
+            ),
+            RawFrames,
+        )
+        .await?
+        .into_inner();
+    let ask = |id: u64| {
+        let body = Ping {
+            seq: id,
+            payload: vec![],
+        }
+        .encode_to_vec();
+        element(&ask_envelope(id, "pong", "muster.test.Ping", body).encode_to_vec())
+    };
+
+    // Ask 1; then an envelope with request id 7 whose `to` claims 50 bytes it does not have;
+    // then ask 3, in the same frame.
+    let mut frame = ask(1);
+    frame.extend(element(&[0x28, 7, 0x12, 50]));
+    frame.extend(ask(3));
+    frames.send(frame).await?;
+    let mut first = answers(&mut inbound, &[1, 7, 3]).await?;
+    assert_eq!(first[&1].kind, Kind::Reply as i32);
+    assert_eq!(first[&3].kind, Kind::Reply as i32);
+    let refused = first.remove(&7).context("request 7 answered")?;
+    assert_eq!(refused.kind, Kind::Error as i32);
+    assert_eq!(refused.error_code, ErrorCode::Malformed as i32);
+    assert_eq!(b.stats().malformed, 1);
+
+    // A frame whose last element runs past its end: what came before it is delivered, and
+    // the link carries the next frame.
+    let mut frame = ask(4);
+    frame.extend([0x12, 100, 1, 2]);
+    frames.send(frame).await?;
+    assert_eq!(
+        answers(&mut inbound, &[4]).await?[&4].kind,
+        Kind::Reply as i32
+    );
+    frames.send(ask(5)).await?;
+    assert_eq!(
+        answers(&mut inbound, &[5]).await?[&5].kind,
+        Kind::Reply as i32
+    );
+    assert_eq!(b.stats().malformed, 2);
+    assert_eq!(b.stats().reconnects, 0);
     Ok(())
 }
 

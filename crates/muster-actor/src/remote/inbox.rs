@@ -5,14 +5,16 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
-use muster_proto::transport::{Envelope, Kind};
+use muster_proto::transport::Kind;
 use muster_security::{Peer, Role};
 
 use super::peer::PeerLink;
 use super::type_name;
+use super::wire::EnvelopeWriter;
 use crate::reply::RemoteResponder;
 use crate::{Pid, Process, RemoteError, Reply, TellError};
 
@@ -41,16 +43,30 @@ impl From<RemoteError> for Undelivered {
 
 /// A registered process, whatever its type.
 pub(crate) trait Inbox: Send + Sync {
-    /// Decodes and enqueues one message from `sender` (its verified identity; `None` on an
-    /// insecure node, where every sender is accepted).
-    fn deliver(
-        &self,
-        type_name: &str,
-        body: Bytes,
-        ask: Option<AskOrigin>,
-        sender: Option<&Peer>,
-    ) -> Result<(), Undelivered>;
+    /// How messages of `type_name` (asks if `ask`) reach the process.
+    ///
+    /// # Errors
+    /// [`RemoteError::UnknownType`] if the process did not install that type.
+    fn route(&self, type_name: &str, ask: bool) -> Result<Route, RemoteError>;
 }
+
+/// One installed message type of one registered process, resolved: it checks the sender,
+/// decodes a body and enqueues the message, looking nothing up. A link's reader keeps the
+/// routes it used last, so a run of messages of one type to one process costs no map lookups.
+#[derive(Clone)]
+pub(crate) enum Route {
+    /// Tells, from `sender` (its verified identity; `None` on an insecure node): a run of
+    /// bodies at once, enqueued in order under one lock of the mailbox; each one that cannot
+    /// be delivered goes to the callback.
+    Tell(Arc<TellRoute>),
+    /// Asks, with where the answer goes.
+    Ask(Arc<AskRoute>),
+}
+
+pub(crate) type TellRoute = dyn Fn(&mut dyn Iterator<Item = Bytes>, Option<&Peer>, &mut dyn FnMut(Undelivered))
+    + Send
+    + Sync;
+type AskRoute = dyn Fn(Bytes, AskOrigin, Option<&Peer>) -> Result<(), Undelivered> + Send + Sync;
 
 /// The roles a message type is accepted from when installed without naming them: the
 /// cluster's members.
@@ -86,60 +102,75 @@ impl<D> Installed<D> {
 
 pub(crate) struct ProcessInbox<P: Process> {
     pid: Pid<P>,
-    tells: RwLock<HashMap<String, Installed<TellDecoder<P>>>>,
-    asks: RwLock<HashMap<String, Installed<AskDecoder<P>>>>,
+    tells: RwLock<HashMap<String, Arc<Installed<TellDecoder<P>>>>>,
+    asks: RwLock<HashMap<String, Arc<Installed<AskDecoder<P>>>>>,
+    /// The node's count of changes to what it serves, bumped on every install: readers drop
+    /// the routes they cached when it moves.
+    changes: Arc<AtomicU64>,
 }
 
 impl<P: Process> ProcessInbox<P> {
-    pub(crate) fn new(pid: Pid<P>) -> Self {
+    pub(crate) fn new(pid: Pid<P>, changes: Arc<AtomicU64>) -> Self {
         ProcessInbox {
             pid,
             tells: RwLock::new(HashMap::new()),
             asks: RwLock::new(HashMap::new()),
+            changes,
         }
     }
+}
 
-    fn enqueue(&self, msg: P::Message) -> Result<(), Undelivered> {
-        self.pid.tell(msg).map_err(|e| {
-            let error = match &e {
-                TellError::Busy(_) => RemoteError::Rejected("mailbox is full".into()),
-                TellError::Stopped(_) => RemoteError::Rejected("process has stopped".into()),
-            };
-            Undelivered {
-                error,
-                message: Some(Box::new(e.into_inner())),
-            }
-        })
+/// Enqueues a message that arrived from another node.
+fn enqueue<P: Process>(pid: &Pid<P>, msg: P::Message) -> Result<(), Undelivered> {
+    pid.tell(msg).map_err(refused)
+}
+
+/// Why the mailbox turned a message away, with the message.
+fn refused<M: Send + 'static>(e: TellError<M>) -> Undelivered {
+    let error = match &e {
+        TellError::Busy(_) => RemoteError::Rejected("mailbox is full".into()),
+        TellError::Stopped(_) => RemoteError::Rejected("process has stopped".into()),
+    };
+    Undelivered {
+        error,
+        message: Some(Box::new(e.into_inner())),
     }
 }
 
 impl<P: Process> Inbox for ProcessInbox<P> {
-    fn deliver(
-        &self,
-        type_name: &str,
-        body: Bytes,
-        ask: Option<AskOrigin>,
-        sender: Option<&Peer>,
-    ) -> Result<(), Undelivered> {
-        let msg = match ask {
-            None => {
-                let tells = self.tells.read().unwrap_or_else(|p| p.into_inner());
-                let installed = tells
-                    .get(type_name)
-                    .ok_or_else(|| RemoteError::UnknownType(type_name.to_owned()))?;
-                installed.admit(type_name, sender)?;
-                (installed.decode)(body, sender)?
-            }
-            Some(origin) => {
-                let asks = self.asks.read().unwrap_or_else(|p| p.into_inner());
-                let installed = asks
-                    .get(type_name)
-                    .ok_or_else(|| RemoteError::UnknownType(type_name.to_owned()))?;
-                installed.admit(type_name, sender)?;
-                (installed.decode)(body, origin, sender)?
-            }
-        };
-        self.enqueue(msg)
+    fn route(&self, type_name: &str, ask: bool) -> Result<Route, RemoteError> {
+        let unknown = || RemoteError::UnknownType(type_name.to_owned());
+        let name: Arc<str> = Arc::from(type_name);
+        let pid = self.pid.clone();
+        if ask {
+            let asks = self.asks.read().unwrap_or_else(|p| p.into_inner());
+            let installed = Arc::clone(asks.get(type_name).ok_or_else(unknown)?);
+            Ok(Route::Ask(Arc::new(move |body, origin, sender| {
+                installed.admit(&name, sender)?;
+                enqueue(&pid, (installed.decode)(body, origin, sender)?)
+            })))
+        } else {
+            let tells = self.tells.read().unwrap_or_else(|p| p.into_inner());
+            let installed = Arc::clone(tells.get(type_name).ok_or_else(unknown)?);
+            Ok(Route::Tell(Arc::new(move |bodies, sender, undelivered| {
+                if let Err(error) = installed.admit(&name, sender) {
+                    for _ in bodies {
+                        undelivered(error.clone().into());
+                    }
+                    return;
+                }
+                let mut msgs = Vec::with_capacity(bodies.size_hint().0);
+                for body in bodies {
+                    match (installed.decode)(body, sender) {
+                        Ok(msg) => msgs.push(msg),
+                        Err(error) => undelivered(error.into()),
+                    }
+                }
+                pid.inner
+                    .mailbox
+                    .try_send_all(msgs, |e| undelivered(refused(e)));
+            })))
+        }
     }
 }
 
@@ -186,7 +217,8 @@ impl<P: Process> Registration<P> {
             .tells
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(M::full_name(), Installed { accepted, decode });
+            .insert(M::full_name(), Arc::new(Installed { accepted, decode }));
+        self.inbox.changes.fetch_add(1, Ordering::Release);
         self
     }
 
@@ -229,7 +261,8 @@ impl<P: Process> Registration<P> {
             .asks
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(M::full_name(), Installed { accepted, decode });
+            .insert(M::full_name(), Arc::new(Installed { accepted, decode }));
+        self.inbox.changes.fetch_add(1, Ordering::Release);
         self
     }
 
@@ -270,14 +303,12 @@ impl<R: prost::Message + prost::Name + Send + 'static> RemoteResponder<R> for Re
             );
             return;
         }
-        let envelope = Envelope {
-            kind: Kind::Reply as i32,
-            type_name: type_name::<R>(),
-            body: Bytes::from(value.encode_to_vec()),
-            request_id: origin.request_id,
-            ..Envelope::default()
-        };
-        if let Err(e) = origin.link.send(envelope) {
+        let envelope = EnvelopeWriter::new(Kind::Reply, b"", type_name::<R>(), origin.request_id);
+        let sent = origin.link.send(&envelope, size, |buf| {
+            // A `BytesMut` grows as needed: encoding into it cannot run out of room.
+            let _ = value.encode(buf);
+        });
+        if let Err(e) = sent {
             tracing::warn!(peer = %origin.link.node, error = %e, "could not send a reply");
         }
     }

@@ -7,21 +7,26 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
 use futures_util::Stream;
-use muster_proto::transport::transport_client::TransportClient;
-use muster_proto::transport::transport_server::{Transport, TransportServer};
-use muster_proto::transport::{Envelope, Frame, Kind};
+use futures_util::future::BoxFuture;
+use muster_proto::transport::{Envelope, Kind};
 use muster_security::net::Listener;
 use muster_security::{Peer, Role, Security};
-use prost::Message as _;
 use tokio::sync::watch;
+use tonic::body::Body;
+use tonic::codegen::http;
+use tonic::server::NamedService;
 use tonic::service::Routes;
 use tonic::transport::{Endpoint, Server};
 use tonic::{Request, Response, Status, Streaming};
 
-use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Undelivered};
-use super::peer::{PeerLink, frames};
+use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Route, TellRoute, Undelivered};
+use super::peer::{Limits, PeerLink};
 use super::stats::{Stats, TransportStats};
+use super::wire::{EnvelopeRef, Envelopes, FrameCodec, Item, LINK_PATH};
 use super::{NodeConfig, RemotePid, Upid};
 use crate::sync::lock;
 use crate::{Pid, Process, RemoteError, System};
@@ -68,6 +73,9 @@ pub(crate) struct NodeInner {
     pub(crate) system: System,
     pub(crate) config: NodeConfig,
     processes: RwLock<HashMap<String, Arc<dyn Inbox>>>,
+    /// Bumped after every change to `processes` or to what a registered process installed:
+    /// link readers drop their cached routes when it moves.
+    changes: Arc<AtomicU64>,
     peers: Mutex<HashMap<String, Arc<PeerLink>>>,
     next_request: AtomicU64,
     /// Shared with the streams that write frames, which count what they send.
@@ -142,17 +150,15 @@ impl Node {
             system: system.clone(),
             config,
             processes: RwLock::new(HashMap::new()),
+            changes: Arc::default(),
             peers: Mutex::new(HashMap::new()),
             next_request: AtomicU64::new(1),
             stats: Arc::default(),
             shutdown,
         });
-        let frame_limit = inner.config.max_frame_size();
-        let service = TransportServer::new(LinkService {
+        let service = LinkService {
             node: Arc::clone(&inner),
-        })
-        .max_decoding_message_size(frame_limit)
-        .max_encoding_message_size(frame_limit);
+        };
         let router = Server::builder()
             .tcp_nodelay(true)
             .http2_keepalive_interval(Some(inner.config.keepalive_interval))
@@ -206,7 +212,10 @@ impl Node {
         pid: &Pid<P>,
     ) -> Result<Registration<P>, NodeError> {
         Upid::new(name, self.address())?;
-        let inbox = Arc::new(ProcessInbox::new(pid.clone()));
+        let inbox = Arc::new(ProcessInbox::new(
+            pid.clone(),
+            Arc::clone(&self.inner.changes),
+        ));
         {
             let mut processes = self
                 .inner
@@ -217,6 +226,7 @@ impl Node {
                 return Err(NodeError::NameTaken(name.to_owned()));
             }
             processes.insert(name.to_owned(), inbox.clone() as Arc<dyn Inbox>);
+            self.inner.changes.fetch_add(1, Ordering::Release);
         }
         let node = Arc::downgrade(&self.inner);
         let name = name.to_owned();
@@ -229,6 +239,7 @@ impl Node {
             });
             if same {
                 processes.remove(&name);
+                node.changes.fetch_add(1, Ordering::Release);
             }
         }));
         Ok(Registration { inbox })
@@ -277,26 +288,155 @@ impl NodeInner {
         if let Some(link) = peers.get(node) {
             return Arc::clone(link);
         }
-        let (link, queue) = PeerLink::new(node.to_owned(), self.config.max_queued_per_peer);
+        let link = PeerLink::new(node.to_owned(), self.limits());
         if self.is_shut_down() {
             link.close(RemoteError::ConnectionLost(node.to_owned()));
             return link;
         }
         peers.insert(node.to_owned(), Arc::clone(&link));
-        tokio::spawn(run_outbound(Arc::clone(self), Arc::clone(&link), queue));
+        tokio::spawn(run_outbound(Arc::clone(self), Arc::clone(&link)));
         link
     }
 
-    /// Handles one envelope that arrived on `link` from `sender` (its verified identity;
-    /// `None` on an insecure node).
-    fn receive(&self, link: &Arc<PeerLink>, sender: Option<&Peer>, envelope: Envelope) {
+    /// How this node's links batch and bound what they send.
+    fn limits(&self) -> Limits {
+        Limits {
+            max_queued: self.config.max_queued_per_peer,
+            max_batch: self.config.max_batch,
+            max_batch_bytes: self.config.max_message_size,
+        }
+    }
+
+    /// Handles every envelope of one frame that arrived on `link` from `sender`. The greeting
+    /// (read when the link opened) is skipped. Consecutive tells of one type to one process
+    /// are enqueued together, under one lock of its mailbox; anything else in between ends
+    /// such a run first, so order holds. An envelope that is not well-formed is answered (if
+    /// it was an ask whose id could be read) and counted; a frame whose own structure breaks
+    /// loses its rest, counted as one malformed message. Neither ends the link.
+    fn receive_frame(
+        &self,
+        link: &Arc<PeerLink>,
+        sender: Option<&Peer>,
+        routes: &mut RouteCache,
+        frame: &Bytes,
+    ) {
+        self.stats.frames_received.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .bytes_received
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+        let mut envelopes = 0;
+        let mut run = TellRun {
+            route: None,
+            bodies: std::mem::take(&mut routes.bodies),
+        };
+        for item in Envelopes::new(frame) {
+            if let Ok(Item::Envelope(envelope)) = &item
+                && envelope.kind == Kind::Tell as i32
+            {
+                envelopes += 1;
+                match self.tell_route(routes, envelope) {
+                    Ok(route) => {
+                        if !run.route.as_ref().is_some_and(|r| Arc::ptr_eq(r, &route)) {
+                            self.flush(link, sender, &mut run);
+                            run.route = Some(route);
+                        }
+                        run.bodies.push(frame.slice(envelope.body.clone()));
+                    }
+                    Err(error) => self.dead_letter(&link.node, &error),
+                }
+                continue;
+            }
+            self.flush(link, sender, &mut run);
+            match item {
+                Ok(Item::Envelope(envelope)) => {
+                    envelopes += 1;
+                    self.receive(link, sender, routes, frame, envelope);
+                }
+                Ok(Item::Hello(_)) => {}
+                Ok(Item::Malformed { request_id }) => {
+                    envelopes += 1;
+                    let error = RemoteError::Malformed("not a valid envelope".into());
+                    if request_id != 0 {
+                        link.send_error(request_id, &error);
+                    }
+                    self.dead_letter(&link.node, &error);
+                }
+                Err(broken) => {
+                    let error = RemoteError::Malformed(format!(
+                        "frame of {} bytes broken at byte {}; its rest is lost",
+                        frame.len(),
+                        broken.offset
+                    ));
+                    tracing::warn!(peer = %link.node, %error, "malformed frame");
+                    self.dead_letter(&link.node, &error);
+                }
+            }
+        }
+        self.flush(link, sender, &mut run);
+        routes.bodies = run.bodies;
         self.stats
             .envelopes_received
-            .fetch_add(1, Ordering::Relaxed);
+            .fetch_add(envelopes, Ordering::Relaxed);
+    }
+
+    /// Where a tell goes, after its size is checked.
+    fn tell_route(
+        &self,
+        routes: &mut RouteCache,
+        envelope: &EnvelopeRef<'_>,
+    ) -> Result<Arc<TellRoute>, RemoteError> {
+        self.check_size(envelope)?;
+        match routes.find(self, envelope, false)? {
+            Route::Tell(route) => Ok(Arc::clone(route)),
+            // `find` answers the kind it was asked for.
+            Route::Ask(_) => Err(RemoteError::Malformed(
+                "an ask and a tell were mixed up".into(),
+            )),
+        }
+    }
+
+    /// Enqueues the run of tells gathered so far, if any.
+    fn flush(&self, link: &PeerLink, sender: Option<&Peer>, run: &mut TellRun) {
+        if let Some(route) = run.route.take() {
+            route(&mut run.bodies.drain(..), sender, &mut |undelivered| {
+                self.dead_letter(&link.node, &undelivered.error);
+            });
+        }
+    }
+
+    /// Refuses a body over the size limit.
+    fn check_size(&self, envelope: &EnvelopeRef<'_>) -> Result<(), RemoteError> {
+        let size = envelope.body.len();
+        if size > self.config.max_message_size {
+            return Err(RemoteError::Oversized {
+                size,
+                limit: self.config.max_message_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Handles one envelope of `frame` that arrived on `link` from `sender` (its verified
+    /// identity; `None` on an insecure node).
+    fn receive(
+        &self,
+        link: &Arc<PeerLink>,
+        sender: Option<&Peer>,
+        routes: &mut RouteCache,
+        frame: &Bytes,
+        envelope: EnvelopeRef<'_>,
+    ) {
         match Kind::try_from(envelope.kind) {
             Ok(Kind::Tell) => {
-                if let Err(undelivered) = self.deliver(envelope, None, sender) {
-                    self.dead_letter(&link.node, &undelivered.error);
+                // Gathered into runs by `receive_frame`; delivered as a run of one here.
+                let mut run = TellRun::default();
+                match self.tell_route(routes, &envelope) {
+                    Ok(route) => {
+                        run.route = Some(route);
+                        run.bodies.push(frame.slice(envelope.body.clone()));
+                        self.flush(link, sender, &mut run);
+                    }
+                    Err(error) => self.dead_letter(&link.node, &error),
                 }
             }
             Ok(Kind::Ask) => {
@@ -306,14 +446,24 @@ impl NodeInner {
                     request_id,
                     max_message_size: self.config.max_message_size,
                 };
-                if let Err(undelivered) = self.deliver(envelope, Some(origin), sender) {
+                let delivered = self.deliver_ask(routes, frame, &envelope, origin, sender);
+                if let Err(undelivered) = delivered {
                     link.send_error(request_id, &undelivered.error);
                     self.dead_letter(&link.node, &undelivered.error);
                     drop(undelivered.message);
                 }
             }
             Ok(Kind::Reply | Kind::Error) => {
-                if !link.complete(envelope) {
+                let answer = Envelope {
+                    kind: envelope.kind,
+                    to: Bytes::new(),
+                    type_name: frame.slice_ref(envelope.type_name),
+                    body: frame.slice(envelope.body.clone()),
+                    request_id: envelope.request_id,
+                    error_code: envelope.error_code,
+                    error: String::from_utf8_lossy(envelope.error).into_owned(),
+                };
+                if !link.complete(answer) {
                     // The asker gave up (timeout) before the answer came.
                     self.stats.late_replies.fetch_add(1, Ordering::Relaxed);
                 }
@@ -329,29 +479,35 @@ impl NodeInner {
         }
     }
 
-    fn deliver(
+    fn deliver_ask(
         &self,
-        envelope: Envelope,
-        ask: Option<AskOrigin>,
+        routes: &mut RouteCache,
+        frame: &Bytes,
+        envelope: &EnvelopeRef<'_>,
+        origin: AskOrigin,
         sender: Option<&Peer>,
     ) -> Result<(), Undelivered> {
-        let size = envelope.body.len();
-        if size > self.config.max_message_size {
-            return Err(RemoteError::Oversized {
-                size,
-                limit: self.config.max_message_size,
+        self.check_size(envelope)?;
+        match routes.find(self, envelope, true)? {
+            Route::Ask(deliver) => deliver(frame.slice(envelope.body.clone()), origin, sender),
+            // `find` answers the kind it was asked for.
+            Route::Tell(_) => {
+                Err(RemoteError::Malformed("an ask and a tell were mixed up".into()).into())
             }
-            .into());
         }
-        let to = std::str::from_utf8(&envelope.to)
+    }
+
+    /// How messages of `type_name` (asks if `ask`) reach the process named `to`.
+    fn resolve(&self, to: &[u8], type_name: &[u8], ask: bool) -> Result<Route, RemoteError> {
+        let to = std::str::from_utf8(to)
             .map_err(|_| RemoteError::Malformed("process name is not UTF-8".into()))?;
-        let type_name = std::str::from_utf8(&envelope.type_name)
+        let type_name = std::str::from_utf8(type_name)
             .map_err(|_| RemoteError::Malformed("type name is not UTF-8".into()))?;
         let processes = self.processes.read().unwrap_or_else(|p| p.into_inner());
         let inbox = processes
             .get(to)
             .ok_or_else(|| RemoteError::UnknownProcess(to.to_owned()))?;
-        inbox.deliver(type_name, envelope.body, ask, sender)
+        inbox.route(type_name, ask)
     }
 
     fn dead_letter(&self, peer: &str, error: &RemoteError) {
@@ -365,19 +521,12 @@ impl NodeInner {
         &self,
         link: &Arc<PeerLink>,
         sender: Option<&Peer>,
-        mut inbound: Streaming<Frame>,
+        routes: &mut RouteCache,
+        mut inbound: Streaming<Bytes>,
     ) {
         loop {
             match inbound.message().await {
-                Ok(Some(frame)) => {
-                    self.stats.frames_received.fetch_add(1, Ordering::Relaxed);
-                    self.stats
-                        .bytes_received
-                        .fetch_add(frame.encoded_len() as u64, Ordering::Relaxed);
-                    for envelope in frame.envelopes {
-                        self.receive(link, sender, envelope);
-                    }
-                }
+                Ok(Some(frame)) => self.receive_frame(link, sender, routes, &frame),
                 Ok(None) => return,
                 Err(status) => {
                     tracing::warn!(peer = %link.node, error = %status, "link read failed");
@@ -399,12 +548,7 @@ impl NodeInner {
 /// Keeps the outbound link to one peer: connect, carry frames both ways until the connection
 /// breaks, then reconnect after a capped, jittered exponential backoff. Queued envelopes wait
 /// for the next connection; asks in flight fail, and linked processes hear of the loss.
-async fn run_outbound(
-    node: Arc<NodeInner>,
-    link: Arc<PeerLink>,
-    queue: tokio::sync::mpsc::Receiver<Envelope>,
-) {
-    let queue = Arc::new(tokio::sync::Mutex::new(queue));
+async fn run_outbound(node: Arc<NodeInner>, link: Arc<PeerLink>) {
     let mut stop = node.shutdown.subscribe();
     let mut failures = 0u32;
     let mut first = true;
@@ -412,11 +556,12 @@ async fn run_outbound(
         if !std::mem::take(&mut first) {
             node.stats.reconnects.fetch_add(1, Ordering::Relaxed);
         }
-        match connect(&node, &link, Arc::clone(&queue)).await {
+        match connect(&node, &link).await {
             Ok((inbound, peer)) => {
                 failures = 0;
+                let mut routes = RouteCache::default();
                 tokio::select! {
-                    () = node.read_frames(&link, peer.as_ref(), inbound) => {}
+                    () = node.read_frames(&link, peer.as_ref(), &mut routes, inbound) => {}
                     _ = stop.wait_for(|stop| *stop) => break,
                 }
                 tracing::warn!(peer = %link.node, "link lost; reconnecting");
@@ -451,8 +596,7 @@ const MEMBER_ROLES: &[Role] = &[Role::Master, Role::Agent];
 async fn connect(
     node: &Arc<NodeInner>,
     link: &Arc<PeerLink>,
-    queue: Arc<tokio::sync::Mutex<tokio::sync::mpsc::Receiver<Envelope>>>,
-) -> Result<(Streaming<Frame>, Option<Peer>), String> {
+) -> Result<(Streaming<Bytes>, Option<Peer>), String> {
     let endpoint = Endpoint::from_shared(format!("http://{}", link.node))
         .map_err(|e| format!("bad address: {e}"))?
         .tcp_nodelay(true)
@@ -467,21 +611,20 @@ async fn connect(
         .await
         .map_err(|e| source_chain(&e))?;
     let frame_limit = node.config.max_frame_size();
-    let mut client = TransportClient::new(channel)
+    let mut client = tonic::client::Grpc::new(channel)
         .max_decoding_message_size(frame_limit)
         .max_encoding_message_size(frame_limit);
-    let outbound = counted(
-        &node.stats,
-        frames(
-            Some(node.address.clone()),
-            Arc::clone(link),
-            queue,
-            node.config.max_batch,
-            node.config.max_message_size,
-        ),
-    );
+    client
+        .ready()
+        .await
+        .map_err(|e| format!("link not ready: {}", source_chain(&e)))?;
+    let outbound = counted(&node.stats, link.frames(Some(&node.address)));
     let response = client
-        .link(outbound)
+        .streaming(
+            Request::new(outbound),
+            http::uri::PathAndQuery::from_static(LINK_PATH),
+            FrameCodec,
+        )
         .await
         .map_err(|status| format!("link refused: {status}"))?;
     Ok((response.into_inner(), peer))
@@ -490,13 +633,13 @@ async fn connect(
 /// `frames`, each counted in `stats` as it is written.
 fn counted(
     stats: &Arc<Stats>,
-    frames: impl Stream<Item = Frame> + Send + 'static,
-) -> impl Stream<Item = Frame> + Send + 'static {
+    frames: impl Stream<Item = Bytes> + Send + 'static,
+) -> impl Stream<Item = Bytes> + Send + 'static {
     let stats = Arc::clone(stats);
     futures_util::StreamExt::inspect(frames, move |frame| {
         stats
             .bytes_sent
-            .fetch_add(frame.encoded_len() as u64, Ordering::Relaxed);
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
     })
 }
 
@@ -518,85 +661,193 @@ fn source_chain(error: &dyn std::error::Error) -> String {
     text
 }
 
-/// The server half: a peer connected to us.
+/// The server half: a peer connected to us. `Transport.Link` served by hand rather than through
+/// the generated `TransportServer`, so that frames pass through [`FrameCodec`] as bytes (see
+/// `wire`); the path, the framing and the messages on the wire are the same.
+#[derive(Clone)]
 struct LinkService {
     node: Arc<NodeInner>,
 }
 
-#[tonic::async_trait]
-impl Transport for LinkService {
-    type LinkStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send>>;
+impl NamedService for LinkService {
+    const NAME: &'static str = "muster.transport.v1.Transport";
+}
 
-    async fn link(
-        &self,
-        request: Request<Streaming<Frame>>,
-    ) -> Result<Response<Self::LinkStream>, Status> {
-        // Who is linking: read once, when the stream opens. Only cluster members link.
-        let sender = match &self.node.config.security {
-            Security::Tls(tls) => {
-                let certs = request.peer_certs();
-                let peer = tls
-                    .peer_of(certs.as_deref().map(Vec::as_slice))
-                    .and_then(|peer| peer.expect(MEMBER_ROLES))
-                    .map_err(|e| Status::permission_denied(format!("transport link: {e}")))?;
-                Some(peer)
-            }
-            Security::Insecure => None,
-        };
-        let mut inbound = request.into_inner();
-        let first = inbound
-            .message()
-            .await?
-            .ok_or_else(|| Status::invalid_argument("link closed before its hello frame"))?;
-        let Some(hello) = first.hello.as_ref() else {
-            return Err(Status::invalid_argument("the first frame must carry hello"));
-        };
-        let (link, queue) = PeerLink::new(hello.node.clone(), self.node.config.max_queued_per_peer);
-        // On an insecure node, sends to the peer go back over this stream, unless we already
-        // have our own link. With TLS they never do: the hello names an address no
-        // certificate proves, so sends to a node go over a link we dialled to its address
-        // (whose certificate we verified), and only replies to its asks use this one.
-        if sender.is_none() {
-            lock(&self.node.peers)
-                .entry(hello.node.clone())
-                .or_insert_with(|| Arc::clone(&link));
-        }
-        let node = Arc::clone(&self.node);
-        let reader_link = Arc::clone(&link);
-        let mut stop = self.node.shutdown.subscribe();
-        tokio::spawn(async move {
-            node.stats
-                .bytes_received
-                .fetch_add(first.encoded_len() as u64, Ordering::Relaxed);
-            for envelope in first.envelopes {
-                node.receive(&reader_link, sender.as_ref(), envelope);
-            }
-            tokio::select! {
-                () = node.read_frames(&reader_link, sender.as_ref(), inbound) => {}
-                _ = stop.wait_for(|stop| *stop) => {}
-            }
-            node.remove_peer(&reader_link);
-            // An accepted link ends with its stream; the next send makes a fresh one.
-            reader_link.close(RemoteError::ConnectionLost(reader_link.node.clone()));
-        });
-        let outbound = counted(
-            &self.node.stats,
-            frames(
-                None,
-                Arc::clone(&link),
-                Arc::new(tokio::sync::Mutex::new(queue)),
-                self.node.config.max_batch,
-                self.node.config.max_message_size,
-            ),
-        );
-        // A link never ends by itself; end it on shutdown so the server's graceful stop (which
-        // waits for open requests) completes and the peer sees the link close.
-        let mut stop = self.node.shutdown.subscribe();
-        let stopped = async move {
-            let _ = stop.wait_for(|stop| *stop).await;
-        };
-        let outbound = futures_util::StreamExt::take_until(outbound, stopped);
-        let outbound = futures_util::StreamExt::map(outbound, Ok);
-        Ok(Response::new(Box::pin(outbound)))
+/// The stream of frames a served link answers with.
+type LinkStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
+
+impl tonic::codegen::Service<http::Request<Body>> for LinkService {
+    type Response = http::Response<Body>;
+    type Error = std::convert::Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
     }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let node = Arc::clone(&self.node);
+        Box::pin(async move {
+            if request.uri().path() != LINK_PATH {
+                return Ok(Status::unimplemented(format!(
+                    "no method {} here",
+                    request.uri().path()
+                ))
+                .into_http());
+            }
+            let frame_limit = node.config.max_frame_size();
+            let mut grpc = tonic::server::Grpc::new(FrameCodec)
+                .apply_max_message_size_config(Some(frame_limit), Some(frame_limit));
+            Ok(grpc.streaming(LinkHandler { node }, request).await)
+        })
+    }
+}
+
+/// One `Link` call.
+struct LinkHandler {
+    node: Arc<NodeInner>,
+}
+
+impl tonic::server::StreamingService<Bytes> for LinkHandler {
+    type Response = Bytes;
+    type ResponseStream = LinkStream;
+    type Future = BoxFuture<'static, Result<Response<LinkStream>, Status>>;
+
+    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
+        Box::pin(accept(Arc::clone(&self.node), request))
+    }
+}
+
+/// Serves a link a peer opened: reads its greeting, then its frames (in a task), and answers
+/// with the frames queued for it.
+async fn accept(
+    node: Arc<NodeInner>,
+    request: Request<Streaming<Bytes>>,
+) -> Result<Response<LinkStream>, Status> {
+    // Who is linking: read once, when the stream opens. Only cluster members link.
+    let sender = match &node.config.security {
+        Security::Tls(tls) => {
+            let certs = request.peer_certs();
+            let peer = tls
+                .peer_of(certs.as_deref().map(Vec::as_slice))
+                .and_then(|peer| peer.expect(MEMBER_ROLES))
+                .map_err(|e| Status::permission_denied(format!("transport link: {e}")))?;
+            Some(peer)
+        }
+        Security::Insecure => None,
+    };
+    let mut inbound = request.into_inner();
+    let first = inbound
+        .message()
+        .await?
+        .ok_or_else(|| Status::invalid_argument("link closed before its hello frame"))?;
+    // Wherever it stands in the frame (protobuf fields come in any order).
+    let hello = Envelopes::new(&first)
+        .find_map(|item| match item {
+            Ok(Item::Hello(node)) => Some(node),
+            _ => None,
+        })
+        .ok_or_else(|| Status::invalid_argument("the first frame must carry hello"))?;
+    let hello = String::from_utf8(hello.to_vec())
+        .map_err(|_| Status::invalid_argument("the hello's node is not UTF-8"))?;
+    let link = PeerLink::new(hello.clone(), node.limits());
+    // On an insecure node, sends to the peer go back over this stream, unless we already
+    // have our own link. With TLS they never do: the hello names an address no
+    // certificate proves, so sends to a node go over a link we dialled to its address
+    // (whose certificate we verified), and only replies to its asks use this one.
+    if sender.is_none() {
+        lock(&node.peers)
+            .entry(hello)
+            .or_insert_with(|| Arc::clone(&link));
+    }
+    let reader = Arc::clone(&node);
+    let reader_link = Arc::clone(&link);
+    let mut stop = node.shutdown.subscribe();
+    tokio::spawn(async move {
+        let mut routes = RouteCache::default();
+        reader.receive_frame(&reader_link, sender.as_ref(), &mut routes, &first);
+        tokio::select! {
+            () = reader.read_frames(&reader_link, sender.as_ref(), &mut routes, inbound) => {}
+            _ = stop.wait_for(|stop| *stop) => {}
+        }
+        reader.remove_peer(&reader_link);
+        // An accepted link ends with its stream; the next send makes a fresh one.
+        reader_link.close(RemoteError::ConnectionLost(reader_link.node.clone()));
+    });
+    let outbound = counted(&node.stats, link.frames(None));
+    // A link never ends by itself; end it on shutdown so the server's graceful stop (which
+    // waits for open requests) completes and the peer sees the link close.
+    let mut stop = node.shutdown.subscribe();
+    let stopped = async move {
+        let _ = stop.wait_for(|stop| *stop).await;
+    };
+    let outbound = futures_util::StreamExt::take_until(outbound, stopped);
+    let outbound = futures_util::StreamExt::map(outbound, Ok);
+    Ok(Response::new(Box::pin(outbound)))
+}
+
+/// The routes one link's reader resolved lately (a few: a link usually carries a few types to a
+/// few processes), valid while the node's `changes` count stays where it was when they were
+/// found. An envelope whose process, type and kind match an entry is delivered without the
+/// node's or the process's maps.
+#[derive(Default)]
+struct RouteCache {
+    changes: u64,
+    entries: Vec<CachedRoute>,
+    /// Room for a run of tells, kept from frame to frame.
+    bodies: Vec<Bytes>,
+}
+
+struct CachedRoute {
+    to: Box<[u8]>,
+    type_name: Box<[u8]>,
+    ask: bool,
+    route: Route,
+}
+
+impl RouteCache {
+    /// Entries kept at most; the oldest goes first.
+    const CAPACITY: usize = 8;
+
+    fn find(
+        &mut self,
+        node: &NodeInner,
+        envelope: &EnvelopeRef<'_>,
+        ask: bool,
+    ) -> Result<&Route, RemoteError> {
+        // Read before resolving: a change made meanwhile moves the count past this, so what
+        // is cached now is dropped at the next envelope.
+        let changes = node.changes.load(Ordering::Acquire);
+        if changes != self.changes {
+            self.entries.clear();
+            self.changes = changes;
+        }
+        let found = self.entries.iter().position(|entry| {
+            entry.ask == ask && *entry.to == *envelope.to && *entry.type_name == *envelope.type_name
+        });
+        let at = match found {
+            Some(at) => at,
+            None => {
+                let route = node.resolve(envelope.to, envelope.type_name, ask)?;
+                if self.entries.len() >= Self::CAPACITY {
+                    self.entries.remove(0);
+                }
+                self.entries.push(CachedRoute {
+                    to: envelope.to.into(),
+                    type_name: envelope.type_name.into(),
+                    ask,
+                    route,
+                });
+                self.entries.len() - 1
+            }
+        };
+        Ok(&self.entries[at].route)
+    }
+}
+
+/// Tells of one route waiting to be enqueued together ([`NodeInner::receive_frame`]).
+#[derive(Default)]
+struct TellRun {
+    route: Option<Arc<TellRoute>>,
+    bodies: Vec<Bytes>,
 }

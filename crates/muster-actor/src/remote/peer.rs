@@ -1,14 +1,19 @@
-//! [`PeerLink`]: the queue, pending asks and remote links for one peer node, and the batching
-//! stream that carries the queue over the link's tonic stream.
+//! [`PeerLink`]: the outgoing frames, pending asks and remote links for one peer node, and the
+//! stream that carries the frames over the link's tonic stream.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
+use std::ops::Range;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 
+use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
-use muster_proto::transport::{Envelope, ErrorCode, Frame, Hello, Kind};
-use tokio::sync::{mpsc, oneshot};
+use muster_proto::transport::{Envelope, ErrorCode, Kind};
+use tokio::sync::oneshot;
 
+use super::wire::{EnvelopeWriter, hello_frame};
 use crate::sync::lock;
 use crate::{ExitReason, ProcessRef, RemoteError, Upid};
 
@@ -18,11 +23,24 @@ pub(crate) type AskOutcome = Result<Envelope, RemoteError>;
 /// Tells a linked local process that a remote process is gone.
 pub(crate) type RemoteWatcher = Box<dyn Fn(ProcessRef, ExitReason) + Send + Sync>;
 
+/// How a link batches and bounds what it sends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limits {
+    /// Envelopes queued at most ([`NodeConfig::max_queued_per_peer`](super::NodeConfig)).
+    pub(crate) max_queued: usize,
+    /// Envelopes per frame at most.
+    pub(crate) max_batch: usize,
+    /// A frame takes no more envelopes once its bodies add up to this many bytes.
+    pub(crate) max_batch_bytes: usize,
+}
+
 /// One peer node, as seen from this node.
 pub(crate) struct PeerLink {
     /// The peer's listen address, `host:port`.
     pub(crate) node: String,
-    tx: mpsc::Sender<Envelope>,
+    /// What waits to be sent, already encoded.
+    outbox: Mutex<Outbox>,
+    limits: Limits,
     /// Asks sent to the peer and not yet answered, by request id.
     pending: Mutex<HashMap<u64, oneshot::Sender<AskOutcome>>>,
     /// Set for good by [`close`](PeerLink::close): the link will never carry anything again.
@@ -33,41 +51,119 @@ pub(crate) struct PeerLink {
     watchers: Mutex<Vec<(Upid, RemoteWatcher)>>,
 }
 
+/// The queue of a link: frames encoded as envelopes arrive, oldest first. The last frame fills
+/// until it reaches a batch limit or the writer takes it, so a writer that wakes finds
+/// everything queued since its last write in one frame (or a few, past the limits), with no
+/// per-envelope work left but a copy into tonic's buffer.
+#[derive(Default)]
+struct Outbox {
+    frames: VecDeque<Batch>,
+    /// Envelopes in `frames`.
+    queued: usize,
+    /// The stream that writes this link's current connection; a stream of an older
+    /// connection ([`PeerLink::frames`] made it) stops taking frames.
+    generation: u64,
+    /// That stream, parked until something is queued.
+    writer: Option<Waker>,
+    /// The size of the last frame taken: a new frame is allocated that large, so a busy link
+    /// does not grow each frame by doubling.
+    last_frame: usize,
+}
+
+/// Bounds on the room a new frame is allocated with (it grows past the upper one as needed).
+const FRAME_ROOM: std::ops::RangeInclusive<usize> = 256..=256 * 1024;
+
+/// One frame being filled: its bytes are the `envelopes` field of a `Frame`.
+#[derive(Default)]
+struct Batch {
+    bytes: BytesMut,
+    envelopes: usize,
+    body_bytes: usize,
+    /// The asks in it (where their bytes are, and their ids): one whose caller has been told
+    /// it failed by the time the frame is written is cut out.
+    asks: Vec<(Range<usize>, u64)>,
+}
+
 impl PeerLink {
-    pub(crate) fn new(node: String, capacity: usize) -> (Arc<Self>, mpsc::Receiver<Envelope>) {
-        let (tx, rx) = mpsc::channel(capacity.max(1));
-        let link = Arc::new(PeerLink {
+    pub(crate) fn new(node: String, limits: Limits) -> Arc<Self> {
+        Arc::new(PeerLink {
             node,
-            tx,
+            outbox: Mutex::new(Outbox::default()),
+            limits: Limits {
+                max_queued: limits.max_queued.max(1),
+                // At least one envelope per frame, whatever the config says.
+                max_batch: limits.max_batch.max(1),
+                max_batch_bytes: limits.max_batch_bytes,
+            },
             pending: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
-        });
-        (link, rx)
+        })
     }
 
-    /// Queues an envelope for the peer.
-    pub(crate) fn send(&self, envelope: Envelope) -> Result<(), RemoteError> {
+    /// Queues an envelope for the peer: `envelope` with a body of `body_len` bytes that
+    /// `body` writes, appended to the frame being filled.
+    ///
+    /// # Errors
+    /// `ConnectionLost` once the link has closed for good, `QueueFull` past
+    /// `max_queued_per_peer` envelopes.
+    pub(crate) fn send(
+        &self,
+        envelope: &EnvelopeWriter<'_>,
+        body_len: usize,
+        body: impl FnOnce(&mut BytesMut),
+    ) -> Result<(), RemoteError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(RemoteError::ConnectionLost(self.node.clone()));
         }
-        self.tx.try_send(envelope).map_err(|e| match e {
-            mpsc::error::TrySendError::Full(_) => RemoteError::QueueFull(self.node.clone()),
-            mpsc::error::TrySendError::Closed(_) => RemoteError::ConnectionLost(self.node.clone()),
-        })
+        let writer = {
+            let mut outbox = lock(&self.outbox);
+            if outbox.queued >= self.limits.max_queued {
+                return Err(RemoteError::QueueFull(self.node.clone()));
+            }
+            let full = |batch: &Batch| {
+                batch.envelopes >= self.limits.max_batch
+                    || batch.body_bytes >= self.limits.max_batch_bytes
+            };
+            if outbox.frames.back().is_none_or(full) {
+                let room = outbox
+                    .last_frame
+                    .clamp(*FRAME_ROOM.start(), *FRAME_ROOM.end());
+                outbox.frames.push_back(Batch {
+                    bytes: BytesMut::with_capacity(room),
+                    ..Batch::default()
+                });
+            }
+            outbox.queued += 1;
+            let Some(batch) = outbox.frames.back_mut() else {
+                unreachable!("a batch was pushed above");
+            };
+            let start = batch.bytes.len();
+            envelope.append(&mut batch.bytes, body_len, body);
+            if envelope.kind == Kind::Ask {
+                batch
+                    .asks
+                    .push((start..batch.bytes.len(), envelope.request_id));
+            }
+            batch.envelopes += 1;
+            batch.body_bytes += body_len;
+            outbox.writer.take()
+        };
+        if let Some(writer) = writer {
+            writer.wake();
+        }
+        Ok(())
     }
 
     /// Answers the peer's ask `request_id` with an error.
     pub(crate) fn send_error(&self, request_id: u64, error: &RemoteError) {
         let (code, detail) = encode_error(error);
-        let envelope = Envelope {
-            kind: Kind::Error as i32,
-            request_id,
+        let envelope = EnvelopeWriter {
             error_code: code as i32,
-            error: detail,
-            ..Envelope::default()
+            error: &detail,
+            ..EnvelopeWriter::new(Kind::Error, b"", b"", request_id)
         };
-        if let Err(e) = self.send(envelope) {
+        if let Err(e) = self.send(&envelope, 0, |_| {}) {
             tracing::warn!(peer = %self.node, request_id, error = %e, "could not send an error reply");
         }
     }
@@ -89,15 +185,14 @@ impl PeerLink {
         Ok(rx)
     }
 
+    /// True once the link has closed for good.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
     /// Forgets an ask whose caller gave up.
     pub(crate) fn forget(&self, request_id: u64) {
         lock(&self.pending).remove(&request_id);
-    }
-
-    /// True while someone still waits for the answer to `request_id`: an ask whose caller was
-    /// already told it failed must not be sent later and run behind the caller's back.
-    pub(crate) fn is_pending(&self, request_id: u64) -> bool {
-        lock(&self.pending).contains_key(&request_id)
     }
 
     /// Hands a reply or error envelope to its ask; false if no ask waits for it.
@@ -125,6 +220,11 @@ impl PeerLink {
     /// As [`lost`](PeerLink::lost), and for good: later sends and asks fail at once.
     pub(crate) fn close(&self, error: RemoteError) {
         self.fail(error, true);
+        // Nothing queued will be sent: let the writer see that and end.
+        let writer = lock(&self.outbox).writer.take();
+        if let Some(writer) = writer {
+            writer.wake();
+        }
     }
 
     fn fail(&self, error: RemoteError, for_good: bool) {
@@ -148,63 +248,101 @@ impl PeerLink {
             );
         }
     }
-}
 
-/// The frames written on a link: an optional greeting, then batches of whatever is queued.
-/// The receiver is shared so that a reconnect picks up where the lost connection stopped.
-pub(crate) fn frames(
-    hello: Option<String>,
-    link: Arc<PeerLink>,
-    queue: Arc<tokio::sync::Mutex<mpsc::Receiver<Envelope>>>,
-    max_batch: usize,
-    max_batch_bytes: usize,
-) -> impl Stream<Item = Frame> + Send + 'static {
-    let greeting = hello.map(|node| Frame {
-        hello: Some(Hello { node }),
-        envelopes: Vec::new(),
-    });
-    // At least one envelope per frame, whatever the config says.
-    let max_batch = max_batch.max(1);
-    let batches = futures_util::stream::unfold(queue, move |queue| {
-        let link = Arc::clone(&link);
-        async move {
-            let envelopes = {
-                let mut rx = queue.lock().await;
-                let mut envelopes = Vec::with_capacity(16);
-                let mut bytes = 0;
-                // Wait for the first envelope; then take what is ready, up to the batch limits.
-                while envelopes.len() < max_batch && bytes < max_batch_bytes {
-                    let envelope = if envelopes.is_empty() {
-                        rx.recv().await?
-                    } else {
-                        match rx.try_recv() {
-                            Ok(envelope) => envelope,
-                            Err(_) => break,
-                        }
-                    };
-                    if link.still_wanted(&envelope) {
-                        bytes += envelope.body.len();
-                        envelopes.push(envelope);
+    /// The frames to write on a new connection of this link: the greeting `hello` if given
+    /// (the connecting side's address), then whatever is queued, as it is queued. Queued frames
+    /// outlive a connection, so a reconnect picks up where the lost one stopped; the stream of
+    /// an older connection ends once a newer one exists.
+    pub(crate) fn frames(self: &Arc<Self>, hello: Option<&str>) -> Frames {
+        let generation = {
+            let mut outbox = lock(&self.outbox);
+            outbox.generation += 1;
+            // The older stream, if parked, wakes to see that it has been replaced.
+            if let Some(writer) = outbox.writer.take() {
+                writer.wake();
+            }
+            outbox.generation
+        };
+        Frames {
+            link: Arc::clone(self),
+            hello: hello.map(hello_frame),
+            generation,
+        }
+    }
+
+    /// The next frame for the stream of `generation`: `Ready(None)` once that stream is
+    /// replaced or the link is closed.
+    fn poll_frame(&self, generation: u64, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        loop {
+            let batch = {
+                let mut outbox = lock(&self.outbox);
+                if outbox.generation != generation || self.closed.load(Ordering::Acquire) {
+                    return Poll::Ready(None);
+                }
+                match outbox.frames.pop_front() {
+                    Some(batch) => {
+                        outbox.queued -= batch.envelopes;
+                        outbox.last_frame = batch.bytes.len();
+                        batch
+                    }
+                    None => {
+                        crate::sync::park(&mut outbox.writer, cx.waker());
+                        return Poll::Pending;
                     }
                 }
-                envelopes
             };
-            Some((
-                Frame {
-                    hello: None,
-                    envelopes,
-                },
-                queue,
-            ))
+            if let Some(frame) = self.still_wanted(batch) {
+                return Poll::Ready(Some(frame));
+            }
         }
-    });
-    futures_util::StreamExt::chain(futures_util::stream::iter(greeting), batches)
+    }
+
+    /// The frame's bytes, less the asks whose callers were already told they failed (or gave
+    /// up): those must not run behind their backs. `None` if nothing is left.
+    fn still_wanted(&self, batch: Batch) -> Option<Bytes> {
+        let unwanted: Vec<Range<usize>> = if batch.asks.is_empty() {
+            Vec::new()
+        } else {
+            let pending = lock(&self.pending);
+            batch
+                .asks
+                .into_iter()
+                .filter(|(_, id)| !pending.contains_key(id))
+                .map(|(range, _)| range)
+                .collect()
+        };
+        if unwanted.is_empty() {
+            return Some(batch.bytes.freeze());
+        }
+        if unwanted.len() == batch.envelopes {
+            return None;
+        }
+        let mut kept = BytesMut::with_capacity(batch.bytes.len());
+        let mut at = 0;
+        for range in unwanted {
+            kept.extend_from_slice(&batch.bytes[at..range.start]);
+            at = range.end;
+        }
+        kept.extend_from_slice(&batch.bytes[at..]);
+        Some(kept.freeze())
+    }
 }
 
-impl PeerLink {
-    /// False for an ask whose caller has already been told it failed (or gave up).
-    fn still_wanted(&self, envelope: &Envelope) -> bool {
-        envelope.kind != Kind::Ask as i32 || self.is_pending(envelope.request_id)
+/// The stream of encoded frames one connection of a link writes ([`PeerLink::frames`]).
+pub(crate) struct Frames {
+    link: Arc<PeerLink>,
+    hello: Option<Bytes>,
+    generation: u64,
+}
+
+impl Stream for Frames {
+    type Item = Bytes;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
+        if let Some(hello) = self.hello.take() {
+            return Poll::Ready(Some(hello));
+        }
+        self.link.poll_frame(self.generation, cx)
     }
 }
 

@@ -1,14 +1,16 @@
 //! [`RemotePid`]: tell and ask a process on another node, as a [`Pid`](crate::Pid) does locally.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
-use muster_proto::transport::{Envelope, Kind};
+use muster_proto::transport::Kind;
 
 use super::peer::{PeerLink, decode_error};
+use super::wire::EnvelopeWriter;
 use super::{Node, Upid, type_name};
+use crate::sync::lock;
 use crate::{AskError, Context, Process, RemoteError};
 
 /// A handle to a named process on some node, made by [`Node::remote`]. Cheap to clone.
@@ -20,14 +22,22 @@ use crate::{AskError, Context, Process, RemoteError};
 pub struct RemotePid {
     node: Node,
     upid: Upid,
-    /// The target's name, ready to put in envelopes without a copy per message.
+    /// The target's name, ready to put in envelopes.
     to: Bytes,
+    /// The link to the process's node, found once rather than in the node's map on every
+    /// message (shared by clones). A link stays the node's link to that peer until it closes.
+    link: Arc<Mutex<Option<Arc<PeerLink>>>>,
 }
 
 impl RemotePid {
     pub(crate) fn new(node: Node, upid: Upid) -> Self {
         let to = Bytes::copy_from_slice(upid.name().as_bytes());
-        RemotePid { node, upid, to }
+        RemotePid {
+            node,
+            upid,
+            to,
+            link: Arc::default(),
+        }
     }
 
     /// The process's address.
@@ -36,27 +46,38 @@ impl RemotePid {
     }
 
     fn link(&self) -> Arc<PeerLink> {
-        self.node.inner.peer(self.upid.node())
+        self.with_link(Arc::clone)
     }
 
-    fn envelope<M: prost::Message + prost::Name + 'static>(
+    /// Runs `f` on the link to the process's node, from the cache while that link is open.
+    fn with_link<T>(&self, f: impl FnOnce(&Arc<PeerLink>) -> T) -> T {
+        let mut cached = lock(&self.link);
+        if let Some(link) = &*cached
+            && !link.is_closed()
+        {
+            return f(link);
+        }
+        let link = cached.insert(self.node.inner.peer(self.upid.node()));
+        f(link)
+    }
+
+    /// Encodes `msg` into an envelope of `kind` on `link`'s next frame.
+    fn send<M: prost::Message + prost::Name + 'static>(
         &self,
+        link: &PeerLink,
         kind: Kind,
         msg: &M,
         request_id: u64,
-    ) -> Result<Envelope, RemoteError> {
+    ) -> Result<(), RemoteError> {
         let size = msg.encoded_len();
         let limit = self.node.inner.config.max_message_size;
         if size > limit {
             return Err(RemoteError::Oversized { size, limit });
         }
-        Ok(Envelope {
-            kind: kind as i32,
-            to: self.to.clone(),
-            type_name: type_name::<M>(),
-            body: Bytes::from(msg.encode_to_vec()),
-            request_id,
-            ..Envelope::default()
+        let envelope = EnvelopeWriter::new(kind, &self.to, type_name::<M>(), request_id);
+        link.send(&envelope, size, |buf| {
+            // A `BytesMut` grows as needed: encoding into it cannot run out of room.
+            let _ = msg.encode(buf);
         })
     }
 
@@ -71,8 +92,7 @@ impl RemotePid {
         &self,
         msg: M,
     ) -> Result<(), RemoteError> {
-        let envelope = self.envelope(Kind::Tell, &msg, 0)?;
-        self.link().send(envelope)
+        self.with_link(|link| self.send(link, Kind::Tell, &msg, 0))
     }
 
     /// Sends `request` and waits for the process's answer of type `R`.
@@ -90,16 +110,18 @@ impl RemotePid {
         R: prost::Message + prost::Name + Default + 'static,
     {
         let request_id = self.node.inner.next_request_id();
-        let envelope = self.envelope(Kind::Ask, &request, request_id)?;
+        let size = request.encoded_len();
+        let limit = self.node.inner.config.max_message_size;
+        if size > limit {
+            return Err(RemoteError::Oversized { size, limit }.into());
+        }
         let link = self.link();
         let answer = link.expect(request_id)?;
         let pending = Pending {
             link: &link,
             request_id,
         };
-        if let Err(e) = link.send(envelope) {
-            return Err(e.into());
-        }
+        self.send(&link, Kind::Ask, &request, request_id)?;
         let outcome = answer
             .await
             .map_err(|_| RemoteError::ConnectionLost(self.upid.node().to_owned()))?;
@@ -112,7 +134,7 @@ impl RemotePid {
         if envelope.type_name != expected {
             return Err(RemoteError::Malformed(format!(
                 "expected an answer of type {}, got {}",
-                String::from_utf8_lossy(&expected),
+                String::from_utf8_lossy(expected),
                 String::from_utf8_lossy(&envelope.type_name)
             ))
             .into());
