@@ -51,7 +51,7 @@ use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
 use futures_util::future::join_all;
-use muster::actor::{Node, System, Upid};
+use muster::actor::{Node, NodeConfig, System, Upid};
 use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
@@ -433,18 +433,25 @@ fn group(c: &mut Criterion, runtime: &Runtime, name: &str, history: bool) {
         .warm_up_time(Duration::from_millis(100))
         .measurement_time(Duration::from_secs(1));
     let agents_system = System::new();
+    // Every agent of the bench shares this one link, where real agents have one each: room for
+    // all their re-registrations at once (the default, 65,536, is a limit per peer).
+    let shared_link = |security| {
+        let mut config = NodeConfig::new(security);
+        config.max_queued_per_peer = 1 << 20;
+        config
+    };
     let agents_node = runtime
-        .block_on(Node::bind(
+        .block_on(Node::bind_with(
             &agents_system,
             "127.0.0.1:0",
-            TestPki::shared().security(Role::Agent, "fake-agents"),
+            shared_link(TestPki::shared().security(Role::Agent, "fake-agents")),
         ))
         .expect("agents node");
     let plaintext_node = runtime
-        .block_on(Node::bind(
+        .block_on(Node::bind_with(
             &agents_system,
             "127.0.0.1:0",
-            Security::Insecure,
+            shared_link(Security::Insecure),
         ))
         .expect("plaintext agents node");
     for agents in sizes()
