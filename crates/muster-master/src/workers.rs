@@ -29,6 +29,9 @@ pub struct LocalBackend {
     wait_while_disabled: bool,
 }
 
+/// How long [`Workers::stop`] waits for the workers to finish what they hold.
+pub(crate) const WORKER_STOP_GRACE: Duration = Duration::from_secs(5);
+
 /// How often this process's workers look again at a disabled broker.
 const DISABLED_RECHECK: Duration = Duration::from_millis(100);
 
@@ -225,13 +228,23 @@ impl Workers {
         Workers { stop, running }
     }
 
-    /// Stops the workers after their current evaluation and returns what each did.
+    /// Stops the workers after their current evaluation and returns what each did. A worker
+    /// still busy after [`WORKER_STOP_GRACE`] is abandoned (its task aborted, with a warning):
+    /// a registry write that cannot commit, on a master left without a quorum, would
+    /// otherwise hold the shutdown for good. Its evaluation stays unacked, and the broker of
+    /// whichever master leads next hands it out again.
     pub async fn stop(self) -> Vec<WorkerStats> {
         let _ = self.stop.send(true);
+        let deadline = tokio::time::Instant::now() + WORKER_STOP_GRACE;
         let mut stats = Vec::new();
-        for worker in self.running {
-            if let Ok(done) = worker.await {
-                stats.push(done);
+        for mut worker in self.running {
+            match tokio::time::timeout_at(deadline, &mut worker).await {
+                Ok(Ok(done)) => stats.push(done),
+                Ok(Err(_)) => {}
+                Err(_) => {
+                    worker.abort();
+                    tracing::warn!(grace = ?WORKER_STOP_GRACE, "a scheduler worker did not stop in time (a registry write that cannot commit?): abandoned");
+                }
             }
         }
         stats
