@@ -8,7 +8,9 @@
 //! [`TaskView`] (whose strings the views built from it share) plus one pointer to an interned
 //! [`TaskDetail`], an exit code and a message.
 
+use std::borrow::Borrow;
 use std::collections::HashSet;
+use std::hash::Hash;
 use std::sync::Arc;
 
 use muster_model::{Resources, TaskState};
@@ -128,40 +130,46 @@ pub(crate) struct TaskInterner {
     swept_at: usize,
 }
 
+/// The copy of `value` in `set`, put there (made with `make`) if there is none.
+fn intern<T, V>(
+    set: &mut HashSet<Arc<T>, foldhash::fast::RandomState>,
+    value: V,
+    make: impl FnOnce(V) -> Arc<T>,
+) -> Arc<T>
+where
+    T: Hash + Eq + ?Sized,
+    V: Borrow<T>,
+{
+    if let Some(shared) = set.get(value.borrow()) {
+        return Arc::clone(shared);
+    }
+    let shared = make(value);
+    set.insert(Arc::clone(&shared));
+    shared
+}
+
 /// Interned entries below which the interner never sweeps.
 const SWEEP_FLOOR: usize = 4_096;
 
 impl TaskInterner {
     /// The shared copy of `name`.
     pub(crate) fn name(&mut self, name: &str) -> Arc<str> {
-        if let Some(shared) = self.names.get(name) {
-            return Arc::clone(shared);
-        }
+        let shared = intern(&mut self.names, name, Arc::from);
         self.maybe_sweep();
-        let shared: Arc<str> = name.into();
-        self.names.insert(Arc::clone(&shared));
         shared
     }
 
     /// The shared copy of `labels`.
     pub(crate) fn labels(&mut self, labels: Vec<(String, String)>) -> Arc<Vec<(String, String)>> {
-        if let Some(shared) = self.labels.get(&labels) {
-            return Arc::clone(shared);
-        }
+        let shared = intern(&mut self.labels, labels, Arc::new);
         self.maybe_sweep();
-        let shared = Arc::new(labels);
-        self.labels.insert(Arc::clone(&shared));
         shared
     }
 
     /// The shared copy of `detail`.
     pub(crate) fn detail(&mut self, detail: TaskDetail) -> Arc<TaskDetail> {
-        if let Some(shared) = self.details.get(&detail) {
-            return Arc::clone(shared);
-        }
+        let shared = intern(&mut self.details, detail, Arc::new);
         self.maybe_sweep();
-        let shared = Arc::new(detail);
-        self.details.insert(Arc::clone(&shared));
         shared
     }
 

@@ -23,7 +23,6 @@ use muster_model::{Constraint, EvalStatus, Evaluation, Job, SchedulerType, Trigg
 
 use super::Master;
 use super::leadership::Role;
-use super::tasks::{is_terminal, task_job};
 
 /// Most evaluations one round makes; the rest wait for the next.
 pub(super) const MAX_RECONCILE_EVALS: usize = 500;
@@ -45,8 +44,8 @@ impl Master {
         let mut slots = HashSet::new();
         let mut doubled: HashSet<&str> = HashSet::new();
         for (agent_id, agent) in &self.cluster.agents {
-            for task in agent.tasks.iter().filter(|t| !is_terminal(t)) {
-                if let Some(job) = task_job(task) {
+            for task in agent.tasks.iter().filter(|t| !t.is_terminal()) {
+                if let Some(job) = task.job_name() {
                     if !slots.insert((job, task.name())) {
                         doubled.insert(job);
                     }

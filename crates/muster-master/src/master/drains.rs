@@ -30,8 +30,8 @@ use muster_registry::{Op, OpError, Outcome, WriteError};
 use super::Master;
 use super::leadership::Role;
 use super::registry_writes::now_ms;
-use super::tasks::{is_terminal, task_job};
 use crate::error::ServiceError;
+use crate::task_record::TaskRecord;
 
 /// How often the leader checks the drains under way.
 pub(super) const DRAIN_CHECK: Duration = Duration::from_secs(1);
@@ -166,8 +166,8 @@ impl Master {
         let jobs: BTreeSet<&str> = agent
             .tasks
             .iter()
-            .filter(|t| !is_terminal(t))
-            .filter_map(task_job)
+            .filter(|t| !t.is_terminal())
+            .filter_map(TaskRecord::job_name)
             .filter(|job| wanted(job))
             .collect();
         self.registry.reader().read(|state| {
@@ -187,8 +187,8 @@ impl Master {
         let jobs: HashSet<&str> = agent
             .tasks
             .iter()
-            .filter(|t| !is_terminal(t))
-            .filter_map(task_job)
+            .filter(|t| !t.is_terminal())
+            .filter_map(TaskRecord::job_name)
             .collect();
         self.registry.reader().read(|state| {
             let of_type = |wanted: SchedulerType| {
@@ -226,7 +226,7 @@ impl Master {
                 agent
                     .tasks
                     .iter()
-                    .any(|t| !is_terminal(t) && t.job() == job)
+                    .any(|t| !t.is_terminal() && t.job() == job)
             })
         });
         let Some(agent_id) = on_draining.cloned() else {
@@ -274,7 +274,7 @@ impl Master {
                 agent
                     .tasks
                     .iter()
-                    .any(|t| !is_terminal(t) && task_job(t).is_some())
+                    .any(|t| !t.is_terminal() && t.job_name().is_some())
             });
             let id = AgentId(agent_id.clone());
             if !runs_tasks {

@@ -15,7 +15,6 @@ use super::Master;
 use super::acl_tokens::AclMsg;
 use super::leadership::Role;
 use super::registry_writes::now_ms;
-use super::tasks::task_job;
 use crate::error::ServiceError;
 use crate::task_record::TaskRecord;
 
@@ -564,7 +563,7 @@ impl Master {
             });
         for agent in self.cluster.agents.values() {
             for task in agent.tasks.iter().chain(&agent.completed_tasks) {
-                let Some(summary) = task_job(task).and_then(|job| summaries.get_mut(job)) else {
+                let Some(summary) = task.job_name().and_then(|job| summaries.get_mut(job)) else {
                     continue;
                 };
                 let count = match task.state() {
@@ -679,7 +678,7 @@ impl Master {
         let mut tasks = Vec::new();
         for (agent_id, agent) in &self.cluster.agents {
             for task in agent.tasks.iter().chain(&agent.completed_tasks) {
-                if task_job(task) == Some(name) {
+                if task.job_name() == Some(name) {
                     tasks.push(pb::JobTask {
                         agent_id: agent_id.clone(),
                         task: Some(task.to_wire()),

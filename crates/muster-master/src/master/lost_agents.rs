@@ -11,7 +11,7 @@ use muster_registry::Op;
 
 use super::Master;
 use super::registry_writes::now_ms;
-use super::tasks::{is_terminal, task_job};
+use crate::task_record::TaskRecord;
 
 impl Master {
     /// Moves agents found gone together (one heartbeat sweep, one deadline) to unreachable,
@@ -86,8 +86,8 @@ impl Master {
             for job in agent
                 .tasks
                 .iter()
-                .filter(|t| !is_terminal(t))
-                .filter_map(task_job)
+                .filter(|t| !t.is_terminal())
+                .filter_map(TaskRecord::job_name)
             {
                 ran_on.entry(job).or_insert(agent_id);
             }

@@ -14,11 +14,6 @@ use super::Master;
 use super::registry_writes::now_ms;
 use crate::task_record::TaskRecord;
 
-/// The job a task belongs to, if the master launched it for one.
-pub(super) fn task_job(task: &TaskRecord) -> Option<&str> {
-    task.job_name()
-}
-
 /// The first wait before a kill that did not arrive is sent again.
 pub(super) const KILL_RETRY_FIRST: Duration = Duration::from_secs(1);
 /// The longest wait between two sends of one kill.
@@ -26,11 +21,6 @@ pub(super) const KILL_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// How many ended tasks an agent's entry keeps for `muster job status`.
 const COMPLETED_HISTORY: usize = 1_000;
-
-/// Whether the task ended (finished, failed, killed, lost).
-pub(super) fn is_terminal(task: &TaskRecord) -> bool {
-    task.is_terminal()
-}
 
 impl Master {
     /// Marks a task killed (it frees its resources now) and tells its agent to stop it.
@@ -211,7 +201,7 @@ impl Master {
         let index = self.next_index();
         self.publish_task(&agent_id, &task);
         if (ended || task.state() == TaskState::Running)
-            && let Some(job) = task_job(&task).map(str::to_owned)
+            && let Some(job) = task.job_name().map(str::to_owned)
         {
             // A replacement running, or a task ending, lets a drain take its next step.
             self.drain_progressed(&job, ctx);
@@ -228,7 +218,7 @@ impl Master {
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
         let replace = !was_killed
             && task.state() != TaskState::Finished
-            && task_job(&task).is_some_and(|job| {
+            && task.job_name().is_some_and(|job| {
                 self.registry.reader().read(|s| {
                     s.jobs.get(job).is_some_and(|j| {
                         // A batch task that failed has run; one lost never did.
@@ -238,7 +228,7 @@ impl Master {
                     })
                 })
             });
-        if replace && let Some(job) = task_job(&task).map(str::to_owned) {
+        if replace && let Some(job) = task.job_name().map(str::to_owned) {
             let Some(job) = self.registry.reader().read(|s| s.jobs.get(&job).cloned()) else {
                 return;
             };
