@@ -27,7 +27,7 @@ use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use muster::model::{
     AgentId, Evaluation, Job, Resources, SchedulerType, TaskGroup, TaskState, Trigger,
 };
-use muster_scheduler::{AgentView, ClusterSnapshot, JobIndex, TaskView, binpack};
+use muster_scheduler::{AgentView, ClusterSnapshot, JobGroup, JobIndex, TaskView, binpack};
 
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -59,15 +59,14 @@ fn job(name: &str, scheduler: SchedulerType, count: u32) -> Job {
 }
 
 fn task(job: &str, name: String, n: usize) -> TaskView {
-    TaskView {
-        id: format!("{name}-{n:08x}").into(),
-        name: name.into(),
-        job: job.into(),
-        group: "g".into(),
-        resources: TASK,
-        state: TaskState::Running,
-        job_version: 1,
-    }
+    TaskView::new(
+        &format!("{name}-{n:08x}"),
+        &name,
+        JobGroup::new(job, "g"),
+        TASK,
+        TaskState::Running,
+        1,
+    )
 }
 
 fn service_name(j: usize) -> String {
@@ -157,7 +156,7 @@ fn planning(c: &mut Criterion) {
             .agents
             .iter()
             .flat_map(|agent| agent.tasks_of(&service.job))
-            .map(|task| task.name.to_string())
+            .map(|task| task.name().to_owned())
             .collect();
         assert_eq!(names.len(), SERVICE_COUNT);
         group.bench_function(BenchmarkId::new("job_walk", agents), |b| {

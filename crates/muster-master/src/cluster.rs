@@ -24,9 +24,12 @@ pub(crate) struct AgentEntry {
     pub(crate) connected: bool,
     pub(crate) missed_pings: u32,
     pub(crate) ping_in_flight: bool,
+    /// Whether a check of its launches is coming (see `Master::watch_launches`).
+    pub(crate) launch_check_due: bool,
     /// What schedulers see of it, built on demand and dropped whenever its tasks or info
-    /// change (go through [`Cluster::agent_mut`] to change them), so a snapshot shares the
-    /// views of every agent that did not change.
+    /// change (go through [`Cluster::agent_mut`] to change them; a task placed here is added
+    /// to it in place, [`AgentEntry::add_task`]), so a snapshot shares the views of every
+    /// agent that did not change.
     pub(crate) view: Option<Arc<AgentView>>,
 }
 
@@ -40,6 +43,7 @@ impl AgentEntry {
             connected: false,
             missed_pings: 0,
             ping_in_flight: false,
+            launch_check_due: false,
             view: None,
         }
     }
@@ -57,12 +61,28 @@ impl AgentEntry {
             connected: true,
             missed_pings: 0,
             ping_in_flight: false,
+            launch_check_due: false,
             view: None,
         }
     }
 }
 
 impl AgentEntry {
+    /// Takes `task`, just placed here. Its scheduler view, if built, takes the task in place
+    /// rather than being rebuilt for the next snapshot: a rebuild sorts the agent's tasks
+    /// again, and spread placement adds a task of every job to every agent.
+    pub(crate) fn add_task(&mut self, task: TaskRecord) {
+        if let Some(view) = &mut self.view {
+            Arc::make_mut(view).add_task(Arc::clone(&task.view));
+        }
+        // Grown by a quarter rather than doubled: a master holds every task of the cluster,
+        // and a doubled list is a quarter empty on average.
+        if self.tasks.len() == self.tasks.capacity() {
+            self.tasks.reserve_exact((self.tasks.len() / 4).max(4));
+        }
+        self.tasks.push(task);
+    }
+
     /// What is left for new tasks: its resources less what its non-terminal tasks hold, never
     /// below zero.
     pub(crate) fn free(&self) -> Resources {

@@ -198,6 +198,9 @@ pub struct Master {
     draining: std::collections::BTreeSet<String>,
     /// The job index of the last snapshot, which the next one updates rather than rebuilds.
     job_index: Option<Arc<muster_scheduler::JobIndex>>,
+    /// The origin of the clock tasks' launch deadlines are read on
+    /// ([`crate::task_record::LaunchDeadline`]).
+    launch_clock: tokio::time::Instant,
 }
 
 impl Master {
@@ -231,6 +234,7 @@ impl Master {
             instruments: Arc::new(MasterInstruments::new()),
             draining: std::collections::BTreeSet::new(),
             job_index: None,
+            launch_clock: tokio::time::Instant::now(),
         }
     }
 

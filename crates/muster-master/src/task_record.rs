@@ -9,13 +9,17 @@
 //! [`TaskDetail`], an exit code and a message.
 
 use std::borrow::Borrow;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::hash::Hash;
+use std::num::NonZeroU32;
 use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use muster_model::{Resources, TaskState};
 use muster_proto::model as model_pb;
-use muster_scheduler::TaskView;
+use muster_scheduler::{JobGroup, TaskView};
 
 /// What the tasks of one group at one job version share beyond what a [`TaskView`] holds:
 /// kept once by the [`TaskInterner`] and pointed to by each of them.
@@ -40,29 +44,70 @@ pub(crate) struct TaskRecord {
     /// What it runs and who owns it, shared with the tasks of its group.
     pub(crate) detail: Arc<TaskDetail>,
     pub(crate) exit_code: i32,
+    /// For a task this master launched: when it counts as lost if its agent has still said
+    /// nothing about it (kept beside the exit code, in what would be padding).
+    pub(crate) launch_deadline: Option<LaunchDeadline>,
     /// Why it is in its state, when there is more to say.
     pub(crate) message: Box<str>,
+}
+
+/// A moment on a master's launch clock: milliseconds since the clock's origin, in 32 bits
+/// that wrap every 49 days. Two moments compare by their wrapping difference (as TCP compares
+/// sequence numbers), which is right while they are under 24 days apart: launch timeouts are
+/// capped there ([`LaunchDeadline::after`]). Four bytes, where an `Instant` takes sixteen,
+/// for every task a master holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LaunchDeadline(NonZeroU32);
+
+/// The longest launch timeout a [`LaunchDeadline`] keeps: 24 days.
+const LONGEST_LAUNCH_TIMEOUT: Duration = Duration::from_secs(24 * 24 * 3600);
+
+impl LaunchDeadline {
+    /// `timeout` (at most 24 days) after `now`, on the clock that started at `origin`.
+    pub(crate) fn after(origin: Instant, now: Instant, timeout: Duration) -> Self {
+        let at = Self::ticks(origin, now)
+            .wrapping_add(Self::ticks_of(timeout.min(LONGEST_LAUNCH_TIMEOUT)));
+        // 0 is "no deadline" in an Option: a millisecond later does no harm.
+        LaunchDeadline(NonZeroU32::new(at).unwrap_or(NonZeroU32::MIN))
+    }
+
+    /// How long from `now` until the deadline; zero once it passed.
+    pub(crate) fn remaining(self, origin: Instant, now: Instant) -> Duration {
+        let ahead = self.0.get().wrapping_sub(Self::ticks(origin, now)) as i32;
+        Duration::from_millis(u64::try_from(ahead).unwrap_or(0))
+    }
+
+    /// The clock's reading at `now`.
+    fn ticks(origin: Instant, now: Instant) -> u32 {
+        // Truncated to 32 bits on purpose: the clock wraps.
+        now.saturating_duration_since(origin).as_millis() as u32
+    }
+
+    fn ticks_of(duration: Duration) -> u32 {
+        u32::try_from(duration.as_millis()).unwrap_or(u32::MAX)
+    }
 }
 
 impl TaskRecord {
     /// Its unique id.
     pub(crate) fn id(&self) -> &str {
-        &self.view.id
+        self.view.id()
     }
 
     /// The slot it fills.
     pub(crate) fn name(&self) -> &str {
-        &self.view.name
+        self.view.name()
     }
 
     /// Its job; empty for a task an operator launched by hand.
     pub(crate) fn job(&self) -> &str {
-        &self.view.job
+        self.view.job()
     }
 
     /// The job it belongs to, if the master launched it for one.
     pub(crate) fn job_name(&self) -> Option<&str> {
-        (!self.view.job.is_empty()).then_some(&*self.view.job)
+        let job = self.view.job();
+        (!job.is_empty()).then_some(job)
     }
 
     /// Where it is.
@@ -89,8 +134,8 @@ impl TaskRecord {
     pub(crate) fn to_wire(&self) -> model_pb::Task {
         let detail = &*self.detail;
         model_pb::Task {
-            id: self.view.id.to_string(),
-            name: self.view.name.to_string(),
+            id: self.view.id().to_owned(),
+            name: self.view.name().to_owned(),
             framework_id: detail.framework_id.clone(),
             resources: Some(self.view.resources.clone().into()),
             labels: detail
@@ -107,15 +152,15 @@ impl TaskRecord {
             args: detail.args.clone(),
             env: detail.env.iter().cloned().collect(),
             message: self.message.to_string(),
-            job: self.view.job.to_string(),
-            group: self.view.group.to_string(),
+            job: self.view.job().to_owned(),
+            group: self.view.group().to_owned(),
             job_version: self.view.job_version,
             user: detail.user.clone(),
         }
     }
 }
 
-/// Keeps one copy of each job name, group name and [`TaskDetail`] the master's tasks use.
+/// Keeps one copy of each job's group ([`JobGroup`]) and [`TaskDetail`] the master's tasks use.
 /// Entries no task uses any more are dropped as the interner grows ([`TaskInterner::sweep`]).
 ///
 /// It hashes with foldhash (seeded per process): a new leader interns every task of the
@@ -123,12 +168,18 @@ impl TaskRecord {
 /// more than the rest of a re-registration.
 #[derive(Debug, Default)]
 pub(crate) struct TaskInterner {
-    names: HashSet<Arc<str>, foldhash::fast::RandomState>,
+    /// By job, then group: found by two string lookups, without building a key.
+    job_groups: HashMap<Box<str>, GroupsOfJob, foldhash::fast::RandomState>,
     labels: HashSet<Arc<Vec<(String, String)>>, foldhash::fast::RandomState>,
     details: HashSet<Arc<TaskDetail>, foldhash::fast::RandomState>,
+    /// How many groups `job_groups` holds.
+    interned_groups: usize,
     /// Entries after the last sweep: the next comes when there are twice as many.
     swept_at: usize,
 }
+
+/// A job's groups, by name.
+type GroupsOfJob = HashMap<Box<str>, Arc<JobGroup>, foldhash::fast::RandomState>;
 
 /// The copy of `value` in `set`, put there (made with `make`) if there is none.
 fn intern<T, V>(
@@ -152,9 +203,21 @@ where
 const SWEEP_FLOOR: usize = 4_096;
 
 impl TaskInterner {
-    /// The shared copy of `name`.
-    pub(crate) fn name(&mut self, name: &str) -> Arc<str> {
-        let shared = intern(&mut self.names, name, Arc::from);
+    /// The shared copy of `job`'s group `group`.
+    pub(crate) fn job_group(&mut self, job: &str, group: &str) -> Arc<JobGroup> {
+        let groups = match self.job_groups.get_mut(job) {
+            Some(groups) => groups,
+            None => self.job_groups.entry(job.into()).or_default(),
+        };
+        let shared = match groups.get(group) {
+            Some(shared) => Arc::clone(shared),
+            None => {
+                let shared = JobGroup::new(job, group);
+                groups.insert(group.into(), Arc::clone(&shared));
+                self.interned_groups += 1;
+                shared
+            }
+        };
         self.maybe_sweep();
         shared
     }
@@ -201,24 +264,24 @@ impl TaskInterner {
             labels,
         });
         TaskRecord {
-            view: Arc::new(TaskView {
-                id: wire.id.into(),
-                name: wire.name.into(),
-                job: self.name(&wire.job),
-                group: self.name(&wire.group),
+            view: Arc::new(TaskView::new(
+                &wire.id,
+                &wire.name,
+                self.job_group(&wire.job, &wire.group),
                 resources,
                 state,
-                job_version: wire.job_version,
-            }),
+                wire.job_version,
+            )),
             detail,
             exit_code: wire.exit_code,
+            launch_deadline: None,
             message: wire.message.into_boxed_str(),
         }
     }
 
-    /// Names and details interned now.
+    /// Job groups, label sets and details interned now.
     pub(crate) fn len(&self) -> usize {
-        self.names.len() + self.labels.len() + self.details.len()
+        self.interned_groups + self.labels.len() + self.details.len()
     }
 
     /// Sweeps when the interner has doubled since the last sweep (and is past a floor), so
@@ -234,7 +297,11 @@ impl TaskInterner {
         // Details first: a detail dropped here releases its labels.
         self.details.retain(|detail| Arc::strong_count(detail) > 1);
         self.labels.retain(|labels| Arc::strong_count(labels) > 1);
-        self.names.retain(|name| Arc::strong_count(name) > 1);
+        for groups in self.job_groups.values_mut() {
+            groups.retain(|_, group| Arc::strong_count(group) > 1);
+        }
+        self.job_groups.retain(|_, groups| !groups.is_empty());
+        self.interned_groups = self.job_groups.values().map(HashMap::len).sum();
         self.swept_at = self.len();
     }
 }
@@ -292,8 +359,7 @@ mod tests {
         let a = interner.task(wire("a", 0));
         let b = interner.task(wire("b", 1));
         assert!(Arc::ptr_eq(&a.detail, &b.detail));
-        assert!(Arc::ptr_eq(&a.view.job, &b.view.job));
-        assert!(Arc::ptr_eq(&a.view.group, &b.view.group));
+        assert!(Arc::ptr_eq(a.view.job_group(), b.view.job_group()));
         // The environment is compared as a set: the order it arrives in does not matter.
         let mut reordered = wire("c", 2);
         reordered.env = [
@@ -311,6 +377,35 @@ mod tests {
     }
 
     #[test]
+    fn a_launch_deadline_passes_after_its_timeout_across_the_clocks_wrap() {
+        let origin = Instant::now();
+        let second = Duration::from_secs(1);
+        // From the start, and from just before the 32-bit millisecond clock wraps (49.7 days).
+        for start in [
+            Duration::ZERO,
+            Duration::from_millis(u64::from(u32::MAX) - 500),
+        ] {
+            let now = origin + start;
+            let deadline = LaunchDeadline::after(origin, now, second);
+            assert_eq!(deadline.remaining(origin, now), second);
+            assert_eq!(deadline.remaining(origin, now + second / 2), second / 2);
+            assert_eq!(deadline.remaining(origin, now + second), Duration::ZERO);
+            assert_eq!(
+                deadline.remaining(origin, now + 10 * second),
+                Duration::ZERO
+            );
+        }
+        // A timeout past 24 days is 24 days.
+        let far = LaunchDeadline::after(origin, origin, Duration::from_secs(u64::MAX));
+        assert_eq!(far.remaining(origin, origin), LONGEST_LAUNCH_TIMEOUT);
+        assert_eq!(
+            std::mem::size_of::<TaskRecord>(),
+            40,
+            "a record as small as before"
+        );
+    }
+
+    #[test]
     fn a_sweep_forgets_what_no_task_uses() {
         let mut interner = TaskInterner::default();
         let kept = interner.task(wire("a", 0));
@@ -320,14 +415,14 @@ mod tests {
         drop(interner.task(other));
         assert_eq!(
             interner.len(),
-            6,
-            "web, fe, api, the labels and two details"
+            5,
+            "web's fe, api's fe, the labels and two details"
         );
         interner.sweep();
         assert_eq!(
             interner.len(),
-            4,
-            "web, fe, the labels and the detail still used"
+            3,
+            "web's fe, the labels and the detail still used"
         );
         let again = interner.task(wire("c", 2));
         assert!(Arc::ptr_eq(&kept.detail, &again.detail));

@@ -43,7 +43,9 @@ pub mod worker;
 pub use muster_model as model;
 pub use muster_model::{Demand, TaskState, utilization};
 
-pub use plan::{AgentView, ClusterSnapshot, JobIndex, Placement, Plan, PlanResult, Stop, TaskView};
+pub use plan::{
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Stop, TaskView,
+};
 pub use reconcile::{Reconciled, SlotRequest, reconcile};
 pub use remote::{RemoteBackend, RemoteConfig, RemoteError};
 pub use scheduler::{

@@ -336,9 +336,12 @@ impl SlotLayout {
         position: usize,
         agent: &AgentId,
     ) -> Option<(usize, &TaskGroup)> {
-        let slots = self.groups.iter().find(|s| *s.group.name == *task.group)?;
+        let slots = self
+            .groups
+            .iter()
+            .find(|s| *s.group.name == *task.group())?;
         let key = task
-            .name
+            .name()
             .strip_prefix(job)?
             .strip_prefix('.')?
             .strip_prefix(slots.group.name.as_str())?
@@ -381,7 +384,7 @@ impl<'a> Filler<'a> {
         (
             self.task.state != TaskState::Running,
             self.agent,
-            &self.task.id,
+            self.task.id(),
         )
     }
 }
@@ -415,7 +418,7 @@ fn departure(
                 !task.state.is_terminal()
                     && snapshot
                         .jobs
-                        .get(&*task.job)
+                        .get(task.job())
                         .is_some_and(|job| job.scheduler != SchedulerType::System)
             });
             if others_run {
@@ -436,6 +439,6 @@ fn is_outdated(task: &TaskView, group: &TaskGroup) -> bool {
 fn stop_of(agent: &AgentId, task: &TaskView) -> Stop {
     Stop {
         agent: agent.clone(),
-        task_id: task.id.to_string(),
+        task_id: task.id().to_string(),
     }
 }

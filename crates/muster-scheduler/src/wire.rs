@@ -12,16 +12,18 @@ use muster_model::convert::{all, each, read, required, sorted, unsorted};
 use muster_model::{AgentId, EvalId, FieldError};
 use muster_proto::scheduling as pb;
 
-use crate::plan::{AgentView, ClusterSnapshot, Placement, Plan, PlanResult, Stop, TaskView};
+use crate::plan::{
+    AgentView, ClusterSnapshot, JobGroup, Placement, Plan, PlanResult, Stop, TaskView,
+};
 use crate::worker::Assignment;
 
 impl From<TaskView> for pb::TaskView {
     fn from(this: TaskView) -> Self {
         pb::TaskView {
-            id: this.id.to_string(),
-            name: this.name.to_string(),
-            job: this.job.to_string(),
-            group: this.group.to_string(),
+            id: this.id().to_string(),
+            name: this.name().to_string(),
+            job: this.job().to_string(),
+            group: this.group().to_string(),
             resources: Some(this.resources.into()),
             state: this.state.into(),
             job_version: this.job_version,
@@ -33,15 +35,14 @@ impl TryFrom<pb::TaskView> for TaskView {
     type Error = FieldError;
 
     fn try_from(proto: pb::TaskView) -> Result<Self, FieldError> {
-        Ok(TaskView {
-            id: proto.id.into(),
-            name: proto.name.into(),
-            job: proto.job.into(),
-            group: proto.group.into(),
-            resources: required(proto.resources, "resources")?,
-            state: read(proto.state, "state")?,
-            job_version: proto.job_version,
-        })
+        Ok(TaskView::new(
+            &proto.id,
+            &proto.name,
+            JobGroup::new(&proto.job, &proto.group),
+            required(proto.resources, "resources")?,
+            read(proto.state, "state")?,
+            proto.job_version,
+        ))
     }
 }
 
@@ -359,15 +360,17 @@ mod tests {
                 states
                     .iter()
                     .enumerate()
-                    .map(|(i, state)| TaskView {
-                        id: format!("t{i}").into(),
-                        name: format!("web.fe[{i}]").into(),
-                        job: "web".into(),
-                        group: "fe".into(),
-                        resources: resources(0.5, 32),
-                        state: *state,
-                        // 0 (unknown) included.
-                        job_version: i as u64,
+                    .map(|(i, state)| {
+                        TaskView::new(
+                            // An id that does not start with the name, as an operator may give.
+                            &format!("t{i}"),
+                            &format!("web.fe[{i}]"),
+                            JobGroup::new("web", "fe"),
+                            resources(0.5, 32),
+                            *state,
+                            // 0 (unknown) included.
+                            i as u64,
+                        )
                     })
                     .collect::<Vec<_>>(),
             ))],

@@ -37,7 +37,7 @@ fn running(name: &str, job: &str, group: &str) -> muster_scheduler::TaskView {
 fn set_state(snapshot: &mut ClusterSnapshot, id: &str, state: TaskState) {
     for agent in &mut snapshot.agents {
         Arc::make_mut(agent).update_tasks(|tasks| {
-            for task in tasks.iter_mut().filter(|t| *t.id == *id) {
+            for task in tasks.iter_mut().filter(|t| *t.id() == *id) {
                 Arc::make_mut(task).state = state;
             }
         });
@@ -53,7 +53,7 @@ fn holders(snapshot: &ClusterSnapshot, name: &str) -> Vec<(String, TaskState)> {
             agent
                 .tasks()
                 .iter()
-                .filter(|t| *t.name == *name && !t.state.is_terminal())
+                .filter(|t| t.name() == name && !t.state.is_terminal())
                 .map(|t| (agent.id.0.clone(), t.state))
         })
         .collect()
@@ -128,7 +128,7 @@ fn service_tasks_move_a_step_at_a_time_and_stop_only_once_their_replacement_runs
         // `apply` placed the next slot's replacement: the next round checks it.
         for agent in &mut snap.agents {
             Arc::make_mut(agent).update_tasks(|tasks| {
-                tasks.retain(|t| !plan.place.iter().any(|p| *p.task_id == *t.id))
+                tasks.retain(|t| !plan.place.iter().any(|p| *p.task_id == *t.id()))
             });
         }
     }

@@ -315,10 +315,14 @@ fn of_two_tasks_in_one_slot_the_running_one_stays() {
         SchedulerType::Service,
         vec![group("fe", 1, 1.0, 100)],
     );
-    let mut pending = task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Staging);
-    pending.id = "web.fe[0]-aaaa".into();
-    let mut running = task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running);
-    running.id = "web.fe[0]-bbbb".into();
+    let pending = with_id(
+        task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Staging),
+        "web.fe[0]-aaaa",
+    );
+    let running = with_id(
+        task("web.fe[0]", "web", "fe", 1.0, 100, TaskState::Running),
+        "web.fe[0]-bbbb",
+    );
     // Whichever order the snapshot lists them in.
     for tasks in [
         vec![pending.clone(), running.clone()],
@@ -448,10 +452,14 @@ fn an_outdated_task_never_holds_its_slot_against_a_current_one() {
     fe.spec_version = 2;
     let mut web = job("web", SchedulerType::Service, vec![fe]);
     web.version = 2;
-    let mut old = placed_at("web.fe[0]", "web", "fe", 1, TaskState::Running);
-    old.id = "web.fe[0]-aaaa".into();
-    let mut new = placed_at("web.fe[0]", "web", "fe", 2, TaskState::Staging);
-    new.id = "web.fe[0]-bbbb".into();
+    let old = with_id(
+        placed_at("web.fe[0]", "web", "fe", 1, TaskState::Running),
+        "web.fe[0]-aaaa",
+    );
+    let new = with_id(
+        placed_at("web.fe[0]", "web", "fe", 2, TaskState::Staging),
+        "web.fe[0]-bbbb",
+    );
     let snap = snapshot(
         7,
         vec![on(agent("a1", 8.0, 8192), vec![old, new])],

@@ -110,7 +110,7 @@ impl Fake {
                     .iter()
                     .map(move |t| (a.id.0.clone(), TaskView::clone(t)))
             })
-            .filter(|(_, t)| *t.job == *job && !t.state.is_terminal())
+            .filter(|(_, t)| *t.job() == *job && !t.state.is_terminal())
             .collect()
     }
 }
@@ -172,7 +172,7 @@ impl Backend for Fake {
                 .filter(|a| a.id == stop.agent)
             {
                 Arc::make_mut(agent).update_tasks(|tasks| {
-                    for task in tasks.iter_mut().filter(|t| *t.id == *stop.task_id) {
+                    for task in tasks.iter_mut().filter(|t| *t.id() == *stop.task_id) {
                         Arc::make_mut(task).state = TaskState::Killed;
                     }
                 });
@@ -190,7 +190,7 @@ impl Backend for Fake {
                     if !reject_all
                         && room > 0
                         && agent.fits(&placement.resources)
-                        && agent.tasks().iter().all(|t| *t.id != *placement.task_id) =>
+                        && agent.tasks().iter().all(|t| *t.id() != *placement.task_id) =>
                 {
                     room -= 1;
                     let task = placement.staged_task();
@@ -369,7 +369,7 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
 
     let live = fake.live_tasks("web");
     assert_eq!(live.len(), 6);
-    let mut names: Vec<&str> = live.iter().map(|(_, t)| &*t.name).collect();
+    let mut names: Vec<&str> = live.iter().map(|(_, t)| t.name()).collect();
     names.sort();
     names.dedup();
     assert_eq!(names.len(), 6, "every slot filled once: {names:?}");

@@ -49,9 +49,9 @@ impl Master {
                     if !slots.insert((job, task.name())) {
                         doubled.insert(job);
                     }
-                    *running.entry((job, &*task.view.group)).or_default() += 1;
+                    *running.entry((job, task.view.group())).or_default() += 1;
                     *on_agents
-                        .entry((job, &*task.view.group, agent_id.as_str()))
+                        .entry((job, task.view.group(), agent_id.as_str()))
                         .or_default() += 1;
                 }
             }

@@ -19,13 +19,13 @@ use muster_proto::cluster as pb;
 use muster_registry::Op;
 
 use muster_scheduler::{
-    AgentView, ClusterSnapshot, JobIndex, Placement, Plan, PlanResult, TaskView,
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, TaskView,
 };
 
-use super::{InternalMsg, Master};
+use super::Master;
 use crate::error::ServiceError;
 use crate::metrics::MasterInstruments;
-use crate::task_record::{TaskDetail, TaskRecord};
+use crate::task_record::{LaunchDeadline, TaskDetail, TaskRecord};
 
 /// What scheduler workers and the blocked-queue send the master.
 #[derive(Debug)]
@@ -150,8 +150,8 @@ impl Master {
         let name_of = |agent: &AgentId, task_id: &str| {
             snapshot
                 .agent(agent)
-                .and_then(|a| a.tasks().iter().find(|t| *t.id == *task_id))
-                .map(|t| t.name.to_string())
+                .and_then(|a| a.tasks().iter().find(|t| t.id() == task_id))
+                .map(|t| t.name().to_owned())
                 .unwrap_or_default()
         };
         let stop: Vec<pb::PlannedTask> = plan
@@ -261,8 +261,8 @@ impl Master {
                 result.stopped.push(stop);
             }
         }
-        // One launch message per agent for the whole plan, and the ids of the tasks in it.
-        let mut launches: HashMap<String, (Vec<pb::RunTask>, Vec<Arc<str>>)> = HashMap::new();
+        // One launch message per agent for the whole plan.
+        let mut launches: HashMap<String, Vec<pb::RunTask>> = HashMap::new();
         // A plan made before an agent was drained or made ineligible places nothing there.
         let scheduling = self.agent_scheduling();
         // What is free on each agent this plan places on, worked out once per agent (a walk
@@ -289,14 +289,11 @@ impl Master {
                 .filter(|left| eligible && placement.resources.fits_in(left));
             if let Some(left) = left {
                 *left = left.saturating_sub(&placement.resources);
-                if let Some((run, task_id)) = self.stage_placement(&placement, &mut shared) {
+                if let Some(run) = self.stage_placement(&placement, &mut shared) {
                     match launches.get_mut(&placement.agent.0) {
-                        Some((runs, ids)) => {
-                            runs.push(run);
-                            ids.push(task_id);
-                        }
+                        Some(runs) => runs.push(run),
                         None => {
-                            launches.insert(placement.agent.0.clone(), (vec![run], vec![task_id]));
+                            launches.insert(placement.agent.0.clone(), vec![run]);
                         }
                     }
                 }
@@ -305,17 +302,9 @@ impl Master {
                 result.rejected.push(placement);
             }
         }
-        // The ids are the records' own (shared, not copied): they wait out the launch timeout.
-        let mut staged: Vec<(String, Vec<Arc<str>>)> = Vec::with_capacity(launches.len());
-        for (agent_id, (tasks, ids)) in launches {
-            self.send_launch(agent_id.clone(), tasks, ctx);
-            staged.push((agent_id, ids));
-        }
-        if !staged.is_empty() && self.node.is_some() {
-            ctx.delay(
-                self.config.launch_timeout,
-                InternalMsg::LaunchesTimedOut(staged).into(),
-            );
+        for (agent_id, tasks) in launches {
+            self.watch_launches(&agent_id, ctx);
+            self.send_launch(agent_id, tasks, ctx);
         }
         result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
             self.next_index()
@@ -338,7 +327,7 @@ impl Master {
         &mut self,
         placement: &Placement,
         shared: &mut HashMap<String, GroupShared>,
-    ) -> Option<(pb::RunTask, Arc<str>)> {
+    ) -> Option<pb::RunTask> {
         if !self.cluster.frameworks.contains_key(&placement.job) {
             self.cluster.add_frameworks(vec![pb::Framework {
                 id: placement.job.clone(),
@@ -357,8 +346,7 @@ impl Master {
                 env.sort_unstable();
                 let no_labels = interner.labels(Vec::new());
                 let group = GroupShared {
-                    job: interner.name(&placement.job),
-                    group: interner.name(&placement.group),
+                    job_group: interner.job_group(&placement.job, &placement.group),
                     detail: interner.detail(TaskDetail {
                         framework_id: placement.job.clone(),
                         command: placement.command.clone(),
@@ -372,18 +360,23 @@ impl Master {
                 group
             }
         };
+        // Without a node (in-process benches) nothing is sent: the task stays staged.
+        let launch_deadline = self.node.is_some().then(|| {
+            let now = tokio::time::Instant::now();
+            LaunchDeadline::after(self.launch_clock, now, self.config.launch_timeout)
+        });
         let task = TaskRecord {
-            view: Arc::new(TaskView {
-                id: placement.task_id.as_str().into(),
-                name: placement.name.as_str().into(),
-                job: group.job,
-                group: group.group,
-                resources: placement.resources.clone(),
-                state: TaskState::Staging,
-                job_version: placement.job_version,
-            }),
+            view: Arc::new(TaskView::new(
+                &placement.task_id,
+                &placement.name,
+                group.job_group,
+                placement.resources.clone(),
+                TaskState::Staging,
+                placement.job_version,
+            )),
             detail: group.detail,
             exit_code: 0,
+            launch_deadline,
             message: Box::default(),
         };
         let run = pb::RunTask {
@@ -394,10 +387,11 @@ impl Master {
             task: Some(task.to_wire()),
             term: self.term,
         };
-        let id = Arc::clone(&task.view.id);
-        let agent = self.cluster.agent_mut(&placement.agent.0)?;
-        agent.tasks.push(task);
-        Some((run, id))
+        self.cluster
+            .agents
+            .get_mut(&placement.agent.0)?
+            .add_task(task);
+        Some(run)
     }
 
     /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
@@ -534,8 +528,7 @@ impl Master {
 /// What the tasks one plan places of one group share: interned once per plan.
 #[derive(Clone, Debug)]
 struct GroupShared {
-    job: Arc<str>,
-    group: Arc<str>,
+    job_group: Arc<JobGroup>,
     detail: Arc<TaskDetail>,
 }
 
@@ -544,7 +537,7 @@ impl GroupShared {
     /// one group with two programs; each then gets its own).
     fn describes(&self, placement: &Placement) -> bool {
         let detail = &*self.detail;
-        *self.job == *placement.job
+        *self.job_group.job == *placement.job
             && detail.command == placement.command
             && detail.args == placement.args
             && detail.user == placement.user

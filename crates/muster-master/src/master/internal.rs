@@ -2,8 +2,7 @@
 //! registry member, its timers (pings, the heartbeat sweep, launch timeouts, the
 //! re-registration deadline), and the transport it reaches agents through.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::time::Duration;
 
 use muster_actor::{Context, Node, Upid};
 use muster_model::TaskState;
@@ -15,7 +14,6 @@ use super::Master;
 use super::heartbeats::MAX_HEARTBEAT_TTL;
 use super::leadership::{Recovery, Role};
 use crate::cluster::{AgentEntry, Cluster};
-use crate::task_record::TaskRecord;
 
 /// What the master sends itself.
 #[derive(Debug)]
@@ -28,10 +26,9 @@ pub enum InternalMsg {
     PingAgents,
     /// Time to mark the agents whose heartbeat deadline passed unreachable.
     CheckHeartbeats,
-    /// Launched tasks (agent id, task id) whose launch timeout ran out: the ones still
-    /// STAGING are lost.
-    #[doc(hidden)]
-    LaunchesTimedOut(Vec<(String, Vec<Arc<str>>)>),
+    /// Time to check the launches on this agent: tasks still STAGING past their launch
+    /// deadline are lost.
+    CheckLaunches(String),
     /// Time for the leader's check that jobs run what they ask for.
     Reconcile,
     /// Time for the leader's check of the drains under way.
@@ -60,7 +57,7 @@ impl Master {
             InternalMsg::Leadership(leadership) => self.on_leadership(leadership, ctx),
             InternalMsg::PingAgents => self.ping_agents(ctx),
             InternalMsg::CheckHeartbeats => self.check_heartbeats(ctx),
-            InternalMsg::LaunchesTimedOut(staged) => self.launches_timed_out(staged, ctx),
+            InternalMsg::CheckLaunches(agent_id) => self.check_launches(agent_id, ctx),
             InternalMsg::CheckDrains => self.check_drains(ctx),
             InternalMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
             InternalMsg::Reconcile => self.reconcile_jobs(ctx),
@@ -347,35 +344,60 @@ impl Master {
 
     // ---- launches ----
 
-    /// Launches in `staged` (agent id, the ids of the tasks launched there) that are still
-    /// STAGING: no word from the agent since (a one-way launch can be lost with a broken
-    /// link): LOST, and replaced. One walk over each agent's tasks.
-    fn launches_timed_out(
-        &mut self,
-        staged: Vec<(String, Vec<Arc<str>>)>,
-        ctx: &mut Context<Self>,
-    ) {
-        for (agent_id, task_ids) in staged {
-            let Some(agent) = self.cluster.agents.get(&agent_id) else {
+    /// Makes sure a check of the launches on `agent_id` is coming: one timer per agent with
+    /// launches waiting (not one per launch, holding its tasks).
+    pub(super) fn watch_launches(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
+        if self.node.is_none() {
+            return;
+        }
+        let Some(agent) = self.cluster.agents.get_mut(agent_id) else {
+            return;
+        };
+        if !agent.launch_check_due {
+            agent.launch_check_due = true;
+            let check = InternalMsg::CheckLaunches(agent_id.to_owned());
+            ctx.delay(self.config.launch_timeout, check.into());
+        }
+    }
+
+    /// Tasks on `agent_id` still STAGING past their launch deadline, with no word from the
+    /// agent since (a one-way launch can be lost with a broken link): LOST, and replaced. One
+    /// walk over the agent's tasks; the next check comes at the earliest deadline left.
+    fn check_launches(&mut self, agent_id: String, ctx: &mut Context<Self>) {
+        let now = Instant::now();
+        let origin = self.launch_clock;
+        let Some(agent) = self.cluster.agents.get_mut(&agent_id) else {
+            return;
+        };
+        agent.launch_check_due = false;
+        let mut next: Option<Duration> = None;
+        let mut silent = Vec::new();
+        for task in agent
+            .tasks
+            .iter()
+            .filter(|t| t.state() == TaskState::Staging)
+        {
+            let Some(deadline) = task.launch_deadline else {
                 continue;
             };
-            let ids: HashSet<&str> = task_ids.iter().map(|id| &**id).collect();
-            let silent: Vec<TaskRecord> = agent
-                .tasks
-                .iter()
-                .filter(|t| t.state() == TaskState::Staging && ids.contains(t.id()))
-                .cloned()
-                .collect();
-            for mut lost in silent {
-                tracing::warn!(agent = %agent_id, task = %lost.id(), "no word from the agent about a launched task: lost");
-                lost.set_state(TaskState::Lost);
-                lost.message = format!(
-                    "no word from the agent within {:?} of the launch",
-                    self.config.launch_timeout
-                )
-                .into();
-                self.record_updated(agent_id.clone(), lost, ctx);
+            match deadline.remaining(origin, now) {
+                Duration::ZERO => silent.push(task.clone()),
+                left => next = Some(next.map_or(left, |next| next.min(left))),
             }
+        }
+        if let Some(wait) = next {
+            agent.launch_check_due = true;
+            ctx.delay(wait, InternalMsg::CheckLaunches(agent_id.clone()).into());
+        }
+        for mut lost in silent {
+            tracing::warn!(agent = %agent_id, task = %lost.id(), "no word from the agent about a launched task: lost");
+            lost.set_state(TaskState::Lost);
+            lost.message = format!(
+                "no word from the agent within {:?} of the launch",
+                self.config.launch_timeout
+            )
+            .into();
+            self.record_updated(agent_id.clone(), lost, ctx);
         }
     }
 }

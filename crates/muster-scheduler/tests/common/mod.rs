@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use muster_model::{AgentId, Resources};
 use muster_model::{Constraint, ConstraintOp, Evaluation, Job, SchedulerType, TaskGroup, Trigger};
-use muster_scheduler::{AgentView, ClusterSnapshot, Plan, TaskState, TaskView};
+use muster_scheduler::{AgentView, ClusterSnapshot, JobGroup, Plan, TaskState, TaskView};
 
 pub(crate) fn id(s: &str) -> AgentId {
     AgentId(s.to_owned())
@@ -96,15 +96,26 @@ pub(crate) fn task(
     mem_mb: u64,
     state: TaskState,
 ) -> TaskView {
-    TaskView {
-        id: format!("{name}-t").into(),
-        name: name.into(),
-        job: job.into(),
-        group: group.into(),
-        resources: res(cpus, mem_mb),
+    TaskView::new(
+        &format!("{name}-t"),
+        name,
+        JobGroup::new(job, group),
+        res(cpus, mem_mb),
         state,
-        job_version: 0,
-    }
+        0,
+    )
+}
+
+/// `task` with the id `id`.
+pub(crate) fn with_id(task: TaskView, id: &str) -> TaskView {
+    TaskView::new(
+        id,
+        task.name(),
+        task.job_group().clone(),
+        task.resources.clone(),
+        task.state,
+        task.job_version,
+    )
 }
 
 pub(crate) fn on(mut agent: AgentView, tasks: Vec<TaskView>) -> AgentView {
@@ -118,7 +129,7 @@ pub(crate) fn apply(snapshot: &mut ClusterSnapshot, plan: &Plan) {
     for stop in &plan.stop {
         for agent in snapshot.agents.iter_mut().filter(|a| a.id == stop.agent) {
             Arc::make_mut(agent).update_tasks(|tasks| {
-                for task in tasks.iter_mut().filter(|t| *t.id == *stop.task_id) {
+                for task in tasks.iter_mut().filter(|t| *t.id() == *stop.task_id) {
                     Arc::make_mut(task).state = TaskState::Killed;
                 }
             });

@@ -35,6 +35,7 @@ const table = (heads, rows) =>
     h("tbody", {}, rows.length ? rows : [h("tr", {}, h("td", { colspan: heads.length, class: "muted" }, "none"))]));
 const when = (ms) => (ms ? new Date(ms).toISOString().replace(".000", "") : "—");
 
+// Puts a page on screen. Pages take the one they should use as an argument (see `route`).
 function show(...nodes) {
   const main = document.getElementById("main");
   main.replaceChildren(...nodes);
@@ -56,7 +57,7 @@ async function api(path, options = {}) {
 
 // --- pages ----------------------------------------------------------------------------------
 
-async function overview() {
+async function overview(_, show) {
   const [status, jobs, agents] = await Promise.all([
     api("/v1/status"), api("/v1/jobs"), api("/v1/agents"),
   ]);
@@ -106,7 +107,7 @@ async function brokerFigures() {
   }
 }
 
-async function jobsPage() {
+async function jobsPage(_, show) {
   const list = await api("/v1/jobs");
   show(
     h("h1", {}, "Jobs"),
@@ -124,7 +125,7 @@ async function jobsPage() {
 // A job document's groups in a line each: `web × 3: sleep 600`.
 const groupLines = (spec) => (spec.group || []).map((g) => `${g.name} × ${g.count}: ${g.command} ${(g.args || []).join(" ")}`);
 
-async function jobPage(name) {
+async function jobPage(name, show) {
   const [job, history] = await Promise.all([
     api(`/v1/job/${encodeURIComponent(name)}`),
     api(`/v1/job/${encodeURIComponent(name)}/versions`),
@@ -164,13 +165,13 @@ function evaluationsTable(evals) {
     )));
 }
 
-async function evaluationsPage() {
+async function evaluationsPage(_, show) {
   const list = await api("/v1/evaluations?limit=100");
   show(h("h1", {}, "Evaluations"), h("p", { class: "muted" }, `${list.total} in all, newest first`),
     evaluationsTable(list.evaluations));
 }
 
-async function evaluationPage(id) {
+async function evaluationPage(id, show) {
   const e = await api(`/v1/evaluation/${encodeURIComponent(id)}`);
   const row = (k, v) => h("tr", {}, h("th", {}, k), h("td", {}, v));
   show(h("h1", {}, `Evaluation ${e.id}`),
@@ -197,7 +198,7 @@ function scheduling(a) {
   return badge(a.eligible ? "eligible" : "ineligible");
 }
 
-async function agentsPage() {
+async function agentsPage(_, show) {
   const list = await api("/v1/agents");
   show(h("h1", {}, "Agents"),
     table(["Id", "Hostname", "Address", "Status", "Scheduling", "CPU", "Memory", "Tasks "],
@@ -209,7 +210,7 @@ async function agentsPage() {
         num(a.tasks)))));
 }
 
-async function agentPage(id) {
+async function agentPage(id, show) {
   const detail = await api(`/v1/agent/${encodeURIComponent(id)}`);
   const a = detail.agent;
   show(h("h1", {}, `Agent ${a.id}`),
@@ -282,7 +283,12 @@ function route() {
       const arg = match[1] ? decodeURIComponent(match[1]) : undefined;
       document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === nav));
       if (!hash.startsWith("#/job/")) state.logs = null;
-      state.render = () => page(arg);
+      // A page shows what it rendered only while it is still the page routed to: a render
+      // still waiting on the API when the user moves on must not cover the next page.
+      const render = () => page(arg, (...nodes) => {
+        if (state.render === render) show(...nodes);
+      });
+      state.render = render;
       return refresh();
     }
   }
@@ -298,7 +304,7 @@ async function refresh() {
       await render();
     } catch (e) {
       if (e instanceof Unauthorized) return signIn(e.message);
-      show(h("p", { class: "error" }, String(e.message || e)));
+      if (state.render === render) show(h("p", { class: "error" }, String(e.message || e)));
     }
   })();
   return refreshing;

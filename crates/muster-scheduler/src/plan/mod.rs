@@ -1,0 +1,186 @@
+//! What a scheduler sees, what it proposes, and what the plan applier answers.
+//!
+//! A [`ClusterSnapshot`] is a consistent view of the cluster at one state index. A scheduler
+//! turns it and an [`Evaluation`](muster_model::Evaluation) into a [`Plan`]: tasks to
+//! place, tasks to stop, and [`Demand`]s it could not place. The leading master applies plans
+//! one at a time and answers each with a [`PlanResult`]; placements that no longer fit (another
+//! scheduler got there first) come back rejected.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use muster_model::{AgentId, Demand, EvalId, Job, Resources, TaskState};
+
+mod agent_view;
+mod job_index;
+
+pub(crate) use agent_view::job_hash;
+pub use agent_view::{AgentView, JobGroup, TaskView};
+pub use job_index::JobIndex;
+
+/// A consistent view of the cluster: the input of every scheduler.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterSnapshot {
+    /// The state index this view is as of; plans carry it so the applier knows how stale they
+    /// are.
+    pub index: u64,
+    /// The agents that can take work, with their tasks, ordered by id (see
+    /// [`agents_by_id`](Self::agents_by_id)). Shared: a master keeps one view per agent and
+    /// rebuilds only the agents that changed, so a snapshot costs a pointer per agent, not a
+    /// copy of every task.
+    pub agents: Vec<Arc<AgentView>>,
+    /// The registered jobs, by name.
+    pub jobs: BTreeMap<String, Job>,
+    /// Task slots (`web.frontend[0]`) whose task keeps failing and whose replacement backs
+    /// off: schedulers leave them empty for now. An evaluation held back until the wait is
+    /// over places them.
+    pub held: BTreeSet<String>,
+    /// Which agents run tasks of each job, so that a scheduler run visits only those
+    /// ([`JobIndex`]). Optional: without it, or if `agents` changed since it was built, a run
+    /// looks at every agent.
+    pub job_index: Option<Arc<JobIndex>>,
+}
+
+impl ClusterSnapshot {
+    /// The agent with this id, if it is in the snapshot.
+    pub fn agent(&self, id: &AgentId) -> Option<&AgentView> {
+        self.agents
+            .iter()
+            .map(|agent| &**agent)
+            .find(|agent| &agent.id == id)
+    }
+
+    /// The positions in [`agents`](Self::agents) of the agents with a task of `job`
+    /// (running or recently ended), in order, if the snapshot's [`JobIndex`] holds for its
+    /// agents; `None` if there is none, or its agents changed since it was built (then every
+    /// agent must be looked at).
+    pub fn agents_with(&self, job: &str) -> Option<&[u32]> {
+        let index = self.job_index.as_ref()?;
+        index
+            .holds_for(&self.agents)
+            .then(|| index.agents_with(job))
+    }
+
+    /// Its agents ordered by id, each once, as schedulers read them. A master's snapshots
+    /// list them so and are only checked (borrowed); others are sorted into a copy, where an
+    /// id listed twice counts once (the first).
+    pub fn agents_by_id(&self) -> Cow<'_, [Arc<AgentView>]> {
+        let indexed = |index: &Arc<JobIndex>| index.holds_for(&self.agents);
+        if self.job_index.as_ref().is_some_and(indexed)
+            || self.agents.is_sorted_by(|a, b| a.id < b.id)
+        {
+            return Cow::Borrowed(&self.agents);
+        }
+        let mut agents = self.agents.clone();
+        agents.sort_by(|a, b| a.id.cmp(&b.id));
+        agents.dedup_by(|later, earlier| later.id == earlier.id);
+        Cow::Owned(agents)
+    }
+}
+
+/// A task to start on an agent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Placement {
+    /// The agent.
+    pub agent: AgentId,
+    /// A fresh unique id: `{name}-{8 hex digits}`.
+    pub task_id: String,
+    /// The slot it fills.
+    pub name: String,
+    /// Its job.
+    pub job: String,
+    /// Its task group.
+    pub group: String,
+    /// What it needs.
+    pub resources: Resources,
+    /// The program it runs.
+    pub command: String,
+    /// Its arguments.
+    pub args: Vec<String>,
+    /// Its environment.
+    pub env: BTreeMap<String, String>,
+    /// The user it runs as; empty for the agent's task user.
+    pub user: String,
+    /// The job version it was placed at; 0 if unknown. A task placed at a version older than
+    /// its group's [`spec_version`](muster_model::TaskGroup::spec_version) is
+    /// outdated and replaced.
+    pub job_version: u64,
+}
+
+impl Placement {
+    /// The task this placement starts, as a scheduler sees it before its agent reports it
+    /// (staging).
+    pub fn staged_task(&self) -> TaskView {
+        TaskView::new(
+            &self.task_id,
+            &self.name,
+            JobGroup::new(&self.job, &self.group),
+            self.resources.clone(),
+            TaskState::Staging,
+            self.job_version,
+        )
+    }
+}
+
+/// A task to stop.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Stop {
+    /// The agent it runs on.
+    pub agent: AgentId,
+    /// The task.
+    pub task_id: String,
+}
+
+/// A scheduler's proposal for one evaluation.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    /// The evaluation it answers.
+    pub eval: EvalId,
+    /// The job.
+    pub job: String,
+    /// The job's version it was planned for (0 if the job is gone).
+    pub job_version: u64,
+    /// The index of the snapshot it was planned against.
+    pub snapshot_index: u64,
+    /// Tasks to start.
+    pub place: Vec<Placement>,
+    /// Tasks to stop.
+    pub stop: Vec<Stop>,
+    /// What did not fit: one demand per task group that had tasks left unplaced.
+    pub unplaced: Vec<Demand>,
+}
+
+impl Plan {
+    /// A plan that changes nothing.
+    pub fn empty(eval: EvalId, job: impl Into<String>, snapshot_index: u64) -> Self {
+        Plan {
+            eval,
+            job: job.into(),
+            job_version: 0,
+            snapshot_index,
+            place: Vec::new(),
+            stop: Vec::new(),
+            unplaced: Vec::new(),
+        }
+    }
+
+    /// Whether applying it would change nothing (it may still report unplaced demands).
+    pub fn is_noop(&self) -> bool {
+        self.place.is_empty() && self.stop.is_empty()
+    }
+}
+
+/// The plan applier's answer.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PlanResult {
+    /// Placements it committed.
+    pub committed: Vec<Placement>,
+    /// Placements that no longer fit (or were otherwise refused).
+    pub rejected: Vec<Placement>,
+    /// Stops it committed.
+    pub stopped: Vec<Stop>,
+    /// The state index after applying; a scheduler that plans again refreshes its snapshot to
+    /// at least this index.
+    pub index: u64,
+}
