@@ -28,7 +28,8 @@
 //! under 100 s), and at most 200 bytes of heap per task.
 //!
 //! `cargo bench --bench c2m` places 200,000 tasks (200 jobs) per run, which takes well under a
-//! minute; `MUSTER_C2M_TASKS=2000000 cargo bench --bench c2m` is the full challenge. This bench
+//! minute; `MUSTER_C2M_TASKS=2000000 cargo bench --bench c2m` is the full challenge, and
+//! `MUSTER_C2M_PLACEMENT=binpack` (or `spread`) runs one placer only. This bench
 //! is a plain program rather than a criterion group: one run of the full size takes minutes,
 //! and its figure is a rate over the run, printed as it goes.
 
@@ -440,6 +441,12 @@ fn main() {
             .unwrap_or_else(|| panic!("MUSTER_C2M_TASKS={value:?} is not a positive number")),
         Err(_) => DEFAULT_TASKS,
     };
+    let placements = match std::env::var("MUSTER_C2M_PLACEMENT").as_deref() {
+        Err(_) => vec![Placement::Binpack, Placement::Spread],
+        Ok("binpack") => vec![Placement::Binpack],
+        Ok("spread") => vec![Placement::Spread],
+        Ok(other) => panic!("MUSTER_C2M_PLACEMENT={other:?} is not binpack or spread"),
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -449,7 +456,7 @@ fn main() {
         eprintln!(
             "c2m: {tasks} tasks in jobs of {TASKS_PER_JOB} on {AGENTS} agents (mutual TLS, ACLs)"
         );
-        for placement in [Placement::Binpack, Placement::Spread] {
+        for placement in placements {
             eprintln!("{placement:?}:");
             let figures = run(placement, tasks).await;
             eprintln!(

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use muster_model::{AgentId, Constraint, DrainPhase, Resources, TaskState};
 
@@ -9,7 +10,10 @@ use muster_model::{AgentId, Constraint, DrainPhase, Resources, TaskState};
 /// tasks hold worked out once: a scheduler run finds a job's tasks on an agent by a binary
 /// search over a small directory of job-name hashes, and never walks the agent's other tasks
 /// ([`AgentView::tasks_of`]).
-#[derive(Clone, Debug, PartialEq)]
+///
+/// Two views are equal when what they say of the agent is: the stamps that tell their
+/// histories apart are not compared.
+#[derive(Debug)]
 pub struct AgentView {
     /// Its id.
     pub id: AgentId,
@@ -33,6 +37,64 @@ pub struct AgentView {
     used: Resources,
     /// How many of its tasks are live.
     live: usize,
+    /// Tells these tasks apart from every other view's: each view built, cloned or changed
+    /// gets a new one.
+    stamp: u64,
+    /// What is known of how these tasks came from those of an earlier view, if only tasks were
+    /// added since (see [`AgentView::jobs_added_since`]).
+    growth: Option<Growth>,
+}
+
+/// How a view's tasks grew from those of the view stamped `from`: tasks were only added, and
+/// these are the jobs it had no task of.
+#[derive(Clone, Debug)]
+struct Growth {
+    from: u64,
+    new_jobs: Vec<Arc<JobGroup>>,
+}
+
+/// The source of [`AgentView`] stamps.
+static NEXT_STAMP: AtomicU64 = AtomicU64::new(1);
+
+fn next_stamp() -> u64 {
+    NEXT_STAMP.fetch_add(1, Ordering::Relaxed)
+}
+
+impl Clone for AgentView {
+    /// The same view, stamped anew as grown from this one by nothing yet: what a master does
+    /// with a view a snapshot shares ([`Arc::make_mut`]) before adding tasks to it.
+    fn clone(&self) -> Self {
+        AgentView {
+            id: self.id.clone(),
+            attributes: self.attributes.clone(),
+            total: self.total.clone(),
+            eligible: self.eligible,
+            drain: self.drain,
+            tasks: self.tasks.clone(),
+            jobs: self.jobs.clone(),
+            used: self.used.clone(),
+            live: self.live,
+            stamp: next_stamp(),
+            growth: Some(Growth {
+                from: self.stamp,
+                new_jobs: Vec::new(),
+            }),
+        }
+    }
+}
+
+impl PartialEq for AgentView {
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && self.attributes == other.attributes
+            && self.total == other.total
+            && self.eligible == other.eligible
+            && self.drain == other.drain
+            && self.tasks == other.tasks
+            && self.jobs == other.jobs
+            && self.used == other.used
+            && self.live == other.live
+    }
 }
 
 impl AgentView {
@@ -53,6 +115,8 @@ impl AgentView {
             jobs: Vec::new(),
             used: Resources::default(),
             live: 0,
+            stamp: 0,
+            growth: None,
         };
         view.index();
         view
@@ -124,8 +188,13 @@ impl AgentView {
                 entry.end += 1;
             }
         }
+        self.stamp = next_stamp();
         if found.is_none() {
+            if let Some(growth) = &mut self.growth {
+                growth.new_jobs.push(Arc::clone(task.job_group()));
+            }
             let k = first + self.jobs[first..].partition_point(|entry| entry.hash == hash);
+            grow_by_an_eighth(&mut self.jobs);
             let entry = JobTasks {
                 hash,
                 start: at,
@@ -137,12 +206,23 @@ impl AgentView {
             self.live += 1;
             self.used = self.used.saturating_add(&task.resources);
         }
+        grow_by_an_eighth(&mut self.tasks);
         self.tasks.insert(at as usize, task);
     }
 
+    /// The jobs this view has tasks of and `was` has not, if this view is `was` with tasks
+    /// added ([`AgentView::add_task`]) and nothing else changed in its tasks; `None` if that
+    /// is not known (then [`job_changes`] tells).
+    pub(super) fn jobs_added_since(&self, was: &AgentView) -> Option<Vec<&str>> {
+        let growth = self.growth.as_ref().filter(|g| g.from == was.stamp)?;
+        Some(growth.new_jobs.iter().map(|group| &*group.job).collect())
+    }
+
     /// Orders the tasks by job (stable: otherwise as given) and works out what the live ones
-    /// hold.
+    /// hold, stamping the view anew: how its tasks came to be is no longer known.
     fn index(&mut self) {
+        self.stamp = next_stamp();
+        self.growth = None;
         // Tasks of one group share their job and group: a pointer comparison first.
         let same_job = |a: &TaskView, b: &TaskView| {
             Arc::ptr_eq(a.job_group(), b.job_group()) || a.job() == b.job()
@@ -260,6 +340,15 @@ struct JobTasks {
     hash: u64,
     start: u32,
     end: u32,
+}
+
+/// Makes room in a full `list` for an eighth more: a view updated in place was cloned from
+/// the one a snapshot holds (a clone has no room to spare), and doubling would leave a
+/// master's every changed view half empty.
+fn grow_by_an_eighth<T>(list: &mut Vec<T>) {
+    if list.len() == list.capacity() {
+        list.reserve_exact(list.len() / 8 + 1);
+    }
 }
 
 /// A job name's hash for [`AgentView::tasks_of`] (FNV-1a: short names, no seed needed, as

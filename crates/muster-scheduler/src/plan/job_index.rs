@@ -102,7 +102,12 @@ impl JobIndex {
         }
         for (was, at) in changed {
             let now = &agents[at as usize];
-            let (gone, new) = job_changes(was, now);
+            // A view grown from the one the index holds by added tasks says which jobs are
+            // new; otherwise the two job directories are compared.
+            let (gone, new) = match was.and_then(|was| now.jobs_added_since(was)) {
+                Some(new) => (Vec::new(), new),
+                None => job_changes(was, now),
+            };
             for job in gone {
                 if let Some(list) = jobs.get_mut(job) {
                     let list = Arc::make_mut(list);
@@ -154,9 +159,12 @@ impl JobIndex {
 mod tests {
     use std::borrow::Cow;
 
+    use muster_model::{Resources, TaskState};
+
     use super::*;
     use crate::plan::ClusterSnapshot;
     use crate::plan::agent_view::tests::running;
+    use crate::plan::agent_view::{JobGroup, TaskView};
 
     #[test]
     fn the_job_index_lists_the_agents_of_each_job_and_is_kept_when_nothing_changed() {
@@ -196,9 +204,29 @@ mod tests {
                 let n = rng.u32(0..40);
                 let at = agents.binary_search_by(|a| a.id.cmp(&running(n, &[]).id));
                 let some_jobs: Vec<&str> = jobs.iter().copied().filter(|_| rng.bool()).collect();
-                match (at, rng.u8(0..3)) {
+                match (at, rng.u8(0..5)) {
                     (Ok(at), 0) => {
                         agents.remove(at);
+                    }
+                    // Tasks added in place, as a master adds the ones it places: the view
+                    // says which jobs are new since the one the index holds.
+                    (Ok(at), 1 | 2) => {
+                        for _ in 0..rng.usize(1..3) {
+                            let job = jobs[rng.usize(..jobs.len())];
+                            let id = format!("{job}-{n}-{round}-{}", rng.u32(..));
+                            let task = TaskView::new(
+                                &id,
+                                &id,
+                                JobGroup::new(job, "g"),
+                                Resources::default(),
+                                TaskState::Running,
+                                0,
+                            );
+                            // Sometimes another snapshot still holds the view: the
+                            // change goes to a copy of a copy the index never saw.
+                            let _held = rng.bool().then(|| Arc::clone(&agents[at]));
+                            Arc::make_mut(&mut agents[at]).add_task(Arc::new(task));
+                        }
                     }
                     (Ok(at), _) => agents[at] = running(n, &some_jobs),
                     (Err(at), _) => agents.insert(at, running(n, &some_jobs)),
