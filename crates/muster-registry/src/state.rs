@@ -227,11 +227,55 @@ impl RegistryState {
     /// right and collecting the job's oldest ended evaluations past the limit.
     fn put_eval(&mut self, eval: Evaluation) {
         self.take_eval(&eval.id);
+        self.insert_eval(eval);
+    }
+
+    /// Stores `evals`, none of which is stored now. Of one job's evaluations ending in the
+    /// batch, only the newest [`ENDED_EVALS_KEPT_PER_JOB`] can be kept: the others are not
+    /// stored only to be collected at once (a storm's cancellations end thousands of one job's
+    /// evaluations in one entry).
+    fn insert_evals(&mut self, evals: Vec<Evaluation>) {
+        let (mut ended, live): (Vec<_>, Vec<_>) =
+            evals.into_iter().partition(|eval| has_ended(eval.status));
+        for eval in live {
+            self.insert_eval(eval);
+        }
+        // Each job's ended evaluations together, oldest first (the ended index's order).
+        ended.sort_unstable_by(|a, b| {
+            a.job.cmp(&b.job).then_with(|| {
+                (a.modify_index, a.create_index, &a.id).cmp(&(
+                    b.modify_index,
+                    b.create_index,
+                    &b.id,
+                ))
+            })
+        });
+        let mut kept = vec![false; ended.len()];
+        let mut start = 0;
+        while start < ended.len() {
+            let job = &ended[start].job;
+            let end = start + ended[start..].iter().take_while(|e| e.job == *job).count();
+            let newest = end.saturating_sub(ENDED_EVALS_KEPT_PER_JOB).max(start);
+            kept[newest..end].fill(true);
+            start = end;
+        }
+        for (eval, kept) in ended.into_iter().zip(kept) {
+            if kept {
+                self.insert_eval(eval);
+            }
+        }
+    }
+
+    /// Stores `eval`, which is not stored now.
+    fn insert_eval(&mut self, eval: Evaluation) {
         if !has_ended(eval.status) {
             self.evals.insert(eval.id.clone(), eval);
             return;
         }
-        let ended = self.ended.entry(eval.job.clone()).or_default();
+        let ended = match self.ended.get_mut(&eval.job) {
+            Some(ended) => ended,
+            None => self.ended.entry(eval.job.clone()).or_default(),
+        };
         ended.insert(ended_key(&eval));
         self.evals.insert(eval.id.clone(), eval);
         while ended.len() > ENDED_EVALS_KEPT_PER_JOB {
@@ -340,17 +384,18 @@ impl RegistryState {
                 status,
                 description,
             } => {
-                let mut changed = 0;
+                let mut changed = Vec::with_capacity(ids.len());
                 for id in ids {
                     if let Some(mut eval) = self.take_eval(&id) {
                         eval.status = status;
                         eval.status_description.clone_from(&description);
                         eval.modify_index = index;
-                        self.put_eval(eval);
-                        changed += 1;
+                        changed.push(eval);
                     }
                 }
-                Ok(Outcome::EvalsStored(changed))
+                let count = changed.len();
+                self.insert_evals(changed);
+                Ok(Outcome::EvalsStored(count))
             }
             Op::Together(ops) => Ok(Outcome::Together(
                 ops.into_iter().map(|op| self.apply(op, index)).collect(),
@@ -582,22 +627,26 @@ mod tests {
         assert_eq!((stored.create_index, stored.modify_index), (7, 11));
     }
 
-    #[test]
-    fn ended_evaluations_past_the_limit_are_collected_oldest_first() {
-        use muster_model::{Evaluation, Job, SchedulerType, Trigger};
-        let job = |name: &str| Job {
+    /// A system job named `name`, with no groups.
+    fn system_job(name: &str) -> muster_model::Job {
+        muster_model::Job {
             name: name.into(),
             priority: 50,
-            scheduler: SchedulerType::System,
+            scheduler: muster_model::SchedulerType::System,
             groups: Vec::new(),
             stopped: false,
             version: 0,
-        };
+        }
+    }
+
+    #[test]
+    fn ended_evaluations_past_the_limit_are_collected_oldest_first() {
+        use muster_model::{Evaluation, Trigger};
         let mut state = RegistryState::default();
         let storm: Vec<Evaluation> = (0..100)
-            .map(|_| Evaluation::new(&job("web"), Trigger::JobRegister))
+            .map(|_| Evaluation::new(&system_job("web"), Trigger::JobRegister))
             .collect();
-        let other = Evaluation::new(&job("db"), Trigger::JobRegister);
+        let other = Evaluation::new(&system_job("db"), Trigger::JobRegister);
         let mut all = storm.clone();
         all.push(other.clone());
         state.apply(Op::UpsertEvals(all), 1).expect("stored");
@@ -653,6 +702,65 @@ mod tests {
             state.evals.values().filter(|e| e.job == "web").count(),
             ENDED_EVALS_KEPT_PER_JOB + 9
         );
+    }
+
+    #[test]
+    fn a_batch_of_status_changes_stores_what_changing_them_one_by_one_would() {
+        use muster_model::{Evaluation, Trigger};
+        let mut rng = fastrand::Rng::with_seed(3);
+        let statuses = [
+            EvalStatus::Pending,
+            EvalStatus::Blocked,
+            EvalStatus::Complete,
+            EvalStatus::Canceled,
+        ];
+        let mut batched = RegistryState::default();
+        for round in 0..40u64 {
+            let evals: Vec<Evaluation> = (0..rng.usize(0..60))
+                .map(|_| {
+                    Evaluation::new(
+                        &system_job(["a", "b", "c"][rng.usize(..3)]),
+                        Trigger::JobRegister,
+                    )
+                })
+                .collect();
+            batched
+                .apply(Op::UpsertEvals(evals), 1 + 2 * round)
+                .expect("stored");
+            let ids: Vec<_> = batched
+                .evals
+                .keys()
+                .filter(|_| rng.u8(..3) == 0)
+                .cloned()
+                .collect();
+            let status = statuses[rng.usize(..statuses.len())];
+            let index = 2 + 2 * round;
+            // The same change on a copy: every evaluation taken out, then stored again one at
+            // a time, each collecting what it pushes past the limit.
+            let mut one_by_one = batched.clone();
+            let taken: Vec<Evaluation> = ids
+                .iter()
+                .filter_map(|id| one_by_one.take_eval(id))
+                .collect();
+            for mut eval in taken {
+                eval.status = status;
+                eval.status_description = "why".into();
+                eval.modify_index = index;
+                one_by_one.put_eval(eval);
+            }
+            batched
+                .apply(
+                    Op::SetEvalStatus {
+                        ids,
+                        status,
+                        description: "why".into(),
+                    },
+                    index,
+                )
+                .expect("stored");
+            assert_eq!(batched, one_by_one, "round {round}");
+            assert_eq!(batched.ended, one_by_one.ended, "round {round}");
+        }
     }
 
     /// A job of `groups`, each given as (name, count, command).

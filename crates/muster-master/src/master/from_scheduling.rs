@@ -23,9 +23,10 @@ use muster_scheduler::{
 };
 
 use super::Master;
+use crate::cluster::Cluster;
 use crate::error::ServiceError;
 use crate::metrics::MasterInstruments;
-use crate::task_record::{LaunchDeadline, TaskDetail, TaskRecord};
+use crate::task_record::{LaunchDeadline, TaskDetail, TaskInterner, TaskRecord};
 
 /// What scheduler workers and the blocked-queue send the master.
 #[derive(Debug)]
@@ -261,50 +262,82 @@ impl Master {
                 result.stopped.push(stop);
             }
         }
-        // One launch message per agent for the whole plan.
-        let mut launches: HashMap<String, Vec<pb::RunTask>> = HashMap::new();
         // A plan made before an agent was drained or made ineligible places nothing there.
         let scheduling = self.agent_scheduling();
-        // What is free on each agent this plan places on, worked out once per agent (a walk
-        // over its tasks) and then reduced by each placement committed there.
-        let mut free: HashMap<String, Option<Resources>> = HashMap::new();
+        // Per agent the plan places on: what is free there (worked out once, then reduced by
+        // each placement committed there), and its one launch message for the whole plan.
+        let mut per_agent: HashMap<String, AgentLaunch> = HashMap::new();
         let mut shared = HashMap::new();
+        // Without a node (in-process benches) nothing is sent: the tasks stay staged.
+        let launch_deadline = self.node.is_some().then(|| {
+            let now = tokio::time::Instant::now();
+            LaunchDeadline::after(self.launch_clock, now, self.config.launch_timeout)
+        });
+        let Cluster {
+            agents,
+            frameworks,
+            interner,
+            ..
+        } = &mut self.cluster;
         for placement in plan.place {
             let eligible = scheduling
                 .get(&placement.agent.0)
                 .is_none_or(|s| s.eligible);
-            if !free.contains_key(&placement.agent.0) {
-                let left = self
-                    .cluster
-                    .agents
-                    .get(&placement.agent.0)
-                    .filter(|agent| agent.connected)
-                    .map(|agent| agent.free());
-                free.insert(placement.agent.0.clone(), left);
-            }
-            // The model's one fit rule, as the schedulers and the blocked-queue use it.
-            let left = free
+            let agent = agents
                 .get_mut(&placement.agent.0)
-                .and_then(Option::as_mut)
-                .filter(|left| eligible && placement.resources.fits_in(left));
-            if let Some(left) = left {
-                *left = left.saturating_sub(&placement.resources);
-                if let Some(run) = self.stage_placement(&placement, &mut shared) {
-                    match launches.get_mut(&placement.agent.0) {
-                        Some(runs) => runs.push(run),
-                        None => {
-                            launches.insert(placement.agent.0.clone(), vec![run]);
-                        }
-                    }
-                }
-                result.committed.push(placement);
-            } else {
+                .filter(|agent| agent.connected);
+            let launch = match per_agent.get_mut(&placement.agent.0) {
+                Some(launch) => launch,
+                None => per_agent
+                    .entry(placement.agent.0.clone())
+                    .or_insert_with(|| AgentLaunch {
+                        free: agent.as_ref().map(|agent| agent.free()),
+                        runs: Vec::new(),
+                    }),
+            };
+            // The model's one fit rule, as the schedulers and the blocked-queue use it.
+            let fits = launch
+                .free
+                .as_ref()
+                .is_some_and(|left| eligible && placement.resources.fits_in(left));
+            let (Some(agent), true) = (agent, fits) else {
                 result.rejected.push(placement);
+                continue;
+            };
+            if let Some(left) = &mut launch.free {
+                *left = left.saturating_sub(&placement.resources);
             }
+            let group = GroupShared::of(&placement, &mut shared, interner, frameworks);
+            let task = TaskRecord {
+                view: Arc::new(TaskView::new(
+                    &placement.task_id,
+                    &placement.name,
+                    group.job_group,
+                    placement.resources.clone(),
+                    TaskState::Staging,
+                    placement.job_version,
+                )),
+                detail: group.detail,
+                exit_code: 0,
+                launch_deadline,
+                message: Box::default(),
+            };
+            launch.runs.push(pb::RunTask {
+                framework: Some(pb::Framework {
+                    id: placement.job.clone(),
+                    name: placement.job.clone(),
+                }),
+                task: Some(task.to_wire()),
+                term: self.term,
+            });
+            agent.add_task(task);
+            result.committed.push(placement);
         }
-        for (agent_id, tasks) in launches {
-            self.watch_launches(&agent_id, ctx);
-            self.send_launch(agent_id, tasks, ctx);
+        for (agent_id, launch) in per_agent {
+            if !launch.runs.is_empty() {
+                self.watch_launches(&agent_id, ctx);
+                self.send_launch(agent_id, launch.runs, ctx);
+            }
         }
         result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
             self.next_index()
@@ -320,80 +353,6 @@ impl Master {
         reply.send(Ok(result));
     }
 
-    /// Records a placement's task on its agent, staging; returns what to send the agent, and
-    /// the task's id. `shared` keeps, per task group, what this plan's tasks of the group share, interned
-    /// once per plan.
-    fn stage_placement(
-        &mut self,
-        placement: &Placement,
-        shared: &mut HashMap<String, GroupShared>,
-    ) -> Option<pb::RunTask> {
-        if !self.cluster.frameworks.contains_key(&placement.job) {
-            self.cluster.add_frameworks(vec![pb::Framework {
-                id: placement.job.clone(),
-                name: placement.job.clone(),
-            }]);
-        }
-        let interner = &mut self.cluster.interner;
-        let group = match shared.get(&placement.group) {
-            Some(group) if group.describes(placement) => group.clone(),
-            _ => {
-                let mut env: Vec<(String, String)> = placement
-                    .env
-                    .iter()
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                env.sort_unstable();
-                let no_labels = interner.labels(Vec::new());
-                let group = GroupShared {
-                    job_group: interner.job_group(&placement.job, &placement.group),
-                    detail: interner.detail(TaskDetail {
-                        framework_id: placement.job.clone(),
-                        command: placement.command.clone(),
-                        args: placement.args.clone(),
-                        env,
-                        user: placement.user.clone(),
-                        labels: no_labels,
-                    }),
-                };
-                shared.insert(placement.group.clone(), group.clone());
-                group
-            }
-        };
-        // Without a node (in-process benches) nothing is sent: the task stays staged.
-        let launch_deadline = self.node.is_some().then(|| {
-            let now = tokio::time::Instant::now();
-            LaunchDeadline::after(self.launch_clock, now, self.config.launch_timeout)
-        });
-        let task = TaskRecord {
-            view: Arc::new(TaskView::new(
-                &placement.task_id,
-                &placement.name,
-                group.job_group,
-                placement.resources.clone(),
-                TaskState::Staging,
-                placement.job_version,
-            )),
-            detail: group.detail,
-            exit_code: 0,
-            launch_deadline,
-            message: Box::default(),
-        };
-        let run = pb::RunTask {
-            framework: Some(pb::Framework {
-                id: placement.job.clone(),
-                name: placement.job.clone(),
-            }),
-            task: Some(task.to_wire()),
-            term: self.term,
-        };
-        self.cluster
-            .agents
-            .get_mut(&placement.agent.0)?
-            .add_task(task);
-        Some(run)
-    }
-
     /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
     /// comes back as a status update). Tasks that cannot even be sent fail now.
     fn send_launch(&mut self, agent_id: String, tasks: Vec<pb::RunTask>, ctx: &mut Context<Self>) {
@@ -404,24 +363,17 @@ impl Master {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
-        // Only the ids are kept for a failure: the tasks are as staged on the agent's entry.
-        let ids: Vec<String> = tasks
-            .iter()
-            .filter_map(|run| Some(run.task.as_ref()?.id.clone()))
-            .collect();
+        let launched = tasks.len();
         let Err(e) = node.remote(upid).tell(pb::LaunchTasks {
             tasks,
             term: self.term,
         }) else {
             return;
         };
-        tracing::warn!(agent = %agent_id, error = %e, tasks = ids.len(), "launch failed");
-        let staged: Vec<TaskRecord> = agent
-            .tasks
-            .iter()
-            .filter(|task| ids.iter().any(|id| id == task.id()))
-            .cloned()
-            .collect();
+        tracing::warn!(agent = %agent_id, error = %e, tasks = launched, "launch failed");
+        // They are the agent's last tasks: the plan just added them, in order.
+        let staged: Vec<TaskRecord> =
+            agent.tasks[agent.tasks.len().saturating_sub(launched)..].to_vec();
         for mut failed in staged {
             failed.set_state(TaskState::Failed);
             failed.exit_code = -1;
@@ -532,7 +484,58 @@ struct GroupShared {
     detail: Arc<TaskDetail>,
 }
 
+/// What one agent gets from a plan: what is free there as placements are committed (`None`
+/// for an agent that is gone or not connected), and the tasks to launch.
+struct AgentLaunch {
+    free: Option<Resources>,
+    runs: Vec<pb::RunTask>,
+}
+
 impl GroupShared {
+    /// What `placement`'s group shares, interned once per plan and group (kept in `shared`);
+    /// its job becomes a known framework.
+    fn of(
+        placement: &Placement,
+        shared: &mut HashMap<String, GroupShared>,
+        interner: &mut TaskInterner,
+        frameworks: &mut HashMap<String, pb::Framework>,
+    ) -> GroupShared {
+        if let Some(group) = shared.get(&placement.group)
+            && group.describes(placement)
+        {
+            return group.clone();
+        }
+        if !frameworks.contains_key(&placement.job) {
+            frameworks.insert(
+                placement.job.clone(),
+                pb::Framework {
+                    id: placement.job.clone(),
+                    name: placement.job.clone(),
+                },
+            );
+        }
+        let mut env: Vec<(String, String)> = placement
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        env.sort_unstable();
+        let no_labels = interner.labels(Vec::new());
+        let group = GroupShared {
+            job_group: interner.job_group(&placement.job, &placement.group),
+            detail: interner.detail(TaskDetail {
+                framework_id: placement.job.clone(),
+                command: placement.command.clone(),
+                args: placement.args.clone(),
+                env,
+                user: placement.user.clone(),
+                labels: no_labels,
+            }),
+        };
+        shared.insert(placement.group.clone(), group.clone());
+        group
+    }
+
     /// Whether `placement` runs what this describes (a plan from another program could name
     /// one group with two programs; each then gets its own).
     fn describes(&self, placement: &Placement) -> bool {
