@@ -18,7 +18,7 @@
 //! Baseline `job_walk`, same run: the least any planner does, touching each of the job's
 //! 1,000 tasks once (a `HashSet` of their slot names).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::hint::black_box;
 use std::sync::Arc;
 use std::time::Duration;
@@ -58,11 +58,12 @@ fn job(name: &str, scheduler: SchedulerType, count: u32) -> Job {
     }
 }
 
-fn task(job: &str, name: String, n: usize) -> TaskView {
+/// A task of `group` filling slot `name`; the tasks of a group share it, as a master's do.
+fn task(group: &Arc<JobGroup>, name: String, n: usize) -> TaskView {
     TaskView::new(
         &format!("{name}-{n:08x}"),
         &name,
-        JobGroup::new(job, "g"),
+        Arc::clone(group),
         TASK,
         TaskState::Running,
         1,
@@ -92,6 +93,10 @@ fn snapshot(agents: usize) -> ClusterSnapshot {
         let name = system_name(j);
         jobs.insert(name.clone(), job(&name, SchedulerType::System, 1));
     }
+    let groups: HashMap<String, Arc<JobGroup>> = jobs
+        .keys()
+        .map(|name| (name.clone(), JobGroup::new(name, "g")))
+        .collect();
     let views: Vec<Arc<AgentView>> = (0..agents)
         .map(|n| {
             let id = format!("agent-{n:05}");
@@ -100,11 +105,11 @@ fn snapshot(agents: usize) -> ClusterSnapshot {
                 let slot = n * SERVICE_PER_AGENT + s;
                 let (j, index) = (slot % service_jobs, slot / service_jobs);
                 let job = service_name(j);
-                tasks.push(task(&job, format!("{job}.g[{index}]"), slot));
+                tasks.push(task(&groups[&job], format!("{job}.g[{index}]"), slot));
             }
             for j in 0..SYSTEM_JOBS {
                 let job = system_name(j);
-                tasks.push(task(&job, format!("{job}.g[{id}]"), n));
+                tasks.push(task(&groups[&job], format!("{job}.g[{id}]"), n));
             }
             Arc::new(AgentView::new(
                 AgentId(id),
