@@ -512,10 +512,26 @@ impl Nodes {
     }
 }
 
-/// One timed `remote_tell` iteration: tell the sink (locally, through its `Pid`) how many ticks
-/// to expect, tell `n` ticks through node A, and wait for the sink to have counted the last.
-/// A full peer queue (`max_queued_per_peer`) is waited out, as a sender would; `waits` counts
-/// how often that happened.
+/// One timed `remote_send` iteration: tell the sink (locally, through its `Pid`) how many ticks
+/// to expect, send `n` ticks through node A with `RemotePid::send` (which waits out a full peer
+/// queue and yields now and then), and wait for the sink to have counted the last.
+async fn remote_send_batch(sink: Pid<Sink>, remote: RemotePid, n: u64) {
+    let (done, handled) = oneshot::channel();
+    sink.tell(SinkMsg::Expect(n, done))
+        .expect("the sink process is running");
+    for seq in 0..n {
+        if let Err(e) = remote.send(Ping { seq }).await {
+            panic!("remote send failed: {e}");
+        }
+    }
+    handled
+        .await
+        .expect("the sink answers when all ticks are in");
+}
+
+/// One timed `remote_tell` iteration: as `remote_send_batch`, with `RemotePid::tell`, which
+/// never waits: a full peer queue (`max_queued_per_peer`) is waited out here, as a sender
+/// would; `waits` counts how often that happened.
 async fn remote_tell_batch(sink: Pid<Sink>, remote: RemotePid, n: u64, waits: Arc<AtomicU64>) {
     let (done, handled) = oneshot::channel();
     sink.tell(SinkMsg::Expect(n, done))
@@ -686,13 +702,21 @@ fn bench_remote_tell(c: &mut Criterion) {
             ))
         });
     });
-    group.bench_function("muster_remote_tell_plaintext", |bench| {
+    group.bench_function("muster_remote_send_tls", |bench| {
         bench.to_async(&rt).iter(|| {
-            on_worker(remote_tell_batch(
+            on_worker(remote_send_batch(
+                sink.clone(),
+                remote.clone(),
+                REMOTE_TELLS,
+            ))
+        });
+    });
+    group.bench_function("muster_remote_send_plaintext", |bench| {
+        bench.to_async(&rt).iter(|| {
+            on_worker(remote_send_batch(
                 plain.1.clone(),
                 plain.2.clone(),
                 REMOTE_TELLS,
-                Arc::clone(&waits),
             ))
         });
     });

@@ -15,6 +15,7 @@ use muster_security::testing::TestPki;
 use muster_security::{Role, Security};
 use prost::Message as _;
 use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct Ping {
@@ -703,6 +704,90 @@ async fn rebind(system: &System, address: &str) -> anyhow::Result<Node> {
             Err(e) => return Err(anyhow::Error::new(e).context("rebinding a peer's address")),
         }
     }
+}
+
+/// An address nobody listens on (a port the OS just handed out and took back).
+fn vacant_address() -> anyhow::Result<String> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.to_string())
+}
+
+/// A node whose links queue at most 4 envelopes, with a handle on it to "pong" at `address`
+/// (where nobody listens yet), 4 tells sent with `send`, filling the queue, and a fifth `send`
+/// on its own task, checked to be waiting.
+async fn waiting_send_to(
+    system: &System,
+    address: &str,
+) -> anyhow::Result<(Node, JoinHandle<Result<(), RemoteError>>)> {
+    let mut small_queue = config();
+    small_queue.max_queued_per_peer = 4;
+    small_queue.reconnect_max = Duration::from_millis(100);
+    let a = Node::bind_with(system, "127.0.0.1:0", small_queue).await?;
+    let pong = a.remote(Upid::new("pong", address)?);
+    for seq in 0..4 {
+        pong.send(Ping {
+            seq,
+            payload: vec![],
+        })
+        .await?;
+    }
+    let refused = pong.tell(Ping {
+        seq: 99,
+        payload: vec![],
+    });
+    assert!(
+        matches!(refused, Err(RemoteError::QueueFull(_))),
+        "the queue is full: {refused:?}"
+    );
+    let fifth = tokio::spawn(async move {
+        pong.send(Ping {
+            seq: 4,
+            payload: vec![],
+        })
+        .await
+    });
+    // This test runtime has one thread: a few turns let the send run as far as it can.
+    for _ in 0..20 {
+        tokio::task::yield_now().await;
+    }
+    assert!(!fifth.is_finished(), "send waits while the queue is full");
+    Ok((a, fifth))
+}
+
+#[tokio::test]
+async fn send_waits_for_room_while_the_peer_is_away_and_delivers_in_order_once_it_comes()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let address = vacant_address()?;
+    let (_a, fifth) = waiting_send_to(&system, &address).await?;
+
+    let b = rebind(&system, &address).await?;
+    let (told, mut seqs) = mpsc::unbounded_channel();
+    let pid = system.spawn(Ponger { told });
+    b.register("pong", &pid)?.install::<Ping>(PongerMsg::Note);
+    fifth.await??;
+    for expected in 0..5 {
+        let seq = tokio::time::timeout(Duration::from_secs(10), seqs.recv())
+            .await?
+            .context("ponger gone")?;
+        assert_eq!(seq, expected, "sends arrive in order, the waiting one last");
+    }
+    b.shutdown();
+    Ok(())
+}
+
+#[tokio::test]
+async fn a_send_waiting_for_room_fails_when_its_node_shuts_down() -> anyhow::Result<()> {
+    let system = System::new();
+    let address = vacant_address()?;
+    let (a, fifth) = waiting_send_to(&system, &address).await?;
+    a.shutdown();
+    let outcome = tokio::time::timeout(Duration::from_secs(10), fifth).await??;
+    assert!(
+        matches!(outcome, Err(RemoteError::ConnectionLost(_))),
+        "the waiting send is told the link is gone: {outcome:?}"
+    );
+    Ok(())
 }
 
 /// Answers pings and reports each one it handled.

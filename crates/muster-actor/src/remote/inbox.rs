@@ -5,6 +5,7 @@ use std::any::Any;
 use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
@@ -14,7 +15,7 @@ use muster_security::{Peer, Role};
 
 use super::peer::PeerLink;
 use super::type_name;
-use super::wire::EnvelopeWriter;
+use super::wire::{EnvelopeHead, EnvelopeWriter, FrameSlice};
 use crate::reply::RemoteResponder;
 use crate::{Pid, Process, RemoteError, Reply, TellError};
 
@@ -63,7 +64,7 @@ pub(crate) enum Route {
     Ask(Arc<AskRoute>),
 }
 
-pub(crate) type TellRoute = dyn Fn(&mut dyn Iterator<Item = Bytes>, Option<&Peer>, &mut dyn FnMut(Undelivered))
+pub(crate) type TellRoute = dyn Fn(&Bytes, &mut dyn Iterator<Item = Range<usize>>, Option<&Peer>, &mut dyn FnMut(Undelivered))
     + Send
     + Sync;
 type AskRoute = dyn Fn(Bytes, AskOrigin, Option<&Peer>) -> Result<(), Undelivered> + Send + Sync;
@@ -72,8 +73,11 @@ type AskRoute = dyn Fn(Bytes, AskOrigin, Option<&Peer>) -> Result<(), Undelivere
 /// cluster's members.
 pub const MEMBERS: &[Role] = &[Role::Master, Role::Agent];
 
-type TellDecoder<P> =
-    Box<dyn Fn(Bytes, Option<&Peer>) -> Result<<P as Process>::Message, RemoteError> + Send + Sync>;
+type TellDecoder<P> = Box<
+    dyn Fn(FrameSlice<'_>, Option<&Peer>) -> Result<<P as Process>::Message, RemoteError>
+        + Send
+        + Sync,
+>;
 type AskDecoder<P> = Box<
     dyn Fn(Bytes, AskOrigin, Option<&Peer>) -> Result<<P as Process>::Message, RemoteError>
         + Send
@@ -125,6 +129,11 @@ fn enqueue<P: Process>(pid: &Pid<P>, msg: P::Message) -> Result<(), Undelivered>
     pid.tell(msg).map_err(refused)
 }
 
+/// A body that is not a valid `M`.
+fn malformed<M: prost::Name>(error: &prost::DecodeError) -> RemoteError {
+    RemoteError::Malformed(format!("{}: {error}", M::full_name()))
+}
+
 /// Why the mailbox turned a message away, with the message.
 fn refused<M: Send + 'static>(e: TellError<M>) -> Undelivered {
     let error = match &e {
@@ -152,24 +161,26 @@ impl<P: Process> Inbox for ProcessInbox<P> {
         } else {
             let tells = self.tells.read().unwrap_or_else(|p| p.into_inner());
             let installed = Arc::clone(tells.get(type_name).ok_or_else(unknown)?);
-            Ok(Route::Tell(Arc::new(move |bodies, sender, undelivered| {
-                if let Err(error) = installed.admit(&name, sender) {
-                    for _ in bodies {
-                        undelivered(error.clone().into());
+            Ok(Route::Tell(Arc::new(
+                move |frame, bodies, sender, undelivered| {
+                    if let Err(error) = installed.admit(&name, sender) {
+                        for _ in bodies {
+                            undelivered(error.clone().into());
+                        }
+                        return;
                     }
-                    return;
-                }
-                let mut msgs = Vec::with_capacity(bodies.size_hint().0);
-                for body in bodies {
-                    match (installed.decode)(body, sender) {
-                        Ok(msg) => msgs.push(msg),
-                        Err(error) => undelivered(error.into()),
+                    let mut msgs = Vec::with_capacity(bodies.size_hint().0);
+                    for body in bodies {
+                        match (installed.decode)(FrameSlice::new(frame, body), sender) {
+                            Ok(msg) => msgs.push(msg),
+                            Err(error) => undelivered(error.into()),
+                        }
                     }
-                }
-                pid.inner
-                    .mailbox
-                    .try_send_all(msgs, |e| undelivered(refused(e)));
-            })))
+                    pid.inner
+                        .mailbox
+                        .try_send_all(msgs, |e| undelivered(refused(e)));
+                },
+            )))
         }
     }
 }
@@ -195,7 +206,12 @@ impl<P: Process> Registration<P> {
     where
         M: prost::Message + prost::Name + Default + 'static,
     {
-        self.install_from(MEMBERS, move |message, _sender| wrap(message))
+        // The sender's identity is not wanted: it is not copied for each message.
+        let decode: TellDecoder<P> =
+            Box::new(move |body: FrameSlice<'_>, _sender: Option<&Peer>| {
+                M::decode(body).map(&wrap).map_err(|e| malformed::<M>(&e))
+            });
+        self.install_tell::<M>(MEMBERS, decode)
     }
 
     /// Accepts remote tells of `M` only from certificates of the `accepted` roles; `wrap`
@@ -208,11 +224,21 @@ impl<P: Process> Registration<P> {
     where
         M: prost::Message + prost::Name + Default + 'static,
     {
-        let decode: TellDecoder<P> = Box::new(move |body: Bytes, sender: Option<&Peer>| {
-            M::decode(body)
-                .map(|message| wrap(message, sender.cloned()))
-                .map_err(|e| RemoteError::Malformed(format!("{}: {e}", M::full_name())))
-        });
+        let decode: TellDecoder<P> =
+            Box::new(move |body: FrameSlice<'_>, sender: Option<&Peer>| {
+                M::decode(body)
+                    .map(|message| wrap(message, sender.cloned()))
+                    .map_err(|e| malformed::<M>(&e))
+            });
+        self.install_tell::<M>(accepted, decode)
+    }
+
+    /// Installs `decode` for tells of `M` from the `accepted` roles.
+    fn install_tell<M: prost::Name>(
+        &self,
+        accepted: &'static [Role],
+        decode: TellDecoder<P>,
+    ) -> &Self {
         self.inbox
             .tells
             .write()
@@ -248,8 +274,7 @@ impl<P: Process> Registration<P> {
     {
         let decode: AskDecoder<P> = Box::new(
             move |body: Bytes, origin: AskOrigin, sender: Option<&Peer>| {
-                let request = M::decode(body)
-                    .map_err(|e| RemoteError::Malformed(format!("{}: {e}", M::full_name())))?;
+                let request = M::decode(body).map_err(|e| malformed::<M>(&e))?;
                 let reply = Reply::remote(Box::new(RemoteReply::<R> {
                     origin: Some(origin),
                     _reply: PhantomData,
@@ -303,7 +328,8 @@ impl<R: prost::Message + prost::Name + Send + 'static> RemoteResponder<R> for Re
             );
             return;
         }
-        let envelope = EnvelopeWriter::new(Kind::Reply, b"", type_name::<R>(), origin.request_id);
+        let head = EnvelopeHead::new(Kind::Reply, b"", type_name::<R>());
+        let envelope = EnvelopeWriter::new(&head, origin.request_id);
         let sent = origin.link.send(&envelope, size, |buf| {
             // A `BytesMut` grows as needed: encoding into it cannot run out of room.
             let _ = value.encode(buf);

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
+use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
@@ -336,17 +337,18 @@ impl NodeInner {
                 envelopes += 1;
                 match self.tell_route(routes, envelope) {
                     Ok(route) => {
-                        if !run.route.as_ref().is_some_and(|r| Arc::ptr_eq(r, &route)) {
-                            self.flush(link, sender, &mut run);
+                        if !run.route.as_ref().is_some_and(|r| Arc::ptr_eq(r, route)) {
+                            let route = Arc::clone(route);
+                            self.flush(link, sender, frame, &mut run);
                             run.route = Some(route);
                         }
-                        run.bodies.push(frame.slice(envelope.body.clone()));
+                        run.bodies.push(envelope.body.clone());
                     }
                     Err(error) => self.dead_letter(&link.node, &error),
                 }
                 continue;
             }
-            self.flush(link, sender, &mut run);
+            self.flush(link, sender, frame, &mut run);
             match item {
                 Ok(Item::Envelope(envelope)) => {
                     envelopes += 1;
@@ -372,7 +374,7 @@ impl NodeInner {
                 }
             }
         }
-        self.flush(link, sender, &mut run);
+        self.flush(link, sender, frame, &mut run);
         routes.bodies = run.bodies;
         self.stats
             .envelopes_received
@@ -380,14 +382,14 @@ impl NodeInner {
     }
 
     /// Where a tell goes, after its size is checked.
-    fn tell_route(
+    fn tell_route<'r>(
         &self,
-        routes: &mut RouteCache,
+        routes: &'r mut RouteCache,
         envelope: &EnvelopeRef<'_>,
-    ) -> Result<Arc<TellRoute>, RemoteError> {
+    ) -> Result<&'r Arc<TellRoute>, RemoteError> {
         self.check_size(envelope)?;
         match routes.find(self, envelope, false)? {
-            Route::Tell(route) => Ok(Arc::clone(route)),
+            Route::Tell(route) => Ok(route),
             // `find` answers the kind it was asked for.
             Route::Ask(_) => Err(RemoteError::Malformed(
                 "an ask and a tell were mixed up".into(),
@@ -396,11 +398,16 @@ impl NodeInner {
     }
 
     /// Enqueues the run of tells gathered so far, if any.
-    fn flush(&self, link: &PeerLink, sender: Option<&Peer>, run: &mut TellRun) {
+    fn flush(&self, link: &PeerLink, sender: Option<&Peer>, frame: &Bytes, run: &mut TellRun) {
         if let Some(route) = run.route.take() {
-            route(&mut run.bodies.drain(..), sender, &mut |undelivered| {
-                self.dead_letter(&link.node, &undelivered.error);
-            });
+            route(
+                frame,
+                &mut run.bodies.drain(..),
+                sender,
+                &mut |undelivered| {
+                    self.dead_letter(&link.node, &undelivered.error);
+                },
+            );
         }
     }
 
@@ -432,9 +439,9 @@ impl NodeInner {
                 let mut run = TellRun::default();
                 match self.tell_route(routes, &envelope) {
                     Ok(route) => {
-                        run.route = Some(route);
-                        run.bodies.push(frame.slice(envelope.body.clone()));
-                        self.flush(link, sender, &mut run);
+                        run.route = Some(Arc::clone(route));
+                        run.bodies.push(envelope.body.clone());
+                        self.flush(link, sender, frame, &mut run);
                     }
                     Err(error) => self.dead_letter(&link.node, &error),
                 }
@@ -795,7 +802,7 @@ struct RouteCache {
     changes: u64,
     entries: Vec<CachedRoute>,
     /// Room for a run of tells, kept from frame to frame.
-    bodies: Vec<Bytes>,
+    bodies: Vec<Range<usize>>,
 }
 
 struct CachedRoute {
@@ -849,5 +856,6 @@ impl RouteCache {
 #[derive(Default)]
 struct TellRun {
     route: Option<Arc<TellRoute>>,
-    bodies: Vec<Bytes>,
+    /// Where their bodies lie in the frame.
+    bodies: Vec<Range<usize>>,
 }

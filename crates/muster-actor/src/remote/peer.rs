@@ -5,15 +5,16 @@ use std::collections::{HashMap, VecDeque};
 use std::ops::Range;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll, Waker};
 
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use muster_proto::transport::{Envelope, ErrorCode, Kind};
-use tokio::sync::oneshot;
+use tokio::sync::futures::Notified;
+use tokio::sync::{Notify, oneshot};
 
-use super::wire::{EnvelopeWriter, hello_frame};
+use super::wire::{EnvelopeHead, EnvelopeWriter, hello_frame};
 use crate::sync::lock;
 use crate::{ExitReason, ProcessRef, RemoteError, Upid};
 
@@ -34,6 +35,16 @@ pub(crate) struct Limits {
     pub(crate) max_batch_bytes: usize,
 }
 
+/// Where an envelope went in a link's queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Queued {
+    /// Into the frame being filled, or a first one.
+    Flowing,
+    /// Into a new frame while an earlier full one still waits: the writer has fallen behind
+    /// (or has not had a turn on its worker thread).
+    Behind,
+}
+
 /// One peer node, as seen from this node.
 pub(crate) struct PeerLink {
     /// The peer's listen address, `host:port`.
@@ -49,6 +60,9 @@ pub(crate) struct PeerLink {
     closed: AtomicBool,
     /// Local processes linked to processes on the peer.
     watchers: Mutex<Vec<(Upid, RemoteWatcher)>>,
+    /// Woken when a full queue gives up a frame to the writer, or the link closes: senders
+    /// waiting for room ([`RemotePid::send`](crate::RemotePid::send)) try again.
+    room: Notify,
 }
 
 /// The queue of a link: frames encoded as envelopes arrive, oldest first. The last frame fills
@@ -98,7 +112,14 @@ impl PeerLink {
             pending: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
+            room: Notify::new(),
         })
+    }
+
+    /// Resolves once the queue may have room again (a frame left it or the link closed); a
+    /// sender enables it before trying, so that a frame taken in between still wakes it.
+    pub(crate) fn room(&self) -> Notified<'_> {
+        self.room.notified()
     }
 
     /// Queues an envelope for the peer: `envelope` with a body of `body_len` bytes that
@@ -112,11 +133,11 @@ impl PeerLink {
         envelope: &EnvelopeWriter<'_>,
         body_len: usize,
         body: impl FnOnce(&mut BytesMut),
-    ) -> Result<(), RemoteError> {
+    ) -> Result<Queued, RemoteError> {
         if self.closed.load(Ordering::Acquire) {
             return Err(RemoteError::ConnectionLost(self.node.clone()));
         }
-        let writer = {
+        let (writer, queued) = {
             let mut outbox = lock(&self.outbox);
             if outbox.queued >= self.limits.max_queued {
                 return Err(RemoteError::QueueFull(self.node.clone()));
@@ -125,7 +146,11 @@ impl PeerLink {
                 batch.envelopes >= self.limits.max_batch
                     || batch.body_bytes >= self.limits.max_batch_bytes
             };
+            let mut queued = Queued::Flowing;
             if outbox.frames.back().is_none_or(full) {
+                if !outbox.frames.is_empty() {
+                    queued = Queued::Behind;
+                }
                 let room = outbox
                     .last_frame
                     .clamp(*FRAME_ROOM.start(), *FRAME_ROOM.end());
@@ -140,28 +165,30 @@ impl PeerLink {
             };
             let start = batch.bytes.len();
             envelope.append(&mut batch.bytes, body_len, body);
-            if envelope.kind == Kind::Ask {
+            if envelope.kind() == Kind::Ask {
                 batch
                     .asks
                     .push((start..batch.bytes.len(), envelope.request_id));
             }
             batch.envelopes += 1;
             batch.body_bytes += body_len;
-            outbox.writer.take()
+            (outbox.writer.take(), queued)
         };
         if let Some(writer) = writer {
             writer.wake();
         }
-        Ok(())
+        Ok(queued)
     }
 
     /// Answers the peer's ask `request_id` with an error.
     pub(crate) fn send_error(&self, request_id: u64, error: &RemoteError) {
+        static ERROR_HEAD: LazyLock<EnvelopeHead> =
+            LazyLock::new(|| EnvelopeHead::new(Kind::Error, b"", b""));
         let (code, detail) = encode_error(error);
         let envelope = EnvelopeWriter {
             error_code: code as i32,
             error: &detail,
-            ..EnvelopeWriter::new(Kind::Error, b"", b"", request_id)
+            ..EnvelopeWriter::new(&ERROR_HEAD, request_id)
         };
         if let Err(e) = self.send(&envelope, 0, |_| {}) {
             tracing::warn!(peer = %self.node, request_id, error = %e, "could not send an error reply");
@@ -225,6 +252,7 @@ impl PeerLink {
         if let Some(writer) = writer {
             writer.wake();
         }
+        self.room.notify_waiters();
     }
 
     fn fail(&self, error: RemoteError, for_good: bool) {
@@ -281,8 +309,12 @@ impl PeerLink {
                 }
                 match outbox.frames.pop_front() {
                     Some(batch) => {
+                        let was_full = outbox.queued >= self.limits.max_queued;
                         outbox.queued -= batch.envelopes;
                         outbox.last_frame = batch.bytes.len();
+                        if was_full {
+                            self.room.notify_waiters();
+                        }
                         batch
                     }
                     None => {
@@ -381,5 +413,46 @@ pub(crate) fn decode_error(envelope: &Envelope) -> RemoteError {
             "error envelope with unknown code {}: {detail}",
             envelope.error_code
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::BufMut;
+
+    use super::*;
+
+    #[test]
+    fn a_send_that_opens_a_frame_behind_a_waiting_one_says_the_writer_is_behind() {
+        let link = PeerLink::new(
+            "peer:1".into(),
+            Limits {
+                max_queued: 100,
+                max_batch: 2,
+                max_batch_bytes: 1 << 20,
+            },
+        );
+        let head = EnvelopeHead::new(Kind::Tell, b"p", b"t");
+        let send = || {
+            link.send(&EnvelopeWriter::new(&head, 0), 1, |buf| buf.put_u8(1))
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(send(), Ok(Queued::Flowing), "the first frame");
+        assert_eq!(send(), Ok(Queued::Flowing), "fills it");
+        assert_eq!(
+            send(),
+            Ok(Queued::Behind),
+            "a second frame while the first waits"
+        );
+        assert_eq!(send(), Ok(Queued::Flowing), "fills the second");
+
+        // The writer takes both frames: the next send opens a frame with nothing before it.
+        let mut frames = link.frames(None);
+        let mut cx = Context::from_waker(Waker::noop());
+        for _ in 0..2 {
+            let frame = Pin::new(&mut frames).poll_next(&mut cx);
+            assert!(matches!(frame, Poll::Ready(Some(_))), "a frame: {frame:?}");
+        }
+        assert_eq!(send(), Ok(Queued::Flowing), "caught up");
     }
 }

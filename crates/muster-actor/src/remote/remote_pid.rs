@@ -1,14 +1,14 @@
 //! [`RemotePid`]: tell and ask a process on another node, as a [`Pid`](crate::Pid) does locally.
 
+use std::any::TypeId;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use muster_proto::transport::Kind;
 
-use super::peer::{PeerLink, decode_error};
-use super::wire::EnvelopeWriter;
+use super::peer::{PeerLink, Queued, decode_error};
+use super::wire::{EnvelopeHead, EnvelopeWriter};
 use super::{Node, Upid, type_name};
 use crate::sync::lock;
 use crate::{AskError, Context, Process, RemoteError};
@@ -22,21 +22,55 @@ use crate::{AskError, Context, Process, RemoteError};
 pub struct RemotePid {
     node: Node,
     upid: Upid,
-    /// The target's name, ready to put in envelopes.
-    to: Bytes,
+    /// The link to the process's node and the envelope heads used lately, shared by clones.
+    cache: Arc<Mutex<SendCache>>,
+}
+
+/// What a [`RemotePid`] keeps between messages so that a message costs its encoding and a copy.
+#[derive(Default)]
+struct SendCache {
     /// The link to the process's node, found once rather than in the node's map on every
-    /// message (shared by clones). A link stays the node's link to that peer until it closes.
-    link: Arc<Mutex<Option<Arc<PeerLink>>>>,
+    /// message. A link stays the node's link to that peer until it closes.
+    link: Option<Arc<PeerLink>>,
+    heads: Heads,
+}
+
+/// Envelope heads by message type and kind, newest last: a handle usually sends one or two
+/// types.
+#[derive(Default)]
+struct Heads(Vec<(TypeId, EnvelopeHead)>);
+
+impl Heads {
+    /// Heads kept at most.
+    const CAPACITY: usize = 4;
+
+    /// The head of `kind` envelopes of `M` for `to`, encoded on first use.
+    fn get<M: prost::Name + 'static>(&mut self, kind: Kind, to: &str) -> &EnvelopeHead {
+        let id = TypeId::of::<M>();
+        let heads = &mut self.0;
+        let at = match heads
+            .iter()
+            .position(|(known, head)| *known == id && head.kind() == kind)
+        {
+            Some(at) => at,
+            None => {
+                if heads.len() >= Self::CAPACITY {
+                    heads.remove(0);
+                }
+                heads.push((id, EnvelopeHead::new(kind, to.as_bytes(), type_name::<M>())));
+                heads.len() - 1
+            }
+        };
+        &heads[at].1
+    }
 }
 
 impl RemotePid {
     pub(crate) fn new(node: Node, upid: Upid) -> Self {
-        let to = Bytes::copy_from_slice(upid.name().as_bytes());
         RemotePid {
             node,
             upid,
-            to,
-            link: Arc::default(),
+            cache: Arc::default(),
         }
     }
 
@@ -46,36 +80,42 @@ impl RemotePid {
     }
 
     fn link(&self) -> Arc<PeerLink> {
-        self.with_link(Arc::clone)
+        let mut cache = lock(&self.cache);
+        Arc::clone(self.open_link(&mut cache.link))
     }
 
-    /// Runs `f` on the link to the process's node, from the cache while that link is open.
-    fn with_link<T>(&self, f: impl FnOnce(&Arc<PeerLink>) -> T) -> T {
-        let mut cached = lock(&self.link);
-        if let Some(link) = &*cached
-            && !link.is_closed()
-        {
-            return f(link);
+    /// The link to the process's node, from `cached` while that link is open.
+    fn open_link<'c>(&self, cached: &'c mut Option<Arc<PeerLink>>) -> &'c Arc<PeerLink> {
+        if cached.as_ref().is_some_and(|link| link.is_closed()) {
+            *cached = None;
         }
-        let link = cached.insert(self.node.inner.peer(self.upid.node()));
-        f(link)
+        cached.get_or_insert_with(|| self.node.inner.peer(self.upid.node()))
     }
 
-    /// Encodes `msg` into an envelope of `kind` on `link`'s next frame.
-    fn send<M: prost::Message + prost::Name + 'static>(
+    /// Encodes `msg` into an envelope of `kind` on the next frame of `link`, or of the
+    /// process's node's open link if `None`.
+    fn enqueue<M: prost::Message + prost::Name + 'static>(
         &self,
-        link: &PeerLink,
+        link: Option<&Arc<PeerLink>>,
         kind: Kind,
         msg: &M,
         request_id: u64,
-    ) -> Result<(), RemoteError> {
+    ) -> Result<Queued, RemoteError> {
         let size = msg.encoded_len();
         let limit = self.node.inner.config.max_message_size;
         if size > limit {
             return Err(RemoteError::Oversized { size, limit });
         }
-        let envelope = EnvelopeWriter::new(kind, &self.to, type_name::<M>(), request_id);
-        link.send(&envelope, size, |buf| {
+        let mut cache = lock(&self.cache);
+        let cache = &mut *cache;
+        // Borrowed, not cloned: a clone would write the link's reference count, whose cache
+        // line the link's writer (on another thread) keeps taking back.
+        let link = match link {
+            Some(link) => link,
+            None => self.open_link(&mut cache.link),
+        };
+        let head = cache.heads.get::<M>(kind, self.upid.name());
+        link.send(&EnvelopeWriter::new(head, request_id), size, |buf| {
             // A `BytesMut` grows as needed: encoding into it cannot run out of room.
             let _ = msg.encode(buf);
         })
@@ -92,7 +132,48 @@ impl RemotePid {
         &self,
         msg: M,
     ) -> Result<(), RemoteError> {
-        self.with_link(|link| self.send(link, Kind::Tell, &msg, 0))
+        self.enqueue(None, Kind::Tell, &msg, 0).map(drop)
+    }
+
+    /// As [`tell`](RemotePid::tell), but waits while the link's queue is full
+    /// ([`NodeConfig::max_queued_per_peer`](crate::NodeConfig)) instead of failing, and gives
+    /// up its worker thread for a turn when the link's writer falls a whole frame behind: a
+    /// loop of sends then lets the writer run (on this thread or, by stealing, on another), so
+    /// encoding and writing go on side by side instead of one after the other.
+    ///
+    /// The wait lasts until the link sends or closes: to bound it, wrap the call in
+    /// [`tokio::time::timeout`].
+    ///
+    /// # Errors
+    /// [`RemoteError::Oversized`] above the size limit, [`RemoteError::ConnectionLost`] once the
+    /// link has closed for good.
+    ///
+    /// # Cancel safety
+    /// Cancelling before it returns leaves nothing queued.
+    pub async fn send<M: prost::Message + prost::Name + 'static>(
+        &self,
+        msg: M,
+    ) -> Result<(), RemoteError> {
+        loop {
+            match self.enqueue(None, Kind::Tell, &msg, 0) {
+                Ok(Queued::Flowing) => return Ok(()),
+                Ok(Queued::Behind) => {
+                    tokio::task::yield_now().await;
+                    return Ok(());
+                }
+                Err(RemoteError::QueueFull(_)) => {}
+                Err(e) => return Err(e),
+            }
+            let link = self.link();
+            let room = link.room();
+            tokio::pin!(room);
+            room.as_mut().enable();
+            // A frame taken between the failed try and `enable` woke nobody: try once more.
+            match self.enqueue(None, Kind::Tell, &msg, 0) {
+                Err(RemoteError::QueueFull(_)) => room.await,
+                sent => return sent.map(drop),
+            }
+        }
     }
 
     /// Sends `request` and waits for the process's answer of type `R`.
@@ -121,7 +202,7 @@ impl RemotePid {
             link: &link,
             request_id,
         };
-        self.send(&link, Kind::Ask, &request, request_id)?;
+        self.enqueue(Some(&link), Kind::Ask, &request, request_id)?;
         let outcome = answer
             .await
             .map_err(|_| RemoteError::ConnectionLost(self.upid.node().to_owned()))?;

@@ -91,85 +91,95 @@ fn skip(buf: &[u8], at: &mut usize, wire_type: u8) -> Option<()> {
     Some(())
 }
 
+/// The fields an envelope's body follows (its kind, the process it is for and the type of its
+/// body), encoded. Every message of one type to one process starts with the same bytes, so a
+/// sender that sends many keeps its head and copies it into each envelope in one go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct EnvelopeHead {
+    kind: Kind,
+    bytes: Box<[u8]>,
+}
+
+impl EnvelopeHead {
+    /// The head of envelopes of `kind` for `to`, carrying `type_name` bodies.
+    pub(crate) fn new(kind: Kind, to: &[u8], type_name: &[u8]) -> Self {
+        let kind_value = kind as i32 as u64;
+        let mut bytes = Vec::with_capacity(
+            varint_field_len(kind_value)
+                + bytes_field_len(to.len())
+                + bytes_field_len(type_name.len()),
+        );
+        put_varint_field(&mut bytes, KIND, kind_value);
+        put_bytes_field(&mut bytes, TO, to);
+        put_bytes_field(&mut bytes, TYPE_NAME, type_name);
+        EnvelopeHead {
+            kind,
+            bytes: bytes.into_boxed_slice(),
+        }
+    }
+
+    /// What the envelopes are.
+    pub(crate) fn kind(&self) -> Kind {
+        self.kind
+    }
+}
+
 /// One envelope to append to a frame: everything but the body, which the caller encodes.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct EnvelopeWriter<'a> {
-    pub(crate) kind: Kind,
-    pub(crate) to: &'a [u8],
-    pub(crate) type_name: &'a [u8],
+    pub(crate) head: &'a EnvelopeHead,
     pub(crate) request_id: u64,
     pub(crate) error_code: i32,
     pub(crate) error: &'a str,
 }
 
 impl<'a> EnvelopeWriter<'a> {
-    /// An envelope of `kind` for `to` carrying a `type_name` body.
-    pub(crate) fn new(kind: Kind, to: &'a [u8], type_name: &'a [u8], request_id: u64) -> Self {
+    /// An envelope that starts with `head`.
+    pub(crate) fn new(head: &'a EnvelopeHead, request_id: u64) -> Self {
         EnvelopeWriter {
-            kind,
-            to,
-            type_name,
+            head,
             request_id,
             error_code: 0,
             error: "",
         }
     }
 
+    /// What the envelope is.
+    pub(crate) fn kind(&self) -> Kind {
+        self.head.kind
+    }
+
     /// The envelope's encoded length with a body of `body_len` bytes (fields at their default
     /// value are left out, as prost leaves them out).
     fn len(&self, body_len: usize) -> usize {
-        fn bytes_field(len: usize) -> usize {
-            if len == 0 {
-                0
-            } else {
-                1 + varint_len(len as u64) + len
-            }
-        }
-        fn varint_field(value: u64) -> usize {
-            if value == 0 { 0 } else { 1 + varint_len(value) }
-        }
-        varint_field(self.kind as i32 as u64)
-            + bytes_field(self.to.len())
-            + bytes_field(self.type_name.len())
-            + bytes_field(body_len)
-            + varint_field(self.request_id)
-            + varint_field(self.error_code as i64 as u64)
-            + bytes_field(self.error.len())
+        self.head.bytes.len()
+            + bytes_field_len(body_len)
+            + varint_field_len(self.request_id)
+            + varint_field_len(self.error_code as i64 as u64)
+            + bytes_field_len(self.error.len())
     }
 
     /// Bytes this envelope adds to a frame with a body of `body_len` bytes.
-    #[cfg(test)]
     fn framed_len(&self, body_len: usize) -> usize {
         let len = self.len(body_len);
         1 + varint_len(len as u64) + len
     }
 
     /// Appends the envelope to the frame in `buf` as one more element of `envelopes`;
-    /// `body` writes exactly `body_len` bytes.
-    ///
-    /// The fields before the body and those after it are each assembled on the stack and
-    /// copied in with one call (when they fit, as they do for any usual name), rather than
-    /// with a capacity check per field.
+    /// `body` writes exactly `body_len` bytes. Room for the whole envelope is reserved once.
     pub(crate) fn append(
         &self,
         buf: &mut BytesMut,
         body_len: usize,
         body: impl FnOnce(&mut BytesMut),
     ) {
-        let len = self.len(body_len);
-        buf.reserve(1 + varint_len(len as u64) + len);
-        let mut head = Fields::new();
-        head.put_u8(key(FRAME_ENVELOPES, LENGTH_DELIMITED));
-        head.put_varint(len as u64);
-        head.varint_field(KIND, self.kind as i32 as u64);
-        head.bytes_field(TO, self.to);
-        head.bytes_field(TYPE_NAME, self.type_name);
+        buf.reserve(self.framed_len(body_len));
+        buf.put_u8(key(FRAME_ENVELOPES, LENGTH_DELIMITED));
+        put_varint(buf, self.len(body_len) as u64);
+        buf.put_slice(&self.head.bytes);
         if body_len > 0 {
-            head.put_u8(key(BODY, LENGTH_DELIMITED));
-            head.put_varint(body_len as u64);
-        }
-        head.write_to(buf);
-        if body_len > 0 {
+            buf.put_u8(key(BODY, LENGTH_DELIMITED));
+            put_varint(buf, body_len as u64);
             let before = buf.len();
             body(buf);
             debug_assert_eq!(
@@ -178,112 +188,54 @@ impl<'a> EnvelopeWriter<'a> {
                 "the body is as long as announced"
             );
         }
-        let mut tail = Fields::new();
-        tail.varint_field(REQUEST_ID, self.request_id);
-        tail.varint_field(ERROR_CODE, self.error_code as i64 as u64);
-        tail.bytes_field(ERROR, self.error.as_bytes());
-        tail.write_to(buf);
+        put_varint_field(buf, REQUEST_ID, self.request_id);
+        put_varint_field(buf, ERROR_CODE, self.error_code as i64 as u64);
+        put_bytes_field(buf, ERROR, self.error.as_bytes());
     }
 }
 
-/// Encoded fields gathered on the stack, spilling to a `Vec` only past `STACK` bytes.
-struct Fields {
-    stack: [u8; Fields::STACK],
-    len: usize,
-    spilled: Vec<u8>,
+/// Bytes of a length-delimited field of `len` bytes (none when empty: the default is left out).
+const fn bytes_field_len(len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        1 + varint_len(len as u64) + len
+    }
 }
 
-impl Fields {
-    const STACK: usize = 128;
+/// Bytes of a varint field holding `value` (none for 0).
+const fn varint_field_len(value: u64) -> usize {
+    if value == 0 { 0 } else { 1 + varint_len(value) }
+}
 
-    #[inline]
-    fn new() -> Self {
-        Fields {
-            stack: [0; Fields::STACK],
-            len: 0,
-            spilled: Vec::new(),
-        }
+fn put_varint(buf: &mut impl BufMut, value: u64) {
+    prost::encoding::encode_varint(value, buf);
+}
+
+fn put_varint_field(buf: &mut impl BufMut, field: u64, value: u64) {
+    if value != 0 {
+        buf.put_u8(key(field, VARINT));
+        put_varint(buf, value);
     }
+}
 
-    #[inline]
-    fn put_slice(&mut self, bytes: &[u8]) {
-        match self.stack.get_mut(self.len..self.len + bytes.len()) {
-            Some(room) if self.spilled.is_empty() => {
-                room.copy_from_slice(bytes);
-                self.len += bytes.len();
-            }
-            _ => {
-                if self.spilled.is_empty() {
-                    self.spilled.extend_from_slice(&self.stack[..self.len]);
-                }
-                self.spilled.extend_from_slice(bytes);
-            }
-        }
-    }
-
-    #[inline]
-    fn put_u8(&mut self, byte: u8) {
-        self.put_slice(&[byte]);
-    }
-
-    #[inline]
-    fn put_varint(&mut self, mut value: u64) {
-        let mut bytes = [0u8; 10];
-        let mut n = 0;
-        while value >= 0x80 {
-            bytes[n] = (value as u8) | 0x80;
-            value >>= 7;
-            n += 1;
-        }
-        bytes[n] = value as u8;
-        self.put_slice(&bytes[..=n]);
-    }
-
-    #[inline]
-    fn varint_field(&mut self, field: u64, value: u64) {
-        if value != 0 {
-            self.put_u8(key(field, VARINT));
-            self.put_varint(value);
-        }
-    }
-
-    #[inline]
-    fn bytes_field(&mut self, field: u64, bytes: &[u8]) {
-        if !bytes.is_empty() {
-            self.put_u8(key(field, LENGTH_DELIMITED));
-            self.put_varint(bytes.len() as u64);
-            self.put_slice(bytes);
-        }
-    }
-
-    #[inline]
-    fn as_slice(&self) -> &[u8] {
-        if self.spilled.is_empty() {
-            &self.stack[..self.len]
-        } else {
-            &self.spilled
-        }
-    }
-
-    #[inline]
-    fn write_to(&self, buf: &mut BytesMut) {
-        buf.extend_from_slice(self.as_slice());
+fn put_bytes_field(buf: &mut impl BufMut, field: u64, bytes: &[u8]) {
+    if !bytes.is_empty() {
+        buf.put_u8(key(field, LENGTH_DELIMITED));
+        put_varint(buf, bytes.len() as u64);
+        buf.put_slice(bytes);
     }
 }
 
 /// A frame that carries only `hello`: who is connecting.
 pub(crate) fn hello_frame(node: &str) -> Bytes {
     // Hello { node = 1 }.
-    let mut hello = Fields::new();
-    hello.bytes_field(1, node.as_bytes());
-    let hello = hello.as_slice();
-    let mut frame = Fields::new();
+    let hello_len = bytes_field_len(node.len());
+    let mut frame = BytesMut::with_capacity(1 + varint_len(hello_len as u64) + hello_len);
     frame.put_u8(key(FRAME_HELLO, LENGTH_DELIMITED));
-    frame.put_varint(hello.len() as u64);
-    frame.put_slice(hello);
-    let mut buf = BytesMut::new();
-    frame.write_to(&mut buf);
-    buf.freeze()
+    put_varint(&mut frame, hello_len as u64);
+    put_bytes_field(&mut frame, 1, node.as_bytes());
+    frame.freeze()
 }
 
 /// One envelope read from a frame: its fields, borrowed from the frame's bytes.
@@ -429,6 +381,56 @@ fn read_envelope(bytes: &[u8], offset: usize) -> Result<EnvelopeRef<'_>, u64> {
     Ok(envelope)
 }
 
+/// One body in a received frame, read as a [`Buf`] without taking a reference to the frame:
+/// a `bytes` field of the message it decodes to is sliced out of the frame (no copy), and a
+/// message without one never touches the frame's reference count.
+#[derive(Debug)]
+pub(crate) struct FrameSlice<'a> {
+    frame: &'a Bytes,
+    at: usize,
+    end: usize,
+}
+
+impl<'a> FrameSlice<'a> {
+    /// The bytes of `frame` in `range`.
+    ///
+    /// # Panics
+    /// If `range` is not within the frame (the reader only makes ranges it checked).
+    pub(crate) fn new(frame: &'a Bytes, range: Range<usize>) -> Self {
+        assert!(
+            range.start <= range.end && range.end <= frame.len(),
+            "a body within its frame"
+        );
+        FrameSlice {
+            frame,
+            at: range.start,
+            end: range.end,
+        }
+    }
+}
+
+impl Buf for FrameSlice<'_> {
+    fn remaining(&self) -> usize {
+        self.end - self.at
+    }
+
+    fn chunk(&self) -> &[u8] {
+        &self.frame[self.at..self.end]
+    }
+
+    fn advance(&mut self, cnt: usize) {
+        assert!(cnt <= self.remaining(), "advance past the end of a body");
+        self.at += cnt;
+    }
+
+    fn copy_to_bytes(&mut self, len: usize) -> Bytes {
+        assert!(len <= self.remaining(), "read past the end of a body");
+        let bytes = self.frame.slice(self.at..self.at + len);
+        self.at += len;
+        bytes
+    }
+}
+
 /// tonic's codec for the link: frames go out as the bytes they were encoded to, and come in as
 /// the bytes that arrived (a slice of tonic's buffer, not a copy).
 #[derive(Debug, Clone, Copy, Default)]
@@ -481,27 +483,30 @@ mod tests {
         assert_eq!(buf.len() - before, writer.framed_len(body.len()));
     }
 
+    /// Appends an envelope of `kind` for `to` with a `type_name` body.
+    fn append_new(
+        buf: &mut BytesMut,
+        (kind, to, type_name, request_id): (Kind, &[u8], &[u8], u64),
+        body: &[u8],
+    ) {
+        let head = EnvelopeHead::new(kind, to, type_name);
+        append(buf, &EnvelopeWriter::new(&head, request_id), body);
+    }
+
     #[test]
     fn appended_envelopes_are_a_frame_prost_reads() {
         let mut buf = BytesMut::new();
         buf.put_slice(&hello_frame("10.0.0.1:7000"));
         let long_body = vec![7u8; 300];
-        append(
-            &mut buf,
-            &EnvelopeWriter::new(Kind::Tell, b"sink", b"a.B", 0),
-            b"xy",
-        );
-        append(
-            &mut buf,
-            &EnvelopeWriter::new(Kind::Ask, b"echo", b"a.C", u64::MAX),
-            &long_body,
-        );
+        append_new(&mut buf, (Kind::Tell, b"sink", b"a.B", 0), b"xy");
+        append_new(&mut buf, (Kind::Ask, b"echo", b"a.C", u64::MAX), &long_body);
+        let error_head = EnvelopeHead::new(Kind::Error, b"", b"");
         append(
             &mut buf,
             &EnvelopeWriter {
                 error_code: 4,
                 error: "5/4",
-                ..EnvelopeWriter::new(Kind::Error, b"", b"", 3)
+                ..EnvelopeWriter::new(&error_head, 3)
             },
             b"",
         );
@@ -542,14 +547,10 @@ mod tests {
     }
 
     #[test]
-    fn long_names_spill_off_the_stack_and_still_encode() {
+    fn long_names_encode() {
         let mut buf = BytesMut::new();
         let name = vec![b'n'; 300];
-        append(
-            &mut buf,
-            &EnvelopeWriter::new(Kind::Tell, &name, &name, 1),
-            b"body",
-        );
+        append_new(&mut buf, (Kind::Tell, &name, &name, 1), b"body");
         let frame = Frame::decode(&buf[..]).expect("a valid frame");
         assert_eq!(&frame.envelopes[0].to[..], &name[..]);
         assert_eq!(&frame.envelopes[0].type_name[..], &name[..]);
@@ -594,11 +595,7 @@ mod tests {
         // envelope has.
         buf.put_slice(&[key(FRAME_ENVELOPES, LENGTH_DELIMITED), 4]);
         buf.put_slice(&[key(REQUEST_ID, VARINT), 9, key(TO, LENGTH_DELIMITED), 50]);
-        append(
-            &mut buf,
-            &EnvelopeWriter::new(Kind::Tell, b"sink", b"a.B", 0),
-            b"ok",
-        );
+        append_new(&mut buf, (Kind::Tell, b"sink", b"a.B", 0), b"ok");
         let items: Vec<_> = Envelopes::new(&buf).collect();
         assert!(matches!(items[0], Ok(Item::Malformed { request_id: 9 })));
         assert!(matches!(&items[1], Ok(Item::Envelope(e)) if e.to == b"sink"));
@@ -608,11 +605,7 @@ mod tests {
     #[test]
     fn a_broken_frame_ends_with_an_error_after_what_was_read() {
         let mut buf = BytesMut::new();
-        append(
-            &mut buf,
-            &EnvelopeWriter::new(Kind::Tell, b"sink", b"a.B", 0),
-            b"ok",
-        );
+        append_new(&mut buf, (Kind::Tell, b"sink", b"a.B", 0), b"ok");
         let good = buf.len();
         // An element whose length runs past the end of the frame.
         buf.put_slice(&[key(FRAME_ENVELOPES, LENGTH_DELIMITED), 100, 1, 2]);
@@ -626,11 +619,7 @@ mod tests {
     fn truncated_frames_never_panic() {
         let mut buf = BytesMut::new();
         buf.put_slice(&hello_frame("node:1"));
-        append(
-            &mut buf,
-            &EnvelopeWriter::new(Kind::Ask, b"echo", b"a.C", 1 << 40),
-            &[1, 2, 3],
-        );
+        append_new(&mut buf, (Kind::Ask, b"echo", b"a.C", 1 << 40), &[1, 2, 3]);
         for end in 0..buf.len() {
             for item in Envelopes::new(&buf[..end]) {
                 drop(item);
@@ -647,6 +636,33 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_slice_reads_its_range_and_slices_bytes_fields_out_of_the_frame() {
+        let frame = Bytes::from_static(b"..hello world..");
+        let mut body = FrameSlice::new(&frame, 2..13);
+        assert_eq!(body.remaining(), 11);
+        assert_eq!(body.chunk(), b"hello world");
+        body.advance(6);
+        let world = body.copy_to_bytes(5);
+        assert_eq!(&world[..], b"world");
+        // A slice of the frame, not a copy.
+        assert_eq!(world.as_ptr(), frame[8..].as_ptr());
+        assert_eq!(body.remaining(), 0);
+        // A message decodes from it as from the bytes alone.
+        let envelope = Envelope {
+            to: Bytes::from_static(b"p"),
+            body: Bytes::from_static(b"xyz"),
+            ..Envelope::default()
+        };
+        let mut framed = b"ab".to_vec();
+        framed.extend(envelope.encode_to_vec());
+        let framed = Bytes::from(framed);
+        let decoded =
+            Envelope::decode(FrameSlice::new(&framed, 2..framed.len())).expect("a valid envelope");
+        assert_eq!(decoded, envelope);
+        assert_eq!(decoded.body.as_ptr(), framed[framed.len() - 3..].as_ptr());
+    }
+
+    #[test]
     fn varint_lengths() {
         for value in [
             0,
@@ -658,12 +674,11 @@ mod tests {
             u64::from(u32::MAX),
             u64::MAX,
         ] {
-            let mut fields = Fields::new();
-            fields.put_varint(value);
-            let buf = fields.as_slice();
+            let mut buf = Vec::new();
+            put_varint(&mut buf, value);
             assert_eq!(buf.len(), varint_len(value), "{value}");
             let mut at = 0;
-            assert_eq!(read_varint(buf, &mut at), Some(value));
+            assert_eq!(read_varint(&buf, &mut at), Some(value));
             assert_eq!(at, buf.len());
         }
     }
