@@ -4,6 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
+use muster_actor::{Node, RemotePid, Upid};
 use muster_model::convert::sorted;
 use muster_model::{AgentInfo, Resources, TaskState};
 use muster_proto::cluster as pb;
@@ -31,6 +32,10 @@ pub(crate) struct AgentEntry {
     /// to it in place, [`AgentEntry::add_task`]), so a snapshot shares the views of every
     /// agent that did not change.
     pub(crate) view: Option<Arc<AgentView>>,
+    /// A handle on its process, made on first use from the address it was made for:
+    /// launches, kills and pings reuse it (and its link) instead of parsing the address
+    /// and finding the link again for every message.
+    remote: Option<(Box<str>, RemotePid)>,
 }
 
 impl AgentEntry {
@@ -45,6 +50,7 @@ impl AgentEntry {
             ping_in_flight: false,
             launch_check_due: false,
             view: None,
+            remote: None,
         }
     }
 
@@ -63,11 +69,27 @@ impl AgentEntry {
             ping_in_flight: false,
             launch_check_due: false,
             view: None,
+            remote: None,
         }
     }
 }
 
 impl AgentEntry {
+    /// A handle, through `node`, on the agent's process at its current address; `None` if
+    /// that address is not a process address (`name@host:port`).
+    pub(crate) fn remote(&mut self, node: &Node) -> Option<&RemotePid> {
+        let address = self.info.address.as_str();
+        if self
+            .remote
+            .as_ref()
+            .is_none_or(|(made_for, _)| **made_for != *address)
+        {
+            let upid = address.parse::<Upid>().ok()?;
+            self.remote = Some((address.into(), node.remote(upid)));
+        }
+        self.remote.as_ref().map(|(_, remote)| remote)
+    }
+
     /// Takes `task`, just placed here. Its scheduler view, if built, takes the task in place
     /// rather than being rebuilt for the next snapshot: a rebuild sorts the agent's tasks
     /// again, and spread placement adds a task of every job to every agent.
@@ -211,6 +233,39 @@ mod tests {
         let mut moved = wire.clone();
         moved.attributes.insert("rack".into(), "r2".into());
         assert!(!same_info(&moved, &stored));
+    }
+
+    #[tokio::test]
+    async fn an_agents_handle_follows_its_address() -> anyhow::Result<()> {
+        let system = muster_actor::System::new();
+        let security = muster_security::testing::TestPki::shared()
+            .security(muster_security::Role::Master, "master");
+        let node = Node::bind(&system, "127.0.0.1:0", security).await?;
+        let mut info = registry_info(
+            &model_pb::AgentInfo {
+                address: "agent@127.0.0.1:1".into(),
+                ..model_pb::AgentInfo::default()
+            },
+            "",
+        );
+        let mut agent = AgentEntry::awaiting(&info);
+        let first = agent.remote(&node).map(|r| r.upid().to_string());
+        assert_eq!(first.as_deref(), Some("agent@127.0.0.1:1"));
+
+        info.address = "agent@127.0.0.1:2".into();
+        agent.info = info.clone();
+        let moved = agent.remote(&node).map(|r| r.upid().to_string());
+        assert_eq!(
+            moved.as_deref(),
+            Some("agent@127.0.0.1:2"),
+            "remade when it moves"
+        );
+
+        info.address = "not a process address".into();
+        agent.info = info;
+        assert!(agent.remote(&node).is_none());
+        node.shutdown();
+        Ok(())
     }
 
     #[test]

@@ -11,7 +11,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use muster_actor::{Context, Pid, Reply, Upid};
+use muster_actor::{Context, Pid, Reply};
 use muster_broker::EvalBroker;
 use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg};
 use muster_model::{AgentId, Demand, DrainPhase, EvalStatus, Evaluation, Resources, TaskState};
@@ -356,15 +356,15 @@ impl Master {
     /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
     /// comes back as a status update). Tasks that cannot even be sent fail now.
     fn send_launch(&mut self, agent_id: String, tasks: Vec<pb::RunTask>, ctx: &mut Context<Self>) {
-        let Some(agent) = self.cluster.agents.get(&agent_id) else {
+        let (Some(node), Some(agent)) = (&self.node, self.cluster.agents.get_mut(&agent_id)) else {
             return;
         };
-        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
+        let Some(remote) = agent.remote(node) else {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
         let launched = tasks.len();
-        let Err(e) = node.remote(upid).tell(pb::LaunchTasks {
+        let Err(e) = remote.tell(pb::LaunchTasks {
             tasks,
             term: self.term,
         }) else {

@@ -304,12 +304,11 @@ impl Master {
             if !agent.connected || agent.ping_in_flight {
                 continue;
             }
-            let Ok(upid) = agent.info.address.parse::<Upid>() else {
+            let Some(remote) = agent.remote(node).cloned() else {
                 agent.missed_pings += 1;
                 continue;
             };
             agent.ping_in_flight = true;
-            let remote = node.remote(upid);
             let ping = pb::Ping { master: me.clone() };
             let id = id.clone();
             ctx.defer(

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use muster_actor::{Context, Upid};
+use muster_actor::Context;
 use muster_broker::blocked::{BlockedMsg, CapacityChange};
 use muster_model::{AgentId, Evaluation, SchedulerType, TaskState, Trigger};
 use muster_proto::cluster as pb;
@@ -49,13 +49,12 @@ impl Master {
         retry: u32,
         ctx: &mut Context<Self>,
     ) {
-        let Some(agent) = self.cluster.agents.get(&agent_id) else {
+        let (Some(node), Some(agent)) = (&self.node, self.cluster.agents.get_mut(&agent_id)) else {
             return;
         };
-        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<Upid>()) else {
+        let Some(remote) = agent.remote(node).cloned() else {
             return;
         };
-        let remote = node.remote(upid);
         let kill = pb::KillTask {
             task_id: task_id.clone(),
             term: self.term,
