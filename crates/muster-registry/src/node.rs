@@ -18,7 +18,8 @@ use crate::store::{self, RegistryReader, StoreError, StoreLocation};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
 use crate::write_error::WriteError;
 
-/// How long `catch_up` waits for a quorum to commit the leader's own first entry.
+/// How long `catch_up` waits for a quorum to confirm this leader, and then to commit its own
+/// first entry.
 const CATCH_UP_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 /// How to start a registry member.
 #[derive(Clone, Debug)]
@@ -175,6 +176,7 @@ impl RegistryNode {
         }
 
         let leadership = watch_leadership(&raft, config.id);
+        break_split_votes(&raft, config.election_timeout);
         Ok(RegistryNode {
             id: config.id,
             raft,
@@ -291,7 +293,17 @@ impl RegistryNode {
     /// an evaluation stored before the crash is in the registry it reads, not applied later
     /// behind its back.
     pub async fn catch_up(&self) -> Result<(), WriteError> {
-        match self.raft.ensure_linearizable().await {
+        // Bounded as the write below is: a confirmation round a quorum never answers (a peer
+        // that voted and then went quiet) would otherwise keep this master starting for good.
+        let confirmed =
+            tokio::time::timeout(CATCH_UP_WRITE_TIMEOUT, self.raft.ensure_linearizable())
+                .await
+                .map_err(|_| {
+                    WriteError::Failed(format!(
+                        "no quorum confirmed this leader within {CATCH_UP_WRITE_TIMEOUT:?}"
+                    ))
+                })?;
+        match confirmed {
             Ok(Some(log_id)) => {
                 let last = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
                 if last > log_id.index {
@@ -376,6 +388,56 @@ fn watch_leadership(raft: &Raft, me: NodeId) -> watch::Receiver<Leadership> {
     });
     rx
 }
+/// Has this member stand again, after a wait drawn anew, when an election it ran in has not
+/// ended by then.
+///
+/// openraft draws a member's election timeout once, when it starts, and checks it on its tick
+/// (every one and a half heartbeats). Two members whose timeouts land on the same tick stand in
+/// the same term every time and split every vote, for good: two masters started together did
+/// so in about a third of runs (seen in a test that waited 30 s for a leader). A wait drawn
+/// anew for each election, as the raft paper has it, breaks the tie: whoever's draw is shorter
+/// stands first in the next term, and the other, still a candidate of the older term, votes
+/// for it.
+fn break_split_votes(raft: &Raft, (min, max): (Duration, Duration)) {
+    let raft = raft.clone();
+    let mut metrics = raft.server_metrics();
+    tokio::spawn(async move {
+        loop {
+            // Each borrow of the metrics is let go of before the next await.
+            let term = match metrics
+                .wait_for(|m| m.state == ServerState::Candidate)
+                .await
+            {
+                Ok(m) => m.vote.leader_id().term,
+                // Raft has stopped.
+                Err(_) => return,
+            };
+            let wait = min + max.saturating_sub(min).mul_f64(fastrand::f64());
+            let decided = metrics
+                .wait_for(|m| m.state != ServerState::Candidate || m.vote.leader_id().term != term);
+            let undecided = match tokio::time::timeout(wait, decided).await {
+                Ok(Ok(_)) => false,
+                Ok(Err(_)) => return,
+                Err(_) => true,
+            };
+            if undecided {
+                tracing::debug!(term, ?wait, "election undecided: standing again");
+                if raft.trigger().elect().await.is_err() {
+                    return;
+                }
+                // Wait for the new election to begin before looking again.
+                let began = metrics
+                    .wait_for(|m| m.vote.leader_id().term != term)
+                    .await
+                    .is_ok();
+                if !began {
+                    return;
+                }
+            }
+        }
+    });
+}
+
 /// The highest index held by a majority of the voters whose matched indexes are given: the
 /// middle one, counting from the highest.
 fn majority_index(matched: impl Iterator<Item = u64>) -> u64 {

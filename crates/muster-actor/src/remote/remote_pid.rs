@@ -149,7 +149,8 @@ impl RemotePid {
     /// link has closed for good.
     ///
     /// # Cancel safety
-    /// Cancelling before it returns leaves nothing queued.
+    /// Cancelled while it waits for room, it leaves the message unsent. A message it has queued
+    /// (it may be cancelled during the turn it then gives up) is sent.
     pub async fn send<M: prost::Message + prost::Name + 'static>(
         &self,
         msg: M,
