@@ -132,7 +132,8 @@ impl RegistryNode {
         let (min, max) = config.election_timeout;
         let raft_config = Config {
             cluster_name: "muster-registry".into(),
-            heartbeat_interval: config.heartbeat_interval.as_millis() as u64,
+            heartbeat_interval: heartbeat_of(config.id, config.heartbeat_interval).as_millis()
+                as u64,
             election_timeout_min: min.as_millis() as u64,
             election_timeout_max: max.as_millis() as u64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
@@ -176,7 +177,6 @@ impl RegistryNode {
         }
 
         let leadership = watch_leadership(&raft, config.id);
-        break_split_votes(&raft, config.election_timeout);
         Ok(RegistryNode {
             id: config.id,
             raft,
@@ -388,54 +388,18 @@ fn watch_leadership(raft: &Raft, me: NodeId) -> watch::Receiver<Leadership> {
     });
     rx
 }
-/// Has this member stand again, after a wait drawn anew, when an election it ran in has not
-/// ended by then.
+/// This member's heartbeat interval: the configured one, a few percent longer for each member
+/// id (up to 18%).
 ///
 /// openraft draws a member's election timeout once, when it starts, and checks it on its tick
 /// (every one and a half heartbeats). Two members whose timeouts land on the same tick stand in
-/// the same term every time and split every vote, for good: two masters started together did
-/// so in about a third of runs (seen in a test that waited 30 s for a leader). A wait drawn
-/// anew for each election, as the raft paper has it, breaks the tie: whoever's draw is shorter
-/// stands first in the next term, and the other, still a candidate of the older term, votes
-/// for it.
-fn break_split_votes(raft: &Raft, (min, max): (Duration, Duration)) {
-    let raft = raft.clone();
-    let mut metrics = raft.server_metrics();
-    tokio::spawn(async move {
-        loop {
-            // Each borrow of the metrics is let go of before the next await.
-            let term = match metrics
-                .wait_for(|m| m.state == ServerState::Candidate)
-                .await
-            {
-                Ok(m) => m.vote.leader_id().term,
-                // Raft has stopped.
-                Err(_) => return,
-            };
-            let wait = min + max.saturating_sub(min).mul_f64(fastrand::f64());
-            let decided = metrics
-                .wait_for(|m| m.state != ServerState::Candidate || m.vote.leader_id().term != term);
-            let undecided = match tokio::time::timeout(wait, decided).await {
-                Ok(Ok(_)) => false,
-                Ok(Err(_)) => return,
-                Err(_) => true,
-            };
-            if undecided {
-                tracing::debug!(term, ?wait, "election undecided: standing again");
-                if raft.trigger().elect().await.is_err() {
-                    return;
-                }
-                // Wait for the new election to begin before looking again.
-                let began = metrics
-                    .wait_for(|m| m.vote.leader_id().term != term)
-                    .await
-                    .is_ok();
-                if !began {
-                    return;
-                }
-            }
-        }
-    });
+/// the same term every time and split every vote: with ticks of one length, for good (two
+/// masters started together did so in about a third of runs, seen in a test that waited 30 s
+/// for a leader). With ticks of different lengths the two members' timeouts round up to
+/// different tick boundaries from one election to the next, and the tie breaks within a few
+/// terms.
+fn heartbeat_of(member: NodeId, configured: Duration) -> Duration {
+    configured.mul_f64(1.0 + 0.03 * (member % 7) as f64)
 }
 
 /// The highest index held by a majority of the voters whose matched indexes are given: the
