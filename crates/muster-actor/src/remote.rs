@@ -27,6 +27,9 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::RwLock;
 
+use muster_proto::transport::Kind;
+use wire::EnvelopeHead;
+
 pub use config::NodeConfig;
 pub use inbox::{MEMBERS, Registration};
 pub use node::{Node, NodeError};
@@ -34,34 +37,56 @@ pub use remote_pid::RemotePid;
 pub use stats::TransportStats;
 pub use upid::Upid;
 
-/// The proto full name of `M`, built once per type and kept for the life of the program (one
-/// string per message type a node sends): `prost::Name::full_name` allocates a new `String` on
-/// every call, too much for every envelope. The type this thread asked for last is answered
-/// from a thread-local slot, without the shared map's lock or hash.
-pub(crate) fn type_name<M: prost::Name + 'static>() -> &'static [u8] {
+/// What the transport keeps of one message type for the life of the program: its proto full
+/// name and the head of the replies that carry it. `prost::Name::full_name` allocates a new
+/// `String` on every call, too much for every envelope.
+struct MessageType {
+    name: &'static [u8],
+    reply: EnvelopeHead,
+}
+
+/// What the transport keeps of `M`, built once per type. The type this thread asked for last
+/// is answered from a thread-local slot, without the shared map's lock or hash.
+fn message_type<M: prost::Name + 'static>() -> &'static MessageType {
     thread_local! {
-        static LAST: Cell<Option<(TypeId, &'static [u8])>> = const { Cell::new(None) };
+        static LAST: Cell<Option<(TypeId, &'static MessageType)>> = const { Cell::new(None) };
     }
-    static NAMES: RwLock<Option<HashMap<TypeId, &'static [u8]>>> = RwLock::new(None);
+    static TYPES: RwLock<Option<HashMap<TypeId, &'static MessageType>>> = RwLock::new(None);
     let id = TypeId::of::<M>();
-    if let Some((last, name)) = LAST.get()
+    if let Some((last, known)) = LAST.get()
         && last == id
     {
-        return name;
+        return known;
     }
-    let known = NAMES
+    let known = TYPES
         .read()
         .unwrap_or_else(|p| p.into_inner())
         .as_ref()
-        .and_then(|names| names.get(&id).copied());
-    let name = known.unwrap_or_else(|| {
-        *NAMES
+        .and_then(|types| types.get(&id).copied());
+    let known = known.unwrap_or_else(|| {
+        *TYPES
             .write()
             .unwrap_or_else(|p| p.into_inner())
             .get_or_insert_with(HashMap::new)
             .entry(id)
-            .or_insert_with(|| M::full_name().leak().as_bytes())
+            .or_insert_with(|| {
+                let name: &'static [u8] = M::full_name().leak().as_bytes();
+                Box::leak(Box::new(MessageType {
+                    name,
+                    reply: EnvelopeHead::new(Kind::Reply, b"", name),
+                }))
+            })
     });
-    LAST.set(Some((id, name)));
-    name
+    LAST.set(Some((id, known)));
+    known
+}
+
+/// The proto full name of `M` (one string per message type a node sends, kept for good).
+pub(crate) fn type_name<M: prost::Name + 'static>() -> &'static [u8] {
+    message_type::<M>().name
+}
+
+/// The head of replies carrying an `M`, encoded once per type.
+pub(crate) fn reply_head<M: prost::Name + 'static>() -> &'static EnvelopeHead {
+    &message_type::<M>().reply
 }

@@ -10,12 +10,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
 use bytes::Bytes;
-use muster_proto::transport::Kind;
 use muster_security::{Peer, Role};
 
 use super::peer::PeerLink;
-use super::type_name;
-use super::wire::{EnvelopeHead, EnvelopeWriter, FrameSlice};
+use super::reply_head;
+use super::wire::{EnvelopeWriter, FrameSlice};
 use crate::reply::RemoteResponder;
 use crate::{Pid, Process, RemoteError, Reply, TellError};
 
@@ -328,8 +327,7 @@ impl<R: prost::Message + prost::Name + Send + 'static> RemoteResponder<R> for Re
             );
             return;
         }
-        let head = EnvelopeHead::new(Kind::Reply, b"", type_name::<R>());
-        let envelope = EnvelopeWriter::new(&head, origin.request_id);
+        let envelope = EnvelopeWriter::new(reply_head::<R>(), origin.request_id);
         let sent = origin.link.send(&envelope, size, |buf| {
             // A `BytesMut` grows as needed: encoding into it cannot run out of room.
             let _ = value.encode(buf);

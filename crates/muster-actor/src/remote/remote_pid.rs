@@ -169,8 +169,9 @@ impl RemotePid {
             let room = link.room();
             tokio::pin!(room);
             room.as_mut().enable();
-            // A frame taken between the failed try and `enable` woke nobody: try once more.
-            match self.enqueue(None, Kind::Tell, &msg, 0) {
+            // A frame taken between the failed try and `enable` woke nobody: try once more, on
+            // the link whose room is awaited.
+            match self.enqueue(Some(&link), Kind::Tell, &msg, 0) {
                 Err(RemoteError::QueueFull(_)) => room.await,
                 sent => return sent.map(drop),
             }
