@@ -25,7 +25,7 @@ pub(crate) struct AgentEntry {
     pub(crate) connected: bool,
     pub(crate) missed_pings: u32,
     pub(crate) ping_in_flight: bool,
-    /// Whether a check of its launches is coming (see `Master::watch_launches`).
+    /// Whether a check of its launches is coming (see `Master::send_launch`).
     pub(crate) launch_check_due: bool,
     /// What schedulers see of it, built on demand and dropped whenever its tasks or info
     /// change (go through [`Cluster::agent_mut`] to change them; a task placed here is added

@@ -235,10 +235,13 @@ impl RegistryState {
     /// stored only to be collected at once (a storm's cancellations end thousands of one job's
     /// evaluations in one entry).
     fn insert_evals(&mut self, evals: Vec<Evaluation>) {
-        let (mut ended, live): (Vec<_>, Vec<_>) =
-            evals.into_iter().partition(|eval| has_ended(eval.status));
-        for eval in live {
-            self.insert_eval(eval);
+        let mut ended = Vec::with_capacity(evals.len());
+        for eval in evals {
+            if has_ended(eval.status) {
+                ended.push(eval);
+            } else {
+                self.insert_eval(eval);
+            }
         }
         // Each job's ended evaluations together, oldest first (the ended index's order).
         ended.sort_unstable_by(|a, b| {
@@ -380,10 +383,13 @@ impl RegistryState {
                 Ok(Outcome::EvalsStored(count))
             }
             Op::SetEvalStatus {
-                ids,
+                mut ids,
                 status,
                 description,
             } => {
+                // In key order, each removal walks the nodes the one before it just walked
+                // (a storm's cancellations take thousands at once from tens of thousands).
+                ids.sort_unstable();
                 let mut changed = Vec::with_capacity(ids.len());
                 for id in ids {
                     if let Some(mut eval) = self.take_eval(&id) {

@@ -1,8 +1,9 @@
 //! openraft's storage conformance suite against the store, on sled and on the in-memory disk
 //! the deterministic simulation uses; and the in-memory disk's crash model.
 
+use muster_model::{EvalId, EvalStatus};
 use muster_registry::store::{self, LogStore, StateMachineStore};
-use muster_registry::types::{NodeId, TypeConfig};
+use muster_registry::types::{Batch, NodeId, Op, TypeConfig};
 use muster_registry::{MemoryDisk, StoreLocation};
 use openraft::storage::{RaftLogStorage, RaftLogStorageExt, RaftStateMachine};
 use openraft::testing::{StoreBuilder, Suite};
@@ -179,6 +180,78 @@ async fn reads_of_crossed_ranges_are_empty_on_both_disks() -> anyhow::Result<()>
         assert!(none.is_empty(), "{location:?}");
         let middle = log.try_get_log_entries(2..=3).await?;
         assert_eq!(middle.len(), 2, "{location:?}");
+    }
+    Ok(())
+}
+
+/// An entry of `ids` evaluation ids: about 35 bytes of log per id.
+fn cancellations(index: u64, ids: usize) -> Entry<TypeConfig> {
+    Entry {
+        log_id: log_id(1, index),
+        payload: EntryPayload::Normal(Batch {
+            ops: vec![Op::SetEvalStatus {
+                ids: (0..ids).map(|n| EvalId(format!("{n:032x}"))).collect(),
+                status: EvalStatus::Canceled,
+                description: "canceled".into(),
+            }],
+        }),
+    }
+}
+
+#[tokio::test]
+async fn entries_longer_than_a_piece_read_back_whole_and_go_whole_on_both_disks()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    for location in [
+        StoreLocation::from(dir.path()),
+        StoreLocation::Memory(MemoryDisk::default()),
+    ] {
+        let (mut log, mut state_machine) = store::open(&location)?;
+        // 2 and 4 are hundreds of kilobytes, 5 just over one piece (7 KiB).
+        let written = vec![
+            blank(1),
+            cancellations(2, 10_000),
+            blank(3),
+            cancellations(4, 3_000),
+            cancellations(5, 210),
+        ];
+        log.blocking_append(written.clone()).await?;
+        assert_eq!(log.try_get_log_entries(..).await?, written, "{location:?}");
+        assert_eq!(
+            log.try_get_log_entries(2..=2).await?,
+            written[1..2],
+            "{location:?}"
+        );
+        assert_eq!(
+            log.try_get_log_entries(2..4).await?,
+            written[1..3],
+            "{location:?}"
+        );
+        assert_eq!(
+            log.get_log_state().await?.last_log_id,
+            Some(log_id(1, 5)),
+            "{location:?}: the last entry read from its pieces"
+        );
+
+        log.truncate(log_id(1, 4)).await?;
+        assert_eq!(
+            log.try_get_log_entries(..).await?,
+            written[..3],
+            "{location:?}"
+        );
+        assert_eq!(log.get_log_state().await?.last_log_id, Some(log_id(1, 3)));
+
+        state_machine.apply(written[..3].to_vec()).await?;
+        let mut builder = state_machine.get_snapshot_builder().await;
+        openraft::RaftSnapshotBuilder::build_snapshot(&mut builder).await?;
+        log.purge(log_id(1, 2)).await?;
+        assert_eq!(
+            log.try_get_log_entries(..).await?,
+            written[2..3],
+            "{location:?}: a purged entry's pieces go with it"
+        );
+        log.blocking_append([cancellations(4, 3_000)]).await?;
+        assert_eq!(indexes(&mut log).await?, [3, 4], "{location:?}");
     }
     Ok(())
 }

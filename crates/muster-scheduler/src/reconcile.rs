@@ -225,7 +225,7 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     stop.sort();
 
     let job_version = stored.map_or(0, |job| job.version);
-    let mut missing = Vec::new();
+    let mut missing = Vec::with_capacity(layout.len);
     for i in (0..layout.len).filter(|&i| !held[i] && !finished[i]) {
         let slots = layout.group_of(i);
         let offset = i - slots.first;

@@ -415,7 +415,7 @@ fn build_plan<P: Placer + ?Sized>(
         job: reconciled.job.clone(),
         job_version: reconciled.job_version,
         snapshot_index: snapshot.index,
-        place: Vec::new(),
+        place: Vec::with_capacity(reconciled.missing.len()),
         stop: reconciled.stop,
         unplaced: Vec::new(),
     };

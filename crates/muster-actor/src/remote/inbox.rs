@@ -103,10 +103,13 @@ impl<D> Installed<D> {
     }
 }
 
+/// A registered process's routes, built once per installed type: a link's reader that finds
+/// no route in its cache (a node serving thousands of processes) looks one up and clones an
+/// `Arc`, and builds nothing.
 pub(crate) struct ProcessInbox<P: Process> {
     pid: Pid<P>,
-    tells: RwLock<HashMap<String, Arc<Installed<TellDecoder<P>>>>>,
-    asks: RwLock<HashMap<String, Arc<Installed<AskDecoder<P>>>>>,
+    tells: RwLock<HashMap<String, Arc<TellRoute>>>,
+    asks: RwLock<HashMap<String, Arc<AskRoute>>>,
     /// The node's count of changes to what it serves, bumped on every install: readers drop
     /// the routes they cached when it moves.
     changes: Arc<AtomicU64>,
@@ -120,6 +123,42 @@ impl<P: Process> ProcessInbox<P> {
             asks: RwLock::new(HashMap::new()),
             changes,
         }
+    }
+
+    /// The route of tells of `type_name`: checks the sender, decodes each body with
+    /// `installed` and enqueues the run under one lock of the mailbox.
+    fn tell_route(&self, type_name: &str, installed: Installed<TellDecoder<P>>) -> Arc<TellRoute> {
+        let name: Box<str> = type_name.into();
+        let pid = self.pid.clone();
+        Arc::new(move |frame, bodies, sender, undelivered| {
+            if let Err(error) = installed.admit(&name, sender) {
+                for _ in bodies {
+                    undelivered(error.clone().into());
+                }
+                return;
+            }
+            let mut msgs = Vec::with_capacity(bodies.size_hint().0);
+            for body in bodies {
+                match (installed.decode)(FrameSlice::new(frame, body), sender) {
+                    Ok(msg) => msgs.push(msg),
+                    Err(error) => undelivered(error.into()),
+                }
+            }
+            pid.inner
+                .mailbox
+                .try_send_all(msgs, |e| undelivered(refused(e)));
+        })
+    }
+
+    /// The route of asks of `type_name`: checks the sender, decodes the body with
+    /// `installed` and enqueues it.
+    fn ask_route(&self, type_name: &str, installed: Installed<AskDecoder<P>>) -> Arc<AskRoute> {
+        let name: Box<str> = type_name.into();
+        let pid = self.pid.clone();
+        Arc::new(move |body, origin, sender| {
+            installed.admit(&name, sender)?;
+            enqueue(&pid, (installed.decode)(body, origin, sender)?)
+        })
     }
 }
 
@@ -148,37 +187,15 @@ fn refused<M: Send + 'static>(e: TellError<M>) -> Undelivered {
 impl<P: Process> Inbox for ProcessInbox<P> {
     fn route(&self, type_name: &str, ask: bool) -> Result<Route, RemoteError> {
         let unknown = || RemoteError::UnknownType(type_name.to_owned());
-        let name: Arc<str> = Arc::from(type_name);
-        let pid = self.pid.clone();
         if ask {
             let asks = self.asks.read().unwrap_or_else(|p| p.into_inner());
-            let installed = Arc::clone(asks.get(type_name).ok_or_else(unknown)?);
-            Ok(Route::Ask(Arc::new(move |body, origin, sender| {
-                installed.admit(&name, sender)?;
-                enqueue(&pid, (installed.decode)(body, origin, sender)?)
-            })))
+            Ok(Route::Ask(Arc::clone(
+                asks.get(type_name).ok_or_else(unknown)?,
+            )))
         } else {
             let tells = self.tells.read().unwrap_or_else(|p| p.into_inner());
-            let installed = Arc::clone(tells.get(type_name).ok_or_else(unknown)?);
-            Ok(Route::Tell(Arc::new(
-                move |frame, bodies, sender, undelivered| {
-                    if let Err(error) = installed.admit(&name, sender) {
-                        for _ in bodies {
-                            undelivered(error.clone().into());
-                        }
-                        return;
-                    }
-                    let mut msgs = Vec::with_capacity(bodies.size_hint().0);
-                    for body in bodies {
-                        match (installed.decode)(FrameSlice::new(frame, body), sender) {
-                            Ok(msg) => msgs.push(msg),
-                            Err(error) => undelivered(error.into()),
-                        }
-                    }
-                    pid.inner
-                        .mailbox
-                        .try_send_all(msgs, |e| undelivered(refused(e)));
-                },
+            Ok(Route::Tell(Arc::clone(
+                tells.get(type_name).ok_or_else(unknown)?,
             )))
         }
     }
@@ -238,11 +255,13 @@ impl<P: Process> Registration<P> {
         accepted: &'static [Role],
         decode: TellDecoder<P>,
     ) -> &Self {
+        let name = M::full_name();
+        let route = self.inbox.tell_route(&name, Installed { accepted, decode });
         self.inbox
             .tells
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(M::full_name(), Arc::new(Installed { accepted, decode }));
+            .insert(name, route);
         self.inbox.changes.fetch_add(1, Ordering::Release);
         self
     }
@@ -281,11 +300,13 @@ impl<P: Process> Registration<P> {
                 Ok(wrap(request, reply, sender.cloned()))
             },
         );
+        let name = M::full_name();
+        let route = self.inbox.ask_route(&name, Installed { accepted, decode });
         self.inbox
             .asks
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(M::full_name(), Arc::new(Installed { accepted, decode }));
+            .insert(name, route);
         self.inbox.changes.fetch_add(1, Ordering::Release);
         self
     }

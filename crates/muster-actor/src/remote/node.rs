@@ -801,19 +801,23 @@ async fn accept(
 struct RouteCache {
     changes: u64,
     entries: Vec<CachedRoute>,
+    /// The entry the next miss replaces once the cache is full (the oldest).
+    next: usize,
     /// Room for a run of tells, kept from frame to frame.
     bodies: Vec<Range<usize>>,
 }
 
 struct CachedRoute {
-    to: Box<[u8]>,
-    type_name: Box<[u8]>,
+    /// The process's name and the type's name, as the envelope had them; a replaced entry
+    /// keeps their buffers, so a miss allocates nothing once the cache is full.
+    to: Vec<u8>,
+    type_name: Vec<u8>,
     ask: bool,
     route: Route,
 }
 
 impl RouteCache {
-    /// Entries kept at most; the oldest goes first.
+    /// Entries kept at most; a miss replaces the oldest.
     const CAPACITY: usize = 8;
 
     fn find(
@@ -827,6 +831,7 @@ impl RouteCache {
         let changes = node.changes.load(Ordering::Acquire);
         if changes != self.changes {
             self.entries.clear();
+            self.next = 0;
             self.changes = changes;
         }
         let found = self.entries.iter().position(|entry| {
@@ -836,16 +841,26 @@ impl RouteCache {
             Some(at) => at,
             None => {
                 let route = node.resolve(envelope.to, envelope.type_name, ask)?;
-                if self.entries.len() >= Self::CAPACITY {
-                    self.entries.remove(0);
+                if self.entries.len() < Self::CAPACITY {
+                    self.entries.push(CachedRoute {
+                        to: envelope.to.to_vec(),
+                        type_name: envelope.type_name.to_vec(),
+                        ask,
+                        route,
+                    });
+                    self.entries.len() - 1
+                } else {
+                    let at = self.next;
+                    self.next = (at + 1) % Self::CAPACITY;
+                    let entry = &mut self.entries[at];
+                    entry.to.clear();
+                    entry.to.extend_from_slice(envelope.to);
+                    entry.type_name.clear();
+                    entry.type_name.extend_from_slice(envelope.type_name);
+                    entry.ask = ask;
+                    entry.route = route;
+                    at
                 }
-                self.entries.push(CachedRoute {
-                    to: envelope.to.into(),
-                    type_name: envelope.type_name.into(),
-                    ask,
-                    route,
-                });
-                self.entries.len() - 1
             }
         };
         Ok(&self.entries[at].route)

@@ -23,6 +23,7 @@ use muster_scheduler::{
 };
 
 use super::Master;
+use crate::InternalMsg;
 use crate::cluster::Cluster;
 use crate::error::ServiceError;
 use crate::metrics::MasterInstruments;
@@ -256,7 +257,10 @@ impl Master {
         if self.leading_term().is_none() {
             return reply.send(Err(self.not_leading()));
         }
-        let mut result = PlanResult::default();
+        let mut result = PlanResult {
+            committed: Vec::with_capacity(plan.place.len()),
+            ..PlanResult::default()
+        };
         for stop in plan.stop {
             if self.stop_task(&stop, ctx) {
                 result.stopped.push(stop);
@@ -292,7 +296,7 @@ impl Master {
                     .entry(placement.agent.0.clone())
                     .or_insert_with(|| AgentLaunch {
                         free: agent.as_ref().map(|agent| agent.free()),
-                        runs: Vec::new(),
+                        runs: Vec::with_capacity(1),
                     }),
             };
             // The model's one fit rule, as the schedulers and the blocked-queue use it.
@@ -335,7 +339,6 @@ impl Master {
         }
         for (agent_id, launch) in per_agent {
             if !launch.runs.is_empty() {
-                self.watch_launches(&agent_id, ctx);
                 self.send_launch(agent_id, launch.runs, ctx);
             }
         }
@@ -354,11 +357,18 @@ impl Master {
     }
 
     /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
-    /// comes back as a status update). Tasks that cannot even be sent fail now.
+    /// comes back as a status update), and makes sure a check of its launches is coming: one
+    /// timer per agent with launches waiting, not one per launch. Tasks that cannot even be
+    /// sent fail now.
     fn send_launch(&mut self, agent_id: String, tasks: Vec<pb::RunTask>, ctx: &mut Context<Self>) {
         let (Some(node), Some(agent)) = (&self.node, self.cluster.agents.get_mut(&agent_id)) else {
             return;
         };
+        if !agent.launch_check_due {
+            agent.launch_check_due = true;
+            let check = InternalMsg::CheckLaunches(agent_id.clone());
+            ctx.delay(self.config.launch_timeout, check.into());
+        }
         let Some(remote) = agent.remote(node) else {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;

@@ -343,22 +343,6 @@ impl Master {
 
     // ---- launches ----
 
-    /// Makes sure a check of the launches on `agent_id` is coming: one timer per agent with
-    /// launches waiting (not one per launch, holding its tasks).
-    pub(super) fn watch_launches(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
-        if self.node.is_none() {
-            return;
-        }
-        let Some(agent) = self.cluster.agents.get_mut(agent_id) else {
-            return;
-        };
-        if !agent.launch_check_due {
-            agent.launch_check_due = true;
-            let check = InternalMsg::CheckLaunches(agent_id.to_owned());
-            ctx.delay(self.config.launch_timeout, check.into());
-        }
-    }
-
     /// Tasks on `agent_id` still STAGING past their launch deadline, with no word from the
     /// agent since (a one-way launch can be lost with a broken link): LOST, and replaced. One
     /// walk over the agent's tasks; the next check comes at the earliest deadline left.

@@ -80,16 +80,159 @@ impl LogStore {
     }
 
     fn last_entry_id(&self) -> StoreResult<Option<LogId<NodeId>>> {
-        let Some((_, bytes)) = self.log.last().map_err(|e| StorageIOError::read_logs(&e))? else {
+        let Some((key, _)) = self.log.last().map_err(|e| StorageIOError::read_logs(&e))? else {
             return Ok(None);
         };
-        let entry: Entry<TypeConfig> = decode(&bytes).map_err(|e| StorageIOError::read_logs(&e))?;
+        let index = index_of(&key)?;
+        let entry = self.read_entries(index..=index)?.pop().ok_or_else(|| {
+            StorageIOError::read_logs(AnyError::error(format!(
+                "log entry {index} is missing its first piece"
+            )))
+        })?;
         Ok(Some(*entry.get_log_id()))
+    }
+
+    /// The entries in `range`, put together from their pieces.
+    fn read_entries<RB: RangeBounds<u64>>(&self, range: RB) -> StoreResult<Vec<Entry<TypeConfig>>> {
+        let start = match range.start_bound() {
+            Bound::Included(&i) => i,
+            Bound::Excluded(&i) => i.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        // An entry's pieces sort after its own key: an inclusive end reaches up to the next
+        // entry's key.
+        let end = match range.end_bound() {
+            Bound::Included(&i) => i.checked_add(1).map(index_key),
+            Bound::Excluded(&i) => Some(index_key(i)),
+            Bound::Unbounded => None,
+        };
+        let to = match &end {
+            Some(key) => Bound::Excluded(key.as_slice()),
+            None => Bound::Unbounded,
+        };
+        let mut entries = Vec::new();
+        let mut pieces: Option<Pieces> = None;
+        let from = index_key(start);
+        for item in self.log.range(Bound::Included(from.as_slice()), to) {
+            let (key, bytes) = item.map_err(|e| StorageIOError::read_logs(&e))?;
+            let index = index_of(&key)?;
+            if !range.contains(&index) {
+                break;
+            }
+            let whole = if key.len() == INDEX_KEY_LEN {
+                if let Some(unfinished) = pieces.take() {
+                    return Err(unfinished.cut_short());
+                }
+                match bytes.split_first() {
+                    Some((&IN_PIECES, count)) => {
+                        pieces = Some(Pieces::expect(index, count)?);
+                        continue;
+                    }
+                    _ => bytes.to_vec(),
+                }
+            } else {
+                let Some(collecting) = pieces.as_mut() else {
+                    return Err(read_error(format!(
+                        "log entry {index} has a piece but no first piece"
+                    )));
+                };
+                match collecting.add(index, &key, &bytes)? {
+                    Some(whole) => {
+                        pieces = None;
+                        whole
+                    }
+                    None => continue,
+                }
+            };
+            entries.push(decode(&whole).map_err(|e| StorageIOError::read_logs(&e))?);
+        }
+        if let Some(unfinished) = pieces {
+            return Err(unfinished.cut_short());
+        }
+        Ok(entries)
     }
 }
 
-fn index_key(index: u64) -> [u8; 8] {
+/// Bytes of an entry's key: its big-endian index.
+const INDEX_KEY_LEN: usize = 8;
+
+fn index_key(index: u64) -> [u8; INDEX_KEY_LEN] {
     index.to_be_bytes()
+}
+
+/// The most bytes stored under one key. A longer entry is stored in pieces of this size, so
+/// that no sled node holds large values: sled splits and rewrites whole nodes (up to 17
+/// values), and a node of large entries would be rewritten, megabytes at a time, on some later
+/// small write. 16 pieces stay under sled's blob threshold (a quarter of its 512 KiB segment).
+const PIECE_LEN: usize = 7 * 1024;
+
+/// The first byte of the value under an entry's key when the entry is stored in pieces,
+/// followed by the number of pieces (big-endian u32). An entry stored whole is JSON, whose
+/// first byte is never 0.
+const IN_PIECES: u8 = 0;
+
+/// The key of piece `piece` of the entry at `index`: the entry's key, then the piece's
+/// number, so an entry's pieces follow its key in order.
+fn piece_key(index: u64, piece: u32) -> [u8; INDEX_KEY_LEN + 4] {
+    let mut key = [0; INDEX_KEY_LEN + 4];
+    key[..INDEX_KEY_LEN].copy_from_slice(&index_key(index));
+    key[INDEX_KEY_LEN..].copy_from_slice(&piece.to_be_bytes());
+    key
+}
+
+/// The index an entry's key or its piece's key belongs to.
+fn index_of(key: &[u8]) -> StoreResult<u64> {
+    key.get(..INDEX_KEY_LEN)
+        .filter(|_| key.len() == INDEX_KEY_LEN || key.len() == INDEX_KEY_LEN + 4)
+        .and_then(|prefix| prefix.try_into().ok())
+        .map(u64::from_be_bytes)
+        .ok_or_else(|| read_error(format!("a log key of {} bytes", key.len())))
+}
+
+fn read_error(message: String) -> StorageError<NodeId> {
+    StorageIOError::read_logs(AnyError::error(message)).into()
+}
+
+/// An entry stored in pieces, being put together.
+struct Pieces {
+    index: u64,
+    count: u32,
+    bytes: Vec<u8>,
+    next: u32,
+}
+
+impl Pieces {
+    /// The entry at `index`, whose first piece says `count`.
+    fn expect(index: u64, count: &[u8]) -> StoreResult<Pieces> {
+        let count = <[u8; 4]>::try_from(count)
+            .map(u32::from_be_bytes)
+            .map_err(|_| read_error(format!("log entry {index} has a malformed first piece")))?;
+        Ok(Pieces {
+            index,
+            count,
+            bytes: Vec::with_capacity(count as usize * PIECE_LEN),
+            next: 0,
+        })
+    }
+
+    /// Adds the piece under `key`; the entry's bytes once it is the last one.
+    fn add(&mut self, index: u64, key: &[u8], bytes: &[u8]) -> StoreResult<Option<Vec<u8>>> {
+        let expected = piece_key(self.index, self.next);
+        if index != self.index || key != expected.as_slice() {
+            return Err(self.cut_short());
+        }
+        self.bytes.extend_from_slice(bytes);
+        self.next += 1;
+        Ok((self.next == self.count).then(|| std::mem::take(&mut self.bytes)))
+    }
+
+    /// The error for an entry whose pieces stop before its count.
+    fn cut_short(&self) -> StorageError<NodeId> {
+        read_error(format!(
+            "log entry {} has {} of its {} pieces",
+            self.index, self.next, self.count
+        ))
+    }
 }
 
 impl RaftLogReader<TypeConfig> for LogStore {
@@ -97,36 +240,7 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> StoreResult<Vec<Entry<TypeConfig>>> {
-        let start = match range.start_bound() {
-            Bound::Included(&i) => i,
-            Bound::Excluded(&i) => i.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let mut entries = Vec::new();
-        let from = index_key(start);
-        let end = match range.end_bound() {
-            Bound::Included(&i) => Some(Bound::Included(index_key(i))),
-            Bound::Excluded(&i) => Some(Bound::Excluded(index_key(i))),
-            Bound::Unbounded => None,
-        };
-        let to = match &end {
-            Some(Bound::Included(key)) => Bound::Included(key.as_slice()),
-            Some(Bound::Excluded(key)) => Bound::Excluded(key.as_slice()),
-            _ => Bound::Unbounded,
-        };
-        for item in self.log.range(Bound::Included(from.as_slice()), to) {
-            let (key, bytes) = item.map_err(|e| StorageIOError::read_logs(&e))?;
-            let index = u64::from_be_bytes(
-                key.as_ref()
-                    .try_into()
-                    .map_err(|e| StorageIOError::read_logs(&e))?,
-            );
-            if !range.contains(&index) {
-                break;
-            }
-            entries.push(decode(&bytes).map_err(|e| StorageIOError::read_logs(&e))?);
-        }
-        Ok(entries)
+        self.read_entries(range)
     }
 }
 
@@ -178,7 +292,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = Batch::default();
         for entry in entries {
             let bytes = encode(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
-            batch.insert(&index_key(entry.get_log_id().index), bytes);
+            let index = entry.get_log_id().index;
+            if bytes.len() <= PIECE_LEN {
+                batch.insert(&index_key(index), bytes);
+                continue;
+            }
+            let count = u32::try_from(bytes.len().div_ceil(PIECE_LEN)).map_err(|_| {
+                StorageIOError::write_logs(AnyError::error(format!(
+                    "log entry {index} is {} bytes",
+                    bytes.len()
+                )))
+            })?;
+            let mut first = vec![IN_PIECES];
+            first.extend_from_slice(&count.to_be_bytes());
+            batch.insert(&index_key(index), first);
+            for (piece, bytes) in (0..count).zip(bytes.chunks(PIECE_LEN)) {
+                batch.insert(&piece_key(index, piece), bytes);
+            }
         }
         self.log
             .apply_batch(batch)
@@ -219,11 +349,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .saw_purge(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut batch = Batch::default();
-        let to = index_key(log_id.index);
-        for pair in self
-            .log
-            .range(Bound::Unbounded, Bound::Included(to.as_slice()))
-        {
+        // Up to the next entry's key: the purged entry's pieces go too.
+        let to = log_id.index.checked_add(1).map(index_key);
+        let to = match &to {
+            Some(key) => Bound::Excluded(key.as_slice()),
+            None => Bound::Unbounded,
+        };
+        for pair in self.log.range(Bound::Unbounded, to) {
             let (key, _) = pair.map_err(|e| StorageIOError::write_logs(&e))?;
             batch.remove(&key);
         }

@@ -2,7 +2,8 @@
 //! (or, in a deterministic simulation, on a [`MemoryDisk`] behind the same code: [`disk`]).
 //!
 //! One `sled::Db` per master, because a flush syncs the whole database. Trees:
-//! - `log`: raft entries keyed by big-endian index;
+//! - `log`: raft entries keyed by big-endian index; an entry over 7 KiB is stored in pieces
+//!   under its index and a piece number, so no sled node holds large values;
 //! - `raft`: the vote, the last purged log id and the committed log id;
 //! - `snapshot`: the current snapshot, the only durable copy of the state machine (which lives
 //!   in memory and is rebuilt on start from the snapshot plus the log).
