@@ -30,6 +30,7 @@ mod cluster;
 mod config;
 mod error;
 pub mod http;
+mod launch_wire;
 mod master;
 pub mod metrics;
 mod operator;

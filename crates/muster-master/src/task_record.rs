@@ -35,6 +35,19 @@ pub(crate) struct TaskDetail {
     pub(crate) labels: Arc<Vec<(String, String)>>,
 }
 
+impl TaskDetail {
+    /// Its labels, as the wire has them.
+    pub(crate) fn wire_labels(&self) -> Vec<model_pb::Label> {
+        self.labels
+            .iter()
+            .map(|(key, value)| model_pb::Label {
+                key: key.clone(),
+                value: value.clone(),
+            })
+            .collect()
+    }
+}
+
 /// One task as the master keeps it.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct TaskRecord {
@@ -138,14 +151,7 @@ impl TaskRecord {
             name: self.view.name().to_owned(),
             framework_id: detail.framework_id.clone(),
             resources: Some(self.view.resources.clone().into()),
-            labels: detail
-                .labels
-                .iter()
-                .map(|(key, value)| model_pb::Label {
-                    key: key.clone(),
-                    value: value.clone(),
-                })
-                .collect(),
+            labels: detail.wire_labels(),
             state: self.view.state.into(),
             exit_code: self.exit_code,
             command: detail.command.clone(),

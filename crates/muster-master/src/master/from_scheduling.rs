@@ -26,6 +26,7 @@ use super::Master;
 use crate::InternalMsg;
 use crate::cluster::Cluster;
 use crate::error::ServiceError;
+use crate::launch_wire::{GroupWire, LaunchWire, RunWire};
 use crate::metrics::MasterInstruments;
 use crate::task_record::{LaunchDeadline, TaskDetail, TaskInterner, TaskRecord};
 
@@ -326,13 +327,9 @@ impl Master {
                 launch_deadline,
                 message: Box::default(),
             };
-            launch.runs.push(pb::RunTask {
-                framework: Some(pb::Framework {
-                    id: placement.job.clone(),
-                    name: placement.job.clone(),
-                }),
-                task: Some(task.to_wire()),
-                term: self.term,
+            launch.runs.push(RunWire {
+                task: task.clone(),
+                group: group.wire,
             });
             agent.add_task(task);
             result.committed.push(placement);
@@ -360,7 +357,7 @@ impl Master {
     /// comes back as a status update), and makes sure a check of its launches is coming: one
     /// timer per agent with launches waiting, not one per launch. Tasks that cannot even be
     /// sent fail now.
-    fn send_launch(&mut self, agent_id: String, tasks: Vec<pb::RunTask>, ctx: &mut Context<Self>) {
+    fn send_launch(&mut self, agent_id: String, runs: Vec<RunWire>, ctx: &mut Context<Self>) {
         let (Some(node), Some(agent)) = (&self.node, self.cluster.agents.get_mut(&agent_id)) else {
             return;
         };
@@ -373,9 +370,9 @@ impl Master {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
-        let launched = tasks.len();
-        let Err(e) = remote.tell(pb::LaunchTasks {
-            tasks,
+        let launched = runs.len();
+        let Err(e) = remote.tell(LaunchWire {
+            runs,
             term: self.term,
         }) else {
             return;
@@ -492,13 +489,15 @@ impl Master {
 struct GroupShared {
     job_group: Arc<JobGroup>,
     detail: Arc<TaskDetail>,
+    /// Their launches' shared fields, encoded.
+    wire: Arc<GroupWire>,
 }
 
 /// What one agent gets from a plan: what is free there as placements are committed (`None`
 /// for an agent that is gone or not connected), and the tasks to launch.
 struct AgentLaunch {
     free: Option<Resources>,
-    runs: Vec<pb::RunTask>,
+    runs: Vec<RunWire>,
 }
 
 impl GroupShared {
@@ -531,16 +530,19 @@ impl GroupShared {
             .collect();
         env.sort_unstable();
         let no_labels = interner.labels(Vec::new());
+        let job_group = interner.job_group(&placement.job, &placement.group);
+        let detail = interner.detail(TaskDetail {
+            framework_id: placement.job.clone(),
+            command: placement.command.clone(),
+            args: placement.args.clone(),
+            env,
+            user: placement.user.clone(),
+            labels: no_labels,
+        });
         let group = GroupShared {
-            job_group: interner.job_group(&placement.job, &placement.group),
-            detail: interner.detail(TaskDetail {
-                framework_id: placement.job.clone(),
-                command: placement.command.clone(),
-                args: placement.args.clone(),
-                env,
-                user: placement.user.clone(),
-                labels: no_labels,
-            }),
+            wire: Arc::new(GroupWire::new(&job_group, &detail)),
+            job_group,
+            detail,
         };
         shared.insert(placement.group.clone(), group.clone());
         group

@@ -1,0 +1,344 @@
+//! A launch's wire form (`muster.cluster.v1.LaunchTasks`), written straight from the master's
+//! task records into the frame that carries it.
+//!
+//! A plan places thousands of tasks of a few groups. Built as the generated structs, every
+//! task would copy a dozen strings (its group's program, arguments, environment, labels, job
+//! and owner) only for them to be encoded and dropped. Here what a plan's tasks of one group
+//! share is encoded once ([`GroupWire`]), and each task adds only its own fields: id, slot
+//! name, resources, state, exit code, message and job version. Protobuf lets a message's
+//! fields come in any order, so the bytes decode as the generated `LaunchTasks` (the tests
+//! decode them and compare with the generated structs' own encoding).
+
+use std::sync::Arc;
+
+use bytes::{Buf, BufMut};
+use prost::DecodeError;
+use prost::encoding::{self, DecodeContext, WireType};
+
+use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
+use muster_scheduler::JobGroup;
+
+use crate::task_record::{TaskDetail, TaskRecord};
+
+/// `LaunchTasks` field numbers.
+const LAUNCH_TASKS: u32 = 1;
+const LAUNCH_TERM: u32 = 2;
+/// `RunTask` field numbers.
+const RUN_FRAMEWORK: u32 = 1;
+const RUN_TASK: u32 = 2;
+const RUN_TERM: u32 = 3;
+/// `Task` field numbers of a task's own fields (its group's are in [`GroupWire`]).
+const TASK_ID: u32 = 1;
+const TASK_NAME: u32 = 2;
+const TASK_RESOURCES: u32 = 4;
+const TASK_STATE: u32 = 6;
+const TASK_EXIT_CODE: u32 = 7;
+const TASK_MESSAGE: u32 = 11;
+const TASK_JOB_VERSION: u32 = 14;
+
+/// What a plan's tasks of one group share on the wire, encoded once.
+#[derive(Debug)]
+pub(crate) struct GroupWire {
+    /// `RunTask.framework`, key and length included: the job, as its framework.
+    framework: Box<[u8]>,
+    /// The `Task` fields every task of the group has alike: framework id, labels, command,
+    /// arguments, environment, job, group and user.
+    task_fields: Box<[u8]>,
+}
+
+impl GroupWire {
+    /// The shared fields of `job_group`'s tasks that run `detail`.
+    pub(crate) fn new(job_group: &JobGroup, detail: &TaskDetail) -> Self {
+        let framework = pb::Framework {
+            id: job_group.job.to_string(),
+            name: job_group.job.to_string(),
+        };
+        let mut framework_field =
+            Vec::with_capacity(encoding::message::encoded_len(RUN_FRAMEWORK, &framework));
+        encoding::message::encode(RUN_FRAMEWORK, &framework, &mut framework_field);
+        let shared = model_pb::Task {
+            framework_id: detail.framework_id.clone(),
+            labels: detail.wire_labels(),
+            command: detail.command.clone(),
+            args: detail.args.clone(),
+            env: detail.env.iter().cloned().collect(),
+            job: job_group.job.to_string(),
+            group: job_group.group.to_string(),
+            user: detail.user.clone(),
+            ..model_pb::Task::default()
+        };
+        GroupWire {
+            framework: framework_field.into(),
+            task_fields: prost::Message::encode_to_vec(&shared).into(),
+        }
+    }
+}
+
+/// One task of a launch: its record, and what its group shares on the wire.
+#[derive(Debug)]
+pub(crate) struct RunWire {
+    pub(crate) task: TaskRecord,
+    pub(crate) group: Arc<GroupWire>,
+}
+
+/// The `LaunchTasks` one agent gets from one plan: sent as that type, never decoded as this
+/// one.
+#[derive(Debug)]
+pub(crate) struct LaunchWire {
+    pub(crate) runs: Vec<RunWire>,
+    /// The leader's raft term, in the launch and in each of its runs.
+    pub(crate) term: u64,
+}
+
+impl RunWire {
+    fn resources(&self) -> model_pb::Resources {
+        self.task.view.resources.clone().into()
+    }
+
+    /// Bytes of the run's `Task`.
+    fn task_len(&self) -> usize {
+        let view = &*self.task.view;
+        string_len(TASK_ID, view.id())
+            + string_len(TASK_NAME, view.name())
+            + encoding::message::encoded_len(TASK_RESOURCES, &self.resources())
+            + encoding::int32::encoded_len(TASK_STATE, &i32::from(view.state)) * nonzero(view.state)
+            + encoding::int32::encoded_len(TASK_EXIT_CODE, &self.task.exit_code)
+                * usize::from(self.task.exit_code != 0)
+            + string_len(TASK_MESSAGE, &self.task.message)
+            + encoding::uint64::encoded_len(TASK_JOB_VERSION, &view.job_version)
+                * usize::from(view.job_version != 0)
+            + self.group.task_fields.len()
+    }
+
+    /// Bytes of the `RunTask`, given its task's.
+    fn run_len(&self, task_len: usize, term: u64) -> usize {
+        self.group.framework.len()
+            + encoding::key_len(RUN_TASK)
+            + encoding::encoded_len_varint(task_len as u64)
+            + task_len
+            + uint64_len(RUN_TERM, term)
+    }
+
+    /// Writes the `RunTask`, given its task's length.
+    fn encode(&self, task_len: usize, term: u64, buf: &mut impl BufMut) {
+        let view = &*self.task.view;
+        buf.put_slice(&self.group.framework);
+        encoding::encode_key(RUN_TASK, WireType::LengthDelimited, buf);
+        encoding::encode_varint(task_len as u64, buf);
+        put_string(TASK_ID, view.id(), buf);
+        put_string(TASK_NAME, view.name(), buf);
+        encoding::message::encode(TASK_RESOURCES, &self.resources(), buf);
+        let state: i32 = view.state.into();
+        if state != 0 {
+            encoding::int32::encode(TASK_STATE, &state, buf);
+        }
+        if self.task.exit_code != 0 {
+            encoding::int32::encode(TASK_EXIT_CODE, &self.task.exit_code, buf);
+        }
+        put_string(TASK_MESSAGE, &self.task.message, buf);
+        if view.job_version != 0 {
+            encoding::uint64::encode(TASK_JOB_VERSION, &view.job_version, buf);
+        }
+        buf.put_slice(&self.group.task_fields);
+        if term != 0 {
+            encoding::uint64::encode(RUN_TERM, &term, buf);
+        }
+    }
+}
+
+impl prost::Message for LaunchWire {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        for run in &self.runs {
+            let task_len = run.task_len();
+            encoding::encode_key(LAUNCH_TASKS, WireType::LengthDelimited, buf);
+            encoding::encode_varint(run.run_len(task_len, self.term) as u64, buf);
+            run.encode(task_len, self.term, buf);
+        }
+        if self.term != 0 {
+            encoding::uint64::encode(LAUNCH_TERM, &self.term, buf);
+        }
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        // Only ever sent: a receiver decodes `LaunchTasks`.
+        encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        let runs: usize = self
+            .runs
+            .iter()
+            .map(|run| {
+                let len = run.run_len(run.task_len(), self.term);
+                encoding::key_len(LAUNCH_TASKS) + encoding::encoded_len_varint(len as u64) + len
+            })
+            .sum();
+        runs + uint64_len(LAUNCH_TERM, self.term)
+    }
+
+    fn clear(&mut self) {
+        self.runs.clear();
+        self.term = 0;
+    }
+}
+
+impl prost::Name for LaunchWire {
+    const NAME: &'static str = <pb::LaunchTasks as prost::Name>::NAME;
+    const PACKAGE: &'static str = <pb::LaunchTasks as prost::Name>::PACKAGE;
+
+    fn full_name() -> String {
+        <pb::LaunchTasks as prost::Name>::full_name()
+    }
+
+    fn type_url() -> String {
+        <pb::LaunchTasks as prost::Name>::type_url()
+    }
+}
+
+/// 1 if `state` is written (proto3 leaves out a zero enum), else 0.
+fn nonzero(state: muster_model::TaskState) -> usize {
+    usize::from(i32::from(state) != 0)
+}
+
+/// Bytes of a string field (none when empty).
+fn string_len(tag: u32, value: &str) -> usize {
+    if value.is_empty() {
+        0
+    } else {
+        encoding::key_len(tag) + encoding::encoded_len_varint(value.len() as u64) + value.len()
+    }
+}
+
+/// Bytes of a `uint64` field (none when zero).
+fn uint64_len(tag: u32, value: u64) -> usize {
+    if value == 0 {
+        0
+    } else {
+        encoding::uint64::encoded_len(tag, &value)
+    }
+}
+
+/// Writes a string field (nothing when empty).
+fn put_string(tag: u32, value: &str, buf: &mut impl BufMut) {
+    if !value.is_empty() {
+        encoding::encode_key(tag, WireType::LengthDelimited, buf);
+        encoding::encode_varint(value.len() as u64, buf);
+        buf.put_slice(value.as_bytes());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use muster_model::{Resources, TaskState};
+    use muster_scheduler::TaskView;
+    use prost::Message;
+
+    fn detail() -> TaskDetail {
+        TaskDetail {
+            framework_id: "web".into(),
+            command: "/bin/server".into(),
+            args: vec!["--port".into(), "8080".into()],
+            env: vec![("A".into(), "1".into()), ("B".into(), "two".into())],
+            user: "nobody".into(),
+            labels: Arc::new(vec![("tier".into(), "front".into())]),
+        }
+    }
+
+    fn record(
+        job_group: &Arc<JobGroup>,
+        detail: &Arc<TaskDetail>,
+        slot: usize,
+        state: TaskState,
+        job_version: u64,
+    ) -> TaskRecord {
+        let name = format!("web.frontend[{slot}]");
+        TaskRecord {
+            view: Arc::new(TaskView::new(
+                &format!("{name}-0123abcd"),
+                &name,
+                Arc::clone(job_group),
+                Resources {
+                    cpus: 0.25,
+                    mem_mb: 64 * slot as u64,
+                },
+                state,
+                job_version,
+            )),
+            detail: Arc::clone(detail),
+            exit_code: 0,
+            launch_deadline: None,
+            message: Box::default(),
+        }
+    }
+
+    /// The same launch as the generated structs, the way the master built it before.
+    fn generated(launch: &LaunchWire) -> pb::LaunchTasks {
+        pb::LaunchTasks {
+            tasks: launch
+                .runs
+                .iter()
+                .map(|run| pb::RunTask {
+                    framework: Some(pb::Framework {
+                        id: run.task.view.job().to_owned(),
+                        name: run.task.view.job().to_owned(),
+                    }),
+                    task: Some(run.task.to_wire()),
+                    term: launch.term,
+                })
+                .collect(),
+            term: launch.term,
+        }
+    }
+
+    #[test]
+    fn a_launch_decodes_as_the_generated_launch_tasks_and_is_as_long() {
+        let job_group = JobGroup::new("web", "frontend");
+        let detail = Arc::new(detail());
+        let group = Arc::new(GroupWire::new(&job_group, &detail));
+        let mut failed = record(&job_group, &detail, 2, TaskState::Failed, 0);
+        failed.exit_code = -1;
+        failed.message = "could not start".into();
+        let runs = [
+            record(&job_group, &detail, 0, TaskState::Staging, 3),
+            // A zero slot resource, job version and (below) term are left out, as prost does.
+            record(&job_group, &detail, 0, TaskState::Staging, 0),
+            failed,
+        ];
+        for term in [7, 0] {
+            let launch = LaunchWire {
+                runs: runs
+                    .iter()
+                    .map(|task| RunWire {
+                        task: task.clone(),
+                        group: Arc::clone(&group),
+                    })
+                    .collect(),
+                term,
+            };
+            let bytes = launch.encode_to_vec();
+            assert_eq!(bytes.len(), launch.encoded_len(), "term {term}");
+            let expected = generated(&launch);
+            assert_eq!(
+                pb::LaunchTasks::decode(bytes.as_slice()).expect("decodes"),
+                expected,
+                "term {term}"
+            );
+            assert_eq!(bytes.len(), expected.encoded_len(), "term {term}");
+        }
+    }
+
+    #[test]
+    fn it_travels_as_launch_tasks() {
+        use prost::Name;
+        assert_eq!(LaunchWire::full_name(), pb::LaunchTasks::full_name());
+        assert_eq!(LaunchWire::type_url(), pb::LaunchTasks::type_url());
+    }
+}
