@@ -366,3 +366,52 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use openraft::storage::RaftLogStorageExt;
+    use openraft::{CommittedLeaderId, EntryPayload};
+
+    use super::*;
+    use crate::types::{Batch as Ops, Op};
+    use crate::{MemoryDisk, StoreLocation};
+
+    /// An entry of about 70 KiB: 11 pieces of 7 KiB.
+    fn long_entry(index: u64) -> Entry<TypeConfig> {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), index),
+            payload: EntryPayload::Normal(Ops {
+                ops: vec![Op::StopJob("x".repeat(70 * 1024))],
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_entry_missing_a_piece_is_refused_with_an_error_that_names_it() {
+        let location = StoreLocation::Memory(MemoryDisk::default());
+        let (mut log, _) = crate::store::open(&location).expect("opens");
+        log.blocking_append([long_entry(1), long_entry(2)])
+            .await
+            .expect("appended");
+        assert_eq!(log.try_get_log_entries(..).await.expect("read").len(), 2);
+
+        let mut batch = Batch::default();
+        batch.remove(&piece_key(2, 4));
+        log.log.apply_batch(batch).expect("removed");
+        let error = log
+            .try_get_log_entries(..)
+            .await
+            .expect_err("a piece is gone")
+            .to_string();
+        assert!(
+            error.contains("log entry 2 has 4 of its 11 pieces"),
+            "{error}"
+        );
+        // The entry before it still reads.
+        assert_eq!(
+            log.try_get_log_entries(1..2).await.expect("read").len(),
+            1,
+            "entry 1 is whole"
+        );
+    }
+}
