@@ -210,7 +210,9 @@ impl Pieces {
         Ok(Pieces {
             index,
             count,
-            bytes: Vec::with_capacity(count as usize * PIECE_LEN),
+            // The count is read from disk: room for a few pieces at most is reserved up
+            // front, so a corrupt count cannot ask for terabytes.
+            bytes: Vec::with_capacity(count.min(16) as usize * PIECE_LEN),
             next: 0,
         })
     }
@@ -412,6 +414,20 @@ mod tests {
             log.try_get_log_entries(1..2).await.expect("read").len(),
             1,
             "entry 1 is whole"
+        );
+
+        // A first piece claiming four billion pieces is an error too, not an allocation.
+        let mut batch = Batch::default();
+        batch.insert(&index_key(1), vec![IN_PIECES, 0xff, 0xff, 0xff, 0xff]);
+        log.log.apply_batch(batch).expect("written");
+        let error = log
+            .try_get_log_entries(1..2)
+            .await
+            .expect_err("entry 1's count is corrupt")
+            .to_string();
+        assert!(
+            error.contains("log entry 1 has 11 of its 4294967295 pieces"),
+            "{error}"
         );
     }
 }
