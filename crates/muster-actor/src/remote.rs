@@ -18,6 +18,7 @@ mod inbox;
 mod node;
 mod peer;
 mod remote_pid;
+mod route_cache;
 mod stats;
 mod upid;
 mod wire;

@@ -102,12 +102,10 @@ impl RunWire {
         string_len(TASK_ID, view.id())
             + string_len(TASK_NAME, view.name())
             + encoding::message::encoded_len(TASK_RESOURCES, &self.resources())
-            + encoding::int32::encoded_len(TASK_STATE, &i32::from(view.state)) * nonzero(view.state)
-            + encoding::int32::encoded_len(TASK_EXIT_CODE, &self.task.exit_code)
-                * usize::from(self.task.exit_code != 0)
+            + int32_len(TASK_STATE, view.state.into())
+            + int32_len(TASK_EXIT_CODE, self.task.exit_code)
             + string_len(TASK_MESSAGE, &self.task.message)
-            + encoding::uint64::encoded_len(TASK_JOB_VERSION, &view.job_version)
-                * usize::from(view.job_version != 0)
+            + uint64_len(TASK_JOB_VERSION, view.job_version)
             + self.group.task_fields.len()
     }
 
@@ -129,21 +127,12 @@ impl RunWire {
         put_string(TASK_ID, view.id(), buf);
         put_string(TASK_NAME, view.name(), buf);
         encoding::message::encode(TASK_RESOURCES, &self.resources(), buf);
-        let state: i32 = view.state.into();
-        if state != 0 {
-            encoding::int32::encode(TASK_STATE, &state, buf);
-        }
-        if self.task.exit_code != 0 {
-            encoding::int32::encode(TASK_EXIT_CODE, &self.task.exit_code, buf);
-        }
+        put_int32(TASK_STATE, view.state.into(), buf);
+        put_int32(TASK_EXIT_CODE, self.task.exit_code, buf);
         put_string(TASK_MESSAGE, &self.task.message, buf);
-        if view.job_version != 0 {
-            encoding::uint64::encode(TASK_JOB_VERSION, &view.job_version, buf);
-        }
+        put_uint64(TASK_JOB_VERSION, view.job_version, buf);
         buf.put_slice(&self.group.task_fields);
-        if term != 0 {
-            encoding::uint64::encode(RUN_TERM, &term, buf);
-        }
+        put_uint64(RUN_TERM, term, buf);
     }
 }
 
@@ -155,9 +144,7 @@ impl prost::Message for LaunchWire {
             encoding::encode_varint(run.run_len(task_len, self.term) as u64, buf);
             run.encode(task_len, self.term, buf);
         }
-        if self.term != 0 {
-            encoding::uint64::encode(LAUNCH_TERM, &self.term, buf);
-        }
+        put_uint64(LAUNCH_TERM, self.term, buf);
     }
 
     fn merge_field(
@@ -202,11 +189,6 @@ impl prost::Name for LaunchWire {
     }
 }
 
-/// 1 if `state` is written (proto3 leaves out a zero enum), else 0.
-fn nonzero(state: muster_model::TaskState) -> usize {
-    usize::from(i32::from(state) != 0)
-}
-
 /// Bytes of a string field (none when empty).
 fn string_len(tag: u32, value: &str) -> usize {
     if value.is_empty() {
@@ -216,12 +198,35 @@ fn string_len(tag: u32, value: &str) -> usize {
     }
 }
 
+/// Bytes of an `int32` (or enum) field (none when zero, as proto3 leaves it out).
+fn int32_len(tag: u32, value: i32) -> usize {
+    if value == 0 {
+        0
+    } else {
+        encoding::int32::encoded_len(tag, &value)
+    }
+}
+
 /// Bytes of a `uint64` field (none when zero).
 fn uint64_len(tag: u32, value: u64) -> usize {
     if value == 0 {
         0
     } else {
         encoding::uint64::encoded_len(tag, &value)
+    }
+}
+
+/// Writes an `int32` (or enum) field (nothing when zero).
+fn put_int32(tag: u32, value: i32, buf: &mut impl BufMut) {
+    if value != 0 {
+        encoding::int32::encode(tag, &value, buf);
+    }
+}
+
+/// Writes a `uint64` field (nothing when zero).
+fn put_uint64(tag: u32, value: u64, buf: &mut impl BufMut) {
+    if value != 0 {
+        encoding::uint64::encode(tag, &value, buf);
     }
 }
 

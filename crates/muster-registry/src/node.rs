@@ -388,6 +388,7 @@ fn watch_leadership(raft: &Raft, me: NodeId) -> watch::Receiver<Leadership> {
     });
     rx
 }
+
 /// This member's heartbeat interval: the configured one, a few percent longer for each member
 /// id (up to 18%).
 ///

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Route, TellRoute, Undelivered};
 use super::peer::{Limits, PeerLink};
+use super::route_cache::RouteCache;
 use super::stats::{Stats, TransportStats};
 use super::wire::{EnvelopeRef, Envelopes, FrameCodec, Item, LINK_PATH};
 use super::{NodeConfig, RemotePid, Upid};
@@ -381,6 +382,19 @@ impl NodeInner {
             .fetch_add(envelopes, Ordering::Relaxed);
     }
 
+    /// How `envelope` (an ask if `ask`) reaches its process: from the link's cache, else
+    /// resolved in the node's and the process's maps.
+    fn route<'r>(
+        &self,
+        routes: &'r mut RouteCache,
+        envelope: &EnvelopeRef<'_>,
+        ask: bool,
+    ) -> Result<&'r Route, RemoteError> {
+        routes.find(self.changes.load(Ordering::Acquire), envelope, ask, || {
+            self.resolve(envelope.to, envelope.type_name, ask)
+        })
+    }
+
     /// Where a tell goes, after its size is checked.
     fn tell_route<'r>(
         &self,
@@ -388,9 +402,9 @@ impl NodeInner {
         envelope: &EnvelopeRef<'_>,
     ) -> Result<&'r Arc<TellRoute>, RemoteError> {
         self.check_size(envelope)?;
-        match routes.find(self, envelope, false)? {
+        match self.route(routes, envelope, false)? {
             Route::Tell(route) => Ok(route),
-            // `find` answers the kind it was asked for.
+            // `route` answers the kind it was asked for.
             Route::Ask(_) => Err(RemoteError::Malformed(
                 "an ask and a tell were mixed up".into(),
             )),
@@ -495,9 +509,9 @@ impl NodeInner {
         sender: Option<&Peer>,
     ) -> Result<(), Undelivered> {
         self.check_size(envelope)?;
-        match routes.find(self, envelope, true)? {
+        match self.route(routes, envelope, true)? {
             Route::Ask(deliver) => deliver(frame.slice(envelope.body.clone()), origin, sender),
-            // `find` answers the kind it was asked for.
+            // `route` answers the kind it was asked for.
             Route::Tell(_) => {
                 Err(RemoteError::Malformed("an ask and a tell were mixed up".into()).into())
             }
@@ -791,80 +805,6 @@ async fn accept(
     let outbound = futures_util::StreamExt::take_until(outbound, stopped);
     let outbound = futures_util::StreamExt::map(outbound, Ok);
     Ok(Response::new(Box::pin(outbound)))
-}
-
-/// The routes one link's reader resolved lately (a few: a link usually carries a few types to a
-/// few processes), valid while the node's `changes` count stays where it was when they were
-/// found. An envelope whose process, type and kind match an entry is delivered without the
-/// node's or the process's maps.
-#[derive(Default)]
-struct RouteCache {
-    changes: u64,
-    entries: Vec<CachedRoute>,
-    /// The entry the next miss replaces once the cache is full (the oldest).
-    next: usize,
-    /// Room for a run of tells, kept from frame to frame.
-    bodies: Vec<Range<usize>>,
-}
-
-struct CachedRoute {
-    /// The process's name and the type's name, as the envelope had them; a replaced entry
-    /// keeps their buffers, so a miss allocates nothing once the cache is full.
-    to: Vec<u8>,
-    type_name: Vec<u8>,
-    ask: bool,
-    route: Route,
-}
-
-impl RouteCache {
-    /// Entries kept at most; a miss replaces the oldest.
-    const CAPACITY: usize = 8;
-
-    fn find(
-        &mut self,
-        node: &NodeInner,
-        envelope: &EnvelopeRef<'_>,
-        ask: bool,
-    ) -> Result<&Route, RemoteError> {
-        // Read before resolving: a change made meanwhile moves the count past this, so what
-        // is cached now is dropped at the next envelope.
-        let changes = node.changes.load(Ordering::Acquire);
-        if changes != self.changes {
-            self.entries.clear();
-            self.next = 0;
-            self.changes = changes;
-        }
-        let found = self.entries.iter().position(|entry| {
-            entry.ask == ask && *entry.to == *envelope.to && *entry.type_name == *envelope.type_name
-        });
-        let at = match found {
-            Some(at) => at,
-            None => {
-                let route = node.resolve(envelope.to, envelope.type_name, ask)?;
-                if self.entries.len() < Self::CAPACITY {
-                    self.entries.push(CachedRoute {
-                        to: envelope.to.to_vec(),
-                        type_name: envelope.type_name.to_vec(),
-                        ask,
-                        route,
-                    });
-                    self.entries.len() - 1
-                } else {
-                    let at = self.next;
-                    self.next = (at + 1) % Self::CAPACITY;
-                    let entry = &mut self.entries[at];
-                    entry.to.clear();
-                    entry.to.extend_from_slice(envelope.to);
-                    entry.type_name.clear();
-                    entry.type_name.extend_from_slice(envelope.type_name);
-                    entry.ask = ask;
-                    entry.route = route;
-                    at
-                }
-            }
-        };
-        Ok(&self.entries[at].route)
-    }
 }
 
 /// Tells of one route waiting to be enqueued together ([`NodeInner::receive_frame`]).

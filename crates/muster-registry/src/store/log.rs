@@ -99,17 +99,12 @@ impl LogStore {
             Bound::Excluded(&i) => i.saturating_add(1),
             Bound::Unbounded => 0,
         };
-        // An entry's pieces sort after its own key: an inclusive end reaches up to the next
-        // entry's key.
         let end = match range.end_bound() {
-            Bound::Included(&i) => i.checked_add(1).map(index_key),
+            Bound::Included(&i) => key_after(i),
             Bound::Excluded(&i) => Some(index_key(i)),
             Bound::Unbounded => None,
         };
-        let to = match &end {
-            Some(key) => Bound::Excluded(key.as_slice()),
-            None => Bound::Unbounded,
-        };
+        let to = before(&end);
         let mut entries = Vec::new();
         let mut pieces: Option<Pieces> = None;
         let from = index_key(start);
@@ -158,6 +153,20 @@ const INDEX_KEY_LEN: usize = 8;
 
 fn index_key(index: u64) -> [u8; INDEX_KEY_LEN] {
     index.to_be_bytes()
+}
+
+/// The first key past the entry at `index` and its pieces (which sort after its own key): the
+/// next entry's key; `None` past the last index.
+fn key_after(index: u64) -> Option<[u8; INDEX_KEY_LEN]> {
+    index.checked_add(1).map(index_key)
+}
+
+/// The bound of a range that stops before `key` (`None`: at the end of the log).
+fn before(key: &Option<[u8; INDEX_KEY_LEN]>) -> Bound<&[u8]> {
+    match key {
+        Some(key) => Bound::Excluded(key.as_slice()),
+        None => Bound::Unbounded,
+    }
 }
 
 /// The most bytes stored under one key. A longer entry is stored in pieces of this size, so
@@ -351,13 +360,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .saw_purge(log_id.index)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         let mut batch = Batch::default();
-        // Up to the next entry's key: the purged entry's pieces go too.
-        let to = log_id.index.checked_add(1).map(index_key);
-        let to = match &to {
-            Some(key) => Bound::Excluded(key.as_slice()),
-            None => Bound::Unbounded,
-        };
-        for pair in self.log.range(Bound::Unbounded, to) {
+        let to = key_after(log_id.index);
+        for pair in self.log.range(Bound::Unbounded, before(&to)) {
             let (key, _) = pair.map_err(|e| StorageIOError::write_logs(&e))?;
             batch.remove(&key);
         }
