@@ -188,6 +188,107 @@ async fn tells_and_asks_keep_their_order_across_many_frames() -> anyhow::Result<
 }
 
 #[tokio::test]
+async fn a_run_of_tells_to_one_process_sends_its_head_once_a_frame() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, mut seqs) = pong_node(&system, config()).await?;
+    let a = Node::bind(&system, "127.0.0.1:0", member()).await?;
+    let pong = a.remote(pong_at(&b));
+    // The answer to an ask comes after b's response headers, which say it reads `same_head`.
+    let _: Pong = pong
+        .ask(Ping {
+            seq: 0,
+            payload: vec![],
+        })
+        .await?;
+    let before = b.stats();
+
+    const TELLS: u64 = 1000;
+    for seq in 0..TELLS {
+        pong.tell(Ping {
+            seq,
+            payload: vec![],
+        })?;
+    }
+    for expected in 0..TELLS {
+        assert_eq!(seqs.recv().await, Some(expected), "tells arrive in order");
+    }
+    let after = b.stats();
+    let frames = after.frames_received - before.frames_received;
+    let per_tell = (after.bytes_received - before.bytes_received) / TELLS;
+    // A whole envelope here is 33 bytes ("pong", "muster.test.Ping", a 3-byte body); one that
+    // repeats the head before it, 9.
+    assert!(
+        per_tell <= 9 + 33 * frames / TELLS + 1,
+        "{per_tell} bytes a tell over {frames} frames"
+    );
+    assert_eq!(after.dead_letters(), 0);
+    Ok(())
+}
+
+#[tokio::test]
+async fn envelopes_that_repeat_the_head_before_them_reach_its_process() -> anyhow::Result<()> {
+    let system = System::new();
+    let (b, mut seqs) = pong_node(&system, config()).await?;
+    let (frames, mut inbound) = raw_link(&b).await?;
+    let ping = |seq| {
+        Bytes::from(
+            Ping {
+                seq,
+                payload: vec![],
+            }
+            .encode_to_vec(),
+        )
+    };
+    let repeat = |seq, request_id| Envelope {
+        same_head: true,
+        body: ping(seq),
+        request_id,
+        ..Envelope::default()
+    };
+    let tell = |to: &str, seq| Envelope {
+        kind: Kind::Tell as i32,
+        to: Bytes::copy_from_slice(to.as_bytes()),
+        type_name: Bytes::from_static(b"muster.test.Ping"),
+        body: ping(seq),
+        ..Envelope::default()
+    };
+    frames
+        .send(Frame {
+            hello: None,
+            envelopes: vec![
+                // Nothing before it to repeat: malformed.
+                repeat(100, 0),
+                tell("pong", 1),
+                repeat(2, 0),
+                repeat(3, 0),
+                // An unknown process, and the tell that repeats it: two dead letters.
+                tell("nobody", 101),
+                repeat(102, 0),
+                tell("pong", 4),
+                // An ask, and one that repeats its head (kind included).
+                ask_envelope(10, "pong", "muster.test.Ping", ping(5).to_vec()),
+                repeat(6, 11),
+            ],
+        })
+        .await?;
+    let answers = answers(&mut inbound, &[10, 11]).await?;
+    for (id, seq) in [(10, 5), (11, 6)] {
+        assert_eq!(answers[&id].kind, Kind::Reply as i32, "{:?}", answers[&id]);
+        assert_eq!(Pong::decode(answers[&id].body.clone())?.seq, seq + 1);
+    }
+    for expected in [1, 2, 3, 4] {
+        assert_eq!(seqs.recv().await, Some(expected));
+    }
+    eventually("the dead letters counted", || {
+        let stats = b.stats();
+        (stats.malformed, stats.unknown_process) == (1, 2)
+    })
+    .await?;
+    assert!(seqs.try_recv().is_err(), "nothing else was delivered");
+    Ok(())
+}
+
+#[tokio::test]
 async fn unknown_process_and_unknown_type_are_errors_and_the_link_carries_on() -> anyhow::Result<()>
 {
     let system = System::new();
@@ -281,6 +382,7 @@ async fn raw_link_as(
         .send(Frame {
             hello: Some(Hello {
                 node: "127.0.0.1:1".into(),
+                reads_same_head: false,
             }),
             envelopes: vec![],
         })
@@ -460,6 +562,7 @@ async fn a_broken_envelope_is_refused_by_id_and_the_rest_of_its_frame_delivered(
             Frame {
                 hello: Some(Hello {
                     node: "127.0.0.1:1".into(),
+                    reads_same_head: false,
                 }),
                 envelopes: vec![],
             }

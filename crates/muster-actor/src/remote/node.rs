@@ -28,7 +28,7 @@ use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Route, TellRout
 use super::peer::{Limits, PeerLink};
 use super::route_cache::RouteCache;
 use super::stats::{Stats, TransportStats};
-use super::wire::{EnvelopeRef, Envelopes, FrameCodec, Item, LINK_PATH};
+use super::wire::{EnvelopeRef, Envelopes, FrameCodec, Item, LINK_PATH, SAME_HEAD_HEADER};
 use super::{NodeConfig, RemotePid, Upid};
 use crate::sync::lock;
 use crate::{Pid, Process, RemoteError, System};
@@ -331,11 +331,21 @@ impl NodeInner {
             route: None,
             bodies: std::mem::take(&mut routes.bodies),
         };
+        // The envelope before was a tell whose route is `run.route`.
+        let mut previous_in_run = false;
         for item in Envelopes::new(frame) {
             if let Ok(Item::Envelope(envelope)) = &item
                 && envelope.kind == Kind::Tell as i32
             {
                 envelopes += 1;
+                if envelope.same_head && previous_in_run {
+                    // Same process, same type: same route, nothing to look up.
+                    match self.check_size(envelope) {
+                        Ok(()) => run.bodies.push(envelope.body.clone()),
+                        Err(error) => self.dead_letter(&link.node, &error),
+                    }
+                    continue;
+                }
                 match self.tell_route(routes, envelope) {
                     Ok(route) => {
                         if !run.route.as_ref().is_some_and(|r| Arc::ptr_eq(r, route)) {
@@ -344,11 +354,16 @@ impl NodeInner {
                             run.route = Some(route);
                         }
                         run.bodies.push(envelope.body.clone());
+                        previous_in_run = true;
                     }
-                    Err(error) => self.dead_letter(&link.node, &error),
+                    Err(error) => {
+                        self.dead_letter(&link.node, &error);
+                        previous_in_run = false;
+                    }
                 }
                 continue;
             }
+            previous_in_run = false;
             self.flush(link, sender, frame, &mut run);
             match item {
                 Ok(Item::Envelope(envelope)) => {
@@ -483,6 +498,8 @@ impl NodeInner {
                     request_id: envelope.request_id,
                     error_code: envelope.error_code,
                     error: String::from_utf8_lossy(envelope.error).into_owned(),
+                    // Its head, if left out, has been filled in.
+                    same_head: false,
                 };
                 if !link.complete(answer) {
                     // The asker gave up (timeout) before the answer came.
@@ -639,6 +656,8 @@ async fn connect(
         .ready()
         .await
         .map_err(|e| format!("link not ready: {}", source_chain(&e)))?;
+    // Until the peer answers, it may be a node that does not read `same_head`.
+    link.set_peer_reads_same_head(false);
     let outbound = counted(&node.stats, link.frames(Some(&node.address)));
     let response = client
         .streaming(
@@ -648,6 +667,11 @@ async fn connect(
         )
         .await
         .map_err(|status| format!("link refused: {status}"))?;
+    let reads_same_head = response
+        .metadata()
+        .get(SAME_HEAD_HEADER)
+        .is_some_and(|value| value == "1");
+    link.set_peer_reads_same_head(reads_same_head);
     Ok((response.into_inner(), peer))
 }
 
@@ -765,13 +789,15 @@ async fn accept(
     // Wherever it stands in the frame (protobuf fields come in any order).
     let hello = Envelopes::new(&first)
         .find_map(|item| match item {
-            Ok(Item::Hello(node)) => Some(node),
+            Ok(Item::Hello(hello)) => Some(hello),
             _ => None,
         })
         .ok_or_else(|| Status::invalid_argument("the first frame must carry hello"))?;
-    let hello = String::from_utf8(hello.to_vec())
+    let reads_same_head = hello.reads_same_head;
+    let hello = String::from_utf8(hello.node.to_vec())
         .map_err(|_| Status::invalid_argument("the hello's node is not UTF-8"))?;
     let link = PeerLink::new(hello.clone(), node.limits());
+    link.set_peer_reads_same_head(reads_same_head);
     // On an insecure node, sends to the peer go back over this stream, unless we already
     // have our own link. With TLS they never do: the hello names an address no
     // certificate proves, so sends to a node go over a link we dialled to its address
@@ -804,7 +830,12 @@ async fn accept(
     };
     let outbound = futures_util::StreamExt::take_until(outbound, stopped);
     let outbound = futures_util::StreamExt::map(outbound, Ok);
-    Ok(Response::new(Box::pin(outbound)))
+    let mut response = Response::new(Box::pin(outbound) as LinkStream);
+    response.metadata_mut().insert(
+        SAME_HEAD_HEADER,
+        tonic::metadata::MetadataValue::from_static("1"),
+    );
+    Ok(response)
 }
 
 /// Tells of one route waiting to be enqueued together ([`NodeInner::receive_frame`]).

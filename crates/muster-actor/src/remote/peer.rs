@@ -63,6 +63,9 @@ pub(crate) struct PeerLink {
     /// Woken when a full queue gives up a frame to the writer, or the link closes: senders
     /// waiting for room ([`RemotePid::send`](crate::RemotePid::send)) try again.
     room: Notify,
+    /// The peer said it reads `same_head` on the link's current connection: a tell that follows
+    /// a tell with the same head in a frame leaves its head out.
+    peer_reads_same_head: AtomicBool,
 }
 
 /// The queue of a link: frames encoded as envelopes arrive, oldest first. The last frame fills
@@ -96,6 +99,10 @@ struct Batch {
     /// The asks in it (where their bytes are, and their ids): one whose caller has been told
     /// it failed by the time the frame is written is cut out.
     asks: Vec<(Range<usize>, u64)>,
+    /// The [`EnvelopeHead::id`] of the last envelope if it was a tell, else 0. Only asks are
+    /// ever cut out of a frame, and a tell never repeats an ask's head, so a head a tell
+    /// repeats always reaches the peer.
+    last_tell_head: u64,
 }
 
 impl PeerLink {
@@ -113,7 +120,14 @@ impl PeerLink {
             closed: AtomicBool::new(false),
             watchers: Mutex::new(Vec::new()),
             room: Notify::new(),
+            peer_reads_same_head: AtomicBool::new(false),
         })
+    }
+
+    /// Records whether the peer reads `same_head` on the link's current connection (from its
+    /// hello, or its answer to ours). Frames queued before are sent as they were encoded.
+    pub(crate) fn set_peer_reads_same_head(&self, reads: bool) {
+        self.peer_reads_same_head.store(reads, Ordering::Relaxed);
     }
 
     /// Resolves once the queue may have room again (a frame left it or the link closed); a
@@ -164,7 +178,16 @@ impl PeerLink {
                 unreachable!("a batch was pushed above");
             };
             let start = batch.bytes.len();
-            envelope.append(&mut batch.bytes, body_len, body);
+            let tell_head = if envelope.kind() == Kind::Tell {
+                envelope.head.id()
+            } else {
+                0
+            };
+            let same_head = tell_head != 0
+                && batch.last_tell_head == tell_head
+                && self.peer_reads_same_head.load(Ordering::Relaxed);
+            envelope.append(&mut batch.bytes, same_head, body_len, body);
+            batch.last_tell_head = tell_head;
             if envelope.kind() == Kind::Ask {
                 batch
                     .asks
@@ -420,7 +443,66 @@ pub(crate) fn decode_error(envelope: &Envelope) -> RemoteError {
 mod tests {
     use bytes::BufMut;
 
+    use super::super::wire::{Envelopes, Item};
     use super::*;
+
+    #[test]
+    fn a_tell_repeats_the_head_before_it_only_to_a_peer_that_reads_it_and_never_an_asks() {
+        let link = PeerLink::new(
+            "peer:1".into(),
+            Limits {
+                max_queued: 100,
+                max_batch: 100,
+                max_batch_bytes: 1 << 20,
+            },
+        );
+        let to_sink = EnvelopeHead::new(Kind::Tell, b"sink", b"t");
+        let to_other = EnvelopeHead::new(Kind::Tell, b"other", b"t");
+        let ask = EnvelopeHead::new(Kind::Ask, b"sink", b"t");
+        let send = |head: &EnvelopeHead, request_id: u64| {
+            link.send(&EnvelopeWriter::new(head, request_id), 1, |buf| {
+                buf.put_u8(1);
+            })
+            .map_err(|e| e.to_string())
+        };
+        let expected = link.expect(9);
+        send(&to_sink, 0).and(send(&to_sink, 0)).expect("queued");
+        link.set_peer_reads_same_head(true);
+        for (head, request_id) in [
+            (&to_sink, 0),
+            (&ask, 9),
+            (&to_sink, 0),
+            (&to_sink, 0),
+            (&to_other, 0),
+        ] {
+            send(head, request_id).expect("queued");
+        }
+
+        let mut frames = link.frames(None);
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Some(frame)) = Pin::new(&mut frames).poll_next(&mut cx) else {
+            panic!("a frame");
+        };
+        let same_head: Vec<(bool, &[u8])> = Envelopes::new(&frame)
+            .map(|item| match item {
+                Ok(Item::Envelope(envelope)) => (envelope.same_head, envelope.to),
+                other => panic!("an envelope: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            same_head,
+            [
+                (false, &b"sink"[..]),
+                (false, b"sink"), // the peer had not said it reads them
+                (true, b"sink"),
+                (false, b"sink"), // the ask
+                (false, b"sink"), // after an ask
+                (true, b"sink"),
+                (false, b"other"),
+            ]
+        );
+        drop(expected);
+    }
 
     #[test]
     fn a_send_that_opens_a_frame_behind_a_waiting_one_says_the_writer_is_behind() {

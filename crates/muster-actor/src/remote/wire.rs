@@ -10,8 +10,14 @@
 //! carries the frames with [`FrameCodec`], which copies bytes in and out and adds nothing to
 //! gRPC's own five-byte framing. The generated `Frame` and `Envelope` types describe the same
 //! bytes and still read and write them (the tests do).
+//!
+//! A tell that follows a tell with the same head (kind, process and type) in one frame leaves
+//! its head out and sets `same_head` instead, once the peer has said it reads that
+//! (`Hello.reads_same_head` one way, the `muster-same-head` response header the other): the
+//! reader fills the head in from the envelope before it.
 
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use muster_proto::transport::Kind;
@@ -39,6 +45,14 @@ const BODY: u64 = 4;
 const REQUEST_ID: u64 = 5;
 const ERROR_CODE: u64 = 6;
 const ERROR: u64 = 7;
+const SAME_HEAD: u64 = 8;
+
+/// `Hello` field numbers.
+const HELLO_NODE: u64 = 1;
+const HELLO_READS_SAME_HEAD: u64 = 2;
+
+/// The response header by which the accepting node of a link says it reads `same_head`.
+pub(crate) const SAME_HEAD_HEADER: &str = "muster-same-head";
 
 /// A key byte: every field here has a number below 16, so a key is one byte.
 const fn key(field: u64, wire_type: u8) -> u8 {
@@ -97,8 +111,14 @@ fn skip(buf: &[u8], at: &mut usize, wire_type: u8) -> Option<()> {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct EnvelopeHead {
     kind: Kind,
+    /// Unique among the heads this process made (never 0): two envelopes in a row with the same
+    /// id have the same head, which a link compares in one step rather than byte by byte.
+    id: u64,
     bytes: Box<[u8]>,
 }
+
+/// The next [`EnvelopeHead::id`].
+static NEXT_HEAD_ID: AtomicU64 = AtomicU64::new(1);
 
 impl EnvelopeHead {
     /// The head of envelopes of `kind` for `to`, carrying `type_name` bodies.
@@ -114,6 +134,7 @@ impl EnvelopeHead {
         put_bytes_field(&mut bytes, TYPE_NAME, type_name);
         EnvelopeHead {
             kind,
+            id: NEXT_HEAD_ID.fetch_add(1, Ordering::Relaxed),
             bytes: bytes.into_boxed_slice(),
         }
     }
@@ -121,6 +142,11 @@ impl EnvelopeHead {
     /// What the envelopes are.
     pub(crate) fn kind(&self) -> Kind {
         self.kind
+    }
+
+    /// Which head this is: equal ids, equal heads.
+    pub(crate) fn id(&self) -> u64 {
+        self.id
     }
 }
 
@@ -149,34 +175,46 @@ impl<'a> EnvelopeWriter<'a> {
         self.head.kind
     }
 
-    /// The envelope's encoded length with a body of `body_len` bytes (fields at their default
-    /// value are left out, as prost leaves them out).
-    fn len(&self, body_len: usize) -> usize {
-        self.head.bytes.len()
-            + bytes_field_len(body_len)
+    /// The envelope's encoded length with a body of `body_len` bytes, its head written out or
+    /// replaced by `same_head` (fields at their default value are left out, as prost leaves
+    /// them out).
+    fn len(&self, body_len: usize, same_head: bool) -> usize {
+        let head = if same_head {
+            varint_field_len(1)
+        } else {
+            self.head.bytes.len()
+        };
+        head + bytes_field_len(body_len)
             + varint_field_len(self.request_id)
             + varint_field_len(self.error_code as i64 as u64)
             + bytes_field_len(self.error.len())
     }
 
     /// Bytes this envelope adds to a frame with a body of `body_len` bytes.
-    fn framed_len(&self, body_len: usize) -> usize {
-        let len = self.len(body_len);
+    fn framed_len(&self, body_len: usize, same_head: bool) -> usize {
+        let len = self.len(body_len, same_head);
         1 + varint_len(len as u64) + len
     }
 
     /// Appends the envelope to the frame in `buf` as one more element of `envelopes`;
-    /// `body` writes exactly `body_len` bytes. Room for the whole envelope is reserved once.
+    /// `body` writes exactly `body_len` bytes. With `same_head` the head is left out and the
+    /// envelope says it repeats the one before it (the caller knows it does, and that the
+    /// peer reads it). Room for the whole envelope is reserved once.
     pub(crate) fn append(
         &self,
         buf: &mut BytesMut,
+        same_head: bool,
         body_len: usize,
         body: impl FnOnce(&mut BytesMut),
     ) {
-        buf.reserve(self.framed_len(body_len));
+        buf.reserve(self.framed_len(body_len, same_head));
         buf.put_u8(key(FRAME_ENVELOPES, LENGTH_DELIMITED));
-        put_varint(buf, self.len(body_len) as u64);
-        buf.put_slice(&self.head.bytes);
+        put_varint(buf, self.len(body_len, same_head) as u64);
+        if same_head {
+            put_varint_field(buf, SAME_HEAD, 1);
+        } else {
+            buf.put_slice(&self.head.bytes);
+        }
         if body_len > 0 {
             buf.put_u8(key(BODY, LENGTH_DELIMITED));
             put_varint(buf, body_len as u64);
@@ -227,14 +265,14 @@ fn put_bytes_field(buf: &mut impl BufMut, field: u64, bytes: &[u8]) {
     }
 }
 
-/// A frame that carries only `hello`: who is connecting.
+/// A frame that carries only `hello`: who is connecting, and that it reads `same_head`.
 pub(crate) fn hello_frame(node: &str) -> Bytes {
-    // Hello { node = 1 }.
-    let hello_len = bytes_field_len(node.len());
+    let hello_len = bytes_field_len(node.len()) + varint_field_len(1);
     let mut frame = BytesMut::with_capacity(1 + varint_len(hello_len as u64) + hello_len);
     frame.put_u8(key(FRAME_HELLO, LENGTH_DELIMITED));
     put_varint(&mut frame, hello_len as u64);
-    put_bytes_field(&mut frame, 1, node.as_bytes());
+    put_bytes_field(&mut frame, HELLO_NODE, node.as_bytes());
+    put_varint_field(&mut frame, HELLO_READS_SAME_HEAD, 1);
     frame.freeze()
 }
 
@@ -249,13 +287,25 @@ pub(crate) struct EnvelopeRef<'a> {
     pub(crate) request_id: u64,
     pub(crate) error_code: i32,
     pub(crate) error: &'a [u8],
+    /// The head (kind, to, type name) was left out and is the envelope's before it, filled in
+    /// here: whatever that envelope's route was, this one's is the same.
+    pub(crate) same_head: bool,
+}
+
+/// A connecting node's greeting, read from its first frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct HelloRef<'a> {
+    /// Its listen address (not checked to be UTF-8 here).
+    pub(crate) node: &'a [u8],
+    /// It reads envelopes with `same_head` set.
+    pub(crate) reads_same_head: bool,
 }
 
 /// What a frame holds, element by element.
 #[derive(Debug)]
 pub(crate) enum Item<'a> {
-    /// The greeting, with the connecting node's address (not checked to be UTF-8 here).
-    Hello(&'a [u8]),
+    /// The greeting.
+    Hello(HelloRef<'a>),
     /// One envelope.
     Envelope(EnvelopeRef<'a>),
     /// An envelope that is not a well-formed `Envelope`: it is skipped, the frame goes on.
@@ -274,7 +324,13 @@ pub(crate) struct Envelopes<'a> {
     frame: &'a [u8],
     at: usize,
     broken: bool,
+    /// The head of the envelope read last, for one that says it has the same; `None` at the
+    /// start and after a malformed envelope.
+    previous: Option<Head<'a>>,
 }
+
+/// An envelope's kind, process and type name.
+type Head<'a> = (i32, &'a [u8], &'a [u8]);
 
 /// A frame that could not be read to its end: the rest of it is lost.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -289,6 +345,7 @@ impl<'a> Envelopes<'a> {
             frame,
             at: 0,
             broken: false,
+            previous: None,
         }
     }
 }
@@ -301,11 +358,37 @@ impl<'a> Iterator for Envelopes<'a> {
             return None;
         }
         let start = self.at;
-        let item = read_item(self.frame, &mut self.at);
-        if item.is_none() {
-            self.broken = true;
+        let item = match read_item(self.frame, &mut self.at) {
+            Some(Item::Envelope(envelope)) => self.fill_head(envelope),
+            Some(item) => item,
+            None => {
+                self.broken = true;
+                return Some(Err(FrameError { offset: start }));
+            }
+        };
+        if let Item::Malformed { .. } = item {
+            self.previous = None;
         }
-        Some(item.ok_or(FrameError { offset: start }))
+        Some(Ok(item))
+    }
+}
+
+impl<'a> Envelopes<'a> {
+    /// Gives an envelope with `same_head` the head of the one before it (malformed if there is
+    /// none), and remembers the head for the next.
+    fn fill_head(&mut self, mut envelope: EnvelopeRef<'a>) -> Item<'a> {
+        if envelope.same_head {
+            let Some((kind, to, type_name)) = self.previous else {
+                return Item::Malformed {
+                    request_id: envelope.request_id,
+                };
+            };
+            envelope.kind = kind;
+            envelope.to = to;
+            envelope.type_name = type_name;
+        }
+        self.previous = Some((envelope.kind, envelope.to, envelope.type_name));
+        Item::Envelope(envelope)
     }
 }
 
@@ -326,18 +409,25 @@ fn read_item<'a>(frame: &'a [u8], at: &mut usize) -> Option<Item<'a>> {
             (FRAME_HELLO, LENGTH_DELIMITED) => {
                 let range = read_delimited(frame, at)?;
                 let hello = &frame[range];
-                // Hello { node = 1 }; other fields are skipped.
+                // Other fields than these are skipped.
                 let mut i = 0;
-                let mut node: &[u8] = &[];
+                let mut read = HelloRef {
+                    node: &[],
+                    reads_same_head: false,
+                };
                 while i < hello.len() {
                     let key = read_varint(hello, &mut i)?;
-                    if key == u64::from(self::key(1, LENGTH_DELIMITED)) {
-                        node = &hello[read_delimited(hello, &mut i)?];
-                    } else {
-                        skip(hello, &mut i, (key & 7) as u8)?;
+                    match (key >> 3, (key & 7) as u8) {
+                        (HELLO_NODE, LENGTH_DELIMITED) => {
+                            read.node = &hello[read_delimited(hello, &mut i)?];
+                        }
+                        (HELLO_READS_SAME_HEAD, VARINT) => {
+                            read.reads_same_head = read_varint(hello, &mut i)? != 0;
+                        }
+                        (_, wire_type) => skip(hello, &mut i, wire_type)?,
                     }
                 }
-                return Some(Item::Hello(node));
+                return Some(Item::Hello(read));
             }
             (_, wire_type) => skip(frame, at, wire_type)?,
         }
@@ -371,7 +461,8 @@ fn read_envelope(bytes: &[u8], offset: usize) -> Result<EnvelopeRef<'_>, u64> {
             (ERROR, LENGTH_DELIMITED) => {
                 read_delimited(bytes, &mut at).map(|range| envelope.error = &bytes[range])
             }
-            (KIND | REQUEST_ID | ERROR_CODE | TO | TYPE_NAME | BODY | ERROR, _) => None,
+            (SAME_HEAD, VARINT) => read_varint(bytes, &mut at).map(|v| envelope.same_head = v != 0),
+            (KIND | REQUEST_ID | ERROR_CODE | TO | TYPE_NAME | BODY | ERROR | SAME_HEAD, _) => None,
             (_, wire_type) => skip(bytes, &mut at, wire_type),
         };
         if read.is_none() {
@@ -478,9 +569,13 @@ mod tests {
     use super::*;
 
     fn append(buf: &mut BytesMut, writer: &EnvelopeWriter<'_>, body: &[u8]) {
+        append_with(buf, writer, false, body);
+    }
+
+    fn append_with(buf: &mut BytesMut, writer: &EnvelopeWriter<'_>, same_head: bool, body: &[u8]) {
         let before = buf.len();
-        writer.append(buf, body.len(), |buf| buf.put_slice(body));
-        assert_eq!(buf.len() - before, writer.framed_len(body.len()));
+        writer.append(buf, same_head, body.len(), |buf| buf.put_slice(body));
+        assert_eq!(buf.len() - before, writer.framed_len(body.len(), same_head));
     }
 
     /// Appends an envelope of `kind` for `to` with a `type_name` body.
@@ -514,7 +609,8 @@ mod tests {
         assert_eq!(
             frame.hello,
             Some(Hello {
-                node: "10.0.0.1:7000".into()
+                node: "10.0.0.1:7000".into(),
+                reads_same_head: true,
             })
         );
         assert_eq!(
@@ -560,7 +656,10 @@ mod tests {
     #[test]
     fn frames_prost_writes_are_read_back() {
         let frame = Frame {
-            hello: Some(Hello { node: "n:1".into() }),
+            hello: Some(Hello {
+                node: "n:1".into(),
+                reads_same_head: false,
+            }),
             envelopes: vec![
                 Envelope {
                     kind: Kind::Reply as i32,
@@ -576,7 +675,13 @@ mod tests {
         let bytes = frame.encode_to_vec();
         let items: Vec<_> = Envelopes::new(&bytes).collect();
         assert_eq!(items.len(), 3);
-        assert!(matches!(items[0], Ok(Item::Hello(b"n:1"))));
+        assert!(matches!(
+            items[0],
+            Ok(Item::Hello(HelloRef {
+                node: b"n:1",
+                reads_same_head: false
+            }))
+        ));
         for item in &items[1..] {
             let Ok(Item::Envelope(envelope)) = item else {
                 panic!("an envelope: {item:?}");
@@ -586,6 +691,71 @@ mod tests {
             assert_eq!(&bytes[envelope.body.clone()], b"body");
             assert_eq!(envelope.request_id, 300);
         }
+    }
+
+    #[test]
+    fn an_envelope_with_same_head_leaves_its_head_out_and_is_read_back_with_it() {
+        let tell = EnvelopeHead::new(Kind::Tell, b"sink", b"muster.example.v1.Ping");
+        let mut buf = BytesMut::new();
+        append(&mut buf, &EnvelopeWriter::new(&tell, 0), b"1");
+        let full = buf.len();
+        append_with(&mut buf, &EnvelopeWriter::new(&tell, 0), true, b"2");
+        append_with(&mut buf, &EnvelopeWriter::new(&tell, 0), true, b"3");
+        // Key and length, `same_head` (key and value), the body's key, length and byte.
+        assert_eq!(buf.len() - full, 2 * 7, "no head in the second and third");
+
+        // prost reads it as the proto says: the head left out, `same_head` set.
+        let frame = Frame::decode(&buf[..]).expect("a valid frame");
+        assert_eq!(frame.envelopes[1].to, Bytes::new());
+        assert!(frame.envelopes[1].same_head && !frame.envelopes[0].same_head);
+
+        // The reader fills it in from the envelope before.
+        let read: Vec<_> = Envelopes::new(&buf)
+            .map(|item| match item {
+                Ok(Item::Envelope(e)) => (e.kind, e.to, e.type_name, e.same_head, &buf[e.body]),
+                other => panic!("an envelope: {other:?}"),
+            })
+            .collect();
+        let head = (
+            Kind::Tell as i32,
+            &b"sink"[..],
+            &b"muster.example.v1.Ping"[..],
+        );
+        assert_eq!(
+            read,
+            vec![
+                (head.0, head.1, head.2, false, &b"1"[..]),
+                (head.0, head.1, head.2, true, &b"2"[..]),
+                (head.0, head.1, head.2, true, &b"3"[..]),
+            ]
+        );
+    }
+
+    #[test]
+    fn same_head_with_no_envelope_before_it_is_malformed() {
+        let tell = EnvelopeHead::new(Kind::Tell, b"sink", b"a.B");
+        let writer = EnvelopeWriter::new(&tell, 0);
+        let mut buf = BytesMut::new();
+        // First in its frame: nothing to repeat.
+        append_with(&mut buf, &writer, true, b"1");
+        append(&mut buf, &writer, b"2");
+        // After a malformed envelope (a `to` longer than the envelope): nothing known to repeat.
+        buf.put_slice(&[key(FRAME_ENVELOPES, LENGTH_DELIMITED), 2]);
+        buf.put_slice(&[key(TO, LENGTH_DELIMITED), 50]);
+        append_with(&mut buf, &EnvelopeWriter::new(&tell, 8), true, b"3");
+        append(&mut buf, &writer, b"4");
+        append_with(&mut buf, &writer, true, b"5");
+        let read: Vec<_> = Envelopes::new(&buf)
+            .map(|item| match item {
+                Ok(Item::Envelope(e)) => Ok(buf[e.body][0]),
+                Ok(Item::Malformed { request_id }) => Err(request_id),
+                other => panic!("an envelope: {other:?}"),
+            })
+            .collect();
+        assert_eq!(
+            read,
+            vec![Err(0), Ok(b'2'), Err(0), Err(8), Ok(b'4'), Ok(b'5')]
+        );
     }
 
     #[test]
