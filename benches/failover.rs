@@ -415,6 +415,11 @@ fn report_memory(runtime: &Runtime, fixture: &mut Fixture, history: bool) {
         }))
         .await;
         check_admitted(replies.into_iter().map(|r| r.expect("master answers")));
+        // The agents' messages are freed beside the master: count the heap once they are.
+        assert!(
+            muster::master::wait_for_background_frees(Duration::from_secs(60)),
+            "the messages were freed"
+        );
         let after = heap_in_use();
         eprintln!(
             "failover{}: master memory per agent at {agents} agents: {:.1} KiB",

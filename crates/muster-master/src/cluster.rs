@@ -277,7 +277,7 @@ mod tests {
             ..model_pb::Task::default()
         };
         assert_eq!(state_of(&odd), TaskState::Staging);
-        let record = crate::task_record::TaskInterner::default().task(odd.clone());
+        let record = crate::task_record::TaskInterner::default().task(&odd);
         assert_eq!(record.state(), TaskState::Staging);
         assert_eq!(*record.resources(), Resources::default());
         let running = model_pb::Task {

@@ -28,6 +28,7 @@
 pub mod authorization;
 mod cluster;
 mod config;
+mod drop_later;
 mod error;
 pub mod http;
 mod launch_wire;
@@ -42,6 +43,7 @@ pub mod testing;
 mod workers;
 
 pub use config::{HTTP_PORT_OFFSET, MasterConfig, Placement};
+pub use drop_later::wait_for_background_frees;
 pub use error::ServiceError;
 pub use master::{
     AclMsg, AgentMsg, EventFeed, InternalMsg, KEPT_EVENTS, Lagged, Master, MasterMsg, OperatorMsg,

@@ -8,22 +8,25 @@
 //! [`TaskView`] (whose strings the views built from it share) plus one pointer to an interned
 //! [`TaskDetail`], an exit code and a message.
 
-use std::borrow::Borrow;
-use std::collections::{HashMap, HashSet};
-use std::hash::Hash;
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::time::Duration;
 
+use hashbrown::HashTable;
 use tokio::time::Instant;
 
 use muster_model::{Resources, TaskState};
 use muster_proto::model as model_pb;
 use muster_scheduler::{JobGroup, TaskView};
 
+/// A task's labels, in order, as given.
+pub(crate) type Labels = Vec<(String, String)>;
+
 /// What the tasks of one group at one job version share beyond what a [`TaskView`] holds:
 /// kept once by the [`TaskInterner`] and pointed to by each of them.
-#[derive(Debug, Default, PartialEq, Eq, Hash)]
+#[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct TaskDetail {
     pub(crate) framework_id: String,
     pub(crate) command: String,
@@ -31,8 +34,9 @@ pub(crate) struct TaskDetail {
     /// Ordered by name.
     pub(crate) env: Vec<(String, String)>,
     pub(crate) user: String,
-    /// In order, as given; interned on their own (tasks of many groups carry the same ones).
-    pub(crate) labels: Arc<Vec<(String, String)>>,
+    /// In order, as given; interned on their own (tasks of many groups carry the same ones),
+    /// so two details with the same labels point to the same copy.
+    pub(crate) labels: Arc<Labels>,
 }
 
 impl TaskDetail {
@@ -169,15 +173,22 @@ impl TaskRecord {
 /// Keeps one copy of each job's group ([`JobGroup`]) and [`TaskDetail`] the master's tasks use.
 /// Entries no task uses any more are dropped as the interner grows ([`TaskInterner::sweep`]).
 ///
-/// It hashes with foldhash (seeded per process): a new leader interns every task of the
-/// cluster as the agents re-register, and SipHash over a detail's dozens of short strings cost
-/// more than the rest of a re-registration.
+/// A task is interned from its wire form by reference: labels and details are looked up by
+/// the wire's own strings, and copied only the first time they are seen. A new leader interns
+/// every task of the cluster as the agents re-register (a million at 100,000 agents), and the
+/// strings of the wire form are left whole to be freed with it, off the master's thread
+/// ([`drop_later`](crate::drop_later)).
+///
+/// It hashes with foldhash (seeded per process): SipHash over a task's dozens of short strings
+/// cost more than the rest of a re-registration.
 #[derive(Debug, Default)]
 pub(crate) struct TaskInterner {
     /// By job, then group: found by two string lookups, without building a key.
     job_groups: HashMap<Box<str>, GroupsOfJob, foldhash::fast::RandomState>,
-    labels: HashSet<Arc<Vec<(String, String)>>, foldhash::fast::RandomState>,
-    details: HashSet<Arc<TaskDetail>, foldhash::fast::RandomState>,
+    hasher: foldhash::fast::RandomState,
+    labels: HashTable<Arc<Labels>>,
+    /// Hashed by their fields, and their labels by address (labels are interned first).
+    details: HashTable<Arc<TaskDetail>>,
     /// How many groups `job_groups` holds.
     interned_groups: usize,
     /// Entries after the last sweep: the next comes when there are twice as many.
@@ -187,26 +198,104 @@ pub(crate) struct TaskInterner {
 /// A job's groups, by name.
 type GroupsOfJob = HashMap<Box<str>, Arc<JobGroup>, foldhash::fast::RandomState>;
 
-/// The copy of `value` in `set`, put there (made with `make`) if there is none.
-fn intern<T, V>(
-    set: &mut HashSet<Arc<T>, foldhash::fast::RandomState>,
-    value: V,
-    make: impl FnOnce(V) -> Arc<T>,
-) -> Arc<T>
-where
-    T: Hash + Eq + ?Sized,
-    V: Borrow<T>,
-{
-    if let Some(shared) = set.get(value.borrow()) {
-        return Arc::clone(shared);
-    }
-    let shared = make(value);
-    set.insert(Arc::clone(&shared));
-    shared
+/// A [`TaskDetail`]'s fields, borrowed (from a wire task, or from a detail), to look one up by.
+struct DetailKey<'a> {
+    framework_id: &'a str,
+    command: &'a str,
+    args: &'a [String],
+    /// Ordered by name.
+    env: &'a [(&'a str, &'a str)],
+    user: &'a str,
+    labels: &'a Arc<Labels>,
 }
 
 /// Interned entries below which the interner never sweeps.
 const SWEEP_FLOOR: usize = 4_096;
+
+/// The hash of labels given as pairs, the same for the wire's and the interned copy's.
+fn labels_hash<'a>(
+    hasher: &foldhash::fast::RandomState,
+    pairs: impl Iterator<Item = (&'a str, &'a str)>,
+) -> u64 {
+    let mut state = hasher.build_hasher();
+    for (key, value) in pairs {
+        key.hash(&mut state);
+        value.hash(&mut state);
+    }
+    state.finish()
+}
+
+/// The hash of a detail, from its fields; its labels count by address.
+fn detail_hash<'a>(
+    hasher: &foldhash::fast::RandomState,
+    key: &DetailKey<'_>,
+    env: impl Iterator<Item = (&'a str, &'a str)>,
+) -> u64 {
+    let mut state = hasher.build_hasher();
+    key.framework_id.hash(&mut state);
+    key.command.hash(&mut state);
+    key.args.hash(&mut state);
+    for (name, value) in env {
+        name.hash(&mut state);
+        value.hash(&mut state);
+    }
+    key.user.hash(&mut state);
+    Arc::as_ptr(key.labels).hash(&mut state);
+    state.finish()
+}
+
+/// Pairs of strings, borrowed.
+fn pairs(owned: &[(String, String)]) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone {
+    owned.iter().map(|(a, b)| (a.as_str(), b.as_str()))
+}
+
+/// Whether two lists of pairs are the same, pair by pair.
+fn same_pairs<'a, 'b>(
+    a: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
+    b: impl ExactSizeIterator<Item = (&'b str, &'b str)>,
+) -> bool {
+    a.len() == b.len()
+        && a.zip(b)
+            .all(|(a, b)| same_str(a.0, b.0) && same_str(a.1, b.1))
+}
+
+/// `a == b`, with short strings compared in line: labels are mostly a few bytes, and a call to
+/// `memcmp` for each of a task's dozens of them cost more than the comparing.
+fn same_str(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    if a.len() <= 16 {
+        return a.iter().zip(b).all(|(x, y)| x == y);
+    }
+    a == b
+}
+
+impl TaskDetail {
+    /// Its hash as [`DetailKey`]s hash.
+    fn hash_with(&self, hasher: &foldhash::fast::RandomState) -> u64 {
+        let key = DetailKey {
+            framework_id: &self.framework_id,
+            command: &self.command,
+            args: &self.args,
+            env: &[],
+            user: &self.user,
+            labels: &self.labels,
+        };
+        detail_hash(hasher, &key, pairs(&self.env))
+    }
+
+    /// Whether it has the fields of `key`.
+    fn is(&self, key: &DetailKey<'_>) -> bool {
+        self.framework_id == key.framework_id
+            && self.command == key.command
+            && self.args[..] == *key.args
+            && same_pairs(pairs(&self.env), key.env.iter().copied())
+            && self.user == key.user
+            && Arc::ptr_eq(&self.labels, key.labels)
+    }
+}
 
 impl TaskInterner {
     /// The shared copy of `job`'s group `group`.
@@ -229,46 +318,118 @@ impl TaskInterner {
     }
 
     /// The shared copy of `labels`.
-    pub(crate) fn labels(&mut self, labels: Vec<(String, String)>) -> Arc<Vec<(String, String)>> {
-        let shared = intern(&mut self.labels, labels, Arc::new);
+    pub(crate) fn labels(&mut self, labels: &[(String, String)]) -> Arc<Labels> {
+        self.labels_of(pairs(labels))
+    }
+
+    /// The shared copy of the labels `given` lists, copied only if they are new.
+    fn labels_of<'a>(
+        &mut self,
+        given: impl ExactSizeIterator<Item = (&'a str, &'a str)> + Clone,
+    ) -> Arc<Labels> {
+        let hash = labels_hash(&self.hasher, given.clone());
+        let same = |known: &Arc<Labels>| same_pairs(pairs(known), given.clone());
+        if let Some(shared) = self.labels.find(hash, same) {
+            return Arc::clone(shared);
+        }
+        let shared: Arc<Labels> = Arc::new(
+            given
+                .map(|(key, value)| (key.to_owned(), value.to_owned()))
+                .collect(),
+        );
+        let hasher = &self.hasher;
+        self.labels
+            .insert_unique(hash, Arc::clone(&shared), |known| {
+                labels_hash(hasher, pairs(known))
+            });
         self.maybe_sweep();
         shared
     }
 
     /// The shared copy of `detail`.
     pub(crate) fn detail(&mut self, detail: TaskDetail) -> Arc<TaskDetail> {
-        let shared = intern(&mut self.details, detail, Arc::new);
+        let env: Vec<(&str, &str)> = pairs(&detail.env).collect();
+        let key = DetailKey {
+            framework_id: &detail.framework_id,
+            command: &detail.command,
+            args: &detail.args,
+            env: &env,
+            user: &detail.user,
+            labels: &detail.labels,
+        };
+        let found = self.find_detail(&key);
+        drop(env);
+        found.unwrap_or_else(|| self.add_detail(detail))
+    }
+
+    /// The shared detail with the fields of `key`, if there is one.
+    fn find_detail(&self, key: &DetailKey<'_>) -> Option<Arc<TaskDetail>> {
+        let hash = detail_hash(&self.hasher, key, key.env.iter().copied());
+        self.details.find(hash, |known| known.is(key)).cloned()
+    }
+
+    /// Interns `detail`, which is not there yet.
+    fn add_detail(&mut self, detail: TaskDetail) -> Arc<TaskDetail> {
+        let shared = Arc::new(detail);
+        let hasher = &self.hasher;
+        self.details
+            .insert_unique(shared.hash_with(hasher), Arc::clone(&shared), |known| {
+                known.hash_with(hasher)
+            });
         self.maybe_sweep();
         shared
     }
 
     /// A task from its wire form (as agents report it), lenient as the master always was with
     /// what agents send: an unknown state counts as not started, missing resources as none.
-    pub(crate) fn task(&mut self, wire: model_pb::Task) -> TaskRecord {
+    /// Only what is new to the interner, and the task's id, name and message, are copied.
+    pub(crate) fn task(&mut self, wire: &model_pb::Task) -> TaskRecord {
         let state = TaskState::try_from(wire.state).unwrap_or(TaskState::Staging);
         let resources = wire
             .resources
+            .as_ref()
             .map(|r| Resources {
                 cpus: r.cpus,
                 mem_mb: r.mem_mb,
             })
             .unwrap_or_default();
-        let mut env: Vec<(String, String)> = wire.env.into_iter().collect();
-        env.sort_unstable();
-        let labels = self.labels(
+        let labels = self.labels_of(
             wire.labels
-                .into_iter()
-                .map(|label| (label.key, label.value))
-                .collect(),
+                .iter()
+                .map(|label| (label.key.as_str(), label.value.as_str())),
         );
-        let detail = self.detail(TaskDetail {
-            framework_id: wire.framework_id,
-            command: wire.command,
-            args: wire.args,
-            env,
-            user: wire.user,
-            labels,
-        });
+        // Allocates only for a task with an environment.
+        let mut env: Vec<(&str, &str)> = wire
+            .env
+            .iter()
+            .map(|(name, value)| (name.as_str(), value.as_str()))
+            .collect();
+        env.sort_unstable();
+        let key = DetailKey {
+            framework_id: &wire.framework_id,
+            command: &wire.command,
+            args: &wire.args,
+            env: &env,
+            user: &wire.user,
+            labels: &labels,
+        };
+        let detail = match self.find_detail(&key) {
+            Some(detail) => detail,
+            None => {
+                let detail = TaskDetail {
+                    framework_id: wire.framework_id.clone(),
+                    command: wire.command.clone(),
+                    args: wire.args.clone(),
+                    env: env
+                        .iter()
+                        .map(|(name, value)| ((*name).to_owned(), (*value).to_owned()))
+                        .collect(),
+                    user: wire.user.clone(),
+                    labels: Arc::clone(&labels),
+                };
+                self.add_detail(detail)
+            }
+        };
         TaskRecord {
             view: Arc::new(TaskView::new(
                 &wire.id,
@@ -281,7 +442,7 @@ impl TaskInterner {
             detail,
             exit_code: wire.exit_code,
             launch_deadline: None,
-            message: wire.message.into_boxed_str(),
+            message: wire.message.as_str().into(),
         }
     }
 
@@ -350,7 +511,7 @@ mod tests {
     fn a_task_reads_back_as_it_was_given() {
         let mut interner = TaskInterner::default();
         let given = wire("web.fe[0]-1", 0);
-        let record = interner.task(given.clone());
+        let record = interner.task(&given);
         assert_eq!(record.to_wire(), given);
         assert_eq!(record.id(), "web.fe[0]-1");
         assert_eq!(record.name(), "web.fe[0]");
@@ -362,8 +523,8 @@ mod tests {
     #[test]
     fn the_tasks_of_a_group_share_one_copy_of_what_they_have_in_common() {
         let mut interner = TaskInterner::default();
-        let a = interner.task(wire("a", 0));
-        let b = interner.task(wire("b", 1));
+        let a = interner.task(&wire("a", 0));
+        let b = interner.task(&wire("b", 1));
         assert!(Arc::ptr_eq(&a.detail, &b.detail));
         assert!(Arc::ptr_eq(a.view.job_group(), b.view.job_group()));
         // The environment is compared as a set: the order it arrives in does not matter.
@@ -374,12 +535,39 @@ mod tests {
         ]
         .into_iter()
         .collect();
-        let c = interner.task(reordered);
+        let c = interner.task(&reordered);
         assert!(Arc::ptr_eq(&a.detail, &c.detail));
         let mut other = wire("d", 3);
         other.command = "other".into();
-        let d = interner.task(other);
+        let d = interner.task(&other);
         assert!(!Arc::ptr_eq(&a.detail, &d.detail));
+    }
+
+    #[test]
+    fn labels_are_one_copy_across_groups_and_tell_details_apart() {
+        let mut interner = TaskInterner::default();
+        let web = interner.task(&wire("a", 0));
+        let mut api = wire("b", 0);
+        api.job = "api".into();
+        api.command = "api".into();
+        let api = interner.task(&api);
+        assert!(Arc::ptr_eq(&web.detail.labels, &api.detail.labels));
+        // Labels are kept in order: the same pairs in another order are other labels, and
+        // the detail that carries them another detail.
+        let mut given = wire("c", 1);
+        given.labels.push(model_pb::Label {
+            key: "zone".into(),
+            value: "a".into(),
+        });
+        let mut reordered = given.clone();
+        reordered.labels.reverse();
+        let (given, reordered) = (interner.task(&given), interner.task(&reordered));
+        assert!(!Arc::ptr_eq(&given.detail.labels, &reordered.detail.labels));
+        assert!(!Arc::ptr_eq(&given.detail, &reordered.detail));
+        assert!(!Arc::ptr_eq(&given.detail, &web.detail));
+        assert_eq!(reordered.to_wire().labels[0].key, "zone");
+        // No labels at all are labels too, shared.
+        assert!(Arc::ptr_eq(&interner.labels(&[]), &interner.labels(&[])));
     }
 
     #[test]
@@ -414,11 +602,11 @@ mod tests {
     #[test]
     fn a_sweep_forgets_what_no_task_uses() {
         let mut interner = TaskInterner::default();
-        let kept = interner.task(wire("a", 0));
+        let kept = interner.task(&wire("a", 0));
         let mut other = wire("b", 1);
         other.job = "api".into();
         other.command = "api".into();
-        drop(interner.task(other));
+        drop(interner.task(&other));
         assert_eq!(
             interner.len(),
             5,
@@ -430,7 +618,7 @@ mod tests {
             3,
             "web's fe, the labels and the detail still used"
         );
-        let again = interner.task(wire("c", 2));
+        let again = interner.task(&wire("c", 2));
         assert!(Arc::ptr_eq(&kept.detail, &again.detail));
     }
 }

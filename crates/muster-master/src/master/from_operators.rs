@@ -770,7 +770,7 @@ impl Master {
         let task_id = task.id.clone();
         // Recorded before it is sent: the agent's first status update may come before the
         // answer to the launch.
-        let task = self.cluster.interner.task(task);
+        let task = self.cluster.interner.task(&task);
         if let Some(agent) = self.cluster.agent_mut(&agent_id) {
             agent.tasks.push(task);
         }

@@ -529,7 +529,7 @@ impl GroupShared {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         env.sort_unstable();
-        let no_labels = interner.labels(Vec::new());
+        let no_labels = interner.labels(&[]);
         let job_group = interner.job_group(&placement.job, &placement.group);
         let detail = interner.detail(TaskDetail {
             framework_id: placement.job.clone(),

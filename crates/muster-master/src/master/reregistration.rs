@@ -53,11 +53,12 @@ impl Master {
             }
         }
         let interner = &mut self.cluster.interner;
-        let tasks: Vec<TaskRecord> = tasks.into_iter().map(|t| interner.task(t)).collect();
-        let mut completed_tasks: Vec<TaskRecord> = completed_tasks
-            .into_iter()
-            .map(|t| interner.task(t))
-            .collect();
+        let wire = (tasks, completed_tasks);
+        let tasks: Vec<TaskRecord> = wire.0.iter().map(|t| interner.task(t)).collect();
+        let mut completed_tasks: Vec<TaskRecord> =
+            wire.1.iter().map(|t| interner.task(t)).collect();
+        // Their strings are freed beside the master, not by it.
+        crate::drop_later::drop_later(wire);
         // What it ran when it was marked unreachable and does not report now: remembered as
         // LOST, so that a late start of one is killed when it reports in.
         if let Some(lost) = self.cluster.given_up.remove(&agent_id) {

@@ -140,7 +140,7 @@ impl Master {
     /// gets an evaluation to replace it (held back when the same slot keeps failing: see
     /// [`MasterConfig::reschedule_delay`](crate::MasterConfig::reschedule_delay)).
     pub(super) fn task_updated(&mut self, agent_id: String, task: Task, ctx: &mut Context<Self>) {
-        let task = self.cluster.interner.task(task);
+        let task = self.cluster.interner.task(&task);
         self.record_updated(agent_id, task, ctx);
     }
 
