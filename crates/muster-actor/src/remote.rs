@@ -3,7 +3,9 @@
 //!
 //! # Layout
 //! - `upid`: `name@host:port` addresses.
-//! - `node`: the tonic server, the reconnecting outbound links, envelope dispatch.
+//! - `node`: the node itself: its tonic server, its named processes, envelope dispatch.
+//! - `dial`: the links this node dials, reconnecting with backoff.
+//! - `accept`: the links peers open to this node.
 //! - `peer`: one peer's queue of encoded frames, pending asks, remote links.
 //! - `wire`: the frames on the wire, written and read without message structs, and tonic's
 //!   codec for them.
@@ -12,7 +14,9 @@
 //! - `config`, `stats`: limits and counters.
 //! - `health`: the gRPC health service and server reflection a node serves for operators.
 
+mod accept;
 mod config;
+mod dial;
 pub mod health;
 mod inbox;
 mod node;

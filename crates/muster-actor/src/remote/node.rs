@@ -4,31 +4,26 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::SocketAddr;
 use std::ops::Range;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
-use std::task::{Context, Poll};
-
 use bytes::Bytes;
 use futures_util::Stream;
-use futures_util::future::BoxFuture;
 use muster_proto::transport::{Envelope, Kind};
 use muster_security::net::Listener;
 use muster_security::{Peer, Role, Security};
 use tokio::sync::watch;
-use tonic::body::Body;
-use tonic::codegen::http;
-use tonic::server::NamedService;
+use tonic::Streaming;
 use tonic::service::Routes;
-use tonic::transport::{Endpoint, Server};
-use tonic::{Request, Response, Status, Streaming};
+use tonic::transport::Server;
 
+use super::accept::LinkService;
+use super::dial::run_outbound;
 use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Route, TellRoute, Undelivered};
 use super::peer::{Limits, PeerLink};
 use super::route_cache::RouteCache;
 use super::stats::{Stats, TransportStats};
-use super::wire::{EnvelopeRef, Envelopes, FrameCodec, Item, LINK_PATH, SAME_HEAD_HEADER};
+use super::wire::{EnvelopeRef, Envelopes, Item};
 use super::{NodeConfig, RemotePid, Upid};
 use crate::sync::lock;
 use crate::{Pid, Process, RemoteError, System};
@@ -71,18 +66,18 @@ pub struct Node {
 }
 
 pub(crate) struct NodeInner {
-    address: String,
+    pub(super) address: String,
     pub(crate) system: System,
     pub(crate) config: NodeConfig,
     processes: RwLock<HashMap<String, Arc<dyn Inbox>>>,
     /// Bumped after every change to `processes` or to what a registered process installed:
     /// link readers drop their cached routes when it moves.
     changes: Arc<AtomicU64>,
-    peers: Mutex<HashMap<String, Arc<PeerLink>>>,
+    pub(super) peers: Mutex<HashMap<String, Arc<PeerLink>>>,
     next_request: AtomicU64,
     /// Shared with the streams that write frames, which count what they send.
     pub(crate) stats: Arc<Stats>,
-    shutdown: watch::Sender<bool>,
+    pub(super) shutdown: watch::Sender<bool>,
 }
 
 impl Node {
@@ -280,7 +275,7 @@ impl NodeInner {
         self.next_request.fetch_add(1, Ordering::Relaxed)
     }
 
-    fn is_shut_down(&self) -> bool {
+    pub(super) fn is_shut_down(&self) -> bool {
         *self.shutdown.borrow()
     }
 
@@ -301,7 +296,7 @@ impl NodeInner {
     }
 
     /// How this node's links batch and bound what they send.
-    fn limits(&self) -> Limits {
+    pub(super) fn limits(&self) -> Limits {
         Limits {
             max_queued: self.config.max_queued_per_peer,
             max_batch: self.config.max_batch,
@@ -315,7 +310,7 @@ impl NodeInner {
     /// such a run first, so order holds. An envelope that is not well-formed is answered (if
     /// it was an ask whose id could be read) and counted; a frame whose own structure breaks
     /// loses its rest, counted as one malformed message. Neither ends the link.
-    fn receive_frame(
+    pub(super) fn receive_frame(
         &self,
         link: &Arc<PeerLink>,
         sender: Option<&Peer>,
@@ -555,7 +550,7 @@ impl NodeInner {
     }
 
     /// Reads a link's incoming frames, sent by `sender`, until it closes.
-    async fn read_frames(
+    pub(super) async fn read_frames(
         &self,
         link: &Arc<PeerLink>,
         sender: Option<&Peer>,
@@ -575,7 +570,7 @@ impl NodeInner {
     }
 
     /// Forgets `link` if it is still the registered link to its node.
-    fn remove_peer(&self, link: &Arc<PeerLink>) {
+    pub(super) fn remove_peer(&self, link: &Arc<PeerLink>) {
         let mut peers = lock(&self.peers);
         if peers.get(&link.node).is_some_and(|l| Arc::ptr_eq(l, link)) {
             peers.remove(&link.node);
@@ -583,100 +578,12 @@ impl NodeInner {
     }
 }
 
-/// Keeps the outbound link to one peer: connect, carry frames both ways until the connection
-/// breaks, then reconnect after a capped, jittered exponential backoff. Queued envelopes wait
-/// for the next connection; asks in flight fail, and linked processes hear of the loss.
-async fn run_outbound(node: Arc<NodeInner>, link: Arc<PeerLink>) {
-    let mut stop = node.shutdown.subscribe();
-    let mut failures = 0u32;
-    let mut first = true;
-    while !node.is_shut_down() {
-        if !std::mem::take(&mut first) {
-            node.stats.reconnects.fetch_add(1, Ordering::Relaxed);
-        }
-        match connect(&node, &link).await {
-            Ok((inbound, peer)) => {
-                failures = 0;
-                let mut routes = RouteCache::default();
-                tokio::select! {
-                    () = node.read_frames(&link, peer.as_ref(), &mut routes, inbound) => {}
-                    _ = stop.wait_for(|stop| *stop) => break,
-                }
-                tracing::warn!(peer = %link.node, "link lost; reconnecting");
-                link.lost(RemoteError::ConnectionLost(link.node.clone()));
-            }
-            Err(reason) => {
-                failures = failures.saturating_add(1);
-                tracing::warn!(peer = %link.node, %reason, failures, "cannot reach peer");
-                link.lost(RemoteError::Unreachable {
-                    node: link.node.clone(),
-                    reason,
-                });
-            }
-        }
-        let delay = node.config.reconnect_delay(failures.max(1));
-        tokio::select! {
-            () = tokio::time::sleep(delay) => {}
-            _ = stop.wait_for(|stop| *stop) => break,
-        }
-    }
-    node.remove_peer(&link);
-    link.close(RemoteError::ConnectionLost(link.node.clone()));
-}
-
 /// The roles a node links with: the cluster's members. Client certificates (people, the CLI)
 /// use the APIs, never the actor transport.
-const MEMBER_ROLES: &[Role] = &[Role::Master, Role::Agent];
-
-/// One connection attempt: opens the stream and sends the greeting and queued frames.
-/// Answers the incoming half and who the peer's certificate says it is (`None` when
-/// insecure).
-async fn connect(
-    node: &Arc<NodeInner>,
-    link: &Arc<PeerLink>,
-) -> Result<(Streaming<Bytes>, Option<Peer>), String> {
-    let endpoint = Endpoint::from_shared(format!("http://{}", link.node))
-        .map_err(|e| format!("bad address: {e}"))?
-        .tcp_nodelay(true)
-        .connect_timeout(node.config.connect_timeout)
-        .http2_keep_alive_interval(node.config.keepalive_interval)
-        .keep_alive_timeout(node.config.keepalive_timeout)
-        .keep_alive_while_idle(true);
-    let (channel, peer) = node
-        .config
-        .security
-        .channel(endpoint, MEMBER_ROLES)
-        .await
-        .map_err(|e| source_chain(&e))?;
-    let frame_limit = node.config.max_frame_size();
-    let mut client = tonic::client::Grpc::new(channel)
-        .max_decoding_message_size(frame_limit)
-        .max_encoding_message_size(frame_limit);
-    client
-        .ready()
-        .await
-        .map_err(|e| format!("link not ready: {}", source_chain(&e)))?;
-    // Until the peer answers, it may be a node that does not read `same_head`.
-    link.set_peer_reads_same_head(false);
-    let outbound = counted(&node.stats, link.frames(Some(&node.address)));
-    let response = client
-        .streaming(
-            Request::new(outbound),
-            http::uri::PathAndQuery::from_static(LINK_PATH),
-            FrameCodec,
-        )
-        .await
-        .map_err(|status| format!("link refused: {status}"))?;
-    let reads_same_head = response
-        .metadata()
-        .get(SAME_HEAD_HEADER)
-        .is_some_and(|value| value == "1");
-    link.set_peer_reads_same_head(reads_same_head);
-    Ok((response.into_inner(), peer))
-}
+pub(super) const MEMBER_ROLES: &[Role] = &[Role::Master, Role::Agent];
 
 /// `frames`, each counted in `stats` as it is written.
-fn counted(
+pub(super) fn counted(
     stats: &Arc<Stats>,
     frames: impl Stream<Item = Bytes> + Send + 'static,
 ) -> impl Stream<Item = Bytes> + Send + 'static {
@@ -686,156 +593,6 @@ fn counted(
             .bytes_sent
             .fetch_add(frame.len() as u64, Ordering::Relaxed);
     })
-}
-
-/// An error and its causes, for a log line that says what actually failed.
-fn source_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut last = text.clone();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let cause_text = cause.to_string();
-        // tonic and hyper wrap errors in layers that repeat the same words.
-        if cause_text != last {
-            text.push_str(": ");
-            text.push_str(&cause_text);
-        }
-        last = cause_text;
-        source = cause.source();
-    }
-    text
-}
-
-/// The server half: a peer connected to us. `Transport.Link` served by hand rather than through
-/// the generated `TransportServer`, so that frames pass through [`FrameCodec`] as bytes (see
-/// `wire`); the path, the framing and the messages on the wire are the same.
-#[derive(Clone)]
-struct LinkService {
-    node: Arc<NodeInner>,
-}
-
-impl NamedService for LinkService {
-    const NAME: &'static str = "muster.transport.v1.Transport";
-}
-
-/// The stream of frames a served link answers with.
-type LinkStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
-
-impl tonic::codegen::Service<http::Request<Body>> for LinkService {
-    type Response = http::Response<Body>;
-    type Error = std::convert::Infallible;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let node = Arc::clone(&self.node);
-        Box::pin(async move {
-            if request.uri().path() != LINK_PATH {
-                return Ok(Status::unimplemented(format!(
-                    "no method {} here",
-                    request.uri().path()
-                ))
-                .into_http());
-            }
-            let frame_limit = node.config.max_frame_size();
-            let mut grpc = tonic::server::Grpc::new(FrameCodec)
-                .apply_max_message_size_config(Some(frame_limit), Some(frame_limit));
-            Ok(grpc.streaming(LinkHandler { node }, request).await)
-        })
-    }
-}
-
-/// One `Link` call.
-struct LinkHandler {
-    node: Arc<NodeInner>,
-}
-
-impl tonic::server::StreamingService<Bytes> for LinkHandler {
-    type Response = Bytes;
-    type ResponseStream = LinkStream;
-    type Future = BoxFuture<'static, Result<Response<LinkStream>, Status>>;
-
-    fn call(&mut self, request: Request<Streaming<Bytes>>) -> Self::Future {
-        Box::pin(accept(Arc::clone(&self.node), request))
-    }
-}
-
-/// Serves a link a peer opened: reads its greeting, then its frames (in a task), and answers
-/// with the frames queued for it.
-async fn accept(
-    node: Arc<NodeInner>,
-    request: Request<Streaming<Bytes>>,
-) -> Result<Response<LinkStream>, Status> {
-    // Who is linking: read once, when the stream opens. Only cluster members link.
-    let sender = match &node.config.security {
-        Security::Tls(tls) => {
-            let certs = request.peer_certs();
-            let peer = tls
-                .peer_of(certs.as_deref().map(Vec::as_slice))
-                .and_then(|peer| peer.expect(MEMBER_ROLES))
-                .map_err(|e| Status::permission_denied(format!("transport link: {e}")))?;
-            Some(peer)
-        }
-        Security::Insecure => None,
-    };
-    let mut inbound = request.into_inner();
-    let first = inbound
-        .message()
-        .await?
-        .ok_or_else(|| Status::invalid_argument("link closed before its hello frame"))?;
-    // Wherever it stands in the frame (protobuf fields come in any order).
-    let hello = Envelopes::new(&first)
-        .find_map(|item| match item {
-            Ok(Item::Hello(hello)) => Some(hello),
-            _ => None,
-        })
-        .ok_or_else(|| Status::invalid_argument("the first frame must carry hello"))?;
-    let reads_same_head = hello.reads_same_head;
-    let hello = String::from_utf8(hello.node.to_vec())
-        .map_err(|_| Status::invalid_argument("the hello's node is not UTF-8"))?;
-    let link = PeerLink::new(hello.clone(), node.limits());
-    link.set_peer_reads_same_head(reads_same_head);
-    // On an insecure node, sends to the peer go back over this stream, unless we already
-    // have our own link. With TLS they never do: the hello names an address no
-    // certificate proves, so sends to a node go over a link we dialled to its address
-    // (whose certificate we verified), and only replies to its asks use this one.
-    if sender.is_none() {
-        lock(&node.peers)
-            .entry(hello)
-            .or_insert_with(|| Arc::clone(&link));
-    }
-    let reader = Arc::clone(&node);
-    let reader_link = Arc::clone(&link);
-    let mut stop = node.shutdown.subscribe();
-    tokio::spawn(async move {
-        let mut routes = RouteCache::default();
-        reader.receive_frame(&reader_link, sender.as_ref(), &mut routes, &first);
-        tokio::select! {
-            () = reader.read_frames(&reader_link, sender.as_ref(), &mut routes, inbound) => {}
-            _ = stop.wait_for(|stop| *stop) => {}
-        }
-        reader.remove_peer(&reader_link);
-        // An accepted link ends with its stream; the next send makes a fresh one.
-        reader_link.close(RemoteError::ConnectionLost(reader_link.node.clone()));
-    });
-    let outbound = counted(&node.stats, link.frames(None));
-    // A link never ends by itself; end it on shutdown so the server's graceful stop (which
-    // waits for open requests) completes and the peer sees the link close.
-    let mut stop = node.shutdown.subscribe();
-    let stopped = async move {
-        let _ = stop.wait_for(|stop| *stop).await;
-    };
-    let outbound = futures_util::StreamExt::take_until(outbound, stopped);
-    let outbound = futures_util::StreamExt::map(outbound, Ok);
-    let mut response = Response::new(Box::pin(outbound) as LinkStream);
-    response.metadata_mut().insert(
-        SAME_HEAD_HEADER,
-        tonic::metadata::MetadataValue::from_static("1"),
-    );
-    Ok(response)
 }
 
 /// Tells of one route waiting to be enqueued together ([`NodeInner::receive_frame`]).
