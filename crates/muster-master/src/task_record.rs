@@ -259,8 +259,8 @@ fn same_pairs<'a, 'b>(
             .all(|(a, b)| same_str(a.0, b.0) && same_str(a.1, b.1))
 }
 
-/// `a == b`, with short strings compared in line: labels are mostly a few bytes, and a call to
-/// `memcmp` for each of a task's dozens of them cost more than the comparing.
+/// `a == b`, with short strings compared in line rather than by a call to `memcmp`: labels are
+/// mostly a few bytes, and a task brings dozens of them.
 fn same_str(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     if a.len() != b.len() {
