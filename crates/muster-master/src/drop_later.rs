@@ -25,7 +25,9 @@ type Garbage = Box<dyn Send>;
 /// The helper's queue; `None` if the thread could not be started.
 static HELPER: OnceLock<Option<SyncSender<Garbage>>> = OnceLock::new();
 
-/// Drops `value` on the helper thread, or here if the helper is busy or could not start.
+/// Drops `value` on the helper thread, or here if the helper is busy or could not start. For
+/// plain data only: a value still queued when the process exits is never dropped, so one whose
+/// `Drop` must run (a file to flush, a lock to release) does not belong here.
 pub(crate) fn drop_later<T: Send + 'static>(value: T) {
     let Some(helper) = HELPER.get_or_init(start) else {
         return;
@@ -50,11 +52,26 @@ pub fn wait_for_background_frees(timeout: Duration) -> bool {
             let _ = self.0.send(());
         }
     }
+    let deadline = std::time::Instant::now() + timeout;
     let (reached, done) = mpsc::channel();
-    if helper.send(Box::new(Marker(reached))).is_err() {
-        return true;
+    let mut marker: Garbage = Box::new(Marker(reached));
+    // Queued without blocking past the deadline: a full queue is waited out in short naps.
+    loop {
+        match helper.try_send(marker) {
+            Ok(()) => break,
+            // The helper is gone, and what it held was freed with its queue.
+            Err(TrySendError::Disconnected(_)) => return true,
+            Err(TrySendError::Full(back)) => {
+                if std::time::Instant::now() >= deadline {
+                    return false;
+                }
+                marker = back;
+                std::thread::sleep(NAP);
+            }
+        }
     }
-    done.recv_timeout(timeout).is_ok()
+    done.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+        .is_ok()
 }
 
 /// Starts the helper thread.

@@ -198,13 +198,12 @@ pub(crate) struct TaskInterner {
 /// A job's groups, by name.
 type GroupsOfJob = HashMap<Box<str>, Arc<JobGroup>, foldhash::fast::RandomState>;
 
-/// A [`TaskDetail`]'s fields, borrowed (from a wire task, or from a detail), to look one up by.
+/// A [`TaskDetail`]'s fields but its environment, borrowed (from a wire task, or from a
+/// detail), to look one up by; the environment, ordered by name, goes beside it.
 struct DetailKey<'a> {
     framework_id: &'a str,
     command: &'a str,
     args: &'a [String],
-    /// Ordered by name.
-    env: &'a [(&'a str, &'a str)],
     user: &'a str,
     labels: &'a Arc<Labels>,
 }
@@ -225,7 +224,8 @@ fn labels_hash<'a>(
     state.finish()
 }
 
-/// The hash of a detail, from its fields; its labels count by address.
+/// The hash of a detail, from its fields and its environment (ordered by name); its labels
+/// count by address.
 fn detail_hash<'a>(
     hasher: &foldhash::fast::RandomState,
     key: &DetailKey<'_>,
@@ -254,44 +254,32 @@ fn same_pairs<'a, 'b>(
     a: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
     b: impl ExactSizeIterator<Item = (&'b str, &'b str)>,
 ) -> bool {
-    a.len() == b.len()
-        && a.zip(b)
-            .all(|(a, b)| same_str(a.0, b.0) && same_str(a.1, b.1))
-}
-
-/// `a == b`, with short strings compared in line rather than by a call to `memcmp`: labels are
-/// mostly a few bytes, and a task brings dozens of them.
-fn same_str(a: &str, b: &str) -> bool {
-    let (a, b) = (a.as_bytes(), b.as_bytes());
-    if a.len() != b.len() {
-        return false;
-    }
-    if a.len() <= 16 {
-        return a.iter().zip(b).all(|(x, y)| x == y);
-    }
-    a == b
+    a.len() == b.len() && a.zip(b).all(|(a, b)| a.0 == b.0 && a.1 == b.1)
 }
 
 impl TaskDetail {
-    /// Its hash as [`DetailKey`]s hash.
-    fn hash_with(&self, hasher: &foldhash::fast::RandomState) -> u64 {
-        let key = DetailKey {
+    /// Its fields, borrowed, but its environment.
+    fn key(&self) -> DetailKey<'_> {
+        DetailKey {
             framework_id: &self.framework_id,
             command: &self.command,
             args: &self.args,
-            env: &[],
             user: &self.user,
             labels: &self.labels,
-        };
-        detail_hash(hasher, &key, pairs(&self.env))
+        }
     }
 
-    /// Whether it has the fields of `key`.
-    fn is(&self, key: &DetailKey<'_>) -> bool {
+    /// Its hash as [`detail_hash`] gives it.
+    fn hash_with(&self, hasher: &foldhash::fast::RandomState) -> u64 {
+        detail_hash(hasher, &self.key(), pairs(&self.env))
+    }
+
+    /// Whether it has the fields of `key` and the environment `env` (ordered by name).
+    fn is(&self, key: &DetailKey<'_>, env: &[(&str, &str)]) -> bool {
         self.framework_id == key.framework_id
             && self.command == key.command
             && self.args[..] == *key.args
-            && same_pairs(pairs(&self.env), key.env.iter().copied())
+            && same_pairs(pairs(&self.env), env.iter().copied())
             && self.user == key.user
             && Arc::ptr_eq(&self.labels, key.labels)
     }
@@ -346,26 +334,24 @@ impl TaskInterner {
         shared
     }
 
-    /// The shared copy of `detail`.
+    /// The shared copy of `detail`, whose environment is ordered by name and whose labels came
+    /// from [`labels`](TaskInterner::labels).
     pub(crate) fn detail(&mut self, detail: TaskDetail) -> Arc<TaskDetail> {
+        debug_assert!(
+            detail.env.is_sorted(),
+            "a detail's environment is ordered by name"
+        );
         let env: Vec<(&str, &str)> = pairs(&detail.env).collect();
-        let key = DetailKey {
-            framework_id: &detail.framework_id,
-            command: &detail.command,
-            args: &detail.args,
-            env: &env,
-            user: &detail.user,
-            labels: &detail.labels,
-        };
-        let found = self.find_detail(&key);
+        let found = self.find_detail(&detail.key(), &env);
         drop(env);
         found.unwrap_or_else(|| self.add_detail(detail))
     }
 
-    /// The shared detail with the fields of `key`, if there is one.
-    fn find_detail(&self, key: &DetailKey<'_>) -> Option<Arc<TaskDetail>> {
-        let hash = detail_hash(&self.hasher, key, key.env.iter().copied());
-        self.details.find(hash, |known| known.is(key)).cloned()
+    /// The shared detail with the fields of `key` and the environment `env` (ordered by name),
+    /// if there is one.
+    fn find_detail(&self, key: &DetailKey<'_>, env: &[(&str, &str)]) -> Option<Arc<TaskDetail>> {
+        let hash = detail_hash(&self.hasher, key, env.iter().copied());
+        self.details.find(hash, |known| known.is(key, env)).cloned()
     }
 
     /// Interns `detail`, which is not there yet.
@@ -409,11 +395,10 @@ impl TaskInterner {
             framework_id: &wire.framework_id,
             command: &wire.command,
             args: &wire.args,
-            env: &env,
             user: &wire.user,
             labels: &labels,
         };
-        let detail = match self.find_detail(&key) {
+        let detail = match self.find_detail(&key, &env) {
             Some(detail) => detail,
             None => {
                 let detail = TaskDetail {

@@ -37,6 +37,8 @@ pub(super) async fn run_outbound(node: Arc<NodeInner>, link: Arc<PeerLink>) {
                     _ = stop.wait_for(|stop| *stop) => break,
                 }
                 tracing::warn!(peer = %link.node, "link lost; reconnecting");
+                // Whoever answers at that address next may not read `same_head`.
+                link.set_peer_reads_same_head(false);
                 link.lost(RemoteError::ConnectionLost(link.node.clone()));
             }
             Err(reason) => {

@@ -326,14 +326,19 @@ impl NodeInner {
             route: None,
             bodies: std::mem::take(&mut routes.bodies),
         };
-        // The envelope before was a tell whose route is `run.route`.
+        // The envelope before was a tell whose route is `run.route`, found when the node's
+        // processes were at `routed_at` changes.
         let mut previous_in_run = false;
+        let mut routed_at = 0;
         for item in Envelopes::new(frame) {
             if let Ok(Item::Envelope(envelope)) = &item
                 && envelope.kind == Kind::Tell as i32
             {
                 envelopes += 1;
-                if envelope.same_head && previous_in_run {
+                if envelope.same_head
+                    && previous_in_run
+                    && self.changes.load(Ordering::Acquire) == routed_at
+                {
                     // Same process, same type: same route, nothing to look up.
                     match self.check_size(envelope) {
                         Ok(()) => run.bodies.push(envelope.body.clone()),
@@ -341,6 +346,7 @@ impl NodeInner {
                     }
                     continue;
                 }
+                routed_at = self.changes.load(Ordering::Acquire);
                 match self.tell_route(routes, envelope) {
                     Ok(route) => {
                         if !run.route.as_ref().is_some_and(|r| Arc::ptr_eq(r, route)) {

@@ -14,7 +14,7 @@ use muster_proto::transport::{Envelope, ErrorCode, Kind};
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 
-use super::wire::{EnvelopeHead, EnvelopeWriter, hello_frame};
+use super::wire::{EnvelopeHead, EnvelopeWriter, expand_same_heads, hello_frame};
 use crate::sync::lock;
 use crate::{ExitReason, ProcessRef, RemoteError, Upid};
 
@@ -64,7 +64,9 @@ pub(crate) struct PeerLink {
     /// waiting for room ([`RemotePid::send`](crate::RemotePid::send)) try again.
     room: Notify,
     /// The peer said it reads `same_head` on the link's current connection: a tell that follows
-    /// a tell with the same head in a frame leaves its head out.
+    /// a tell with the same head in a frame leaves its head out. Cleared when a connection is
+    /// lost; a frame encoded with `same_head` and written while it is clear is written out
+    /// whole.
     peer_reads_same_head: AtomicBool,
 }
 
@@ -103,6 +105,8 @@ struct Batch {
     /// ever cut out of a frame, and a tell never repeats an ask's head, so a head a tell
     /// repeats always reaches the peer.
     last_tell_head: u64,
+    /// Some envelope in it has `same_head` set.
+    same_heads: bool,
 }
 
 impl PeerLink {
@@ -125,7 +129,7 @@ impl PeerLink {
     }
 
     /// Records whether the peer reads `same_head` on the link's current connection (from its
-    /// hello, or its answer to ours). Frames queued before are sent as they were encoded.
+    /// hello, or its answer to ours); cleared when a connection is lost.
     pub(crate) fn set_peer_reads_same_head(&self, reads: bool) {
         self.peer_reads_same_head.store(reads, Ordering::Relaxed);
     }
@@ -188,6 +192,7 @@ impl PeerLink {
                 && self.peer_reads_same_head.load(Ordering::Relaxed);
             envelope.append(&mut batch.bytes, same_head, body_len, body);
             batch.last_tell_head = tell_head;
+            batch.same_heads |= same_head;
             if envelope.kind() == Kind::Ask {
                 batch
                     .asks
@@ -353,8 +358,22 @@ impl PeerLink {
     }
 
     /// The frame's bytes, less the asks whose callers were already told they failed (or gave
-    /// up): those must not run behind their backs. `None` if nothing is left.
+    /// up): those must not run behind their backs. `None` if nothing is left. Written out whole
+    /// if it has `same_head` envelopes and the peer has not said, on this connection, that it
+    /// reads them.
     fn still_wanted(&self, batch: Batch) -> Option<Bytes> {
+        let expand = batch.same_heads && !self.peer_reads_same_head.load(Ordering::Relaxed);
+        let frame = self.without_failed_asks(batch)?;
+        Some(if expand {
+            expand_same_heads(&frame).freeze()
+        } else {
+            frame
+        })
+    }
+
+    /// The frame's bytes, less the asks whose callers were already told they failed (or gave
+    /// up). `None` if nothing is left.
+    fn without_failed_asks(&self, batch: Batch) -> Option<Bytes> {
         let unwanted: Vec<Range<usize>> = if batch.asks.is_empty() {
             Vec::new()
         } else {
@@ -502,6 +521,38 @@ mod tests {
             ]
         );
         drop(expected);
+    }
+
+    #[test]
+    fn a_frame_encoded_with_same_head_goes_out_whole_once_the_connection_it_was_for_is_lost() {
+        let link = PeerLink::new(
+            "peer:1".into(),
+            Limits {
+                max_queued: 100,
+                max_batch: 100,
+                max_batch_bytes: 1 << 20,
+            },
+        );
+        let head = EnvelopeHead::new(Kind::Tell, b"sink", b"t");
+        link.set_peer_reads_same_head(true);
+        for _ in 0..3 {
+            link.send(&EnvelopeWriter::new(&head, 0), 1, |buf| buf.put_u8(1))
+                .expect("queued");
+        }
+        // The connection is lost; the next one's peer has not answered yet.
+        link.set_peer_reads_same_head(false);
+        let mut frames = link.frames(None);
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Some(frame)) = Pin::new(&mut frames).poll_next(&mut cx) else {
+            panic!("a frame");
+        };
+        let envelopes: Vec<(bool, &[u8])> = Envelopes::new(&frame)
+            .map(|item| match item {
+                Ok(Item::Envelope(envelope)) => (envelope.same_head, envelope.to),
+                other => panic!("an envelope: {other:?}"),
+            })
+            .collect();
+        assert_eq!(envelopes, [(false, &b"sink"[..]); 3]);
     }
 
     #[test]

@@ -287,8 +287,8 @@ pub(crate) struct EnvelopeRef<'a> {
     pub(crate) request_id: u64,
     pub(crate) error_code: i32,
     pub(crate) error: &'a [u8],
-    /// The head (kind, to, type name) was left out and is the envelope's before it, filled in
-    /// here: whatever that envelope's route was, this one's is the same.
+    /// The head (kind, to, type name) was left out: it is the head of the envelope before it
+    /// in the frame, filled in here.
     pub(crate) same_head: bool,
 }
 
@@ -390,6 +390,47 @@ impl<'a> Envelopes<'a> {
         self.previous = Some((envelope.kind, envelope.to, envelope.type_name));
         Item::Envelope(envelope)
     }
+}
+
+/// `frame` with every envelope's head written out: for a peer that does not read `same_head`.
+/// A frame encoded while the link's peer read it is sent this way if the link has since
+/// reconnected to a peer that has not (yet) said so. Anything that is not a well-formed
+/// envelope is copied as it is (this node wrote the frame, so there is none).
+pub(crate) fn expand_same_heads(frame: &[u8]) -> BytesMut {
+    let mut expanded = BytesMut::with_capacity(frame.len().saturating_mul(2));
+    let mut previous: Option<Head<'_>> = None;
+    let mut at = 0;
+    while at < frame.len() {
+        let start = at;
+        let Some(item) = read_item(frame, &mut at) else {
+            expanded.put_slice(&frame[start..]);
+            break;
+        };
+        match item {
+            Item::Envelope(envelope) if envelope.same_head => {
+                let Some((kind, to, type_name)) = previous else {
+                    expanded.put_slice(&frame[start..at]);
+                    continue;
+                };
+                let kind = Kind::try_from(kind).unwrap_or(Kind::Unspecified);
+                let head = EnvelopeHead::new(kind, to, type_name);
+                let body = &frame[envelope.body.clone()];
+                let writer = EnvelopeWriter {
+                    head: &head,
+                    request_id: envelope.request_id,
+                    error_code: envelope.error_code,
+                    error: std::str::from_utf8(envelope.error).unwrap_or_default(),
+                };
+                writer.append(&mut expanded, false, body.len(), |buf| buf.put_slice(body));
+            }
+            Item::Envelope(envelope) => {
+                previous = Some((envelope.kind, envelope.to, envelope.type_name));
+                expanded.put_slice(&frame[start..at]);
+            }
+            Item::Hello(_) | Item::Malformed { .. } => expanded.put_slice(&frame[start..at]),
+        }
+    }
+    expanded
 }
 
 /// Reads one frame element at `*at`; `None` if the frame's own structure is broken there.
@@ -729,6 +770,41 @@ mod tests {
                 (head.0, head.1, head.2, true, &b"3"[..]),
             ]
         );
+    }
+
+    #[test]
+    fn a_frame_with_same_head_expands_to_whole_envelopes_for_a_peer_that_does_not_read_it() {
+        let tell = EnvelopeHead::new(Kind::Tell, b"sink", b"a.B");
+        let ask = EnvelopeHead::new(Kind::Ask, b"echo", b"a.C");
+        let mut buf = BytesMut::new();
+        buf.put_slice(&hello_frame("n:1"));
+        append(&mut buf, &EnvelopeWriter::new(&tell, 0), b"1");
+        append_with(&mut buf, &EnvelopeWriter::new(&tell, 0), true, b"2");
+        append(&mut buf, &EnvelopeWriter::new(&ask, 9), b"3");
+        append(&mut buf, &EnvelopeWriter::new(&tell, 0), b"4");
+        append_with(&mut buf, &EnvelopeWriter::new(&tell, 0), true, b"");
+        let expanded = expand_same_heads(&buf);
+        let frame = Frame::decode(&expanded[..]).expect("a valid frame");
+        assert_eq!(frame.hello.map(|hello| hello.node).as_deref(), Some("n:1"));
+        let read: Vec<_> = frame
+            .envelopes
+            .iter()
+            .map(|e| (e.kind, &e.to[..], &e.body[..], e.request_id, e.same_head))
+            .collect();
+        let t = Kind::Tell as i32;
+        assert_eq!(
+            read,
+            vec![
+                (t, &b"sink"[..], &b"1"[..], 0, false),
+                (t, b"sink", b"2", 0, false),
+                (Kind::Ask as i32, b"echo", b"3", 9, false),
+                (t, b"sink", b"4", 0, false),
+                (t, b"sink", b"", 0, false),
+            ]
+        );
+        // A frame without `same_head` is left as it is.
+        let plain = expand_same_heads(&expanded);
+        assert_eq!(plain, expanded);
     }
 
     #[test]
