@@ -465,16 +465,41 @@ mod tests {
     use super::super::wire::{Envelopes, Item};
     use super::*;
 
-    #[test]
-    fn a_tell_repeats_the_head_before_it_only_to_a_peer_that_reads_it_and_never_an_asks() {
-        let link = PeerLink::new(
+    /// A link whose limits the tests here never reach.
+    fn roomy_link() -> Arc<PeerLink> {
+        PeerLink::new(
             "peer:1".into(),
             Limits {
                 max_queued: 100,
                 max_batch: 100,
                 max_batch_bytes: 1 << 20,
             },
-        );
+        )
+    }
+
+    /// The first frame `link` writes.
+    fn first_frame(link: &Arc<PeerLink>) -> Bytes {
+        let mut frames = link.frames(None);
+        let mut cx = Context::from_waker(Waker::noop());
+        let Poll::Ready(Some(frame)) = Pin::new(&mut frames).poll_next(&mut cx) else {
+            panic!("a frame");
+        };
+        frame
+    }
+
+    /// Each envelope of `frame` as its `same_head` and process.
+    fn heads(frame: &[u8]) -> Vec<(bool, &[u8])> {
+        Envelopes::new(frame)
+            .map(|item| match item {
+                Ok(Item::Envelope(envelope)) => (envelope.same_head, envelope.to),
+                other => panic!("an envelope: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_tell_repeats_the_head_before_it_only_to_a_peer_that_reads_it_and_never_an_asks() {
+        let link = roomy_link();
         let to_sink = EnvelopeHead::new(Kind::Tell, b"sink", b"t");
         let to_other = EnvelopeHead::new(Kind::Tell, b"other", b"t");
         let ask = EnvelopeHead::new(Kind::Ask, b"sink", b"t");
@@ -497,19 +522,8 @@ mod tests {
             send(head, request_id).expect("queued");
         }
 
-        let mut frames = link.frames(None);
-        let mut cx = Context::from_waker(Waker::noop());
-        let Poll::Ready(Some(frame)) = Pin::new(&mut frames).poll_next(&mut cx) else {
-            panic!("a frame");
-        };
-        let same_head: Vec<(bool, &[u8])> = Envelopes::new(&frame)
-            .map(|item| match item {
-                Ok(Item::Envelope(envelope)) => (envelope.same_head, envelope.to),
-                other => panic!("an envelope: {other:?}"),
-            })
-            .collect();
         assert_eq!(
-            same_head,
+            heads(&first_frame(&link)),
             [
                 (false, &b"sink"[..]),
                 (false, b"sink"), // the peer had not said it reads them
@@ -525,14 +539,7 @@ mod tests {
 
     #[test]
     fn a_frame_encoded_with_same_head_goes_out_whole_once_the_connection_it_was_for_is_lost() {
-        let link = PeerLink::new(
-            "peer:1".into(),
-            Limits {
-                max_queued: 100,
-                max_batch: 100,
-                max_batch_bytes: 1 << 20,
-            },
-        );
+        let link = roomy_link();
         let head = EnvelopeHead::new(Kind::Tell, b"sink", b"t");
         link.set_peer_reads_same_head(true);
         for _ in 0..3 {
@@ -541,18 +548,7 @@ mod tests {
         }
         // The connection is lost; the next one's peer has not answered yet.
         link.set_peer_reads_same_head(false);
-        let mut frames = link.frames(None);
-        let mut cx = Context::from_waker(Waker::noop());
-        let Poll::Ready(Some(frame)) = Pin::new(&mut frames).poll_next(&mut cx) else {
-            panic!("a frame");
-        };
-        let envelopes: Vec<(bool, &[u8])> = Envelopes::new(&frame)
-            .map(|item| match item {
-                Ok(Item::Envelope(envelope)) => (envelope.same_head, envelope.to),
-                other => panic!("an envelope: {other:?}"),
-            })
-            .collect();
-        assert_eq!(envelopes, [(false, &b"sink"[..]); 3]);
+        assert_eq!(heads(&first_frame(&link)), [(false, &b"sink"[..]); 3]);
     }
 
     #[test]

@@ -398,22 +398,15 @@ impl<'a> Envelopes<'a> {
 /// envelope is copied as it is (this node wrote the frame, so there is none).
 pub(crate) fn expand_same_heads(frame: &[u8]) -> BytesMut {
     let mut expanded = BytesMut::with_capacity(frame.len().saturating_mul(2));
-    let mut previous: Option<Head<'_>> = None;
-    let mut at = 0;
-    while at < frame.len() {
-        let start = at;
-        let Some(item) = read_item(frame, &mut at) else {
-            expanded.put_slice(&frame[start..]);
-            break;
-        };
-        match item {
-            Item::Envelope(envelope) if envelope.same_head => {
-                let Some((kind, to, type_name)) = previous else {
-                    expanded.put_slice(&frame[start..at]);
-                    continue;
-                };
-                let kind = Kind::try_from(kind).unwrap_or(Kind::Unspecified);
-                let head = EnvelopeHead::new(kind, to, type_name);
+    // The walk fills each repeated head in; only those envelopes are written anew.
+    let mut envelopes = Envelopes::new(frame);
+    loop {
+        let start = envelopes.at;
+        match envelopes.next() {
+            None => break,
+            Some(Ok(Item::Envelope(envelope))) if envelope.same_head => {
+                let kind = Kind::try_from(envelope.kind).unwrap_or(Kind::Unspecified);
+                let head = EnvelopeHead::new(kind, envelope.to, envelope.type_name);
                 let body = &frame[envelope.body.clone()];
                 let writer = EnvelopeWriter {
                     head: &head,
@@ -423,11 +416,11 @@ pub(crate) fn expand_same_heads(frame: &[u8]) -> BytesMut {
                 };
                 writer.append(&mut expanded, false, body.len(), |buf| buf.put_slice(body));
             }
-            Item::Envelope(envelope) => {
-                previous = Some((envelope.kind, envelope.to, envelope.type_name));
-                expanded.put_slice(&frame[start..at]);
+            Some(Ok(_)) => expanded.put_slice(&frame[start..envelopes.at]),
+            Some(Err(_)) => {
+                expanded.put_slice(&frame[start..]);
+                break;
             }
-            Item::Hello(_) | Item::Malformed { .. } => expanded.put_slice(&frame[start..at]),
         }
     }
     expanded
