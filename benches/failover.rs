@@ -4,8 +4,10 @@
 //! runs from the first re-registration sent until every agent has its acknowledgement.
 //!
 //! Each agent offers cpus:20 mem:10240 and runs 10 active tasks across 5 frameworks, each task
-//! cpus:0.1 mem:5 with 10 small labels. The `history` series adds 100 completed tasks (same
-//! shape) across 5 completed frameworks per agent. Agents ∈ {1k, 5k, 10k, 20k, 40k, 100k}
+//! cpus:0.1 mem:5 with 10 small labels. The new leader's announcement says it reads running
+//! tasks grouped by the labels they share, so agents send them so (one group of 10 an agent,
+//! as `muster_agent::reregistration` builds it). The `history` series adds 100 completed tasks
+//! (same shape, each with its labels) across 5 completed frameworks per agent. Agents ∈ {1k, 5k, 10k, 20k, 40k, 100k}
 //! (the history series stops at 40k), or `MUSTER_FAILOVER_AGENTS=1000,5000` picks sizes.
 //!
 //! The master is the real one (`MasterServer`: master process, registrar, single-member raft
@@ -52,6 +54,7 @@ use criterion::{
 };
 use futures_util::future::join_all;
 use muster::actor::{Node, NodeConfig, System, Upid};
+use muster::agent::reregistration::group_by_shared_labels;
 use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
@@ -118,9 +121,10 @@ fn framework(prefix: &str, n: usize) -> pb::Framework {
     }
 }
 
-/// What agent `n` (admitted as `id`) sends to the new leader.
+/// What agent `n` (admitted as `id`) sends to the new leader: the leader announced that it
+/// reads running tasks grouped by their labels, so they go grouped, as an agent sends them.
 fn reregistration(n: usize, id: &str, history: bool) -> pb::ReregisterAgent {
-    let tasks = (0..10)
+    let running = (0..10)
         .map(|t| {
             task(
                 n,
@@ -130,6 +134,7 @@ fn reregistration(n: usize, id: &str, history: bool) -> pb::ReregisterAgent {
             )
         })
         .collect();
+    let (tasks, tasks_sharing_labels) = group_by_shared_labels(running);
     let (completed_frameworks, completed_tasks) = if history {
         (
             (0..5)
@@ -152,6 +157,7 @@ fn reregistration(n: usize, id: &str, history: bool) -> pb::ReregisterAgent {
         tasks,
         completed_frameworks,
         completed_tasks,
+        tasks_sharing_labels,
     }
 }
 
@@ -351,8 +357,7 @@ async fn raw_tcp(agents: usize) -> Duration {
             let message = pb::ReregisterAgent::decode(&buffer[..]).expect("decode");
             let ack = pb::RegistrationReply {
                 result: Some(Registration::AgentId(message.agent_id.clone())),
-                kill_tasks: Vec::new(),
-                term: 0,
+                ..pb::RegistrationReply::default()
             }
             .encode_to_vec();
             filed.insert(message.agent_id.clone(), message);

@@ -6,9 +6,26 @@ use std::panic::AssertUnwindSafe;
 use futures_util::FutureExt;
 
 use crate::mailbox::{Envelope, MailboxReceiver};
+use crate::reply::HoldingAnswers;
 use crate::{Context, ExitReason, Pid, Process, System};
 
+/// The process's task. Each poll holds the local answers its handlers send and sends them as
+/// the poll ends (see [`crate::reply`]).
 pub(crate) async fn run<P: Process>(
+    process: P,
+    mailbox: MailboxReceiver<P>,
+    pid: Pid<P>,
+    system: System,
+) {
+    let mut task = std::pin::pin!(run_unheld(process, mailbox, pid, system));
+    std::future::poll_fn(|cx| {
+        let _holding = HoldingAnswers::begin();
+        task.as_mut().poll(cx)
+    })
+    .await
+}
+
+async fn run_unheld<P: Process>(
     mut process: P,
     mut mailbox: MailboxReceiver<P>,
     pid: Pid<P>,
@@ -84,6 +101,7 @@ async fn live<P: Process>(
         if let Err(panic) = outcome {
             return ExitReason::Panicked(panic_message(&*panic));
         }
+        crate::reply::send_held_if_due();
     }
 }
 

@@ -1,6 +1,16 @@
-//! [`Reply`]: the answering half of an ask, carried inside the request message.
+//! [`Reply`]: the answering half of an ask, carried inside the request message, and how a
+//! process's local answers are held until it yields.
+//!
+//! Answering a local asker wakes its task; when that task's thread is parked, the wake is a
+//! system call. A process working through a backlog of asks from a parked asker would pay
+//! one per answer. So while a process task is polled, its local answers are held and sent
+//! together when the poll ends (the process has nothing left to do, its budget ran out, or a
+//! handler awaits), or once the first has been held for [`HOLD_AT_MOST`]: one wake for many
+//! answers, and an answer is never held past the moment its process stops running.
 
+use std::cell::RefCell;
 use std::fmt;
+use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
@@ -39,11 +49,18 @@ impl<T> Reply<T> {
     }
 
     /// Sends the answer. If the asker has given up (timed out or gone), the value is dropped.
-    pub fn send(self, value: T) {
+    ///
+    /// From a process's handler, a local answer reaches its asker when the handler's process
+    /// yields, or 100 µs later if it keeps handling messages until then: a process working
+    /// through a backlog wakes its askers once for many answers.
+    pub fn send(self, value: T)
+    where
+        T: 'static,
+    {
         match self.to {
-            ReplyTo::Local(tx) => {
+            ReplyTo::Local(tx) => hold_or_send(move || {
                 let _ = tx.send(value);
-            }
+            }),
             ReplyTo::Remote(responder) => responder.respond(value),
         }
     }
@@ -65,5 +82,218 @@ impl<T> fmt::Debug for Reply<T> {
             ReplyTo::Remote(_) => "remote",
         };
         f.debug_struct("Reply").field("to", &to).finish()
+    }
+}
+
+/// The longest a process holds a local answer while it goes on handling messages.
+pub(crate) const HOLD_AT_MOST: Duration = Duration::from_micros(100);
+
+/// Local answers held on this thread while a process task is polled.
+struct Held {
+    /// Polls of process tasks under way on this thread (one, unless a poll nests another).
+    polls: usize,
+    sends: Vec<Box<dyn FnOnce()>>,
+    /// When the first of `sends` was held.
+    since: Option<Instant>,
+    /// [`HOLD_AT_MOST`], but in tests of the bound.
+    limit: Duration,
+}
+
+impl Default for Held {
+    fn default() -> Self {
+        Held {
+            polls: 0,
+            sends: Vec::new(),
+            since: None,
+            limit: HOLD_AT_MOST,
+        }
+    }
+}
+
+thread_local! {
+    static HELD: RefCell<Held> = RefCell::default();
+}
+
+/// Runs `send` now, or holds it if a process task is being polled on this thread.
+fn hold_or_send(send: impl FnOnce() + 'static) {
+    let send = HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        if held.polls == 0 {
+            return Some(send);
+        }
+        if held.sends.is_empty() {
+            held.since = Some(Instant::now());
+        }
+        held.sends.push(Box::new(send));
+        None
+    });
+    if let Some(send) = send {
+        send();
+    }
+}
+
+/// Sends what is held on this thread, if the first of it was held [`HOLD_AT_MOST`] ago.
+pub(crate) fn send_held_if_due() {
+    let due = HELD.with(|held| {
+        let held = held.borrow();
+        held.since
+            .is_some_and(|since| since.elapsed() >= held.limit)
+    });
+    if due {
+        send_held();
+    }
+}
+
+/// Sends what is held on this thread, in the order it was held.
+fn send_held() {
+    let sends = HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        held.since = None;
+        std::mem::take(&mut held.sends)
+    });
+    // Outside the borrow: a wake may run code that answers in turn.
+    for send in sends {
+        send();
+    }
+}
+
+/// Marks a poll of a process task on this thread; when the outermost ends (even by a panic),
+/// what was held is sent.
+pub(crate) struct HoldingAnswers(());
+
+impl HoldingAnswers {
+    /// Starts holding this thread's local answers.
+    pub(crate) fn begin() -> Self {
+        HELD.with(|held| held.borrow_mut().polls += 1);
+        HoldingAnswers(())
+    }
+}
+
+impl Drop for HoldingAnswers {
+    fn drop(&mut self) {
+        let outermost = HELD.with(|held| {
+            let mut held = held.borrow_mut();
+            held.polls -= 1;
+            held.polls == 0
+        });
+        if outermost {
+            send_held();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, Instant};
+
+    use tokio::sync::oneshot;
+
+    use super::{HELD, Reply};
+    use crate::{Context, Process};
+
+    /// Sets how long answers may be held on this thread.
+    fn hold_at_most_on_this_thread(limit: Duration) {
+        HELD.with(|held| held.borrow_mut().limit = limit);
+    }
+
+    type Answer = Arc<Mutex<oneshot::Receiver<usize>>>;
+
+    /// Answers asks, and notes whether the answer before each had reached its asker by then.
+    #[derive(Default)]
+    struct Answerer {
+        answered: usize,
+        earlier_delivered: Vec<bool>,
+    }
+
+    enum Msg {
+        Answer(Reply<usize>, Option<Answer>),
+        /// Works (on the thread, as a slow handler would) for this long.
+        Work(Duration),
+        AnswerThenWait(Reply<usize>, oneshot::Receiver<()>),
+        Report(Reply<Vec<bool>>),
+    }
+
+    impl Process for Answerer {
+        type Message = Msg;
+        async fn handle(&mut self, msg: Msg, _ctx: &mut Context<Self>) {
+            match msg {
+                Msg::Answer(reply, earlier) => {
+                    if let Some(earlier) = earlier {
+                        let delivered = earlier.lock().expect("lock").try_recv().is_ok();
+                        self.earlier_delivered.push(delivered);
+                    }
+                    reply.send(self.answered);
+                    self.answered += 1;
+                }
+                Msg::Work(how_long) => {
+                    let started = Instant::now();
+                    while started.elapsed() < how_long {
+                        std::hint::spin_loop();
+                    }
+                }
+                Msg::AnswerThenWait(reply, go_on) => {
+                    reply.send(self.answered);
+                    let _ = go_on.await;
+                }
+                Msg::Report(reply) => reply.send(std::mem::take(&mut self.earlier_delivered)),
+            }
+        }
+    }
+
+    /// Queues an ask for an answer; returns where the answer arrives.
+    fn ask_answer(pid: &crate::Pid<Answerer>, earlier: Option<&Answer>) -> Answer {
+        let (reply, answer) = Reply::local();
+        let queued = pid.tell(Msg::Answer(reply, earlier.cloned()));
+        assert!(queued.is_ok(), "the answerer runs");
+        Arc::new(Mutex::new(answer))
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn answers_to_a_backlog_of_asks_reach_their_askers_together_once_it_is_worked_through() {
+        hold_at_most_on_this_thread(Duration::from_secs(3600));
+        let pid = crate::spawn(Answerer::default());
+        // Queued before the process first runs: one backlog, worked through in one poll.
+        let mut answers: Vec<Answer> = Vec::new();
+        for _ in 0..10 {
+            let answer = ask_answer(&pid, answers.last());
+            answers.push(answer);
+        }
+        let delivered_while_working = pid.ask(Msg::Report).await.expect("report");
+        assert_eq!(delivered_while_working, vec![false; 9]);
+        for (n, answer) in answers.iter().enumerate() {
+            assert_eq!(answer.lock().expect("lock").try_recv(), Ok(n));
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_answer_held_for_its_limit_is_sent_while_the_process_works_on() {
+        let limit = Duration::from_millis(1);
+        hold_at_most_on_this_thread(limit);
+        let pid = crate::spawn(Answerer::default());
+        let first = ask_answer(&pid, None);
+        assert!(pid.tell(Msg::Work(2 * limit)).is_ok());
+        ask_answer(&pid, Some(&first));
+        let delivered = pid.ask(Msg::Report).await.expect("report");
+        assert_eq!(delivered, vec![true]);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_handler_that_awaits_after_answering_has_sent_its_answer() {
+        hold_at_most_on_this_thread(Duration::from_secs(3600));
+        let pid = crate::spawn(Answerer::default());
+        let (reply, answer) = Reply::local();
+        let (go_on, wait) = oneshot::channel();
+        assert!(pid.tell(Msg::AnswerThenWait(reply, wait)).is_ok());
+        // The handler waits for this very answer to be read: held past its poll, it never is.
+        let answer = tokio::time::timeout(Duration::from_secs(30), answer)
+            .await
+            .expect("the answer arrives while its handler awaits");
+        assert_eq!(answer, Ok(0));
+        assert!(go_on.send(()).is_ok());
+        assert_eq!(
+            pid.ask(Msg::Report).await.expect("report"),
+            Vec::<bool>::new()
+        );
     }
 }

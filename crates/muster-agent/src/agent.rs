@@ -203,6 +203,10 @@ pub struct Agent {
     preferred: Option<Upid>,
     /// Masters this process is linked to (until their link's loss is reported).
     linked: HashSet<Upid>,
+    /// The master that said, in its latest announcement or admission, that it reads running
+    /// tasks grouped by their labels (see [`crate::reregistration`]); forgotten when the link
+    /// to it breaks, as what answers there next may be an older master.
+    reads_tasks_sharing_labels: Option<Upid>,
     // Tasks (see `task_lifecycle`).
     /// Running tasks and the completed history.
     tasks: Tasks,
@@ -338,6 +342,9 @@ impl Process for Agent {
     fn exited(&mut self, who: ProcessRef, reason: ExitReason, ctx: &mut Context<Self>) {
         if let ProcessRef::Remote(upid) = &who {
             self.linked.remove(upid);
+            if self.reads_tasks_sharing_labels.as_ref() == Some(upid) {
+                self.reads_tasks_sharing_labels = None;
+            }
         }
         let Connection::Registered { master } = &self.connection else {
             return;

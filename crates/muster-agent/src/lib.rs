@@ -49,6 +49,7 @@ pub mod http;
 pub mod isolation;
 pub mod metrics;
 mod output;
+pub mod reregistration;
 pub mod runner;
 pub mod simulated;
 pub mod store;

@@ -2,6 +2,7 @@
 //! test process, answering registrations as the test tells them and reporting what they got.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -9,10 +10,11 @@ use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle, AgentSnapshot, AgentStatus};
 use muster_proto::cluster::{
-    Framework, KillTask, KillTaskReply, LaunchTasks, Ping, Pong, RegisterAgent, RegistrationReply,
-    ReregisterAgent, RunTask, RunTaskReply, TaskStatusUpdate, registration_reply,
+    Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, RegisterAgent,
+    RegistrationReply, ReregisterAgent, RunTask, RunTaskReply, TaskStatusUpdate,
+    registration_reply,
 };
-use muster_proto::model::{NotLeader, Task, TaskState};
+use muster_proto::model::{Label, NotLeader, Task, TaskState};
 use muster_security::Role;
 use muster_security::testing::TestPki;
 use tokio::sync::mpsc;
@@ -68,6 +70,7 @@ impl Answer {
             result: Some(result),
             kill_tasks,
             term,
+            reads_tasks_sharing_labels: false,
         }
     }
 }
@@ -89,6 +92,8 @@ struct Update {
 
 struct FakeMaster {
     answer: Arc<Mutex<Answer>>,
+    /// Whether its answers say it reads running tasks grouped by their labels.
+    reads_grouped: Arc<AtomicBool>,
     got: mpsc::UnboundedSender<Got>,
     admitted: usize,
     updates: mpsc::UnboundedSender<Update>,
@@ -123,7 +128,9 @@ impl Process for FakeMaster {
                 let _ = self.got.send(Got::Register(request));
             }
             FakeMsg::Reregister(request, reply) => {
-                reply.send(answer.reply(Some(&request.agent_id)));
+                let mut answer = answer.reply(Some(&request.agent_id));
+                answer.reads_tasks_sharing_labels = self.reads_grouped.load(Ordering::Relaxed);
+                reply.send(answer);
                 let _ = self.got.send(Got::Reregister(request));
             }
             FakeMsg::Status(update) => {
@@ -141,6 +148,7 @@ struct MasterNode {
     system: System,
     node: Node,
     answer: Arc<Mutex<Answer>>,
+    reads_grouped: Arc<AtomicBool>,
     got: mpsc::UnboundedReceiver<Got>,
     updates: mpsc::UnboundedReceiver<Update>,
     _pid: Pid<FakeMaster>,
@@ -148,18 +156,25 @@ struct MasterNode {
 
 impl MasterNode {
     async fn start(answer: Answer) -> anyhow::Result<Self> {
+        Self::start_on("127.0.0.1:0", answer).await
+    }
+
+    /// A fake master listening on `address`.
+    async fn start_on(address: &str, answer: Answer) -> anyhow::Result<Self> {
         let system = System::new();
         let node = Node::bind(
             &system,
-            "127.0.0.1:0",
+            address,
             TestPki::shared().security(Role::Master, "master-1"),
         )
         .await?;
         let (tx, got) = mpsc::unbounded_channel();
         let (updates_tx, updates) = mpsc::unbounded_channel();
         let answer = Arc::new(Mutex::new(answer));
+        let reads_grouped = Arc::new(AtomicBool::new(false));
         let pid = system.spawn(FakeMaster {
             answer: Arc::clone(&answer),
+            reads_grouped: Arc::clone(&reads_grouped),
             got: tx,
             admitted: 0,
             updates: updates_tx,
@@ -172,6 +187,7 @@ impl MasterNode {
             system,
             node,
             answer,
+            reads_grouped,
             got,
             updates,
             _pid: pid,
@@ -184,6 +200,22 @@ impl MasterNode {
 
     fn upid(&self) -> anyhow::Result<Upid> {
         Ok(Upid::new("master", self.node.address())?)
+    }
+
+    /// Makes its admissions say that it reads running tasks grouped by their labels.
+    fn read_grouped_tasks(&self) {
+        self.reads_grouped.store(true, Ordering::Relaxed);
+    }
+
+    /// Tells `agent` that this master now leads, in `term`.
+    fn announce(&self, agent: &Upid, term: u64) -> anyhow::Result<()> {
+        let announcement = LeaderAnnouncement {
+            leader: self.upid()?.to_string(),
+            term,
+            reads_tasks_sharing_labels: self.reads_grouped.load(Ordering::Relaxed),
+        };
+        self.node.remote(agent.clone()).tell(announcement)?;
+        Ok(())
     }
 
     fn set_answer(&self, answer: Answer) {
@@ -602,6 +634,81 @@ async fn losing_the_master_node_moves_the_agent_and_its_running_task_to_another_
     assert_eq!(state_of(&snapshot.tasks, "long"), Some(TaskState::Running));
     agent.stop().await;
     b.shutdown().await;
+    Ok(())
+}
+
+/// The ids of `tasks`, sorted.
+fn ids(tasks: &[Task]) -> Vec<&str> {
+    let mut ids: Vec<&str> = tasks.iter().map(|t| t.id.as_str()).collect();
+    ids.sort_unstable();
+    ids
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn running_tasks_go_grouped_by_labels_only_to_a_master_that_said_it_reads_them()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut a = MasterNode::start(Answer::Admit("agent-7".into())).await?;
+    let mut b = MasterNode::start(Answer::Admit("agent-7".into())).await?;
+    b.read_grouped_tasks();
+    let agent = AgentNode::start(config(&[a.address(), b.address()], dir.path())).await?;
+    a.next_register().await?;
+    agent.registered_with(&a.upid()?).await?;
+    let web = vec![Label {
+        key: "tier".into(),
+        value: "web".into(),
+    }];
+    let mut labelled = shell_task("labelled", "sleep 30");
+    if let Some(task) = labelled.task.as_mut() {
+        task.labels.clone_from(&web);
+    }
+    for request in [labelled, shell_task("plain", "sleep 30")] {
+        assert_eq!(a.run_task(agent.upid(), request).await?.error, "");
+    }
+    agent
+        .wait_until("both tasks to run", |s| s.tasks.len() == 2)
+        .await?;
+    let expect_grouped = |request: &ReregisterAgent| {
+        assert_eq!(ids(&request.tasks), ["plain"]);
+        assert_eq!(request.tasks_sharing_labels.len(), 1);
+        let group = &request.tasks_sharing_labels[0];
+        assert_eq!(group.labels, web);
+        assert_eq!(ids(&group.tasks), ["labelled"]);
+        assert!(group.tasks[0].labels.is_empty());
+    };
+    let expect_whole = |request: &ReregisterAgent| {
+        assert!(request.tasks_sharing_labels.is_empty());
+        assert_eq!(ids(&request.tasks), ["labelled", "plain"]);
+        assert_eq!(
+            find(&request.tasks, "labelled").map(|t| &t.labels),
+            Some(&web)
+        );
+    };
+
+    // b leads, and says it reads them.
+    b.announce(agent.upid(), 1)?;
+    expect_grouped(&b.next_reregister().await?);
+    agent.registered_with(&b.upid()?).await?;
+    // a leads, and does not.
+    a.announce(agent.upid(), 2)?;
+    expect_whole(&a.next_reregister().await?);
+    agent.registered_with(&a.upid()?).await?;
+    b.announce(agent.upid(), 3)?;
+    expect_grouped(&b.next_reregister().await?);
+    agent.registered_with(&b.upid()?).await?;
+
+    // b's node goes, and a master of an earlier version comes up at its address: it never
+    // said it reads them. a sends the agent there.
+    let address = b.address();
+    b.shutdown().await;
+    a.set_answer(Answer::NotLeader(format!("master@{address}")));
+    let mut older = MasterNode::start_on(&address, Answer::Admit("agent-7".into())).await?;
+    expect_whole(&older.next_reregister().await?);
+    agent.registered_with(&older.upid()?).await?;
+
+    agent.stop().await;
+    a.shutdown().await;
+    older.shutdown().await;
     Ok(())
 }
 

@@ -54,8 +54,7 @@ enum FakeMsg {
 fn admitted(id: &str) -> RegistrationReply {
     RegistrationReply {
         result: Some(registration_reply::Result::AgentId(id.to_owned())),
-        kill_tasks: Vec::new(),
-        term: 0,
+        ..RegistrationReply::default()
     }
 }
 

@@ -48,8 +48,7 @@ impl Process for FakeMaster {
     async fn handle(&mut self, msg: FakeMsg, _ctx: &mut Context<Self>) {
         let admit = |id: String| RegistrationReply {
             result: Some(registration_reply::Result::AgentId(id)),
-            kill_tasks: Vec::new(),
-            term: 0,
+            ..RegistrationReply::default()
         };
         match msg {
             FakeMsg::Register(reply) => reply.send(admit("agent-out".into())),

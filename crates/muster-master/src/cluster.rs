@@ -187,10 +187,25 @@ pub(crate) fn state_of(task: &model_pb::Task) -> TaskState {
     TaskState::try_from(task.state).unwrap_or(TaskState::Staging)
 }
 
+/// The running tasks a re-registering agent reports: `tasks`, then those it sent grouped by
+/// the labels they share (whose own labels are then empty).
+pub(crate) fn running_reported(
+    request: &pb::ReregisterAgent,
+) -> impl Iterator<Item = &model_pb::Task> {
+    request.tasks.iter().chain(
+        request
+            .tasks_sharing_labels
+            .iter()
+            .flat_map(|group| &group.tasks),
+    )
+}
+
 /// The jobs an agent reports live (not ended) tasks of.
-pub(crate) fn live_jobs_reported(tasks: &[model_pb::Task]) -> HashSet<&str> {
+pub(crate) fn live_jobs_reported<'a>(
+    tasks: impl IntoIterator<Item = &'a model_pb::Task>,
+) -> HashSet<&'a str> {
     tasks
-        .iter()
+        .into_iter()
         .filter(|t| !state_of(t).is_terminal())
         .map(|t| t.job.as_str())
         .filter(|job| !job.is_empty())

@@ -370,6 +370,37 @@ impl TaskInterner {
     /// what agents send: an unknown state counts as not started, missing resources as none.
     /// Only what is new to the interner, and the task's id, name and message, are copied.
     pub(crate) fn task(&mut self, wire: &model_pb::Task) -> TaskRecord {
+        let labels = self.wire_labels(&wire.labels);
+        self.record(wire, labels)
+    }
+
+    /// A task of a group sent with the labels its tasks share (`labels`, from
+    /// [`wire_labels`](TaskInterner::wire_labels)), as [`task`](TaskInterner::task) reads
+    /// it. A task with labels of its own keeps them.
+    pub(crate) fn task_sharing(
+        &mut self,
+        wire: &model_pb::Task,
+        labels: &Arc<Labels>,
+    ) -> TaskRecord {
+        let labels = if wire.labels.is_empty() {
+            Arc::clone(labels)
+        } else {
+            self.wire_labels(&wire.labels)
+        };
+        self.record(wire, labels)
+    }
+
+    /// The shared copy of labels as the wire gives them.
+    pub(crate) fn wire_labels(&mut self, labels: &[model_pb::Label]) -> Arc<Labels> {
+        self.labels_of(
+            labels
+                .iter()
+                .map(|label| (label.key.as_str(), label.value.as_str())),
+        )
+    }
+
+    /// The record of `wire`, whose labels are `labels`.
+    fn record(&mut self, wire: &model_pb::Task, labels: Arc<Labels>) -> TaskRecord {
         let state = TaskState::try_from(wire.state).unwrap_or(TaskState::Staging);
         let resources = wire
             .resources
@@ -379,11 +410,6 @@ impl TaskInterner {
                 mem_mb: r.mem_mb,
             })
             .unwrap_or_default();
-        let labels = self.labels_of(
-            wire.labels
-                .iter()
-                .map(|label| (label.key.as_str(), label.value.as_str())),
-        );
         // Allocates only for a task with an environment.
         let mut env: Vec<(&str, &str)> = wire
             .env
@@ -503,6 +529,23 @@ mod tests {
         assert_eq!(record.job_name(), Some("web"));
         assert_eq!(record.state(), TaskState::Running);
         assert_eq!(record.resources().mem_mb, 64);
+    }
+
+    #[test]
+    fn a_task_sent_in_a_group_sharing_its_labels_reads_back_as_if_sent_whole() {
+        let mut interner = TaskInterner::default();
+        let whole = wire("a", 0);
+        let labels = interner.wire_labels(&whole.labels);
+        let mut grouped = whole.clone();
+        grouped.labels.clear();
+        let record = interner.task_sharing(&grouped, &labels);
+        assert_eq!(record.to_wire(), whole);
+        assert!(Arc::ptr_eq(&record.detail, &interner.task(&whole).detail));
+        // Labels of its own win over the group's.
+        let mut own = wire("b", 1);
+        own.labels[0].value = "back".into();
+        let record = interner.task_sharing(&own, &labels);
+        assert_eq!(record.to_wire(), own);
     }
 
     #[test]

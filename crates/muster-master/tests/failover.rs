@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster_actor::{Node, System, Upid};
+use muster_agent::reregistration::group_by_shared_labels;
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::registration_reply::Result as Registration;
@@ -82,6 +83,10 @@ fn tasks(agent: usize) -> Vec<model_pb::Task> {
                 mem_mb: 5,
             }),
             state: model_pb::TaskState::Running as i32,
+            labels: vec![model_pb::Label {
+                key: "tier".into(),
+                value: format!("tier-{}", agent % 2),
+            }],
             ..model_pb::Task::default()
         })
         .collect()
@@ -186,7 +191,20 @@ async fn register_agents(
 }
 
 async fn reregister(node: &Node, addresses: &[String], agent: &FakeAgent) -> anyhow::Result<()> {
-    let request = pb::ReregisterAgent {
+    let id = ask_until_admitted(node, addresses, reregistration(agent, false)).await?;
+    assert_eq!(id, agent.id, "re-registration keeps the agent's id");
+    Ok(())
+}
+
+/// What `agent` sends when it re-registers; `grouped`: its running tasks grouped by the
+/// labels they share, as an agent sends them to a master that reads them.
+fn reregistration(agent: &FakeAgent, grouped: bool) -> pb::ReregisterAgent {
+    let (tasks, tasks_sharing_labels) = if grouped {
+        group_by_shared_labels(agent.tasks.clone())
+    } else {
+        (agent.tasks.clone(), Vec::new())
+    };
+    pb::ReregisterAgent {
         agent_id: agent.id.clone(),
         info: Some(agent.info.clone()),
         frameworks: (0..2)
@@ -195,12 +213,10 @@ async fn reregister(node: &Node, addresses: &[String], agent: &FakeAgent) -> any
                 name: format!("framework {t}"),
             })
             .collect(),
-        tasks: agent.tasks.clone(),
+        tasks,
+        tasks_sharing_labels,
         ..pb::ReregisterAgent::default()
-    };
-    let id = ask_until_admitted(node, addresses, request).await?;
-    assert_eq!(id, agent.id, "re-registration keeps the agent's id");
-    Ok(())
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,8 +284,12 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
     assert!(recovering.recovering);
     assert!(recovering.agents.iter().all(|a| !a.connected));
 
-    for agent in &agents {
-        reregister(&agents_node, &addresses, agent).await?;
+    // Agents that heard the new leader say it reads running tasks grouped by their labels
+    // send them so; the others, whole.
+    for (n, agent) in agents.iter().enumerate() {
+        let request = reregistration(agent, n % 2 == 0);
+        let id = ask_until_admitted(&agents_node, &addresses, request).await?;
+        assert_eq!(id, agent.id, "re-registration keeps the agent's id");
     }
     let rebuilt = state_when(&masters[&second], "the rebuild", |s| !s.recovering).await?;
     assert_eq!(rebuilt.agents.len(), 5);
@@ -293,6 +313,17 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
         "unchanged agents cost no registry write"
     );
     assert!(metrics.recovery_seconds > 0.0);
+    let again = agents_node
+        .remote(format!("master@{}", members[&second]).parse()?)
+        .ask_timeout::<pb::ReregisterAgent, pb::RegistrationReply>(
+            Duration::from_secs(5),
+            reregistration(&agents[0], true),
+        )
+        .await?;
+    assert!(
+        again.reads_tasks_sharing_labels,
+        "an admission says the master reads grouped tasks"
+    );
 
     agents_node.shutdown();
     for master in masters.into_values() {

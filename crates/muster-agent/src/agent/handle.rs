@@ -329,6 +329,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         heartbeat_ttl: None,
         preferred: None,
         linked: HashSet::new(),
+        reads_tasks_sharing_labels: None,
         tasks,
         recovered: recovery.running,
         term,

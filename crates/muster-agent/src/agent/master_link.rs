@@ -17,6 +17,7 @@ use tokio::time::Instant;
 
 use super::{Agent, AgentMsg, AgentStatus, Msg};
 use crate::backoff;
+use crate::reregistration::group_by_shared_labels;
 use crate::runner::Stop;
 use crate::store::{self, blocking};
 
@@ -120,11 +121,17 @@ impl Agent {
             Box<dyn Future<Output = Result<RegistrationReply, AskError>> + Send>,
         > = match &self.agent_id {
             Some(agent_id) => {
-                let request = self.reregister_request(agent_id);
+                let grouped = self.reads_tasks_sharing_labels.as_ref() == Some(&master);
+                let request = self.reregister_request(agent_id, grouped);
                 tracing::info!(
                     %master,
                     agent_id,
-                    tasks = request.tasks.len(),
+                    tasks = request.tasks.len()
+                        + request
+                            .tasks_sharing_labels
+                            .iter()
+                            .map(|group| group.tasks.len())
+                            .sum::<usize>(),
                     completed_tasks = request.completed_tasks.len(),
                     "re-registering"
                 );
@@ -155,14 +162,22 @@ impl Agent {
         });
     }
 
-    fn reregister_request(&self, agent_id: &str) -> ReregisterAgent {
+    /// Everything the agent runs, for a master; with `grouped` (the master said it reads
+    /// them), running tasks that share their labels go in groups.
+    fn reregister_request(&self, agent_id: &str, grouped: bool) -> ReregisterAgent {
+        let (tasks, tasks_sharing_labels) = if grouped {
+            group_by_shared_labels(self.tasks.running())
+        } else {
+            (self.tasks.running(), Vec::new())
+        };
         ReregisterAgent {
             agent_id: agent_id.to_owned(),
             info: Some(self.info.clone()),
             frameworks: self.tasks.frameworks(),
-            tasks: self.tasks.running(),
+            tasks,
             completed_frameworks: self.tasks.completed_frameworks(),
             completed_tasks: self.tasks.completed(),
+            tasks_sharing_labels,
         }
     }
 
@@ -205,6 +220,8 @@ impl Agent {
                 if self.agent_id.is_some() {
                     self.counts.reregistrations += 1;
                 }
+                self.reads_tasks_sharing_labels =
+                    reply.reads_tasks_sharing_labels.then(|| master.clone());
                 if std::mem::take(&mut self.rebase_term) {
                     self.rebase_term_to(reply.term);
                 } else {
@@ -479,6 +496,9 @@ impl Agent {
             }
         };
         self.observe_term(announcement.term);
+        self.reads_tasks_sharing_labels = announcement
+            .reads_tasks_sharing_labels
+            .then(|| leader.clone());
         if matches!(&self.connection, Connection::Registered { master } if *master == leader) {
             return;
         }

@@ -16,7 +16,7 @@ use muster_security::Peer;
 
 use super::Master;
 use super::leadership::Role;
-use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, same_info};
+use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, running_reported, same_info};
 
 /// What agents send the master, with the sender's verified identity (`None` on an insecure
 /// cluster).
@@ -82,8 +82,7 @@ fn not_leader(leader: Option<&(u64, String)>) -> pb::RegistrationReply {
                     .unwrap_or_default(),
             },
         )),
-        kill_tasks: Vec::new(),
-        term: 0,
+        ..pb::RegistrationReply::default()
     }
 }
 
@@ -93,6 +92,7 @@ fn admitted(id: String, kill_tasks: Vec<String>, term: u64) -> pb::RegistrationR
         result: Some(pb::registration_reply::Result::AgentId(id)),
         kill_tasks,
         term,
+        reads_tasks_sharing_labels: true,
     }
 }
 
@@ -100,8 +100,7 @@ fn admitted(id: String, kill_tasks: Vec<String>, term: u64) -> pb::RegistrationR
 fn refused(why: String) -> pb::RegistrationReply {
     pb::RegistrationReply {
         result: Some(pb::registration_reply::Result::Refused(why)),
-        kill_tasks: Vec::new(),
-        term: 0,
+        ..pb::RegistrationReply::default()
     }
 }
 
@@ -112,8 +111,7 @@ fn unknown_agent(id: &str) -> pb::RegistrationReply {
             "agent id {id:?} was never admitted to this cluster (or has been forgotten); \
              register anew"
         ))),
-        kill_tasks: Vec::new(),
-        term: 0,
+        ..pb::RegistrationReply::default()
     }
 }
 
@@ -276,8 +274,10 @@ impl Master {
         // evaluation for each job its return affects, in one raft entry; then take it back.
         // What an unreachable agent still runs was given up (LOST, and replaced): it is
         // killed, not counted.
-        let evals =
-            self.evals_for_arriving_agent(&request.agent_id, &live_jobs_reported(&request.tasks));
+        let evals = self.evals_for_arriving_agent(
+            &request.agent_id,
+            &live_jobs_reported(running_reported(&request)),
+        );
         let info = registry_info(info, &identity);
         let term = self.term;
         self.write_with_evals(

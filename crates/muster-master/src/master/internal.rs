@@ -211,6 +211,7 @@ impl Master {
             let announcement = pb::LeaderAnnouncement {
                 leader: leader.clone(),
                 term,
+                reads_tasks_sharing_labels: true,
             };
             match node.remote(upid).tell(announcement) {
                 Ok(()) => told += 1,

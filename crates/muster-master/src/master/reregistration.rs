@@ -35,11 +35,19 @@ impl Master {
             tasks,
             completed_frameworks,
             completed_tasks,
+            tasks_sharing_labels,
         } = request;
-        let mut tasks = tasks;
+        let (mut tasks, mut tasks_sharing_labels) = (tasks, tasks_sharing_labels);
         let mut kill = Vec::new();
         if given_up {
-            for task in tasks.iter_mut().filter(|t| !state_of(t).is_terminal()) {
+            let grouped = tasks_sharing_labels
+                .iter_mut()
+                .flat_map(|group| &mut group.tasks);
+            for task in tasks
+                .iter_mut()
+                .chain(grouped)
+                .filter(|t| !state_of(t).is_terminal())
+            {
                 tracing::warn!(agent = %agent_id, task = %task.id, "the agent comes back with a task given up as lost and replaced: it kills it");
                 task.state = TaskState::Killed.into();
                 kill.push(task.id.clone());
@@ -53,10 +61,22 @@ impl Master {
             }
         }
         let interner = &mut self.cluster.interner;
-        let wire = (tasks, completed_tasks);
-        let tasks: Vec<TaskRecord> = wire.0.iter().map(|t| interner.task(t)).collect();
+        let wire = (tasks, tasks_sharing_labels, completed_tasks);
+        let grouped: usize = wire.1.iter().map(|group| group.tasks.len()).sum();
+        let mut tasks: Vec<TaskRecord> = Vec::with_capacity(wire.0.len() + grouped);
+        tasks.extend(wire.0.iter().map(|t| interner.task(t)));
+        for group in &wire.1 {
+            // Read once for the group's tasks.
+            let labels = interner.wire_labels(&group.labels);
+            tasks.extend(
+                group
+                    .tasks
+                    .iter()
+                    .map(|t| interner.task_sharing(t, &labels)),
+            );
+        }
         let mut completed_tasks: Vec<TaskRecord> =
-            wire.1.iter().map(|t| interner.task(t)).collect();
+            wire.2.iter().map(|t| interner.task(t)).collect();
         // Their strings are freed beside the master, not by it.
         crate::drop_later::drop_later(wire);
         // What it ran when it was marked unreachable and does not report now: remembered as
