@@ -1,6 +1,7 @@
 //! Agent heartbeats: the deadlines the leading master tracks, and the TTLs it hands out.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -8,11 +9,12 @@ use tokio::time::Instant;
 use super::Master;
 
 /// The heartbeat deadlines of the agents the leading master tracks, in the order they fall due:
-/// one periodic sweep takes the overdue ones, with no timer per agent.
+/// one periodic sweep takes the overdue ones, with no timer per agent. Both indexes share one
+/// copy of each agent's id, so moving a deadline allocates nothing.
 #[derive(Debug, Default)]
 pub(super) struct HeartbeatDeadlines {
-    by_deadline: BTreeSet<(Instant, String)>,
-    by_agent: HashMap<String, Instant>,
+    by_deadline: BTreeSet<(Instant, Arc<str>)>,
+    by_agent: HashMap<Arc<str>, Instant>,
 }
 
 impl HeartbeatDeadlines {
@@ -27,15 +29,21 @@ impl HeartbeatDeadlines {
 
     /// Sets (or moves) the agent's deadline.
     pub(super) fn set(&mut self, id: &str, deadline: Instant) {
-        if let Some(old) = self.by_agent.insert(id.to_owned(), deadline) {
-            self.by_deadline.remove(&(old, id.to_owned()));
-        }
-        self.by_deadline.insert((deadline, id.to_owned()));
+        let key = match self.by_agent.get_key_value(id) {
+            Some((key, old)) => {
+                let entry = (*old, Arc::clone(key));
+                self.by_deadline.remove(&entry);
+                entry.1
+            }
+            None => Arc::from(id),
+        };
+        self.by_agent.insert(Arc::clone(&key), deadline);
+        self.by_deadline.insert((deadline, key));
     }
 
     pub(super) fn remove(&mut self, id: &str) {
-        if let Some(old) = self.by_agent.remove(id) {
-            self.by_deadline.remove(&(old, id.to_owned()));
+        if let Some((key, old)) = self.by_agent.remove_entry(id) {
+            self.by_deadline.remove(&(old, key));
         }
     }
 
@@ -48,7 +56,7 @@ impl HeartbeatDeadlines {
             }
             if let Some((_, id)) = self.by_deadline.pop_first() {
                 self.by_agent.remove(&id);
-                expired.push(id);
+                expired.push(id.as_ref().to_owned());
             }
         }
         expired
@@ -84,8 +92,26 @@ impl Master {
     /// The agent was just heard from: gives it a new TTL (with stagger) and moves its deadline
     /// to that TTL plus the grace from now. Returns the TTL.
     pub(super) fn heartbeat_received(&mut self, id: &str) -> Duration {
+        let (ttl, deadline) = self.next_heartbeat(self.heartbeats.get(id).is_none());
+        self.heartbeats.set(id, deadline);
+        ttl
+    }
+
+    /// An agent was just heard from, and its deadline is never moved earlier: the long first
+    /// TTL a new leader gave it stays until a heartbeat reaches past it.
+    pub(super) fn heartbeat_received_not_earlier(&mut self, id: &str) {
+        let current = self.heartbeats.get(id);
+        let (_, deadline) = self.next_heartbeat(current.is_none());
+        if current.is_none_or(|current| deadline > current) {
+            self.heartbeats.set(id, deadline);
+        }
+    }
+
+    /// A new TTL (with stagger) for an agent heard from now, and the deadline it gives, that
+    /// TTL plus the grace from now; `new_agent`: the agent is not tracked yet.
+    fn next_heartbeat(&self, new_agent: bool) -> (Duration, Instant) {
         // The agent itself counts: a first heartbeat is for one more agent.
-        let agents = self.heartbeats.len() + usize::from(self.heartbeats.get(id).is_none());
+        let agents = self.heartbeats.len() + usize::from(new_agent);
         let base = base_ttl(
             self.config.heartbeat_min_ttl,
             self.config.heartbeats_per_second,
@@ -93,8 +119,7 @@ impl Master {
         );
         let ttl = base + base.mul_f64(fastrand::f64());
         let deadline = Instant::now() + ttl + self.config.heartbeat_grace.min(MAX_HEARTBEAT_TTL);
-        self.heartbeats.set(id, deadline);
-        ttl
+        (ttl, deadline)
     }
 }
 

@@ -103,16 +103,7 @@ impl Master {
         );
         // A re-registration counts as a heartbeat, but does not cut short the long first TTL
         // a new leader gave the agent.
-        let first = self.heartbeats.get(&agent_id);
-        self.heartbeat_received(&agent_id);
-        if let Some(first) = first
-            && self
-                .heartbeats
-                .get(&agent_id)
-                .is_some_and(|now| now < first)
-        {
-            self.heartbeats.set(&agent_id, first);
-        }
+        self.heartbeat_received_not_earlier(&agent_id);
         self.metrics.reregistered += 1;
         if let Role::Leading { recovery, .. } = &mut self.role
             && let Some(progress) = recovery
