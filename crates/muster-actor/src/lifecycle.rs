@@ -81,6 +81,8 @@ async fn live<P: Process>(
             }
             return reason;
         }
+        // Answers are held only while more is queued behind this envelope.
+        crate::reply::hold_answers(mailbox.has_batched());
         let outcome = match envelope {
             Envelope::Message(msg) => {
                 shared.mailbox.release_one();

@@ -218,6 +218,11 @@ impl<P: Process> MailboxReceiver<P> {
         }
     }
 
+    /// Whether envelopes taken from the queue are still waiting in this batch.
+    pub(crate) fn has_batched(&self) -> bool {
+        !self.batch.is_empty()
+    }
+
     /// The next envelope, waiting for one if the queue is empty; `None` if
     /// [`interrupt`](Mailbox::interrupt)ed while waiting.
     pub(crate) async fn recv(&mut self, mailbox: &Mailbox<P>) -> Option<Envelope<P>> {

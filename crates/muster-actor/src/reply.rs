@@ -3,10 +3,11 @@
 //!
 //! Answering a local asker wakes its task; when that task's thread is parked, the wake is a
 //! system call. A process working through a backlog of asks from a parked asker would pay
-//! one per answer. So while a process task is polled, its local answers are held and sent
-//! together when the poll ends (the process has nothing left to do, its budget ran out, or a
-//! handler awaits), or once the first has been held for [`HOLD_AT_MOST`]: one wake for many
-//! answers, and an answer is never held past the moment its process stops running.
+//! one per answer. So while a process works through a batch of messages with more of it
+//! queued, its local answers are held, and sent together when it reaches the batch's last
+//! message, when its task yields (the budget ran out, or a handler awaits), or once the first
+//! has been held for [`HOLD_AT_MOST`]: one wake for many answers, an answer is never held
+//! past the moment its process stops running, and a lone ask is answered at once.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -50,9 +51,9 @@ impl<T> Reply<T> {
 
     /// Sends the answer. If the asker has given up (timed out or gone), the value is dropped.
     ///
-    /// From a process's handler, a local answer reaches its asker when the handler's process
-    /// yields, or 100 µs later if it keeps handling messages until then: a process working
-    /// through a backlog wakes its askers once for many answers.
+    /// From a process's handler with more messages queued behind this one, a local answer is
+    /// held until the process reaches the last of them or yields, for at most 100 µs: a
+    /// process working through a backlog wakes its askers once for many answers.
     pub fn send(self, value: T)
     where
         T: 'static,
@@ -92,6 +93,8 @@ pub(crate) const HOLD_AT_MOST: Duration = Duration::from_micros(100);
 struct Held {
     /// Polls of process tasks under way on this thread (one, unless a poll nests another).
     polls: usize,
+    /// Whether the message being handled has more queued behind it.
+    holding: bool,
     sends: Vec<Box<dyn FnOnce()>>,
     /// When the first of `sends` was held.
     since: Option<Instant>,
@@ -103,6 +106,7 @@ impl Default for Held {
     fn default() -> Self {
         Held {
             polls: 0,
+            holding: false,
             sends: Vec::new(),
             since: None,
             limit: HOLD_AT_MOST,
@@ -114,11 +118,12 @@ thread_local! {
     static HELD: RefCell<Held> = RefCell::default();
 }
 
-/// Runs `send` now, or holds it if a process task is being polled on this thread.
+/// Runs `send` now, or holds it if a process task is being polled on this thread, handling a
+/// message with more queued behind it.
 fn hold_or_send(send: impl FnOnce() + 'static) {
     let send = HELD.with(|held| {
         let mut held = held.borrow_mut();
-        if held.polls == 0 {
+        if held.polls == 0 || !held.holding {
             return Some(send);
         }
         if held.sends.is_empty() {
@@ -129,6 +134,19 @@ fn hold_or_send(send: impl FnOnce() + 'static) {
     });
     if let Some(send) = send {
         send();
+    }
+}
+
+/// Before a process handles its next envelope: holds its answers if `more_queued`, else
+/// sends what is held now (the batch's last message may take long).
+pub(crate) fn hold_answers(more_queued: bool) {
+    let flush = HELD.with(|held| {
+        let mut held = held.borrow_mut();
+        held.holding = more_queued;
+        !more_queued && !held.sends.is_empty()
+    });
+    if flush {
+        send_held();
     }
 }
 
@@ -174,6 +192,7 @@ impl Drop for HoldingAnswers {
         let outermost = HELD.with(|held| {
             let mut held = held.borrow_mut();
             held.polls -= 1;
+            held.holding = false;
             held.polls == 0
         });
         if outermost {
@@ -285,6 +304,8 @@ mod tests {
         let (reply, answer) = Reply::local();
         let (go_on, wait) = oneshot::channel();
         assert!(pid.tell(Msg::AnswerThenWait(reply, wait)).is_ok());
+        // Queued behind it, so that its answer is held.
+        let after = ask_answer(&pid, None);
         // The handler waits for this very answer to be read: held past its poll, it never is.
         let answer = tokio::time::timeout(Duration::from_secs(30), answer)
             .await
@@ -295,5 +316,6 @@ mod tests {
             pid.ask(Msg::Report).await.expect("report"),
             Vec::<bool>::new()
         );
+        assert_eq!(after.lock().expect("lock").try_recv(), Ok(0));
     }
 }
