@@ -9,7 +9,7 @@
 //! has been held for [`HOLD_AT_MOST`]: one wake for many answers, an answer is never held
 //! past the moment its process stops running, and a lone ask is answered at once.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -89,87 +89,58 @@ impl<T> fmt::Debug for Reply<T> {
 /// The longest a process holds a local answer while it goes on handling messages.
 pub(crate) const HOLD_AT_MOST: Duration = Duration::from_micros(100);
 
-/// Local answers held on this thread while a process task is polled.
-struct Held {
-    /// Polls of process tasks under way on this thread (one, unless a poll nests another).
-    polls: usize,
-    /// Whether the message being handled has more queued behind it.
-    holding: bool,
-    sends: Vec<Box<dyn FnOnce()>>,
-    /// When the first of `sends` was held.
-    since: Option<Instant>,
-    /// [`HOLD_AT_MOST`], but in tests of the bound.
-    limit: Duration,
-}
-
-impl Default for Held {
-    fn default() -> Self {
-        Held {
-            polls: 0,
-            holding: false,
-            sends: Vec::new(),
-            since: None,
-            limit: HOLD_AT_MOST,
-        }
-    }
-}
-
 thread_local! {
-    static HELD: RefCell<Held> = RefCell::default();
+    /// Polls of process tasks under way on this thread (one, unless a poll nests another).
+    static POLLS: Cell<usize> = const { Cell::new(0) };
+    /// Whether the message being handled has more queued behind it.
+    static HOLDING: Cell<bool> = const { Cell::new(false) };
+    /// Local answers held on this thread, in order.
+    static HELD: RefCell<Vec<Box<dyn FnOnce()>>> = const { RefCell::new(Vec::new()) };
+    /// When the first of `HELD` was held; `None` while nothing is.
+    static SINCE: Cell<Option<Instant>> = const { Cell::new(None) };
+    /// [`HOLD_AT_MOST`], but in tests of the bound.
+    static LIMIT: Cell<Duration> = const { Cell::new(HOLD_AT_MOST) };
 }
 
-/// Runs `send` now, or holds it if a process task is being polled on this thread, handling a
-/// message with more queued behind it.
+/// Runs `send` now, or holds it if a process task on this thread is handling a message with
+/// more queued behind it.
 fn hold_or_send(send: impl FnOnce() + 'static) {
-    let send = HELD.with(|held| {
-        let mut held = held.borrow_mut();
-        if held.polls == 0 || !held.holding {
-            return Some(send);
-        }
-        if held.sends.is_empty() {
-            held.since = Some(Instant::now());
-        }
-        held.sends.push(Box::new(send));
-        None
-    });
-    if let Some(send) = send {
+    if !HOLDING.get() {
         send();
+        return;
     }
+    if SINCE.get().is_none() {
+        SINCE.set(Some(Instant::now()));
+    }
+    HELD.with_borrow_mut(|held| held.push(Box::new(send)));
 }
 
 /// Before a process handles its next envelope: holds its answers if `more_queued`, else
 /// sends what is held now (the batch's last message may take long).
 pub(crate) fn hold_answers(more_queued: bool) {
-    let flush = HELD.with(|held| {
-        let mut held = held.borrow_mut();
-        held.holding = more_queued;
-        !more_queued && !held.sends.is_empty()
-    });
-    if flush {
+    HOLDING.set(more_queued);
+    if !more_queued {
         send_held();
     }
 }
 
 /// Sends what is held on this thread, if the first of it was held [`HOLD_AT_MOST`] ago.
 pub(crate) fn send_held_if_due() {
-    let due = HELD.with(|held| {
-        let held = held.borrow();
-        held.since
-            .is_some_and(|since| since.elapsed() >= held.limit)
-    });
-    if due {
+    if SINCE
+        .get()
+        .is_some_and(|since| since.elapsed() >= LIMIT.get())
+    {
         send_held();
     }
 }
 
 /// Sends what is held on this thread, in the order it was held.
 fn send_held() {
-    let sends = HELD.with(|held| {
-        let mut held = held.borrow_mut();
-        held.since = None;
-        std::mem::take(&mut held.sends)
-    });
-    // Outside the borrow: a wake may run code that answers in turn.
+    if SINCE.take().is_none() {
+        return;
+    }
+    // Taken out first: a wake may run code that answers in turn.
+    let sends = HELD.with_borrow_mut(std::mem::take);
     for send in sends {
         send();
     }
@@ -180,22 +151,19 @@ fn send_held() {
 pub(crate) struct HoldingAnswers(());
 
 impl HoldingAnswers {
-    /// Starts holding this thread's local answers.
+    /// Starts a poll of a process task.
     pub(crate) fn begin() -> Self {
-        HELD.with(|held| held.borrow_mut().polls += 1);
+        POLLS.set(POLLS.get() + 1);
         HoldingAnswers(())
     }
 }
 
 impl Drop for HoldingAnswers {
     fn drop(&mut self) {
-        let outermost = HELD.with(|held| {
-            let mut held = held.borrow_mut();
-            held.polls -= 1;
-            held.holding = false;
-            held.polls == 0
-        });
-        if outermost {
+        let polls = POLLS.get() - 1;
+        POLLS.set(polls);
+        HOLDING.set(false);
+        if polls == 0 {
             send_held();
         }
     }
@@ -208,12 +176,12 @@ mod tests {
 
     use tokio::sync::oneshot;
 
-    use super::{HELD, Reply};
+    use super::{LIMIT, Reply};
     use crate::{Context, Process};
 
     /// Sets how long answers may be held on this thread.
     fn hold_at_most_on_this_thread(limit: Duration) {
-        HELD.with(|held| held.borrow_mut().limit = limit);
+        LIMIT.set(limit);
     }
 
     type Answer = Arc<Mutex<oneshot::Receiver<usize>>>;
