@@ -9,8 +9,8 @@ use crate::mailbox::{Envelope, MailboxReceiver};
 use crate::reply::HoldingAnswers;
 use crate::{Context, ExitReason, Pid, Process, System};
 
-/// The process's task. Each poll holds the local answers its handlers send and sends them as
-/// the poll ends (see [`crate::reply`]).
+/// The process's task. Local answers its handlers send while more messages are queued are
+/// held, and whatever is still held goes out as each poll ends (see [`crate::reply`]).
 pub(crate) async fn run<P: Process>(
     process: P,
     mailbox: MailboxReceiver<P>,

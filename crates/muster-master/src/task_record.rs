@@ -199,7 +199,7 @@ pub(crate) struct TaskInterner {
 /// address, even with nothing to read, that costs the CPU a microcode assist. On the 2-core
 /// machine the benches run on, comparing two empty strings took about 90 ns, fifty times a
 /// comparison of two short ones; a wire task's empty job, group, command and user made that
-/// two thirds of interning it.
+/// more than half of interning it.
 #[inline]
 pub(crate) fn same_text(a: &str, b: &str) -> bool {
     a.len() == b.len() && (a.is_empty() || a == b)
