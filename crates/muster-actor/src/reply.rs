@@ -52,7 +52,7 @@ impl<T> Reply<T> {
     /// Sends the answer. If the asker has given up (timed out or gone), the value is dropped.
     ///
     /// From a process's handler with more messages queued behind this one, a local answer is
-    /// held until the process reaches the last of them or yields, for at most 100 µs: a
+    /// held until the process reaches the last of them or yields, for at most 500 µs: a
     /// process working through a backlog wakes its askers once for many answers.
     pub fn send(self, value: T)
     where
@@ -87,7 +87,7 @@ impl<T> fmt::Debug for Reply<T> {
 }
 
 /// The longest a process holds a local answer while it goes on handling messages.
-pub(crate) const HOLD_AT_MOST: Duration = Duration::from_micros(100);
+pub(crate) const HOLD_AT_MOST: Duration = Duration::from_micros(500);
 
 thread_local! {
     /// Polls of process tasks under way on this thread (one, unless a poll nests another).

@@ -141,10 +141,12 @@ pub(crate) struct Cluster {
 }
 
 impl Cluster {
-    pub(crate) fn add_frameworks(&mut self, frameworks: Vec<pb::Framework>) {
+    /// Records the frameworks not known yet; copies only those.
+    pub(crate) fn add_frameworks(&mut self, frameworks: &[pb::Framework]) {
         for framework in frameworks {
             if !self.frameworks.contains_key(&framework.id) {
-                self.frameworks.insert(framework.id.clone(), framework);
+                self.frameworks
+                    .insert(framework.id.clone(), framework.clone());
             }
         }
     }

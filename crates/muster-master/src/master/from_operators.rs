@@ -774,7 +774,8 @@ impl Master {
         if let Some(agent) = self.cluster.agent_mut(&agent_id) {
             agent.tasks.push(task);
         }
-        self.cluster.add_frameworks(vec![framework]);
+        self.cluster
+            .add_frameworks(std::slice::from_ref(&framework));
         ctx.defer(
             async move {
                 remote

@@ -1,6 +1,7 @@
 //! Agent heartbeats: the deadlines the leading master tracks, and the TTLs it hands out.
 
-use std::collections::{BTreeSet, HashMap};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -9,12 +10,18 @@ use tokio::time::Instant;
 use super::Master;
 
 /// The heartbeat deadlines of the agents the leading master tracks, in the order they fall due:
-/// one periodic sweep takes the overdue ones, with no timer per agent. Both indexes share one
-/// copy of each agent's id, so moving a deadline allocates nothing.
+/// one periodic sweep takes the overdue ones, with no timer per agent.
+///
+/// Moving a deadline is the common case (every heartbeat moves one), so it is a map update and
+/// a push on a min-heap; the deadline it replaces stays in the heap, stale, until it comes to
+/// the top and is found not to be the agent's deadline any more. The heap is rebuilt from the
+/// map when stale entries outnumber live ones, so it holds at most about twice as many entries
+/// as there are agents. The map and the heap share one copy of each agent's id.
 #[derive(Debug, Default)]
 pub(super) struct HeartbeatDeadlines {
-    by_deadline: BTreeSet<(Instant, Arc<str>)>,
     by_agent: HashMap<Arc<str>, Instant>,
+    /// Every deadline in `by_agent`, and deadlines since moved or removed (stale).
+    due: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
 }
 
 impl HeartbeatDeadlines {
@@ -30,31 +37,31 @@ impl HeartbeatDeadlines {
     /// Sets (or moves) the agent's deadline.
     pub(super) fn set(&mut self, id: &str, deadline: Instant) {
         let key = match self.by_agent.get_key_value(id) {
-            Some((key, old)) => {
-                let entry = (*old, Arc::clone(key));
-                self.by_deadline.remove(&entry);
-                entry.1
-            }
+            Some((key, _)) => Arc::clone(key),
             None => Arc::from(id),
         };
         self.by_agent.insert(Arc::clone(&key), deadline);
-        self.by_deadline.insert((deadline, key));
+        self.due.push(Reverse((deadline, key)));
+        self.compact_if_mostly_stale();
     }
 
     pub(super) fn remove(&mut self, id: &str) {
-        if let Some((key, old)) = self.by_agent.remove_entry(id) {
-            self.by_deadline.remove(&(old, key));
-        }
+        self.by_agent.remove(id);
+        self.compact_if_mostly_stale();
     }
 
     /// Takes out the agents whose deadline is at or before `now`, earliest first.
     pub(super) fn take_expired(&mut self, now: Instant) -> Vec<String> {
         let mut expired = Vec::new();
-        while let Some((deadline, _)) = self.by_deadline.first() {
+        while let Some(Reverse((deadline, _))) = self.due.peek() {
             if *deadline > now {
                 break;
             }
-            if let Some((_, id)) = self.by_deadline.pop_first() {
+            let Some(Reverse((deadline, id))) = self.due.pop() else {
+                break;
+            };
+            // Only if it is still the agent's deadline (not moved or removed since).
+            if self.by_agent.get(&id) == Some(&deadline) {
                 self.by_agent.remove(&id);
                 expired.push(id.as_ref().to_owned());
             }
@@ -63,8 +70,19 @@ impl HeartbeatDeadlines {
     }
 
     pub(super) fn clear(&mut self) {
-        self.by_deadline.clear();
+        self.due.clear();
         self.by_agent.clear();
+    }
+
+    /// Rebuilds the heap from the live deadlines once most of its entries are stale.
+    fn compact_if_mostly_stale(&mut self) {
+        if self.due.len() > 2 * self.by_agent.len() + 64 {
+            self.due = self
+                .by_agent
+                .iter()
+                .map(|(id, deadline)| Reverse((*deadline, Arc::clone(id))))
+                .collect();
+        }
     }
 }
 
@@ -165,6 +183,36 @@ mod tests {
         assert!(deadlines.take_expired(at(29)).is_empty());
         assert_eq!(deadlines.take_expired(at(40)), ["a", "b"]);
         assert_eq!(deadlines.len(), 0);
-        assert_eq!(deadlines.by_deadline.len(), 0);
+    }
+
+    #[test]
+    fn deadlines_moved_many_times_keep_the_heap_bounded_and_expire_once() {
+        let start = Instant::now();
+        let at = |ms| start + Duration::from_millis(ms);
+        let mut deadlines = HeartbeatDeadlines::default();
+        let ids: Vec<String> = (0..100).map(|n| format!("agent-{n}")).collect();
+        for round in 0..50 {
+            for (n, id) in ids.iter().enumerate() {
+                deadlines.set(id, at(1_000 + round * 10 + n as u64));
+            }
+            assert!(deadlines.due.len() <= 2 * ids.len() + 64 + 1);
+        }
+        // Moved earlier: the later, stale deadline does not expire it a second time.
+        deadlines.set("agent-0", at(5));
+        deadlines.remove("agent-1");
+        assert_eq!(deadlines.take_expired(at(5)), ["agent-0"]);
+        let expired = deadlines.take_expired(at(10_000));
+        assert_eq!(expired.len(), 98);
+        assert!(!expired.iter().any(|id| id == "agent-0" || id == "agent-1"));
+        let mut sorted = expired.clone();
+        sorted.sort_by_key(|id| deadlines_order(id));
+        assert_eq!(expired, sorted, "earliest first");
+        assert!(deadlines.take_expired(at(20_000)).is_empty());
+        assert_eq!(deadlines.len(), 0);
+    }
+
+    /// The order the last round's deadlines fall due in: by the agent's number.
+    fn deadlines_order(id: &str) -> u64 {
+        id.trim_start_matches("agent-").parse().unwrap_or(u64::MAX)
     }
 }

@@ -54,14 +54,14 @@ impl Master {
             }
             self.metrics.given_up_killed += kill.len() as u64;
         }
-        self.cluster.add_frameworks(frameworks);
+        self.cluster.add_frameworks(&frameworks);
         for framework in completed_frameworks {
             if !self.cluster.frameworks.contains_key(&framework.id) {
                 self.cluster.completed_frameworks.insert(framework.id);
             }
         }
         let interner = &mut self.cluster.interner;
-        let wire = (tasks, tasks_sharing_labels, completed_tasks);
+        let wire = (tasks, tasks_sharing_labels, completed_tasks, frameworks);
         let grouped: usize = wire.1.iter().map(|group| group.tasks.len()).sum();
         let mut tasks: Vec<TaskRecord> = Vec::with_capacity(wire.0.len() + grouped);
         tasks.extend(wire.0.iter().map(|t| interner.task(t)));
