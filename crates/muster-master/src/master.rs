@@ -65,7 +65,7 @@ mod reregistration;
 mod tasks;
 
 pub use acl_tokens::AclMsg;
-pub use events::{EventFeed, KEPT_EVENTS, Lagged, SUBSCRIBER_BUFFER, Subscription};
+pub use events::{EventFeed, KEPT_EVENTS, Lagged, LoggedEvent, SUBSCRIBER_BUFFER, Subscription};
 pub use from_agents::AgentMsg;
 pub use from_operators::OperatorMsg;
 pub use from_scheduling::{SchedulingMsg, SchedulingPids};

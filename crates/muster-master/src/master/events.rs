@@ -27,14 +27,64 @@ pub const KEPT_EVENTS: usize = 4096;
 pub const SUBSCRIBER_BUFFER: usize = 1024;
 
 /// What a subscriber starts from: the kept events after its index, then the live ones.
-pub type Subscription = (Vec<Arc<Event>>, broadcast::Receiver<Arc<Event>>);
+pub type Subscription = (Vec<Arc<LoggedEvent>>, broadcast::Receiver<Arc<LoggedEvent>>);
+
+/// An event as the log keeps it. Its topic and kind are fixed text, and an agent's payload is
+/// made only when a subscriber reads the event ([`to_event`](LoggedEvent::to_event)): a
+/// master publishes an event for every agent that re-registers, most often with nobody
+/// subscribed.
+#[derive(Debug)]
+pub struct LoggedEvent {
+    index: u64,
+    term: u64,
+    time_ms: u64,
+    topic: &'static str,
+    kind: &'static str,
+    key: Box<str>,
+    payload: Payload,
+}
+
+/// What an event says about its subject.
+#[derive(Debug)]
+enum Payload {
+    /// An agent (the key) and its status: `{"id", "status"}`.
+    AgentStatus(&'static str),
+    /// Any other document, as it goes out.
+    Document(serde_json::Value),
+}
+
+impl LoggedEvent {
+    /// Its place in the master's stream.
+    pub fn index(&self) -> u64 {
+        self.index
+    }
+
+    /// The event as the stream carries it.
+    pub fn to_event(&self) -> Event {
+        let payload = match &self.payload {
+            Payload::AgentStatus(status) => {
+                serde_json::json!({ "id": &*self.key, "status": status })
+            }
+            Payload::Document(document) => document.clone(),
+        };
+        Event {
+            index: self.index,
+            term: self.term,
+            time_ms: self.time_ms,
+            topic: self.topic.to_owned(),
+            kind: self.kind.to_owned(),
+            key: self.key.to_string(),
+            payload,
+        }
+    }
+}
 
 /// A subscriber's events in order, the kept ones first, filtered to some topics: what the
 /// HTTP stream and the gRPC `StreamEvents` both read.
 #[derive(Debug)]
 pub struct EventFeed {
-    backlog: std::vec::IntoIter<Arc<Event>>,
-    live: broadcast::Receiver<Arc<Event>>,
+    backlog: std::vec::IntoIter<Arc<LoggedEvent>>,
+    live: broadcast::Receiver<Arc<LoggedEvent>>,
     topics: Vec<String>,
     /// The index of the last event read, wanted or not: where a lagged reader resumes.
     last: u64,
@@ -62,17 +112,17 @@ impl EventFeed {
         }
     }
 
-    fn wanted(&self, event: &Event) -> bool {
-        self.topics.is_empty() || self.topics.contains(&event.topic)
+    fn wanted(&self, event: &LoggedEvent) -> bool {
+        self.topics.is_empty() || self.topics.iter().any(|topic| topic == event.topic)
     }
 
     /// The next wanted event; `None` once the log is gone (the master stopped or stepped
     /// down). Cancel-safe: a cancelled call loses nothing.
-    pub async fn next(&mut self) -> Option<Result<Arc<Event>, Lagged>> {
+    pub async fn next(&mut self) -> Option<Result<Event, Lagged>> {
         while let Some(event) = self.backlog.next() {
             self.last = event.index;
             if self.wanted(&event) {
-                return Some(Ok(event));
+                return Some(Ok(event.to_event()));
             }
         }
         loop {
@@ -80,7 +130,7 @@ impl EventFeed {
                 Ok(event) => {
                     self.last = event.index;
                     if self.wanted(&event) {
-                        return Some(Ok(event));
+                        return Some(Ok(event.to_event()));
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
@@ -99,8 +149,8 @@ impl EventFeed {
 #[derive(Debug)]
 pub(crate) struct EventLog {
     next: u64,
-    kept: VecDeque<Arc<Event>>,
-    live: broadcast::Sender<Arc<Event>>,
+    kept: VecDeque<Arc<LoggedEvent>>,
+    live: broadcast::Sender<Arc<LoggedEvent>>,
 }
 
 impl Default for EventLog {
@@ -115,21 +165,21 @@ impl Default for EventLog {
 
 impl EventLog {
     /// Appends an event and sends it to the subscribers.
-    pub(crate) fn publish(
+    fn publish(
         &mut self,
         term: u64,
-        topic: &str,
-        kind: &str,
+        topic: &'static str,
+        kind: &'static str,
         key: &str,
-        payload: serde_json::Value,
+        payload: Payload,
     ) {
-        let event = Arc::new(Event {
+        let event = Arc::new(LoggedEvent {
             index: self.next,
             term,
             time_ms: now_ms(),
-            topic: topic.to_owned(),
-            kind: kind.to_owned(),
-            key: key.to_owned(),
+            topic,
+            kind,
+            key: key.into(),
             payload,
         });
         self.next += 1;
@@ -156,9 +206,16 @@ impl EventLog {
 
 impl Master {
     /// Publishes an event on this master's stream, in its current term.
-    fn publish(&mut self, topic: &str, kind: &str, key: &str, payload: serde_json::Value) {
+    fn publish(
+        &mut self,
+        topic: &'static str,
+        kind: &'static str,
+        key: &str,
+        payload: serde_json::Value,
+    ) {
         let term = self.term;
-        self.events.publish(term, topic, kind, key, payload);
+        self.events
+            .publish(term, topic, kind, key, Payload::Document(payload));
     }
 
     /// Publishes what the registry write `ops` changed, once it is stored.
@@ -196,7 +253,7 @@ impl Master {
         }
     }
 
-    fn publish_job(&mut self, name: &str, kind: &str) {
+    fn publish_job(&mut self, name: &str, kind: &'static str) {
         let payload = self.registry.reader().read(|state| {
             state.jobs.get(name).map(|job| {
                 serde_json::json!({
@@ -228,17 +285,14 @@ impl Master {
 
     /// Publishes an agent's change: `kind` is `agent-registered`, `agent-reregistered`,
     /// `agent-updated` or `agent-unreachable`.
-    pub(super) fn publish_agent(&mut self, id: &str, kind: &str) {
+    pub(super) fn publish_agent(&mut self, id: &str, kind: &'static str) {
         let status = match kind {
             "agent-unreachable" => "unreachable",
             _ => "ready",
         };
-        self.publish(
-            "agent",
-            kind,
-            id,
-            serde_json::json!({ "id": id, "status": status }),
-        );
+        let term = self.term;
+        self.events
+            .publish(term, "agent", kind, id, Payload::AgentStatus(status));
     }
 
     /// Publishes a task's new state on `agent_id`.
@@ -264,7 +318,7 @@ mod tests {
                 "job",
                 "job-registered",
                 &format!("j{n}"),
-                serde_json::Value::Null,
+                Payload::Document(serde_json::Value::Null),
             );
         }
         let (backlog, _) = log.subscribe(0);
@@ -275,8 +329,40 @@ mod tests {
             backlog.iter().map(|e| e.index).collect::<Vec<_>>(),
             [KEPT_EVENTS as u64 + 9, KEPT_EVENTS as u64 + 10]
         );
-        log.publish(2, "task", "task-updated", "t1", serde_json::Value::Null);
+        log.publish(
+            2,
+            "task",
+            "task-updated",
+            "t1",
+            Payload::Document(serde_json::Value::Null),
+        );
         let next = live.try_recv().map(|e| (e.index, e.term, e.key.clone()));
         assert_eq!(next.ok(), Some((KEPT_EVENTS as u64 + 11, 2, "t1".into())));
+    }
+
+    #[test]
+    fn an_agent_event_reads_as_its_id_and_status() {
+        let mut log = EventLog::default();
+        log.publish(
+            3,
+            "agent",
+            "agent-unreachable",
+            "agent-7",
+            Payload::AgentStatus("unreachable"),
+        );
+        let (backlog, _) = log.subscribe(0);
+        let events: Vec<Event> = backlog.iter().map(|e| e.to_event()).collect();
+        assert_eq!(
+            events,
+            [Event {
+                index: 1,
+                term: 3,
+                time_ms: backlog[0].time_ms,
+                topic: "agent".into(),
+                kind: "agent-unreachable".into(),
+                key: "agent-7".into(),
+                payload: serde_json::json!({ "id": "agent-7", "status": "unreachable" }),
+            }]
+        );
     }
 }
