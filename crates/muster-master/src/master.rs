@@ -58,6 +58,7 @@ mod from_operators;
 mod from_scheduling;
 mod heartbeats;
 mod internal;
+mod jobs;
 mod leadership;
 mod lost_agents;
 mod registry_writes;
