@@ -5,7 +5,6 @@
 use std::collections::HashSet;
 
 use muster_actor::{Context, Reply, Upid};
-use muster_model::Job;
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::{Op, RegistrarMsg, RegistrarStats, snapshot_file};
@@ -174,19 +173,10 @@ impl Master {
             }
             OperatorMsg::TaskLogs(request, reply) => self.task_logs(request, reply),
             OperatorMsg::PlanJob(spec, reply) => {
-                let job = match spec.map(Job::from_submitted) {
-                    None => {
-                        return reply.send(Err(ServiceError::InvalidArgument {
-                            field: "job".into(),
-                            message: "PlanJob carries no job".into(),
-                        }));
-                    }
-                    Some(Err(e)) => return reply.send(Err(e.within("job").into())),
-                    Some(Ok(job)) => job,
+                let job = match self.checked_job(spec, "PlanJob") {
+                    Ok(job) => job,
+                    Err(e) => return reply.send(Err(e)),
                 };
-                if let Err(e) = job.check_limits(&self.config.job_limits) {
-                    return reply.send(Err(e.within("job").into()));
-                }
                 self.with_quorum_leadership(ctx, move |master, _ctx, confirmed| {
                     reply.send(confirmed.map(|()| master.plan_job(job)));
                 });

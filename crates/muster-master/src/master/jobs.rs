@@ -20,6 +20,28 @@ pub(super) const DEFAULT_EVAL_LIMIT: usize = 50;
 pub(super) const MAX_EVAL_LIMIT: usize = 1_000;
 
 impl Master {
+    /// The job an operator's `request` (`SubmitJob`, `PlanJob`) carries, read and checked
+    /// against this master's job limits.
+    pub(super) fn checked_job(
+        &self,
+        spec: Option<model_pb::Job>,
+        request: &str,
+    ) -> Result<Job, ServiceError> {
+        let job = match spec.map(Job::from_submitted) {
+            None => {
+                return Err(ServiceError::InvalidArgument {
+                    field: "job".into(),
+                    message: format!("{request} carries no job"),
+                });
+            }
+            Some(Err(e)) => return Err(e.within("job").into()),
+            Some(Ok(job)) => job,
+        };
+        job.check_limits(&self.config.job_limits)
+            .map_err(|e| e.within("job"))?;
+        Ok(job)
+    }
+
     /// Checks the submitted job against the limits, then stores it with its registration
     /// evaluation in one registry write; the answer names the evaluation and the version.
     pub(super) fn submit_job(
@@ -31,19 +53,10 @@ impl Master {
         if self.leading_term().is_none() {
             return reply.send(Err(self.not_leading()));
         }
-        let job = match spec.map(Job::from_submitted) {
-            None => {
-                return reply.send(Err(ServiceError::InvalidArgument {
-                    field: "job".into(),
-                    message: "SubmitJob carries no job".into(),
-                }));
-            }
-            Some(Err(e)) => return reply.send(Err(e.within("job").into())),
-            Some(Ok(job)) => job,
+        let job = match self.checked_job(spec, "SubmitJob") {
+            Ok(job) => job,
+            Err(e) => return reply.send(Err(e)),
         };
-        if let Err(e) = job.check_limits(&self.config.job_limits) {
-            return reply.send(Err(e.within("job").into()));
-        }
         let eval = Evaluation::new(&job, Trigger::JobRegister);
         let eval_id = eval.id.0.clone();
         tracing::info!(job = %job.name, eval = %eval_id, "job submitted");
