@@ -206,7 +206,7 @@ pub(crate) fn same_text(a: &str, b: &str) -> bool {
 }
 
 /// Whether two lists of strings are the same, by [`same_text`].
-fn same_texts(a: &[String], b: &[String]) -> bool {
+pub(crate) fn same_texts(a: &[String], b: &[String]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_text(a, b))
 }
 

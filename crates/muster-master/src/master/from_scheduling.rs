@@ -28,7 +28,9 @@ use crate::cluster::Cluster;
 use crate::error::ServiceError;
 use crate::launch_wire::{GroupWire, LaunchWire, RunWire};
 use crate::metrics::MasterInstruments;
-use crate::task_record::{LaunchDeadline, TaskDetail, TaskInterner, TaskRecord};
+use crate::task_record::{
+    LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, same_text, same_texts,
+};
 
 /// What scheduler workers and the blocked-queue send the master.
 #[derive(Debug)]
@@ -552,15 +554,15 @@ impl GroupShared {
     /// one group with two programs; each then gets its own).
     fn describes(&self, placement: &Placement) -> bool {
         let detail = &*self.detail;
-        *self.job_group.job == *placement.job
-            && detail.command == placement.command
-            && detail.args == placement.args
-            && detail.user == placement.user
+        same_text(&self.job_group.job, &placement.job)
+            && same_text(&detail.command, &placement.command)
+            && same_texts(&detail.args, &placement.args)
+            && same_text(&detail.user, &placement.user)
             && detail.env.len() == placement.env.len()
             && detail
                 .env
                 .iter()
                 .zip(&placement.env)
-                .all(|((k, v), (pk, pv))| k == pk && v == pv)
+                .all(|((k, v), (pk, pv))| same_text(k, pk) && same_text(v, pv))
     }
 }
