@@ -52,7 +52,8 @@ pub(crate) trait Inbox: Send + Sync {
 
 /// One installed message type of one registered process, resolved: it checks the sender,
 /// decodes a body and enqueues the message, looking nothing up. A link's reader keeps the
-/// routes it used last, so a run of messages of one type to one process costs no map lookups.
+/// routes it has used, so a message of a type to a process it has delivered to before costs
+/// one hash lookup, and a run of them one lookup for the run.
 #[derive(Clone)]
 pub(crate) enum Route {
     /// Tells, from `sender` (its verified identity; `None` on an insecure node): a run of
@@ -104,8 +105,8 @@ impl<D> Installed<D> {
 }
 
 /// A registered process's routes, built once per installed type: a link's reader that finds
-/// no route in its cache (a node serving thousands of processes) looks one up and clones an
-/// `Arc`, and builds nothing.
+/// no route in its cache (the first message of a type to the process on that link) looks one
+/// up and clones an `Arc`, and builds nothing.
 pub(crate) struct ProcessInbox<P: Process> {
     pid: Pid<P>,
     tells: RwLock<HashMap<String, Arc<TellRoute>>>,
