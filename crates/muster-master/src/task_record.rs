@@ -265,12 +265,14 @@ fn detail_hash<'a>(
 }
 
 /// Pairs of strings, borrowed.
-fn pairs(owned: &[(String, String)]) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone {
+pub(crate) fn pairs(
+    owned: &[(String, String)],
+) -> impl ExactSizeIterator<Item = (&str, &str)> + Clone {
     owned.iter().map(|(a, b)| (a.as_str(), b.as_str()))
 }
 
 /// Whether two lists of pairs are the same, pair by pair.
-fn same_pairs<'a, 'b>(
+pub(crate) fn same_pairs<'a, 'b>(
     a: impl ExactSizeIterator<Item = (&'a str, &'a str)>,
     b: impl ExactSizeIterator<Item = (&'b str, &'b str)>,
 ) -> bool {

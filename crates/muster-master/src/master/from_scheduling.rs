@@ -29,7 +29,7 @@ use crate::error::ServiceError;
 use crate::launch_wire::{GroupWire, LaunchWire, RunWire};
 use crate::metrics::MasterInstruments;
 use crate::task_record::{
-    LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, same_text, same_texts,
+    LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, pairs, same_pairs, same_text, same_texts,
 };
 
 /// What scheduler workers and the blocked-queue send the master.
@@ -558,11 +558,9 @@ impl GroupShared {
             && same_text(&detail.command, &placement.command)
             && same_texts(&detail.args, &placement.args)
             && same_text(&detail.user, &placement.user)
-            && detail.env.len() == placement.env.len()
-            && detail
-                .env
-                .iter()
-                .zip(&placement.env)
-                .all(|((k, v), (pk, pv))| same_text(k, pk) && same_text(v, pv))
+            && same_pairs(
+                pairs(&detail.env),
+                placement.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            )
     }
 }
