@@ -14,7 +14,8 @@ use crate::{ExitReason, Pid, Process, ProcessId, ProcessRef, System, TimerHandle
 pub struct Context<P: Process> {
     pid: Pid<P>,
     system: System,
-    pub(crate) stop_requested: Option<ExitReason>,
+    /// Set by `stop`; boxed because it is set at most once and every process's task holds it.
+    pub(crate) stop_requested: Option<Box<ExitReason>>,
     /// A user message taken from the mailbox but never handled (termination arrived first).
     pub(crate) undelivered: usize,
 }
@@ -51,7 +52,7 @@ impl<P: Process> Context<P> {
 
     /// Ends the process with `reason` once the current handler returns.
     pub fn stop_with(&mut self, reason: ExitReason) {
-        self.stop_requested.get_or_insert(reason);
+        self.stop_requested.get_or_insert_with(|| Box::new(reason));
     }
 
     /// Starts a child process in the same system.

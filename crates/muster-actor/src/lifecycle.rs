@@ -1,37 +1,50 @@
 //! The task behind every process: started, one envelope at a time, stopped, then the exit notice.
 
 use std::any::Any;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::task::Poll;
 
 use futures_util::FutureExt;
 
 use crate::mailbox::{Envelope, MailboxReceiver};
 use crate::reply::HoldingAnswers;
-use crate::{Context, ExitReason, Pid, Process, System};
+use crate::{Context, ExitReason, Process};
 
-/// The process's task. Local answers its handlers send while more messages are queued are
-/// held, and whatever is still held goes out as each poll ends (see [`crate::reply`]).
-pub(crate) async fn run<P: Process>(
-    process: P,
-    mailbox: MailboxReceiver<P>,
-    pid: Pid<P>,
-    system: System,
-) {
-    let mut task = std::pin::pin!(run_unheld(process, mailbox, pid, system));
-    std::future::poll_fn(|cx| {
+/// The process's task: [`run_unheld`] with answers held between polls. Local answers its
+/// handlers send while more messages are queued are held, and whatever is still held goes out
+/// as each poll ends (see [`crate::reply`]).
+pub(crate) fn run<P: Process>(process: P, ctx: Context<P>) -> impl Future<Output = ()> + Send {
+    HoldingAnswersWhilePolled {
+        task: run_unheld(process, MailboxReceiver::new(), ctx),
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// Wraps every poll of `task` in a [`HoldingAnswers`] scope. A plain struct rather than an
+    /// `async` block around `poll_fn`, which would keep the task's arguments twice: every
+    /// process's task is this future, so its size is paid per process.
+    struct HoldingAnswersWhilePolled<F> {
+        #[pin]
+        task: F,
+    }
+}
+
+impl<F: Future> Future for HoldingAnswersWhilePolled<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
         let _holding = HoldingAnswers::begin();
-        task.as_mut().poll(cx)
-    })
-    .await
+        self.project().task.poll(cx)
+    }
 }
 
 async fn run_unheld<P: Process>(
     mut process: P,
     mut mailbox: MailboxReceiver<P>,
-    pid: Pid<P>,
-    system: System,
+    mut ctx: Context<P>,
 ) {
-    let mut ctx = Context::new(pid, system);
     let reason = live(&mut process, &mut mailbox, &mut ctx).await;
     if !matches!(reason, ExitReason::Panicked(_)) {
         let stopped = std::panic::catch_unwind(AssertUnwindSafe(|| process.stopped(&reason)));
@@ -42,7 +55,8 @@ async fn run_unheld<P: Process>(
     drop(process);
 
     let shared = &ctx.pid().inner;
-    let undelivered = mailbox.close_and_drain(&shared.mailbox) + ctx.undelivered;
+    let closed = mailbox.close(&shared.mailbox, reason.clone());
+    let undelivered = closed.undelivered + ctx.undelivered;
     shared
         .undelivered
         .store(undelivered, std::sync::atomic::Ordering::Release);
@@ -51,7 +65,7 @@ async fn run_unheld<P: Process>(
     if let ExitReason::Panicked(message) = &reason {
         tracing::error!(process = %ctx.id(), %message, "process panicked");
     }
-    shared.finish(reason);
+    shared.announce(&reason, closed.watchers);
 }
 
 /// Runs the process until it stops, is terminated or panics.
@@ -66,16 +80,16 @@ async fn live<P: Process>(
     }
     loop {
         if let Some(reason) = ctx.stop_requested.take() {
-            return reason;
+            return *reason;
         }
         let Some(envelope) = mailbox.recv(&shared.mailbox).await else {
             // Interrupted: a termination request arrived while the queue was empty.
-            if let Some(reason) = shared.terminate.get() {
-                return reason.clone();
+            if let Some(reason) = shared.mailbox.termination() {
+                return reason;
             }
             continue;
         };
-        if let Some(reason) = shared.terminate.get().cloned() {
+        if let Some(reason) = shared.mailbox.termination() {
             if matches!(envelope, Envelope::Message(_)) {
                 ctx.undelivered += 1;
             }

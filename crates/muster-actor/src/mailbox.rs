@@ -8,14 +8,19 @@
 //!
 //! A bounded mailbox puts a semaphore in front that counts user messages only, so control
 //! signals (an exited notice, a dispatch, a stop) always get through even when it is full.
+//!
+//! The queue's lock also guards the process's end: why it was asked to end, why it ended, and
+//! who wants to hear. Closing the queue and recording the end are then one step under one
+//! lock, and a process's whole life takes a handful of lock operations.
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::task::{Poll, Waker};
 
 use tokio::sync::{Semaphore, TryAcquireError};
 
+use crate::pid::ExitWatcher;
 use crate::sync::lock;
 use crate::{Context, ExitReason, Process, ProcessRef, TellError};
 
@@ -47,20 +52,58 @@ pub enum MailboxCapacity {
 /// The queue, kept in the process's shared state.
 pub(crate) struct Mailbox<P: Process> {
     queue: Mutex<Queue<Envelope<P>>>,
-    limit: Option<Semaphore>,
+    /// Boxed: most mailboxes are unbounded, and every process pays for this field.
+    limit: Option<Box<Semaphore>>,
     /// Envelopes the receiver has swapped out of the queue and not yet taken: with the
     /// queue's, the mailbox's depth ([`Mailbox::depth`]). Written only by the receiver.
     batched: AtomicUsize,
+    /// The queue's [`End`] without its reason ([`RUNNING`], [`REQUESTED`] or [`ENDED`]),
+    /// written under the lock: the receiver reads it before every envelope, and a pool before
+    /// every message it routes, without taking the lock.
+    phase: AtomicU8,
 }
+
+/// [`Mailbox::phase`] while the process runs and nobody asked it to end.
+const RUNNING: u8 = 0;
+/// [`Mailbox::phase`] once the process has been asked to end.
+const REQUESTED: u8 = 1;
+/// [`Mailbox::phase`] once the process has ended.
+const ENDED: u8 = 2;
 
 struct Queue<T> {
     items: VecDeque<T>,
-    /// Set by the receiver when the process ends: later pushes fail.
-    closed: bool,
     /// The receiver, parked until the next push.
     receiver: Option<Waker>,
-    /// Set by `interrupt`: the receiver's next wait returns without an envelope.
+    /// Set by a termination request: the receiver's next wait returns without an envelope.
     interrupted: bool,
+    /// Whether the process runs, was asked to end, or has ended (and takes nothing more).
+    end: End,
+    /// Who wants to hear about the end; taken as the queue closes.
+    watchers: Vec<ExitWatcher>,
+}
+
+/// Where a process is in its life, as the mailbox sees it.
+enum End {
+    /// Running, and nobody has asked it to end.
+    Running,
+    /// Asked to end, for the first request's reason.
+    Requested(ExitReason),
+    /// Ended, for this reason: the queue is closed and later pushes fail.
+    Ended(ExitReason),
+}
+
+impl<T> Queue<T> {
+    fn is_closed(&self) -> bool {
+        matches!(self.end, End::Ended(_))
+    }
+}
+
+/// What closing a mailbox leaves for the process's task to finish outside the lock.
+pub(crate) struct Closed {
+    /// User messages that were queued and will never be handled.
+    pub(crate) undelivered: usize,
+    /// The watchers to tell about the end.
+    pub(crate) watchers: Vec<ExitWatcher>,
 }
 
 /// The receiving side's current batch, owned by the process's task.
@@ -72,17 +115,21 @@ impl<P: Process> Mailbox<P> {
     pub(crate) fn new(capacity: MailboxCapacity) -> Self {
         let limit = match capacity {
             MailboxCapacity::Unbounded => None,
-            MailboxCapacity::Bounded(n) => Some(Semaphore::new(n.clamp(1, Semaphore::MAX_PERMITS))),
+            MailboxCapacity::Bounded(n) => {
+                Some(Box::new(Semaphore::new(n.clamp(1, Semaphore::MAX_PERMITS))))
+            }
         };
         Mailbox {
             queue: Mutex::new(Queue {
                 items: VecDeque::new(),
-                closed: false,
                 receiver: None,
                 interrupted: false,
+                end: End::Running,
+                watchers: Vec::new(),
             }),
             limit,
             batched: AtomicUsize::new(0),
+            phase: AtomicU8::new(RUNNING),
         }
     }
 
@@ -117,7 +164,7 @@ impl<P: Process> Mailbox<P> {
         let receiver = {
             let mut queue = lock(&self.queue);
             for msg in msgs {
-                if queue.closed {
+                if queue.is_closed() {
                     turned_away.push(TellError::Stopped(msg));
                     continue;
                 }
@@ -173,7 +220,7 @@ impl<P: Process> Mailbox<P> {
 
     fn push(&self, envelope: Envelope<P>) -> Result<(), Envelope<P>> {
         let mut queue = lock(&self.queue);
-        if queue.closed {
+        if queue.is_closed() {
             return Err(envelope);
         }
         queue.items.push_back(envelope);
@@ -185,12 +232,18 @@ impl<P: Process> Mailbox<P> {
         Ok(())
     }
 
-    /// Makes the receiver look up from its queue (to notice a termination request) without
-    /// queueing anything: no allocation, and no envelope that could be mistaken for work.
-    pub(crate) fn interrupt(&self) {
+    /// Records a request to end with `reason` (the first request's reason stands) and makes
+    /// the receiver look up from its queue without queueing anything: no allocation, and no
+    /// envelope that could be mistaken for work. Nothing happens once the process has ended.
+    pub(crate) fn request_termination(&self, reason: ExitReason) {
         let receiver = {
             let mut queue = lock(&self.queue);
+            if !matches!(queue.end, End::Running) {
+                return;
+            }
+            queue.end = End::Requested(reason);
             queue.interrupted = true;
+            self.phase.store(REQUESTED, Ordering::Release);
             queue.receiver.take()
         };
         if let Some(receiver) = receiver {
@@ -198,9 +251,41 @@ impl<P: Process> Mailbox<P> {
         }
     }
 
+    /// Why the process was asked to end, if it was. Lock-free until a request has been made.
+    pub(crate) fn termination(&self) -> Option<ExitReason> {
+        if self.phase.load(Ordering::Acquire) != REQUESTED {
+            return None;
+        }
+        match &lock(&self.queue).end {
+            End::Requested(reason) => Some(reason.clone()),
+            End::Running | End::Ended(_) => None,
+        }
+    }
+
     /// True once the process has ended (or is ending) and takes no more envelopes.
     pub(crate) fn is_closed(&self) -> bool {
-        lock(&self.queue).closed
+        self.phase.load(Ordering::Acquire) == ENDED
+    }
+
+    /// Why the process ended, once it has.
+    pub(crate) fn exit_reason(&self) -> Option<ExitReason> {
+        match &lock(&self.queue).end {
+            End::Ended(reason) => Some(reason.clone()),
+            End::Running | End::Requested(_) => None,
+        }
+    }
+
+    /// Runs `watcher` when the process ends, or now (outside the lock) if it already has.
+    pub(crate) fn on_exit(&self, watcher: ExitWatcher) {
+        let mut queue = lock(&self.queue);
+        match &queue.end {
+            End::Ended(reason) => {
+                let reason = reason.clone();
+                drop(queue);
+                watcher(&reason);
+            }
+            End::Running | End::Requested(_) => queue.watchers.push(watcher),
+        }
     }
 
     /// Called by the receiver as each user message leaves the queue.
@@ -224,7 +309,7 @@ impl<P: Process> MailboxReceiver<P> {
     }
 
     /// The next envelope, waiting for one if the queue is empty; `None` if
-    /// [`interrupt`](Mailbox::interrupt)ed while waiting.
+    /// interrupted by a [termination request](Mailbox::request_termination) while waiting.
     pub(crate) async fn recv(&mut self, mailbox: &Mailbox<P>) -> Option<Envelope<P>> {
         loop {
             if let Some(envelope) = self.batch.pop_front() {
@@ -253,22 +338,32 @@ impl<P: Process> MailboxReceiver<P> {
         }
     }
 
-    /// Closes the queue and counts the user messages still in it: they will never be handled.
-    /// Senders fail from now on, including those waiting for room.
-    pub(crate) fn close_and_drain(&mut self, mailbox: &Mailbox<P>) -> usize {
+    /// Closes the queue, records why the process ended and takes the watchers to tell.
+    /// Senders fail from now on, including those waiting for room; the user messages still
+    /// queued are counted, as they will never be handled.
+    pub(crate) fn close(&mut self, mailbox: &Mailbox<P>, reason: ExitReason) -> Closed {
         if let Some(limit) = &mailbox.limit {
             limit.close();
         }
-        let queued = {
+        let (queued, watchers) = {
             let mut queue = lock(&mailbox.queue);
-            queue.closed = true;
             queue.receiver = None;
-            std::mem::take(&mut queue.items)
+            queue.end = End::Ended(reason);
+            mailbox.phase.store(ENDED, Ordering::Release);
+            (
+                std::mem::take(&mut queue.items),
+                std::mem::take(&mut queue.watchers),
+            )
         };
         mailbox.batched.store(0, Ordering::Relaxed);
         let left = self.batch.drain(..).chain(queued);
         // Dropped outside the lock: a message's Drop may run code (a remote reply answers).
-        left.filter(|envelope| matches!(envelope, Envelope::Message(_)))
-            .count()
+        let undelivered = left
+            .filter(|envelope| matches!(envelope, Envelope::Message(_)))
+            .count();
+        Closed {
+            undelivered,
+            watchers,
+        }
     }
 }

@@ -3,13 +3,12 @@
 use std::fmt;
 use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::Notify;
 
 use crate::mailbox::{Envelope, Mailbox};
-use crate::sync::lock;
 use crate::{AskError, Context, ExitReason, Process, ProcessId, ProcessRef, Reply, TellError};
 
 /// A callback run once when a process ends; links are made of these.
@@ -24,18 +23,16 @@ pub struct Pid<P: Process> {
 }
 
 /// State shared between a process's task and every handle to it.
+///
+/// Every process has one, so it is kept small: the end's reason, its watchers and a pending
+/// termination live under the mailbox's lock (see [`crate::mailbox`]).
 pub(crate) struct Shared<P: Process> {
     pub(crate) id: ProcessId,
     pub(crate) mailbox: Mailbox<P>,
-    /// Set by `terminate`; the task checks it before each envelope, so termination takes
-    /// effect after the current message rather than after the whole queue.
-    pub(crate) terminate: OnceLock<ExitReason>,
-    /// Set once, when the process has ended.
-    exit: OnceLock<ExitReason>,
-    /// Who wants to hear about the end; taken (under the lock) when `exit` is set.
-    watchers: Mutex<Vec<ExitWatcher>>,
     /// Set once the watchers have run; `wait` returns only after that.
     announced: AtomicBool,
+    /// Set by the first `wait` that has to park: only then does the end wake `exited`.
+    awaited: AtomicBool,
     exited: Notify,
     /// User messages that were still queued when the process ended.
     pub(crate) undelivered: AtomicUsize,
@@ -48,51 +45,38 @@ impl<P: Process> Shared<P> {
         Shared {
             id,
             mailbox,
-            terminate: OnceLock::new(),
-            exit: OnceLock::new(),
-            watchers: Mutex::new(Vec::new()),
             announced: AtomicBool::new(false),
+            awaited: AtomicBool::new(false),
             exited: Notify::new(),
             undelivered: AtomicUsize::new(0),
             after_message: OnceLock::new(),
         }
     }
 
-    /// Records the end, then tells watchers and waiters. Called once, by the process's task.
+    /// Tells the watchers taken as the mailbox closed (with the reason recorded there), then
+    /// the waiters. Called once, by the process's task.
     ///
     /// Watchers go first, so that once `wait` returns every linked process has its exit notice
     /// queued: a message sent to it afterwards arrives after the notice.
-    pub(crate) fn finish(&self, reason: ExitReason) {
-        let watchers = {
-            let mut watchers = lock(&self.watchers);
-            let _ = self.exit.set(reason);
-            std::mem::take(&mut *watchers)
-        };
-        if let Some(reason) = self.exit.get() {
-            for watcher in watchers {
-                watcher(reason);
-            }
+    pub(crate) fn announce(&self, reason: &ExitReason, watchers: Vec<ExitWatcher>) {
+        for watcher in watchers {
+            watcher(reason);
         }
-        self.announced.store(true, Ordering::Release);
-        self.exited.notify_waiters();
+        // SeqCst with `wait`'s two steps: either it sees the announcement, or this sees that it
+        // parked (and its waiter is registered with `exited` by then).
+        self.announced.store(true, Ordering::SeqCst);
+        if self.awaited.load(Ordering::SeqCst) {
+            self.exited.notify_waiters();
+        }
     }
 
     /// Runs `watcher` when the process ends, or now if it already has.
     pub(crate) fn on_exit(&self, watcher: ExitWatcher) {
-        let mut watchers = lock(&self.watchers);
-        match self.exit.get() {
-            Some(reason) => {
-                drop(watchers);
-                watcher(reason);
-            }
-            None => watchers.push(watcher),
-        }
+        self.mailbox.on_exit(watcher);
     }
 
     pub(crate) fn request_terminate(&self, reason: ExitReason) {
-        if self.terminate.set(reason).is_ok() {
-            self.mailbox.interrupt();
-        }
+        self.mailbox.request_termination(reason);
     }
 
     pub(crate) async fn wait(&self) -> ExitReason {
@@ -102,17 +86,18 @@ impl<P: Process> Shared<P> {
         }
         let mut notified = pin!(self.exited.notified());
         notified.as_mut().enable();
+        self.awaited.store(true, Ordering::SeqCst);
         if let Some(reason) = self.announced_exit() {
             return reason;
         }
         notified.await;
-        self.exit.get().cloned().unwrap_or(ExitReason::Normal)
+        self.mailbox.exit_reason().unwrap_or(ExitReason::Normal)
     }
 
     /// The exit reason, once the end has been announced to every watcher.
     fn announced_exit(&self) -> Option<ExitReason> {
-        if self.announced.load(Ordering::Acquire) {
-            self.exit.get().cloned()
+        if self.announced.load(Ordering::SeqCst) {
+            self.mailbox.exit_reason()
         } else {
             None
         }
@@ -223,12 +208,12 @@ impl<P: Process> Pid<P> {
 
     /// Why the process ended, or `None` while it runs.
     pub fn exit_reason(&self) -> Option<ExitReason> {
-        self.inner.exit.get().cloned()
+        self.inner.mailbox.exit_reason()
     }
 
     /// True while the process runs.
     pub fn is_alive(&self) -> bool {
-        self.inner.exit.get().is_none()
+        !self.inner.mailbox.is_closed()
     }
 
     /// How many envelopes wait in the process's mailbox: user messages, asks, dispatches and

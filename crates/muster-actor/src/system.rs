@@ -6,10 +6,10 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
-use crate::mailbox::{Mailbox, MailboxCapacity, MailboxReceiver};
+use crate::mailbox::{Mailbox, MailboxCapacity};
 use crate::pid::{Control, Shared};
 use crate::sync::lock;
-use crate::{Pid, Process, ProcessId, lifecycle};
+use crate::{Context, Pid, Process, ProcessId, lifecycle};
 
 /// Registry shards: spawn and exit lock one shard, so two threads rarely meet on one lock.
 const SHARDS: usize = 16;
@@ -119,9 +119,7 @@ impl System {
         lock(self.shard(id)).insert(id.0, pid.inner.clone());
         tokio::spawn(lifecycle::run(
             process,
-            MailboxReceiver::new(),
-            pid.clone(),
-            self.clone(),
+            Context::new(pid.clone(), self.clone()),
         ));
         pid
     }

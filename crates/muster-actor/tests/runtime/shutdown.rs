@@ -126,6 +126,33 @@ async fn shutdown_also_ends_processes_spawned_while_it_runs() -> anyhow::Result<
 }
 
 #[tokio::test]
+async fn the_first_request_to_end_gives_the_reason_and_a_waiter_parked_before_the_end_hears_it()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let stuck = system.spawn(Stuck::default());
+    let open = block(&stuck).await?;
+    let mut waiting = pin!(stuck.wait());
+    assert!(poll_once(&mut waiting).await.is_none());
+
+    // Terminated first, then shut down: the first reason stands.
+    stuck.terminate();
+    let mut shutdown = pin!(system.shutdown());
+    assert!(poll_once(&mut shutdown).await.is_none());
+    assert!(stuck.is_alive());
+    assert_eq!(stuck.exit_reason(), None);
+    let _ = open.send(());
+
+    assert_eq!(waiting.await, ExitReason::Terminated);
+    assert_eq!(shutdown.await.processes, 1);
+    // A request after the end changes nothing.
+    stuck.terminate();
+    assert!(!stuck.is_alive());
+    assert_eq!(stuck.exit_reason(), Some(ExitReason::Terminated));
+    assert_eq!(stuck.wait().await, ExitReason::Terminated);
+    Ok(())
+}
+
+#[tokio::test]
 async fn shutting_down_an_empty_system_reports_nothing() {
     let system = System::new();
     assert_eq!(system.shutdown().await, ShutdownReport::default());
