@@ -59,7 +59,9 @@ pub(crate) struct Mailbox<P: Process> {
     batched: AtomicUsize,
     /// The queue's [`End`] without its reason ([`RUNNING`], [`REQUESTED`] or [`ENDED`]),
     /// written under the lock: the receiver reads it before every envelope, and a pool before
-    /// every message it routes, without taking the lock.
+    /// every message it routes, without taking the lock. Sequentially consistent, so that of
+    /// two processes ending at once, each of which then looks at the other (a pool's members
+    /// do), at least one sees the other ended.
     phase: AtomicU8,
 }
 
@@ -243,7 +245,7 @@ impl<P: Process> Mailbox<P> {
             }
             queue.end = End::Requested(reason);
             queue.interrupted = true;
-            self.phase.store(REQUESTED, Ordering::Release);
+            self.phase.store(REQUESTED, Ordering::SeqCst);
             queue.receiver.take()
         };
         if let Some(receiver) = receiver {
@@ -253,7 +255,7 @@ impl<P: Process> Mailbox<P> {
 
     /// Why the process was asked to end, if it was. Lock-free until a request has been made.
     pub(crate) fn termination(&self) -> Option<ExitReason> {
-        if self.phase.load(Ordering::Acquire) != REQUESTED {
+        if self.phase.load(Ordering::SeqCst) != REQUESTED {
             return None;
         }
         match &lock(&self.queue).end {
@@ -264,7 +266,7 @@ impl<P: Process> Mailbox<P> {
 
     /// True once the process has ended (or is ending) and takes no more envelopes.
     pub(crate) fn is_closed(&self) -> bool {
-        self.phase.load(Ordering::Acquire) == ENDED
+        self.phase.load(Ordering::SeqCst) == ENDED
     }
 
     /// Why the process ended, once it has.
@@ -349,7 +351,7 @@ impl<P: Process> MailboxReceiver<P> {
             let mut queue = lock(&mailbox.queue);
             queue.receiver = None;
             queue.end = End::Ended(reason);
-            mailbox.phase.store(ENDED, Ordering::Release);
+            mailbox.phase.store(ENDED, Ordering::SeqCst);
             (
                 std::mem::take(&mut queue.items),
                 std::mem::take(&mut queue.watchers),
