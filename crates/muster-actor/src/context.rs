@@ -16,8 +16,6 @@ pub struct Context<P: Process> {
     system: System,
     /// Set by `stop`; boxed because it is set at most once and every process's task holds it.
     pub(crate) stop_requested: Option<Box<ExitReason>>,
-    /// A user message taken from the mailbox but never handled (termination arrived first).
-    pub(crate) undelivered: usize,
 }
 
 impl<P: Process> Context<P> {
@@ -26,7 +24,6 @@ impl<P: Process> Context<P> {
             pid,
             system,
             stop_requested: None,
-            undelivered: 0,
         }
     }
 

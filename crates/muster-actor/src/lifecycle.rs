@@ -56,7 +56,7 @@ async fn run_unheld<P: Process>(
 
     let shared = &ctx.pid().inner;
     let closed = mailbox.close(&shared.mailbox, reason.clone());
-    let undelivered = closed.undelivered + ctx.undelivered;
+    let undelivered = closed.undelivered;
     shared
         .undelivered
         .store(undelivered, std::sync::atomic::Ordering::Release);
@@ -90,9 +90,9 @@ async fn live<P: Process>(
             continue;
         };
         if let Some(reason) = shared.mailbox.termination() {
-            if matches!(envelope, Envelope::Message(_)) {
-                ctx.undelivered += 1;
-            }
+            // Put back, to be dropped (and counted) with the rest as the mailbox closes: an
+            // ask inside it then answers `Stopped`, as the queue is closed by then.
+            mailbox.put_back(envelope);
             return reason;
         }
         // Answers are held only while more is queued behind this envelope.

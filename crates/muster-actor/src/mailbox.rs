@@ -305,6 +305,11 @@ impl<P: Process> MailboxReceiver<P> {
         }
     }
 
+    /// Returns `envelope`, just taken, to the front of the batch.
+    pub(crate) fn put_back(&mut self, envelope: Envelope<P>) {
+        self.batch.push_front(envelope);
+    }
+
     /// Whether envelopes taken from the queue are still waiting in this batch.
     pub(crate) fn has_batched(&self) -> bool {
         !self.batch.is_empty()

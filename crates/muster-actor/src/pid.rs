@@ -206,12 +206,14 @@ impl<P: Process> Pid<P> {
         self.inner.wait().await
     }
 
-    /// Why the process ended, or `None` while it runs.
+    /// Why the process ended, or `None` while it runs. It is set as the mailbox closes, a
+    /// moment before the process leaves its system's count and its linked processes hear of
+    /// it; after [`wait`](Pid::wait) returns, all of that has happened.
     pub fn exit_reason(&self) -> Option<ExitReason> {
         self.inner.mailbox.exit_reason()
     }
 
-    /// True while the process runs.
+    /// True while the process runs (see [`exit_reason`](Pid::exit_reason) for when it turns).
     pub fn is_alive(&self) -> bool {
         !self.inner.mailbox.is_closed()
     }

@@ -143,3 +143,31 @@ async fn asks_queued_when_a_process_is_terminated_fail_with_stopped() -> anyhow:
     assert_eq!(keeper.wait().await, ExitReason::Terminated);
     Ok(())
 }
+
+#[tokio::test]
+async fn an_ask_already_taken_from_the_queue_fails_with_stopped_when_termination_comes_first()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let keeper = system.spawn(Keeper::default());
+    // Both queued before the process first runs, so it takes them from the queue together and
+    // holds the ask while it handles `Block`.
+    let (entered, entered_rx) = oneshot::channel();
+    let (open_gate, gate) = oneshot::channel();
+    keeper.tell(KeeperMsg::Block { entered, gate }).told()?;
+    let mut taken = std::pin::pin!(keeper.ask(|reply| KeeperMsg::Double(1, reply)));
+    assert!(poll_once(&mut taken).await.is_none(), "answered too soon");
+    entered_rx.await?;
+    assert_eq!(keeper.queued(), 1, "the ask waits in the process's batch");
+
+    keeper.terminate();
+    let _ = open_gate.send(());
+
+    assert_eq!(taken.await.unwrap_err(), AskError::Stopped);
+    assert_eq!(keeper.wait().await, ExitReason::Terminated);
+    assert_eq!(
+        system.dead_letters(),
+        1,
+        "the unhandled ask is counted once"
+    );
+    Ok(())
+}
