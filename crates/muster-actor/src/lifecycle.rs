@@ -56,11 +56,10 @@ async fn run_unheld<P: Process>(
 
     let shared = &ctx.pid().inner;
     let closed = mailbox.close(&shared.mailbox, reason.clone());
-    let undelivered = closed.undelivered;
     shared
         .undelivered
-        .store(undelivered, std::sync::atomic::Ordering::Release);
-    ctx.system().add_dead_letters(undelivered as u64);
+        .store(closed.undelivered, std::sync::atomic::Ordering::Release);
+    ctx.system().add_dead_letters(closed.undelivered as u64);
     ctx.system().unregister(ctx.id());
     if let ExitReason::Panicked(message) = &reason {
         tracing::error!(process = %ctx.id(), %message, "process panicked");

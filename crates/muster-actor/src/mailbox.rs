@@ -94,6 +94,17 @@ enum End {
     Ended(ExitReason),
 }
 
+impl End {
+    /// This end as [`Mailbox::phase`] mirrors it.
+    fn phase(&self) -> u8 {
+        match self {
+            End::Running => RUNNING,
+            End::Requested(_) => REQUESTED,
+            End::Ended(_) => ENDED,
+        }
+    }
+}
+
 impl<T> Queue<T> {
     fn is_closed(&self) -> bool {
         matches!(self.end, End::Ended(_))
@@ -243,14 +254,19 @@ impl<P: Process> Mailbox<P> {
             if !matches!(queue.end, End::Running) {
                 return;
             }
-            queue.end = End::Requested(reason);
+            self.set_end(&mut queue, End::Requested(reason));
             queue.interrupted = true;
-            self.phase.store(REQUESTED, Ordering::SeqCst);
             queue.receiver.take()
         };
         if let Some(receiver) = receiver {
             receiver.wake();
         }
+    }
+
+    /// Moves the queue (locked by the caller) to `end`, and its mirror with it.
+    fn set_end(&self, queue: &mut Queue<Envelope<P>>, end: End) {
+        self.phase.store(end.phase(), Ordering::SeqCst);
+        queue.end = end;
     }
 
     /// Why the process was asked to end, if it was. Lock-free until a request has been made.
@@ -355,8 +371,7 @@ impl<P: Process> MailboxReceiver<P> {
         let (queued, watchers) = {
             let mut queue = lock(&mailbox.queue);
             queue.receiver = None;
-            queue.end = End::Ended(reason);
-            mailbox.phase.store(ENDED, Ordering::SeqCst);
+            mailbox.set_end(&mut queue, End::Ended(reason));
             (
                 std::mem::take(&mut queue.items),
                 std::mem::take(&mut queue.watchers),
