@@ -1,7 +1,8 @@
 //! A real cluster on loopback: 3 `muster-master` and 5 `muster-agent` processes. The leading
 //! master is SIGKILLed three times in a row (and restarted each time); after each kill a new
 //! leader is elected, every agent re-registers with it, their tasks are in its state, and no
-//! admitted agent is lost.
+//! admitted agent is lost. And 3 masters, one stopped while jobs at the size cap are
+//! submitted: when it comes back it catches up on tens of MB without an election.
 //!
 //! The binaries come from the same target directory as this test: `cargo test --workspace`
 //! builds them.
@@ -124,6 +125,113 @@ async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
         .iter_mut()
         .chain(masters.children.iter_mut().flatten())
     {
+        terminate(child).await?;
+    }
+    Ok(())
+}
+
+/// A batch job of about `bytes` encoded, its one group's environment printable noise.
+fn job_of_size(name: &str, bytes: usize, seed: u64) -> model_pb::Job {
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let blob: String = (0..bytes).map(|_| rng.alphanumeric()).collect();
+    model_pb::Job {
+        name: name.into(),
+        scheduler: model_pb::SchedulerType::Batch.into(),
+        groups: vec![model_pb::TaskGroup {
+            name: "g".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 0.1,
+                mem_mb: 16,
+            }),
+            command: "true".into(),
+            env: [("BLOB".to_owned(), blob)].into(),
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_back_from_a_stop_catches_up_on_jobs_at_the_size_cap_without_an_election()
+-> anyhow::Result<()> {
+    use prost::Message as _;
+
+    let dir = tempfile::tempdir()?;
+    let mut masters = Masters::new(dir.path(), 3).await?;
+    for index in 0..3 {
+        masters.start(index).await?;
+    }
+    let root = muster_master::testing::bootstrap(&masters.addresses[0]).await?;
+    let (leader, state) =
+        leader_state_when(&masters.addresses, &root, "a leader", |_| true).await?;
+    let term = state.term;
+    let stopped = (leader + 1) % 3;
+    let mut child = masters.children[stopped].take().context("a follower")?;
+    child.start_kill()?;
+    child.wait().await?;
+
+    // Four jobs of ten versions each, every version just under the default cap of 1 MiB:
+    // some 40 MB of log the stopped master misses.
+    let mut client =
+        muster_master::testing::operator(&masters.addresses[leader], Some(&root)).await?;
+    let cap = muster_model::DEFAULT_MAX_JOB_BYTES;
+    for version in 0..10u64 {
+        for name in ["big-a", "big-b", "big-c", "big-d"] {
+            let job = job_of_size(name, cap - 100, version);
+            assert!(job.encoded_len() <= cap, "{}", job.encoded_len());
+            client
+                .submit_job(pb::SubmitJobRequest { job: Some(job) })
+                .await
+                .with_context(|| format!("submitting {name} version {version}"))?;
+        }
+    }
+    let over = client
+        .submit_job(pb::SubmitJobRequest {
+            job: Some(job_of_size("too-big", cap + 1, 0)),
+        })
+        .await
+        .expect_err("over the cap");
+    assert!(
+        over.code() == tonic::Code::InvalidArgument && over.message().contains("--max-job-bytes"),
+        "{over:?}"
+    );
+    let written = client
+        .get_state(pb::GetStateRequest::default())
+        .await?
+        .into_inner()
+        .commit_index;
+
+    masters.start(stopped).await?;
+    let mut back =
+        muster_master::testing::operator(&masters.addresses[stopped], Some(&root)).await?;
+    let deadline = tokio::time::Instant::now() + common::DEADLINE;
+    loop {
+        // Until it has applied the token's entry, it does not know the token.
+        let read = back.get_state(pb::GetStateRequest { stale: true }).await;
+        let applied = match &read {
+            Ok(state) => state.get_ref().read.unwrap_or_default().applied_index,
+            Err(status) if status.code() == tonic::Code::Unauthenticated => 0,
+            Err(status) => anyhow::bail!("reading the restarted master's state: {status}"),
+        };
+        if applied >= written {
+            break;
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the restarted master applied {applied} of {written} entries (last answer {read:?})"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Every term change is an election: there was none, and the same master leads.
+    let (now_leading, state) =
+        leader_state_when(&masters.addresses, &root, "a leader", |_| true).await?;
+    assert_eq!(
+        (now_leading, state.term),
+        (leader, term),
+        "the catch-up cost an election"
+    );
+    for child in masters.children.iter_mut().flatten() {
         terminate(child).await?;
     }
     Ok(())

@@ -35,8 +35,12 @@ use tonic::Code;
 use crate::master::Master;
 use crate::operator::OperatorService;
 
-/// Largest request body the API reads (a job document).
-pub const MAX_BODY_BYTES: usize = 4 * 1024 * 1024;
+/// Largest request body the API reads (a job document): room for a job at the highest cap a
+/// cluster may set ([`MAX_JOB_BYTES_CEILING`](muster_model::MAX_JOB_BYTES_CEILING)) written as
+/// JSON, which takes at most about twice its protobuf size once control characters are
+/// refused. The job read from the document is then held to the cluster's own
+/// `--max-job-bytes`, as on gRPC, with an error that names the size and the limit.
+pub const MAX_BODY_BYTES: usize = 2 * muster_model::MAX_JOB_BYTES_CEILING + 1024 * 1024;
 
 /// What the HTTP API needs to know beyond the master process.
 #[derive(Clone, Debug)]

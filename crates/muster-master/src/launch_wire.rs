@@ -91,6 +91,45 @@ pub(crate) struct LaunchWire {
     pub(crate) term: u64,
 }
 
+/// The most bytes of runs packed into one launch message: half the agent link's 4 MiB message
+/// limit. A plan's runs for one agent that add up to more go in several messages; a run alone
+/// is never larger, since a job's size is capped below the link's limit
+/// ([`MAX_JOB_BYTES_CEILING`](muster_model::MAX_JOB_BYTES_CEILING)).
+pub(crate) const LAUNCH_MESSAGE_BUDGET: usize = 2 * 1024 * 1024;
+
+impl LaunchWire {
+    /// `runs` for one agent under `term`, in order, packed into launches of at most `budget`
+    /// bytes each (a run larger than that goes alone).
+    pub(crate) fn packed(runs: Vec<RunWire>, term: u64, budget: usize) -> Vec<LaunchWire> {
+        let mut launches = Vec::new();
+        let mut current = LaunchWire {
+            runs: Vec::new(),
+            term,
+        };
+        let mut current_len = 0usize;
+        for run in runs {
+            let len = run.run_len(run.task_len(), term);
+            if !current.runs.is_empty() && current_len.saturating_add(len) > budget {
+                let full = std::mem::replace(
+                    &mut current,
+                    LaunchWire {
+                        runs: Vec::new(),
+                        term,
+                    },
+                );
+                launches.push(full);
+                current_len = 0;
+            }
+            current_len = current_len.saturating_add(len);
+            current.runs.push(run);
+        }
+        if !current.runs.is_empty() {
+            launches.push(current);
+        }
+        launches
+    }
+}
+
 impl RunWire {
     fn resources(&self) -> model_pb::Resources {
         self.task.view.resources.clone().into()
@@ -338,6 +377,45 @@ mod tests {
             );
             assert_eq!(bytes.len(), expected.encoded_len(), "term {term}");
         }
+    }
+
+    #[test]
+    fn runs_are_packed_in_order_into_launches_within_the_budget() {
+        let job_group = JobGroup::new("web", "frontend");
+        let mut big = detail();
+        big.env = vec![("BLOB".into(), "x".repeat(40_000))];
+        let detail = Arc::new(big);
+        let group = Arc::new(GroupWire::new(&job_group, &detail));
+        let runs: Vec<RunWire> = (0..10)
+            .map(|slot| RunWire {
+                task: record(&job_group, &detail, slot, TaskState::Staging, 1),
+                group: Arc::clone(&group),
+            })
+            .collect();
+        let names: Vec<String> = runs.iter().map(|r| r.task.view.name().to_owned()).collect();
+        let launches = LaunchWire::packed(runs, 4, 100_000);
+        assert_eq!(launches.len(), 5, "two runs of about 40 kB fit in 100 kB");
+        let mut packed_names = Vec::new();
+        for launch in &launches {
+            assert_eq!(launch.term, 4);
+            assert!(
+                launch.encoded_len() <= 100_000 + 16,
+                "{}",
+                launch.encoded_len()
+            );
+            packed_names.extend(launch.runs.iter().map(|r| r.task.view.name().to_owned()));
+        }
+        assert_eq!(packed_names, names);
+        let alone = LaunchWire::packed(
+            vec![RunWire {
+                task: record(&job_group, &detail, 0, TaskState::Staging, 1),
+                group,
+            }],
+            4,
+            1_000,
+        );
+        assert_eq!(alone.len(), 1, "a run over the budget still goes, alone");
+        assert!(LaunchWire::packed(Vec::new(), 4, 1_000).is_empty());
     }
 
     #[test]

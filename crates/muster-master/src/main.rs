@@ -95,6 +95,10 @@ struct Flags {
     /// [default: 30s].
     #[arg(long, value_parser = humantime::parse_duration)]
     reconcile_interval: Option<Duration>,
+    /// Most bytes of one submitted job, encoded as protobuf (HTTP's JSON is read into that
+    /// form first), up to 3145728 [default: 1048576].
+    #[arg(long)]
+    max_job_bytes: Option<usize>,
     /// Most task groups one job may have [default: 100].
     #[arg(long)]
     max_job_groups: Option<usize>,
@@ -129,6 +133,7 @@ struct FileConfig {
     reregistration_timeout: Option<String>,
     removal_limit: Option<f64>,
     workers: Option<usize>,
+    max_job_bytes: Option<usize>,
     max_job_groups: Option<usize>,
     max_job_tasks: Option<u64>,
     reconcile_interval: Option<String>,
@@ -257,6 +262,10 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
             .or(duration("reconcile_interval", file.reconcile_interval)?)
             .unwrap_or(defaults.reconcile_interval),
         job_limits: muster_model::JobLimits {
+            max_bytes: flags
+                .max_job_bytes
+                .or(file.max_job_bytes)
+                .unwrap_or(defaults.job_limits.max_bytes),
             max_groups: flags
                 .max_job_groups
                 .or(file.max_job_groups)

@@ -62,6 +62,7 @@ impl MasterServer {
     /// # Errors
     /// [`MasterError`] naming the address, data dir or config problem.
     pub async fn start(config: MasterConfig) -> Result<Self, MasterError> {
+        config.job_limits.validate().map_err(MasterError::Config)?;
         let listener = Node::listen(&config.listen).await?;
         let local = listener.local_addr().to_string();
         let members = if config.members.is_empty() {

@@ -1,6 +1,7 @@
 //! The HTTP/JSON API of a real master over TLS, driven by `curl` as an operator would: tokens
 //! in either header, JSON errors with a code for every refusal, jobs submitted, read, listed
-//! and stopped, the health endpoints without a token, and the OpenAPI document.
+//! and stopped, the health endpoints without a token, and the OpenAPI document; a job over the
+//! size cap, or with a NUL, refused alike on HTTP and gRPC.
 
 use std::process::Stdio;
 
@@ -10,6 +11,7 @@ use muster_master::{MasterConfig, MasterServer};
 use muster_security::testing::TestPki;
 use muster_security::{Role, TokenSecret};
 use serde_json::Value;
+use tokio::io::AsyncWriteExt as _;
 
 /// One answer: its status and JSON body.
 #[derive(Debug)]
@@ -70,15 +72,28 @@ async fn curl_text(
         }
         None => {}
     }
-    if let Some(body) = body {
-        command.args(["--header", "Content-Type: application/json", "--data", body]);
+    if body.is_some() {
+        // From standard input: a job near the size cap is longer than one argument may be.
+        command.args([
+            "--header",
+            "Content-Type: application/json",
+            "--data-binary",
+            "@-",
+        ]);
     }
-    let output = command
+    let mut child = command
         .arg(&url)
-        .stdin(Stdio::null())
-        .output()
-        .await
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("cannot run curl")?;
+    let mut stdin = child.stdin.take().context("curl's stdin")?;
+    if let Some(body) = body {
+        stdin.write_all(body.as_bytes()).await?;
+    }
+    drop(stdin);
+    let output = child.wait_with_output().await?;
     ensure!(
         output.status.success(),
         "curl {method} {url} failed: {}",
@@ -720,6 +735,140 @@ async fn a_tasks_output_is_followed_until_the_task_ends() -> anyhow::Result<()> 
     );
 
     agent.stop().await;
+    server.shutdown().await;
+    Ok(())
+}
+
+/// A batch job whose one group sets `env`, as the HTTP API's JSON document.
+fn job_document(name: &str, env: &[(&str, &str)]) -> String {
+    let env: serde_json::Map<String, Value> = env
+        .iter()
+        .map(|(k, v)| ((*k).to_owned(), Value::from(*v)))
+        .collect();
+    serde_json::json!({
+        "name": name,
+        "type": "batch",
+        "group": [{"name": "g", "count": 1, "command": "true", "cpus": 0.1, "mem_mb": 16, "env": env}],
+    })
+    .to_string()
+}
+
+/// The same job as the protobuf `Job` gRPC takes.
+fn job_proto(name: &str, env: &[(&str, &str)]) -> muster_proto::model::Job {
+    use muster_proto::model as model_pb;
+    model_pb::Job {
+        name: name.into(),
+        scheduler: model_pb::SchedulerType::Batch.into(),
+        groups: vec![model_pb::TaskGroup {
+            name: "g".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 0.1,
+                mem_mb: 16,
+            }),
+            command: "true".into(),
+            env: env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                .collect(),
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    }
+}
+
+#[tokio::test]
+async fn a_job_over_the_size_cap_or_with_a_nul_is_refused_alike_on_http_and_grpc()
+-> anyhow::Result<()> {
+    use muster_proto::cluster as pb;
+
+    const CAP: usize = 64 * 1024;
+    let dir = tempfile::tempdir()?;
+    let server = muster_master::testing::start_leading(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("master"),
+        workers: 0,
+        job_limits: muster_model::JobLimits {
+            max_bytes: CAP,
+            ..muster_model::JobLimits::default()
+        },
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+    })
+    .await?;
+    let management = bootstrap(server.address()).await?;
+    let mut grpc = muster_master::testing::operator(server.address(), Some(&management)).await?;
+    let submit = |job| pb::SubmitJobRequest { job: Some(job) };
+
+    let blob = "x".repeat(CAP);
+    let over_http = curl(
+        &server,
+        "POST",
+        "/v1/jobs",
+        Some(("x", &management)),
+        Some(&job_document("big-http", &[("BLOB", &blob)])),
+    )
+    .await?;
+    let message = over_http.body["message"].as_str().unwrap_or("");
+    ensure!(
+        over_http.status == 400
+            && code(&over_http) == "invalid_argument"
+            && message.contains("--max-job-bytes")
+            && message.contains(&format!("cap of {CAP} bytes")),
+        "{over_http:?}"
+    );
+    let over_grpc = grpc
+        .submit_job(submit(job_proto("big-grpc", &[("BLOB", &blob)])))
+        .await
+        .expect_err("over the cap");
+    ensure!(
+        over_grpc.code() == tonic::Code::InvalidArgument
+            && over_grpc.message().contains("--max-job-bytes")
+            && over_grpc.message().contains(&format!("cap of {CAP} bytes")),
+        "{over_grpc:?}"
+    );
+
+    let nul_http = curl(
+        &server,
+        "POST",
+        "/v1/jobs",
+        Some(("x", &management)),
+        Some(&job_document("nul-http", &[("KEY", "a\u{0}b")])),
+    )
+    .await?;
+    let message = nul_http.body["message"].as_str().unwrap_or("");
+    ensure!(
+        nul_http.status == 400 && message.contains("U+0000") && message.contains("env"),
+        "{nul_http:?}"
+    );
+    let nul_grpc = grpc
+        .submit_job(submit(job_proto("nul-grpc", &[("KEY", "a\u{0}b")])))
+        .await
+        .expect_err("a NUL");
+    ensure!(
+        nul_grpc.code() == tonic::Code::InvalidArgument && nul_grpc.message().contains("U+0000"),
+        "{nul_grpc:?}"
+    );
+
+    // Just under the cap, both doors take it.
+    let fits = "y".repeat(CAP - 200);
+    let taken = curl(
+        &server,
+        "POST",
+        "/v1/jobs",
+        Some(("x", &management)),
+        Some(&job_document("fits-http", &[("BLOB", &fits)])),
+    )
+    .await?;
+    ensure!(taken.status == 200, "{taken:?}");
+    grpc.submit_job(submit(job_proto("fits-grpc", &[("BLOB", &fits)])))
+        .await?;
+    let jobs = grpc
+        .list_jobs(pb::ListJobsRequest::default())
+        .await?
+        .into_inner();
+    let mut names: Vec<&str> = jobs.jobs.iter().map(|j| j.name.as_str()).collect();
+    names.sort_unstable();
+    ensure!(names == ["fits-grpc", "fits-http"], "{names:?}");
     server.shutdown().await;
     Ok(())
 }

@@ -174,11 +174,31 @@ fn valid_name(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
+/// The most arguments one group's program may take.
+pub const MAX_ARGS: usize = 4_096;
+
+/// The most environment variables one group may set.
+pub const MAX_ENV: usize = 4_096;
+
+/// The default cap on a submitted job's encoded size (its protobuf `Job`), in bytes.
+pub const DEFAULT_MAX_JOB_BYTES: usize = 1024 * 1024;
+
+/// The highest cap an operator may set on a job's encoded size. A task's launch carries its
+/// group whole over the link to its agent, which carries messages of up to 4 MiB; 3 MiB leaves
+/// room for the launch's own fields.
+pub const MAX_JOB_BYTES_CEILING: usize = 3 * 1024 * 1024;
+
 /// Caps on one job's size, set by the master's operator, so that one submission cannot exhaust
-/// the master: groups per job, and tasks per job (the sum of its groups' counts; system jobs,
-/// one task per agent, count none).
+/// the master or the registry: its encoded size, groups per job, and tasks per job (the sum of
+/// its groups' counts; system jobs, one task per agent, count none). Arguments, environment
+/// variables and a group's count have fixed caps ([`MAX_ARGS`], [`MAX_ENV`],
+/// [`MAX_GROUP_COUNT`]), checked by [`Job::validate`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct JobLimits {
+    /// Most bytes of a submitted job, encoded as its protobuf `Job` (default 1 MiB, at most
+    /// [`MAX_JOB_BYTES_CEILING`]). HTTP's JSON documents are read into that form and measured
+    /// the same way.
+    pub max_bytes: usize,
     /// Most task groups in one job (default 100).
     pub max_groups: usize,
     /// Most tasks in one job, all groups together (default 50,000).
@@ -188,13 +208,80 @@ pub struct JobLimits {
 impl Default for JobLimits {
     fn default() -> Self {
         JobLimits {
+            max_bytes: DEFAULT_MAX_JOB_BYTES,
             max_groups: 100,
             max_tasks: 50_000,
         }
     }
 }
 
+impl JobLimits {
+    /// Checks the limits themselves, as an operator set them.
+    ///
+    /// # Errors
+    /// A message naming the setting that is out of range and its range.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_bytes == 0 || self.max_bytes > MAX_JOB_BYTES_CEILING {
+            return Err(format!(
+                "--max-job-bytes {} is not within 1..={MAX_JOB_BYTES_CEILING} (a task's launch \
+                 carries its group whole, and the link to an agent carries at most 4 MiB)",
+                self.max_bytes
+            ));
+        }
+        if self.max_groups == 0 {
+            return Err("--max-job-groups must be at least 1".into());
+        }
+        if self.max_tasks == 0 {
+            return Err("--max-job-tasks must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    /// Checks a submitted job's encoded size, `bytes`, before anything else is read from it.
+    ///
+    /// # Errors
+    /// [`FieldError`] on `job` naming the size, the cap and the setting that raises it.
+    pub fn check_encoded_size(&self, bytes: usize) -> Result<(), FieldError> {
+        if bytes > self.max_bytes {
+            return Err(invalid(
+                "job",
+                format!(
+                    "the job is {bytes} bytes encoded, more than this cluster's cap of {} bytes \
+                     per job (the master's --max-job-bytes)",
+                    self.max_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Job {
+    /// About how many bytes the job takes encoded: its text, and a few bytes for each field
+    /// and each number. The same on every master (it reads nothing but the job), so the
+    /// registry can bound what it keeps by it.
+    pub fn approximate_size(&self) -> usize {
+        const FIELD: usize = 4;
+        let text = |s: &str| s.len() + FIELD;
+        let groups: usize = self
+            .groups
+            .iter()
+            .map(|g| {
+                text(&g.name)
+                    + text(&g.command)
+                    + text(&g.user)
+                    + g.args.iter().map(|a| text(a)).sum::<usize>()
+                    + g.env.iter().map(|(k, v)| text(k) + text(v)).sum::<usize>()
+                    + g.constraints
+                        .iter()
+                        .map(|c| text(&c.attribute) + text(&c.value) + FIELD)
+                        .sum::<usize>()
+                    + 8 * FIELD
+            })
+            .sum();
+        text(&self.name) + groups + 4 * FIELD
+    }
+
     /// Checks the job against `limits`.
     ///
     /// # Errors
@@ -230,12 +317,47 @@ fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
     FieldError::new(field, problem)
 }
 
+/// Which characters a text field of a job may hold.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Text {
+    /// A program, a user, a variable's name, an attribute: no control character at all.
+    Name,
+    /// An argument or a variable's value: tab, newline and carriage return, but no other
+    /// control character (NUL cannot reach a program through `execve` at all).
+    Value,
+}
+
+/// Refuses a control character in `text` that `kind` does not allow, naming the first one and
+/// where it is.
+fn check_text(field: &str, text: &str, kind: Text) -> Result<(), FieldError> {
+    let allowed = |c: char| kind == Text::Value && matches!(c, '\t' | '\n' | '\r');
+    match text
+        .char_indices()
+        .find(|&(_, c)| c.is_control() && !allowed(c))
+    {
+        None => Ok(()),
+        Some((at, c)) => Err(invalid(
+            field,
+            format!(
+                "holds the control character U+{:04X} at byte {at}{}",
+                c as u32,
+                match kind {
+                    Text::Name => "; none is allowed here",
+                    Text::Value => "; only tab, newline and carriage return are allowed",
+                }
+            ),
+        )),
+    }
+}
+
 impl Job {
     /// Checks the rules a submitted job must meet: a name of 1 to 128 letters, digits, `-` or
     /// `_` (the job's and each group's, groups' unique); a priority in `1..=100`; at least one
     /// group; a count of 1 to 10,000 (any for system jobs, which run one task per agent);
-    /// positive, finite cpus and at least 1 MiB of memory; a command; constraints that name an
-    /// attribute.
+    /// positive, finite cpus and at least 1 MiB of memory; a command; at most [`MAX_ARGS`]
+    /// arguments and [`MAX_ENV`] variables, each variable named without `=`; constraints that
+    /// name an attribute. No text holds NUL or another control character, but for tab,
+    /// newline and carriage return in arguments and variables' values.
     ///
     /// # Errors
     /// [`FieldError`] naming the first field that is wrong (`groups[0].resources.cpus`).
@@ -298,13 +420,45 @@ impl Job {
             if group.command.trim().is_empty() {
                 return Err(invalid(field("command"), "must name a program"));
             }
-            for (c, constraint) in group.constraints.iter().enumerate() {
-                if constraint.attribute.is_empty() {
+            check_text(&field("command"), &group.command, Text::Name)?;
+            check_text(&field("user"), &group.user, Text::Name)?;
+            if group.args.len() > MAX_ARGS {
+                return Err(invalid(
+                    field("args"),
+                    format!("{} arguments is more than {MAX_ARGS}", group.args.len()),
+                ));
+            }
+            for (a, arg) in group.args.iter().enumerate() {
+                check_text(&format!("groups[{i}].args[{a}]"), arg, Text::Value)?;
+            }
+            if group.env.len() > MAX_ENV {
+                return Err(invalid(
+                    field("env"),
+                    format!("{} variables is more than {MAX_ENV}", group.env.len()),
+                ));
+            }
+            for (key, value) in &group.env {
+                let at = format!("groups[{i}].env[{key:?}]");
+                if key.is_empty() || key.contains('=') {
                     return Err(invalid(
-                        format!("groups[{i}].constraints[{c}].attribute"),
-                        "must name an attribute",
+                        at,
+                        "a variable's name must be non-empty, without '='",
                     ));
                 }
+                check_text(&at, key, Text::Name)?;
+                check_text(&at, value, Text::Value)?;
+            }
+            for (c, constraint) in group.constraints.iter().enumerate() {
+                let at = format!("groups[{i}].constraints[{c}]");
+                if constraint.attribute.is_empty() {
+                    return Err(invalid(format!("{at}.attribute"), "must name an attribute"));
+                }
+                check_text(
+                    &format!("{at}.attribute"),
+                    &constraint.attribute,
+                    Text::Name,
+                )?;
+                check_text(&format!("{at}.value"), &constraint.value, Text::Name)?;
             }
         }
         Ok(())
@@ -333,6 +487,7 @@ mod tests {
         let limits = JobLimits {
             max_groups: 3,
             max_tasks: 30,
+            ..JobLimits::default()
         };
         assert!(job.check_limits(&limits).is_ok());
         job.groups.push(group(3, 0));
@@ -347,6 +502,103 @@ mod tests {
         assert!(
             error.contains("31 tasks") && error.contains("--max-job-tasks"),
             "{error}"
+        );
+    }
+
+    fn one_group_job(group: TaskGroup) -> Job {
+        Job {
+            name: "j".into(),
+            priority: 50,
+            scheduler: SchedulerType::Batch,
+            groups: vec![TaskGroup {
+                name: "g".into(),
+                count: 1,
+                resources: crate::Resources {
+                    cpus: 0.1,
+                    mem_mb: 16,
+                },
+                ..group
+            }],
+            stopped: false,
+            version: 0,
+        }
+    }
+
+    #[test]
+    fn control_characters_and_nul_are_refused_where_they_are() {
+        let ok = TaskGroup {
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), "echo a\techo b\n".into()],
+            env: BTreeMap::from([("PEM".to_owned(), "line 1\r\nline 2".to_owned())]),
+            ..TaskGroup::default()
+        };
+        assert_eq!(one_group_job(ok.clone()).validate(), Ok(()));
+        let refused = |group: TaskGroup| {
+            one_group_job(group)
+                .validate()
+                .expect_err("refused")
+                .to_string()
+        };
+        let error = refused(TaskGroup {
+            args: vec!["-c".into(), "a\0b".into()],
+            ..ok.clone()
+        });
+        assert!(
+            error.contains("groups[0].args[1]") && error.contains("U+0000 at byte 1"),
+            "{error}"
+        );
+        let error = refused(TaskGroup {
+            env: BTreeMap::from([("K\u{1}".to_owned(), "v".to_owned())]),
+            ..ok.clone()
+        });
+        assert!(
+            error.contains("U+0001") && error.contains("none is allowed"),
+            "{error}"
+        );
+        let error = refused(TaskGroup {
+            env: BTreeMap::from([("K".to_owned(), "\u{7f}".to_owned())]),
+            ..ok.clone()
+        });
+        assert!(error.contains("U+007F"), "{error}");
+        let error = refused(TaskGroup {
+            env: BTreeMap::from([("A=B".to_owned(), "v".to_owned())]),
+            ..ok.clone()
+        });
+        assert!(error.contains("without '='"), "{error}");
+        let error = refused(TaskGroup {
+            command: "/bin/sh\n".into(),
+            ..ok.clone()
+        });
+        assert!(error.contains("groups[0].command"), "{error}");
+        let error = refused(TaskGroup {
+            args: vec![String::new(); MAX_ARGS + 1],
+            ..ok
+        });
+        assert!(error.contains("4097 arguments"), "{error}");
+    }
+
+    #[test]
+    fn the_encoded_size_cap_names_the_size_and_the_setting_and_is_itself_bounded() {
+        let limits = JobLimits::default();
+        assert!(limits.check_encoded_size(DEFAULT_MAX_JOB_BYTES).is_ok());
+        let error = limits
+            .check_encoded_size(DEFAULT_MAX_JOB_BYTES + 1)
+            .expect_err("over")
+            .to_string();
+        assert!(
+            error.contains("1048577 bytes") && error.contains("--max-job-bytes"),
+            "{error}"
+        );
+        assert_eq!(limits.validate(), Ok(()));
+        let too_high = JobLimits {
+            max_bytes: MAX_JOB_BYTES_CEILING + 1,
+            ..limits
+        };
+        assert!(
+            too_high
+                .validate()
+                .expect_err("over the ceiling")
+                .contains("--max-job-bytes")
         );
     }
 

@@ -26,7 +26,7 @@ use super::Master;
 use crate::InternalMsg;
 use crate::cluster::Cluster;
 use crate::error::ServiceError;
-use crate::launch_wire::{GroupWire, LaunchWire, RunWire};
+use crate::launch_wire::{GroupWire, LAUNCH_MESSAGE_BUDGET, LaunchWire, RunWire};
 use crate::metrics::MasterInstruments;
 use crate::task_record::{
     LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, pairs, same_pairs, same_text, same_texts,
@@ -355,10 +355,10 @@ impl Master {
         reply.send(Ok(result));
     }
 
-    /// Tells an agent to run `tasks` (one message, no answer: each task's start or failure
-    /// comes back as a status update), and makes sure a check of its launches is coming: one
-    /// timer per agent with launches waiting, not one per launch. Tasks that cannot even be
-    /// sent fail now.
+    /// Tells an agent to run `tasks` (one message per [`LAUNCH_MESSAGE_BUDGET`] bytes of them,
+    /// no answer: each task's start or failure comes back as a status update), and makes sure
+    /// a check of its launches is coming: one timer per agent with launches waiting, not one
+    /// per launch. Tasks that cannot even be sent fail now.
     fn send_launch(&mut self, agent_id: String, runs: Vec<RunWire>, ctx: &mut Context<Self>) {
         let (Some(node), Some(agent)) = (&self.node, self.cluster.agents.get_mut(&agent_id)) else {
             return;
@@ -368,26 +368,28 @@ impl Master {
             let check = InternalMsg::CheckLaunches(agent_id.clone());
             ctx.delay(self.config.launch_timeout, check.into());
         }
-        let Some(remote) = agent.remote(node) else {
+        // They are the agent's last tasks: the plan just added them, in order.
+        let first = agent.tasks.len().saturating_sub(runs.len());
+        let Some(remote) = agent.remote(node).cloned() else {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
-        let launched = runs.len();
-        let Err(e) = remote.tell(LaunchWire {
-            runs,
-            term: self.term,
-        }) else {
-            return;
-        };
-        tracing::warn!(agent = %agent_id, error = %e, tasks = launched, "launch failed");
-        // They are the agent's last tasks: the plan just added them, in order.
-        let staged: Vec<TaskRecord> =
-            agent.tasks[agent.tasks.len().saturating_sub(launched)..].to_vec();
-        for mut failed in staged {
-            failed.set_state(TaskState::Failed);
-            failed.exit_code = -1;
-            failed.message = format!("could not send the launch to the agent: {e}").into();
-            self.record_updated(agent_id.clone(), failed, ctx);
+        let mut sent = 0;
+        let mut failed: Vec<(TaskRecord, String)> = Vec::new();
+        for launch in LaunchWire::packed(runs, self.term, LAUNCH_MESSAGE_BUDGET) {
+            let count = launch.runs.len();
+            if let Err(e) = remote.tell(launch) {
+                tracing::warn!(agent = %agent_id, error = %e, tasks = count, "launch failed");
+                let staged = agent.tasks.iter().skip(first + sent).take(count);
+                failed.extend(staged.map(|record| (record.clone(), e.to_string())));
+            }
+            sent += count;
+        }
+        for (mut record, error) in failed {
+            record.set_state(TaskState::Failed);
+            record.exit_code = -1;
+            record.message = format!("could not send the launch to the agent: {error}").into();
+            self.record_updated(agent_id.clone(), record, ctx);
         }
     }
 

@@ -21,12 +21,17 @@ pub(super) const MAX_EVAL_LIMIT: usize = 1_000;
 
 impl Master {
     /// The job an operator's `request` (`SubmitJob`, `PlanJob`) carries, read and checked
-    /// against this master's job limits.
+    /// against this master's job limits: its encoded size first, then its contents. Every
+    /// door a job comes in by (gRPC, HTTP, the CLI) goes through here.
     pub(super) fn checked_job(
         &self,
         spec: Option<model_pb::Job>,
         request: &str,
     ) -> Result<Job, ServiceError> {
+        if let Some(spec) = &spec {
+            let limits = &self.config.job_limits;
+            limits.check_encoded_size(prost::Message::encoded_len(spec))?;
+        }
         let job = match spec.map(Job::from_submitted) {
             None => {
                 return Err(ServiceError::InvalidArgument {
