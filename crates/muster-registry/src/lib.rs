@@ -9,12 +9,16 @@
 //! - [`types`]: the raft type config, [`Op`]s and their outcomes. What they carry (agents,
 //!   jobs, evaluations) is `muster-model`'s.
 //! - [`RegistryState`]: the contents and the rules that change them.
+//! - [`codec`]: the binary encoding of entries, snapshots and raft messages.
+//! - [`election`]: elections after a pre-vote round, which openraft 0.9 lacks.
 //! - [`store`]: the log and state machine, on sled (or a [`MemoryDisk`] in simulations).
 //! - [`network`]: the raft client and server over tonic.
 //! - [`RegistryNode`]: one master's raft member, started from a [`RegistryConfig`].
 //! - [`Registrar`]: the batching writer process.
 //! - [`snapshot_file`]: the operator snapshot file (`muster operator snapshot save|restore`).
 
+pub mod codec;
+pub mod election;
 pub mod network;
 mod node;
 mod registrar;
@@ -27,7 +31,10 @@ mod write_error;
 pub use network::LeaderContact;
 pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
 pub use registrar::{MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteResult};
-pub use state::{ENDED_EVALS_KEPT_PER_JOB, JOB_VERSIONS_KEPT, RegistryState, next_version};
+pub use state::{
+    ENDED_EVALS_KEPT_PER_JOB, JOB_VERSION_BYTES_KEPT, JOB_VERSIONS_KEPT, RegistryState,
+    next_version,
+};
 pub use store::{MemoryDisk, RegistryReader, StoreLocation};
 pub use types::{Op, OpError, Outcome};
 pub use write_error::WriteError;

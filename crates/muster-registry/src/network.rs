@@ -1,7 +1,8 @@
 //! Raft traffic between masters over tonic: the client openraft calls, and the service that
 //! hands requests to the local raft.
 //!
-//! Payloads are openraft's own serde types as JSON; snapshot data travels as raw bytes. One
+//! Payloads are openraft's own serde types in the registry's binary encoding ([`codec`]);
+//! snapshot data travels as raw bytes. One
 //! HTTP/2 channel per peer, connected lazily, TCP_NODELAY set, and every call bounded by the
 //! deadline openraft gives it. With TLS, each end verifies that the other's certificate is a
 //! master's: the client through its connector, the server through the guard
@@ -10,6 +11,7 @@
 // openraft's error types are large by design and these functions return them as openraft asks.
 #![allow(clippy::result_large_err)]
 
+use std::collections::BTreeMap;
 use std::error::Error;
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,22 +34,33 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
+use crate::codec;
+use crate::election::{self, ElectionTiming, PreVoteRequest};
+use crate::store::LogStore;
 use crate::types::{NodeId, Raft, TypeConfig};
 
-/// The largest raft message a master sends or accepts: a batch of registry operations or one
-/// snapshot chunk, JSON-encoded.
+/// The largest raft message a master sends or accepts: a batch of registry entries or one
+/// snapshot chunk. The log reader keeps a batch of entries under
+/// [`REPLICATION_BATCH_BYTES`](crate::store::REPLICATION_BATCH_BYTES) (one entry alone may be
+/// larger), so this only bounds what a peer may send.
 pub const MAX_RAFT_MESSAGE: usize = 64 * 1024 * 1024;
 
 /// Makes a [`PeerClient`] per peer for openraft.
 #[derive(Clone, Debug)]
 pub struct NetworkFactory {
     security: Security,
+    addresses: Arc<BTreeMap<NodeId, String>>,
 }
 
 impl NetworkFactory {
-    /// Peers reached with `security` (TLS verifying each peer is a master, or plaintext).
-    pub fn new(security: Security) -> Self {
-        NetworkFactory { security }
+    /// Peers reached with `security` (TLS verifying each peer is a master, or plaintext), at
+    /// the address `addresses` gives each (this member's own list of the group, as its config
+    /// has it); a peer not in it, at the address raft's membership holds for it.
+    pub fn new(security: Security, addresses: BTreeMap<NodeId, String>) -> Self {
+        NetworkFactory {
+            security,
+            addresses: Arc::new(addresses),
+        }
     }
 }
 
@@ -55,24 +68,34 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
     type Network = PeerClient;
 
     async fn new_client(&mut self, target: NodeId, node: &BasicNode) -> PeerClient {
-        let client = Endpoint::from_shared(format!("http://{}", node.addr))
-            .map(|endpoint| {
-                // HTTP/2 keepalive: a connection a partition cut silently (no reset reaches
-                // either end) is noticed within a few seconds and replaced, instead of every
-                // call on it timing out until TCP gives up, minutes later.
-                let endpoint = endpoint
-                    .tcp_nodelay(true)
-                    .connect_timeout(Duration::from_secs(1))
-                    .http2_keep_alive_interval(RAFT_KEEPALIVE_INTERVAL)
-                    .keep_alive_timeout(RAFT_KEEPALIVE_TIMEOUT)
-                    .keep_alive_while_idle(true);
-                let channel = self.security.lazy_channel(endpoint, &[Role::Master]);
-                RaftClient::new(channel)
-                    .max_decoding_message_size(MAX_RAFT_MESSAGE)
-                    .max_encoding_message_size(MAX_RAFT_MESSAGE)
-            })
-            .map_err(|e| format!("bad raft address {:?} for node {target}: {e}", node.addr));
-        PeerClient { target, client }
+        // Two connections: one for whatever openraft sends, and one for the heartbeat that
+        // goes beside a large payload, so that it never waits behind the payload's bytes.
+        let address = self.addresses.get(&target).unwrap_or(&node.addr);
+        let connect = || {
+            Endpoint::from_shared(format!("http://{address}"))
+                .map(|endpoint| {
+                    // HTTP/2 keepalive: a connection a partition cut silently (no reset
+                    // reaches either end) is noticed within a few seconds and replaced,
+                    // instead of every call on it timing out until TCP gives up, minutes
+                    // later.
+                    let endpoint = endpoint
+                        .tcp_nodelay(true)
+                        .connect_timeout(Duration::from_secs(1))
+                        .http2_keep_alive_interval(RAFT_KEEPALIVE_INTERVAL)
+                        .keep_alive_timeout(RAFT_KEEPALIVE_TIMEOUT)
+                        .keep_alive_while_idle(true);
+                    let channel = self.security.lazy_channel(endpoint, &[Role::Master]);
+                    RaftClient::new(channel)
+                        .max_decoding_message_size(MAX_RAFT_MESSAGE)
+                        .max_encoding_message_size(MAX_RAFT_MESSAGE)
+                })
+                .map_err(|e| format!("bad raft address {address:?} for node {target}: {e}"))
+        };
+        PeerClient {
+            target,
+            client: connect(),
+            heartbeats: connect(),
+        }
     }
 }
 
@@ -85,8 +108,20 @@ const RAFT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct PeerClient {
     target: NodeId,
+    /// Every call openraft makes.
     client: Result<RaftClient<Channel>, String>,
+    /// The heartbeats sent beside large payloads ([`HEARTBEAT_BESIDE_PAYLOAD_BYTES`]).
+    heartbeats: Result<RaftClient<Channel>, String>,
 }
+
+/// An AppendEntries whose encoding is larger than this is sent with an empty AppendEntries
+/// (a heartbeat) beside it, on a connection of its own. openraft sends a follower one request
+/// at a time, and a heartbeat waits behind a payload: a follower receiving a large one would
+/// otherwise hear nothing from its leader until the last byte arrived, and one that never
+/// arrives in time (a slow link, a loaded machine) would start an election. The heartbeat
+/// carries the payload's vote, previous log id and commit index, so it says nothing the
+/// payload does not; raft takes a repeated or reordered AppendEntries in its stride.
+pub const HEARTBEAT_BESIDE_PAYLOAD_BYTES: usize = 64 * 1024;
 
 type RpcResult<T, E = RaftError<NodeId>> = Result<T, RPCError<NodeId, BasicNode, E>>;
 
@@ -119,7 +154,7 @@ impl PeerClient {
                 _ => RPCError::Network(NetworkError::new(&failed)),
             }
         })?;
-        let answer: Result<T, E> = serde_json::from_slice(&payload.into_inner().json)
+        let answer: Result<T, E> = codec::decode(&payload.into_inner().body)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
@@ -129,8 +164,8 @@ fn request<T: Serialize, E: Error>(
     value: &T,
     option: &RPCOption,
 ) -> RpcResult<Request<RaftPayload>, E> {
-    let json = serde_json::to_vec(value).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-    let mut request = Request::new(RaftPayload { json: json.into() });
+    let body = codec::encode(value).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+    let mut request = Request::new(RaftPayload { body: body.into() });
     request.set_timeout(option.hard_ttl());
     Ok(request)
 }
@@ -150,7 +185,23 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: AppendEntriesRequest<TypeConfig>,
         option: RPCOption,
     ) -> RpcResult<AppendEntriesResponse<NodeId>> {
+        let beside = AppendEntriesRequest::<TypeConfig> {
+            vote: rpc.vote,
+            prev_log_id: rpc.prev_log_id,
+            leader_commit: rpc.leader_commit,
+            entries: Vec::new(),
+        };
         let request = request(&rpc, &option)?;
+        drop(rpc);
+        if request.get_ref().body.len() > HEARTBEAT_BESIDE_PAYLOAD_BYTES
+            && let Ok(mut heartbeats) = self.heartbeats.clone()
+            && let Ok(heartbeat) = self::request::<_, RaftError<NodeId>>(&beside, &option)
+        {
+            // Its answer says nothing the payload's will not: it is not awaited.
+            tokio::spawn(async move {
+                let _ = heartbeats.append_entries(heartbeat).await;
+            });
+        }
         let reply = self.client()?.append_entries(request).await;
         self.finish(reply)
     }
@@ -166,10 +217,10 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             offset: rpc.offset,
             done: rpc.done,
         };
-        let header_json =
-            serde_json::to_vec(&header).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let header =
+            codec::encode(&header).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = Request::new(SnapshotChunk {
-            header_json: header_json.into(),
+            header: header.into(),
             data: rpc.data.into(),
         });
         request.set_timeout(option.hard_ttl());
@@ -188,11 +239,14 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 }
 
-/// The tonic service that hands peers' raft requests to the local raft.
+/// The tonic service that hands peers' raft requests to the local raft, and answers their
+/// pre-votes ([`election`](crate::election)).
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,
     contact: LeaderContact,
+    log: LogStore,
+    timing: ElectionTiming,
 }
 
 /// When this member last heard from a leader (an AppendEntries it accepted, heartbeats
@@ -224,9 +278,20 @@ impl std::fmt::Debug for RaftService {
 }
 
 impl RaftService {
-    /// Serves `raft`, recording each accepted AppendEntries in `contact`.
-    pub fn new(raft: Raft, contact: LeaderContact) -> Self {
-        RaftService { raft, contact }
+    /// Serves `raft`, recording each accepted AppendEntries in `contact`; pre-votes are judged
+    /// from `raft`'s state and `log`.
+    pub(crate) fn new(
+        raft: Raft,
+        contact: LeaderContact,
+        log: LogStore,
+        timing: ElectionTiming,
+    ) -> Self {
+        RaftService {
+            raft,
+            contact,
+            log,
+            timing,
+        }
     }
 
     /// The service with the raft message limits set, ready to add to a tonic server.
@@ -237,17 +302,17 @@ impl RaftService {
     }
 }
 
-fn decode_request<T: DeserializeOwned>(what: &str, json: &[u8]) -> Result<T, Status> {
-    serde_json::from_slice(json)
+fn decode_request<T: DeserializeOwned>(what: &str, body: &[u8]) -> Result<T, Status> {
+    codec::decode(body)
         .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
 }
 
 fn answer<T: Serialize, E: Serialize>(
     result: &Result<T, E>,
 ) -> Result<Response<RaftPayload>, Status> {
-    let json = serde_json::to_vec(result)
+    let body = codec::encode(result)
         .map_err(|e| Status::internal(format!("cannot encode the raft answer: {e}")))?;
-    Ok(Response::new(RaftPayload { json: json.into() }))
+    Ok(Response::new(RaftPayload { body: body.into() }))
 }
 
 #[tonic::async_trait]
@@ -257,7 +322,7 @@ impl raft_server::Raft for RaftService {
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
         let rpc: AppendEntriesRequest<TypeConfig> =
-            decode_request("AppendEntries", &request.into_inner().json)?;
+            decode_request("AppendEntries", &request.into_inner().body)?;
         let answered = self.raft.append_entries(rpc).await;
         if matches!(answered, Ok(openraft::raft::AppendEntriesResponse::Success)) {
             self.contact.heard();
@@ -266,7 +331,7 @@ impl raft_server::Raft for RaftService {
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc: VoteRequest<NodeId> = decode_request("Vote", &request.into_inner().json)?;
+        let rpc: VoteRequest<NodeId> = decode_request("Vote", &request.into_inner().body)?;
         answer(&self.raft.vote(rpc).await)
     }
 
@@ -275,7 +340,7 @@ impl raft_server::Raft for RaftService {
         request: Request<SnapshotChunk>,
     ) -> Result<Response<RaftPayload>, Status> {
         let chunk = request.into_inner();
-        let header: SnapshotHeader = decode_request("InstallSnapshot", &chunk.header_json)?;
+        let header: SnapshotHeader = decode_request("InstallSnapshot", &chunk.header)?;
         let rpc = InstallSnapshotRequest {
             vote: header.vote,
             meta: header.meta,
@@ -284,5 +349,16 @@ impl raft_server::Raft for RaftService {
             done: header.done,
         };
         answer(&self.raft.install_snapshot(rpc).await)
+    }
+
+    async fn pre_vote(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let asked: PreVoteRequest = decode_request("PreVote", &request.into_inner().body)?;
+        let response = election::judge(&self.raft, &self.log, self.timing, asked).await;
+        let body = codec::encode(&response)
+            .map_err(|e| Status::internal(format!("cannot encode the pre-vote answer: {e}")))?;
+        Ok(Response::new(RaftPayload { body: body.into() }))
     }
 }

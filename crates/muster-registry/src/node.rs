@@ -13,21 +13,27 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, Raf
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
 
+use crate::election::{self, ElectionStats, ElectionTiming};
 use crate::network::{LeaderContact, NetworkFactory, RaftService};
-use crate::store::{self, RegistryReader, StoreError, StoreLocation};
+use crate::store::{self, LogStore, RegistryReader, StoreError, StoreLocation};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
 use crate::write_error::WriteError;
 
 /// How long `catch_up` waits for a quorum to confirm this leader, and then to commit its own
 /// first entry.
 const CATCH_UP_WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long one snapshot chunk may take to be sent and written, and the last one to be
+/// installed.
+const SNAPSHOT_CHUNK_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// How to start a registry member.
 #[derive(Clone, Debug)]
 pub struct RegistryConfig {
     /// This master's id in the group.
     pub id: NodeId,
     /// Every member of the group, this one included: id to the `host:port` that serves its
-    /// raft (and the rest of the master's API).
+    /// raft (and the rest of the master's API). This member reaches its peers at these
+    /// addresses; on first start the group's membership is made from them.
     pub members: BTreeMap<NodeId, String>,
     /// Where the log and state machine live: a directory for sled, or an in-memory disk
     /// (deterministic simulations).
@@ -102,6 +108,9 @@ pub struct RegistryNode {
     members: Arc<BTreeMap<NodeId, String>>,
     security: Security,
     contact: LeaderContact,
+    log: LogStore,
+    timing: ElectionTiming,
+    elections: ElectionStats,
 }
 
 impl fmt::Debug for RegistryNode {
@@ -138,6 +147,13 @@ impl RegistryNode {
             election_timeout_max: max.as_millis() as u64,
             snapshot_policy: SnapshotPolicy::LogsSinceLast(config.snapshot_after_entries),
             max_in_snapshot_log_to_keep: config.entries_kept_after_snapshot,
+            // A follower too far behind for the log gets the snapshot in chunks of the size
+            // of one replication batch, each with time to be sent and written on a loaded
+            // machine (openraft's default is 3 MiB in 200 ms).
+            snapshot_max_chunk_size: store::REPLICATION_BATCH_BYTES as u64,
+            install_snapshot_timeout: SNAPSHOT_CHUNK_TIMEOUT.as_millis() as u64,
+            // Elections are called by `election::drive_elections`, after a pre-vote round.
+            enable_elect: false,
             ..Config::default()
         }
         .validate()
@@ -150,11 +166,15 @@ impl RegistryNode {
         }
         let (log, state_machine) = store::open(&config.store)?;
         let reader = state_machine.reader();
+        let timing = ElectionTiming {
+            tick: heartbeat_of(config.id, config.heartbeat_interval),
+            timeout: config.election_timeout,
+        };
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
-            NetworkFactory::new(config.security.clone()),
-            log,
+            NetworkFactory::new(config.security.clone(), config.members.clone()),
+            log.clone(),
             state_machine,
         )
         .await
@@ -176,7 +196,17 @@ impl RegistryNode {
             }
         }
 
-        let leadership = watch_leadership(&raft, config.id);
+        let elections = ElectionStats::default();
+        tokio::spawn(election::drive_elections(
+            raft.clone(),
+            log.clone(),
+            config.id,
+            config.members.clone(),
+            config.security.clone(),
+            timing,
+            elections.clone(),
+        ));
+        let leadership = watch_leadership(&raft, config.id, timing);
         Ok(RegistryNode {
             id: config.id,
             raft,
@@ -185,6 +215,9 @@ impl RegistryNode {
             members: Arc::new(config.members),
             security: config.security,
             contact: LeaderContact::default(),
+            log,
+            timing,
+            elections,
         })
     }
 
@@ -212,7 +245,13 @@ impl RegistryNode {
     /// only; add it to this member's tonic server.
     pub fn raft_service(&self) -> Guarded<RaftServer<RaftService>> {
         Guarded::new(
-            RaftService::new(self.raft.clone(), self.contact.clone()).into_server(),
+            RaftService::new(
+                self.raft.clone(),
+                self.contact.clone(),
+                self.log.clone(),
+                self.timing,
+            )
+            .into_server(),
             Rules::new(Requirement::Certificate(&[Role::Master])),
             &self.security,
             Arc::new(NoTokens),
@@ -256,18 +295,50 @@ impl RegistryNode {
         self.contact.since()
     }
 
-    /// Follows who leads. Changes when the leader or the term changes.
+    /// How this member's pre-vote rounds went.
+    pub fn election_stats(&self) -> &ElectionStats {
+        &self.elections
+    }
+
+    /// Follows who leads. Changes when the leader or the term changes, or when this member,
+    /// leading, stops or starts hearing from a quorum within its lease.
     pub fn leadership(&self) -> watch::Receiver<Leadership> {
         self.leadership.clone()
     }
 
     /// Writes one batch as one raft entry and returns each operation's result. Only the leader
-    /// writes; others answer [`WriteError::NotLeader`] with the leader if known.
+    /// writes; others, and a leader whose lease lapsed, answer [`WriteError::NotLeader`] with
+    /// the leader if known.
     ///
     /// # Errors
     /// [`WriteError`].
+    ///
+    /// A write in flight when this leader's lease lapses (no quorum answered it, see
+    /// [`leadership`](Self::leadership)) ends at once with [`WriteError::Failed`] saying it may
+    /// or may not commit, rather than waiting for a quorum that may never come back.
     pub async fn write(&self, batch: Batch) -> Result<BatchOutcome, WriteError> {
-        match self.raft.client_write(batch).await {
+        let mut leadership = self.leadership.clone();
+        let standing = leadership.borrow().clone();
+        if !standing.is_self {
+            // Raft may still have this member lead, with its lease lapsed: such a write would
+            // wait for a quorum that is not there.
+            return Err(WriteError::NotLeader {
+                leader: standing.leader,
+            });
+        }
+        let lapsed = leadership.wait_for(|now| !now.is_self);
+        let written = tokio::select! {
+            biased;
+            written = self.raft.client_write(batch) => written,
+            _ = lapsed => {
+                return Err(WriteError::Failed(
+                    "this master lost its quorum (no answer within its lease) while the \
+                     write was in flight: it may or may not commit"
+                        .into(),
+                ));
+            }
+        };
+        match written {
             Ok(response) => Ok(response.data),
             Err(RaftError::APIError(ClientWriteError::ForwardToLeader(forward))) => {
                 Err(WriteError::NotLeader {
@@ -350,11 +421,24 @@ impl RegistryNode {
     }
 }
 
-/// Turns openraft's server metrics into a [`Leadership`] watch that changes only when the
-/// leader or term does.
-fn watch_leadership(raft: &Raft, me: NodeId) -> watch::Receiver<Leadership> {
-    let mut metrics = raft.server_metrics();
-    let read = move |m: &openraft::metrics::RaftServerMetrics<NodeId, BasicNode>| {
+/// Turns openraft's metrics into a [`Leadership`] watch that changes only when the leader,
+/// the term, or this member's standing as leader does.
+///
+/// A leader that has not heard from a quorum for the lease (the longest election timeout)
+/// does not count as leading here, though raft still has it lead: openraft 0.9 never steps a
+/// leader down by itself ("check quorum"), and a leader cut off from the other members would
+/// otherwise take writes that hang until the client gives up. Its master stands by, refusing
+/// with "not the leader" at once, and leads again, in the same term, if a quorum answers
+/// before another member is elected. A lone member always leads.
+fn watch_leadership(
+    raft: &Raft,
+    me: NodeId,
+    timing: ElectionTiming,
+) -> watch::Receiver<Leadership> {
+    let mut server = raft.server_metrics();
+    let mut data = raft.data_metrics();
+    let lease = timing.lease();
+    let read = move |m: &openraft::metrics::RaftServerMetrics<NodeId, BasicNode>, lapsed: bool| {
         let leader = m.current_leader.map(|id| {
             let addr = m
                 .membership_config
@@ -364,20 +448,61 @@ fn watch_leadership(raft: &Raft, me: NodeId) -> watch::Receiver<Leadership> {
                 .unwrap_or_default();
             (id, addr)
         });
+        let raft_leads = m.state == ServerState::Leader && m.current_leader == Some(me);
         Leadership {
-            is_self: m.state == ServerState::Leader && m.current_leader == Some(me),
-            leader,
+            is_self: raft_leads && !lapsed,
+            leader: if raft_leads && lapsed { None } else { leader },
             term: m.vote.leader_id().term,
         }
     };
-    let (tx, rx) = watch::channel(read(&metrics.borrow()));
+    let (tx, rx) = watch::channel(read(&server.borrow(), false));
     tokio::spawn(async move {
-        while metrics.changed().await.is_ok() {
-            let now = read(&metrics.borrow_and_update());
+        // When a quorum last answered this member as leader, as far as it knows, and when it
+        // took up its leadership (before the first answer).
+        let mut quorum_acked: Option<tokio::time::Instant> = None;
+        let mut leading_since: Option<tokio::time::Instant> = None;
+        let mut ticks = tokio::time::interval(timing.tick);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                changed = server.changed() => if changed.is_err() { break },
+                changed = data.changed() => {
+                    if changed.is_err() {
+                        break;
+                    }
+                    let since = data.borrow_and_update().millis_since_quorum_ack;
+                    quorum_acked = since.and_then(|ms| {
+                        tokio::time::Instant::now().checked_sub(Duration::from_millis(ms))
+                    });
+                }
+                _ = ticks.tick() => {}
+            }
+            let metrics = server.borrow_and_update().clone();
+            let now = tokio::time::Instant::now();
+            let raft_leads =
+                metrics.state == ServerState::Leader && metrics.current_leader == Some(me);
+            if !raft_leads {
+                leading_since = None;
+            } else if leading_since.is_none() {
+                leading_since = Some(now);
+            }
+            let alone = metrics.membership_config.membership().voter_ids().count() <= 1;
+            let last_heard = quorum_acked.max(leading_since);
+            let lapsed = raft_leads
+                && !alone
+                && last_heard.is_some_and(|at| now.saturating_duration_since(at) > lease);
+            let next = read(&metrics, lapsed);
             tx.send_if_modified(|current| {
-                let changed = *current != now;
+                let changed = *current != next;
                 if changed {
-                    *current = now;
+                    if current.is_self && lapsed {
+                        tracing::warn!(
+                            term = next.term,
+                            ?lease,
+                            "no quorum answered this leader within its lease: standing by"
+                        );
+                    }
+                    *current = next;
                 }
                 changed
             });

@@ -76,13 +76,23 @@ pub fn next_version(old: Option<&Job>, mut job: Job) -> Job {
 /// Earlier versions of a job the registry keeps.
 pub const JOB_VERSIONS_KEPT: usize = 10;
 
+/// The most bytes of a job's earlier versions the registry keeps ([`Job::approximate_size`]),
+/// the newest always: four versions of a job at the default size cap of 1 MiB.
+pub const JOB_VERSION_BYTES_KEPT: usize = 4 * 1024 * 1024;
+
 impl RegistryState {
-    /// Keeps `old`, a version just replaced, dropping the oldest past [`JOB_VERSIONS_KEPT`].
+    /// Keeps `old`, a version just replaced, dropping the oldest past [`JOB_VERSIONS_KEPT`]
+    /// versions or [`JOB_VERSION_BYTES_KEPT`] bytes.
     fn keep_version(&mut self, old: Job) {
         let versions = self.job_versions.entry(old.name.clone()).or_default();
         versions.push_back(old);
-        while versions.len() > JOB_VERSIONS_KEPT {
-            versions.pop_front();
+        let mut bytes: usize = versions.iter().map(Job::approximate_size).sum();
+        while versions.len() > JOB_VERSIONS_KEPT
+            || (versions.len() > 1 && bytes > JOB_VERSION_BYTES_KEPT)
+        {
+            if let Some(dropped) = versions.pop_front() {
+                bytes = bytes.saturating_sub(dropped.approximate_size());
+            }
         }
     }
 }

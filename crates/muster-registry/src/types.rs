@@ -166,7 +166,7 @@ mod tests {
     use muster_model::Resources;
 
     #[test]
-    fn a_batch_survives_its_json_round_trip() {
+    fn a_batch_survives_its_round_trip_through_the_registry_encoding() {
         let batch = Batch {
             ops: vec![
                 Op::AdmitAgent(AgentInfo {
@@ -185,8 +185,8 @@ mod tests {
                 },
             ],
         };
-        let json = serde_json::to_vec(&batch).expect("encode");
-        let back: Batch = serde_json::from_slice(&json).expect("decode");
+        let bytes = crate::codec::encode(&batch).expect("encode");
+        let back: Batch = crate::codec::decode(&bytes).expect("decode");
         assert_eq!(back, batch);
     }
 }

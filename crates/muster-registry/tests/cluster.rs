@@ -1,6 +1,8 @@
 //! Three registry members over tonic on loopback, each on its own sled store: election, batched
 //! writes, losing the leader, and a member that returns after the log was purged catching up
-//! by snapshot.
+//! by snapshot. And the same group behind links the test cuts (`Partitions`): a follower cut
+//! off keeps its term and deposes no one when it returns; a leader cut from the others stands
+//! down within its lease, and a write sent to it fails at once instead of hanging.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -16,6 +18,7 @@ use muster_registry::{
 };
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_security::testing::partitions::Partitions;
 use tokio::time::{Instant, timeout};
 use tonic::service::Routes;
 
@@ -309,7 +312,9 @@ fn forged_vote(term: u64) -> muster_proto::registry::RaftPayload {
         last_log_id: None,
     };
     muster_proto::registry::RaftPayload {
-        json: serde_json::to_vec(&vote).unwrap_or_default().into(),
+        body: muster_registry::codec::encode(&vote)
+            .unwrap_or_default()
+            .into(),
     }
 }
 
@@ -483,5 +488,181 @@ async fn a_store_that_lost_its_state_refuses_to_start_instead_of_starting_empty(
             muster_registry::store::StoreError::Damaged(_)
         ))
     ));
+    Ok(())
+}
+
+/// Starts a group of three whose members reach each other only through `partitions`' links:
+/// member `i` is told to reach `j` at the link `i → j`.
+async fn three_linked_members(
+    system: &System,
+    dir: &Path,
+    partitions: &Partitions,
+) -> anyhow::Result<BTreeMap<NodeId, Member>> {
+    let addresses = free_addresses(3).await?;
+    let mut members = BTreeMap::new();
+    for &id in addresses.keys() {
+        let mut view = BTreeMap::new();
+        for (&peer, address) in &addresses {
+            let reach = if peer == id {
+                address.clone()
+            } else {
+                partitions
+                    .link(id, peer, "127.0.0.1", address.clone())
+                    .await?
+            };
+            view.insert(peer, reach);
+        }
+        members.insert(id, start(system, config(id, &view, dir)).await?);
+    }
+    Ok(members)
+}
+
+/// The raft term member `id` is in now.
+fn term_of(members: &BTreeMap<NodeId, Member>, id: NodeId) -> u64 {
+    term_of_member(&members[&id])
+}
+
+fn term_of_member(member: &Member) -> u64 {
+    member.registry.raft().metrics().borrow().current_term
+}
+
+/// Waits until `done` holds, or fails naming `what`.
+async fn until(what: &str, done: impl Fn() -> bool) -> anyhow::Result<()> {
+    let deadline = Instant::now() + DEADLINE;
+    while !done() {
+        if Instant::now() > deadline {
+            bail!("{what} did not happen within {DEADLINE:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
+}
+
+fn one_agent(n: usize) -> muster_registry::types::Batch {
+    muster_registry::types::Batch {
+        ops: vec![Op::AdmitAgent(agent(n))],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_cut_off_and_healed_keeps_its_term_and_deposes_no_one() -> anyhow::Result<()> {
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let partitions = Partitions::new();
+    let members = three_linked_members(&system, dir.path(), &partitions).await?;
+    let first = leader(&members).await?;
+    let term = term_of(&members, first);
+    let follower = *members
+        .keys()
+        .find(|id| **id != first)
+        .context("a follower")?;
+
+    let stats = members[&follower].registry.election_stats().clone();
+    let (won, lost) = (stats.won(), stats.lost());
+    partitions.isolate(follower, members.keys().copied());
+    // Three rounds lost: without the pre-vote it would have stood, and raised its term, three
+    // times.
+    until("three lost pre-votes on the cut-off follower", || {
+        stats.lost() >= lost + 3
+    })
+    .await?;
+    assert_eq!(
+        term_of(&members, follower),
+        term,
+        "the cut-off member's term rose"
+    );
+    assert_eq!(stats.won(), won, "the cut-off member won a pre-vote");
+    // The leader goes on with the third member.
+    members[&first].registry.write(one_agent(1)).await?;
+    assert!(members[&first].registry.leadership().borrow().is_self);
+
+    partitions.heal();
+    let applied = members[&first].registry.reader().applied_index();
+    until("the healed follower catching up", || {
+        members[&follower].registry.reader().applied_index() >= applied
+    })
+    .await?;
+    members[&first].registry.write(one_agent(2)).await?;
+    assert_eq!(leader(&members).await?, first, "the leader was deposed");
+    for id in members.keys() {
+        assert_eq!(term_of(&members, *id), term, "member {id} changed term");
+    }
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_from_both_followers_stands_down_and_a_write_to_it_fails_without_hanging()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let partitions = Partitions::new();
+    let mut members = three_linked_members(&system, dir.path(), &partitions).await?;
+    let first = leader(&members).await?;
+    let term = term_of(&members, first);
+    members[&first].registry.write(one_agent(1)).await?;
+
+    let stats = members[&first].registry.election_stats().clone();
+    let won = stats.won();
+    partitions.isolate(first, members.keys().copied());
+    // Sent right after the cut: it cannot commit, and it ends when the lease lapses instead
+    // of waiting for a quorum that is not there.
+    let in_flight = members[&first].registry.write(one_agent(2));
+    match timeout(DEADLINE, in_flight).await {
+        Ok(Err(muster_registry::WriteError::Failed(reason))) => {
+            assert!(reason.contains("lost its quorum"), "{reason}");
+        }
+        other => bail!("a write to a cut-off leader: {other:?}"),
+    }
+    assert!(!members[&first].registry.leadership().borrow().is_self);
+    // Once stood down it refuses at once, naming no leader.
+    match members[&first].registry.write(one_agent(3)).await {
+        Err(muster_registry::WriteError::NotLeader { .. }) => {}
+        Err(muster_registry::WriteError::Failed(_)) => {}
+        other => bail!("a stood-down leader took a write: {other:?}"),
+    }
+
+    // The other two elect one of themselves; the cut-off member takes no part.
+    let cut_off = members.remove(&first).context("the old leader")?;
+    let second = leader(&members).await?;
+    assert_ne!(second, first);
+    let new_term = term_of(&members, second);
+    assert!(new_term > term);
+    members[&second].registry.write(one_agent(4)).await?;
+    assert_eq!(
+        term_of_member(&cut_off),
+        term,
+        "the cut-off leader's term rose"
+    );
+    assert_eq!(stats.won(), won, "the cut-off leader won a pre-vote");
+
+    // Healed, the old leader follows the new one, in its term.
+    partitions.heal();
+    members.insert(first, cut_off);
+    let after = leader(&members).await?;
+    let terms: Vec<(NodeId, u64, u64, u64)> = members
+        .iter()
+        .map(|(id, m)| {
+            let stats = m.registry.election_stats();
+            (*id, term_of(&members, *id), stats.won(), stats.lost())
+        })
+        .collect();
+    assert_eq!(
+        after, second,
+        "first {first}, terms and pre-votes {terms:?}"
+    );
+    let applied = members[&second].registry.reader().applied_index();
+    until("the old leader catching up", || {
+        members[&first].registry.reader().applied_index() >= applied
+    })
+    .await?;
+    for id in members.keys() {
+        assert_eq!(term_of(&members, *id), new_term, "member {id}");
+    }
+    for member in members.into_values() {
+        member.stop().await;
+    }
     Ok(())
 }

@@ -560,6 +560,41 @@ fn earlier_versions_of_a_job_are_kept_oldest_first_up_to_the_cap() {
 }
 
 #[test]
+fn earlier_versions_of_a_large_job_are_kept_up_to_the_byte_cap_and_the_newest_always() {
+    let mut state = RegistryState::default();
+    let large = |count: u32, megabytes: usize| {
+        let mut job = job_of(&[("g", count, "serve")]);
+        job.groups[0]
+            .env
+            .insert("BLOB".into(), "x".repeat(megabytes * 1024 * 1024));
+        job
+    };
+    for count in 1..=8 {
+        state
+            .apply_at(Op::UpsertJob(large(count, 1)))
+            .expect("stored");
+    }
+    let kept = &state.job_versions["web"];
+    let bytes: usize = kept.iter().map(muster_model::Job::approximate_size).sum();
+    assert!(bytes <= JOB_VERSION_BYTES_KEPT, "{bytes} bytes kept");
+    assert_eq!(
+        kept.len(),
+        3,
+        "three 1 MiB versions and their fields fit in 4 MiB"
+    );
+    assert_eq!(
+        kept.iter().map(|j| j.version).collect::<Vec<_>>(),
+        [5, 6, 7],
+        "the newest earlier versions"
+    );
+    // One version over the byte cap alone is still kept: `job revert` needs one.
+    state.apply_at(Op::UpsertJob(large(9, 5))).expect("stored");
+    state.apply_at(Op::UpsertJob(large(10, 1))).expect("stored");
+    let kept = &state.job_versions["web"];
+    assert_eq!(kept.iter().map(|j| j.version).collect::<Vec<_>>(), [9]);
+}
+
+#[test]
 fn a_stop_keeps_a_submission_committed_after_the_stopper_read_the_job() {
     let mut state = RegistryState::default();
     let job = |count| job_of(&[("g", count, "serve")]);

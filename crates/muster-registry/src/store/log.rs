@@ -84,16 +84,24 @@ impl LogStore {
             return Ok(None);
         };
         let index = index_of(&key)?;
-        let entry = self.read_entries(index..=index)?.pop().ok_or_else(|| {
-            StorageIOError::read_logs(AnyError::error(format!(
-                "log entry {index} is missing its first piece"
-            )))
-        })?;
+        let entry = self
+            .read_entries(index..=index, usize::MAX)?
+            .pop()
+            .ok_or_else(|| {
+                StorageIOError::read_logs(AnyError::error(format!(
+                    "log entry {index} is missing its first piece"
+                )))
+            })?;
         Ok(Some(*entry.get_log_id()))
     }
 
-    /// The entries in `range`, put together from their pieces.
-    fn read_entries<RB: RangeBounds<u64>>(&self, range: RB) -> StoreResult<Vec<Entry<TypeConfig>>> {
+    /// The entries in `range`, put together from their pieces, stopping after the entry that
+    /// takes their encoded size to `budget` bytes (so the first entry is always read).
+    fn read_entries<RB: RangeBounds<u64>>(
+        &self,
+        range: RB,
+        budget: usize,
+    ) -> StoreResult<Vec<Entry<TypeConfig>>> {
         let start = match range.start_bound() {
             Bound::Included(&i) => i,
             Bound::Excluded(&i) => i.saturating_add(1),
@@ -106,6 +114,7 @@ impl LogStore {
         };
         let to = before(&end);
         let mut entries = Vec::new();
+        let mut read_bytes = 0usize;
         let mut pieces: Option<Pieces> = None;
         let from = index_key(start);
         for item in self.log.range(Bound::Included(from.as_slice()), to) {
@@ -140,6 +149,10 @@ impl LogStore {
                 }
             };
             entries.push(decode(&whole).map_err(|e| StorageIOError::read_logs(&e))?);
+            read_bytes = read_bytes.saturating_add(whole.len());
+            if read_bytes >= budget {
+                return Ok(entries);
+            }
         }
         if let Some(unfinished) = pieces {
             return Err(unfinished.cut_short());
@@ -176,8 +189,8 @@ fn before(key: &Option<[u8; INDEX_KEY_LEN]>) -> Bound<&[u8]> {
 const PIECE_LEN: usize = 7 * 1024;
 
 /// The first byte of the value under an entry's key when the entry is stored in pieces,
-/// followed by the number of pieces (big-endian u32). An entry stored whole is JSON, whose
-/// first byte is never 0.
+/// followed by the number of pieces (big-endian u32). An entry stored whole starts with the
+/// codec's format byte (or `{`, in JSON written before it), never 0.
 const IN_PIECES: u8 = 0;
 
 /// The key of piece `piece` of the entry at `index`: the entry's key, then the piece's
@@ -251,9 +264,27 @@ impl RaftLogReader<TypeConfig> for LogStore {
         &mut self,
         range: RB,
     ) -> StoreResult<Vec<Entry<TypeConfig>>> {
-        self.read_entries(range)
+        self.read_entries(range, usize::MAX)
+    }
+
+    /// The entries from `start` up to `end` (exclusive), as many as fit in
+    /// [`REPLICATION_BATCH_BYTES`] (at least one): what the leader sends a follower in one
+    /// AppendEntries. openraft gives each AppendEntries one heartbeat interval to be sent,
+    /// stored and answered; a batch bounded by bytes keeps a follower far behind catching up
+    /// in steps that each fit, instead of retrying one batch of everything that never does.
+    async fn limited_get_log_entries(
+        &mut self,
+        start: u64,
+        end: u64,
+    ) -> StoreResult<Vec<Entry<TypeConfig>>> {
+        self.read_entries(start..end, REPLICATION_BATCH_BYTES)
     }
 }
+
+/// The most encoded bytes of entries the leader sends a follower in one AppendEntries (an
+/// entry larger than this goes alone). Small enough to be sent, synced and answered within
+/// one heartbeat interval on a loaded machine.
+pub const REPLICATION_BATCH_BYTES: usize = 1024 * 1024;
 
 impl RaftLogStorage<TypeConfig> for LogStore {
     type LogReader = LogStore;
@@ -390,6 +421,37 @@ mod tests {
                 ops: vec![Op::StopJob("x".repeat(70 * 1024))],
             }),
         }
+    }
+
+    #[tokio::test]
+    async fn replication_reads_entries_in_batches_bounded_by_bytes_and_never_none() {
+        let location = StoreLocation::Memory(MemoryDisk::default());
+        let (mut log, _) = crate::store::open(&location).expect("opens");
+        // 20 entries of about 70 KiB: 15 of them pass 1 MiB.
+        log.blocking_append((1..=20).map(long_entry))
+            .await
+            .expect("appended");
+        let batch = log.limited_get_log_entries(1, 21).await.expect("read");
+        let indexes: Vec<u64> = batch.iter().map(|e| e.log_id.index).collect();
+        assert_eq!(indexes, (1..=15).collect::<Vec<_>>());
+        let rest = log.limited_get_log_entries(16, 21).await.expect("read");
+        assert_eq!(rest.len(), 5);
+        // One entry over the budget is still read, alone.
+        let huge = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 1), 21),
+            payload: EntryPayload::Normal(Ops {
+                ops: vec![Op::StopJob("y".repeat(REPLICATION_BATCH_BYTES + 1))],
+            }),
+        };
+        log.blocking_append([huge, long_entry(22)])
+            .await
+            .expect("appended");
+        let alone = log.limited_get_log_entries(21, 23).await.expect("read");
+        assert_eq!(alone.len(), 1);
+        assert_eq!(
+            log.try_get_log_entries(1..23).await.expect("read").len(),
+            22
+        );
     }
 
     #[tokio::test]

@@ -18,11 +18,10 @@ mod state_machine;
 
 use std::path::{Path, PathBuf};
 
-use serde::Serialize;
-use serde::de::DeserializeOwned;
+use crate::codec::{decode, encode};
 
 pub use disk::MemoryDisk;
-pub use log::LogStore;
+pub use log::{LogStore, REPLICATION_BATCH_BYTES};
 pub use marker::MARKER_FILE;
 pub use state_machine::{RegistryReader, StateMachineStore};
 
@@ -174,12 +173,4 @@ fn held(
         snapshot_index,
         log_entries: log.len(),
     })
-}
-
-fn encode<T: Serialize>(value: &T) -> Result<Vec<u8>, serde_json::Error> {
-    serde_json::to_vec(value)
-}
-
-fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, serde_json::Error> {
-    serde_json::from_slice(bytes)
 }

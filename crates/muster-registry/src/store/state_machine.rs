@@ -119,7 +119,7 @@ impl StateMachineStore {
         if let (Some(meta), Some(data)) = (read(SNAPSHOT_META)?, read(SNAPSHOT_DATA)?) {
             let bad = |key: &[u8]| {
                 let key = String::from_utf8_lossy(key).into_owned();
-                move |e: serde_json::Error| (format!("snapshot/{key}"), e.to_string())
+                move |e: crate::codec::CodecError| (format!("snapshot/{key}"), e.to_string())
             };
             let meta: SnapshotMeta<NodeId, openraft::BasicNode> =
                 decode(&meta).map_err(bad(SNAPSHOT_META))?;

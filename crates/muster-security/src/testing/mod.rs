@@ -1,6 +1,8 @@
 //! The one test helper for TLS and tokens: a throwaway cluster CA per test process, and
 //! certificates for any role and name, written as PEM files so that child processes can use
-//! them too.
+//! them too. And [`partitions`]: proxies between a test cluster's members that it can cut.
+
+pub mod partitions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,308 @@
+//! Elections after a pre-vote round (the Raft thesis, §9.6), driven here because openraft 0.9
+//! has no pre-vote of its own.
+//!
+//! openraft runs with elections off (`enable_elect = false`); [`drive_elections`] watches
+//! this member instead. When it has heard no leader for its election timeout (openraft's own
+//! rule: a random time between the configured bounds, plus the leader lease while it last knew
+//! a leader), it asks every peer whether it *would* vote for it in the next term
+//! ([`PreVoteRequest`]), changing nothing on either side. Only when a majority says yes does it
+//! call openraft's election (`raft.trigger().elect()`), which raises its term.
+//!
+//! A peer says yes ([`judge`]) when it is not the leader, has not heard from a leader within
+//! the lease (a committed vote refreshed less than `election_timeout_max` ago), is not in a
+//! later term, and the candidate's log is at least as up to date as its own. So a member cut
+//! off alone, or from the leader only, keeps its term: it cannot win the pre-vote, and when
+//! the network heals it does not depose a healthy leader with a higher term.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use muster_proto::registry::RaftPayload;
+use muster_proto::registry::raft_client::RaftClient;
+use muster_security::{Role, Security};
+use openraft::storage::RaftLogStorage;
+use openraft::{LogId, ServerState, Vote};
+use serde::{Deserialize, Serialize};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::codec;
+use crate::network::MAX_RAFT_MESSAGE;
+use crate::store::LogStore;
+use crate::types::{NodeId, Raft};
+
+/// "Would you vote for me in the term after `term`?"
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreVoteRequest {
+    /// The candidate's current term; it would stand in the next one.
+    pub term: u64,
+    /// The candidate.
+    pub candidate: NodeId,
+    /// The last entry in the candidate's log.
+    pub last_log_id: Option<LogId<NodeId>>,
+}
+
+/// A peer's answer to a [`PreVoteRequest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreVoteResponse {
+    /// Whether it would vote for the candidate.
+    pub granted: bool,
+    /// The peer's term.
+    pub term: u64,
+    /// Why not, for the candidate's log.
+    pub reason: String,
+}
+
+/// How this member's pre-vote rounds went since it started. Clones share the counts.
+#[derive(Clone, Debug, Default)]
+pub struct ElectionStats {
+    won: Arc<AtomicU64>,
+    lost: Arc<AtomicU64>,
+}
+
+impl ElectionStats {
+    /// Rounds a majority granted: each was followed by an election in the next term.
+    pub fn won(&self) -> u64 {
+        self.won.load(Ordering::Relaxed)
+    }
+
+    /// Rounds a majority did not grant: without the pre-vote, each would have raised this
+    /// member's term.
+    pub fn lost(&self) -> u64 {
+        self.lost.load(Ordering::Relaxed)
+    }
+}
+
+/// Timing of elections, from the registry config.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ElectionTiming {
+    /// How often the driver looks.
+    pub(crate) tick: Duration,
+    /// The election timeout's bounds.
+    pub(crate) timeout: (Duration, Duration),
+}
+
+impl ElectionTiming {
+    /// How long a member that last heard a leader keeps believing in it: openraft's leader
+    /// lease, the longest election timeout. A follower refuses votes (and pre-votes) within it.
+    pub(crate) fn lease(&self) -> Duration {
+        self.timeout.1
+    }
+
+    /// A fresh random election timeout.
+    fn random_timeout(&self) -> Duration {
+        let (min, max) = self.timeout;
+        let spread = max.saturating_sub(min).as_millis() as u64;
+        min + Duration::from_millis(fastrand::u64(0..=spread))
+    }
+}
+
+/// What a member knows of itself, for a pre-vote on either side.
+struct Standing {
+    state: ServerState,
+    vote: Vote<NodeId>,
+    /// How long since its vote was last set or refreshed by a leader; `None` if never.
+    quiet: Option<Duration>,
+    last_log_id: Option<LogId<NodeId>>,
+}
+
+async fn standing(raft: &Raft, log: &LogStore) -> Option<Standing> {
+    let (state, vote, modified) = raft
+        .with_raft_state(|st| (st.server_state, *st.vote_ref(), st.vote_last_modified()))
+        .await
+        .ok()?;
+    let last_log_id = log.clone().get_log_state().await.ok()?.last_log_id;
+    Some(Standing {
+        state,
+        vote,
+        quiet: modified.map(|at| at.elapsed()),
+        last_log_id,
+    })
+}
+
+/// This member's answer to `request`: see the module's docs for the rule.
+pub(crate) async fn judge(
+    raft: &Raft,
+    log: &LogStore,
+    timing: ElectionTiming,
+    request: PreVoteRequest,
+) -> PreVoteResponse {
+    let Some(me) = standing(raft, log).await else {
+        return PreVoteResponse {
+            granted: false,
+            term: 0,
+            reason: "this member's raft is not running".into(),
+        };
+    };
+    let term = me.vote.leader_id().term;
+    let refuse = |reason: String| PreVoteResponse {
+        granted: false,
+        term,
+        reason,
+    };
+    if me.state == ServerState::Leader {
+        return refuse("this member leads".into());
+    }
+    if me.vote.is_committed() && me.quiet.is_some_and(|quiet| quiet < timing.lease()) {
+        return refuse(format!(
+            "this member heard its leader {:?} ago, within the lease of {:?}",
+            me.quiet.unwrap_or_default(),
+            timing.lease()
+        ));
+    }
+    if request.term < term {
+        return refuse(format!(
+            "the candidate's term {} is behind this member's {term}",
+            request.term
+        ));
+    }
+    if request.last_log_id < me.last_log_id {
+        return refuse(format!(
+            "the candidate's log ends at {:?}, behind this member's {:?}",
+            request.last_log_id, me.last_log_id
+        ));
+    }
+    PreVoteResponse {
+        granted: true,
+        term,
+        reason: String::new(),
+    }
+}
+
+/// Runs this member's elections for good (until raft stops): see the module's docs.
+pub(crate) async fn drive_elections(
+    raft: Raft,
+    log: LogStore,
+    me: NodeId,
+    members: BTreeMap<NodeId, String>,
+    security: Security,
+    timing: ElectionTiming,
+    stats: ElectionStats,
+) {
+    let peers: Vec<(NodeId, Result<RaftClient<Channel>, String>)> = members
+        .iter()
+        .filter(|(id, _)| **id != me)
+        .map(|(id, address)| (*id, pre_vote_client(address, &security)))
+        .collect();
+    let quorum = members.len() / 2 + 1;
+    let mut timeout = timing.random_timeout();
+    // Not before one election timeout from now: members started together do not all stand
+    // at once.
+    let mut not_before = tokio::time::Instant::now() + timeout;
+    let mut ticks = tokio::time::interval(timing.tick);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        if tokio::time::Instant::now() < not_before {
+            continue;
+        }
+        let Some(standing) = standing(&raft, &log).await else {
+            return;
+        };
+        if standing.state == ServerState::Leader || standing.state == ServerState::Learner {
+            continue;
+        }
+        let wait = if standing.vote.is_committed() {
+            timing.lease() + timeout
+        } else {
+            timeout
+        };
+        if standing.quiet.is_some_and(|quiet| quiet < wait) {
+            continue;
+        }
+        let request = PreVoteRequest {
+            term: standing.vote.leader_id().term,
+            candidate: me,
+            last_log_id: standing.last_log_id,
+        };
+        let granted = 1 + pre_vote_round(&peers, request, timing.timeout.0).await;
+        // A leader elected while the round was out (another member's round, a moment ahead)
+        // makes its answers stale: standing now would depose it.
+        let Some(after) = self::standing(&raft, &log).await else {
+            return;
+        };
+        if after.vote != standing.vote || after.state != standing.state {
+            tracing::debug!(
+                before = %standing.vote,
+                after = %after.vote,
+                "pre-vote overtaken: this member's vote changed during the round"
+            );
+        } else if granted >= quorum {
+            stats.won.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(
+                term = request.term,
+                granted,
+                "pre-vote won: standing for election"
+            );
+            if raft.trigger().elect().await.is_err() {
+                return;
+            }
+        } else {
+            stats.lost.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(
+                term = request.term,
+                granted,
+                quorum,
+                "pre-vote lost: not standing"
+            );
+        }
+        timeout = timing.random_timeout();
+        not_before = tokio::time::Instant::now() + timeout;
+    }
+}
+
+/// Asks every peer at once; the number that granted within `deadline`. A peer that does not
+/// know the call (a master from before it) counts as granting: it votes as raft always did.
+async fn pre_vote_round(
+    peers: &[(NodeId, Result<RaftClient<Channel>, String>)],
+    request: PreVoteRequest,
+    deadline: Duration,
+) -> usize {
+    let Ok(body) = codec::encode(&request) else {
+        return 0;
+    };
+    let asks = peers.iter().map(|(peer, client)| {
+        let body = body.clone();
+        async move {
+            let Ok(mut client) = client.clone() else {
+                return false;
+            };
+            let mut call = tonic::Request::new(RaftPayload { body: body.into() });
+            call.set_timeout(deadline);
+            let answer = tokio::time::timeout(deadline, client.pre_vote(call)).await;
+            match answer {
+                Ok(Ok(reply)) => match codec::decode::<PreVoteResponse>(&reply.into_inner().body) {
+                    Ok(response) => {
+                        if !response.granted {
+                            tracing::debug!(peer, reason = %response.reason, "pre-vote refused");
+                        }
+                        response.granted
+                    }
+                    Err(error) => {
+                        tracing::warn!(peer, %error, "malformed pre-vote answer");
+                        false
+                    }
+                },
+                Ok(Err(status)) => status.code() == tonic::Code::Unimplemented,
+                Err(_) => false,
+            }
+        }
+    });
+    futures_util::future::join_all(asks)
+        .await
+        .into_iter()
+        .filter(|granted| *granted)
+        .count()
+}
+
+fn pre_vote_client(address: &str, security: &Security) -> Result<RaftClient<Channel>, String> {
+    let endpoint = Endpoint::from_shared(format!("http://{address}"))
+        .map_err(|e| format!("bad raft address {address:?}: {e}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(Duration::from_secs(1));
+    let channel = security.lazy_channel(endpoint, &[Role::Master]);
+    Ok(RaftClient::new(channel)
+        .max_decoding_message_size(MAX_RAFT_MESSAGE)
+        .max_encoding_message_size(MAX_RAFT_MESSAGE))
+}
