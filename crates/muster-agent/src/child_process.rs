@@ -18,7 +18,7 @@ use tokio::sync::oneshot;
 
 use crate::executor::{self, CgroupRecord, Files, Plan, Record};
 use crate::isolation::TaskCgroup;
-use crate::output::{self, Stream};
+use crate::output::{Capture, Limits, TaskFiles};
 use crate::runner::Stop;
 use crate::task_user::Credentials;
 
@@ -117,10 +117,10 @@ pub(crate) enum Recovered {
 /// What a task runs as and where its output goes.
 #[derive(Debug)]
 pub(crate) struct Sandbox {
-    /// Its stdout file.
-    pub(crate) stdout: Stdio,
-    /// Its stderr file.
-    pub(crate) stderr: Stdio,
+    /// Its working directory and output files, which its executor writes.
+    pub(crate) output: TaskFiles,
+    /// How large its output files may grow, and how many are kept.
+    pub(crate) output_limits: Limits,
     /// Its cgroup, if the agent uses cgroups.
     pub(crate) cgroup: Option<TaskCgroup>,
     /// Its user, if not the agent's.
@@ -129,8 +129,10 @@ pub(crate) struct Sandbox {
 
 impl TaskProcess {
     /// Starts `task`'s command (with its arguments and environment) in `dir` under a new
-    /// executor, with no stdin and the sandbox's stdout, stderr, cgroup and user. Returns it
-    /// with the [`Record`] a restarted agent needs to find it again (not written yet).
+    /// executor, with no stdin, its stdout and stderr piped to the executor, which writes them
+    /// to the sandbox's output files within the sandbox's limits, and with the sandbox's cgroup
+    /// and user. Returns it with the [`Record`] a restarted agent needs to find it again (not
+    /// written yet).
     pub(crate) fn spawn(
         task: &Task,
         dir: &Path,
@@ -138,10 +140,18 @@ impl TaskProcess {
         sandbox: Sandbox,
     ) -> io::Result<(Self, Record)> {
         files.remove()?;
-        let plan = Plan::new(
+        let (capture, task_ends) = Capture::new(
+            sandbox.output,
+            &files.output_lock,
+            sandbox.output_limits,
+            sandbox.credentials.map(|owner| (owner.uid, owner.gid)),
+        )?;
+        let mut plan = Plan::new(
             &files,
             sandbox.cgroup.as_ref().map(TaskCgroup::join_handle),
             sandbox.credentials,
+            capture,
+            task_ends,
         )?;
         let mut command = tokio::process::Command::new(&task.command);
         command
@@ -149,8 +159,9 @@ impl TaskProcess {
             .envs(&task.env)
             .current_dir(dir)
             .stdin(Stdio::null())
-            .stdout(sandbox.stdout)
-            .stderr(sandbox.stderr)
+            // Replaced by the pipes in the task (see `Plan::run_in_child`).
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
             // The task outlives the agent: its executor is not killed with it.
             .kill_on_drop(false);
         // SAFETY: the closure runs in the child between fork and exec and only makes raw
@@ -159,7 +170,11 @@ impl TaskProcess {
             command.pre_exec(move || plan.run_in_child());
         }
         // Returns once the task has exec'd (or failed to): the executor has written its pid.
-        let child = command.spawn()?;
+        let child = command.spawn();
+        // The agent's copies of the pipes and files (in the plan) go: the executor and the
+        // task hold theirs.
+        drop(command);
+        let child = child?;
         let executor_pid = child
             .id()
             .and_then(|pid| i32::try_from(pid).ok())
@@ -172,6 +187,8 @@ impl TaskProcess {
             executor_start: executor::start_time(executor_pid)?.unwrap_or_default(),
             boot_id: executor::boot_id()?,
             task_pid,
+            // Its executor writes and rotates its output files: the agent must not.
+            output_captured: true,
             cgroup: sandbox.cgroup.as_ref().map(TaskCgroup::record),
         };
         let process = TaskProcess {
@@ -322,23 +339,18 @@ impl TaskCgroup {
 }
 
 /// Creates a task's working directory with its `stdout` and `stderr` files, all owned by
-/// `owner` if given. The files are opened for appending (see [`crate::output`]): when the agent
-/// rotates one (copies and truncates it), the task's next write lands at its start.
-pub(crate) async fn open_sandbox(
-    dir: &Path,
-    owner: Option<Credentials>,
-) -> io::Result<(Stdio, Stdio)> {
+/// `owner` if given, for its executor to write (see [`crate::output`]).
+pub(crate) async fn open_sandbox(dir: &Path, owner: Option<Credentials>) -> io::Result<TaskFiles> {
     let dir = dir.to_owned();
     let opened = tokio::task::spawn_blocking(move || {
         std::fs::create_dir_all(&dir)?;
-        let stdout = output::create_for_task(&dir, Stream::Stdout)?;
-        let stderr = output::create_for_task(&dir, Stream::Stderr)?;
+        let files = TaskFiles::create(&dir)?;
         if let Some(owner) = owner {
             for path in [dir.clone(), dir.join("stdout"), dir.join("stderr")] {
                 owner.own(&path)?;
             }
         }
-        Ok::<_, io::Error>((Stdio::from(stdout), Stdio::from(stderr)))
+        Ok::<_, io::Error>(files)
     })
     .await;
     opened.unwrap_or_else(|e| {

@@ -71,18 +71,23 @@ pub struct AgentConfig {
     /// whom a task may name). Give every run of an agent the same runner, as a machine keeps
     /// its processes across agent restarts.
     pub task_runner: Option<crate::runner::CustomRunner>,
-    /// Size past which a task's `stdout` or `stderr` is rotated (default 10 MiB): copied to
-    /// `stdout.1` (the older ones shifting to `stdout.2`, ...) and truncated, as logrotate's
-    /// `copytruncate` does, since the task keeps writing to the file it was given. A write that
-    /// lands just between the copy and the truncation is lost. A stream takes at most about
-    /// (`task_output_files` + 1) × this on disk, plus what the task writes in one
-    /// `task_output_check_interval`.
+    /// The most bytes one output file of a task holds (default 10 MiB). The task's executor
+    /// writes what the task writes to its stdout and stderr (pipes) into `stdout` and `stderr`
+    /// in 64 KiB chunks, and rotates a file before a chunk would take it past this size: it
+    /// becomes `stdout.1`, the older ones shifting to `stdout.2`, ... So a stream takes at most
+    /// (`task_output_files` + 1) × this on disk, however fast the task writes, while it runs
+    /// (with or without an agent) and after; nothing is lost at a rotation. A running task
+    /// keeps the limits of the agent that started it.
     pub task_output_max_bytes: u64,
     /// Rotated files kept per stream of a task, `stdout.1` (newest) to `stdout.<n>` (default
     /// 5); the oldest is dropped when a rotation would make one more.
     pub task_output_files: u32,
-    /// How often the agent checks its running tasks' output files for rotation (default 1 s).
-    /// The check runs off the agent process's thread, so a large copy never delays it.
+    /// How often the agent checks for rotation the output files of running tasks whose
+    /// executors do not rotate them (tasks an agent from before the executors' pipes started,
+    /// which hold their files themselves; default 1 s). Those it rotates as logrotate's
+    /// `copytruncate` does: a write landing just between the copy and the truncation is lost,
+    /// and a stream may grow past its bound by what the task writes in one interval. The check
+    /// runs off the agent process's thread, so a large copy never delays it.
     pub task_output_check_interval: Duration,
 }
 

@@ -85,17 +85,18 @@ struct Args {
     /// [default: 15m]; past it, it kills them when it starts
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     recovery_timeout: Option<std::time::Duration>,
-    /// Size past which a task's stdout or stderr is rotated (copied to stdout.1, the older
-    /// copies shifting, and truncated; a write landing just between the two is lost), in bytes
-    /// or with a unit: 512KiB, 10MiB, 1GiB [default: 10MiB]
+    /// Most bytes one output file of a task holds: its executor rotates stdout (to stdout.1,
+    /// the older files shifting) before a write would take it past this, so a stream keeps at
+    /// most (task-output-files + 1) times this on disk; in bytes or with a unit: 512KiB, 10MiB,
+    /// 1GiB [default: 10MiB]
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     task_output_max_bytes: Option<u64>,
     /// Rotated files kept per stream of a task (stdout.1 to stdout.N); the oldest goes when
     /// one more would be made [default: 5]
     #[arg(long, value_name = "N")]
     task_output_files: Option<u32>,
-    /// How often the running tasks' output files are checked for rotation, e.g. 1s
-    /// [default: 1s]
+    /// How often the output files of running tasks started by an agent from before executors
+    /// rotated them are checked for rotation (copy and truncate), e.g. 1s [default: 1s]
     #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
     task_output_check_interval: Option<std::time::Duration>,
     /// Kill the running tasks when the agent stops (by default they keep running, for the

@@ -1,8 +1,12 @@
-//! Task output on a real agent: `stdout` and `stderr` rotated copy-truncate style past the
-//! configured size, and read back by a master's `ReadTaskOutput` ask across rotations. The
-//! tasks are real child processes writing numbered lines (`%08d\n`, 9 bytes each), so the
-//! content read back can be checked line by line.
+//! Task output on a real agent: `stdout` and `stderr` kept within their bounds by the task's
+//! executor as the bytes arrive (each file at most the configured size, a stream at most
+//! (files kept + 1) × that), while the agent runs and while it does not, and read back by a
+//! master's `ReadTaskOutput` ask across rotations. The tasks are real child processes writing
+//! numbered lines (`%08d\n`, 9 bytes each, or `seq`'s), so the content read back can be
+//! checked byte by byte.
 
+use std::fs::File;
+use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -23,11 +27,18 @@ const PATIENCE: Duration = Duration::from_secs(30);
 /// How often a test looks again at what it waits for.
 const POLL: Duration = Duration::from_millis(10);
 
-/// The rotation size of these tests' agents: 256 KiB.
+/// The rotation size of these tests' agents: 256 KiB, the most one output file holds.
 const CAP: u64 = 256 * 1024;
 
 /// Rotated files kept per stream.
 const FILES: u32 = 3;
+
+/// The most a stream of these tests' agents keeps on disk: (FILES + 1) × CAP, 1 MiB.
+const STREAM_CAP: u64 = (FILES as u64 + 1) * CAP;
+
+/// The most the executor copies at once (its buffer): a rotated file is rotated when the next
+/// chunk would not fit, so it holds more than CAP minus this.
+const CHUNK: u64 = 64 * 1024;
 
 /// One numbered line: `%08d\n`.
 const LINE: usize = 9;
@@ -137,16 +148,17 @@ impl MasterNode {
             .await?)
     }
 
-    /// Reads a task's whole kept stdout from offset 0, `limit` bytes at a time, following
-    /// `next_offset` until a read returns nothing. Returns the first answer's `first_offset`,
-    /// the bytes, and the offset after them.
+    /// Reads a task's whole kept stdout (or stderr) from offset 0, `limit` bytes at a time,
+    /// following `next_offset` until a read returns nothing. Returns the first answer's
+    /// `first_offset`, the bytes, and the offset after them.
     async fn read_all(
         &self,
         agent: &Upid,
         task_id: &str,
+        stderr: bool,
         limit: u32,
     ) -> anyhow::Result<(u64, Vec<u8>, u64)> {
-        let first = self.read(agent, task_id, false, 0, limit).await?;
+        let first = self.read(agent, task_id, stderr, 0, limit).await?;
         ensure!(first.error.is_empty(), "read failed: {}", first.error);
         ensure!(
             first.offset == first.first_offset,
@@ -155,7 +167,7 @@ impl MasterNode {
         let mut data = first.data.to_vec();
         let mut next = first.next_offset;
         loop {
-            let chunk = self.read(agent, task_id, false, next, limit).await?;
+            let chunk = self.read(agent, task_id, stderr, next, limit).await?;
             ensure!(chunk.error.is_empty(), "read failed: {}", chunk.error);
             ensure!(
                 chunk.offset == next && chunk.next_offset == next + chunk.data.len() as u64,
@@ -209,7 +221,12 @@ impl AgentNode {
 
     /// Waits until task `id` has ended, in state FINISHED.
     async fn finished(&self, id: &str) -> anyhow::Result<()> {
-        let deadline = tokio::time::Instant::now() + PATIENCE;
+        self.finished_within(id, PATIENCE).await
+    }
+
+    /// Waits until task `id` has ended, in state FINISHED, for at most `patience`.
+    async fn finished_within(&self, id: &str, patience: Duration) -> anyhow::Result<()> {
+        let deadline = tokio::time::Instant::now() + patience;
         let mut poll = tokio::time::interval(POLL);
         loop {
             poll.tick().await;
@@ -223,7 +240,7 @@ impl AgentNode {
             }
             ensure!(
                 tokio::time::Instant::now() < deadline,
-                "task {id} did not finish in time; running: {:?}",
+                "task {id} did not finish within {patience:?}; running: {:?}",
                 snapshot.tasks
             );
         }
@@ -260,18 +277,24 @@ fn numbered(from: usize, to: usize) -> Vec<u8> {
 /// A shell fragment writing lines `$n` up to (not including) `$end`, one write per line.
 const WRITE_LINES: &str = "while [ $n -lt $end ]; do printf '%08d\\n' $n; n=$((n+1)); done";
 
-/// The stream's files in `dir`, oldest first: the rotated ones (`stdout.<k>`, highest k first)
+/// The stdout files in `dir`, oldest first: the rotated ones (`stdout.<k>`, highest k first)
 /// and then the live one. Fails on leftovers of a rotation.
 fn stream_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    files_of(dir, "stdout")
+}
+
+/// `stream`'s files in `dir` (`stream` is `stdout` or `stderr`), as [`stream_files`] says.
+fn files_of(dir: &Path, stream: &str) -> anyhow::Result<Vec<PathBuf>> {
     let mut rotated = Vec::new();
+    let prefix = format!("{stream}.");
     for entry in std::fs::read_dir(dir)? {
         let name = entry?.file_name().to_string_lossy().into_owned();
         ensure!(
-            name != "stdout.rotating" && name != "stdout.base.tmp",
+            name != format!("{stream}.rotating") && name != format!("{stream}.base.tmp"),
             "a rotation left {name} behind"
         );
         if let Some(number) = name
-            .strip_prefix("stdout.")
+            .strip_prefix(&prefix)
             .and_then(|k| k.parse::<u32>().ok())
         {
             rotated.push(number);
@@ -280,10 +303,69 @@ fn stream_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     rotated.sort_unstable_by(|a, b| b.cmp(a));
     let mut files: Vec<PathBuf> = rotated
         .into_iter()
-        .map(|k| dir.join(format!("stdout.{k}")))
+        .map(|k| dir.join(format!("{stream}.{k}")))
         .collect();
-    files.push(dir.join("stdout"));
+    files.push(dir.join(stream));
     Ok(files)
+}
+
+/// The bytes `stream`'s files in `dir` take together, the live one and the rotated ones. The
+/// executor may be rotating them meanwhile: a file renamed away between the listing and its
+/// size counts as empty, and every file holds at most CAP whenever it is looked at.
+fn bytes_on_disk(dir: &Path, stream: &str) -> anyhow::Result<u64> {
+    let prefix = format!("{stream}.");
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ours = name == stream
+            || name
+                .strip_prefix(&prefix)
+                .is_some_and(|k| k.parse::<u32>().is_ok());
+        if !ours {
+            continue;
+        }
+        match std::fs::metadata(entry.path()) {
+            Ok(meta) => total += meta.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(anyhow::Error::new(e).context(name)),
+        }
+    }
+    Ok(total)
+}
+
+/// Holds a shared `flock` on task `id`'s output lock in the agent's `data_dir`, as an agent's
+/// read does, until the file returned is dropped: the task's executor does not rotate its
+/// output meanwhile, so what is looked at is not renamed under the look.
+fn read_lock(data_dir: &Path, id: &str) -> anyhow::Result<File> {
+    let path = data_dir.join(format!("meta/tasks/{id}.output-lock"));
+    let file = File::open(&path).with_context(|| path.display().to_string())?;
+    loop {
+        // SAFETY: flock takes a descriptor (open for as long as `file` is) and an operation.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH) } == 0 {
+            return Ok(file);
+        }
+        let error = std::io::Error::last_os_error();
+        if error.kind() != std::io::ErrorKind::Interrupted {
+            return Err(anyhow::Error::new(error).context(path.display().to_string()));
+        }
+    }
+}
+
+/// Where `stream`'s live file in `dir` starts, from its `.base` file (0 before any rotation).
+fn base_of(dir: &Path, stream: &str) -> anyhow::Result<u64> {
+    match std::fs::read_to_string(dir.join(format!("{stream}.base"))) {
+        Ok(text) => Ok(text.trim().parse()?),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// What `seq 1 <last>` writes.
+fn seq(last: u64) -> Vec<u8> {
+    (1..=last)
+        .flat_map(|n| format!("{n}\n").into_bytes())
+        .collect()
 }
 
 /// The numbers of a file's lines. Each file starts at a line: the task writes one line per
@@ -308,10 +390,10 @@ fn lines_of(bytes: &[u8], rotated: bool) -> anyhow::Result<Vec<u64>> {
         .collect()
 }
 
-/// A task that writes 3 MB as fast as a shell loop can, one line per write: its files stay
-/// bounded while it writes, and what a master reads from offset 0 is what the files keep, from
-/// the first kept byte on, in order. Lines may be lost only where one file ends and the next
-/// begins: the copy-truncate window (shown, not hidden: the lost lines are counted).
+/// A task that writes 3 MB as fast as a shell loop can, one line per write: no file of its
+/// passes the cap, and what a master reads from offset 0 is what the files keep, from the first
+/// kept byte on, in order. No line is lost, at the files' boundaries either: the executor is the
+/// files' only writer, and each of its chunks (all the pipe held) is whole lines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() -> anyhow::Result<()>
 {
@@ -323,9 +405,7 @@ async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() 
     master.run_task(agent.upid(), "writer", &script).await?;
     agent.finished("writer").await?;
 
-    // The files: at most FILES rotated ones, each within the cap plus what the task wrote in
-    // about one check interval. A shell loop writes a few MB/s here, some 80 KB in one 20 ms
-    // interval; the slack is a whole cap more, for checks that run late on a loaded machine.
+    // The files: FILES rotated ones, each within the cap, however fast the task wrote.
     let task_dir = dir.path().join("tasks/writer");
     let files = stream_files(&task_dir)?;
     ensure!(
@@ -337,8 +417,8 @@ async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() 
     for (index, path) in files.iter().enumerate() {
         let bytes = std::fs::read(path)?;
         ensure!(
-            bytes.len() as u64 <= 2 * CAP,
-            "{} holds {} bytes, past the cap and one interval's writing",
+            bytes.len() as u64 <= CAP,
+            "{} holds {} bytes, past the cap",
             path.display(),
             bytes.len()
         );
@@ -365,7 +445,7 @@ async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() 
         .map(|path| std::fs::metadata(path).map(|meta| meta.len()))
         .sum::<std::io::Result<u64>>()?;
 
-    // Between files, lines go forward; the ones missing there are the copy-truncate loss.
+    // Between files, lines go on: none is lost at a rotation.
     let mut lost = 0;
     for pair in numbers.windows(2) {
         let (Some(last), Some(next)) = (pair[0].last(), pair[1].first()) else {
@@ -380,15 +460,13 @@ async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() 
         "the last line written is kept: {:?}",
         all.last()
     );
-    eprintln!(
-        "kept lines {:?}..={:?}; lost {lost} lines at rotation boundaries",
-        all.first(),
-        all.last()
-    );
+    ensure!(lost == 0, "{lost} lines lost at rotation boundaries");
 
     // Read back from 0 in pieces that cross the files' boundaries: it starts at the first
     // kept byte, past the start, and is exactly the files' bytes, oldest first.
-    let (first_offset, data, end) = master.read_all(agent.upid(), "writer", 100_000).await?;
+    let (first_offset, data, end) = master
+        .read_all(agent.upid(), "writer", false, 100_000)
+        .await?;
     ensure!(
         first_offset > 0,
         "3 MB over a 256 KiB cap rotated some away"
@@ -399,12 +477,12 @@ async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() 
     );
     ensure!(end == base + std::fs::metadata(task_dir.join("stdout"))?.len());
     ensure!(data == kept, "what was read is not what the files keep");
-    // In offsets, the kept bytes are the tail of the stream: the bytes before them, the ones
-    // rotated away, were written too (lines lost at boundaries are not counted).
+    // In offsets, the kept bytes are the tail of the stream: exactly where the first kept line
+    // was written, nothing being lost.
     let first_line = all.first().copied().unwrap_or_default();
     ensure!(
-        first_offset <= first_line * LINE as u64,
-        "first offset {first_offset} past where line {first_line} was written"
+        first_offset == first_line * LINE as u64,
+        "first offset {first_offset}, not where line {first_line} was written"
     );
 
     // A read past the end answers at the end, with nothing; one with a limit, no more.
@@ -427,36 +505,23 @@ async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() 
     Ok(())
 }
 
-/// Lines in one burst: the file passes the cap with the burst's last line only, so no rotation
-/// can start while the task is writing a burst.
-const BURST: usize = (CAP as usize / LINE) + 1;
-
-/// A task that writes bursts just past the cap and waits until the agent has rotated each before
-/// the next: no write falls in a copy-truncate window, so nothing is lost, and reading from 0
-/// returns exactly the tail of what it wrote: the last FILES bursts and the rest.
+/// A task whose writes are not lines (`seq` through stdio's 4 KiB buffer, so the executor's
+/// chunks and the files' boundaries fall anywhere in a line): reading from 0 returns exactly
+/// the tail of what it wrote, the rotated files are full to within one chunk, and the stream
+/// keeps at most its cap on disk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reading_from_zero_returns_exactly_the_tail_of_what_the_task_wrote() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let master = MasterNode::start().await?;
     let agent = AgentNode::start(config(&master, dir.path())).await?;
-    let bursts = 11; // 2.9 MB
-    let rest = 1_000;
-    let script = format!(
-        "n=0; b=0; while [ $b -lt {bursts} ]; do end=$((n+{BURST})); {WRITE_LINES}; \
-         while [ -s stdout ]; do sleep 0.01; done; b=$((b+1)); done; \
-         end=$((n+{rest})); {WRITE_LINES}"
-    );
-    master.run_task(agent.upid(), "bursts", &script).await?;
-    agent.finished("bursts").await?;
+    let last = 400_000; // 2.7 MB
+    master
+        .run_task(agent.upid(), "seq", &format!("seq 1 {last}"))
+        .await?;
+    agent.finished("seq").await?;
 
-    let written = numbered(0, bursts * BURST + rest);
-    let burst_bytes = (BURST * LINE) as u64;
-    let (first_offset, data, end) = master.read_all(agent.upid(), "bursts", 0).await?;
-    ensure!(
-        first_offset == (bursts as u64 - u64::from(FILES)) * burst_bytes,
-        "the first {} bursts were rotated away, not {first_offset} bytes",
-        bursts as u32 - FILES
-    );
+    let written = seq(last);
+    let (first_offset, data, end) = master.read_all(agent.upid(), "seq", false, 0).await?;
     ensure!(end == written.len() as u64, "{end} != {}", written.len());
     let tail = written
         .get(usize::try_from(first_offset)?..)
@@ -469,14 +534,103 @@ async fn reading_from_zero_returns_exactly_the_tail_of_what_the_task_wrote() -> 
             tail.len()
         );
     }
-    // Each rotated file is one burst, the live file the rest.
-    let task_dir = dir.path().join("tasks/bursts");
+    // FILES rotated files, each full to within one chunk; the live file the rest.
+    let task_dir = dir.path().join("tasks/seq");
     for k in 1..=FILES {
         let len = std::fs::metadata(task_dir.join(format!("stdout.{k}")))?.len();
-        ensure!(len == burst_bytes, "stdout.{k} holds {len} bytes");
+        ensure!(
+            len <= CAP && len > CAP - CHUNK,
+            "stdout.{k} holds {len} bytes"
+        );
     }
     ensure!(!task_dir.join(format!("stdout.{}", FILES + 1)).exists());
-    ensure!(std::fs::metadata(task_dir.join("stdout"))?.len() == (rest * LINE) as u64);
+    let on_disk = bytes_on_disk(&task_dir, "stdout")?;
+    ensure!(
+        on_disk == data.len() as u64 && on_disk <= STREAM_CAP,
+        "{on_disk} bytes on disk, {} read, cap {STREAM_CAP}",
+        data.len()
+    );
+    ensure!(
+        first_offset == end - on_disk,
+        "first offset {first_offset}, end {end}, {on_disk} bytes on disk"
+    );
+
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+/// A task writing ten times its streams' cap, on both streams at once, as fast as `seq` can:
+/// once it has ended, each stream takes at most its cap on disk (the bound is the cap itself:
+/// the executor rotates before a chunk would take a file past its size, so not even one chunk
+/// more), and reading it back still works and returns its newest bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_writing_ten_times_its_cap_keeps_at_most_the_cap_on_disk() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = MasterNode::start().await?;
+    let mut config = config(&master, dir.path());
+    let max_bytes = 64 * 1024;
+    let files = 1;
+    config.task_output_max_bytes = max_bytes;
+    config.task_output_files = files;
+    let cap = (u64::from(files) + 1) * max_bytes; // 128 KiB
+    let agent = AgentNode::start(config).await?;
+    let last = 210_000;
+    let written = seq(last);
+    ensure!(
+        written.len() as u64 >= 10 * cap,
+        "seq 1 {last} writes too little"
+    );
+    master
+        .run_task(
+            agent.upid(),
+            "flood",
+            &format!("seq 1 {last} & seq 1 {last} >&2; wait"),
+        )
+        .await?;
+    agent.finished("flood").await?;
+
+    let task_dir = dir.path().join("tasks/flood");
+    for (stream, stderr) in [("stdout", false), ("stderr", true)] {
+        for path in files_of(&task_dir, stream)? {
+            let len = std::fs::metadata(&path)?.len();
+            ensure!(
+                len <= max_bytes,
+                "{} holds {len} bytes, past {max_bytes}",
+                path.display()
+            );
+        }
+        let on_disk = bytes_on_disk(&task_dir, stream)?;
+        ensure!(
+            on_disk <= cap,
+            "{stream} takes {on_disk} bytes on disk, past its cap of {cap} (one chunk more \
+             would be {})",
+            cap + CHUNK
+        );
+        // And more than one file's worth: a rotation happens only when the next chunk would
+        // not fit in the live file, and that chunk starts the new live file, so the newest
+        // rotated file and the live file together hold more than `max_bytes`.
+        ensure!(
+            on_disk > max_bytes,
+            "{stream} keeps only {on_disk} bytes: too little of its cap of {cap}"
+        );
+        let (first_offset, data, end) = master.read_all(agent.upid(), "flood", stderr, 0).await?;
+        ensure!(
+            end == written.len() as u64,
+            "{stream} ends at {end}, not {}",
+            written.len()
+        );
+        ensure!(
+            data.len() as u64 == on_disk && first_offset == end - on_disk,
+            "{stream}: read {} bytes from {first_offset}, {on_disk} on disk",
+            data.len()
+        );
+        ensure!(
+            written.ends_with(&data),
+            "{stream}: what was read is not the newest of what was written"
+        );
+        ensure!(data.ends_with(format!("\n{last}\n").as_bytes()));
+    }
 
     agent.stop().await;
     master.shutdown().await;
@@ -548,71 +702,137 @@ async fn reads_refuse_unknown_and_escaping_ids_and_tell_the_streams_apart() -> a
     Ok(())
 }
 
-/// An agent restarted while its task runs rotates that task's output too, and reads keep their
-/// offsets across the restart.
+/// A task keeps writing while its agent is down: its executor goes on copying its output (no
+/// broken pipe), keeping it within its bounds, and the next run of the agent reads it back
+/// with its offsets, while the task still runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_restarted_agent_rotates_the_output_of_the_tasks_it_takes_back() -> anyhow::Result<()> {
+async fn a_task_keeps_writing_bounded_output_while_its_agent_is_down() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let master = MasterNode::start().await?;
-    // The first run never gets to check, and leaves its task running when it stops.
+    // The first run leaves its task running when it stops.
     let mut first_config = config(&master, dir.path());
-    first_config.task_output_check_interval = Duration::from_secs(3600);
     first_config.stop_tasks_on_exit = false;
     let first = AgentNode::start(first_config).await?;
-    let lines = BURST + 100;
-    let script = format!("n=0; end={lines}; {WRITE_LINES}; exec sleep 60");
+    // 1 000 lines, then (once the test says, the agent being down) 120 000 lines more: 1 MB,
+    // past STREAM_CAP, so the oldest are rotated away while no agent runs.
+    let (before, after) = (1_000, 120_000);
+    let lines = before + after;
+    let script = format!(
+        "n=0; end={before}; {WRITE_LINES}; while [ ! -e go ]; do sleep 0.01; done; \
+         end={lines}; {WRITE_LINES}; exec sleep 60"
+    );
     master.run_task(first.upid(), "kept", &script).await?;
-    let stdout = dir.path().join("tasks/kept/stdout");
-    let written = (lines * LINE) as u64;
     let deadline = tokio::time::Instant::now() + PATIENCE;
     let mut poll = tokio::time::interval(POLL);
     loop {
         poll.tick().await;
-        let len = std::fs::metadata(&stdout).map_or(0, |meta| meta.len());
-        if len == written {
+        let chunk = master.read(first.upid(), "kept", false, 0, 0).await?;
+        ensure!(chunk.error.is_empty(), "{}", chunk.error);
+        if chunk.data[..] == numbered(0, before)[..] {
             break;
         }
         ensure!(
             tokio::time::Instant::now() < deadline,
-            "the task wrote {len} of {written} bytes in time"
+            "the task's first lines were not read in time: {} bytes",
+            chunk.data.len()
         );
     }
-    ensure!(!dir.path().join("tasks/kept/stdout.1").exists());
     first.stop().await;
 
-    let second = AgentNode::start(config(&master, dir.path())).await?;
+    // Now the task writes the rest, with no agent.
+    let task_dir = dir.path().join("tasks/kept");
+    std::fs::write(task_dir.join("go"), "")?;
+    let written = (lines * LINE) as u64;
     let deadline = tokio::time::Instant::now() + PATIENCE;
-    let chunk = loop {
+    loop {
         poll.tick().await;
-        let chunk = master.read(second.upid(), "kept", false, 0, 0).await?;
-        ensure!(chunk.error.is_empty(), "{}", chunk.error);
-        if std::fs::metadata(&stdout)?.len() == 0 {
-            break chunk;
+        // Looked at as a read does, holding the task's output lock: not in the middle of a
+        // rotation, whose renames a listing could see a name twice through.
+        let held = read_lock(dir.path(), "kept")?;
+        let live = std::fs::metadata(task_dir.join("stdout")).map_or(0, |meta| meta.len());
+        let end = base_of(&task_dir, "stdout")? + live;
+        let on_disk = bytes_on_disk(&task_dir, "stdout")?;
+        drop(held);
+        ensure!(
+            on_disk <= STREAM_CAP,
+            "{on_disk} bytes on disk, past the cap of {STREAM_CAP}"
+        );
+        if end == written {
+            break;
         }
         ensure!(
             tokio::time::Instant::now() < deadline,
-            "the re-attached task's output was not rotated in time"
+            "with no agent, the task's output reached {end} of {written} bytes in time"
         );
-    };
+    }
+
+    let second = AgentNode::start(config(&master, dir.path())).await?;
+    let (first_offset, data, end) = master.read_all(second.upid(), "kept", false, 0).await?;
+    ensure!(end == written, "{end} != {written}");
+    ensure!(first_offset > 0, "some was rotated away");
+    let all = numbered(0, lines);
+    ensure!(
+        data[..] == all[usize::try_from(first_offset)?..],
+        "what was read is not the tail of what was written"
+    );
+    let chunk = master.read(second.upid(), "kept", false, end, 0).await?;
     ensure!(
         chunk.task_running,
         "the task still runs under the second agent"
     );
-    let rotated = std::fs::read(dir.path().join("tasks/kept/stdout.1"))?;
-    ensure!(
-        rotated == numbered(0, lines),
-        "stdout.1 holds what the task wrote"
-    );
-    // Nothing was rotated away yet: all of it reads from 0, now out of stdout.1.
-    let again = master.read(second.upid(), "kept", false, 0, 0).await?;
-    ensure!(
-        (again.first_offset, again.offset, again.next_offset) == (0, 0, written),
-        "{:?}",
-        (again.first_offset, again.offset, again.next_offset)
-    );
-    ensure!(again.data[..] == numbered(0, lines)[..]);
 
     second.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+/// A task that ends leaving a child behind that holds its stdout and stderr open (`sleep 30
+/// &`): its executor does not wait for the pipes to close (only for the task), so the task is
+/// reported finished promptly, with its output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_leaves_a_child_holding_its_output_is_finished_promptly() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let master = MasterNode::start().await?;
+    let agent = AgentNode::start(config(&master, dir.path())).await?;
+    master
+        .run_task(agent.upid(), "leaver", "sleep 30 & echo hi")
+        .await?;
+    // Well before the child's 30 s.
+    agent
+        .finished_within("leaver", Duration::from_secs(15))
+        .await?;
+    let out = master.read(agent.upid(), "leaver", false, 0, 0).await?;
+    ensure!(out.error.is_empty(), "{}", out.error);
+    ensure!(&out.data[..] == b"hi\n" && !out.task_running, "{out:?}");
+
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+/// A task that closes its stdout early and writes to its stderr afterwards: the closed pipe is
+/// not the end of the task's output, its stderr is still captured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_that_closes_its_stdout_early_still_has_its_stderr_captured() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = MasterNode::start().await?;
+    let agent = AgentNode::start(config(&master, dir.path())).await?;
+    master
+        .run_task(agent.upid(), "closer", "exec 1>&-; sleep 0.2; echo x >&2")
+        .await?;
+    agent.finished("closer").await?;
+    let err = master.read(agent.upid(), "closer", true, 0, 0).await?;
+    ensure!(err.error.is_empty(), "{}", err.error);
+    ensure!(
+        &err.data[..] == b"x\n" && (err.offset, err.next_offset) == (0, 2),
+        "{err:?}"
+    );
+    let out = master.read(agent.upid(), "closer", false, 0, 0).await?;
+    ensure!(out.error.is_empty(), "{}", out.error);
+    ensure!(out.data.is_empty() && out.next_offset == 0, "{out:?}");
+
+    agent.stop().await;
     master.shutdown().await;
     Ok(())
 }

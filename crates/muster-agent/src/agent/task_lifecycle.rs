@@ -17,6 +17,7 @@ use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
 use crate::child_process::{self, Ended, Sandbox, TaskProcess};
 use crate::isolation::Limits;
+use crate::output::Limits as OutputLimits;
 use crate::runner::{Running, Stop};
 use crate::store::{self, blocking};
 use crate::task_user::Credentials;
@@ -136,7 +137,7 @@ impl Agent {
     ) -> Result<Running, String> {
         let id = &task.id;
         let dir = store::task_dir(&self.config.data_dir, id);
-        let (stdout, stderr) = child_process::open_sandbox(&dir, credentials)
+        let output = child_process::open_sandbox(&dir, credentials)
             .await
             .map_err(|e| {
                 format!(
@@ -155,8 +156,11 @@ impl Agent {
             .for_task(id, limits)
             .map_err(|e| format!("task {id:?}: cannot make its cgroup: {e}"))?;
         let sandbox = Sandbox {
-            stdout,
-            stderr,
+            output,
+            output_limits: OutputLimits {
+                max_bytes: self.config.task_output_max_bytes,
+                files: self.config.task_output_files,
+            },
             cgroup: cgroup.clone(),
             credentials,
         };
