@@ -317,7 +317,13 @@ impl RaftLogStorage<TypeConfig> for LogStore {
 
     async fn save_committed(&mut self, committed: Option<LogId<NodeId>>) -> StoreResult<()> {
         // Not flushed: openraft only uses it to apply sooner after a restart.
-        self.write_meta(COMMITTED, &committed, StorageIOError::write)
+        self.write_meta(COMMITTED, &committed, StorageIOError::write)?;
+        if let Some(committed) = committed {
+            self.marker
+                .saw_committed(committed.index)
+                .map_err(|e| StorageIOError::write(&e))?;
+        }
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> StoreResult<Option<LogId<NodeId>>> {
@@ -332,9 +338,11 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         I::IntoIter: OptionalSend,
     {
         let mut batch = Batch::default();
+        let mut last = None;
         for entry in entries {
             let bytes = encode(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
             let index = entry.get_log_id().index;
+            last = Some(index);
             if bytes.len() <= PIECE_LEN {
                 batch.insert(&index_key(index), bytes);
                 continue;
@@ -356,6 +364,9 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             .apply_batch(batch)
             .map_err(|e| StorageIOError::write_logs(&e))?;
         let flushed = self.db.flush().await;
+        if let (Ok(()), Some(last)) = (&flushed, last) {
+            self.marker.saw_appended(last);
+        }
         let failed = flushed.as_ref().err().map(StorageIOError::write_logs);
         callback.log_io_completed(flushed.map_err(std::io::Error::other));
         match failed {

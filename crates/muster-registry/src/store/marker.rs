@@ -1,8 +1,10 @@
 //! The store's own integrity record, `muster-store.json` beside sled's files: what the store
 //! is known to hold at least, written (atomically, synced) whenever that grows in a way that
-//! is rare: a new vote (an election), a new purge point (a snapshot). At open the store is
-//! checked against it, so a database that lost its state (truncated, half-copied, replaced by
-//! an empty one) refuses to start instead of starting empty and rejoining as a blank member.
+//! is rare: a new vote (an election), a new purge point (a snapshot), and, at most every
+//! [`LOG_FLOOR_EVERY`], the log's committed and durable end. At open the store is checked
+//! against it, so a database that lost its state (truncated, half-copied, bit-flipped so that
+//! sled's recovery stops early, replaced by an empty one) refuses to start instead of starting
+//! with fewer entries, or empty, and rejoining as a member that forgot what it acknowledged.
 //!
 //! sled checks its own pages (a torn or corrupt segment is an error at open); this record
 //! catches what sled's recovery cannot know was there.
@@ -10,7 +12,9 @@
 use std::fs;
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
@@ -32,7 +36,16 @@ pub(super) struct Floor {
     /// The index of the last purge point the store saved (the log before it lives in the
     /// snapshot).
     pub(super) purged_index: Option<u64>,
+    /// An index up to which the store held its log durably, every entry of it committed (so
+    /// never truncated by raft): its log or snapshot must reach it. A lower bound, raised at
+    /// most every [`LOG_FLOOR_EVERY`]; absent in records written before it existed.
+    #[serde(default)]
+    pub(super) log_index: Option<u64>,
 }
+
+/// How often, at most, the record's log floor is raised (a write and a sync of the record):
+/// the newest entries of that long may be lost undetected, the rest may not.
+pub(super) const LOG_FLOOR_EVERY: Duration = Duration::from_millis(200);
 
 /// What the store holds now, as read at open.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,6 +54,8 @@ pub(super) struct Held {
     pub(super) purged_index: Option<u64>,
     pub(super) snapshot_index: Option<u64>,
     pub(super) log_entries: usize,
+    /// The index of the last entry in its log.
+    pub(super) last_log_index: Option<u64>,
 }
 
 impl Held {
@@ -109,6 +124,12 @@ impl MarkerPlace {
 pub(super) struct Marker {
     place: MarkerPlace,
     floor: Arc<Mutex<Floor>>,
+    /// The last index appended and flushed, and the last committed one, as the log store
+    /// saw them: the log floor's candidates.
+    durable: Arc<AtomicU64>,
+    committed: Arc<AtomicU64>,
+    /// When the log floor was last raised.
+    floor_raised: Arc<Mutex<Option<tokio::time::Instant>>>,
 }
 
 impl Marker {
@@ -142,11 +163,15 @@ impl Marker {
                 format: FORMAT,
                 vote_term: held.vote_term.unwrap_or(0),
                 purged_index: held.purged_index,
+                log_index: None,
             },
         };
         let marker = Marker {
             place,
             floor: Arc::new(Mutex::new(floor)),
+            durable: Arc::default(),
+            committed: Arc::default(),
+            floor_raised: Arc::default(),
         };
         if recorded.is_none() {
             marker
@@ -171,6 +196,35 @@ impl Marker {
         self.raise(|floor| {
             (floor.purged_index < Some(index)).then_some(Floor {
                 purged_index: Some(index),
+                ..*floor
+            })
+        })
+    }
+
+    /// Records that the log holds entries up to `index`, flushed.
+    pub(super) fn saw_appended(&self, index: u64) {
+        self.durable.store(index, Ordering::Release);
+    }
+
+    /// Records that entries up to `index` are committed, and raises the log floor to what is
+    /// both committed and durable if it was last raised [`LOG_FLOOR_EVERY`] ago or more.
+    pub(super) fn saw_committed(&self, index: u64) -> io::Result<()> {
+        self.committed.fetch_max(index, Ordering::AcqRel);
+        let now = tokio::time::Instant::now();
+        {
+            let mut raised = self.floor_raised.lock().unwrap_or_else(|p| p.into_inner());
+            if raised.is_some_and(|at| now.saturating_duration_since(at) < LOG_FLOOR_EVERY) {
+                return Ok(());
+            }
+            *raised = Some(now);
+        }
+        let reached = self
+            .durable
+            .load(Ordering::Acquire)
+            .min(self.committed.load(Ordering::Acquire));
+        self.raise(|floor| {
+            (reached > 0 && floor.log_index < Some(reached)).then_some(Floor {
+                log_index: Some(reached),
                 ..*floor
             })
         })
@@ -214,6 +268,19 @@ fn missing(floor: &Floor, held: &Held) -> Option<String> {
             floor.vote_term
         ));
     }
+    if let Some(floor_index) = floor.log_index {
+        let end = [held.last_log_index, held.snapshot_index, held.purged_index]
+            .into_iter()
+            .flatten()
+            .max()
+            .unwrap_or(0);
+        if end < floor_index {
+            return Some(format!(
+                "its log and snapshot end at index {end}, but it held committed entries up to \
+                 index {floor_index}"
+            ));
+        }
+    }
     if let Some(purged) = floor.purged_index {
         if held.purged_index.unwrap_or(0) < purged {
             return Some(format!(
@@ -245,6 +312,7 @@ mod tests {
             purged_index: Some(100),
             snapshot_index: Some(120),
             log_entries: 7,
+            last_log_index: Some(127),
         };
         assert!(Marker::check("dir", MarkerPlace::in_dir(dir.path()), whole).is_ok());
         let error =
@@ -270,6 +338,29 @@ mod tests {
             Marker::check("dir", MarkerPlace::in_dir(dir.path()), no_snapshot)
                 .unwrap_err()
                 .contains("snapshot")
+        );
+        Ok(())
+    }
+
+    #[tokio::test]
+    async fn a_log_shorter_than_its_committed_and_durable_end_is_refused() -> Result<(), String> {
+        let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
+        let marker = Marker::check("dir", MarkerPlace::in_dir(dir.path()), Held::default())?;
+        marker.saw_vote(2).map_err(|e| e.to_string())?;
+        // Committed beyond what is durable here: the floor is what is both.
+        marker.saw_appended(40);
+        marker.saw_committed(55).map_err(|e| e.to_string())?;
+        let held = |last| Held {
+            vote_term: Some(2),
+            log_entries: 40,
+            last_log_index: Some(last),
+            ..Held::default()
+        };
+        assert!(Marker::check("dir", MarkerPlace::in_dir(dir.path()), held(40)).is_ok());
+        let error = Marker::check("dir", MarkerPlace::in_dir(dir.path()), held(25)).unwrap_err();
+        assert!(
+            error.contains("end at index 25") && error.contains("up to index 40"),
+            "{error}"
         );
         Ok(())
     }

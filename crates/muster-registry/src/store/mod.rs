@@ -167,10 +167,19 @@ fn held(
         }
         None => None,
     };
+    let last_log_index = match log.last() {
+        Ok(Some((key, _))) => key
+            .get(..8)
+            .and_then(|prefix| prefix.try_into().ok())
+            .map(u64::from_be_bytes),
+        Ok(None) => None,
+        Err(e) => return Err(corrupt("log", e.to_string())),
+    };
     Ok(marker::Held {
         vote_term,
         purged_index,
         snapshot_index,
         log_entries: log.len(),
+        last_log_index,
     })
 }
