@@ -220,7 +220,15 @@ impl Storm {
             };
             async move {
                 pid.ask(|r| {
-                    AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r, None).into()
+                    AgentMsg::Register(
+                        pb::RegisterAgent {
+                            info: Some(info),
+                            ..Default::default()
+                        },
+                        r,
+                        None,
+                    )
+                    .into()
                 })
                 .await
             }

@@ -293,7 +293,15 @@ async fn run(placement: Placement, tasks: usize) -> Figures {
             async move {
                 let reply = pid
                     .ask(|r| {
-                        AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r, None).into()
+                        AgentMsg::Register(
+                            pb::RegisterAgent {
+                                info: Some(info),
+                                ..Default::default()
+                            },
+                            r,
+                            None,
+                        )
+                        .into()
                     })
                     .await
                     .expect("the master answers");
@@ -405,6 +413,7 @@ async fn transport_floor(tasks: usize) -> Duration {
                     let launch = pb::LaunchTasks {
                         tasks: vec![run_task(&spec, slot)],
                         term: 1,
+                        ..Default::default()
                     };
                     match remotes[agent].tell(launch) {
                         Ok(()) => break,

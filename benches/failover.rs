@@ -158,6 +158,7 @@ fn reregistration(n: usize, id: &str, history: bool) -> pb::ReregisterAgent {
         completed_frameworks,
         completed_tasks,
         tasks_sharing_labels,
+        ..Default::default()
     }
 }
 
@@ -188,6 +189,7 @@ impl Fixture {
             async move {
                 let request = pb::RegisterAgent {
                     info: Some(info(n)),
+                    ..Default::default()
                 };
                 pid.ask(|r| AgentMsg::Register(request, r, None).into())
                     .await

@@ -6,7 +6,10 @@
 //!   service task keeps its id and its process, nothing replaces it, and a batch task that ended
 //!   while the agent was down arrives with its real exit code; tasks run as `nobody`;
 //! - an agent kept down past the master's deadline comes back to find its service task replaced
-//!   on another agent: its old copy is killed, and one process is left.
+//!   on another agent: its old copy is killed, and one process is left;
+//! - batch jobs submitted while their agent is SIGKILLed and restarted at the same address
+//!   (launches in flight, queued for it, delivered to the new process) run each slot exactly
+//!   once, counted from the tasks' own output.
 //!
 //! The binaries come from the same target directory as this test: `cargo test --workspace`
 //! builds them.
@@ -64,10 +67,16 @@ impl Cluster {
 
     /// Starts agent `n` (again: same data directory, same name), reporting `rack=<rack>`.
     async fn start_agent(&mut self, n: usize, rack: &str) -> anyhow::Result<()> {
+        self.start_agent_at(n, rack, "127.0.0.1:0").await
+    }
+
+    /// As [`start_agent`](Self::start_agent), listening on `listen`: an agent restarted at
+    /// its old address is where what its link queued for it goes.
+    async fn start_agent_at(&mut self, n: usize, rack: &str, listen: &str) -> anyhow::Result<()> {
         let mut command = Command::new(binary("muster-agent")?);
         command
             .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
-            .args(["--listen", "127.0.0.1:0", "--master", &self.master_address])
+            .args(["--listen", listen, "--master", &self.master_address])
             .arg("--data-dir")
             .arg(self.dir.join(format!("agent-{n}")))
             .args(["--cpus", "2", "--mem-mb", "2048"])
@@ -518,6 +527,83 @@ async fn seven_agent_kills_leave_a_service_job_at_its_count_with_every_process_t
             "the master tracks {tracked:?}, the machine runs {running:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    cluster.shutdown(&[&marker]).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_tasks_launched_around_agent_restarts_run_each_slot_exactly_once()
+-> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    const SLOTS: u32 = 6;
+    const ROUNDS: usize = 4;
+    let dir = tempfile::tempdir()?;
+    // Where each run appends its task id, one file per slot; the tasks run as `nobody`.
+    let runs = tempfile::Builder::new()
+        .prefix("muster-runs")
+        .tempdir_in("/tmp")?;
+    std::fs::set_permissions(runs.path(), std::fs::Permissions::from_mode(0o777))?;
+    let mut cluster = Cluster::start(dir.path(), &[]).await?;
+    let address = common::free_ports(1).await?.remove(0);
+    cluster.start_agent_at(0, "r0", &address).await?;
+    cluster
+        .state_when("the agent", |s| s.agents.iter().any(|a| a.connected))
+        .await?;
+    let marker = format!("{}/once", dir.path().display());
+    let script = format!(
+        "t=${{PWD##*/}}; echo \"$t\" >> '{}'/\"${{t%-*}}\"",
+        runs.path().display()
+    );
+    for round in 0..ROUNDS {
+        let mut batch = job(
+            &format!("once-{round}"),
+            model_pb::SchedulerType::Batch,
+            &script,
+            &marker,
+            None,
+        );
+        batch.groups[0].count = SLOTS;
+        cluster.submit(batch).await?;
+        // Its launches are on the way, queued for the agent, or about to be: the agent dies
+        // and comes back at the same address.
+        cluster.kill_agent(0).await?;
+        cluster.start_agent_at(0, "r0", &address).await?;
+    }
+
+    // The master has every slot finished...
+    cluster
+        .state_when("every slot of every job finished", |s| {
+            (0..ROUNDS).all(|round| {
+                let job = format!("once-{round}");
+                let mut slots: Vec<&str> = s
+                    .agents
+                    .iter()
+                    .flat_map(|a| a.completed_tasks.iter())
+                    .filter(|t| t.job == job && t.state == model_pb::TaskState::Finished as i32)
+                    .map(|t| t.name.as_str())
+                    .collect();
+                slots.sort_unstable();
+                slots.dedup();
+                let live = s
+                    .agents
+                    .iter()
+                    .flat_map(|a| a.tasks.iter())
+                    .any(|t| t.job == job);
+                slots.len() == SLOTS as usize && !live
+            })
+        })
+        .await?;
+    // ...and each ran once: one line in each slot's file, none missing.
+    for round in 0..ROUNDS {
+        for slot in 0..SLOTS {
+            let name = format!("once-{round}.main[{slot}]");
+            let ran = std::fs::read_to_string(runs.path().join(&name))
+                .with_context(|| format!("{name} never ran"))?;
+            let times = ran.lines().count();
+            ensure!(times == 1, "{name} ran {times} times: {ran:?}");
+        }
     }
     cluster.shutdown(&[&marker]).await;
     Ok(())

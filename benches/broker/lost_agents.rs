@@ -462,7 +462,15 @@ impl Recovered {
             let info = agent_info(n, &address);
             async move {
                 pid.ask(|r| {
-                    AgentMsg::Register(pb::RegisterAgent { info: Some(info) }, r, None).into()
+                    AgentMsg::Register(
+                        pb::RegisterAgent {
+                            info: Some(info),
+                            ..Default::default()
+                        },
+                        r,
+                        None,
+                    )
+                    .into()
                 })
                 .await
             }

@@ -10,8 +10,8 @@
 //!   their states to the master;
 //! - [`recovery`]: taking back the tasks an earlier run of the agent left (re-attaching to
 //!   those still running, recording the real end of the others);
-//! - [`task_output`]: rotating the running tasks' output files now and then, and answering the
-//!   masters' reads of a task's output.
+//! - [`task_output`]: answering the masters' reads of a task's output, and rotating now and
+//!   then the output files of running tasks whose executors do not (see `crate::output`).
 //!
 //! The task table is [`crate::tasks`], the tasks' child processes [`crate::child_process`], the
 //! files under the data directory [`crate::store`].
@@ -214,6 +214,9 @@ pub struct Agent {
     recovered: Vec<(Framework, Task, Running)>,
     /// The highest leader term the agent has heard from (see `fencing`), kept in `meta/term`.
     term: u64,
+    /// The agent's registration number (see `fencing`), raised before every registration
+    /// round and kept in `meta/registration`: launches stamped with another are refused.
+    registration: u64,
     /// Commands refused for coming from an older term.
     stale_commands_refused: u64,
     /// What the agent counts for its metrics (see [`AgentFigures`]).
@@ -259,6 +262,12 @@ impl Process for Agent {
             }
             Msg::LaunchTasks(launch) => {
                 if self.admit_term(launch.term, "a LaunchTasks").is_err() {
+                    return;
+                }
+                if let Err(why) = self.admit_launch(launch.registration, launch.deadline_unix_ms) {
+                    for request in launch.tasks {
+                        self.refuse_launch(request, &why);
+                    }
                     return;
                 }
                 for request in launch.tasks {

@@ -5,8 +5,10 @@
 //! - `meta/tasks/<task id>.pb`: one checkpoint per task it knows (a prost-encoded
 //!   [`RunTask`] holding the framework and the task with its latest state), so that a restarted
 //!   agent can tell the master what became of them;
-//! - `meta/tasks/<task id>.{executor,pid,status}`: what a restarted agent needs to find the
-//!   task's executor again, and what the executor records (see `executor`);
+//! - `meta/tasks/<task id>.{executor,pid,status,output-lock}`: what a restarted agent needs to
+//!   find the task's executor again, what the executor records (see `executor`), and the lock
+//!   between the executor's rotations of the task's output and the agent's reads (see
+//!   `output`);
 //! - `tasks/<task id>/`: each task's working directory, with its `stdout` and `stderr`, owned
 //!   by the task's user;
 //! - `meta/term`: the highest leader term the agent obeys; `meta/alive`: when it was last
@@ -164,29 +166,57 @@ pub(crate) fn last_alive_ms(data_dir: &Path) -> io::Result<Option<u64>> {
 /// Name of the file holding the highest leader term the agent has obeyed, under `meta/`.
 const TERM_FILE: &str = "term";
 
+/// Name of the file holding the agent's registration number, under `meta/`.
+const REGISTRATION_FILE: &str = "registration";
+
 /// The highest leader term the agent has obeyed (0 if none).
 ///
 /// # Errors
 /// [`AgentError::StateFile`] if the file exists but cannot be read or holds no number: the
 /// agent must not start forgetting a term it promised to hold.
 pub(crate) fn read_term(data_dir: &Path) -> Result<u64, AgentError> {
-    let path = data_dir.join("meta").join(TERM_FILE);
+    read_number(data_dir, TERM_FILE, "not a term number")
+}
+
+/// Records, durably, that the agent follows leader term `term` from now on.
+pub(crate) fn write_term(data_dir: &Path, term: u64) -> Result<(), AgentError> {
+    write_number(data_dir, TERM_FILE, term)
+}
+
+/// The agent's last registration number (0 if it never registered): launches stamped with an
+/// earlier one are refused.
+///
+/// # Errors
+/// [`AgentError::StateFile`] if the file exists but cannot be read or holds no number: the
+/// agent must not start taking launches meant for an earlier registration of itself.
+pub(crate) fn read_registration(data_dir: &Path) -> Result<u64, AgentError> {
+    read_number(data_dir, REGISTRATION_FILE, "not a registration number")
+}
+
+/// Records, durably, the agent's registration number `registration`.
+pub(crate) fn write_registration(data_dir: &Path, registration: u64) -> Result<(), AgentError> {
+    write_number(data_dir, REGISTRATION_FILE, registration)
+}
+
+/// The number in `meta/<file>` (0 if there is none).
+fn read_number(data_dir: &Path, file: &str, malformed: &str) -> Result<u64, AgentError> {
+    let path = data_dir.join("meta").join(file);
     match fs::read_to_string(&path) {
         Ok(text) => text.trim().parse().map_err(|_| AgentError::StateFile {
             path,
-            source: io::Error::new(io::ErrorKind::InvalidData, "not a term number"),
+            source: io::Error::new(io::ErrorKind::InvalidData, malformed.to_owned()),
         }),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(0),
         Err(source) => Err(AgentError::StateFile { path, source }),
     }
 }
 
-/// Records, durably, that the agent follows leader term `term` from now on.
-pub(crate) fn write_term(data_dir: &Path, term: u64) -> Result<(), AgentError> {
+/// Writes `number` to `meta/<file>`, durably.
+fn write_number(data_dir: &Path, file: &str, number: u64) -> Result<(), AgentError> {
     let dir = data_dir.join("meta");
-    let path = dir.join(TERM_FILE);
+    let path = dir.join(file);
     fs::create_dir_all(&dir)
-        .and_then(|()| write_atomically(&path, format!("{term}\n").as_bytes(), true))
+        .and_then(|()| write_atomically(&path, format!("{number}\n").as_bytes(), true))
         .map_err(|source| AgentError::StateFile { path, source })
 }
 

@@ -162,12 +162,18 @@ impl MasterNode {
     /// A fake master listening on `address`.
     async fn start_on(address: &str, answer: Answer) -> anyhow::Result<Self> {
         let system = System::new();
-        let node = Node::bind(
-            &system,
-            address,
-            TestPki::shared().security(Role::Master, "master-1"),
-        )
-        .await?;
+        // An address a stopped node just gave up may take a moment to be free again.
+        let deadline = tokio::time::Instant::now() + PATIENCE;
+        let node = loop {
+            let security = TestPki::shared().security(Role::Master, "master-1");
+            match Node::bind(&system, address, security).await {
+                Ok(node) => break node,
+                Err(_) if tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
         let (tx, got) = mpsc::unbounded_channel();
         let (updates_tx, updates) = mpsc::unbounded_channel();
         let answer = Arc::new(Mutex::new(answer));
@@ -873,6 +879,7 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
             shell_task("first", "exit 0"),
         ],
         term: 0,
+        ..Default::default()
     };
     master.node.remote(to.clone()).tell(launch)?;
 
@@ -900,6 +907,7 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
     let later = LaunchTasks {
         tasks: vec![shell_task("later", "sleep 30")],
         term: 0,
+        ..Default::default()
     };
     master.node.remote(to.clone()).tell(later)?;
     master.expect_started("agent-l", "later").await?;
@@ -924,6 +932,66 @@ async fn launch_tasks_starts_each_and_reports_refusals_as_failed_updates() -> an
         .filter(|l| l.starts_with("muster_agent_task_memory_bytes{task=\""))
         .count();
     assert_eq!(memory, 2, "{text}");
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_launch_for_an_earlier_registration_or_past_its_deadline_is_refused_as_lost()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::Admit("agent-f".into())).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    let first = master.next_register().await?.registration;
+    agent.registered_with(&master.upid()?).await?;
+    assert!(first >= 1, "the agent names its registration");
+    agent.stop().await;
+    // A restarted agent registers under a higher number: it was written down.
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    let registration = master.next_reregister().await?.registration;
+    agent.registered_with(&master.upid()?).await?;
+    assert!(registration > first, "{registration} after {first}");
+    let to = master.node.remote(agent.upid().clone());
+    let now_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+
+    // Stamped with the earlier registration: it waited in a queue while the agent registered
+    // again, and the master has counted it lost.
+    to.tell(LaunchTasks {
+        tasks: vec![shell_task("stale", "sleep 30")],
+        registration: first,
+        ..Default::default()
+    })?;
+    let lost = master
+        .expect_update("agent-f", "stale", TaskState::Lost)
+        .await?;
+    assert!(lost.message.contains("registration"), "{:?}", lost.message);
+    // Past its deadline.
+    to.tell(LaunchTasks {
+        tasks: vec![shell_task("late", "sleep 30")],
+        registration,
+        deadline_unix_ms: now_ms.saturating_sub(1_000),
+        ..Default::default()
+    })?;
+    let lost = master
+        .expect_update("agent-f", "late", TaskState::Lost)
+        .await?;
+    assert!(lost.message.contains("expired"), "{:?}", lost.message);
+    // For this registration, in time: it runs.
+    to.tell(LaunchTasks {
+        tasks: vec![shell_task("fresh", "sleep 30")],
+        registration,
+        deadline_unix_ms: now_ms + 60_000,
+        ..Default::default()
+    })?;
+    master.expect_started("agent-f", "fresh").await?;
+    let snapshot = agent.handle.snapshot().await?;
+    assert!(find(&snapshot.tasks, "stale").is_none());
+    assert!(find(&snapshot.tasks, "late").is_none());
     agent.stop().await;
     master.shutdown().await;
     Ok(())
@@ -1634,6 +1702,7 @@ async fn commands_of_an_older_leader_term_are_refused_counted_and_remembered_acr
     remote.tell(LaunchTasks {
         tasks: vec![in_term("old-launch", 4)],
         term: 4,
+        ..Default::default()
     })?;
     assert_eq!(
         master

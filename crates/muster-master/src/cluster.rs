@@ -27,6 +27,10 @@ pub(crate) struct AgentEntry {
     pub(crate) ping_in_flight: bool,
     /// Whether a check of its launches is coming (see `Master::send_launch`).
     pub(crate) launch_check_due: bool,
+    /// The agent's registration number, as it registered or re-registered with this master
+    /// (0: an agent that does not fence launches by it): every launch to it is stamped with
+    /// it, and the agent refuses one stamped with another.
+    pub(crate) registration: u64,
     /// What schedulers see of it, built on demand and dropped whenever its tasks or info
     /// change (go through [`Cluster::agent_mut`] to change them; a task placed here is added
     /// to it in place, [`AgentEntry::add_task`]), so a snapshot shares the views of every
@@ -49,6 +53,7 @@ impl AgentEntry {
             missed_pings: 0,
             ping_in_flight: false,
             launch_check_due: false,
+            registration: 0,
             view: None,
             remote: None,
         }
@@ -57,6 +62,7 @@ impl AgentEntry {
     /// A connected agent with what it runs.
     pub(crate) fn connected(
         info: AgentInfo,
+        registration: u64,
         tasks: Vec<TaskRecord>,
         completed_tasks: Vec<TaskRecord>,
     ) -> Self {
@@ -68,6 +74,7 @@ impl AgentEntry {
             missed_pings: 0,
             ping_in_flight: false,
             launch_check_due: false,
+            registration,
             view: None,
             remote: None,
         }

@@ -76,8 +76,10 @@ pub struct MasterConfig {
     pub reschedule_delay: Duration,
     /// The longest a crash-looping task's replacement waits.
     pub reschedule_max_delay: Duration,
-    /// How long a launched task may stay STAGING with no word from its agent (launches are
-    /// one-way, and can be lost with a broken link) before it counts as LOST and is replaced.
+    /// How long a launch is valid: the agent refuses it after this (on its own clock), and a
+    /// task still STAGING with no word from its agent counts as LOST, and is replaced, 5 s
+    /// after that (launches are one-way, and can be lost with a broken link or wait in its
+    /// queue; the 5 s are for the two clocks to disagree).
     pub launch_timeout: Duration,
     /// Scheduler workers this master runs (they work only while it leads).
     pub workers: usize,

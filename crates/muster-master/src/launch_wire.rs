@@ -24,6 +24,8 @@ use crate::task_record::{TaskDetail, TaskRecord};
 /// `LaunchTasks` field numbers.
 const LAUNCH_TASKS: u32 = 1;
 const LAUNCH_TERM: u32 = 2;
+const LAUNCH_REGISTRATION: u32 = 3;
+const LAUNCH_DEADLINE: u32 = 4;
 /// `RunTask` field numbers.
 const RUN_FRAMEWORK: u32 = 1;
 const RUN_TASK: u32 = 2;
@@ -89,6 +91,19 @@ pub(crate) struct LaunchWire {
     pub(crate) runs: Vec<RunWire>,
     /// The leader's raft term, in the launch and in each of its runs.
     pub(crate) term: u64,
+    /// The agent's registration it is meant for, and when it expires (`LaunchTasks`'s
+    /// `registration` and `deadline_unix_ms`): the agent refuses it for another registration
+    /// of itself or past the deadline.
+    pub(crate) fence: LaunchFence,
+}
+
+/// Whom and until when a launch is for (see [`LaunchWire::fence`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LaunchFence {
+    /// The agent's registration number (0: not fenced so).
+    pub(crate) registration: u64,
+    /// When it expires, in milliseconds since the Unix epoch (0: never).
+    pub(crate) deadline_unix_ms: u64,
 }
 
 /// The most bytes of runs packed into one launch message: half the agent link's 4 MiB message
@@ -98,13 +113,19 @@ pub(crate) struct LaunchWire {
 pub(crate) const LAUNCH_MESSAGE_BUDGET: usize = 2 * 1024 * 1024;
 
 impl LaunchWire {
-    /// `runs` for one agent under `term`, in order, packed into launches of at most `budget`
-    /// bytes each (a run larger than that goes alone).
-    pub(crate) fn packed(runs: Vec<RunWire>, term: u64, budget: usize) -> Vec<LaunchWire> {
+    /// `runs` for one agent under `term` and `fence`, in order, packed into launches of at
+    /// most `budget` bytes each (a run larger than that goes alone).
+    pub(crate) fn packed(
+        runs: Vec<RunWire>,
+        term: u64,
+        fence: LaunchFence,
+        budget: usize,
+    ) -> Vec<LaunchWire> {
         let mut launches = Vec::new();
         let mut current = LaunchWire {
             runs: Vec::new(),
             term,
+            fence,
         };
         let mut current_len = 0usize;
         for run in runs {
@@ -115,6 +136,7 @@ impl LaunchWire {
                     LaunchWire {
                         runs: Vec::new(),
                         term,
+                        fence,
                     },
                 );
                 launches.push(full);
@@ -184,6 +206,8 @@ impl prost::Message for LaunchWire {
             run.encode(task_len, self.term, buf);
         }
         put_uint64(LAUNCH_TERM, self.term, buf);
+        put_uint64(LAUNCH_REGISTRATION, self.fence.registration, buf);
+        put_uint64(LAUNCH_DEADLINE, self.fence.deadline_unix_ms, buf);
     }
 
     fn merge_field(
@@ -207,11 +231,14 @@ impl prost::Message for LaunchWire {
             })
             .sum();
         runs + uint64_len(LAUNCH_TERM, self.term)
+            + uint64_len(LAUNCH_REGISTRATION, self.fence.registration)
+            + uint64_len(LAUNCH_DEADLINE, self.fence.deadline_unix_ms)
     }
 
     fn clear(&mut self) {
         self.runs.clear();
         self.term = 0;
+        self.fence = LaunchFence::default();
     }
 }
 
@@ -339,6 +366,8 @@ mod tests {
                 })
                 .collect(),
             term: launch.term,
+            registration: launch.fence.registration,
+            deadline_unix_ms: launch.fence.deadline_unix_ms,
         }
     }
 
@@ -366,6 +395,10 @@ mod tests {
                     })
                     .collect(),
                 term,
+                fence: LaunchFence {
+                    registration: term * 3,
+                    deadline_unix_ms: term * 1_000_000_007,
+                },
             };
             let bytes = launch.encode_to_vec();
             assert_eq!(bytes.len(), launch.encoded_len(), "term {term}");
@@ -393,7 +426,7 @@ mod tests {
             })
             .collect();
         let names: Vec<String> = runs.iter().map(|r| r.task.view.name().to_owned()).collect();
-        let launches = LaunchWire::packed(runs, 4, 100_000);
+        let launches = LaunchWire::packed(runs, 4, LaunchFence::default(), 100_000);
         assert_eq!(launches.len(), 5, "two runs of about 40 kB fit in 100 kB");
         let mut packed_names = Vec::new();
         for launch in &launches {
@@ -412,10 +445,11 @@ mod tests {
                 group,
             }],
             4,
+            LaunchFence::default(),
             1_000,
         );
         assert_eq!(alone.len(), 1, "a run over the budget still goes, alone");
-        assert!(LaunchWire::packed(Vec::new(), 4, 1_000).is_empty());
+        assert!(LaunchWire::packed(Vec::new(), 4, LaunchFence::default(), 1_000).is_empty());
     }
 
     #[test]

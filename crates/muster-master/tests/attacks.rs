@@ -313,6 +313,7 @@ async fn strangers_cannot_register_agents() -> anyhow::Result<()> {
                         }),
                         ..model_pb::AgentInfo::default()
                     }),
+                    ..Default::default()
                 },
             )
             .await;
@@ -392,6 +393,7 @@ async fn an_agent_registering_again_keeps_its_id_and_is_listed_once() -> anyhow:
             }),
             ..model_pb::AgentInfo::default()
         }),
+        ..Default::default()
     };
     let mut ids = Vec::new();
     // As an agent whose first answer was lost does: it asks again.

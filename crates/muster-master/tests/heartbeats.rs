@@ -90,6 +90,7 @@ async fn register(node: &Node, master: &Upid, n: usize) -> anyhow::Result<String
             ASK,
             pb::RegisterAgent {
                 info: Some(info(n, node)),
+                ..Default::default()
             },
         )
         .await?;

@@ -483,6 +483,7 @@ async fn register_stand_in(
             DEADLINE,
             pb::RegisterAgent {
                 info: Some(info.clone()),
+                ..Default::default()
             },
         )
         .await?;

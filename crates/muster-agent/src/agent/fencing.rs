@@ -3,6 +3,18 @@
 //! remembers, durably, the highest term it has seen from a leader, and refuses a command of a
 //! lower one: a deposed leader that resumes after a pause cannot launch or kill anything on an
 //! agent that has heard from its successor. Each refusal is logged and counted.
+//!
+//! Fencing by registration: a launch is a one-way message that may wait in a link's queue, so
+//! it also names the agent's registration it was meant for, and a deadline. The agent raises
+//! its registration number, durably, before every registration round (at start, after a
+//! restart, after losing its master) and refuses a launch for another one, or past its
+//! deadline, reporting each of its tasks LOST: what a master counted lost when the agent came
+//! back without it (or when its deadline passed) never starts after all.
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use muster_proto::cluster::RunTask;
+use muster_proto::model::TaskState;
 
 use super::Agent;
 use crate::store;
@@ -52,5 +64,62 @@ impl Agent {
             "admitted anew: following this cluster's leader term"
         );
         self.term = term;
+    }
+
+    /// Starts a new registration of the agent: its number is raised and written durably
+    /// before any master hears it. If the write fails the agent says so and goes on with the
+    /// raised number; after a restart it could then take the number again.
+    pub(super) fn next_registration(&mut self) {
+        self.registration = self.registration.saturating_add(1);
+        if let Err(error) = store::write_registration(&self.config.data_dir, self.registration) {
+            tracing::error!(%error, registration = self.registration, "cannot record the agent's registration; after a restart, a launch meant for this one could be taken");
+        }
+    }
+
+    /// Whether a launch for `registration` (0: not fenced so) that expires at
+    /// `deadline_unix_ms` (0: never) may run now.
+    pub(super) fn admit_launch(
+        &mut self,
+        registration: u64,
+        deadline_unix_ms: u64,
+    ) -> Result<(), String> {
+        if registration != 0 && registration != self.registration {
+            self.stale_commands_refused += 1;
+            return Err(format!(
+                "refused a launch meant for registration {registration} of this agent, which \
+                 has registered again since (registration {}): it was counted lost",
+                self.registration
+            ));
+        }
+        let now_ms = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |since| {
+                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+            });
+        if deadline_unix_ms != 0 && now_ms > deadline_unix_ms {
+            self.stale_commands_refused += 1;
+            return Err(format!(
+                "refused a launch that expired {} ms ago (it waited in a queue): it was \
+                 counted lost",
+                now_ms - deadline_unix_ms
+            ));
+        }
+        Ok(())
+    }
+
+    /// Reports a task of a refused launch LOST with the reason, without starting it.
+    pub(super) fn refuse_launch(&mut self, request: RunTask, why: &str) {
+        let Some(mut task) = request.task else {
+            return;
+        };
+        tracing::warn!(task = %task.id, "{why}");
+        if self.tasks.knows(&task.id) {
+            // Already here (an earlier copy of the same launch): not this copy's to report.
+            return;
+        }
+        task.state = TaskState::Lost as i32;
+        task.exit_code = -1;
+        task.message = why.to_owned();
+        self.report(task);
     }
 }

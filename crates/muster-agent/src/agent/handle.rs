@@ -177,10 +177,12 @@ impl AgentHandle {
 /// it look for the leading master (after a random delay below
 /// [`registration_backoff_initial`](AgentConfig::registration_backoff_initial)).
 ///
-/// Every [`task_output_check_interval`](AgentConfig::task_output_check_interval) the agent
-/// rotates the output files of its running tasks (re-attached ones included) that are past
-/// [`task_output_max_bytes`](AgentConfig::task_output_max_bytes), off its own thread (see
-/// `crate::output`).
+/// Each task's executor keeps the task's output files within
+/// [`task_output_max_bytes`](AgentConfig::task_output_max_bytes) and
+/// [`task_output_files`](AgentConfig::task_output_files) as it writes them, whether the agent
+/// runs or not. Every [`task_output_check_interval`](AgentConfig::task_output_check_interval)
+/// the agent rotates, off its own thread, the files past that size of the running tasks whose
+/// executors an agent from before this rule started (see `crate::output`).
 ///
 /// Whenever a task changes state (RUNNING once its process started; FINISHED, FAILED or
 /// KILLED when it ended) the agent tells the master it is registered with a
@@ -208,12 +210,13 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         .map_err(|e| AgentError::Node(muster_actor::NodeError::InvalidName(e)))?;
 
     let data_dir = config.data_dir.clone();
-    let (agent_id, checkpoints, term) = blocking(move || {
+    let (agent_id, checkpoints, term, registration) = blocking(move || {
         store::check_data_dir(&data_dir)?;
         Ok((
             store::read_agent_id(&data_dir)?,
             store::read_checkpoints(&data_dir)?,
             store::read_term(&data_dir)?,
+            store::read_registration(&data_dir)?,
         ))
     })
     .await?;
@@ -333,6 +336,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         tasks,
         recovered: recovery.running,
         term,
+        registration,
         stale_commands_refused: 0,
         counts: super::Counts::default(),
         rebase_term: false,

@@ -80,8 +80,10 @@ impl Agent {
         ctx.delay(delay, AgentMsg(Msg::Round { generation }));
     }
 
-    /// Starts a round over the configured masters, the one lost last at the end.
+    /// Starts a round over the configured masters, the one lost last at the end, as a new
+    /// registration of the agent (see `fencing::next_registration`).
     pub(super) fn begin_round(&mut self, ctx: &mut Context<Self>) {
+        self.next_registration();
         let mut queue: VecDeque<Upid> = self
             .masters
             .iter()
@@ -145,6 +147,7 @@ impl Agent {
                 tracing::info!(%master, "registering");
                 let request = RegisterAgent {
                     info: Some(self.info.clone()),
+                    registration: self.registration,
                 };
                 Box::pin(async move {
                     remote
@@ -178,6 +181,7 @@ impl Agent {
             completed_frameworks: self.tasks.completed_frameworks(),
             completed_tasks: self.tasks.completed(),
             tasks_sharing_labels,
+            registration: self.registration,
         }
     }
 

@@ -148,8 +148,7 @@ async fn find_process(
     let record = match Record::read(&files) {
         Ok(Some(record)) => record,
         Ok(None) => {
-            abandon_start(isolation, data_dir, task_id, &files).await;
-            return Found::Gone("the agent stopped while it was starting the task".to_owned());
+            return started_without_record(isolation, data_dir, task_id, files, boot_id).await;
         }
         Err(e) => return Found::Gone(format!("its executor record is unreadable: {e}")),
     };
@@ -168,6 +167,93 @@ async fn find_process(
             Found::Gone(why)
         }
     }
+}
+
+/// A task whose start the earlier run did not see through: the agent stopped between forking
+/// its executor and writing the executor's record. If the executor had forked the task, the
+/// task has run, or runs: the executor wrote its pid, and writes its wait status when it ends,
+/// whatever became of the agent. Such a task is taken back (re-attached through a record
+/// rebuilt from `/proc`: the executor is the task's parent) or reported with the status it
+/// ended with, never as a task that did not start: its replacement would run it a second
+/// time. Only a task its executor never forked is gone.
+async fn started_without_record(
+    isolation: &Isolation,
+    data_dir: &Path,
+    task_id: &str,
+    files: Files,
+    boot_id: &str,
+) -> Found {
+    if let Ok(Some(status)) = files.read_status() {
+        let out_of_memory = match isolation.existing_for(task_id) {
+            Some(cgroup) => {
+                cgroup.kill_all().await;
+                let oom = cgroup.oom_killed();
+                cgroup.remove();
+                oom
+            }
+            None => false,
+        };
+        tracing::info!(task = %task_id, "a task started as the agent stopped has ended: its status is kept");
+        return Found::Ended(Ended {
+            status: Ok(status),
+            killed: false,
+            out_of_memory,
+        });
+    }
+    if let Some(record) = rebuilt_record(isolation, data_dir, task_id, &files, boot_id) {
+        if let Err(error) = record.write(&files) {
+            tracing::warn!(task = %task_id, %error, "cannot write a rebuilt executor record");
+        }
+        tracing::info!(task = %task_id, executor = record.executor_pid, "a task started as the agent stopped runs: taken back");
+        return match TaskProcess::reattach(files, &record, boot_id) {
+            Recovered::Running(process) => Found::Running(Running::Process(process)),
+            Recovered::Ended(status) => Found::Ended(Ended {
+                status: Ok(status),
+                killed: false,
+                out_of_memory: settle_leftovers(&record).await,
+            }),
+            Recovered::Gone(why) => {
+                settle_leftovers(&record).await;
+                Found::Gone(why)
+            }
+        };
+    }
+    abandon_start(isolation, data_dir, task_id, &files).await;
+    Found::Gone("the agent stopped while it was starting the task, before the task ran".to_owned())
+}
+
+/// The executor record of a task started without one: its pid (written by its executor), its
+/// executor (the task's parent), their start time and the task's cgroup. `None` unless the
+/// task still runs in its own directory under a live parent.
+fn rebuilt_record(
+    isolation: &Isolation,
+    data_dir: &Path,
+    task_id: &str,
+    files: &Files,
+    boot_id: &str,
+) -> Option<Record> {
+    let task_pid = files.read_task_pid().ok()??;
+    let dir = store::task_dir(data_dir, task_id);
+    let works_there = std::fs::read_link(format!("/proc/{task_pid}/cwd"))
+        .is_ok_and(|cwd| std::fs::canonicalize(&dir).is_ok_and(|dir| dir == cwd));
+    if !works_there {
+        return None;
+    }
+    let executor_pid = executor::parent_pid(task_pid).ok()??;
+    if executor_pid <= 1 {
+        // Its executor is gone: the task was handed to init, and nothing records its end.
+        return None;
+    }
+    Some(Record {
+        executor_pid,
+        executor_start: executor::start_time(executor_pid).ok()??,
+        boot_id: boot_id.to_owned(),
+        task_pid,
+        output_captured: true,
+        cgroup: isolation
+            .existing_for(task_id)
+            .map(|cgroup| cgroup.record()),
+    })
 }
 
 /// Kills what a task that ended (or vanished) while the agent was down left in its cgroup,

@@ -7,10 +7,12 @@
 //! notice. Every [`reconcile_interval`](crate::MasterConfig::reconcile_interval) the leader
 //! compares, job by job, the tasks that run (not ended, not being killed) with what the job
 //! asks (for a system job, agent by agent: one task on each connected, eligible agent its
-//! constraints admit), and gives each job that differs and has no evaluation in flight (pending or blocked)
-//! one evaluation, triggered `Reconcile`; so does a job with one slot (task name) running
-//! twice, even when its counts match. The schedulers do the rest: too few are placed, too
-//! many stopped.
+//! constraints admit), and gives each job that differs and has no evaluation in flight (pending,
+//! or blocked but for a job with a slot running twice: the blocked evaluation waits for
+//! capacity the second copy holds) one evaluation, triggered `Reconcile`; so does a job with one slot (task name) running
+//! twice, even when its counts match; and a batch job with a slot filled neither by a live
+//! task nor by one that finished (a launch lost with its leader before it was confirmed). The
+//! schedulers do the rest: too few are placed, too many stopped.
 //!
 //! Its cost is bounded: one pass over the tasks and one over the jobs, and at most
 //! [`MAX_RECONCILE_EVALS`] evaluations per round, written in one raft entry. It waits while a
@@ -19,7 +21,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 use muster_actor::Context;
-use muster_model::{Constraint, EvalStatus, Evaluation, Job, SchedulerType, Trigger};
+use muster_model::{Constraint, EvalStatus, Evaluation, Job, SchedulerType, TaskState, Trigger};
 
 use super::Master;
 use super::leadership::Role;
@@ -43,6 +45,25 @@ impl Master {
         // one slot runs twice and another not at all.
         let mut slots = HashSet::new();
         let mut doubled: HashSet<&str> = HashSet::new();
+        // Batch slots filled, by a live task or one that finished: one that never ran (its
+        // launch lost, its leader gone before it was confirmed) is in neither.
+        let mut batch_slots: HashSet<(&str, &str, &str)> = HashSet::new();
+        for agent in self.cluster.agents.values() {
+            let live = agent.tasks.iter().filter(|t| !t.is_terminal());
+            let finished = agent
+                .completed_tasks
+                .iter()
+                .filter(|t| t.state() == TaskState::Finished);
+            for task in live.chain(finished) {
+                if let Some(job) = task.job_name() {
+                    batch_slots.insert((job, task.view.group(), task.name()));
+                }
+            }
+        }
+        let mut filled: HashMap<(&str, &str), u32> = HashMap::new();
+        for (job, group, _) in batch_slots {
+            *filled.entry((job, group)).or_default() += 1;
+        }
         for (agent_id, agent) in &self.cluster.agents {
             for task in agent.tasks.iter().filter(|t| !t.is_terminal()) {
                 if let Some(job) = task.job_name() {
@@ -67,19 +88,30 @@ impl Master {
             .map(|(id, agent)| (id.as_str(), &agent.info.attributes))
             .collect();
         let evals: Vec<Evaluation> = self.registry.reader().read(|state| {
-            let in_flight: HashSet<&str> = state
+            let pending: HashSet<&str> = state
                 .evals
                 .values()
-                .filter(|e| matches!(e.status, EvalStatus::Pending | EvalStatus::Blocked))
+                .filter(|e| e.status == EvalStatus::Pending)
+                .map(|e| e.job.as_str())
+                .collect();
+            let blocked: HashSet<&str> = state
+                .evals
+                .values()
+                .filter(|e| e.status == EvalStatus::Blocked)
                 .map(|e| e.job.as_str())
                 .collect();
             state
                 .jobs
                 .values()
-                .filter(|job| !in_flight.contains(job.name.as_str()))
+                .filter(|job| !pending.contains(job.name.as_str()))
+                // A blocked evaluation waits for capacity; a slot running twice holds some
+                // that only an evaluation can free, so it does not wait behind one.
+                .filter(|job| {
+                    !blocked.contains(job.name.as_str()) || doubled.contains(job.name.as_str())
+                })
                 .filter(|job| {
                     doubled.contains(job.name.as_str())
-                        || diverges(job, &running, &on_agents, &agents)
+                        || diverges(job, &running, &filled, &on_agents, &agents)
                 })
                 .take(MAX_RECONCILE_EVALS)
                 .map(|job| Evaluation::new(job, Trigger::Reconcile))
@@ -106,13 +138,15 @@ impl Master {
 type OnAgents<'a> = HashMap<(&'a str, &'a str, &'a str), u32>;
 
 /// Whether `job`'s running tasks differ from what it asks for: any for a stopped job; another
-/// count than a group's for a service job (or tasks of a group it no longer has); more than a
-/// group's count for a batch job (one that finished needs no replacement); for a system job,
+/// count than a group's for a service job (or tasks of a group it no longer has); for a batch
+/// job, more than a group's count running, or fewer of its slots `filled` (by a live task or
+/// one that finished) than its count; for a system job,
 /// on some connected agent of `agents` (id, attributes), none of a group whose constraints
 /// admit the agent, more than one, or any of a group whose constraints do not.
 fn diverges(
     job: &Job,
     running: &HashMap<(&str, &str), u32>,
+    filled: &HashMap<(&str, &str), u32>,
     on_agents: &OnAgents<'_>,
     agents: &[(&str, &BTreeMap<String, String>)],
 ) -> bool {
@@ -137,7 +171,13 @@ fn diverges(
             let in_groups: u32 = job.groups.iter().map(|g| counted(&g.name)).sum();
             job.groups.iter().any(|g| counted(&g.name) != g.count) || in_groups != of_job()
         }
-        SchedulerType::Batch => job.groups.iter().any(|g| counted(&g.name) > g.count),
+        SchedulerType::Batch => job.groups.iter().any(|g| {
+            let slots = filled
+                .get(&(job.name.as_str(), g.name.as_str()))
+                .copied()
+                .unwrap_or(0);
+            counted(&g.name) > g.count || slots < g.count
+        }),
         SchedulerType::System => {
             let in_groups: u32 = job.groups.iter().map(|g| counted(&g.name)).sum();
             in_groups != of_job()
@@ -184,49 +224,79 @@ mod tests {
         }
     }
 
+    /// No batch slot filled (what a service or system job's check ignores).
+    fn none() -> HashMap<(&'static str, &'static str), u32> {
+        HashMap::new()
+    }
+
     #[test]
     fn too_few_too_many_and_leftovers_diverge() {
         let service = job(SchedulerType::Service, &[2, 1]);
         let mut running = HashMap::from([(("web", "g0"), 2), (("web", "g1"), 1)]);
-        assert!(!diverges(&service, &running, &OnAgents::new(), &[]));
+        assert!(!diverges(
+            &service,
+            &running,
+            &none(),
+            &OnAgents::new(),
+            &[]
+        ));
         running.insert(("web", "g1"), 0);
         assert!(
-            diverges(&service, &running, &OnAgents::new(), &[]),
+            diverges(&service, &running, &none(), &OnAgents::new(), &[]),
             "too few"
         );
         running.insert(("web", "g1"), 2);
         assert!(
-            diverges(&service, &running, &OnAgents::new(), &[]),
+            diverges(&service, &running, &none(), &OnAgents::new(), &[]),
             "too many"
         );
         running.insert(("web", "g1"), 1);
         running.insert(("web", "gone"), 1);
         assert!(
-            diverges(&service, &running, &OnAgents::new(), &[]),
+            diverges(&service, &running, &none(), &OnAgents::new(), &[]),
             "a group the job no longer has"
         );
 
         let batch = job(SchedulerType::Batch, &[2]);
+        let two_filled = HashMap::from([(("web", "g0"), 2)]);
         assert!(
-            !diverges(&batch, &HashMap::new(), &OnAgents::new(), &[]),
+            !diverges(&batch, &HashMap::new(), &two_filled, &OnAgents::new(), &[]),
             "finished batch tasks stay finished"
         );
         assert!(diverges(
             &batch,
             &HashMap::from([(("web", "g0"), 3)]),
+            &HashMap::from([(("web", "g0"), 3)]),
             &OnAgents::new(),
             &[]
         ));
+        assert!(
+            diverges(
+                &batch,
+                &HashMap::from([(("web", "g0"), 1)]),
+                &HashMap::from([(("web", "g0"), 1)]),
+                &OnAgents::new(),
+                &[]
+            ),
+            "a batch slot that never ran (nor runs) is missing"
+        );
 
         let mut stopped = job(SchedulerType::Service, &[1]);
         stopped.stopped = true;
         assert!(diverges(
             &stopped,
             &HashMap::from([(("web", "g0"), 1)]),
+            &none(),
             &OnAgents::new(),
             &[]
         ));
-        assert!(!diverges(&stopped, &HashMap::new(), &OnAgents::new(), &[]));
+        assert!(!diverges(
+            &stopped,
+            &HashMap::new(),
+            &none(),
+            &OnAgents::new(),
+            &[]
+        ));
     }
 
     #[test]
@@ -242,15 +312,15 @@ mod tests {
         let agents = [("a1", &r1), ("a2", &r1), ("a3", &r2)];
         let totals = |n| HashMap::from([(("web", "g0"), n)]);
         let one_each = OnAgents::from([(("web", "g0", "a1"), 1), (("web", "g0", "a2"), 1)]);
-        assert!(!diverges(&system, &totals(2), &one_each, &agents));
+        assert!(!diverges(&system, &totals(2), &none(), &one_each, &agents));
         let missing = OnAgents::from([(("web", "g0", "a1"), 1)]);
         assert!(
-            diverges(&system, &totals(1), &missing, &agents),
+            diverges(&system, &totals(1), &none(), &missing, &agents),
             "an admitted agent runs none"
         );
         let twice = OnAgents::from([(("web", "g0", "a1"), 2), (("web", "g0", "a2"), 1)]);
         assert!(
-            diverges(&system, &totals(3), &twice, &agents),
+            diverges(&system, &totals(3), &none(), &twice, &agents),
             "one runs two"
         );
         let outside = OnAgents::from([
@@ -259,7 +329,7 @@ mod tests {
             (("web", "g0", "a3"), 1),
         ]);
         assert!(
-            diverges(&system, &totals(3), &outside, &agents),
+            diverges(&system, &totals(3), &none(), &outside, &agents),
             "an agent its constraints do not admit runs one"
         );
     }

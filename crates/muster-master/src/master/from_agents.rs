@@ -168,6 +168,7 @@ impl Master {
         let Role::Leading { registrar, .. } = &self.role else {
             return reply.send(not_leader(self.leader().as_ref()));
         };
+        let registration = request.registration;
         let Some(info) = request.info else {
             return reply.send(refused("RegisterAgent carries no agent info".into()));
         };
@@ -184,6 +185,7 @@ impl Master {
             let again = pb::ReregisterAgent {
                 agent_id,
                 info: Some(info),
+                registration,
                 ..pb::ReregisterAgent::default()
             };
             return self.reregister(again, reply, identity, ctx);
@@ -200,7 +202,7 @@ impl Master {
                         master.metrics.registered += 1;
                         master.cluster.agents.insert(
                             id.0.clone(),
-                            AgentEntry::connected(info, Vec::new(), Vec::new()),
+                            AgentEntry::connected(info, registration, Vec::new(), Vec::new()),
                         );
                         master.heartbeat_received(&id.0);
                         master.publish_agent(&id.0, "agent-registered");

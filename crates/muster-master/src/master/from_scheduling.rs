@@ -26,7 +26,7 @@ use super::Master;
 use crate::InternalMsg;
 use crate::cluster::Cluster;
 use crate::error::ServiceError;
-use crate::launch_wire::{GroupWire, LAUNCH_MESSAGE_BUDGET, LaunchWire, RunWire};
+use crate::launch_wire::{GroupWire, LAUNCH_MESSAGE_BUDGET, LaunchFence, LaunchWire, RunWire};
 use crate::metrics::MasterInstruments;
 use crate::task_record::{
     LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, pairs, same_pairs, same_text, same_texts,
@@ -278,7 +278,8 @@ impl Master {
         // Without a node (in-process benches) nothing is sent: the tasks stay staged.
         let launch_deadline = self.node.is_some().then(|| {
             let now = tokio::time::Instant::now();
-            LaunchDeadline::after(self.launch_clock, now, self.config.launch_timeout)
+            let counted_lost_after = self.config.launch_timeout + LAUNCH_CLOCK_MARGIN;
+            LaunchDeadline::after(self.launch_clock, now, counted_lost_after)
         });
         let Cluster {
             agents,
@@ -370,13 +371,17 @@ impl Master {
         }
         // They are the agent's last tasks: the plan just added them, in order.
         let first = agent.tasks.len().saturating_sub(runs.len());
+        let fence = LaunchFence {
+            registration: agent.registration,
+            deadline_unix_ms: unix_ms_after(self.config.launch_timeout),
+        };
         let Some(remote) = agent.remote(node).cloned() else {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
         };
         let mut sent = 0;
         let mut failed: Vec<(TaskRecord, String)> = Vec::new();
-        for launch in LaunchWire::packed(runs, self.term, LAUNCH_MESSAGE_BUDGET) {
+        for launch in LaunchWire::packed(runs, self.term, fence, LAUNCH_MESSAGE_BUDGET) {
             let count = launch.runs.len();
             if let Err(e) = remote.tell(launch) {
                 tracing::warn!(agent = %agent_id, error = %e, tasks = count, "launch failed");
@@ -565,4 +570,19 @@ impl GroupShared {
                 placement.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
             )
     }
+}
+
+/// How much later than a launch's deadline (on the agent's clock) the master counts a task
+/// whose start it has not heard of lost: the agent refuses the launch after the deadline, so
+/// the task cannot start after it is counted lost and replaced, as long as the two clocks
+/// agree within this margin (as NTP keeps them).
+pub(crate) const LAUNCH_CLOCK_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Milliseconds since the Unix epoch, `after` from now: a launch's deadline on the agent's
+/// clock (see [`LaunchFence`]).
+fn unix_ms_after(after: std::time::Duration) -> u64 {
+    let at = std::time::SystemTime::now() + after;
+    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |since| {
+        u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    })
 }

@@ -38,6 +38,12 @@ pub enum InternalMsg {
         /// The term the recovery belongs to.
         term: u64,
     },
+    /// The end of the hold on placements of the recovery begun in `term` (see
+    /// [`RECOVERY_PLACEMENT_HOLD`]).
+    EndPlacementHold {
+        /// The term the recovery belongs to.
+        term: u64,
+    },
     /// Try again to take up the leadership of `term`, whose catching up with the registry
     /// failed (no quorum at that moment): raft may still have this master lead that term.
     #[doc(hidden)]
@@ -46,6 +52,13 @@ pub enum InternalMsg {
         term: u64,
     },
 }
+
+/// How long a new leader holds every evaluation back, at most, while admitted agents have not
+/// re-registered: their tasks are not known yet, and a scheduler that placed meanwhile would
+/// place second copies of what they run. Their re-registration ends the hold sooner (most
+/// come back within seconds of the leader's announcement); an agent still away after it is
+/// taken as gone until it returns (the convergence check then stops the extra copy).
+pub(super) const RECOVERY_PLACEMENT_HOLD: Duration = Duration::from_secs(30);
 
 /// How long a leader whose catching up failed waits before it tries again.
 const CATCH_UP_RETRY: std::time::Duration = std::time::Duration::from_millis(500);
@@ -60,6 +73,11 @@ impl Master {
             InternalMsg::CheckLaunches(agent_id) => self.check_launches(agent_id, ctx),
             InternalMsg::CheckDrains => self.check_drains(ctx),
             InternalMsg::ReregistrationDeadline { term } => self.on_deadline(term, ctx),
+            InternalMsg::EndPlacementHold { term } => {
+                if self.leading_term() == Some(term) {
+                    self.release_placements("the hold on placements ran out");
+                }
+            }
             InternalMsg::Reconcile => self.reconcile_jobs(ctx),
             InternalMsg::RetryLeading { term } => {
                 let leadership = self.registry.leadership().borrow().clone();
@@ -162,13 +180,19 @@ impl Master {
                 self.config.reregistration_timeout,
                 InternalMsg::ReregistrationDeadline { term }.into(),
             );
+            let hold = ctx.delay(
+                RECOVERY_PLACEMENT_HOLD.min(self.config.reregistration_timeout),
+                InternalMsg::EndPlacementHold { term }.into(),
+            );
             Some(Recovery {
                 started: Instant::now(),
                 awaiting: admitted.iter().map(|(id, _)| id.clone()).collect(),
                 admitted: admitted.len(),
                 deadline,
+                placements_held: Some(hold),
             })
         };
+        let hold_placements = recovery.is_some();
         tracing::info!(
             term,
             admitted = admitted.len(),
@@ -189,7 +213,14 @@ impl Master {
             registrar,
             recovery,
         };
-        self.restore_scheduling();
+        if hold_placements {
+            tracing::info!(
+                hold = ?RECOVERY_PLACEMENT_HOLD,
+                "evaluations held until the admitted agents are back"
+            );
+        } else {
+            self.restore_scheduling();
+        }
         for msg in waiting {
             self.on_message(msg, ctx);
         }
@@ -244,6 +275,10 @@ impl Master {
         let Some(progress) = recovery.take() else {
             return;
         };
+        if let Some(hold) = &progress.placements_held {
+            hold.cancel();
+            self.restore_scheduling();
+        }
         self.metrics.recovery = Some(progress.started.elapsed());
         let mut missing: Vec<String> = progress.awaiting.into_iter().collect();
         missing.sort();

@@ -21,6 +21,9 @@ pub(super) struct Recovery {
     pub(super) awaiting: HashSet<String>,
     pub(super) admitted: usize,
     pub(super) deadline: TimerHandle,
+    /// While set, evaluations are held back (the broker is not restored): the timer that ends
+    /// the hold if the agents are not all back first.
+    pub(super) placements_held: Option<TimerHandle>,
 }
 
 #[derive(Debug)]
@@ -147,6 +150,28 @@ impl Master {
             evals,
         });
         let _ = self.blocked.tell(BlockedMsg::Restore(Vec::new()));
+    }
+
+    /// Ends a new leader's hold on placements (see `internal::RECOVERY_PLACEMENT_HOLD`), once:
+    /// the broker takes the registry's pending evaluations, those written during the hold
+    /// among them.
+    pub(super) fn release_placements(&mut self, why: &str) {
+        let Role::Leading {
+            recovery: Some(progress),
+            ..
+        } = &mut self.role
+        else {
+            return;
+        };
+        let Some(hold) = progress.placements_held.take() else {
+            return;
+        };
+        hold.cancel();
+        tracing::info!(
+            waiting_for = progress.awaiting.len(),
+            "{why}: evaluations released to the schedulers"
+        );
+        self.restore_scheduling();
     }
 
     /// On losing leadership.

@@ -36,6 +36,7 @@ impl Master {
             completed_frameworks,
             completed_tasks,
             tasks_sharing_labels,
+            registration,
         } = request;
         let (mut tasks, mut tasks_sharing_labels) = (tasks, tasks_sharing_labels);
         let mut kill = Vec::new();
@@ -97,6 +98,7 @@ impl Master {
             agent_id.clone(),
             AgentEntry::connected(
                 registry_info(&info.unwrap_or_default(), identity),
+                registration,
                 tasks,
                 completed_tasks,
             ),
@@ -118,7 +120,10 @@ impl Master {
                 );
                 self.metrics.recovery = Some(took);
                 progress.deadline.cancel();
-                *recovery = None;
+                self.release_placements("every admitted agent is back");
+                if let Role::Leading { recovery, .. } = &mut self.role {
+                    *recovery = None;
+                }
             }
         }
         // Its capacity is news to the blocked-queue: evaluations blocked while it was away
