@@ -62,6 +62,7 @@ async fn register_until_killed(
                 address: format!("agent@127.0.0.1:{}", 10_000 + writer),
                 ..model_pb::AgentInfo::default()
             }),
+            ..Default::default()
         };
         let answer = remote
             .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
