@@ -217,6 +217,9 @@ pub struct Agent {
     /// The agent's registration number (see `fencing`), raised before every registration
     /// round and kept in `meta/registration`: launches stamped with another are refused.
     registration: u64,
+    /// While the agent waits out a back-off with no master reachable, the task that looks
+    /// for one coming back (see `master_link::probe_masters`).
+    probe: Option<tokio::task::AbortHandle>,
     /// Commands refused for coming from an older term.
     stale_commands_refused: u64,
     /// What the agent counts for its metrics (see [`AgentFigures`]).

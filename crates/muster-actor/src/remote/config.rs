@@ -22,11 +22,15 @@ pub struct NodeConfig {
     pub max_queued_per_peer: usize,
     /// Most envelopes batched into one frame (default 1,024).
     pub max_batch: usize,
-    /// How long one connection attempt may take (default 5 s).
+    /// How long one connection attempt may take, TLS handshake included (default 1 s): an
+    /// attempt into a partition that drops packets waits this long, and one made just before
+    /// the network heals waits it out before the next.
     pub connect_timeout: Duration,
     /// First delay before reconnecting to a peer (default 50 ms); doubles per failure.
     pub reconnect_min: Duration,
-    /// Cap on the reconnect delay (default 5 s). Each delay is jittered by up to half.
+    /// Cap on the reconnect delay (default 500 ms). Each delay is jittered by up to half. A
+    /// link to a peer that came back (a partition healed, a process restarted) reconnects
+    /// within about this plus `connect_timeout`.
     pub reconnect_max: Duration,
     /// How often a link sends an HTTP/2 ping (default 5 s), so that a peer that vanished
     /// without closing its connection (a host that died, a partition, a firewall that dropped
@@ -48,9 +52,9 @@ impl NodeConfig {
             max_message_size: 4 * 1024 * 1024,
             max_queued_per_peer: 65_536,
             max_batch: 1024,
-            connect_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(1),
             reconnect_min: Duration::from_millis(50),
-            reconnect_max: Duration::from_secs(5),
+            reconnect_max: Duration::from_millis(500),
             keepalive_interval: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(5),
         }

@@ -337,6 +337,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         recovered: recovery.running,
         term,
         registration,
+        probe: None,
         stale_commands_refused: 0,
         counts: super::Counts::default(),
         rebase_term: false,

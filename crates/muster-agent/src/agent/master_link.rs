@@ -73,6 +73,7 @@ impl Agent {
 
     // ---- finding a master -------------------------------------------------------------------
 
+
     /// Sends `Round` for the current generation after `delay`.
     pub(super) fn schedule_round(&mut self, ctx: &mut Context<Self>, delay: Duration) {
         self.connection = Connection::Waiting;
@@ -83,6 +84,9 @@ impl Agent {
     /// Starts a round over the configured masters, the one lost last at the end, as a new
     /// registration of the agent (see `fencing::next_registration`).
     pub(super) fn begin_round(&mut self, ctx: &mut Context<Self>) {
+        if let Some(probe) = self.probe.take() {
+            probe.abort();
+        }
         self.next_registration();
         let mut queue: VecDeque<Upid> = self
             .masters
@@ -201,6 +205,51 @@ impl Agent {
             "{why}; trying again later"
         );
         self.schedule_round(ctx, delay);
+        self.probe_masters(ctx);
+    }
+
+    /// While the agent waits out its back-off, looks every [`PROBE_INTERVAL`] for a master
+    /// that takes a TCP connection, if none does now: the network came back (a partition
+    /// healed, a master restarted), and the next round starts at once instead of at the end
+    /// of a back-off that may have grown to a minute. A master that was reachable already
+    /// (the round failed for another reason) starts nothing early: the back-off stands.
+    fn probe_masters(&mut self, ctx: &mut Context<Self>) {
+        if let Some(probe) = self.probe.take() {
+            probe.abort();
+        }
+        let addresses: Vec<(String, u16)> = self
+            .masters
+            .iter()
+            .filter_map(|master| {
+                let (host, port) = master.node().rsplit_once(':')?;
+                Some((host.trim_matches(['[', ']']).to_owned(), port.parse().ok()?))
+            })
+            .collect();
+        let me = ctx.pid().clone();
+        let generation = self.generation;
+        let probe = tokio::spawn(async move {
+            let any_reachable = async || {
+                for (host, port) in &addresses {
+                    let connect = muster_security::net::connect(host, *port);
+                    if let Ok(Ok(_)) = tokio::time::timeout(PROBE_TIMEOUT, connect).await {
+                        return true;
+                    }
+                }
+                false
+            };
+            if any_reachable().await {
+                return;
+            }
+            while me.is_alive() {
+                tokio::time::sleep(PROBE_INTERVAL).await;
+                if any_reachable().await {
+                    tracing::info!("a master is reachable again: registering now");
+                    let _ = me.tell(AgentMsg(Msg::Round { generation }));
+                    return;
+                }
+            }
+        });
+        self.probe = Some(probe.abort_handle());
     }
 
     pub(super) async fn on_reply(
@@ -572,3 +621,9 @@ impl Agent {
         self.schedule_round(ctx, delay);
     }
 }
+
+/// How often an agent with no master reachable looks for one (see `probe_masters`).
+const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// How long one look waits for a master's TCP connection.
+const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
