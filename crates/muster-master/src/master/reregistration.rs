@@ -18,9 +18,12 @@ use crate::task_record::TaskRecord;
 impl Master {
     /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
     /// this master knew of it with what it reports (see `settle_reregistered`). With
-    /// `given_up` (the agent comes back from unreachable: its tasks were marked lost and
-    /// replaced), every task it reports running is recorded as being killed, and returned: the
-    /// agent kills them before anything else.
+    /// `given_up` (the agent comes back from unreachable: its tasks were marked lost, and
+    /// replacements placed where there was room), a task it reports running whose slot a
+    /// replacement already runs in is recorded as being killed, and returned: the agent kills
+    /// it before anything else. A task nothing replaced, or whose replacement has not started,
+    /// is kept, and that replacement stopped: a healed partition does not leave a service
+    /// below its count.
     pub(super) fn readmit(
         &mut self,
         request: pb::ReregisterAgent,
@@ -40,19 +43,52 @@ impl Master {
         } = request;
         let (mut tasks, mut tasks_sharing_labels) = (tasks, tasks_sharing_labels);
         let mut kill = Vec::new();
+        // Replacements not running yet of the tasks it comes back with: stopped, the
+        // originals kept.
+        let mut superseded = Vec::new();
         if given_up {
+            // The slots a replacement already runs in: there, the returning copy is the extra
+            // one. Elsewhere nothing replaced the task (no room, or its replacement has not
+            // started): it is kept, and the replacement on its way stopped.
+            let replaced: HashSet<&str> = self
+                .cluster
+                .agents
+                .iter()
+                .filter(|(id, _)| **id != agent_id)
+                .flat_map(|(_, agent)| agent.tasks.iter())
+                .filter(|t| t.state() == TaskState::Running)
+                .map(TaskRecord::name)
+                .collect();
             let grouped = tasks_sharing_labels
                 .iter_mut()
                 .flat_map(|group| &mut group.tasks);
+            let mut kept = HashSet::new();
             for task in tasks
                 .iter_mut()
                 .chain(grouped)
                 .filter(|t| !state_of(t).is_terminal())
             {
-                tracing::warn!(agent = %agent_id, task = %task.id, "the agent comes back with a task given up as lost and replaced: it kills it");
-                task.state = TaskState::Killed.into();
-                kill.push(task.id.clone());
+                if replaced.contains(task.name.as_str()) {
+                    tracing::warn!(agent = %agent_id, task = %task.id, "the agent comes back with a task given up as lost and replaced: it kills it");
+                    task.state = TaskState::Killed.into();
+                    kill.push(task.id.clone());
+                } else {
+                    tracing::info!(agent = %agent_id, task = %task.id, "the agent comes back with a task given up as lost that nothing replaced: kept");
+                    kept.insert(task.name.clone());
+                }
             }
+            superseded = self
+                .cluster
+                .agents
+                .iter()
+                .filter(|(id, _)| **id != agent_id)
+                .flat_map(|(id, agent)| agent.tasks.iter().map(move |t| (id, t)))
+                .filter(|(_, t)| !t.is_terminal() && kept.contains(t.name()))
+                .map(|(id, t)| Stop {
+                    agent: AgentId(id.clone()),
+                    task_id: t.id().to_owned(),
+                })
+                .collect();
             self.metrics.given_up_killed += kill.len() as u64;
         }
         self.cluster.add_frameworks(&frameworks);
@@ -134,6 +170,10 @@ impl Master {
         // and sent again until each task reports its end.
         for task_id in &kill {
             self.send_kill(agent_id.clone(), task_id.clone(), 0, ctx);
+        }
+        for stop in superseded {
+            tracing::info!(agent = %stop.agent.0, task = %stop.task_id, "a replacement not yet running: stopped, its original is back");
+            self.stop_task(&stop, ctx);
         }
         if let Some(previous) = previous {
             self.settle_reregistered(&agent_id, previous, ctx);
