@@ -73,7 +73,6 @@ impl Agent {
 
     // ---- finding a master -------------------------------------------------------------------
 
-
     /// Sends `Round` for the current generation after `delay`.
     pub(super) fn schedule_round(&mut self, ctx: &mut Context<Self>, delay: Duration) {
         self.connection = Connection::Waiting;
