@@ -183,3 +183,15 @@ fn held(
         last_log_index,
     })
 }
+
+/// Runs `work`, a long stretch of CPU or disk (encoding, writing or decoding a snapshot of
+/// tens of MB), without holding up the runtime's other tasks: on a multi-threaded runtime the
+/// worker hands its other tasks to the rest first (`block_in_place`), so raft's heartbeats and
+/// the master's messages go on meanwhile. On a current-thread runtime (a deterministic
+/// simulation) it runs inline: there is no other worker to hand them to.
+fn off_the_runtime<T>(work: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current().map(|handle| handle.runtime_flavor()) {
+        Ok(tokio::runtime::RuntimeFlavor::MultiThread) => tokio::task::block_in_place(work),
+        _ => work(),
+    }
+}

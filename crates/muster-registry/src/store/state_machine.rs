@@ -242,7 +242,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         // Copy now: building runs beside apply, and sled has no point-in-time view.
         SnapshotBuilder {
             store: self.clone(),
-            applied: self.read().clone(),
+            applied: super::off_the_runtime(|| self.read().clone()),
         }
     }
 
@@ -256,7 +256,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
         snapshot: Box<Cursor<Vec<u8>>>,
     ) -> StoreResult<()> {
         let data = snapshot.into_inner();
-        let state: RegistryState = decode(&data).map_err(|e| {
+        let state: RegistryState = super::off_the_runtime(|| decode(&data)).map_err(|e| {
             StorageIOError::read_snapshot(Some(meta.signature()), AnyError::new(&e))
         })?;
         let applied = Applied {
@@ -264,7 +264,7 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             membership: meta.last_membership.clone(),
             state,
         };
-        self.save_snapshot(meta, &data)?;
+        super::off_the_runtime(|| self.save_snapshot(meta, &data))?;
         self.flush(|e: AnyError| StorageIOError::write_state_machine(e))
             .await?;
         let index = applied.last_applied.map_or(0, |id| id.index);
@@ -309,8 +309,8 @@ impl fmt::Debug for SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> StoreResult<Snapshot<TypeConfig>> {
-        let data =
-            encode(&self.applied.state).map_err(|e| StorageIOError::read_state_machine(&e))?;
+        let data = super::off_the_runtime(|| encode(&self.applied.state))
+            .map_err(|e| StorageIOError::read_state_machine(&e))?;
         let built = self
             .store
             .shared
@@ -325,7 +325,7 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
             last_membership: self.applied.membership.clone(),
             snapshot_id,
         };
-        self.store.save_snapshot(&meta, &data)?;
+        super::off_the_runtime(|| self.store.save_snapshot(&meta, &data))?;
         // The applied state (at least up to this snapshot) and the snapshot reach disk before
         // openraft may purge the log behind it.
         self.store

@@ -1,0 +1,968 @@
+//! The registry's raft traffic: what its encoding costs, how fast a real three-member group
+//! commits writes, and how fast a follower far behind catches up.
+//!
+//! Every member here is the real one (`RegistryNode`: openraft on sled in a temp dir, raft
+//! over tonic with mutual TLS from the shared test PKI, the pre-vote elections, replication
+//! in batches of at most `REPLICATION_BATCH_BYTES`), on loopback, in one process on the
+//! bench's 2-worker runtime. Groups, each with a baseline of the same shape in the same run:
+//!
+//! - `registry_codec`: encode and decode one AppendEntries request as it travels between
+//!   members: 64 entries, each a batch of a job submission (`Op::UpsertJob`, 3 groups with
+//!   arguments, constraints and a few KiB of environment: a JSON config, a PEM bundle) and its
+//!   evaluations (`Op::UpsertEvals`). `msgpack` is `codec::encode`/`codec::decode`, the
+//!   registry's encoding; `json` is `serde_json::to_vec`/`from_slice`, the encoding before it,
+//!   on the same value. Throughput is in entries. The encoded sizes are printed once
+//!   (`registry_codec: ...`).
+//! - `registry_write`: writes of one `Op::AdmitAgent` through `RegistryNode::write` on the
+//!   leader of three members, each returning once the entry is committed (leader and one
+//!   follower synced to disk) and applied on the leader: `sequential/tls_3_members`, one at a
+//!   time (time per write), and `concurrent_64/tls_3_members`, 64 spawned at once (time for
+//!   all 64; throughput in writes). The old JSON encoding cannot be selected at runtime, so the
+//!   baseline of each is the encoding's share of it: `entry_roundtrip/{msgpack,json}` encodes
+//!   and decodes that write's raft entry once, `append_entries_64_roundtrip/{msgpack,json}`
+//!   an AppendEntries of 64 such entries. A write encodes its entry a few times (the leader's
+//!   log, one AppendEntries per follower, each follower's log) and decodes it on each
+//!   follower, so the write's time over the roundtrip's, divided by about 3, bounds what the
+//!   encoding is of a write; `json` minus `msgpack` is about what the change saved per pass.
+//! - `follower_catch_up`: three members, one follower stopped, ~100 MB written through the
+//!   leader in 100 entries of ~1 MiB (one `Op::UpsertJob` each, a 1 MiB environment value,
+//!   distinct job names so the state holds them all), the follower restarted on its data dir
+//!   and address, and the clock run from its restart until it has applied the leader's last
+//!   index. Target: under 10 s, with no election meanwhile (the leader's term is asserted
+//!   unchanged). Each run takes tens of seconds to set up, and a fresh lag is needed for each,
+//!   so it is measured once per snapshot policy, outside criterion's statistics, and printed
+//!   (`follower_catch_up/...` lines on stderr; the line says which way the follower caught up
+//!   and whether the 10 s target was met). The policies: `snapshot_after_50` (the timings and
+//!   snapshot policy of `crates/muster-registry/tests/cluster.rs`: a snapshot every 50 entries,
+//!   none kept behind it, so the leader has purged what the follower misses and sends its
+//!   snapshot in 1 MiB chunks), and `snapshot_after_5000` (the master's policy: 5,000 entries,
+//!   1,000 kept; the follower gets the missed log, an AppendEntries of at most 1 MiB at a
+//!   time). Baseline of the same shape in the same run: the time the leader took to write
+//!   those 100 MB to itself and the other follower (the `... baseline:` line after each),
+//!   with its slowest write and any write it refused (the writes are setup: a refused one is
+//!   written again through the leader of the moment). The three members share this process
+//!   and its 2 worker threads, so one member's CPU-bound work (building or installing a
+//!   ~100 MB snapshot) delays the others' heartbeats; a leader whose lease lapses stands by
+//!   in its term (counted as `stood by`), which is not an election. Under `cargo test
+//!   --benches` (criterion's test mode) it runs once with 8 entries.
+//!
+//! Run with `cargo bench --bench registry` (a few minutes), or one group with
+//! `cargo bench --bench registry -- registry_codec`.
+
+use std::collections::BTreeMap;
+use std::hint::black_box;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use criterion::{
+    BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
+};
+use futures_util::future::join_all;
+use muster::actor::{Node, NodeConfig, System};
+use muster::model::{
+    AgentInfo, Constraint, ConstraintOp, EvalStatus, Evaluation, Job, Resources, SchedulerType,
+    TaskGroup, Trigger,
+};
+use muster::registry::codec;
+use muster::registry::types::{Batch, NodeId, TypeConfig};
+use muster::registry::{Op, Outcome, RegistryConfig, RegistryError, RegistryNode};
+use muster_security::Role;
+use muster_security::testing::TestPki;
+use openraft::raft::AppendEntriesRequest;
+use openraft::{CommittedLeaderId, Entry, EntryPayload, LogId, Vote};
+use tokio::runtime::Runtime;
+use tonic::service::Routes;
+
+/// The allocator Muster's binaries use, so figures match them; the baselines use it too.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// Entries in the AppendEntries of `registry_codec`.
+const ENTRIES_PER_APPEND: usize = 64;
+
+/// Writes spawned at once in `registry_write/concurrent_64`.
+const CONCURRENT_WRITES: usize = 64;
+
+/// The entries a follower misses in `follower_catch_up` (each ~1 MiB).
+const CATCH_UP_ENTRIES: usize = 100;
+
+/// The size of the environment value of each job written in `follower_catch_up`.
+const CATCH_UP_ENTRY_BYTES: usize = 1024 * 1024;
+
+/// How long a follower may take to catch up.
+const CATCH_UP_TARGET: Duration = Duration::from_secs(10);
+
+/// How long the setup steps may take before the bench gives up.
+const DEADLINE: Duration = Duration::from_secs(60);
+
+// ---------------------------------------------------------------------------------------------
+// What the entries carry.
+
+/// `len` characters of base64-like text, from `rng`.
+fn text(rng: &mut fastrand::Rng, len: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    (0..len)
+        .map(|_| char::from(ALPHABET[rng.usize(..ALPHABET.len())]))
+        .collect()
+}
+
+/// A PEM bundle of `certificates`, as a job passes a CA bundle in its environment: lines of 64
+/// characters, newlines included (JSON writes each as `\n`).
+fn pem(rng: &mut fastrand::Rng, certificates: usize) -> String {
+    let mut pem = String::new();
+    for _ in 0..certificates {
+        pem.push_str("-----BEGIN CERTIFICATE-----\n");
+        for _ in 0..10 {
+            pem.push_str(&text(rng, 64));
+            pem.push('\n');
+        }
+        pem.push_str("-----END CERTIFICATE-----\n");
+    }
+    pem
+}
+
+/// One task group of job `job`: a service with arguments, a constraint and a few KiB of
+/// environment (plain settings, a JSON config, a PEM bundle).
+fn task_group(rng: &mut fastrand::Rng, job: usize, group: usize) -> TaskGroup {
+    let mut env = BTreeMap::from([
+        ("RUST_LOG".to_owned(), "info,hyper=warn".to_owned()),
+        ("PORT".to_owned(), format!("{}", 8000 + group)),
+        (
+            "DATABASE_URL".to_owned(),
+            format!(
+                "postgres://svc-{job}:{}@db-{group}.internal:5432/app",
+                text(rng, 24)
+            ),
+        ),
+        (
+            "APP_CONFIG".to_owned(),
+            format!(
+                "{{\"service\":\"job-{job}-{group}\",\"features\":{{\"cache\":true,\"tracing\":\
+                 \"sampled\",\"rate\":0.25}},\"upstreams\":[\"http://a.internal:80\",\
+                 \"http://b.internal:80\"],\"token\":\"{}\"}}",
+                text(rng, 96)
+            ),
+        ),
+        ("CA_BUNDLE".to_owned(), pem(rng, 2)),
+    ]);
+    for n in 0..12 {
+        env.insert(format!("SETTING_{n}"), text(rng, 32));
+    }
+    TaskGroup {
+        name: format!("group-{group}"),
+        count: 3 + group as u32,
+        resources: Resources {
+            cpus: 0.5,
+            mem_mb: 512,
+        },
+        command: "/usr/local/bin/service".into(),
+        args: vec![
+            "--listen".into(),
+            format!("0.0.0.0:{}", 8000 + group),
+            "--config".into(),
+            "/etc/service/config.toml".into(),
+            "--log-format".into(),
+            "json".into(),
+            format!("--instance=job-{job}-{group}"),
+        ],
+        env,
+        constraints: vec![Constraint {
+            attribute: "rack".into(),
+            op: ConstraintOp::NotEqual,
+            value: "r13".into(),
+        }],
+        spec_version: 0,
+        user: "svc".into(),
+        migrate_max_parallel: 1,
+    }
+}
+
+/// Job `n`: three task groups (about 6 KiB in all).
+fn job(rng: &mut fastrand::Rng, n: usize) -> Job {
+    Job {
+        name: format!("job-{n}"),
+        priority: 50,
+        scheduler: SchedulerType::Service,
+        groups: (0..3).map(|g| task_group(rng, n, g)).collect(),
+        stopped: false,
+        version: 0,
+    }
+}
+
+/// A raft entry at `index` of the leader `leader` in `term` carrying `ops`.
+fn entry(term: u64, leader: NodeId, index: u64, ops: Vec<Op>) -> Entry<TypeConfig> {
+    Entry {
+        log_id: LogId::new(CommittedLeaderId::new(term, leader), index),
+        payload: EntryPayload::Normal(Batch { ops }),
+    }
+}
+
+/// An AppendEntries of `entries`, as the leader of `term` sends it.
+fn append_entries(term: u64, entries: Vec<Entry<TypeConfig>>) -> AppendEntriesRequest<TypeConfig> {
+    let first = entries.first().map_or(1, |e| e.log_id.index);
+    AppendEntriesRequest {
+        vote: Vote::new_committed(term, 1),
+        prev_log_id: Some(LogId::new(CommittedLeaderId::new(term, 1), first - 1)),
+        leader_commit: Some(LogId::new(CommittedLeaderId::new(term, 1), first - 1)),
+        entries,
+    }
+}
+
+/// The AppendEntries of `registry_codec`: [`ENTRIES_PER_APPEND`] entries, each a job
+/// submission and its evaluations (one, or two for every fourth job: an evaluation it
+/// replaces, cancelled).
+fn job_submissions() -> AppendEntriesRequest<TypeConfig> {
+    let mut rng = fastrand::Rng::with_seed(7);
+    let entries = (0..ENTRIES_PER_APPEND)
+        .map(|n| {
+            let job = job(&mut rng, n);
+            let index = 1_000 + n as u64;
+            let mut evals = vec![Evaluation::new(&job, Trigger::JobRegister)];
+            if n % 4 == 0 {
+                let mut old = Evaluation::new(&job, Trigger::Reconcile);
+                old.status = EvalStatus::Canceled;
+                old.status_description = "superseded by a newer evaluation of the job".into();
+                old.create_index = index - 100;
+                evals.push(old);
+            }
+            for eval in &mut evals {
+                eval.modify_index = index;
+                eval.create_index = eval.create_index.max(index);
+            }
+            entry(
+                3,
+                1,
+                index,
+                vec![Op::UpsertJob(job), Op::UpsertEvals(evals)],
+            )
+        })
+        .collect();
+    append_entries(3, entries)
+}
+
+/// Agent `n`, as an agent registers.
+fn agent(n: usize) -> AgentInfo {
+    AgentInfo {
+        hostname: format!("agent-host-{n}.dc1.internal"),
+        address: format!("agent@10.0.{}.{}:5051", (n / 250) % 250, n % 250),
+        resources: Resources {
+            cpus: 16.0,
+            mem_mb: 65_536,
+        },
+        attributes: BTreeMap::from([
+            ("rack".to_owned(), format!("r{}", n % 40)),
+            ("zone".to_owned(), format!("zone-{}", n % 3)),
+            ("kernel".to_owned(), "6.8.0".to_owned()),
+        ]),
+        identity: format!("agent-{n}"),
+    }
+}
+
+/// The batch of one `registry_write` write.
+fn admit(n: usize) -> Batch {
+    Batch {
+        ops: vec![Op::AdmitAgent(agent(n))],
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A group of three members, as crates/muster-registry/tests/cluster.rs runs it.
+
+/// One member: its raft and the tonic server that carries its raft traffic.
+struct Member {
+    registry: RegistryNode,
+    server: Node,
+}
+
+impl Member {
+    async fn stop(self) {
+        self.registry.shutdown().await;
+        self.server.shutdown();
+    }
+}
+
+/// When members snapshot and purge their log.
+#[derive(Clone, Copy, Debug)]
+enum Snapshots {
+    /// tests/cluster.rs's: every 50 entries, none kept behind the snapshot.
+    After50,
+    /// The master's (`MasterServer`) and `RegistryConfig::single`'s: every 5,000 entries,
+    /// 1,000 kept.
+    After5000,
+}
+
+impl Snapshots {
+    fn name(self) -> &'static str {
+        match self {
+            Snapshots::After50 => "snapshot_after_50",
+            Snapshots::After5000 => "snapshot_after_5000",
+        }
+    }
+}
+
+/// Member `id`'s config: `RegistryConfig::single` adjusted as tests/cluster.rs does (its
+/// heartbeat and election timeouts; its snapshot policy, or the master's).
+fn config(
+    id: NodeId,
+    members: &BTreeMap<NodeId, String>,
+    dir: &Path,
+    snapshots: Snapshots,
+) -> RegistryConfig {
+    let security = TestPki::shared().security(Role::Master, &format!("master-{id}"));
+    let mut config = RegistryConfig::single(id, "unused", dir.join(format!("m{id}")), security);
+    config.members = members.clone();
+    config.heartbeat_interval = Duration::from_millis(50);
+    config.election_timeout = (Duration::from_millis(200), Duration::from_millis(400));
+    if let Snapshots::After50 = snapshots {
+        config.snapshot_after_entries = 50;
+        config.entries_kept_after_snapshot = 0;
+    }
+    config
+}
+
+/// Starts member `id`, binding its address (again, after a stop, once the old server and
+/// store have let go).
+async fn start(system: &System, config: RegistryConfig) -> Member {
+    let address = config.members[&config.id].clone();
+    let node_config = NodeConfig::new(config.security.clone());
+    let deadline = Instant::now() + DEADLINE;
+    let registry = loop {
+        match RegistryNode::start(config.clone()).await {
+            Ok(registry) => break registry,
+            // The stopped member's store closes once its last handle is dropped.
+            Err(RegistryError::Store(_)) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("member {} did not start: {e}", config.id),
+        }
+    };
+    let listener = loop {
+        match Node::listen(&address).await {
+            Ok(listener) => break listener,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => panic!("member {} could not bind {address}: {e}", config.id),
+        }
+    };
+    let routes = Routes::new(registry.raft_service());
+    let server = Node::serve(system, listener, node_config, routes).expect("serves");
+    Member { registry, server }
+}
+
+/// Three members on free loopback ports, data under `dir`.
+async fn three_members(
+    system: &System,
+    dir: &Path,
+    snapshots: Snapshots,
+) -> (BTreeMap<NodeId, String>, BTreeMap<NodeId, Member>) {
+    let mut addresses = BTreeMap::new();
+    for id in 1..=3 {
+        let listener = Node::listen("127.0.0.1:0").await.expect("a free port");
+        addresses.insert(id, listener.local_addr().to_string());
+    }
+    let mut members = BTreeMap::new();
+    for &id in addresses.keys() {
+        members.insert(
+            id,
+            start(system, config(id, &addresses, dir, snapshots)).await,
+        );
+    }
+    (addresses, members)
+}
+
+/// Waits until a member leads and the others agree on it.
+async fn leader(members: &BTreeMap<NodeId, Member>) -> NodeId {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let views: Vec<_> = members
+            .values()
+            .map(|m| m.registry.leadership().borrow().clone())
+            .collect();
+        let leader_of = |v: &muster::registry::Leadership| v.leader.as_ref().map(|(id, _)| *id);
+        let claimed = views.iter().find(|v| v.is_self).and_then(leader_of);
+        if let Some(id) = claimed
+            && views.iter().all(|v| leader_of(v) == Some(id))
+        {
+            return id;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no leader agreed on within {DEADLINE:?}: {views:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn term_of(registry: &RegistryNode) -> u64 {
+    registry.raft().metrics().borrow().current_term
+}
+
+fn runtime() -> Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+// ---------------------------------------------------------------------------------------------
+// registry_codec
+
+fn registry_codec(c: &mut Criterion) {
+    if !selected(&[
+        "registry_codec/encode/msgpack",
+        "registry_codec/encode/json",
+        "registry_codec/decode/msgpack",
+        "registry_codec/decode/json",
+    ]) {
+        return;
+    }
+    let request = job_submissions();
+    let msgpack = codec::encode(&request).expect("encodes");
+    let json = serde_json::to_vec(&request).expect("JSON encodes");
+    // Both read back to the same request.
+    let back: AppendEntriesRequest<TypeConfig> = codec::decode(&msgpack).expect("decodes");
+    let from_json: AppendEntriesRequest<TypeConfig> =
+        serde_json::from_slice(&json).expect("JSON decodes");
+    assert_eq!(codec::encode(&back).expect("encodes"), msgpack);
+    assert_eq!(codec::encode(&from_json).expect("encodes"), msgpack);
+    eprintln!(
+        "registry_codec: one AppendEntries of {ENTRIES_PER_APPEND} entries (job + evaluations \
+         each): msgpack {} bytes ({} per entry), json {} bytes ({} per entry); msgpack/json = \
+         {:.2}",
+        msgpack.len(),
+        msgpack.len() / ENTRIES_PER_APPEND,
+        json.len(),
+        json.len() / ENTRIES_PER_APPEND,
+        msgpack.len() as f64 / json.len() as f64
+    );
+
+    let mut group = c.benchmark_group("registry_codec");
+    group
+        .sample_size(50)
+        .warm_up_time(Duration::from_secs(1))
+        .measurement_time(Duration::from_secs(3))
+        .throughput(Throughput::Elements(ENTRIES_PER_APPEND as u64));
+    group.bench_function(BenchmarkId::new("encode", "msgpack"), |b| {
+        b.iter(|| codec::encode(black_box(&request)).expect("encodes"));
+    });
+    group.bench_function(BenchmarkId::new("encode", "json"), |b| {
+        b.iter(|| serde_json::to_vec(black_box(&request)).expect("encodes"));
+    });
+    group.bench_function(BenchmarkId::new("decode", "msgpack"), |b| {
+        b.iter(|| {
+            codec::decode::<AppendEntriesRequest<TypeConfig>>(black_box(&msgpack)).expect("decodes")
+        });
+    });
+    group.bench_function(BenchmarkId::new("decode", "json"), |b| {
+        b.iter(|| {
+            serde_json::from_slice::<AppendEntriesRequest<TypeConfig>>(black_box(&json))
+                .expect("decodes")
+        });
+    });
+    group.finish();
+}
+
+// ---------------------------------------------------------------------------------------------
+// registry_write
+
+/// Encodes and decodes `value` in the registry's encoding.
+fn msgpack_roundtrip<T: serde::Serialize + serde::de::DeserializeOwned>(value: &T) -> T {
+    codec::decode(&codec::encode(value).expect("encodes")).expect("decodes")
+}
+
+/// Encodes and decodes `value` in JSON, the encoding before it.
+fn json_roundtrip<T: serde::Serialize + serde::de::DeserializeOwned>(value: &T) -> T {
+    serde_json::from_slice(&serde_json::to_vec(value).expect("encodes")).expect("decodes")
+}
+
+fn registry_write(c: &mut Criterion) {
+    // Not even the group's members are started when a filter leaves it out.
+    if !selected(&[
+        "registry_write/sequential/tls_3_members",
+        "registry_write/entry_roundtrip/msgpack",
+        "registry_write/entry_roundtrip/json",
+        "registry_write/concurrent_64/tls_3_members",
+        "registry_write/append_entries_64_roundtrip/msgpack",
+        "registry_write/append_entries_64_roundtrip/json",
+    ]) {
+        return;
+    }
+    let runtime = runtime();
+    let system = System::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let members = runtime.block_on(async {
+        let (_, members) = three_members(&system, dir.path(), Snapshots::After5000).await;
+        members
+    });
+    let leader_id = runtime.block_on(leader(&members));
+    let registry = members[&leader_id].registry.clone();
+    let term = term_of(&registry);
+    // Every write admits a new agent.
+    let next_agent = AtomicUsize::new(0);
+    let write = move |registry: RegistryNode, n: usize| async move {
+        match registry.write(admit(n)).await {
+            Ok(outcome) => assert!(
+                matches!(outcome.results.as_slice(), [Ok(Outcome::Admitted(_))]),
+                "admission refused: {outcome:?}"
+            ),
+            Err(e) => panic!("write {n} failed (leader {leader_id}, term {term}): {e}"),
+        }
+    };
+
+    // The baselines: the raft entry of one such write, and an AppendEntries of 64 of them.
+    let one_entry = entry(term, leader_id, 100, admit(0).ops);
+    let sixty_four = append_entries(
+        term,
+        (0..CONCURRENT_WRITES)
+            .map(|n| entry(term, leader_id, 100 + n as u64, admit(n).ops))
+            .collect(),
+    );
+    eprintln!(
+        "registry_write: one write's entry: msgpack {} bytes, json {} bytes",
+        codec::encode(&one_entry).expect("encodes").len(),
+        serde_json::to_vec(&one_entry).expect("encodes").len()
+    );
+
+    let mut group = c.benchmark_group("registry_write");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
+
+    group.throughput(Throughput::Elements(1));
+    group.bench_function(BenchmarkId::new("sequential", "tls_3_members"), |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let started = Instant::now();
+                for _ in 0..iters {
+                    let n = next_agent.fetch_add(1, Ordering::Relaxed);
+                    write(registry.clone(), n).await;
+                }
+                started.elapsed()
+            })
+        });
+    });
+    group.bench_function(BenchmarkId::new("entry_roundtrip", "msgpack"), |b| {
+        b.iter(|| msgpack_roundtrip(black_box(&one_entry)));
+    });
+    group.bench_function(BenchmarkId::new("entry_roundtrip", "json"), |b| {
+        b.iter(|| json_roundtrip(black_box(&one_entry)));
+    });
+
+    group.throughput(Throughput::Elements(CONCURRENT_WRITES as u64));
+    group.bench_function(BenchmarkId::new("concurrent_64", "tls_3_members"), |b| {
+        b.iter_custom(|iters| {
+            runtime.block_on(async {
+                let mut took = Duration::ZERO;
+                for _ in 0..iters {
+                    let first = next_agent.fetch_add(CONCURRENT_WRITES, Ordering::Relaxed);
+                    let started = Instant::now();
+                    let writes: Vec<_> = (first..first + CONCURRENT_WRITES)
+                        .map(|n| tokio::spawn(write(registry.clone(), n)))
+                        .collect();
+                    for written in join_all(writes).await {
+                        written.expect("the write task");
+                    }
+                    took += started.elapsed();
+                }
+                took
+            })
+        });
+    });
+    group.bench_function(
+        BenchmarkId::new("append_entries_64_roundtrip", "msgpack"),
+        |b| b.iter(|| msgpack_roundtrip(black_box(&sixty_four))),
+    );
+    group.bench_function(
+        BenchmarkId::new("append_entries_64_roundtrip", "json"),
+        |b| {
+            b.iter(|| json_roundtrip(black_box(&sixty_four)));
+        },
+    );
+    group.finish();
+
+    runtime.block_on(async {
+        let writes = next_agent.load(Ordering::Relaxed);
+        let now = term_of(&registry);
+        eprintln!(
+            "registry_write: {writes} writes on leader {leader_id}, term {term} -> {now}{}",
+            if now == term {
+                ""
+            } else {
+                " (an election happened)"
+            }
+        );
+        for member in members.into_values() {
+            member.stop().await;
+        }
+    });
+}
+
+// ---------------------------------------------------------------------------------------------
+// follower_catch_up
+
+/// What one catch-up run saw.
+struct CatchUp {
+    /// From the follower's restart until it applied the leader's last index.
+    took: Duration,
+    /// Of which: opening its store and binding its address again.
+    restart: Duration,
+    /// How long the leader took to write the entries the follower missed.
+    written: Duration,
+    /// Encoded bytes of the missed entries (the jobs they carry, in the registry's encoding).
+    bytes: usize,
+    /// The last index the leader applied, and the follower's last log index when stopped.
+    target: u64,
+    follower_last: u64,
+    /// Where the leader's log begins (what it purged behind its snapshot).
+    leader_purged: Option<u64>,
+    /// The follower's snapshot before and after.
+    snapshot_before: Option<u64>,
+    snapshot_after: Option<u64>,
+    /// The term before the writes, and the one the follower caught up in.
+    term_before_writes: u64,
+    term: u64,
+    /// The writes the leader refused while the follower was away (it stood down, or
+    /// leadership moved), and the slowest write it took.
+    refused: Vec<String>,
+    slowest: Duration,
+    /// How many times the leader stood by (its lease lapsed) while the follower caught up.
+    stood_by: usize,
+}
+
+/// Job `n` of `follower_catch_up`: one group whose environment holds `value` (made distinct
+/// from the other jobs' by its first characters).
+fn large_job(n: usize, value: &str) -> Job {
+    let mut value = value.to_owned();
+    let mark = format!("{n:08}");
+    value.replace_range(..mark.len(), &mark);
+    Job {
+        name: format!("large-job-{n}"),
+        priority: 50,
+        scheduler: SchedulerType::Batch,
+        groups: vec![TaskGroup {
+            name: "g".into(),
+            count: 1,
+            command: "/bin/true".into(),
+            env: BTreeMap::from([("PAYLOAD".to_owned(), value)]),
+            ..TaskGroup::default()
+        }],
+        stopped: false,
+        version: 0,
+    }
+}
+
+async fn catch_up(snapshots: Snapshots, entries: usize) -> CatchUp {
+    let system = System::new();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (addresses, mut members) = three_members(&system, dir.path(), snapshots).await;
+    let leader_id = leader(&members).await;
+    let follower_id = *members
+        .keys()
+        .find(|&&id| id != leader_id)
+        .expect("a follower");
+    let mut leader_id = leader_id;
+    let mut registry = members[&leader_id].registry.clone();
+
+    // Everyone has everything so far; then the follower stops.
+    registry.write(admit(0)).await.expect("first write");
+    let applied = registry.reader().applied_index();
+    for member in members.values() {
+        tokio::time::timeout(DEADLINE, member.registry.reader().wait_applied(applied))
+            .await
+            .expect("every member applies the first write");
+    }
+    let follower = members.remove(&follower_id).expect("the follower");
+    let (follower_last, snapshot_before) = {
+        let metrics = follower.registry.raft().metrics();
+        let metrics = metrics.borrow();
+        (
+            metrics.last_log_index.unwrap_or(0),
+            metrics.snapshot.map(|id| id.index),
+        )
+    };
+    follower.stop().await;
+    let term_before_writes = term_of(&registry);
+
+    // ~1 MiB an entry, written one after the other while the follower is away. This is setup,
+    // not measured: a write the leader refuses because it stood down (its lease lapsed) or
+    // because leadership moved is written again through the leader of the moment, and counted.
+    let value = text(&mut fastrand::Rng::with_seed(11), CATCH_UP_ENTRY_BYTES);
+    let mut bytes = 0;
+    let mut refused = Vec::new();
+    let mut slowest = Duration::ZERO;
+    let started = Instant::now();
+    for n in 0..entries {
+        let job = large_job(n, &value);
+        bytes += codec::encode(&job).expect("encodes").len();
+        let batch = Batch {
+            ops: vec![Op::UpsertJob(job)],
+        };
+        loop {
+            let attempt = Instant::now();
+            match registry.write(batch.clone()).await {
+                Ok(outcome) => {
+                    assert!(
+                        matches!(outcome.results.as_slice(), [Ok(Outcome::JobStored { .. })]),
+                        "job {n} not stored: {outcome:?}"
+                    );
+                    slowest = slowest.max(attempt.elapsed());
+                    break;
+                }
+                Err(e) => {
+                    refused.push(format!(
+                        "job {n} after {:.0} ms: {e} (term {})",
+                        attempt.elapsed().as_secs_f64() * 1e3,
+                        term_of(&registry)
+                    ));
+                    assert!(
+                        refused.len() <= 20,
+                        "the leader refused {} writes: {refused:?}",
+                        refused.len()
+                    );
+                    leader_id = leader(&members).await;
+                    registry = members[&leader_id].registry.clone();
+                }
+            }
+        }
+    }
+    let written = started.elapsed();
+    let target = registry.reader().applied_index();
+    // The leader is done with its own snapshots (none is being built for these entries), and
+    // the other follower has applied everything: the follower restarts into a quiet group.
+    let threshold = config(leader_id, &addresses, dir.path(), snapshots).snapshot_after_entries;
+    let mut metrics = registry.raft().metrics();
+    tokio::time::timeout(
+        DEADLINE,
+        metrics.wait_for(|m| m.snapshot.map_or(0, |id| id.index) + threshold > target),
+    )
+    .await
+    .expect("the leader built its snapshot in time")
+    .expect("the leader runs");
+    let leader_purged = metrics.borrow().purged.map(|id| id.index);
+    for member in members.values() {
+        tokio::time::timeout(DEADLINE, member.registry.reader().wait_applied(target))
+            .await
+            .expect("the other follower applies every entry");
+    }
+    assert_eq!(
+        leader(&members).await,
+        leader_id,
+        "the leader is settled before the follower restarts"
+    );
+    // The term the follower must catch up in, with no election.
+    let term = term_of(&registry);
+    // Times the leader stands by (its lease lapsed: not an election, the term stays) while
+    // the follower catches up.
+    let stood_by = Arc::new(AtomicUsize::new(0));
+    let watching = {
+        let stood_by = Arc::clone(&stood_by);
+        let mut leadership = registry.leadership();
+        tokio::spawn(async move {
+            while leadership.changed().await.is_ok() {
+                if !leadership.borrow_and_update().is_self {
+                    stood_by.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        })
+    };
+
+    let started = Instant::now();
+    let back = start(
+        &system,
+        config(follower_id, &addresses, dir.path(), snapshots),
+    )
+    .await;
+    let restart = started.elapsed();
+    let caught_up = tokio::time::timeout(
+        Duration::from_secs(120),
+        back.registry.reader().wait_applied(target),
+    )
+    .await;
+    let took = started.elapsed();
+    assert!(
+        caught_up.is_ok(),
+        "follower {follower_id} did not catch up to index {target} within 120 s (it applied {})",
+        back.registry.reader().applied_index()
+    );
+    let snapshot_after = back
+        .registry
+        .raft()
+        .metrics()
+        .borrow()
+        .snapshot
+        .map(|id| id.index);
+
+    // No election meanwhile: the leader leads in the term it had when the follower
+    // restarted, and every member is in that term.
+    let now = term_of(&registry);
+    assert_eq!(
+        now, term,
+        "an election happened while follower {follower_id} caught up: leader {leader_id}'s \
+         term went from {term} to {now}"
+    );
+    watching.abort();
+    for (id, member) in &members {
+        assert_eq!(
+            term_of(&member.registry),
+            term,
+            "member {id} changed term while follower {follower_id} caught up"
+        );
+    }
+    assert_eq!(
+        term_of(&back.registry),
+        term,
+        "follower {follower_id} is in another term than its leader"
+    );
+    let jobs = |member: &RegistryNode| member.reader().read(|s| s.jobs.len());
+    assert_eq!(
+        jobs(&back.registry),
+        jobs(&registry),
+        "the follower holds the leader's jobs"
+    );
+
+    members.insert(follower_id, back);
+    assert_eq!(
+        leader(&members).await,
+        leader_id,
+        "leader {leader_id} no longer leads after follower {follower_id} caught up"
+    );
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    CatchUp {
+        took,
+        restart,
+        written,
+        bytes,
+        target,
+        follower_last,
+        leader_purged,
+        snapshot_before,
+        snapshot_after,
+        term_before_writes,
+        term,
+        refused,
+        slowest,
+        stood_by: stood_by.load(Ordering::Relaxed),
+    }
+}
+
+/// Whether criterion's command line selects any of the benchmarks `names`: no filter, or a
+/// filter that is part of a name (criterion's filter is a regex; a plain substring is what
+/// this recognises), and not `--list`. For the work done outside criterion's benchmarks
+/// (setup, printed sizes, the catch-up runs).
+fn selected(names: &[&str]) -> bool {
+    // criterion's options that take a value.
+    const WITH_VALUE: &[&str] = &[
+        "-s",
+        "--save-baseline",
+        "-b",
+        "--baseline",
+        "--baseline-lenient",
+        "--load-baseline",
+        "-c",
+        "--color",
+        "--sample-size",
+        "--warm-up-time",
+        "--measurement-time",
+        "--nresamples",
+        "--noise-threshold",
+        "--confidence-level",
+        "--significance-level",
+        "--profile-time",
+        "--plotting-backend",
+        "--output-format",
+        "--format",
+    ];
+    let mut filters = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        if arg == "--list" {
+            return false;
+        }
+        if WITH_VALUE.contains(&arg.as_str()) {
+            args.next();
+        } else if !arg.starts_with('-') {
+            filters.push(arg);
+        }
+    }
+    filters.is_empty()
+        || filters
+            .iter()
+            .any(|f| names.iter().any(|name| name.contains(f.as_str())))
+}
+
+/// Measured once per snapshot policy, outside criterion's statistics: each run needs a fresh
+/// 100 MB lag, tens of seconds to set up, and criterion's minimum of 10 samples (plus a
+/// warm-up) would take most of ten minutes for one policy. The results are printed.
+fn follower_catch_up(_: &mut Criterion) {
+    // `cargo bench` passes `--bench`; without it, or with `--test`, criterion runs each bench
+    // once as a test.
+    let benching = std::env::args().any(|arg| arg == "--bench")
+        && !std::env::args().any(|arg| arg == "--test");
+    let entries = if benching { CATCH_UP_ENTRIES } else { 8 };
+    let runtime = runtime();
+    for snapshots in [Snapshots::After50, Snapshots::After5000] {
+        let name = format!("follower_catch_up/{}", snapshots.name());
+        if !selected(&[&name]) {
+            continue;
+        }
+        let run = runtime.block_on(catch_up(snapshots, entries));
+        let path = match run.leader_purged {
+            Some(purged) if purged > run.follower_last => format!(
+                "snapshot (the leader had purged its log to index {purged}, past the \
+                 follower's last index {}; follower's snapshot {:?} -> {:?})",
+                run.follower_last, run.snapshot_before, run.snapshot_after
+            ),
+            _ => format!(
+                "log (the leader kept its log from index {}; follower's snapshot {:?} -> {:?})",
+                run.leader_purged.map_or(0, |i| i + 1),
+                run.snapshot_before,
+                run.snapshot_after
+            ),
+        };
+        let mb = run.bytes as f64 / 1e6;
+        eprintln!(
+            "{name}: {mb:.1} MB behind ({entries} entries, to index {}): caught up in {:.2} s \
+             (restart {:.0} ms), {:.1} MB/s, target < {} s {}; no election (term {}, leader \
+             stood by {} times); via {path}",
+            run.target,
+            run.took.as_secs_f64(),
+            run.restart.as_secs_f64() * 1e3,
+            mb / run.took.as_secs_f64(),
+            CATCH_UP_TARGET.as_secs(),
+            if run.took < CATCH_UP_TARGET {
+                "met"
+            } else {
+                "MISSED"
+            },
+            run.term,
+            run.stood_by,
+        );
+        eprintln!(
+            "{name}: baseline: the leader wrote them to itself and the other follower in {:.2} \
+             s ({:.1} MB/s, slowest write {:.0} ms); term {} -> {} over the writes, {} writes \
+             refused{}",
+            run.written.as_secs_f64(),
+            mb / run.written.as_secs_f64(),
+            run.slowest.as_secs_f64() * 1e3,
+            run.term_before_writes,
+            run.term,
+            run.refused.len(),
+            if run.refused.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", run.refused.join("; "))
+            },
+        );
+    }
+}
+
+criterion_group!(benches, registry_codec, registry_write, follower_catch_up);
+criterion_main!(benches);
