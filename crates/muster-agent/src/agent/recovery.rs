@@ -152,10 +152,16 @@ async fn find_process(
         }
         Err(e) => return Found::Gone(format!("its executor record is unreadable: {e}")),
     };
-    match TaskProcess::reattach(files, &record, boot_id) {
+    reattach(files, &record, boot_id).await
+}
+
+/// Re-attaches to the executor `record` names: running, or ended (what it left in its cgroup
+/// is killed), or gone.
+async fn reattach(files: Files, record: &Record, boot_id: &str) -> Found {
+    match TaskProcess::reattach(files, record, boot_id) {
         Recovered::Running(process) => Found::Running(Running::Process(process)),
         Recovered::Ended(status) => {
-            let out_of_memory = settle_leftovers(&record).await;
+            let out_of_memory = settle_leftovers(record).await;
             Found::Ended(Ended {
                 status: Ok(status),
                 killed: false,
@@ -163,7 +169,7 @@ async fn find_process(
             })
         }
         Recovered::Gone(why) => {
-            settle_leftovers(&record).await;
+            settle_leftovers(record).await;
             Found::Gone(why)
         }
     }
@@ -205,18 +211,7 @@ async fn started_without_record(
             tracing::warn!(task = %task_id, %error, "cannot write a rebuilt executor record");
         }
         tracing::info!(task = %task_id, executor = record.executor_pid, "a task started as the agent stopped runs: taken back");
-        return match TaskProcess::reattach(files, &record, boot_id) {
-            Recovered::Running(process) => Found::Running(Running::Process(process)),
-            Recovered::Ended(status) => Found::Ended(Ended {
-                status: Ok(status),
-                killed: false,
-                out_of_memory: settle_leftovers(&record).await,
-            }),
-            Recovered::Gone(why) => {
-                settle_leftovers(&record).await;
-                Found::Gone(why)
-            }
-        };
+        return reattach(files, &record, boot_id).await;
     }
     abandon_start(isolation, data_dir, task_id, &files).await;
     Found::Gone("the agent stopped while it was starting the task, before the task ran".to_owned())
