@@ -98,27 +98,31 @@ impl ElectionTiming {
     }
 }
 
-/// What a member knows of itself, for a pre-vote on either side.
+/// What a member knows of its vote, for a pre-vote on either side: read from raft's state at
+/// no cost, every tick.
 struct Standing {
     state: ServerState,
     vote: Vote<NodeId>,
     /// How long since its vote was last set or refreshed by a leader; `None` if never.
     quiet: Option<Duration>,
-    last_log_id: Option<LogId<NodeId>>,
 }
 
-async fn standing(raft: &Raft, log: &LogStore) -> Option<Standing> {
+async fn standing(raft: &Raft) -> Option<Standing> {
     let (state, vote, modified) = raft
         .with_raft_state(|st| (st.server_state, *st.vote_ref(), st.vote_last_modified()))
         .await
         .ok()?;
-    let last_log_id = log.clone().get_log_state().await.ok()?.last_log_id;
     Some(Standing {
         state,
         vote,
         quiet: modified.map(|at| at.elapsed()),
-        last_log_id,
     })
+}
+
+/// The last entry in this member's log: read from the store (which decodes it), so only
+/// when a round is asked for or about to be.
+async fn last_log_id(log: &LogStore) -> Option<Option<LogId<NodeId>>> {
+    Some(log.clone().get_log_state().await.ok()?.last_log_id)
 }
 
 /// This member's answer to `request`: see the module's docs for the rule.
@@ -128,12 +132,13 @@ pub(crate) async fn judge(
     timing: ElectionTiming,
     request: PreVoteRequest,
 ) -> PreVoteResponse {
-    let Some(me) = standing(raft, log).await else {
-        return PreVoteResponse {
-            granted: false,
-            term: 0,
-            reason: "this member's raft is not running".into(),
-        };
+    let not_running = || PreVoteResponse {
+        granted: false,
+        term: 0,
+        reason: "this member's raft is not running".into(),
+    };
+    let Some(me) = standing(raft).await else {
+        return not_running();
     };
     let term = me.vote.leader_id().term;
     let refuse = |reason: String| PreVoteResponse {
@@ -157,10 +162,13 @@ pub(crate) async fn judge(
             request.term
         ));
     }
-    if request.last_log_id < me.last_log_id {
+    let Some(my_last_log_id) = last_log_id(log).await else {
+        return not_running();
+    };
+    if request.last_log_id < my_last_log_id {
         return refuse(format!(
             "the candidate's log ends at {:?}, behind this member's {:?}",
-            request.last_log_id, me.last_log_id
+            request.last_log_id, my_last_log_id
         ));
     }
     PreVoteResponse {
@@ -197,7 +205,7 @@ pub(crate) async fn drive_elections(
         if tokio::time::Instant::now() < not_before {
             continue;
         }
-        let Some(standing) = standing(&raft, &log).await else {
+        let Some(standing) = standing(&raft).await else {
             return;
         };
         if standing.state == ServerState::Leader || standing.state == ServerState::Learner {
@@ -211,15 +219,18 @@ pub(crate) async fn drive_elections(
         if standing.quiet.is_some_and(|quiet| quiet < wait) {
             continue;
         }
+        let Some(last_log_id) = last_log_id(&log).await else {
+            return;
+        };
         let request = PreVoteRequest {
             term: standing.vote.leader_id().term,
             candidate: me,
-            last_log_id: standing.last_log_id,
+            last_log_id,
         };
         let granted = 1 + pre_vote_round(&peers, request, timing.timeout.0).await;
         // A leader elected while the round was out (another member's round, a moment ahead)
         // makes its answers stale: standing now would depose it.
-        let Some(after) = self::standing(&raft, &log).await else {
+        let Some(after) = self::standing(&raft).await else {
             return;
         };
         if after.vote != standing.vote || after.state != standing.state {

@@ -11,8 +11,6 @@
 //! deadline, reporting each of its tasks LOST: what a master counted lost when the agent came
 //! back without it (or when its deadline passed) never starts after all.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use muster_proto::cluster::RunTask;
 use muster_proto::model::TaskState;
 
@@ -91,11 +89,7 @@ impl Agent {
                 self.registration
             ));
         }
-        let now_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |since| {
-                u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-            });
+        let now_ms = muster_model::clock::unix_ms();
         if deadline_unix_ms != 0 && now_ms > deadline_unix_ms {
             self.stale_commands_refused += 1;
             return Err(format!(

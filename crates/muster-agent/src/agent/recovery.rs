@@ -191,12 +191,7 @@ async fn started_without_record(
 ) -> Found {
     if let Ok(Some(status)) = files.read_status() {
         let out_of_memory = match isolation.existing_for(task_id) {
-            Some(cgroup) => {
-                cgroup.kill_all().await;
-                let oom = cgroup.oom_killed();
-                cgroup.remove();
-                oom
-            }
+            Some(cgroup) => settle_cgroup(&cgroup).await,
             None => false,
         };
         tracing::info!(task = %task_id, "a task started as the agent stopped has ended: its status is kept");
@@ -228,10 +223,7 @@ fn rebuilt_record(
     boot_id: &str,
 ) -> Option<Record> {
     let task_pid = files.read_task_pid().ok()??;
-    let dir = store::task_dir(data_dir, task_id);
-    let works_there = std::fs::read_link(format!("/proc/{task_pid}/cwd"))
-        .is_ok_and(|cwd| std::fs::canonicalize(&dir).is_ok_and(|dir| dir == cwd));
-    if !works_there {
+    if !works_in(task_pid, data_dir, task_id) {
         return None;
     }
     let executor_pid = executor::parent_pid(task_pid).ok()??;
@@ -254,14 +246,27 @@ fn rebuilt_record(
 /// Kills what a task that ended (or vanished) while the agent was down left in its cgroup,
 /// and removes the cgroup; whether the kernel killed a process of it for memory.
 async fn settle_leftovers(record: &Record) -> bool {
-    let Some(cgroup) = &record.cgroup else {
-        return false;
-    };
-    let cgroup = TaskCgroup::from_record(cgroup);
+    match &record.cgroup {
+        Some(cgroup) => settle_cgroup(&TaskCgroup::from_record(cgroup)).await,
+        None => false,
+    }
+}
+
+/// Kills what is left in `cgroup` and removes it; whether the kernel killed a process of it
+/// for memory.
+async fn settle_cgroup(cgroup: &TaskCgroup) -> bool {
     cgroup.kill_all().await;
     let out_of_memory = cgroup.oom_killed();
     cgroup.remove();
     out_of_memory
+}
+
+/// Whether process `pid` works in task `task_id`'s directory: it is the task's (a pid a file
+/// names may have been reused since).
+fn works_in(pid: i32, data_dir: &Path, task_id: &str) -> bool {
+    let dir = store::task_dir(data_dir, task_id);
+    std::fs::read_link(format!("/proc/{pid}/cwd"))
+        .is_ok_and(|cwd| std::fs::canonicalize(&dir).is_ok_and(|dir| dir == cwd))
 }
 
 /// A task whose start the earlier run did not see through (no executor record): whatever of it
@@ -269,19 +274,15 @@ async fn settle_leftovers(record: &Record) -> bool {
 /// executor recorded its pid and that process still works in the task's directory.
 async fn abandon_start(isolation: &Isolation, data_dir: &Path, task_id: &str, files: &Files) {
     if let Some(cgroup) = isolation.existing_for(task_id) {
-        cgroup.kill_all().await;
-        cgroup.remove();
+        settle_cgroup(&cgroup).await;
     }
-    if let Ok(Some(pid)) = files.read_task_pid() {
-        let dir = store::task_dir(data_dir, task_id);
-        let works_there = std::fs::read_link(format!("/proc/{pid}/cwd"))
-            .is_ok_and(|cwd| std::fs::canonicalize(&dir).is_ok_and(|dir| dir == cwd));
-        if works_there {
-            // SAFETY: killpg takes two integers; the process was just seen working in the
-            // task's own directory, so the group is the task's.
-            unsafe {
-                libc::killpg(pid, libc::SIGKILL);
-            }
+    if let Ok(Some(pid)) = files.read_task_pid()
+        && works_in(pid, data_dir, task_id)
+    {
+        // SAFETY: killpg takes two integers; the process was just seen working in the task's
+        // own directory, so the group is the task's.
+        unsafe {
+            libc::killpg(pid, libc::SIGKILL);
         }
     }
     if let Err(error) = files.remove() {

@@ -48,13 +48,24 @@ impl Master {
         // Batch slots filled, by a live task or one that finished: one that never ran (its
         // launch lost, its leader gone before it was confirmed) is in neither.
         let mut batch_slots: HashSet<(&str, &str, &str)> = HashSet::new();
-        for agent in self.cluster.agents.values() {
-            let live = agent.tasks.iter().filter(|t| !t.is_terminal());
+        for (agent_id, agent) in &self.cluster.agents {
+            for task in agent.tasks.iter().filter(|t| !t.is_terminal()) {
+                if let Some(job) = task.job_name() {
+                    if !slots.insert((job, task.name())) {
+                        doubled.insert(job);
+                    }
+                    batch_slots.insert((job, task.view.group(), task.name()));
+                    *running.entry((job, task.view.group())).or_default() += 1;
+                    *on_agents
+                        .entry((job, task.view.group(), agent_id.as_str()))
+                        .or_default() += 1;
+                }
+            }
             let finished = agent
                 .completed_tasks
                 .iter()
                 .filter(|t| t.state() == TaskState::Finished);
-            for task in live.chain(finished) {
+            for task in finished {
                 if let Some(job) = task.job_name() {
                     batch_slots.insert((job, task.view.group(), task.name()));
                 }
@@ -63,19 +74,6 @@ impl Master {
         let mut filled: HashMap<(&str, &str), u32> = HashMap::new();
         for (job, group, _) in batch_slots {
             *filled.entry((job, group)).or_default() += 1;
-        }
-        for (agent_id, agent) in &self.cluster.agents {
-            for task in agent.tasks.iter().filter(|t| !t.is_terminal()) {
-                if let Some(job) = task.job_name() {
-                    if !slots.insert((job, task.name())) {
-                        doubled.insert(job);
-                    }
-                    *running.entry((job, task.view.group())).or_default() += 1;
-                    *on_agents
-                        .entry((job, task.view.group(), agent_id.as_str()))
-                        .or_default() += 1;
-                }
-            }
         }
         // Where a system job's tasks belong: every connected agent new tasks may go to, by
         // its attributes (a drained agent's system tasks stopped for good).

@@ -581,8 +581,6 @@ pub(crate) const LAUNCH_CLOCK_MARGIN: std::time::Duration = std::time::Duration:
 /// Milliseconds since the Unix epoch, `after` from now: a launch's deadline on the agent's
 /// clock (see [`LaunchFence`]).
 fn unix_ms_after(after: std::time::Duration) -> u64 {
-    let at = std::time::SystemTime::now() + after;
-    at.duration_since(std::time::UNIX_EPOCH).map_or(0, |since| {
-        u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
-    })
+    let after = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+    muster_model::clock::unix_ms().saturating_add(after)
 }

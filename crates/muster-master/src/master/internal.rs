@@ -269,16 +269,16 @@ impl Master {
         else {
             return;
         };
-        if *leading != term {
+        if *leading != term || recovery.is_none() {
             return;
         }
+        self.release_placements("the re-registration deadline passed");
+        let Role::Leading { recovery, .. } = &mut self.role else {
+            return;
+        };
         let Some(progress) = recovery.take() else {
             return;
         };
-        if let Some(hold) = &progress.placements_held {
-            hold.cancel();
-            self.restore_scheduling();
-        }
         self.metrics.recovery = Some(progress.started.elapsed());
         let mut missing: Vec<String> = progress.awaiting.into_iter().collect();
         missing.sort();
