@@ -572,6 +572,13 @@ fn figures_registry(figures: &Figures) -> Registry {
     );
     counter(
         &mut r,
+        "muster_transport_expired_sends",
+        "Messages sent with a deadline (task launches) dropped unwritten: past their deadline, \
+         or queued for a connection that broke",
+        t.expired_tells,
+    );
+    counter(
+        &mut r,
         "muster_transport_frames_received",
         "Frames this master read from its links",
         t.frames_received,

@@ -111,7 +111,7 @@ async fn accept(
     let reads_same_head = hello.reads_same_head;
     let hello = String::from_utf8(hello.node.to_vec())
         .map_err(|_| Status::invalid_argument("the hello's node is not UTF-8"))?;
-    let link = PeerLink::new(hello.clone(), node.limits());
+    let link = PeerLink::new(hello.clone(), node.limits(), Arc::clone(&node.stats));
     link.set_peer_reads_same_head(reads_same_head);
     // On an insecure node, sends to the peer go back over this stream, unless we already
     // have our own link. With TLS they never do: the hello names an address no

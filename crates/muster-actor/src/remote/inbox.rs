@@ -350,7 +350,7 @@ impl<R: prost::Message + prost::Name + Send + 'static> RemoteResponder<R> for Re
             return;
         }
         let envelope = EnvelopeWriter::new(reply_head::<R>(), origin.request_id);
-        let sent = origin.link.send(&envelope, size, |buf| {
+        let sent = origin.link.send(&envelope, size, None, |buf| {
             // A `BytesMut` grows as needed: encoding into it cannot run out of room.
             let _ = value.encode(buf);
         });

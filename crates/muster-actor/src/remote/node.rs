@@ -285,7 +285,7 @@ impl NodeInner {
         if let Some(link) = peers.get(node) {
             return Arc::clone(link);
         }
-        let link = PeerLink::new(node.to_owned(), self.limits());
+        let link = PeerLink::new(node.to_owned(), self.limits(), Arc::clone(&self.stats));
         if self.is_shut_down() {
             link.close(RemoteError::ConnectionLost(node.to_owned()));
             return link;

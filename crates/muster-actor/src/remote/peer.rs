@@ -13,7 +13,9 @@ use futures_util::Stream;
 use muster_proto::transport::{Envelope, ErrorCode, Kind};
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
+use tokio::time::Instant;
 
+use super::stats::Stats;
 use super::wire::{EnvelopeHead, EnvelopeWriter, expand_same_heads, hello_frame};
 use crate::sync::lock;
 use crate::{ExitReason, ProcessRef, RemoteError, Upid};
@@ -68,6 +70,8 @@ pub(crate) struct PeerLink {
     /// lost; a frame encoded with `same_head` and written while it is clear is written out
     /// whole.
     peer_reads_same_head: AtomicBool,
+    /// The node's counters (tells dropped as expired are counted here).
+    stats: Arc<Stats>,
 }
 
 /// The queue of a link: frames encoded as envelopes arrive, oldest first. The last frame fills
@@ -84,6 +88,9 @@ struct Outbox {
     generation: u64,
     /// That stream, parked until something is queued.
     writer: Option<Waker>,
+    /// Connections lost (or attempts failed) so far: a tell queued for the connection of the
+    /// moment ([`PeerLink::send`] with an expiry) is dropped once this has moved on.
+    losses: u64,
     /// The size of the last frame taken: a new frame is allocated that large, so a busy link
     /// does not grow each frame by doubling.
     last_frame: usize,
@@ -107,10 +114,29 @@ struct Batch {
     last_tell_head: u64,
     /// Some envelope in it has `same_head` set.
     same_heads: bool,
+    /// The tells in it that expire (where their bytes are, and when): one past its deadline,
+    /// or queued before a connection loss, is cut out when the frame is written. Such a tell
+    /// neither leaves its head out nor lends it to the next, so cutting it out loses no head.
+    expiring: Vec<(Range<usize>, Expiry)>,
+}
+
+/// When a tell is no longer worth sending: past `deadline`, or once the link has lost the
+/// connection it was queued for (`losses` has moved on). It is then dropped unwritten instead
+/// of being carried to the next connection.
+#[derive(Debug, Clone, Copy)]
+struct Expiry {
+    deadline: Instant,
+    losses: u64,
+}
+
+impl Expiry {
+    fn passed(&self, now: Instant, losses: u64) -> bool {
+        now >= self.deadline || losses != self.losses
+    }
 }
 
 impl PeerLink {
-    pub(crate) fn new(node: String, limits: Limits) -> Arc<Self> {
+    pub(crate) fn new(node: String, limits: Limits, stats: Arc<Stats>) -> Arc<Self> {
         Arc::new(PeerLink {
             node,
             outbox: Mutex::new(Outbox::default()),
@@ -125,6 +151,7 @@ impl PeerLink {
             watchers: Mutex::new(Vec::new()),
             room: Notify::new(),
             peer_reads_same_head: AtomicBool::new(false),
+            stats,
         })
     }
 
@@ -141,7 +168,9 @@ impl PeerLink {
     }
 
     /// Queues an envelope for the peer: `envelope` with a body of `body_len` bytes that
-    /// `body` writes, appended to the frame being filled.
+    /// `body` writes, appended to the frame being filled. A tell with `expires` is dropped
+    /// unwritten if its frame is not written by then, or if the connection of the moment is
+    /// lost first: it never reaches a later connection.
     ///
     /// # Errors
     /// `ConnectionLost` once the link has closed for good, `QueueFull` past
@@ -150,6 +179,7 @@ impl PeerLink {
         &self,
         envelope: &EnvelopeWriter<'_>,
         body_len: usize,
+        expires: Option<Instant>,
         body: impl FnOnce(&mut BytesMut),
     ) -> Result<Queued, RemoteError> {
         if self.closed.load(Ordering::Acquire) {
@@ -178,11 +208,12 @@ impl PeerLink {
                 });
             }
             outbox.queued += 1;
+            let losses = outbox.losses;
             let Some(batch) = outbox.frames.back_mut() else {
                 unreachable!("a batch was pushed above");
             };
             let start = batch.bytes.len();
-            let tell_head = if envelope.kind() == Kind::Tell {
+            let tell_head = if envelope.kind() == Kind::Tell && expires.is_none() {
                 envelope.head.id()
             } else {
                 0
@@ -193,6 +224,10 @@ impl PeerLink {
             envelope.append(&mut batch.bytes, same_head, body_len, body);
             batch.last_tell_head = tell_head;
             batch.same_heads |= same_head;
+            if let Some(deadline) = expires {
+                let expiry = Expiry { deadline, losses };
+                batch.expiring.push((start..batch.bytes.len(), expiry));
+            }
             if envelope.kind() == Kind::Ask {
                 batch
                     .asks
@@ -218,7 +253,7 @@ impl PeerLink {
             error: &detail,
             ..EnvelopeWriter::new(&ERROR_HEAD, request_id)
         };
-        if let Err(e) = self.send(&envelope, 0, |_| {}) {
+        if let Err(e) = self.send(&envelope, 0, None, |_| {}) {
             tracing::warn!(peer = %self.node, request_id, error = %e, "could not send an error reply");
         }
     }
@@ -284,6 +319,7 @@ impl PeerLink {
     }
 
     fn fail(&self, error: RemoteError, for_good: bool) {
+        lock(&self.outbox).losses += 1;
         let pending = {
             let mut pending = lock(&self.pending);
             if for_good {
@@ -330,12 +366,13 @@ impl PeerLink {
     /// replaced or the link is closed.
     fn poll_frame(&self, generation: u64, cx: &mut Context<'_>) -> Poll<Option<Bytes>> {
         loop {
-            let batch = {
+            let (batch, losses) = {
                 let mut outbox = lock(&self.outbox);
                 if outbox.generation != generation || self.closed.load(Ordering::Acquire) {
                     return Poll::Ready(None);
                 }
-                match outbox.frames.pop_front() {
+                let losses = outbox.losses;
+                let batch = match outbox.frames.pop_front() {
                     Some(batch) => {
                         let was_full = outbox.queued >= self.limits.max_queued;
                         outbox.queued -= batch.envelopes;
@@ -349,21 +386,23 @@ impl PeerLink {
                         crate::sync::park(&mut outbox.writer, cx.waker());
                         return Poll::Pending;
                     }
-                }
+                };
+                (batch, losses)
             };
-            if let Some(frame) = self.still_wanted(batch) {
+            if let Some(frame) = self.still_wanted(batch, losses) {
                 return Poll::Ready(Some(frame));
             }
         }
     }
 
     /// The frame's bytes, less the asks whose callers were already told they failed (or gave
-    /// up): those must not run behind their backs. `None` if nothing is left. Written out whole
-    /// if it has `same_head` envelopes and the peer has not said, on this connection, that it
+    /// up), which must not run behind their backs, and the tells that expired (`losses` is the
+    /// link's count of lost connections now). `None` if nothing is left. Written out whole if
+    /// it has `same_head` envelopes and the peer has not said, on this connection, that it
     /// reads them.
-    fn still_wanted(&self, batch: Batch) -> Option<Bytes> {
+    fn still_wanted(&self, batch: Batch, losses: u64) -> Option<Bytes> {
         let expand = batch.same_heads && !self.peer_reads_same_head.load(Ordering::Relaxed);
-        let frame = self.without_failed_asks(batch)?;
+        let frame = self.without_unwanted(batch, losses)?;
         Some(if expand {
             expand_same_heads(&frame).freeze()
         } else {
@@ -372,9 +411,9 @@ impl PeerLink {
     }
 
     /// The frame's bytes, less the asks whose callers were already told they failed (or gave
-    /// up). `None` if nothing is left.
-    fn without_failed_asks(&self, batch: Batch) -> Option<Bytes> {
-        let unwanted: Vec<Range<usize>> = if batch.asks.is_empty() {
+    /// up) and the tells that expired. `None` if nothing is left.
+    fn without_unwanted(&self, batch: Batch, losses: u64) -> Option<Bytes> {
+        let mut unwanted: Vec<Range<usize>> = if batch.asks.is_empty() {
             Vec::new()
         } else {
             let pending = lock(&self.pending);
@@ -385,6 +424,25 @@ impl PeerLink {
                 .map(|(range, _)| range)
                 .collect()
         };
+        if !batch.expiring.is_empty() {
+            let now = Instant::now();
+            let expired = batch
+                .expiring
+                .into_iter()
+                .filter(|(_, expiry)| expiry.passed(now, losses))
+                .map(|(range, _)| range);
+            let before = unwanted.len();
+            unwanted.extend(expired);
+            let dropped = unwanted.len() - before;
+            if dropped > 0 {
+                self.stats
+                    .expired_tells
+                    .fetch_add(dropped as u64, Ordering::Relaxed);
+                tracing::debug!(peer = %self.node, dropped, "tells dropped unwritten: past their deadline or their connection");
+                // Both lists are in frame order; together they must be too.
+                unwanted.sort_unstable_by_key(|range| range.start);
+            }
+        }
         if unwanted.is_empty() {
             return Some(batch.bytes.freeze());
         }
@@ -474,6 +532,7 @@ mod tests {
                 max_batch: 100,
                 max_batch_bytes: 1 << 20,
             },
+            Arc::default(),
         )
     }
 
@@ -504,7 +563,7 @@ mod tests {
         let to_other = EnvelopeHead::new(Kind::Tell, b"other", b"t");
         let ask = EnvelopeHead::new(Kind::Ask, b"sink", b"t");
         let send = |head: &EnvelopeHead, request_id: u64| {
-            link.send(&EnvelopeWriter::new(head, request_id), 1, |buf| {
+            link.send(&EnvelopeWriter::new(head, request_id), 1, None, |buf| {
                 buf.put_u8(1);
             })
             .map_err(|e| e.to_string())
@@ -543,12 +602,68 @@ mod tests {
         let head = EnvelopeHead::new(Kind::Tell, b"sink", b"t");
         link.set_peer_reads_same_head(true);
         for _ in 0..3 {
-            link.send(&EnvelopeWriter::new(&head, 0), 1, |buf| buf.put_u8(1))
+            link.send(&EnvelopeWriter::new(&head, 0), 1, None, |buf| buf.put_u8(1))
                 .expect("queued");
         }
         // The connection is lost; the next one's peer has not answered yet.
         link.set_peer_reads_same_head(false);
         assert_eq!(heads(&first_frame(&link)), [(false, &b"sink"[..]); 3]);
+    }
+
+    /// Each envelope of `frame` as its body's first byte.
+    fn bodies(frame: &[u8]) -> Vec<u8> {
+        Envelopes::new(frame)
+            .map(|item| match item {
+                Ok(Item::Envelope(envelope)) => frame[envelope.body.start],
+                other => panic!("an envelope: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tell_with_a_deadline_is_dropped_unwritten_once_it_passes_or_its_connection_is_lost()
+    {
+        let stats = Arc::new(Stats::default());
+        let link = PeerLink::new(
+            "peer:1".into(),
+            Limits {
+                max_queued: 100,
+                max_batch: 100,
+                max_batch_bytes: 1 << 20,
+            },
+            Arc::clone(&stats),
+        );
+        let head = EnvelopeHead::new(Kind::Tell, b"sink", b"t");
+        link.set_peer_reads_same_head(true);
+        let send = |body: u8, expires: Option<Instant>| {
+            link.send(&EnvelopeWriter::new(&head, 0), 1, expires, |buf| {
+                buf.put_u8(body);
+            })
+            .map_err(|e| e.to_string())
+        };
+        let soon = Instant::now() + std::time::Duration::from_secs(1);
+        let later = Instant::now() + std::time::Duration::from_secs(60);
+        send(1, None).expect("queued");
+        send(2, Some(soon)).expect("queued");
+        send(3, None).expect("queued");
+        send(4, Some(later)).expect("queued");
+        tokio::time::advance(std::time::Duration::from_secs(2)).await;
+        // 2 is past its deadline; 3 wrote its head whole, as 2 lent it none.
+        let frame = first_frame(&link);
+        assert_eq!(bodies(&frame), [1, 3, 4]);
+        assert_eq!(
+            heads(&frame).iter().map(|(same, _)| *same).collect::<Vec<_>>(),
+            [false, false, false]
+        );
+
+        // Queued for the connection of the moment, which is then lost: dropped, while a
+        // plain tell waits for the next connection.
+        send(5, Some(later)).expect("queued");
+        send(6, None).expect("queued");
+        link.lost(RemoteError::ConnectionLost("peer:1".into()));
+        send(7, Some(later)).expect("queued");
+        assert_eq!(bodies(&first_frame(&link)), [6, 7]);
+        assert_eq!(stats.snapshot().expired_tells, 2);
     }
 
     #[test]
@@ -560,10 +675,11 @@ mod tests {
                 max_batch: 2,
                 max_batch_bytes: 1 << 20,
             },
+            Arc::default(),
         );
         let head = EnvelopeHead::new(Kind::Tell, b"p", b"t");
         let send = || {
-            link.send(&EnvelopeWriter::new(&head, 0), 1, |buf| buf.put_u8(1))
+            link.send(&EnvelopeWriter::new(&head, 0), 1, None, |buf| buf.put_u8(1))
                 .map_err(|e| e.to_string())
         };
         assert_eq!(send(), Ok(Queued::Flowing), "the first frame");

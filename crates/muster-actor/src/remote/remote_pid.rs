@@ -101,6 +101,18 @@ impl RemotePid {
         msg: &M,
         request_id: u64,
     ) -> Result<Queued, RemoteError> {
+        self.enqueue_expiring(link, kind, msg, request_id, None)
+    }
+
+    /// As [`enqueue`](Self::enqueue), dropped unwritten past `expires` or its connection.
+    fn enqueue_expiring<M: prost::Message + prost::Name + 'static>(
+        &self,
+        link: Option<&Arc<PeerLink>>,
+        kind: Kind,
+        msg: &M,
+        request_id: u64,
+        expires: Option<tokio::time::Instant>,
+    ) -> Result<Queued, RemoteError> {
         let size = msg.encoded_len();
         let limit = self.node.inner.config.max_message_size;
         if size > limit {
@@ -115,7 +127,7 @@ impl RemotePid {
             None => self.open_link(&mut cache.link),
         };
         let head = cache.heads.get::<M>(kind, self.upid.name());
-        link.send(&EnvelopeWriter::new(head, request_id), size, |buf| {
+        link.send(&EnvelopeWriter::new(head, request_id), size, expires, |buf| {
             // A `BytesMut` grows as needed: encoding into it cannot run out of room.
             let _ = msg.encode(buf);
         })
@@ -133,6 +145,25 @@ impl RemotePid {
         msg: M,
     ) -> Result<(), RemoteError> {
         self.enqueue(None, Kind::Tell, &msg, 0).map(drop)
+    }
+
+    /// As [`tell`](RemotePid::tell), for a message that is worth sending only on the link's
+    /// connection of the moment and until `deadline`: if the link has not written it by then,
+    /// or loses that connection (or fails to make it) first, it is dropped unwritten and
+    /// counted in [`TransportStats::expired_tells`](crate::TransportStats), instead of reaching
+    /// the peer late on a later connection. For commands whose sender gives up on them at a
+    /// deadline of its own (a task launch the master counts lost), so that a command given up
+    /// on is never carried out. Its head is always written whole.
+    ///
+    /// # Errors
+    /// As [`tell`](RemotePid::tell).
+    pub fn tell_until<M: prost::Message + prost::Name + 'static>(
+        &self,
+        msg: M,
+        deadline: tokio::time::Instant,
+    ) -> Result<(), RemoteError> {
+        self.enqueue_expiring(None, Kind::Tell, &msg, 0, Some(deadline))
+            .map(drop)
     }
 
     /// As [`tell`](RemotePid::tell), but waits while the link's queue is full

@@ -35,6 +35,9 @@ pub struct TransportStats {
     /// Connection attempts to a peer after its link was lost or the last attempt failed (the
     /// first connection to a peer is not one).
     pub reconnects: u64,
+    /// Tells sent with a deadline ([`RemotePid::tell_until`](crate::RemotePid::tell_until))
+    /// dropped unwritten: past their deadline, or queued for a connection that was lost.
+    pub expired_tells: u64,
 }
 
 impl TransportStats {
@@ -63,6 +66,7 @@ pub(crate) struct Stats {
     pub(crate) bytes_sent: AtomicU64,
     pub(crate) bytes_received: AtomicU64,
     pub(crate) reconnects: AtomicU64,
+    pub(crate) expired_tells: AtomicU64,
 }
 
 impl Stats {
@@ -92,6 +96,7 @@ impl Stats {
             bytes_sent: self.bytes_sent.load(Relaxed),
             bytes_received: self.bytes_received.load(Relaxed),
             reconnects: self.reconnects.load(Relaxed),
+            expired_tells: self.expired_tells.load(Relaxed),
         }
     }
 }

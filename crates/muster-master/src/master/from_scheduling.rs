@@ -375,6 +375,10 @@ impl Master {
             registration: agent.registration,
             deadline_unix_ms: unix_ms_after(self.config.launch_timeout),
         };
+        // The link drops a launch it could not write by the deadline, or queued for a
+        // connection that broke: it is not carried to a later one (the agent would refuse it
+        // by its fence anyway, but after the master may have counted it lost).
+        let deadline = tokio::time::Instant::now() + self.config.launch_timeout;
         let Some(remote) = agent.remote(node).cloned() else {
             // No way to reach it (in-process benches): the tasks stay staged.
             return;
@@ -383,7 +387,7 @@ impl Master {
         let mut failed: Vec<(TaskRecord, String)> = Vec::new();
         for launch in LaunchWire::packed(runs, self.term, fence, LAUNCH_MESSAGE_BUDGET) {
             let count = launch.runs.len();
-            if let Err(e) = remote.tell(launch) {
+            if let Err(e) = remote.tell_until(launch, deadline) {
                 tracing::warn!(agent = %agent_id, error = %e, tasks = count, "launch failed");
                 let staged = agent.tasks.iter().skip(first + sent).take(count);
                 failed.extend(staged.map(|record| (record.clone(), e.to_string())));
