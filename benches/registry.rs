@@ -176,6 +176,7 @@ fn task_group(rng: &mut fastrand::Rng, job: usize, group: usize) -> TaskGroup {
         spec_version: 0,
         user: "svc".into(),
         migrate_max_parallel: 1,
+        disconnect: Default::default(),
     }
 }
 

@@ -42,7 +42,7 @@ pub(crate) async fn jobs(
     }
     writeln!(
         out,
-        "{:<24} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>5}",
+        "{:<24} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>7} {:>5}",
         "NAME",
         "TYPE",
         "PRIORITY",
@@ -54,12 +54,13 @@ pub(crate) async fn jobs(
         "FINISHED",
         "FAILED",
         "LOST",
+        "UNKNOWN",
         "EVALS"
     )?;
     for job in &list.jobs {
         writeln!(
             out,
-            "{:<24} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>5}",
+            "{:<24} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>7} {:>5}",
             job.name,
             SchedulerType::try_from(job.scheduler).map_or("?", SchedulerType::name),
             job.priority,
@@ -71,6 +72,7 @@ pub(crate) async fn jobs(
             job.finished,
             job.failed,
             job.lost,
+            job.unknown,
             job.evals_in_flight
         )?;
     }

@@ -373,6 +373,8 @@ async fn a_sigkilled_agent_takes_its_tasks_back_and_reports_what_ended_meanwhile
     Ok(())
 }
 
+/// An agent back after it was marked unreachable, under a job whose `disconnect.reconcile` is
+/// `keep_replacement`: its copy, replaced meanwhile, is killed, and the replacement runs on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_back_after_its_deadline_kills_the_copies_that_were_replaced() -> anyhow::Result<()>
 {
@@ -388,15 +390,20 @@ async fn an_agent_back_after_its_deadline_kills_the_copies_that_were_replaced() 
         .state_when("agent a", |s| s.agents.len() == 1)
         .await?;
     let marker = format!("{}/web", dir.path().display());
-    cluster
-        .submit(job(
-            "web",
-            model_pb::SchedulerType::Service,
-            "exec sleep 600",
-            &marker,
-            None,
-        ))
-        .await?;
+    let mut web = job(
+        "web",
+        model_pb::SchedulerType::Service,
+        "exec sleep 600",
+        &marker,
+        None,
+    );
+    for group in &mut web.groups {
+        group.disconnect = Some(model_pb::Disconnect {
+            reconcile: model_pb::Reconcile::KeepReplacement as i32,
+            ..model_pb::Disconnect::default()
+        });
+    }
+    cluster.submit(web).await?;
     let state = cluster
         .state_when("the task on agent a", |s| running_of(s, "web").len() == 1)
         .await?;

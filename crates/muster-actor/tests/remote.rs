@@ -906,6 +906,58 @@ impl Process for CountingPonger {
     }
 }
 
+/// A tell with a deadline is for the connection of the moment: sent while the peer is away
+/// (the first dial fails), it is dropped and counted, never delivered when the peer comes back,
+/// while a plain tell sent beside it waits and arrives.
+#[tokio::test]
+async fn tells_with_a_deadline_sent_while_the_peer_is_away_are_dropped_not_carried_to_its_return()
+-> anyhow::Result<()> {
+    let system = System::new();
+    let address = vacant_address()?;
+    let mut config = config();
+    config.reconnect_max = Duration::from_millis(100);
+    let a = Node::bind_with(&system, "127.0.0.1:0", config).await?;
+    let pong = a.remote(Upid::new("pong", &address)?);
+    let far = tokio::time::Instant::now() + Duration::from_secs(600);
+    pong.tell_until(
+        Ping {
+            seq: 1,
+            payload: vec![],
+        },
+        far,
+    )?;
+    pong.tell(Ping {
+        seq: 2,
+        payload: vec![],
+    })?;
+    // The dial fails (nobody listens): the connection the first was queued for never was.
+    eventually("a failed dial", || a.stats().reconnects > 0).await?;
+
+    let b = rebind(&system, &address).await?;
+    let (told, mut seqs) = mpsc::unbounded_channel();
+    let pid = system.spawn(Ponger { told });
+    b.register("pong", &pid)?.install::<Ping>(PongerMsg::Note);
+    let first = tokio::time::timeout(Duration::from_secs(10), seqs.recv()).await?;
+    assert_eq!(
+        first,
+        Some(2),
+        "the plain tell arrives, the expired one does not"
+    );
+    // Once the link is up again, a tell with a deadline goes through like any other.
+    pong.tell_until(
+        Ping {
+            seq: 3,
+            payload: vec![],
+        },
+        far,
+    )?;
+    let next = tokio::time::timeout(Duration::from_secs(10), seqs.recv()).await?;
+    assert_eq!(next, Some(3));
+    assert_eq!(a.stats().expired_tells, 1);
+    b.shutdown();
+    Ok(())
+}
+
 #[tokio::test]
 async fn asks_that_failed_while_the_peer_was_down_never_run_when_it_returns() -> anyhow::Result<()>
 {

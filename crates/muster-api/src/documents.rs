@@ -67,6 +67,9 @@ pub struct TaskCounts {
     pub killed: u64,
     /// On an agent that was lost.
     pub lost: u64,
+    /// On an agent marked unreachable: they may still run there.
+    #[serde(default)]
+    pub unknown: u64,
 }
 
 /// One job of a list: what it asks for and how its tasks stand.
@@ -121,6 +124,7 @@ impl From<cluster_pb::JobList> for JobList {
                         failed: j.failed,
                         killed: j.killed,
                         lost: j.lost,
+                        unknown: j.unknown,
                     },
                     evaluations_in_flight: j.evals_in_flight,
                 })
@@ -145,7 +149,8 @@ pub struct TaskInfo {
     pub job_version: u64,
     /// The agent it was placed on (empty if not known to the answer).
     pub agent_id: String,
-    /// `staging`, `starting`, `running`, `finished`, `failed`, `killed` or `lost`.
+    /// `staging`, `starting`, `running`, `finished`, `failed`, `killed`, `lost` or `unknown`
+    /// (its agent is unreachable: it may still run there).
     pub state: String,
     /// Its exit code once ended (128 + signal when killed by one).
     pub exit_code: i32,
@@ -175,7 +180,8 @@ pub fn task_state_name(state: i32) -> &'static str {
         Ok(pb::TaskState::Failed) => "failed",
         Ok(pb::TaskState::Killed) => "killed",
         Ok(pb::TaskState::Lost) => "lost",
-        _ => "unknown",
+        Ok(pb::TaskState::Unknown) => "unknown",
+        _ => "unspecified",
     }
 }
 
@@ -647,7 +653,12 @@ impl AgentDetail {
                     "unreachable",
                     &[],
                 ),
-                tasks: Vec::new(),
+                // What it ran when it was marked: unknown while it is away.
+                tasks: a
+                    .tasks
+                    .iter()
+                    .map(|t| TaskInfo::new(&a.id, t.clone()))
+                    .collect(),
                 completed_tasks: Vec::new(),
                 read,
             })

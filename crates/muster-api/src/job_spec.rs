@@ -57,6 +57,106 @@ pub struct GroupSpec {
     /// `migrate.max_parallel`); 0 or absent: 1.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub migrate_max_parallel: u32,
+    /// What becomes of its tasks while their agent is unreachable, and when it comes back
+    /// (`[group.disconnect]`); absent: the defaults.
+    #[serde(default, skip_serializing_if = "DisconnectSpec::is_default")]
+    pub disconnect: DisconnectSpec,
+}
+
+/// What becomes of a group's tasks while their agent is unreachable (they are `UNKNOWN`
+/// meanwhile), and when it comes back: Nomad's `disconnect` block.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields, default)]
+pub struct DisconnectSpec {
+    /// Place a replacement while the agent is away (default true). False: the task keeps its
+    /// slot until `lost_after` passes.
+    pub replace: bool,
+    /// How long a task may stay unknown before it is lost for good (replaced, and stopped if
+    /// its agent comes back), as a duration (`90s`, `30m`, `1h`); absent: for as long as its
+    /// agent is remembered.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub lost_after: String,
+    /// Which copy stays when the agent comes back while a replacement runs: `best_score`
+    /// (the default: the copy on the fuller agent, the original on a tie), `keep_original`,
+    /// `keep_replacement` or `longest_running`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub reconcile: String,
+}
+
+impl Default for DisconnectSpec {
+    fn default() -> Self {
+        DisconnectSpec {
+            replace: true,
+            lost_after: String::new(),
+            reconcile: String::new(),
+        }
+    }
+}
+
+impl DisconnectSpec {
+    fn is_default(&self) -> bool {
+        *self == DisconnectSpec::default()
+    }
+
+    /// The wire form; `key` names the block in an error.
+    fn to_proto(&self, key: &str) -> Result<pb::Disconnect, SpecError> {
+        let lost_after_ms = if self.lost_after.is_empty() {
+            0
+        } else {
+            let after =
+                humantime::parse_duration(&self.lost_after).map_err(|e| SpecError::Value {
+                    key: format!("{key}.lost_after"),
+                    message: format!(
+                        "{:?} is not a duration (90s, 30m, 1h): {e}",
+                        self.lost_after
+                    ),
+                })?;
+            u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1)
+        };
+        let reconcile = match self.reconcile.as_str() {
+            "" => pb::Reconcile::Unspecified,
+            "best_score" => pb::Reconcile::BestScore,
+            "keep_original" => pb::Reconcile::KeepOriginal,
+            "keep_replacement" => pb::Reconcile::KeepReplacement,
+            "longest_running" => pb::Reconcile::LongestRunning,
+            other => {
+                return Err(SpecError::Value {
+                    key: format!("{key}.reconcile"),
+                    message: format!(
+                        "{other:?} is not one of best_score, keep_original, keep_replacement, \
+                         longest_running"
+                    ),
+                });
+            }
+        };
+        Ok(pb::Disconnect {
+            replace: Some(self.replace),
+            lost_after_ms,
+            reconcile: reconcile as i32,
+        })
+    }
+
+    /// The document form of the wire's.
+    fn from_proto(disconnect: Option<&pb::Disconnect>) -> DisconnectSpec {
+        let Some(disconnect) = disconnect else {
+            return DisconnectSpec::default();
+        };
+        let reconcile = match pb::Reconcile::try_from(disconnect.reconcile) {
+            Ok(pb::Reconcile::KeepOriginal) => "keep_original",
+            Ok(pb::Reconcile::KeepReplacement) => "keep_replacement",
+            Ok(pb::Reconcile::LongestRunning) => "longest_running",
+            _ => "",
+        };
+        let lost_after = match disconnect.lost_after_ms {
+            0 => String::new(),
+            ms => humantime::format_duration(std::time::Duration::from_millis(ms)).to_string(),
+        };
+        DisconnectSpec {
+            replace: disconnect.replace.unwrap_or(true),
+            lost_after,
+            reconcile: reconcile.to_owned(),
+        }
+    }
 }
 
 /// A placement constraint on an agent attribute.
@@ -117,7 +217,8 @@ impl JobSpec {
     /// The wire form of the job, as the master takes it.
     ///
     /// # Errors
-    /// [`SpecError::Value`] for an unknown `type` or `operator`.
+    /// [`SpecError::Value`] for an unknown `type`, `operator` or `reconcile`, or a
+    /// `lost_after` that is not a duration.
     pub fn to_proto(&self) -> Result<pb::Job, SpecError> {
         let mut groups = Vec::with_capacity(self.groups.len());
         for (i, g) in self.groups.iter().enumerate() {
@@ -147,6 +248,7 @@ impl JobSpec {
                 spec_version: 0,
                 user: g.user.clone(),
                 migrate_max_parallel: g.migrate_max_parallel,
+                disconnect: Some(g.disconnect.to_proto(&format!("group[{i}].disconnect"))?),
             });
         }
         Ok(pb::Job {
@@ -190,6 +292,7 @@ impl JobSpec {
                         .collect(),
                     user: g.user.clone(),
                     migrate_max_parallel: g.migrate_max_parallel,
+                    disconnect: DisconnectSpec::from_proto(g.disconnect.as_ref()),
                 })
                 .collect(),
         }
@@ -288,5 +391,50 @@ mod tests {
                 .is_err_and(|e| e.to_string().starts_with("group[0].constraint[0].operator")),
             "{op:?}"
         );
+    }
+
+    #[test]
+    fn a_disconnect_block_reads_into_the_wire_form_and_back_and_its_bad_words_are_named()
+    -> Result<(), SpecError> {
+        let text = format!(
+            "{WEB}[group.disconnect]\nreplace = false\nlost_after = \"10m\"\nreconcile = \"keep_original\"\n"
+        );
+        let spec = JobSpec::from_toml(&text)?;
+        let job = spec.to_proto()?;
+        assert_eq!(
+            job.groups[0].disconnect,
+            Some(pb::Disconnect {
+                replace: Some(false),
+                lost_after_ms: 600_000,
+                reconcile: pb::Reconcile::KeepOriginal as i32,
+            })
+        );
+        assert_eq!(JobSpec::from_proto(&job), spec);
+        // Absent: the defaults, said explicitly on the wire.
+        let plain = JobSpec::from_toml(WEB)?.to_proto()?;
+        assert_eq!(
+            plain.groups[0].disconnect,
+            Some(pb::Disconnect {
+                replace: Some(true),
+                lost_after_ms: 0,
+                reconcile: pb::Reconcile::Unspecified as i32,
+            })
+        );
+        let reconcile =
+            JobSpec::from_toml(&text.replace("keep_original", "newest")).and_then(|s| s.to_proto());
+        assert!(
+            reconcile
+                .as_ref()
+                .is_err_and(|e| e.to_string().starts_with("group[0].disconnect.reconcile")),
+            "{reconcile:?}"
+        );
+        let after = JobSpec::from_toml(&text.replace("10m", "soon")).and_then(|s| s.to_proto());
+        assert!(
+            after
+                .as_ref()
+                .is_err_and(|e| e.to_string().starts_with("group[0].disconnect.lost_after")),
+            "{after:?}"
+        );
+        Ok(())
     }
 }

@@ -14,4 +14,4 @@ pub use documents::{
     JobPlan, JobSummary, JobVersion, JobVersions, Member, PlannedTask, ReadInfo, Submitted,
     TaskCounts, TaskInfo, TaskLogs,
 };
-pub use job_spec::{ConstraintSpec, GroupSpec, JobSpec, SpecError};
+pub use job_spec::{ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, SpecError};

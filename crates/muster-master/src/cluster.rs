@@ -138,11 +138,6 @@ pub(crate) struct Cluster {
     pub(crate) frameworks: HashMap<String, pb::Framework>,
     /// Frameworks known only from completed tasks.
     pub(crate) completed_frameworks: HashSet<String>,
-    /// The tasks agents ran (or were being killed) when they were marked unreachable, and so
-    /// were replaced,
-    /// by agent, as LOST: an agent that comes back gets them among its ended tasks, so that
-    /// one it starts late (a launch held up in the network) is killed when it reports in.
-    pub(crate) given_up: HashMap<String, Vec<TaskRecord>>,
     /// The one copy of what tasks share.
     pub(crate) interner: TaskInterner,
 }

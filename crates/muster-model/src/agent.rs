@@ -42,6 +42,13 @@ pub struct UnreachableAgent {
     pub info: AgentInfo,
     /// When the master marked it unreachable, in milliseconds since the Unix epoch.
     pub marked_at_ms: u64,
+    /// What it ran (or was starting, or being told to kill) when it was marked, without the
+    /// program, arguments, environment and labels (its job has them): each task is
+    /// [`Unknown`](crate::TaskState::Unknown) while the agent is away, in its state at the
+    /// mark here. Kept in the registry so that whichever master leads when the agent comes
+    /// back knows what was given up.
+    #[serde(default)]
+    pub tasks: Vec<crate::Task>,
 }
 
 /// How schedulers may use an agent, as operators set it (`muster agent eligibility`,

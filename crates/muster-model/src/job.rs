@@ -116,6 +116,71 @@ pub struct TaskGroup {
     /// replacement runs elsewhere.
     #[serde(default)]
     pub migrate_max_parallel: u32,
+    /// What becomes of its tasks while their agent is unreachable, and when it comes back.
+    #[serde(default)]
+    pub disconnect: Disconnect,
+}
+
+/// What becomes of a group's tasks while their agent is unreachable, and when it comes back
+/// (Nomad's `disconnect` block). Meanwhile they are [`Unknown`](crate::TaskState::Unknown).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Disconnect {
+    /// Place a replacement while the agent is away (the default). False: the task keeps its
+    /// slot until [`lost_after_ms`](Self::lost_after_ms) passes.
+    pub replace: bool,
+    /// How long a task may stay unknown before it is lost for good, in milliseconds: then a
+    /// replacement is placed whatever `replace` says, and the task is stopped if its agent
+    /// comes back. 0: for as long as the agent is remembered.
+    pub lost_after_ms: u64,
+    /// Which copy stays when the agent comes back and a replacement runs.
+    pub reconcile: Reconcile,
+}
+
+impl Default for Disconnect {
+    fn default() -> Self {
+        Disconnect {
+            replace: true,
+            lost_after_ms: 0,
+            reconcile: Reconcile::BestScore,
+        }
+    }
+}
+
+impl Disconnect {
+    /// Whether a task unknown since `since_ms` (Unix milliseconds) is lost for good at `now_ms`.
+    pub fn lost_for_good(&self, since_ms: u64, now_ms: u64) -> bool {
+        self.lost_after_ms > 0 && now_ms.saturating_sub(since_ms) >= self.lost_after_ms
+    }
+}
+
+/// Which of two copies of a slot stays when an agent comes back with the original while a
+/// replacement runs (Nomad's `disconnect.reconcile`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Reconcile {
+    /// The copy on the agent placement ranks better now: the fuller agent (most of its CPUs
+    /// and memory in use), as bin-packing would choose; the original on a tie.
+    #[default]
+    BestScore,
+    /// The original.
+    KeepOriginal,
+    /// The replacement.
+    KeepReplacement,
+    /// The copy that has run longest: the original if it was running when its agent was
+    /// lost (Muster does not restart tasks in place, so it started before any replacement).
+    LongestRunning,
+}
+
+impl Reconcile {
+    /// The word job files use (`best_score`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Reconcile::BestScore => "best_score",
+            Reconcile::KeepOriginal => "keep_original",
+            Reconcile::KeepReplacement => "keep_replacement",
+            Reconcile::LongestRunning => "longest_running",
+        }
+    }
 }
 
 impl TaskGroup {
@@ -139,6 +204,7 @@ impl TaskGroup {
             spec_version: _,
             user,
             migrate_max_parallel: _,
+            disconnect: _,
         } = self;
         *resources == other.resources
             && *command == other.command

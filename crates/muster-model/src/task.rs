@@ -61,6 +61,10 @@ pub enum TaskState {
     Killed,
     /// Its agent was lost, or no longer knows it.
     Lost,
+    /// Its agent is unreachable: it may still run there. It stays so until the agent comes
+    /// back (and it is kept or stopped, by its group's `disconnect` policy) or it is given up
+    /// as lost for good (`disconnect.lost_after`). Not ended: its slot may still be its own.
+    Unknown,
 }
 
 impl TaskState {
@@ -68,7 +72,7 @@ impl TaskState {
     pub fn is_terminal(self) -> bool {
         !matches!(
             self,
-            TaskState::Staging | TaskState::Starting | TaskState::Running
+            TaskState::Staging | TaskState::Starting | TaskState::Running | TaskState::Unknown
         )
     }
 
@@ -87,6 +91,7 @@ impl TaskState {
             TaskState::Failed => "FAILED",
             TaskState::Killed => "KILLED",
             TaskState::Lost => "LOST",
+            TaskState::Unknown => "UNKNOWN",
         }
     }
 }

@@ -334,7 +334,7 @@ impl RegistryState {
                 self.add_address(&id, &new_address);
                 Ok(Outcome::Updated)
             }
-            Op::MarkUnreachable { id, at_ms } => {
+            Op::MarkUnreachable { id, at_ms, tasks } => {
                 let info = self
                     .agents
                     .remove(&id)
@@ -344,6 +344,7 @@ impl RegistryState {
                     UnreachableAgent {
                         info,
                         marked_at_ms: at_ms,
+                        tasks,
                     },
                 );
                 Ok(Outcome::MarkedUnreachable)

@@ -43,6 +43,9 @@ pub enum Op {
         id: AgentId,
         /// When, in milliseconds since the Unix epoch.
         at_ms: u64,
+        /// What it ran then (see [`UnreachableAgent::tasks`](muster_model::UnreachableAgent)).
+        #[serde(default)]
+        tasks: Vec<muster_model::Task>,
     },
     /// Forget an agent, admitted or unreachable.
     RemoveAgent(AgentId),
@@ -182,6 +185,12 @@ mod tests {
                 Op::MarkUnreachable {
                     id: AgentId("agent-1".into()),
                     at_ms: 7,
+                    tasks: vec![muster_model::Task {
+                        id: "web.server[0]-1".into(),
+                        name: "web.server[0]".into(),
+                        state: muster_model::TaskState::Running,
+                        ..muster_model::Task::default()
+                    }],
                 },
             ],
         };

@@ -291,6 +291,7 @@ mod tests {
             scheduler: SchedulerType::System,
             groups: vec![TaskGroup {
                 migrate_max_parallel: 0,
+                disconnect: Default::default(),
                 name: "fe".into(),
                 count: 3,
                 resources: resources(0.25, 128),

@@ -42,7 +42,7 @@ use super::handlers;
     ),
     components(schemas(
         AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, ConstraintSpec,
-        EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
+        muster_api::DisconnectSpec, EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
         ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member,
         muster_api::AgentScheduling, muster_api::DrainRequest, muster_api::EligibilityRequest
     )),

@@ -38,6 +38,8 @@ impl Master {
         if recovery.is_some() {
             return;
         }
+        // Tasks on unreachable agents that keep their slots: counted as running.
+        let kept_away = self.tasks_kept_while_away();
         // Running tasks per job and group, and per job, group and agent (system jobs).
         let mut running: HashMap<(&str, &str), u32> = HashMap::new();
         let mut on_agents = OnAgents::new();
@@ -70,6 +72,13 @@ impl Master {
                     batch_slots.insert((job, task.view.group(), task.name()));
                 }
             }
+        }
+        for task in &kept_away {
+            if !slots.insert((task.job.as_str(), task.name.as_str())) {
+                doubled.insert(task.job.as_str());
+            }
+            batch_slots.insert((&task.job, &task.group, &task.name));
+            *running.entry((&task.job, &task.group)).or_default() += 1;
         }
         let mut filled: HashMap<(&str, &str), u32> = HashMap::new();
         for (job, group, _) in batch_slots {

@@ -241,18 +241,18 @@ impl Master {
             return reply.send(refused("ReregisterAgent carries no agent id".into()));
         }
         let id = AgentId(request.agent_id.clone());
-        let (unchanged, bound, given_up) = self.registry.reader().read(|state| {
+        let (unchanged, bound, away) = self.registry.reader().read(|state| {
             let admitted = state.agents.get(&id);
             let unchanged = admitted.is_some_and(|stored| {
                 same_info(info, stored) && identity.is_none_or(|id| stored.identity == id)
             });
-            let unreachable = state.unreachable.get(&id).map(|u| &u.info);
-            let given_up = admitted.is_none() && unreachable.is_some();
-            let stored = admitted.or(unreachable);
+            let unreachable = state.unreachable.get(&id);
+            let stored = admitted.or(unreachable.map(|u| &u.info));
             (
                 unchanged,
                 stored.map(|stored| stored.identity.clone()),
-                given_up,
+                // Back from unreachable: what it ran then, as the registry kept it.
+                unreachable.filter(|_| admitted.is_none()).cloned(),
             )
         });
         let Some(bound) = bound else {
@@ -269,13 +269,13 @@ impl Master {
         let identity = identity.map_or(bound, str::to_owned);
         if unchanged {
             // The common case after a failover: nothing to write.
-            let (id, kill) = self.readmit(request, &identity, false, ctx);
+            let (id, kill) = self.readmit(request, &identity, None, ctx);
             return reply.send(admitted(id, kill, self.term));
         }
         // Changed info, or an agent marked unreachable coming back: store it, with an
         // evaluation for each job its return affects, in one raft entry; then take it back.
-        // What an unreachable agent still runs was given up (LOST, and replaced): it is
-        // killed, not counted.
+        // What an unreachable agent still runs is UNKNOWN: settled by each group's
+        // `disconnect` policy when it is back.
         let evals = self.evals_for_arriving_agent(
             &request.agent_id,
             &live_jobs_reported(running_reported(&request)),
@@ -288,7 +288,7 @@ impl Master {
             ctx,
             move |master, ctx, written| match written {
                 Ok(_) if master.leading_term() == Some(term) => {
-                    let (id, kill) = master.readmit(request, &identity, given_up, ctx);
+                    let (id, kill) = master.readmit(request, &identity, away, ctx);
                     reply.send(admitted(id, kill, term));
                 }
                 Ok(_) => reply.send(not_leader(master.leader().as_ref())),

@@ -372,6 +372,7 @@ impl Master {
                 .get(id)
                 .map(|scheduling| scheduling.clone().into())
         };
+        let mut away = self.tasks_away_by_agent();
         state.unreachable = self.registry.reader().read(|registry| {
             registry
                 .unreachable
@@ -381,6 +382,12 @@ impl Master {
                     info: Some(agent.info.clone().into()),
                     marked_at_ms: agent.marked_at_ms,
                     scheduling: scheduling_of(&id.0),
+                    tasks: away
+                        .remove(id)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(Into::into)
+                        .collect(),
                 })
                 .collect()
         });

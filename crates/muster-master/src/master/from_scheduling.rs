@@ -243,7 +243,11 @@ impl Master {
             index: self.current_index(),
             agents,
             jobs,
-            held: self.crash_loops.held(tokio::time::Instant::now()),
+            held: {
+                let mut held = self.crash_loops.held(tokio::time::Instant::now());
+                held.extend(self.slots_kept_while_away());
+                held
+            },
             job_index: Some(job_index),
         }
     }

@@ -150,8 +150,18 @@ impl Master {
                     TaskState::Failed => &mut summary.failed,
                     TaskState::Killed => &mut summary.killed,
                     TaskState::Lost => &mut summary.lost,
+                    TaskState::Unknown => &mut summary.unknown,
                 };
                 *count += 1;
+            }
+        }
+        // The tasks of agents marked unreachable: unknown while they are away.
+        for task in self.tasks_away() {
+            if let Some(summary) = summaries.get_mut(task.job.as_str()) {
+                match task.state {
+                    TaskState::Lost => summary.lost += 1,
+                    _ => summary.unknown += 1,
+                }
             }
         }
         summaries.into_values().collect()
@@ -188,7 +198,8 @@ impl Master {
         })
     }
 
-    /// The job as stored, its tasks on the agents and its last 20 evaluations, newest first;
+    /// The job as stored, its tasks on the agents (and, unknown, on agents marked
+    /// unreachable) and its last 20 evaluations, newest first;
     /// [`ServiceError::UnknownJob`] if no job has that name.
     pub(super) fn job_status(&self, name: &str) -> Result<pb::JobStatusReply, ServiceError> {
         let (job, mut evals) = self.registry.reader().read(|state| {
@@ -214,6 +225,15 @@ impl Master {
                         task: Some(task.to_wire()),
                     });
                 }
+            }
+        }
+        // Those on agents marked unreachable: unknown while they are away.
+        for (agent_id, away) in self.tasks_away_by_agent() {
+            for task in away.into_iter().filter(|t| t.job == name) {
+                tasks.push(pb::JobTask {
+                    agent_id: agent_id.0.clone(),
+                    task: Some(task.into()),
+                });
             }
         }
         tasks.sort_by(|a, b| {

@@ -1,13 +1,12 @@
 //! Lost agents: moving the agents found gone together (one heartbeat sweep, one
-//! re-registration deadline, too many missed pings) to unreachable, with the evaluations that
-//! replace what they ran, in one raft entry.
+//! re-registration deadline, too many missed pings) to unreachable, with what they ran
+//! (UNKNOWN while they are away) and the evaluations that replace it, in one raft entry.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use muster_actor::Context;
-use muster_model::AgentId;
-use muster_model::{Evaluation, SchedulerType, Trigger};
-use muster_registry::Op;
+use muster_model::{AgentId, Disconnect, Evaluation, SchedulerType, Task, TaskState, Trigger};
+use muster_registry::{Op, RegistryState};
 
 use super::Master;
 use super::registry_writes::now_ms;
@@ -15,9 +14,12 @@ use crate::task_record::TaskRecord;
 
 impl Master {
     /// Moves agents found gone together (one heartbeat sweep, one deadline) to unreachable,
-    /// with one evaluation for each job any of them ran a task of (and each system job; with
-    /// `unknown_tasks`, each service job too), all in one raft entry: 500 agents lost at once
-    /// make one evaluation per job, not one per job per agent.
+    /// with what each ran (the registry keeps it, UNKNOWN, for whichever master leads when it
+    /// comes back) and one evaluation for each job any of them ran a task of (and each system
+    /// job; with `unknown_tasks`, each service job too), all in one raft entry: 500 agents
+    /// lost at once make one evaluation per job, not one per job per agent. A group that does
+    /// not replace such tasks (`disconnect.replace = false`) with a `lost_after` also gets an
+    /// evaluation that waits until then, when its slots are given up for good.
     pub(super) fn mark_unreachable(
         &mut self,
         ids: Vec<String>,
@@ -27,33 +29,22 @@ impl Master {
         if ids.is_empty() {
             return;
         }
-        let evals = self.evals_for_lost_agents(&ids, unknown_tasks);
         let at_ms = now_ms();
+        let mut evals = self.evals_for_lost_agents(&ids, unknown_tasks);
+        evals.extend(self.evals_when_lost_for_good(&ids, at_ms));
         let ops = ids
             .iter()
             .map(|id| Op::MarkUnreachable {
                 id: AgentId(id.clone()),
                 at_ms,
+                tasks: self.tasks_given_up(id),
             })
             .collect();
         self.write_with_evals(ops, evals, ctx, move |master, _ctx, written| match written {
             Ok(_) => {
                 for id in &ids {
                     master.metrics.unreachable += 1;
-                    if let Some(agent) = master.cluster.agents.remove(id) {
-                        // Every task not reported ended: running, or being killed.
-                        let lost: Vec<_> = agent
-                            .tasks
-                            .into_iter()
-                            .map(|mut t| {
-                                t.set_state(muster_model::TaskState::Lost);
-                                t.exit_code = 0;
-                                t.message = "given up: its agent was marked unreachable".into();
-                                t
-                            })
-                            .collect();
-                        master.cluster.given_up.insert(id.clone(), lost);
-                    }
+                    master.cluster.agents.remove(id);
                     master.heartbeats.remove(id);
                     tracing::warn!(agent = %id, "agent marked unreachable");
                 }
@@ -63,6 +54,68 @@ impl Master {
                 tracing::warn!(agents = ids.len(), error = %e, "could not mark agents unreachable")
             }
         });
+    }
+
+    /// What the agent runs (or is starting, or being told to kill), as the registry keeps it
+    /// while the agent is away: without program, arguments, environment and labels.
+    fn tasks_given_up(&self, agent_id: &str) -> Vec<Task> {
+        let Some(agent) = self.cluster.agents.get(agent_id) else {
+            return Vec::new();
+        };
+        agent
+            .tasks
+            .iter()
+            .filter_map(|record| {
+                let task = Task::try_from(record.to_wire()).ok()?;
+                Some(Task {
+                    command: String::new(),
+                    args: Vec::new(),
+                    env: Default::default(),
+                    labels: Vec::new(),
+                    ..task
+                })
+            })
+            .collect()
+    }
+
+    /// For each job with a group that keeps the slots of its tasks on the agents
+    /// (`disconnect.replace = false`) until a `lost_after`, an evaluation that waits until the
+    /// first such group's tasks are lost for good: it then places their replacements.
+    fn evals_when_lost_for_good(&self, agent_ids: &[String], at_ms: u64) -> Vec<Evaluation> {
+        let mut due: HashMap<String, (u64, String)> = HashMap::new();
+        self.registry.reader().read(|state| {
+            for agent_id in agent_ids {
+                let Some(agent) = self.cluster.agents.get(agent_id) else {
+                    continue;
+                };
+                for task in agent.tasks.iter().filter(|t| !t.is_terminal()) {
+                    let Some(policy) = disconnect_of(state, task.job(), task.group()) else {
+                        continue;
+                    };
+                    if policy.replace || policy.lost_after_ms == 0 {
+                        continue;
+                    }
+                    let when = at_ms.saturating_add(policy.lost_after_ms);
+                    let entry = due
+                        .entry(task.job().to_owned())
+                        .or_insert((when, agent_id.clone()));
+                    if when < entry.0 {
+                        *entry = (when, agent_id.clone());
+                    }
+                }
+            }
+            due.into_iter()
+                .filter_map(|(job, (when, agent))| {
+                    let job = state.jobs.get(&job)?;
+                    let mut eval = Evaluation::new(job, Trigger::AgentUnreachable(AgentId(agent)));
+                    eval.wait_until_ms = when;
+                    eval.status_description =
+                        "replaces the tasks of an unreachable agent once they are lost for good"
+                            .into();
+                    Some(eval)
+                })
+                .collect()
+        })
     }
 
     /// One evaluation for every job with a task on any of the agents, and every system job
@@ -112,6 +165,88 @@ impl Master {
                     ))
                 })
                 .collect()
+        })
+    }
+}
+
+/// The `disconnect` policy of `job`'s group `group`, if the job and group are registered.
+pub(super) fn disconnect_of(state: &RegistryState, job: &str, group: &str) -> Option<Disconnect> {
+    let job = state.jobs.get(job)?;
+    job.groups
+        .iter()
+        .find(|g| g.name == group)
+        .map(|g| g.disconnect)
+}
+
+/// How much earlier than the evaluation that replaces them the slots kept for an unreachable
+/// agent's tasks are let go: that evaluation, due when they are lost for good, never finds
+/// them still kept (the broker counts on the wall clock).
+const KEEP_MARGIN_MS: u64 = 1_000;
+
+impl Master {
+    /// The tasks of agents marked unreachable, as operators see them: each UNKNOWN, or LOST
+    /// once its group's `disconnect.lost_after` has passed; by agent.
+    pub(super) fn tasks_away_by_agent(&self) -> BTreeMap<AgentId, Vec<Task>> {
+        let now = now_ms();
+        self.registry.reader().read(|state| {
+            state
+                .unreachable
+                .iter()
+                .map(|(id, agent)| {
+                    let tasks = agent
+                        .tasks
+                        .iter()
+                        .map(|task| {
+                            let policy =
+                                disconnect_of(state, &task.job, &task.group).unwrap_or_default();
+                            let state = if policy.lost_for_good(agent.marked_at_ms, now) {
+                                TaskState::Lost
+                            } else {
+                                TaskState::Unknown
+                            };
+                            Task {
+                                state,
+                                ..task.clone()
+                            }
+                        })
+                        .collect();
+                    (id.clone(), tasks)
+                })
+                .collect()
+        })
+    }
+
+    /// Every task of agents marked unreachable, as [`tasks_away_by_agent`](Self::tasks_away_by_agent).
+    pub(super) fn tasks_away(&self) -> Vec<Task> {
+        self.tasks_away_by_agent().into_values().flatten().collect()
+    }
+
+    /// The slots whose task is on an unreachable agent and keeps them
+    /// (`disconnect.replace = false`) until it is lost for good: schedulers leave them empty.
+    pub(super) fn slots_kept_while_away(&self) -> BTreeSet<String> {
+        self.tasks_kept_while_away()
+            .into_iter()
+            .map(|task| task.name)
+            .collect()
+    }
+
+    /// The tasks on unreachable agents that keep their slots (`disconnect.replace = false`)
+    /// until they are lost for good: the convergence check counts them as running.
+    pub(super) fn tasks_kept_while_away(&self) -> Vec<Task> {
+        let soon = now_ms().saturating_add(KEEP_MARGIN_MS);
+        self.registry.reader().read(|state| {
+            let mut kept = Vec::new();
+            for agent in state.unreachable.values() {
+                for task in &agent.tasks {
+                    let Some(policy) = disconnect_of(state, &task.job, &task.group) else {
+                        continue;
+                    };
+                    if !policy.replace && !policy.lost_for_good(agent.marked_at_ms, soon) {
+                        kept.push(task.clone());
+                    }
+                }
+            }
+            kept
         })
     }
 }

@@ -3,32 +3,36 @@
 //! recovery a new leader waits through until every admitted agent is back (its deadline is
 //! handled in `internal`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use muster_actor::Context;
-use muster_model::{AgentId, TaskState};
+use muster_model::{
+    AgentId, Reconcile, Resources, SchedulerType, TaskState, UnreachableAgent, utilization,
+};
 use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
 use muster_scheduler::Stop;
 
 use super::Master;
 use super::leadership::Role;
+use super::lost_agents::disconnect_of;
+use super::registry_writes::now_ms;
 use crate::cluster::{AgentEntry, registry_info, state_of};
 use crate::task_record::TaskRecord;
 
 impl Master {
     /// Rebuilds an agent, its tasks and frameworks from its re-registration, then settles what
-    /// this master knew of it with what it reports (see `settle_reregistered`). With
-    /// `given_up` (the agent comes back from unreachable: its tasks were marked lost, and
-    /// replacements placed where there was room), a task it reports running whose slot a
-    /// replacement already runs in is recorded as being killed, and returned: the agent kills
-    /// it before anything else. A task nothing replaced, or whose replacement has not started,
-    /// is kept, and that replacement stopped: a healed partition does not leave a service
-    /// below its count.
+    /// this master knew of it with what it reports (see `settle_reregistered`). With `away`
+    /// (the agent comes back from unreachable, and the registry says what it ran then), each
+    /// task it reports is settled by its group's `disconnect` policy (see `settle_returning`):
+    /// a task to stop is recorded as being killed and returned, and the agent kills it before
+    /// anything else; a copy elsewhere that loses to it is stopped. A healed partition does not
+    /// leave a service below its count, nor a slot with two copies.
     pub(super) fn readmit(
         &mut self,
         request: pb::ReregisterAgent,
         identity: &str,
-        given_up: bool,
+        away: Option<UnreachableAgent>,
         ctx: &mut Context<Self>,
     ) -> (String, Vec<String>) {
         let pb::ReregisterAgent {
@@ -43,39 +47,34 @@ impl Master {
         } = request;
         let (mut tasks, mut tasks_sharing_labels) = (tasks, tasks_sharing_labels);
         let mut kill = Vec::new();
-        // Replacements not running yet of the tasks it comes back with: stopped, the
-        // originals kept.
+        // Copies elsewhere of the slots whose returning task stays: stopped.
         let mut superseded = Vec::new();
-        if given_up {
-            // The slots a replacement already runs in: there, the returning copy is the extra
-            // one. Elsewhere nothing replaced the task (no room, or its replacement has not
-            // started): it is kept, and the replacement on its way stopped.
-            let replaced: HashSet<&str> = self
-                .cluster
-                .agents
-                .iter()
-                .filter(|(id, _)| **id != agent_id)
-                .flat_map(|(_, agent)| agent.tasks.iter())
-                .filter(|t| t.state() == TaskState::Running)
-                .map(TaskRecord::name)
-                .collect();
+        if let Some(away) = &away {
+            let total = info
+                .as_ref()
+                .and_then(|info| info.resources.as_ref())
+                .and_then(|r| Resources::try_from(*r).ok())
+                .unwrap_or_default();
             let grouped = tasks_sharing_labels
                 .iter_mut()
                 .flat_map(|group| &mut group.tasks);
-            let mut kept = HashSet::new();
-            for task in tasks
+            let mut returning: Vec<&mut model_pb::Task> = tasks
                 .iter_mut()
                 .chain(grouped)
                 .filter(|t| !state_of(t).is_terminal())
+                .collect();
+            let used = returning.iter().fold(Resources::default(), |sum, t| {
+                let held = t.resources.and_then(|r| Resources::try_from(r).ok());
+                sum.saturating_add(&held.unwrap_or_default())
+            });
+            let fullness = utilization(&used, &total);
+            let (stop, kept) = self.settle_returning(&agent_id, away, &returning, fullness);
+            for task in returning
+                .iter_mut()
+                .filter(|t| stop.contains(t.id.as_str()))
             {
-                if replaced.contains(task.name.as_str()) {
-                    tracing::warn!(agent = %agent_id, task = %task.id, "the agent comes back with a task given up as lost and replaced: it kills it");
-                    task.state = TaskState::Killed.into();
-                    kill.push(task.id.clone());
-                } else {
-                    tracing::info!(agent = %agent_id, task = %task.id, "the agent comes back with a task given up as lost that nothing replaced: kept");
-                    kept.insert(task.name.clone());
-                }
+                task.state = TaskState::Killed.into();
+                kill.push(task.id.clone());
             }
             superseded = self
                 .cluster
@@ -118,15 +117,24 @@ impl Master {
         crate::drop_later::drop_later(wire);
         // What it ran when it was marked unreachable and does not report now: remembered as
         // LOST, so that a late start of one is killed when it reports in.
-        if let Some(lost) = self.cluster.given_up.remove(&agent_id) {
+        if let Some(away) = away {
             let reported: HashSet<&str> = tasks
                 .iter()
                 .chain(&completed_tasks)
                 .map(TaskRecord::id)
                 .collect();
-            let forgotten: Vec<_> = lost
+            let forgotten: Vec<TaskRecord> = away
+                .tasks
                 .into_iter()
-                .filter(|t| !reported.contains(t.id()))
+                .filter(|t| !reported.contains(t.id.as_str()))
+                .map(|t| {
+                    let mut wire = model_pb::Task::from(t);
+                    wire.state = TaskState::Lost.into();
+                    wire.message = "given up: its agent was unreachable and did not report it \
+                                    when it came back"
+                        .into();
+                    self.cluster.interner.task(&wire)
+                })
                 .collect();
             completed_tasks.extend(forgotten);
         }
@@ -179,6 +187,90 @@ impl Master {
             self.settle_reregistered(&agent_id, previous, ctx);
         }
         (agent_id, kill)
+    }
+
+    /// Which of the tasks an agent back from unreachable reports (`returning`, on an agent
+    /// `fullness` full) are stopped, and the slots whose returning task stays (their copies
+    /// elsewhere are stopped), by each task's group's `disconnect` policy:
+    /// - lost for good (`lost_after` passed since the agent was marked): stopped;
+    /// - its slot's work done elsewhere (a batch replacement finished): stopped;
+    /// - a replacement runs: the one `reconcile` names stays (`best_score`: the copy on the
+    ///   fuller agent, the original on a tie; `longest_running`: the original if it was
+    ///   running when its agent was lost);
+    /// - otherwise (nothing replaced it, or its replacement has not started): it stays.
+    fn settle_returning(
+        &self,
+        agent_id: &str,
+        away: &UnreachableAgent,
+        returning: &[&mut model_pb::Task],
+        fullness: f64,
+    ) -> (HashSet<String>, HashSet<String>) {
+        // The slots a replacement runs in, with the fullest agent running one; and those a
+        // replacement finished.
+        let mut running: HashMap<&str, f64> = HashMap::new();
+        let mut finished: HashSet<&str> = HashSet::new();
+        let others = self.cluster.agents.iter().filter(|(id, _)| *id != agent_id);
+        for agent in others.map(|(_, agent)| agent) {
+            let agent_fullness = utilization(
+                &agent.info.resources.saturating_sub(&agent.free()),
+                &agent.info.resources,
+            );
+            for task in &agent.tasks {
+                if task.state() == TaskState::Running {
+                    let best = running.entry(task.name()).or_insert(agent_fullness);
+                    *best = best.max(agent_fullness);
+                }
+            }
+            for task in &agent.completed_tasks {
+                if task.state() == TaskState::Finished {
+                    finished.insert(task.name());
+                }
+            }
+        }
+        let was_running: HashSet<&str> = away
+            .tasks
+            .iter()
+            .filter(|t| t.state == TaskState::Running)
+            .map(|t| t.id.as_str())
+            .collect();
+        let now = now_ms();
+        let mut stop = HashSet::new();
+        let mut kept = HashSet::new();
+        self.registry.reader().read(|state| {
+            for task in returning {
+                let policy =
+                    disconnect_of(state, &task.job, &task.group).unwrap_or_default();
+                let batch = state
+                    .jobs
+                    .get(&task.job)
+                    .is_some_and(|j| j.scheduler == SchedulerType::Batch);
+                let stays = if policy.lost_for_good(away.marked_at_ms, now) {
+                    tracing::warn!(agent = %agent_id, task = %task.id, "the agent comes back with a task lost for good (disconnect.lost_after passed): it is stopped");
+                    false
+                } else if batch && finished.contains(task.name.as_str()) {
+                    tracing::warn!(agent = %agent_id, task = %task.id, "the agent comes back with a batch task whose replacement finished: it is stopped");
+                    false
+                } else if let Some(&best) = running.get(task.name.as_str()) {
+                    let original = match policy.reconcile {
+                        Reconcile::KeepOriginal => true,
+                        Reconcile::KeepReplacement => false,
+                        Reconcile::LongestRunning => was_running.contains(task.id.as_str()),
+                        Reconcile::BestScore => fullness >= best,
+                    };
+                    tracing::info!(agent = %agent_id, task = %task.id, reconcile = policy.reconcile.name(), original, "the agent comes back with a task that was replaced: one copy stays");
+                    original
+                } else {
+                    tracing::info!(agent = %agent_id, task = %task.id, "the agent comes back with a task nothing replaced: kept");
+                    true
+                };
+                if stays {
+                    kept.insert(task.name.clone());
+                } else {
+                    stop.insert(task.id.clone());
+                }
+            }
+        });
+        (stop, kept)
     }
 
     /// An agent re-registered with what it runs; `previous` is what this master had for it.

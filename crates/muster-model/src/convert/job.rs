@@ -5,7 +5,10 @@ use muster_proto::model as pb;
 
 use crate::convert::{all, bad_enum, each, priority, read, required, sorted, unsorted};
 use crate::error::FieldError;
-use crate::job::{Constraint, ConstraintOp, DEFAULT_PRIORITY, Job, SchedulerType, TaskGroup};
+use crate::job::{
+    Constraint, ConstraintOp, DEFAULT_PRIORITY, Disconnect, Job, Reconcile, SchedulerType,
+    TaskGroup,
+};
 use crate::resources::Resources;
 
 impl From<SchedulerType> for i32 {
@@ -89,7 +92,43 @@ impl From<TaskGroup> for pb::TaskGroup {
             spec_version: group.spec_version,
             user: group.user,
             migrate_max_parallel: group.migrate_max_parallel,
+            disconnect: Some(group.disconnect.into()),
         }
+    }
+}
+
+impl From<Disconnect> for pb::Disconnect {
+    fn from(disconnect: Disconnect) -> Self {
+        let reconcile = match disconnect.reconcile {
+            Reconcile::BestScore => pb::Reconcile::BestScore,
+            Reconcile::KeepOriginal => pb::Reconcile::KeepOriginal,
+            Reconcile::KeepReplacement => pb::Reconcile::KeepReplacement,
+            Reconcile::LongestRunning => pb::Reconcile::LongestRunning,
+        };
+        pb::Disconnect {
+            replace: Some(disconnect.replace),
+            lost_after_ms: disconnect.lost_after_ms,
+            reconcile: reconcile as i32,
+        }
+    }
+}
+
+impl TryFrom<pb::Disconnect> for Disconnect {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::Disconnect) -> Result<Self, FieldError> {
+        let reconcile = match pb::Reconcile::try_from(proto.reconcile) {
+            Ok(pb::Reconcile::Unspecified | pb::Reconcile::BestScore) => Reconcile::BestScore,
+            Ok(pb::Reconcile::KeepOriginal) => Reconcile::KeepOriginal,
+            Ok(pb::Reconcile::KeepReplacement) => Reconcile::KeepReplacement,
+            Ok(pb::Reconcile::LongestRunning) => Reconcile::LongestRunning,
+            Err(_) => return Err(bad_enum(proto.reconcile).within("reconcile")),
+        };
+        Ok(Disconnect {
+            replace: proto.replace.unwrap_or(true),
+            lost_after_ms: proto.lost_after_ms,
+            reconcile,
+        })
     }
 }
 
@@ -108,6 +147,10 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
             spec_version: proto.spec_version,
             user: proto.user,
             migrate_max_parallel: proto.migrate_max_parallel,
+            disconnect: match proto.disconnect {
+                Some(disconnect) => read(disconnect, "disconnect")?,
+                None => Disconnect::default(),
+            },
         })
     }
 }
@@ -183,6 +226,10 @@ impl Job {
                 Some(resources) => read(resources, &format!("{field}.resources"))?,
                 None => Resources::default(),
             };
+            let disconnect = match group.disconnect {
+                Some(disconnect) => read(disconnect, &format!("{field}.disconnect"))?,
+                None => Disconnect::default(),
+            };
             groups.push(TaskGroup {
                 name: group.name,
                 count: if scheduler == SchedulerType::System {
@@ -199,6 +246,7 @@ impl Job {
                 spec_version: 0,
                 user: group.user,
                 migrate_max_parallel: group.migrate_max_parallel,
+                disconnect,
             });
         }
         let job = Job {
@@ -241,6 +289,7 @@ mod tests {
                 spec_version: 0,
                 user: String::new(),
                 migrate_max_parallel: 0,
+                disconnect: None,
             }],
             stopped: false,
             version: 0,
@@ -256,6 +305,9 @@ mod tests {
         let mut back = submitted();
         back.priority = 50;
         back.scheduler = pb::SchedulerType::Service as i32;
+        // An absent disconnect block reads as the defaults, written out on the way back.
+        assert_eq!(job.groups[0].disconnect, Disconnect::default());
+        back.groups[0].disconnect = Some(Disconnect::default().into());
         assert_eq!(pb::Job::from(job.clone()), back);
         assert_eq!(Job::try_from(back), Ok(job));
     }

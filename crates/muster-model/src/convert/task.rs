@@ -70,6 +70,7 @@ impl From<TaskState> for i32 {
             TaskState::Failed => pb::TaskState::Failed,
             TaskState::Killed => pb::TaskState::Killed,
             TaskState::Lost => pb::TaskState::Lost,
+            TaskState::Unknown => pb::TaskState::Unknown,
         };
         proto as i32
     }
@@ -87,6 +88,7 @@ impl TryFrom<i32> for TaskState {
             Ok(pb::TaskState::Failed) => Ok(TaskState::Failed),
             Ok(pb::TaskState::Killed) => Ok(TaskState::Killed),
             Ok(pb::TaskState::Lost) => Ok(TaskState::Lost),
+            Ok(pb::TaskState::Unknown) => Ok(TaskState::Unknown),
             Ok(pb::TaskState::Unspecified) | Err(_) => Err(bad_enum(proto)),
         }
     }

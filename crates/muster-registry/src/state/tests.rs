@@ -24,6 +24,7 @@ fn an_agent_registering_again_is_found_by_its_address() {
         .apply_at(Op::MarkUnreachable {
             id: b.clone(),
             at_ms: 1,
+            tasks: Vec::new(),
         })
         .expect("marked");
     assert_eq!(state.registered_as("agent-cert", "b@h2:1", "h2"), Some(&b));
@@ -70,17 +71,26 @@ fn unreachable_agents_move_out_and_back() {
     let mut state = RegistryState::default();
     let id = AgentId("agent-1".into());
     state.apply_at(Op::AdmitAgent(info("a"))).expect("admit");
+    let given_up = muster_model::Task {
+        id: "web.server[0]-1".into(),
+        name: "web.server[0]".into(),
+        ..muster_model::Task::default()
+    };
     let marked = state.apply_at(Op::MarkUnreachable {
         id: id.clone(),
         at_ms: 42,
+        tasks: vec![given_up.clone()],
     });
     assert_eq!(marked, Ok(Outcome::MarkedUnreachable));
     assert!(state.agents.is_empty());
     assert_eq!(state.unreachable[&id].marked_at_ms, 42);
+    // What it ran is remembered with it, for whichever master leads when it comes back.
+    assert_eq!(state.unreachable[&id].tasks, [given_up]);
 
     let again = state.apply_at(Op::MarkUnreachable {
         id: id.clone(),
         at_ms: 43,
+        tasks: Vec::new(),
     });
     assert_eq!(again, Err(OpError::UnknownAgent(id.clone())));
 

@@ -33,6 +33,7 @@ pub(crate) fn with_attr(mut agent: AgentView, key: &str, value: &str) -> AgentVi
 pub(crate) fn group(name: &str, count: u32, cpus: f64, mem_mb: u64) -> TaskGroup {
     TaskGroup {
         migrate_max_parallel: 0,
+        disconnect: Default::default(),
         name: name.to_owned(),
         count,
         resources: res(cpus, mem_mb),

@@ -111,13 +111,13 @@ async function jobsPage(_, show) {
   const list = await api("/v1/jobs");
   show(
     h("h1", {}, "Jobs"),
-    table(["Name", "Type", "Version ", "Status", "Desired ", "Running ", "Pending ", "Finished ", "Failed ", "Lost ", "Evals "],
+    table(["Name", "Type", "Version ", "Status", "Desired ", "Running ", "Pending ", "Finished ", "Failed ", "Lost ", "Unknown ", "Evals "],
       list.jobs.map((j) => h("tr", {},
         h("td", {}, link(`#/job/${encodeURIComponent(j.name)}`, j.name)),
         h("td", {}, j.type), num(j.version),
         h("td", {}, badge(j.stopped ? "stopped" : j.tasks.running > 0 ? "running" : "pending")),
         num(j.desired), num(j.tasks.running), num(j.tasks.staging + j.tasks.starting),
-        num(j.tasks.finished), num(j.tasks.failed), num(j.tasks.lost), num(j.evaluations_in_flight),
+        num(j.tasks.finished), num(j.tasks.failed), num(j.tasks.lost), num(j.tasks.unknown ?? 0), num(j.evaluations_in_flight),
       ))),
   );
 }
