@@ -81,6 +81,11 @@ pub struct MasterConfig {
     /// after that (launches are one-way, and can be lost with a broken link or wait in its
     /// queue; the 5 s are for the two clocks to disagree).
     pub launch_timeout: Duration,
+    /// Start over empty if the registry store is damaged, instead of refusing to start (see
+    /// [`RegistryConfig::rejoin_damaged`](muster_registry::RegistryConfig)): the damaged
+    /// directory is moved aside, and this master catches up from the others, voting again
+    /// only once its log is back where the damaged one's was.
+    pub rejoin_damaged: bool,
     /// Scheduler workers this master runs (they work only while it leads).
     pub workers: usize,
     /// How its workers place tasks.
@@ -158,6 +163,7 @@ impl MasterConfig {
             reschedule_delay: Duration::from_secs(10),
             reschedule_max_delay: Duration::from_secs(300),
             launch_timeout: Duration::from_secs(60),
+            rejoin_damaged: false,
             workers: 2,
             placement: Placement::Binpack,
             job_limits: muster_model::JobLimits::default(),

@@ -48,6 +48,12 @@ struct Flags {
     /// Where the registry is stored.
     #[arg(long)]
     data_dir: Option<PathBuf>,
+    /// If the registry store in --data-dir is damaged, move it aside (DIR.damaged-<ms>) and
+    /// start empty, catching up from the other masters, instead of refusing to start. It
+    /// votes again only once its log is back where the damaged store's was. Never use it on
+    /// a group of one: there is nothing to catch up from.
+    #[arg(long)]
+    rejoin_damaged: bool,
     /// Also ping each agent, Mesos-style (off unless given; heartbeats keep agents connected).
     #[arg(long)]
     pings: bool,
@@ -120,6 +126,7 @@ struct FileConfig {
     peers: Option<Vec<String>>,
     http_peers: Option<Vec<String>>,
     data_dir: Option<PathBuf>,
+    rejoin_damaged: Option<bool>,
     pings: Option<bool>,
     ping_interval: Option<String>,
     heartbeat_min_ttl: Option<String>,
@@ -206,6 +213,8 @@ fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
             .or(file.data_dir)
             .context("--data-dir is required (or data_dir in the config file)")?,
         pings: flags.pings || file.pings.unwrap_or(defaults.pings),
+        rejoin_damaged: flags.rejoin_damaged
+            || file.rejoin_damaged.unwrap_or(defaults.rejoin_damaged),
         heartbeat_min_ttl: flags
             .heartbeat_min_ttl
             .or(duration("heartbeat_min_ttl", file.heartbeat_min_ttl)?)

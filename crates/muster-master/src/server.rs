@@ -114,6 +114,7 @@ impl MasterServer {
             snapshot_after_entries: 5_000,
             entries_kept_after_snapshot: 1_000,
             security: config.security.clone(),
+            rejoin_damaged: config.rejoin_damaged,
         })
         .await?;
 

@@ -4,6 +4,8 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -101,6 +103,22 @@ async fn ask_until_admitted<M>(
 where
     M: prost::Message + prost::Name + Clone + 'static,
 {
+    match admission(node, masters, request).await?.result {
+        Some(Registration::AgentId(id)) => Ok(id),
+        other => bail!("not admitted: {other:?}"),
+    }
+}
+
+/// [`ask_until_admitted`], answering with the whole reply that admitted the agent (its id,
+/// and the tasks it is to kill first).
+async fn admission<M>(
+    node: &Node,
+    masters: &[String],
+    request: M,
+) -> anyhow::Result<pb::RegistrationReply>
+where
+    M: prost::Message + prost::Name + Clone + 'static,
+{
     let deadline = Instant::now() + DEADLINE;
     let mut target = format!("master@{}", masters[0]);
     let mut next = 0;
@@ -113,10 +131,10 @@ where
             .remote(upid)
             .ask_timeout::<M, pb::RegistrationReply>(Duration::from_secs(2), request.clone())
             .await;
-        match answer.map(|a| a.result) {
-            Ok(Some(Registration::AgentId(id))) => return Ok(id),
+        match answer.as_ref().map(|a| &a.result) {
+            Ok(Some(Registration::AgentId(_))) => return Ok(answer?),
             Ok(Some(Registration::NotLeader(hint))) if !hint.leader.is_empty() => {
-                target = hint.leader;
+                target = hint.leader.clone();
             }
             Ok(Some(Registration::Refused(why))) => bail!("refused: {why}"),
             _ => {
@@ -701,6 +719,17 @@ async fn reads_are_linearizable_by_default_and_stale_only_when_asked() -> anyhow
     let token = muster_master::testing::bootstrap(&members[&leading]).await?;
     let mut at_leader = muster_master::testing::operator(&members[&leading], Some(&token)).await?;
     let mut at_standby = muster_master::testing::operator(&members[&standby], Some(&token)).await?;
+    // The standby knows the token once it has applied the bootstrap: until then it refuses it.
+    let deadline = Instant::now() + DEADLINE;
+    while let Err(e) = at_standby
+        .get_state(pb::GetStateRequest { stale: true })
+        .await
+    {
+        if e.code() != tonic::Code::Unauthenticated || Instant::now() > deadline {
+            bail!("the standby does not take the token: {e:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 
     // The leader answers a linearizable read; a standby refuses it, naming the leader.
     let state = at_leader
@@ -973,5 +1002,1092 @@ async fn a_second_copy_of_a_slot_is_stopped_by_the_convergence_check() -> anyhow
     for master in masters.into_values() {
         master.shutdown().await;
     }
+    Ok(())
+}
+
+// Agents marked unreachable with tasks on them: UNKNOWN while they are away, and settled by
+// each group's `disconnect` policy when they come back.
+
+/// Short heartbeat timings: an agent that stops heartbeating is marked unreachable within half
+/// a second (a TTL of 200 to 400 ms, and 100 ms of grace).
+fn quick_heartbeats(config: MasterConfig) -> MasterConfig {
+    MasterConfig {
+        heartbeat_min_ttl: Duration::from_millis(200),
+        heartbeat_grace: Duration::from_millis(100),
+        heartbeats_per_second: 1e9,
+        ..config
+    }
+}
+
+/// The service job `web` of one task ([`service_job`]), its group with `disconnect`.
+fn web(disconnect: Option<model_pb::Disconnect>) -> model_pb::Job {
+    let mut job = service_job("web", 1);
+    job.groups[0].disconnect = disconnect;
+    job
+}
+
+/// A group's `disconnect` policy, as a job submission carries it.
+fn disconnect(
+    replace: bool,
+    lost_after_ms: u64,
+    reconcile: model_pb::Reconcile,
+) -> Option<model_pb::Disconnect> {
+    Some(model_pb::Disconnect {
+        replace: Some(replace),
+        lost_after_ms,
+        reconcile: reconcile as i32,
+    })
+}
+
+/// What the master sends a [`PlayedAgent`]'s process.
+enum StandInMsg {
+    Launch(pb::LaunchTasks),
+    Kill(pb::KillTask, muster_actor::Reply<pb::KillTaskReply>),
+}
+
+/// A [`PlayedAgent`]'s process: hands the tasks the master launches and kills to the test, and
+/// answers every kill (as an agent does once it has the task killed).
+struct StandIn {
+    launches: tokio::sync::mpsc::UnboundedSender<model_pb::Task>,
+    kills: tokio::sync::mpsc::UnboundedSender<String>,
+}
+
+impl muster_actor::Process for StandIn {
+    type Message = StandInMsg;
+    async fn handle(&mut self, msg: StandInMsg, _ctx: &mut muster_actor::Context<Self>) {
+        match msg {
+            StandInMsg::Launch(launch) => {
+                for task in launch.tasks.into_iter().filter_map(|run| run.task) {
+                    let _ = self.launches.send(task);
+                }
+            }
+            StandInMsg::Kill(kill, reply) => {
+                let _ = self.kills.send(kill.task_id);
+                reply.send(pb::KillTaskReply::default());
+            }
+        }
+    }
+}
+
+/// An agent played by the test on a node of its own: it receives launches and kills (handed
+/// to the test), heartbeats the leading master every 50 ms while `beating`, and reports task
+/// states when the test says so.
+struct PlayedAgent {
+    id: String,
+    info: model_pb::AgentInfo,
+    node: Node,
+    launched: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<model_pb::Task>>,
+    killed: tokio::sync::Mutex<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    beating: Arc<AtomicBool>,
+    heartbeats: tokio::task::JoinHandle<()>,
+}
+
+impl PlayedAgent {
+    /// Registers agent number `n` (certificate `name`, offering `resources`) with whichever of
+    /// `masters` leads, and starts its heartbeats.
+    async fn register(
+        name: &str,
+        n: usize,
+        resources: model_pb::Resources,
+        masters: &[String],
+    ) -> anyhow::Result<PlayedAgent> {
+        let node = agent_node(&System::new(), name).await?;
+        let (launches, launched) = tokio::sync::mpsc::unbounded_channel();
+        let (kills, killed) = tokio::sync::mpsc::unbounded_channel();
+        let stand_in = node.system().spawn(StandIn { launches, kills });
+        node.register("agent", &stand_in)?
+            .install::<pb::LaunchTasks>(StandInMsg::Launch)
+            .install_ask::<pb::KillTask, pb::KillTaskReply>(StandInMsg::Kill);
+        let info = model_pb::AgentInfo {
+            resources: Some(resources),
+            ..agent_info(n, &node)
+        };
+        let register = pb::RegisterAgent {
+            info: Some(info.clone()),
+            ..Default::default()
+        };
+        let id = ask_until_admitted(&node, masters, register).await?;
+        let beating = Arc::new(AtomicBool::new(true));
+        let heartbeats = tokio::spawn(heartbeat_leader(
+            node.clone(),
+            id.clone(),
+            masters.to_vec(),
+            Arc::clone(&beating),
+        ));
+        Ok(PlayedAgent {
+            id,
+            info,
+            node,
+            launched: launched.into(),
+            killed: killed.into(),
+            beating,
+            heartbeats,
+        })
+    }
+
+    /// Stops heartbeating (the agent is cut off): the master marks it unreachable.
+    fn go_silent(&self) {
+        self.beating.store(false, Ordering::SeqCst);
+    }
+
+    /// The next task the master launches here.
+    async fn next_launch(&self) -> anyhow::Result<model_pb::Task> {
+        tokio::time::timeout(DEADLINE, self.launched.lock().await.recv())
+            .await
+            .context("no launch within the deadline")?
+            .context("the stand-in is gone")
+    }
+
+    /// The id of the next task the master tells this agent to kill.
+    async fn next_kill(&self) -> anyhow::Result<String> {
+        tokio::time::timeout(DEADLINE, self.killed.lock().await.recv())
+            .await
+            .context("no kill within the deadline")?
+            .context("the stand-in is gone")
+    }
+
+    /// Whether no kill has reached this agent (since the last one taken).
+    fn nothing_killed(&self) -> bool {
+        self.killed
+            .try_lock()
+            .is_ok_and(|mut killed| killed.try_recv().is_err())
+    }
+
+    /// Whether no launch has reached this agent (since the last one taken).
+    fn nothing_launched(&self) -> bool {
+        self.launched
+            .try_lock()
+            .is_ok_and(|mut launched| launched.try_recv().is_err())
+    }
+
+    /// Reports `task` in `state` to the master at `master` (`host:port`), as the agent's
+    /// executor would; returns the task so reported.
+    fn report(
+        &self,
+        master: &str,
+        task: &model_pb::Task,
+        state: model_pb::TaskState,
+    ) -> anyhow::Result<model_pb::Task> {
+        let task = model_pb::Task {
+            state: state as i32,
+            ..task.clone()
+        };
+        self.node
+            .remote(format!("master@{master}").parse()?)
+            .tell(pb::TaskStatusUpdate {
+                agent_id: self.id.clone(),
+                task: Some(task.clone()),
+            })?;
+        Ok(task)
+    }
+
+    /// Comes back: re-registers with whichever of `masters` leads, reporting `tasks`, and
+    /// heartbeats again. The reply that admitted it.
+    async fn come_back(
+        &self,
+        masters: &[String],
+        tasks: Vec<model_pb::Task>,
+    ) -> anyhow::Result<pb::RegistrationReply> {
+        let request = pb::ReregisterAgent {
+            agent_id: self.id.clone(),
+            info: Some(self.info.clone()),
+            tasks,
+            ..pb::ReregisterAgent::default()
+        };
+        let reply = admission(&self.node, masters, request).await?;
+        self.beating.store(true, Ordering::SeqCst);
+        Ok(reply)
+    }
+}
+
+impl Drop for PlayedAgent {
+    fn drop(&mut self) {
+        self.heartbeats.abort();
+        self.node.shutdown();
+    }
+}
+
+/// Heartbeats agent `id` every 50 ms while `beating`, to whichever of `masters` leads
+/// (following "not leader" answers). A refused heartbeat (the agent is unreachable, or has
+/// not re-registered with a new leader yet) is let be: the test re-registers it.
+async fn heartbeat_leader(node: Node, id: String, masters: Vec<String>, beating: Arc<AtomicBool>) {
+    use pb::heartbeat_reply::Result as Beat;
+    let mut next = 0;
+    let mut target = format!("master@{}", masters[0]);
+    loop {
+        if beating.load(Ordering::SeqCst) {
+            let answer = match target.parse::<Upid>() {
+                Ok(upid) => node
+                    .remote(upid)
+                    .ask_timeout::<pb::Heartbeat, pb::HeartbeatReply>(
+                        Duration::from_secs(1),
+                        pb::Heartbeat {
+                            agent_id: id.clone(),
+                        },
+                    )
+                    .await
+                    .ok()
+                    .and_then(|reply| reply.result),
+                Err(_) => None,
+            };
+            match answer {
+                Some(Beat::TtlMs(_) | Beat::Refused(_)) => {}
+                Some(Beat::NotLeader(hint)) if !hint.leader.is_empty() => target = hint.leader,
+                _ => {
+                    next = (next + 1) % masters.len();
+                    target = format!("master@{}", masters[next]);
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn is(task: &model_pb::Task, state: model_pb::TaskState) -> bool {
+    task.state == state as i32
+}
+
+/// Task `task_id` as `master`'s state has it on connected agent `agent_id`.
+fn task_on<'s>(
+    state: &'s pb::ClusterState,
+    agent_id: &str,
+    task_id: &str,
+) -> Option<&'s model_pb::Task> {
+    state
+        .agents
+        .iter()
+        .filter(|a| a.id == agent_id && a.connected)
+        .flat_map(|a| &a.tasks)
+        .find(|t| t.id == task_id)
+}
+
+/// Task `task_id` as `master`'s state has it on unreachable agent `agent_id`.
+fn task_away<'s>(
+    state: &'s pb::ClusterState,
+    agent_id: &str,
+    task_id: &str,
+) -> Option<&'s model_pb::Task> {
+    state
+        .unreachable
+        .iter()
+        .filter(|a| a.id == agent_id)
+        .flat_map(|a| &a.tasks)
+        .find(|t| t.id == task_id)
+}
+
+/// The tasks of job `job` on agent `agent_id` that have not ended, in `master`'s state.
+fn live_tasks_of<'s>(
+    state: &'s pb::ClusterState,
+    agent_id: &str,
+    job: &str,
+) -> Vec<&'s model_pb::Task> {
+    state
+        .agents
+        .iter()
+        .filter(|a| a.id == agent_id)
+        .flat_map(|a| &a.tasks)
+        .filter(|t| {
+            t.job == job
+                && matches!(
+                    model_pb::TaskState::try_from(t.state),
+                    Ok(model_pb::TaskState::Staging
+                        | model_pb::TaskState::Starting
+                        | model_pb::TaskState::Running)
+                )
+        })
+        .collect()
+}
+
+async fn job_status(master: &MasterServer, job: &str) -> anyhow::Result<pb::JobStatusReply> {
+    master
+        .pid()
+        .ask(|reply| OperatorMsg::JobStatus(job.into(), false, reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)
+}
+
+async fn job_summary(master: &MasterServer, job: &str) -> anyhow::Result<pb::JobSummary> {
+    let request = pb::ListJobsRequest {
+        stale: false,
+        prefix: job.into(),
+    };
+    master
+        .pid()
+        .ask(|reply| OperatorMsg::ListJobs(request, reply).into())
+        .await?
+        .map_err(anyhow::Error::msg)?
+        .jobs
+        .into_iter()
+        .find(|j| j.name == job)
+        .context("the job is not listed")
+}
+
+/// Job `job`'s status once it has an evaluation whose trigger names `trigger` and agent
+/// `agent_id`, and every evaluation due now (not waiting for a later time) is done.
+async fn evaluated(
+    master: &MasterServer,
+    job: &str,
+    trigger: &str,
+    agent_id: &str,
+) -> anyhow::Result<pb::JobStatusReply> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let status = job_status(master, job).await?;
+        let triggered = status
+            .evals
+            .iter()
+            .any(|e| trigger_of(e).contains(trigger) && trigger_of(e).contains(agent_id));
+        let done = status
+            .evals
+            .iter()
+            .filter(|e| e.wait_until_ms == 0)
+            .all(|e| {
+                matches!(
+                    model_pb::EvalStatus::try_from(e.status),
+                    Ok(model_pb::EvalStatus::Complete
+                        | model_pb::EvalStatus::Failed
+                        | model_pb::EvalStatus::Canceled)
+                )
+            });
+        if triggered && done {
+            return Ok(status);
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "job {job} not evaluated for {trigger} of {agent_id} within {DEADLINE:?}: {:?}",
+                status.evals
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// What a played agent offers unless a test says otherwise: room for twenty of `web`'s tasks.
+const AGENT: model_pb::Resources = model_pb::Resources {
+    cpus: 20.0,
+    mem_mb: 10240,
+};
+
+/// One master with quick heartbeats, job `web` (its group with `disconnect`) running on agent
+/// `a`, and agent `b` connected beside it with nothing on it.
+struct AwayCluster {
+    _dir: tempfile::TempDir,
+    members: BTreeMap<u64, String>,
+    masters: BTreeMap<u64, MasterServer>,
+    /// Where `a` and `b` report (the leader they registered with).
+    leader: String,
+    a: PlayedAgent,
+    b: PlayedAgent,
+    /// `web`'s task on `a`, RUNNING (unless started otherwise).
+    original: model_pb::Task,
+}
+
+impl AwayCluster {
+    /// `n` masters; `a` registers alone, so the job is placed there, then `b`; both offer
+    /// [`AGENT`].
+    async fn start(n: u64, disconnect: Option<model_pb::Disconnect>) -> anyhow::Result<Self> {
+        Self::start_with(n, disconnect, AGENT, true).await
+    }
+
+    /// [`AwayCluster::start`], with `b` offering `b_offers`; unless `confirmed`, `a` does
+    /// not report the original RUNNING (it stays STAGING).
+    async fn start_with(
+        n: u64,
+        disconnect: Option<model_pb::Disconnect>,
+        b_offers: model_pb::Resources,
+        confirmed: bool,
+    ) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let (members, masters) = start_group(n, dir.path(), quick_heartbeats).await?;
+        let addresses: Vec<String> = members.values().cloned().collect();
+        let leading = leader(&masters).await?;
+        let leader = members[&leading].clone();
+        let a = PlayedAgent::register("agent-a", 0, AGENT, &addresses).await?;
+        submit(&masters[&leading], web(disconnect)).await?;
+        let original = a.next_launch().await?;
+        let original = if confirmed {
+            a.report(&leader, &original, model_pb::TaskState::Running)?
+        } else {
+            original
+        };
+        state_when(&masters[&leading], "web on a", |s| {
+            task_on(s, &a.id, &original.id).is_some_and(|t| t.state == original.state)
+        })
+        .await?;
+        let b = PlayedAgent::register("agent-b", 1, b_offers, &addresses).await?;
+        Ok(AwayCluster {
+            _dir: dir,
+            members,
+            masters,
+            leader,
+            a,
+            b,
+            original,
+        })
+    }
+
+    fn addresses(&self) -> Vec<String> {
+        self.members.values().cloned().collect()
+    }
+
+    /// The master `a` and `b` registered with.
+    fn leading(&self) -> &MasterServer {
+        let id = self
+            .members
+            .iter()
+            .find(|(_, address)| **address == self.leader)
+            .map(|(id, _)| *id)
+            .unwrap_or_default();
+        &self.masters[&id]
+    }
+
+    /// `a` goes silent; the state once the leader has marked it unreachable, its task UNKNOWN.
+    async fn lose_a(&self) -> anyhow::Result<pb::ClusterState> {
+        self.a.go_silent();
+        state_when(
+            self.leading(),
+            "a marked unreachable, its task unknown",
+            |s| {
+                task_away(s, &self.a.id, &self.original.id)
+                    .is_some_and(|t| is(t, model_pb::TaskState::Unknown))
+                    && !s.agents.iter().any(|agent| agent.id == self.a.id)
+            },
+        )
+        .await
+    }
+
+    /// The replacement launched on `b`, reported RUNNING and so in the leader's state.
+    async fn replacement_runs_on_b(&self) -> anyhow::Result<model_pb::Task> {
+        let launched = self.b.next_launch().await?;
+        self.replacement_running(&launched).await
+    }
+
+    /// `launched` on `b`, checked to replace the original, reported RUNNING and so in the
+    /// leader's state.
+    async fn replacement_running(
+        &self,
+        launched: &model_pb::Task,
+    ) -> anyhow::Result<model_pb::Task> {
+        let replacement = self
+            .b
+            .report(&self.leader, launched, model_pb::TaskState::Running)?;
+        assert_eq!(replacement.job, "web");
+        assert_eq!(replacement.name, self.original.name, "the same slot");
+        assert_ne!(replacement.id, self.original.id);
+        let (b, id) = (&self.b.id, &replacement.id);
+        state_when(self.leading(), "the replacement running on b", |s| {
+            task_on(s, b, id).is_some_and(|t| is(t, model_pb::TaskState::Running))
+        })
+        .await?;
+        Ok(replacement)
+    }
+
+    async fn shutdown(self) {
+        drop(self.a);
+        drop(self.b);
+        for master in self.masters.into_values() {
+            master.shutdown().await;
+        }
+    }
+}
+
+/// An agent marked unreachable for missed heartbeats: its running task is UNKNOWN (in the
+/// cluster state's unreachable agents, the job's status and the job's summary), and, the
+/// default `disconnect` policy replacing it, a replacement is placed on the other agent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_agents_task_is_unknown_and_replaced_by_default() -> anyhow::Result<()> {
+    let cluster = AwayCluster::start(1, None).await?;
+    let state = cluster.lose_a().await?;
+    let away = task_away(&state, &cluster.a.id, &cluster.original.id).context("away")?;
+    assert_eq!(away.name, cluster.original.name);
+    assert_eq!(away.job, "web");
+
+    let replacement = cluster.replacement_runs_on_b().await?;
+    let master = cluster.leading();
+    let status = job_status(master, "web").await?;
+    let unknown: Vec<(&str, &str)> = status
+        .tasks
+        .iter()
+        .filter_map(|t| Some((t.agent_id.as_str(), t.task.as_ref()?)))
+        .filter(|(_, t)| is(t, model_pb::TaskState::Unknown))
+        .map(|(agent, t)| (agent, t.id.as_str()))
+        .collect();
+    assert_eq!(
+        unknown,
+        [(cluster.a.id.as_str(), cluster.original.id.as_str())],
+        "{:?}",
+        status.tasks
+    );
+    assert!(
+        status.tasks.iter().any(|t| t.agent_id == cluster.b.id
+            && t.task.as_ref().is_some_and(|t| t.id == replacement.id)),
+        "{:?}",
+        status.tasks
+    );
+    let summary = job_summary(master, "web").await?;
+    assert_eq!(
+        (summary.unknown, summary.running, summary.lost),
+        (1, 1, 0),
+        "{summary:?}"
+    );
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `reconcile = keep_original`: the agent comes back with its task running while the
+/// replacement runs elsewhere. Nothing is killed on the returning agent (its registration
+/// reply's kill list is empty, and no KillTask reaches it); the replacement is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_original_is_kept_and_its_replacement_stopped_with_keep_original()
+-> anyhow::Result<()> {
+    let policy = disconnect(true, 0, model_pb::Reconcile::KeepOriginal);
+    let cluster = AwayCluster::start(1, policy).await?;
+    cluster.lose_a().await?;
+    let replacement = cluster.replacement_runs_on_b().await?;
+
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+        .await?;
+    assert!(reply.kill_tasks.is_empty(), "{reply:?}");
+    assert_eq!(cluster.b.next_kill().await?, replacement.id);
+    cluster
+        .b
+        .report(&cluster.leader, &replacement, model_pb::TaskState::Killed)?;
+    let master = cluster.leading();
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    let state = state_when(master, "the original alone running", |s| {
+        task_on(s, a, &cluster.original.id).is_some_and(|t| is(t, model_pb::TaskState::Running))
+            && live_tasks_of(s, b, "web").is_empty()
+    })
+    .await?;
+    assert!(state.unreachable.is_empty(), "{state:?}");
+    // The return's evaluation changes nothing: no kill for the original, no new launch.
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the state after the return", |_| true).await?;
+    assert_eq!(live_tasks_of(&state, a, "web").len(), 1, "{state:?}");
+    assert!(live_tasks_of(&state, b, "web").is_empty(), "{state:?}");
+    assert!(cluster.a.nothing_killed(), "the original was killed");
+    assert!(cluster.b.nothing_launched(), "a third copy launched");
+    let summary = job_summary(master, "web").await?;
+    assert_eq!((summary.unknown, summary.running), (0, 1), "{summary:?}");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `reconcile = keep_replacement`: the agent comes back with its task running while the
+/// replacement runs elsewhere. The returning copy is in its registration reply's kill list
+/// (and a KillTask for it follows); the replacement stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_returning_original_is_killed_with_keep_replacement() -> anyhow::Result<()> {
+    let policy = disconnect(true, 0, model_pb::Reconcile::KeepReplacement);
+    let cluster = AwayCluster::start(1, policy).await?;
+    cluster.lose_a().await?;
+    let replacement = cluster.replacement_runs_on_b().await?;
+
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+        .await?;
+    assert_eq!(
+        reply.kill_tasks,
+        [cluster.original.id.as_str()],
+        "{reply:?}"
+    );
+    assert_eq!(cluster.a.next_kill().await?, cluster.original.id);
+    cluster.a.report(
+        &cluster.leader,
+        &cluster.original,
+        model_pb::TaskState::Killed,
+    )?;
+    let master = cluster.leading();
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the original ended", |s| {
+        live_tasks_of(s, a, "web").is_empty()
+    })
+    .await?;
+    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+    assert!(cluster.b.nothing_launched(), "a third copy launched");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `replace = false` (with a `lost_after` that does not pass during the test): while the agent
+/// is away its task keeps the slot, so the job's evaluation places nothing; when it comes back
+/// the task is kept and nothing is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_not_replaced_keeps_its_slot_while_away_and_is_kept_on_return() -> anyhow::Result<()>
+{
+    let policy = disconnect(false, 600_000, model_pb::Reconcile::BestScore);
+    let cluster = AwayCluster::start(1, policy).await?;
+    cluster.lose_a().await?;
+    let master = cluster.leading();
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+
+    // The evaluation the mark wrote runs, and places nothing.
+    evaluated(master, "web", "AgentUnreachable", a).await?;
+    let state = state_when(master, "the state while a is away", |_| true).await?;
+    assert!(live_tasks_of(&state, b, "web").is_empty(), "{state:?}");
+    assert!(cluster.b.nothing_launched(), "a replacement launched");
+    let summary = job_summary(master, "web").await?;
+    assert_eq!((summary.unknown, summary.running), (1, 0), "{summary:?}");
+
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+        .await?;
+    assert!(reply.kill_tasks.is_empty(), "{reply:?}");
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the state after the return", |_| true).await?;
+    let kept = task_on(&state, a, &cluster.original.id).context("the original")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(state.unreachable.is_empty(), "{state:?}");
+    assert!(live_tasks_of(&state, b, "web").is_empty(), "{state:?}");
+    assert!(cluster.a.nothing_killed(), "the original was killed");
+    assert!(cluster.b.nothing_launched(), "a replacement launched");
+    let summary = job_summary(master, "web").await?;
+    assert_eq!((summary.unknown, summary.running), (0, 1), "{summary:?}");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `replace = false` with a short `lost_after`: the task keeps its slot until then, and a
+/// replacement is placed once it has passed (not before); the agent coming back after that has
+/// its copy killed (lost for good), and the replacement stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_lost_for_good_is_replaced_then_and_killed_when_its_agent_returns()
+-> anyhow::Result<()> {
+    const LOST_AFTER_MS: u64 = 1_500;
+    let policy = disconnect(false, LOST_AFTER_MS, model_pb::Reconcile::KeepOriginal);
+    let cluster = AwayCluster::start(1, policy).await?;
+    let state = cluster.lose_a().await?;
+    let marked_at_ms = state
+        .unreachable
+        .iter()
+        .find(|u| u.id == cluster.a.id)
+        .context("a unreachable")?
+        .marked_at_ms;
+
+    let launched = cluster.b.next_launch().await?;
+    let launched_at_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    let replacement = cluster.replacement_running(&launched).await?;
+    assert!(
+        launched_at_ms >= marked_at_ms + LOST_AFTER_MS,
+        "replaced {} ms after the mark, before lost_after ({LOST_AFTER_MS} ms)",
+        launched_at_ms - marked_at_ms
+    );
+    let master = cluster.leading();
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    let original = &cluster.original.id;
+    state_when(master, "the original lost for good", |s| {
+        task_away(s, a, original).is_some_and(|t| is(t, model_pb::TaskState::Lost))
+    })
+    .await?;
+    let summary = job_summary(master, "web").await?;
+    assert_eq!(
+        (summary.unknown, summary.lost, summary.running),
+        (0, 1, 1),
+        "{summary:?}"
+    );
+
+    // Back after lost_after: its copy is killed, even with keep_original.
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+        .await?;
+    assert_eq!(reply.kill_tasks, [original.as_str()], "{reply:?}");
+    assert_eq!(cluster.a.next_kill().await?, *original);
+    cluster.a.report(
+        &cluster.leader,
+        &cluster.original,
+        model_pb::TaskState::Killed,
+    )?;
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the original ended", |s| {
+        live_tasks_of(s, a, "web").is_empty()
+    })
+    .await?;
+    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// The leader fails over while the agent is away: the new leader knows from the registry
+/// what the agent ran, and applies the group's policy when the agent comes back to it
+/// (`keep_replacement`: the returning copy is killed; the replacement stays).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_settles_a_returning_agent_from_the_registrys_record() -> anyhow::Result<()> {
+    let policy = disconnect(true, 0, model_pb::Reconcile::KeepReplacement);
+    let mut cluster = AwayCluster::start(3, policy).await?;
+    cluster.lose_a().await?;
+    let replacement = cluster.replacement_runs_on_b().await?;
+
+    // The leader goes; its successor waits for b, which comes back with the replacement.
+    let first = *cluster
+        .members
+        .iter()
+        .find(|(_, address)| **address == cluster.leader)
+        .context("the leader")?
+        .0;
+    cluster
+        .masters
+        .remove(&first)
+        .context("the leader")?
+        .shutdown()
+        .await;
+    let second = leader(&cluster.masters).await?;
+    let remaining: Vec<String> = cluster
+        .members
+        .iter()
+        .filter(|(id, _)| **id != first)
+        .map(|(_, address)| address.clone())
+        .collect();
+    let reply = cluster
+        .b
+        .come_back(&remaining, vec![replacement.clone()])
+        .await?;
+    assert!(reply.kill_tasks.is_empty(), "{reply:?}");
+    let master = &cluster.masters[&second];
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    let original = &cluster.original.id;
+    state_when(
+        master,
+        "recovered, a still away with its task unknown",
+        |s| {
+            s.is_leader
+                && !s.recovering
+                && task_on(s, b, &replacement.id)
+                    .is_some_and(|t| is(t, model_pb::TaskState::Running))
+                && task_away(s, a, original).is_some_and(|t| is(t, model_pb::TaskState::Unknown))
+        },
+    )
+    .await?;
+
+    let reply = cluster
+        .a
+        .come_back(&remaining, vec![cluster.original.clone()])
+        .await?;
+    assert_eq!(reply.kill_tasks, [original.as_str()], "{reply:?}");
+    assert_eq!(cluster.a.next_kill().await?, *original);
+    cluster.a.report(
+        &cluster.members[&second],
+        &cluster.original,
+        model_pb::TaskState::Killed,
+    )?;
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the original ended", |s| {
+        live_tasks_of(s, a, "web").is_empty()
+    })
+    .await?;
+    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(state.unreachable.is_empty(), "{state:?}");
+    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// The default `reconcile` (`best_score`): when the agent comes back and a replacement runs,
+/// the copy on the fuller agent stays. The replacement's agent is small, so its one task makes
+/// it fuller than the returning agent: the returning copy is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn best_score_keeps_the_copy_on_the_fuller_agent() -> anyhow::Result<()> {
+    let small = model_pb::Resources {
+        cpus: 2.0,
+        mem_mb: 512,
+    };
+    let cluster = AwayCluster::start_with(1, None, small, true).await?;
+    cluster.lose_a().await?;
+    let replacement = cluster.replacement_runs_on_b().await?;
+
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+        .await?;
+    assert_eq!(
+        reply.kill_tasks,
+        [cluster.original.id.as_str()],
+        "{reply:?}"
+    );
+    assert_eq!(cluster.a.next_kill().await?, cluster.original.id);
+    cluster.a.report(
+        &cluster.leader,
+        &cluster.original,
+        model_pb::TaskState::Killed,
+    )?;
+    let master = cluster.leading();
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the original ended", |s| {
+        live_tasks_of(s, a, "web").is_empty()
+    })
+    .await?;
+    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// A replacement placed but not running yet when the agent comes back does not count as
+/// replacing the task: the returning copy stays (even with `keep_replacement`), and the
+/// replacement is stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacement_not_yet_running_is_stopped_when_the_original_comes_back()
+-> anyhow::Result<()> {
+    let policy = disconnect(true, 0, model_pb::Reconcile::KeepReplacement);
+    let cluster = AwayCluster::start(1, policy).await?;
+    cluster.lose_a().await?;
+    // Launched on b, which says nothing of it yet: STAGING.
+    let staging = cluster.b.next_launch().await?;
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    state_when(cluster.leading(), "the replacement staging on b", |s| {
+        task_on(s, b, &staging.id).is_some_and(|t| is(t, model_pb::TaskState::Staging))
+    })
+    .await?;
+
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+        .await?;
+    assert!(reply.kill_tasks.is_empty(), "{reply:?}");
+    assert_eq!(cluster.b.next_kill().await?, staging.id);
+    cluster
+        .b
+        .report(&cluster.leader, &staging, model_pb::TaskState::Killed)?;
+    let master = cluster.leading();
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the original alone", |s| {
+        live_tasks_of(s, b, "web").is_empty()
+    })
+    .await?;
+    let kept = task_on(&state, a, &cluster.original.id).context("the original")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(cluster.a.nothing_killed(), "the original was killed");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// An agent that comes back without a task it ran when it was marked unreachable (it lost it
+/// meanwhile): the task is LOST, and a late report of it running is answered with a kill.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_not_reported_on_return_is_lost_and_killed_if_it_turns_up() -> anyhow::Result<()> {
+    let cluster = AwayCluster::start(1, None).await?;
+    cluster.lose_a().await?;
+    let replacement = cluster.replacement_runs_on_b().await?;
+
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), Vec::new())
+        .await?;
+    assert!(reply.kill_tasks.is_empty(), "{reply:?}");
+    let master = cluster.leading();
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    let original = &cluster.original.id;
+    let lost = |status: &pb::JobStatusReply| {
+        status.tasks.iter().any(|t| {
+            t.agent_id == *a
+                && t.task
+                    .as_ref()
+                    .is_some_and(|t| t.id == *original && is(t, model_pb::TaskState::Lost))
+        })
+    };
+    let status = job_status(master, "web").await?;
+    assert!(lost(&status), "{:?}", status.tasks);
+    let summary = job_summary(master, "web").await?;
+    assert_eq!(
+        (summary.unknown, summary.lost, summary.running),
+        (0, 1, 1),
+        "{summary:?}"
+    );
+
+    // It turns up after all: killed, not run beside the replacement.
+    cluster.a.report(
+        &cluster.leader,
+        &cluster.original,
+        model_pb::TaskState::Running,
+    )?;
+    assert_eq!(cluster.a.next_kill().await?, *original);
+    let state = state_when(master, "the state after the late report", |s| {
+        task_on(s, a, original).is_some_and(|t| is(t, model_pb::TaskState::Killed))
+    })
+    .await?;
+    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `reconcile = longest_running`: a task its agent had not reported running when it was
+/// marked unreachable (it was STAGING) started after its replacement, as far as the master
+/// knows: when the agent comes back with it running, the returning copy is killed and the
+/// replacement stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn longest_running_keeps_the_replacement_of_a_task_not_running_when_marked()
+-> anyhow::Result<()> {
+    let policy = disconnect(true, 0, model_pb::Reconcile::LongestRunning);
+    let cluster = AwayCluster::start_with(1, policy, AGENT, false).await?;
+    let state = cluster.lose_a().await?;
+    let away = task_away(&state, &cluster.a.id, &cluster.original.id).context("away")?;
+    assert!(is(away, model_pb::TaskState::Unknown), "{away:?}");
+    let replacement = cluster.replacement_runs_on_b().await?;
+
+    let running = model_pb::Task {
+        state: model_pb::TaskState::Running as i32,
+        ..cluster.original.clone()
+    };
+    let reply = cluster
+        .a
+        .come_back(&cluster.addresses(), vec![running.clone()])
+        .await?;
+    assert_eq!(
+        reply.kill_tasks,
+        [cluster.original.id.as_str()],
+        "{reply:?}"
+    );
+    assert_eq!(cluster.a.next_kill().await?, cluster.original.id);
+    cluster
+        .a
+        .report(&cluster.leader, &running, model_pb::TaskState::Killed)?;
+    let master = cluster.leading();
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the original ended", |s| {
+        live_tasks_of(s, a, "web").is_empty()
+    })
+    .await?;
+    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `replace = false` with a `lost_after` shorter than a second: the slot is still kept until
+/// `lost_after` has passed, and only then is a replacement placed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_lost_after_still_keeps_the_slot_until_it_passes() -> anyhow::Result<()> {
+    const LOST_AFTER_MS: u64 = 300;
+    let policy = disconnect(false, LOST_AFTER_MS, model_pb::Reconcile::BestScore);
+    let cluster = AwayCluster::start(1, policy).await?;
+    let state = cluster.lose_a().await?;
+    let marked_at_ms = state
+        .unreachable
+        .iter()
+        .find(|u| u.id == cluster.a.id)
+        .context("a unreachable")?
+        .marked_at_ms;
+    cluster.b.next_launch().await?;
+    let launched_at_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    assert!(
+        launched_at_ms >= marked_at_ms + LOST_AFTER_MS,
+        "replaced {} ms after the mark, before lost_after ({LOST_AFTER_MS} ms)",
+        launched_at_ms - marked_at_ms
+    );
+    cluster.shutdown().await;
+    Ok(())
+}
+
+/// `replace = false` with a `lost_after`, and the leader fails over while the agent is away:
+/// the new leader keeps the slot from the registry's record, places the replacement once
+/// `lost_after` has passed (the delayed evaluation written with the mark), and kills the
+/// agent's copy when it comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_leader_replaces_a_task_lost_for_good_from_the_registrys_record() -> anyhow::Result<()>
+{
+    const LOST_AFTER_MS: u64 = 2_000;
+    let policy = disconnect(false, LOST_AFTER_MS, model_pb::Reconcile::KeepOriginal);
+    let mut cluster = AwayCluster::start(3, policy).await?;
+    let state = cluster.lose_a().await?;
+    let marked_at_ms = state
+        .unreachable
+        .iter()
+        .find(|u| u.id == cluster.a.id)
+        .context("a unreachable")?
+        .marked_at_ms;
+    // The mark's own evaluation is done (placing nothing) before the leader goes.
+    evaluated(cluster.leading(), "web", "AgentUnreachable", &cluster.a.id).await?;
+    assert!(cluster.b.nothing_launched(), "replaced before lost_after");
+
+    let first = *cluster
+        .members
+        .iter()
+        .find(|(_, address)| **address == cluster.leader)
+        .context("the leader")?
+        .0;
+    cluster
+        .masters
+        .remove(&first)
+        .context("the leader")?
+        .shutdown()
+        .await;
+    let second = leader(&cluster.masters).await?;
+    let remaining: Vec<String> = cluster
+        .members
+        .iter()
+        .filter(|(id, _)| **id != first)
+        .map(|(_, address)| address.clone())
+        .collect();
+    cluster.b.come_back(&remaining, Vec::new()).await?;
+    let now = &cluster.members[&second];
+
+    // The new leader places the replacement once lost_after has passed, not before.
+    let launched = cluster.b.next_launch().await?;
+    let launched_at_ms = u64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis(),
+    )?;
+    assert!(
+        launched_at_ms >= marked_at_ms + LOST_AFTER_MS,
+        "replaced {} ms after the mark, before lost_after ({LOST_AFTER_MS} ms)",
+        launched_at_ms - marked_at_ms
+    );
+    assert_eq!(launched.name, cluster.original.name);
+    let replacement = cluster
+        .b
+        .report(now, &launched, model_pb::TaskState::Running)?;
+    let master = &cluster.masters[&second];
+    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    let original = &cluster.original.id;
+    state_when(master, "the replacement running, the original lost", |s| {
+        task_on(s, b, &replacement.id).is_some_and(|t| is(t, model_pb::TaskState::Running))
+            && task_away(s, a, original).is_some_and(|t| is(t, model_pb::TaskState::Lost))
+    })
+    .await?;
+
+    // Back after lost_after: its copy is killed, even with keep_original.
+    let reply = cluster
+        .a
+        .come_back(&remaining, vec![cluster.original.clone()])
+        .await?;
+    assert_eq!(reply.kill_tasks, [original.as_str()], "{reply:?}");
+    assert_eq!(cluster.a.next_kill().await?, *original);
+    cluster
+        .a
+        .report(now, &cluster.original, model_pb::TaskState::Killed)?;
+    evaluated(master, "web", "AgentUpdate", a).await?;
+    let state = state_when(master, "the original ended", |s| {
+        live_tasks_of(s, a, "web").is_empty()
+    })
+    .await?;
+    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
+    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
+    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+    cluster.shutdown().await;
     Ok(())
 }

@@ -165,6 +165,12 @@ pub(crate) async fn judge(
     let Some(my_last_log_id) = last_log_id(log).await else {
         return not_running();
     };
+    if let Some(until) = log.votes_withheld(my_last_log_id.map(|id| id.index)) {
+        return refuse(format!(
+            "this member rejoins after its store was damaged and grants no vote until its log \
+             reaches index {until}"
+        ));
+    }
     if request.last_log_id < my_last_log_id {
         return refuse(format!(
             "the candidate's log ends at {:?}, behind this member's {:?}",

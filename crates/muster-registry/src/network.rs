@@ -28,6 +28,7 @@ use openraft::raft::{
     AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
     VoteRequest, VoteResponse,
 };
+use openraft::storage::RaftLogStorage as _;
 use openraft::{BasicNode, SnapshotMeta, Vote};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -332,6 +333,25 @@ impl raft_server::Raft for RaftService {
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
         let rpc: VoteRequest<NodeId> = decode_request("Vote", &request.into_inner().body)?;
+        let last_log_id = self
+            .log
+            .clone()
+            .get_log_state()
+            .await
+            .map_err(|e| Status::unavailable(format!("cannot read this member's log: {e}")))?
+            .last_log_id;
+        if let Some(until) = self.log.votes_withheld(last_log_id.map(|id| id.index)) {
+            // Rejoining after its store was damaged: it may have acknowledged entries it no
+            // longer holds, so it helps no candidate win until it holds them again.
+            tracing::info!(candidate = ?rpc.vote, until, "vote withheld: this member rejoins and its log has not reached what it held");
+            let vote = self.raft.metrics().borrow().vote;
+            let refused: Result<VoteResponse<NodeId>, RaftError<NodeId>> = Ok(VoteResponse {
+                vote,
+                vote_granted: false,
+                last_log_id,
+            });
+            return answer(&refused);
+        }
         answer(&self.raft.vote(rpc).await)
     }
 

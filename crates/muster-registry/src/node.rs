@@ -15,7 +15,7 @@ use tokio::sync::watch;
 
 use crate::election::{self, ElectionStats, ElectionTiming};
 use crate::network::{LeaderContact, NetworkFactory, RaftService};
-use crate::store::{self, LogStore, RegistryReader, StoreError, StoreLocation};
+use crate::store::{self, Damage, LogStore, RegistryReader, StoreError, StoreLocation};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
 use crate::write_error::WriteError;
 
@@ -49,6 +49,13 @@ pub struct RegistryConfig {
     /// TLS between the members (each verifies the other's certificate is a master's), or
     /// plaintext for an insecure cluster.
     pub security: Security,
+    /// What to do if the store is damaged (it holds less than its integrity record says it
+    /// held). False (the default): refuse to start, naming what is damaged and how to
+    /// recover. True: move the directory aside (to `<dir>.damaged-<unix ms>`) and start
+    /// empty, to catch up from the other members; the new store keeps the old one's vote
+    /// term and grants no vote until its log is back where the old one's was, so a member
+    /// that forgot what it acknowledged never helps elect a leader without it.
+    pub rejoin_damaged: bool,
 }
 
 impl RegistryConfig {
@@ -68,6 +75,7 @@ impl RegistryConfig {
             snapshot_after_entries: 5_000,
             entries_kept_after_snapshot: 1_000,
             security,
+            rejoin_damaged: false,
         }
     }
 }
@@ -122,6 +130,47 @@ impl fmt::Debug for RegistryNode {
     }
 }
 
+/// Moves a damaged store's directory aside and opens an empty one in its place that
+/// remembers the old one's vote term and how far its log reached (see
+/// [`RegistryConfig::rejoin_damaged`]).
+async fn rejoin_empty(
+    config: &RegistryConfig,
+    damage: Damage,
+) -> Result<(LogStore, store::StateMachineStore), RegistryError> {
+    let StoreLocation::Directory(dir) = &config.store else {
+        // An in-memory store has no directory to move aside.
+        return Err(StoreError::Damaged(damage).into());
+    };
+    let aside = PathBuf::from(format!(
+        "{}.damaged-{}",
+        dir.display(),
+        muster_model::clock::unix_ms()
+    ));
+    std::fs::rename(dir, &aside).map_err(|e| {
+        RegistryError::Config(format!(
+            "{damage}. Asked to rejoin, but cannot move {} aside to {}: {e}",
+            dir.display(),
+            aside.display()
+        ))
+    })?;
+    std::fs::create_dir_all(dir).map_err(|e| {
+        RegistryError::Config(format!("cannot create the data dir {}: {e}", dir.display()))
+    })?;
+    tracing::warn!(
+        damaged = %aside.display(),
+        vote_term = damage.vote_term,
+        held_up_to = damage.held_up_to,
+        "{damage}. Rejoining: the damaged store was moved aside, and this member starts empty, \
+         catches up from the others, and grants no vote until its log is back at index {}",
+        damage.held_up_to
+    );
+    let (mut log, state_machine) = store::open(&config.store)?;
+    log.rejoin(config.id, damage.vote_term, damage.held_up_to)
+        .await
+        .map_err(|e| RegistryError::Raft(format!("cannot prepare the empty store: {e}")))?;
+    Ok((log, state_machine))
+}
+
 impl RegistryNode {
     /// Opens the store and starts raft. On first start every member initializes the group
     /// with the same membership (openraft accepts this); later starts recover from disk.
@@ -164,7 +213,12 @@ impl RegistryNode {
                 RegistryError::Config(format!("cannot create the data dir {}: {e}", dir.display()))
             })?;
         }
-        let (log, state_machine) = store::open(&config.store)?;
+        let (log, state_machine) = match store::open(&config.store) {
+            Err(StoreError::Damaged(damage)) if config.rejoin_damaged => {
+                rejoin_empty(&config, damage).await?
+            }
+            opened => opened?,
+        };
         let reader = state_machine.reader();
         let timing = ElectionTiming {
             tick: heartbeat_of(config.id, config.heartbeat_interval),

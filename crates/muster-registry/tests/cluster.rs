@@ -467,7 +467,7 @@ async fn a_store_that_lost_its_state_refuses_to_start_instead_of_starting_empty(
         match RegistryNode::start(config.clone()).await {
             Ok(_) => bail!("a store that lost its state started empty"),
             Err(RegistryError::Store(muster_registry::store::StoreError::Damaged(why))) => {
-                break why;
+                break why.message;
             }
             Err(_) if Instant::now() < deadline => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
@@ -751,6 +751,137 @@ async fn a_leader_cut_from_both_followers_stands_down_and_a_write_to_it_fails_wi
     .await?;
     for id in members.keys() {
         assert_eq!(term_of(&members, *id), new_term, "member {id}");
+    }
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    Ok(())
+}
+
+/// A follower whose store was damaged while it was stopped, started with `rejoin_damaged`:
+/// the damaged directory is moved aside and it starts empty; while it has not caught up
+/// (here, cut off from the others) it grants no vote, even to a candidate with a higher term
+/// and a longer log, so its term does not move; once healed it catches up from the leader,
+/// which keeps its lead and its term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_follower_told_to_rejoin_starts_empty_and_votes_only_once_caught_up()
+-> anyhow::Result<()> {
+    use muster_proto::registry::raft_client::RaftClient;
+
+    let system = System::new();
+    let dir = tempfile::tempdir()?;
+    let partitions = Partitions::new();
+    let addresses = free_addresses(3).await?;
+    let mut configs = BTreeMap::new();
+    let mut members = BTreeMap::new();
+    for &id in addresses.keys() {
+        let mut view = BTreeMap::new();
+        for (&peer, address) in &addresses {
+            let reach = if peer == id {
+                address.clone()
+            } else {
+                partitions
+                    .link(id, peer, "127.0.0.1", address.clone())
+                    .await?
+            };
+            view.insert(peer, reach);
+        }
+        let mut config = config(id, &view, dir.path());
+        // No snapshot: the log is all there is to catch up from.
+        config.snapshot_after_entries = 100_000;
+        configs.insert(id, config.clone());
+        members.insert(id, start(&system, config).await?);
+    }
+    let first = leader(&members).await?;
+    let term = term_of(&members, first);
+    let follower = *members
+        .keys()
+        .find(|id| **id != first)
+        .context("a follower")?;
+    let muster_registry::StoreLocation::Directory(store) = configs[&follower].store.clone() else {
+        bail!("the test's store is a directory");
+    };
+    // Writes until the follower's record says it held committed entries up to index 20.
+    let record = store.join(muster_registry::store::MARKER_FILE);
+    let deadline = Instant::now() + DEADLINE;
+    let mut n = 0;
+    loop {
+        members[&first].registry.write(one_agent(n)).await?;
+        n += 1;
+        let recorded: serde_json::Value = serde_json::from_slice(&std::fs::read(&record)?)?;
+        if recorded["log_index"].as_u64().is_some_and(|at| at >= 20) {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("the follower's log floor never reached 20: {recorded}");
+        }
+    }
+    let stopped = members.remove(&follower).context("the follower")?;
+    stopped.stop().await;
+    // Its database goes; its record stays.
+    for entry in std::fs::read_dir(&store)? {
+        let path = entry?.path();
+        if path.file_name() == Some(std::ffi::OsStr::new(muster_registry::store::MARKER_FILE)) {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    partitions.isolate(follower, addresses.keys().copied());
+    let mut rejoin = configs[&follower].clone();
+    rejoin.rejoin_damaged = true;
+    members.insert(follower, start(&system, rejoin).await?);
+    let parent = store.parent().context("the store's parent")?;
+    let name = store
+        .file_name()
+        .and_then(|n| n.to_str())
+        .context("the store's name")?;
+    let aside: Vec<String> = std::fs::read_dir(parent)?
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().map(str::to_owned))
+        .filter(|n| n.starts_with(&format!("{name}.damaged-")))
+        .collect();
+    assert_eq!(aside.len(), 1, "the damaged store moved aside: {aside:?}");
+
+    // A candidate of a higher term whose log is longer than anything: refused while the
+    // rejoining member has not caught up, and its term stays where it was.
+    let before = term_of(&members, follower);
+    let security = TestPki::shared().security(Role::Master, "master-9");
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://{}", addresses[&follower]))?;
+    let (channel, _) = security.channel(endpoint, &[Role::Master]).await?;
+    let candidate: openraft::raft::VoteRequest<NodeId> = openraft::raft::VoteRequest {
+        vote: openraft::Vote::new(term + 100, first),
+        last_log_id: Some(openraft::LogId::new(
+            openraft::CommittedLeaderId::new(term + 100, first),
+            1_000_000,
+        )),
+    };
+    let answer = RaftClient::new(channel)
+        .vote(muster_proto::registry::RaftPayload {
+            body: muster_registry::codec::encode(&candidate)?.into(),
+        })
+        .await?
+        .into_inner();
+    let answer: Result<openraft::raft::VoteResponse<NodeId>, serde_json::Value> =
+        muster_registry::codec::decode(&answer.body)?;
+    let answer = answer.map_err(|e| anyhow::anyhow!("the vote was answered with {e}"))?;
+    assert!(!answer.vote_granted, "a rejoining member granted a vote");
+    assert_eq!(term_of(&members, follower), before, "its term moved");
+
+    partitions.heal();
+    let applied = members[&first].registry.reader().applied_index();
+    until("the rejoined follower catching up", || {
+        members[&follower].registry.reader().applied_index() >= applied
+    })
+    .await?;
+    members[&first].registry.write(one_agent(n + 1)).await?;
+    assert_eq!(leader(&members).await?, first, "the leader was deposed");
+    for id in members.keys() {
+        assert_eq!(term_of(&members, *id), term, "member {id} changed term");
     }
     for member in members.into_values() {
         member.stop().await;

@@ -95,7 +95,11 @@ impl Master {
                     if policy.replace || policy.lost_after_ms == 0 {
                         continue;
                     }
-                    let when = at_ms.saturating_add(policy.lost_after_ms);
+                    // A little after the slots are let go: the evaluation never finds its own
+                    // slot still kept (the broker counts on the wall clock).
+                    let when = at_ms
+                        .saturating_add(policy.lost_after_ms)
+                        .saturating_add(KEEP_MARGIN_MS);
                     let entry = due
                         .entry(task.job().to_owned())
                         .or_insert((when, agent_id.clone()));
@@ -178,9 +182,9 @@ pub(super) fn disconnect_of(state: &RegistryState, job: &str, group: &str) -> Op
         .map(|g| g.disconnect)
 }
 
-/// How much earlier than the evaluation that replaces them the slots kept for an unreachable
-/// agent's tasks are let go: that evaluation, due when they are lost for good, never finds
-/// them still kept (the broker counts on the wall clock).
+/// How much later than the moment an unreachable agent's kept slots are let go (their tasks
+/// lost for good) the evaluation that replaces them is due: it never finds them still kept
+/// (the broker counts on the wall clock), and nothing is placed in them before then.
 const KEEP_MARGIN_MS: u64 = 1_000;
 
 impl Master {
@@ -233,7 +237,7 @@ impl Master {
     /// The tasks on unreachable agents that keep their slots (`disconnect.replace = false`)
     /// until they are lost for good: the convergence check counts them as running.
     pub(super) fn tasks_kept_while_away(&self) -> Vec<Task> {
-        let soon = now_ms().saturating_add(KEEP_MARGIN_MS);
+        let now = now_ms();
         self.registry.reader().read(|state| {
             let mut kept = Vec::new();
             for agent in state.unreachable.values() {
@@ -241,7 +245,7 @@ impl Master {
                     let Some(policy) = disconnect_of(state, &task.job, &task.group) else {
                         continue;
                     };
-                    if !policy.replace && !policy.lost_for_good(agent.marked_at_ms, soon) {
+                    if !policy.replace && !policy.lost_for_good(agent.marked_at_ms, now) {
                         kept.push(task.clone());
                     }
                 }

@@ -51,6 +51,36 @@ impl LogStore {
         }
     }
 
+    /// Makes this store, new and empty in place of a damaged one, remember what the damaged
+    /// one may have promised: a vote of `vote_term` (saved as this member's own, so that it
+    /// never grants another member a vote in a term it may have voted in already) and entries
+    /// acknowledged up to `held_up_to`, which it withholds votes until it holds again.
+    ///
+    /// # Errors
+    /// The store cannot be written.
+    pub async fn rejoin(&mut self, id: NodeId, vote_term: u64, held_up_to: u64) -> StoreResult<()> {
+        if vote_term > 0 {
+            self.save_vote(&Vote::new(vote_term, id)).await?;
+        }
+        self.marker
+            .rejoining_until(held_up_to)
+            .map_err(|e| StorageIOError::write(&e).into())
+    }
+
+    /// The index this member's log must reach before it grants a vote or a pre-vote again,
+    /// while it rejoins after starting over from a damaged store (see [`rejoin`](Self::rejoin))
+    /// and its log, ending at `last_index`, has not reached it; `None` otherwise.
+    pub fn votes_withheld(&self, last_index: Option<u64>) -> Option<u64> {
+        match self.marker.votes_withheld(last_index) {
+            Ok(until) => until,
+            // The record could not be updated: keep withholding, which is always safe.
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot update the store's record");
+                Some(u64::MAX)
+            }
+        }
+    }
+
     async fn flush(&self, error: fn(AnyError) -> StorageIOError<NodeId>) -> StoreResult<()> {
         match self.db.flush().await {
             Ok(()) => Ok(()),

@@ -41,6 +41,42 @@ pub(super) struct Floor {
     /// most every [`LOG_FLOOR_EVERY`]; absent in records written before it existed.
     #[serde(default)]
     pub(super) log_index: Option<u64>,
+    /// Set when the store was started empty in place of a damaged one (`rejoin_damaged`): it
+    /// may have acknowledged entries up to this index and lost them, so until its log reaches
+    /// it again this member grants no vote and no pre-vote (a vote from a member that forgot
+    /// what it acknowledged could elect a leader without a committed entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(super) rejoin_until: Option<u64>,
+}
+
+/// Why a store was refused, and what its record says it held: enough to start over empty
+/// without forgetting its vote or what it acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Damage {
+    /// What is damaged and how to recover, naming the store.
+    pub message: String,
+    /// The term of the last vote the store saved.
+    pub vote_term: u64,
+    /// The highest index it is known to have held (committed and durable, or purged into a
+    /// snapshot); 0 if the record cannot say.
+    pub held_up_to: u64,
+}
+
+impl std::fmt::Display for Damage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Damage {
+    /// A damage the record cannot say more about than `message`.
+    fn unknown(message: String) -> Self {
+        Damage {
+            message,
+            vote_term: 0,
+            held_up_to: 0,
+        }
+    }
 }
 
 /// How often, at most, the record's log floor is raised (a write and a sync of the record):
@@ -141,21 +177,37 @@ impl Marker {
     /// # Errors
     /// The record cannot be read or written, or the store holds less than it says: the
     /// message names the directory, what is missing, and how to recover.
-    pub(super) fn check(store: &str, place: MarkerPlace, held: Held) -> Result<Marker, String> {
+    pub(super) fn check(store: &str, place: MarkerPlace, held: Held) -> Result<Marker, Damage> {
         let recorded = match place.read() {
-            Ok(Some(bytes)) => Some(
-                serde_json::from_slice::<Floor>(&bytes)
-                    .map_err(|e| format!("{} is unreadable ({e}); {}", place.name(), RECOVERY))?,
-            ),
+            Ok(Some(bytes)) => Some(serde_json::from_slice::<Floor>(&bytes).map_err(|e| {
+                Damage::unknown(format!(
+                    "{} is unreadable ({e}); {}",
+                    place.name(),
+                    RECOVERY
+                ))
+            })?),
             Ok(None) => None,
-            Err(e) => return Err(format!("cannot read {}: {e}", place.name())),
+            Err(e) => {
+                return Err(Damage::unknown(format!(
+                    "cannot read {}: {e}",
+                    place.name()
+                )));
+            }
         };
         let floor = match recorded {
             Some(floor) => {
                 if let Some(missing) = missing(&floor, &held) {
-                    return Err(format!(
-                        "the registry store at {store} is damaged: {missing}; {RECOVERY}"
-                    ));
+                    return Err(Damage {
+                        message: format!(
+                            "the registry store at {store} is damaged: {missing}; {RECOVERY}"
+                        ),
+                        vote_term: floor.vote_term,
+                        held_up_to: floor
+                            .log_index
+                            .max(floor.purged_index)
+                            .max(floor.rejoin_until)
+                            .unwrap_or(0),
+                    });
                 }
                 floor
             }
@@ -164,6 +216,7 @@ impl Marker {
                 vote_term: held.vote_term.unwrap_or(0),
                 purged_index: held.purged_index,
                 log_index: None,
+                rejoin_until: None,
             },
         };
         let marker = Marker {
@@ -174,11 +227,45 @@ impl Marker {
             floor_raised: Arc::default(),
         };
         if recorded.is_none() {
-            marker
-                .write(&floor)
-                .map_err(|e| format!("cannot write {}: {e}", marker.place.name()))?;
+            marker.write(&floor).map_err(|e| {
+                Damage::unknown(format!("cannot write {}: {e}", marker.place.name()))
+            })?;
         }
         Ok(marker)
+    }
+
+    /// Records that this store, started empty in place of a damaged one, may have
+    /// acknowledged entries up to `index`: it withholds votes until its log reaches it.
+    pub(super) fn rejoining_until(&self, index: u64) -> io::Result<()> {
+        self.raise(|floor| {
+            Some(Floor {
+                rejoin_until: Some(index).max(floor.rejoin_until),
+                ..*floor
+            })
+        })
+    }
+
+    /// The index this member's log must reach before it votes again, if it is rejoining and
+    /// its log (ending at `last_index`) has not reached it yet. Once it has, the record
+    /// forgets it.
+    pub(super) fn votes_withheld(&self, last_index: Option<u64>) -> io::Result<Option<u64>> {
+        let until = {
+            let floor = self.floor.lock().unwrap_or_else(|p| p.into_inner());
+            floor.rejoin_until
+        };
+        let Some(until) = until else {
+            return Ok(None);
+        };
+        if last_index.unwrap_or(0) < until {
+            return Ok(Some(until));
+        }
+        self.raise(|floor| {
+            floor.rejoin_until.map(|_| Floor {
+                rejoin_until: None,
+                ..*floor
+            })
+        })?;
+        Ok(None)
     }
 
     /// Records that the store saved a vote of `term`.
@@ -246,9 +333,11 @@ impl Marker {
 }
 
 /// How to recover, said with every refusal.
-const RECOVERY: &str = "refusing to start over it. To recover, move the directory aside and \
-    start this master again: it rejoins its group and catches up from the other members (a \
-    single master has no other member: restore the directory from a copy)";
+const RECOVERY: &str = "refusing to start over it. To recover, start this master with \
+    --rejoin-damaged (or move the directory aside and start it again): it starts empty, catches \
+    up from the other members, and votes only once it holds what it held. A single master has \
+    no other member: restore the directory from a copy, or start empty and restore a snapshot \
+    (muster operator snapshot restore)";
 
 /// What the store lacks against the record, if anything.
 fn missing(floor: &Floor, held: &Held) -> Option<String> {
@@ -304,7 +393,8 @@ mod tests {
     fn a_store_that_lost_what_its_record_says_is_refused() -> Result<(), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
         let new = Held::default();
-        let marker = Marker::check("dir", MarkerPlace::in_dir(dir.path()), new)?;
+        let marker =
+            Marker::check("dir", MarkerPlace::in_dir(dir.path()), new).map_err(|d| d.message)?;
         marker.saw_vote(3).map_err(|e| e.to_string())?;
         marker.saw_purge(100).map_err(|e| e.to_string())?;
         let whole = Held {
@@ -318,9 +408,12 @@ mod tests {
         let error =
             Marker::check("dir", MarkerPlace::in_dir(dir.path()), Held::default()).unwrap_err();
         assert!(
-            error.contains("holds no vote") && error.contains("move the directory aside"),
+            error.message.contains("holds no vote")
+                && error.message.contains("move the directory aside"),
             "{error}"
         );
+        // What a member starting over empty must not forget.
+        assert_eq!((error.vote_term, error.held_up_to), (3, 100));
         let older_vote = Held {
             vote_term: Some(2),
             ..whole
@@ -328,6 +421,7 @@ mod tests {
         assert!(
             Marker::check("dir", MarkerPlace::in_dir(dir.path()), older_vote)
                 .unwrap_err()
+                .message
                 .contains("term 3")
         );
         let no_snapshot = Held {
@@ -337,6 +431,7 @@ mod tests {
         assert!(
             Marker::check("dir", MarkerPlace::in_dir(dir.path()), no_snapshot)
                 .unwrap_err()
+                .message
                 .contains("snapshot")
         );
         Ok(())
@@ -345,7 +440,8 @@ mod tests {
     #[tokio::test]
     async fn a_log_shorter_than_its_committed_and_durable_end_is_refused() -> Result<(), String> {
         let dir = tempfile::tempdir().map_err(|e| e.to_string())?;
-        let marker = Marker::check("dir", MarkerPlace::in_dir(dir.path()), Held::default())?;
+        let marker = Marker::check("dir", MarkerPlace::in_dir(dir.path()), Held::default())
+            .map_err(|d| d.message)?;
         marker.saw_vote(2).map_err(|e| e.to_string())?;
         // Committed beyond what is durable here: the floor is what is both.
         marker.saw_appended(40);
@@ -359,9 +455,37 @@ mod tests {
         assert!(Marker::check("dir", MarkerPlace::in_dir(dir.path()), held(40)).is_ok());
         let error = Marker::check("dir", MarkerPlace::in_dir(dir.path()), held(25)).unwrap_err();
         assert!(
-            error.contains("end at index 25") && error.contains("up to index 40"),
+            error.message.contains("end at index 25") && error.message.contains("up to index 40"),
             "{error}"
         );
+        assert_eq!((error.vote_term, error.held_up_to), (2, 40));
+        Ok(())
+    }
+
+    #[test]
+    fn a_rejoining_store_withholds_votes_until_its_log_reaches_what_it_held() -> io::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let place = || MarkerPlace::in_dir(dir.path());
+        let marker = Marker::check("dir", place(), Held::default())
+            .map_err(|d| io::Error::other(d.message))?;
+        assert_eq!(
+            marker.votes_withheld(None)?,
+            None,
+            "a store that never rejoined"
+        );
+        marker.rejoining_until(40)?;
+        assert_eq!(marker.votes_withheld(None)?, Some(40));
+        assert_eq!(marker.votes_withheld(Some(39))?, Some(40));
+        // Kept across a restart: a member that stops before it caught up still withholds.
+        let reopened = Marker::check("dir", place(), Held::default())
+            .map_err(|d| io::Error::other(d.message))?;
+        assert_eq!(reopened.votes_withheld(Some(12))?, Some(40));
+        assert_eq!(reopened.votes_withheld(Some(40))?, None);
+        // Caught up once is enough, for good.
+        assert_eq!(reopened.votes_withheld(Some(1))?, None);
+        let again = Marker::check("dir", place(), Held::default())
+            .map_err(|d| io::Error::other(d.message))?;
+        assert_eq!(again.votes_withheld(Some(1))?, None);
         Ok(())
     }
 }

@@ -22,7 +22,7 @@ use crate::codec::{decode, encode};
 
 pub use disk::MemoryDisk;
 pub use log::{LogStore, REPLICATION_BATCH_BYTES};
-pub use marker::MARKER_FILE;
+pub use marker::{Damage, MARKER_FILE};
 pub use state_machine::{RegistryReader, StateMachineStore};
 
 /// Where a registry store lives.
@@ -71,7 +71,7 @@ pub enum StoreError {
     /// The store holds less than its own integrity record says it has held (see
     /// [`MARKER_FILE`]): truncated, or replaced.
     #[error("{0}")]
-    Damaged(String),
+    Damaged(Damage),
     /// A stored value did not decode.
     #[error("the registry store at {path} holds an unreadable value under {key:?}: {reason}")]
     Corrupt {
