@@ -4,18 +4,29 @@
 //! admitted agent is lost. And 3 masters, one stopped while jobs at the size cap are
 //! submitted: when it comes back it catches up on tens of MB without an election.
 //!
+//! And clusters whose agents reach the masters through links the test cuts (see "partitions
+//! between the leader and its agents" below), each process on its own loopback address,
+//! counting the tasks' real processes and the runs each batch task records in a file of its
+//! slot: a leader cut from every agent and healed; a batch task finished before a failover on
+//! an agent that re-registers late; a leader killed with its launches unconfirmed, or as it
+//! acknowledges a submission. Each child's stderr goes to a log file, copied out and printed
+//! if the test fails (kept in any case with `MUSTER_TEST_KEEP_LOGS` set).
+//!
 //! The binaries come from the same target directory as this test: `cargo test --workspace`
 //! builds them.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use anyhow::Context as _;
-use common::{Masters, binary, leader_state_when, spawn_listening};
+use anyhow::{Context as _, bail, ensure};
+use common::{DEADLINE, Masters, binary, leader_state_when, spawn_listening};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
-use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_security::testing::partitions::{Member, Partitions};
+use muster_security::{Role, TokenSecret};
 use tokio::process::{Child, Command};
+use tokio::time::Instant;
 
 mod common;
 
@@ -253,4 +264,857 @@ async fn terminate(child: &mut Child) -> anyhow::Result<()> {
             child.wait().await.map(drop).context("killing a child")
         }
     }
+}
+
+// ---- partitions between the leader and its agents -------------------------------------------
+//
+// Every connection an agent opens to a master crosses a link of `Partitions` (a TCP proxy the
+// test cuts and heals), and with it all the agent sends of its own (registrations, heartbeats,
+// task status):
+//
+// - agent `a` is given, for master `m`, the link `a → m` (`--master`);
+// - every master is named in every `--peer` list by the link `ADVERTISED → m`: the address the
+//   masters reach each other at (raft), and the one they give agents (a standby's leader hint,
+//   a new leader's announcement), so that an agent that follows a hint or an announcement is
+//   still behind a link the test controls.
+//
+// Cutting the leader from the agents cuts `a → leader` for every agent, and `ADVERTISED →
+// leader`: the standbys then cannot dial the leader either (they only would to ask for votes;
+// the leader's own connections to them, which carry raft, stay up).
+//
+// What the masters send agents does not cross a link: a master dials an agent at the address
+// the agent listens on and reports (`muster-agent` has no flag to report another), and the
+// agent answers its asks on that connection, so a cut is one-way: the leader's launches, kills
+// and announcements still reach the agents, while nothing the agents send of their own
+// (registrations, heartbeats, task status) reaches the leader.
+
+/// How long the tests watch that something stays so: three rounds of the convergence check,
+/// which they have run every second.
+const CHECKS: Duration = Duration::from_secs(3);
+
+/// The partition member that dials a master at its advertised address (see above).
+const ADVERTISED: Member = 100;
+
+/// Master `index`'s partition member.
+fn master_member(index: usize) -> Member {
+    index as Member + 1
+}
+
+/// Agent `n`'s partition member.
+fn agent_member(n: usize) -> Member {
+    n as Member + 11
+}
+
+/// Master `index`'s loopback host.
+fn master_host(index: usize) -> String {
+    format!("127.0.0.{}", 11 + index)
+}
+
+/// Agent `n`'s loopback host.
+fn agent_host(n: usize) -> String {
+    format!("127.0.0.{}", 21 + n)
+}
+
+/// Masters and agents as separate processes, each on its own loopback host, the agents'
+/// traffic to the masters through `partitions`; a directory (`runs`) the tasks (which run as
+/// `nobody` under a root agent) can write to; the logs of every child in `dir`.
+struct Linked {
+    dir: tempfile::TempDir,
+    runs: tempfile::TempDir,
+    partitions: Partitions,
+    masters: Masters,
+    agents: Vec<Option<Child>>,
+    /// Each agent's `--master` addresses: its links to the masters.
+    agent_links: Vec<Vec<String>>,
+    token: TokenSecret,
+}
+
+impl Linked {
+    /// `masters` masters with `master_flags` (each a peer of the others through the
+    /// `ADVERTISED` links), bootstrapped, and no agent yet.
+    async fn start(masters: usize, master_flags: &[&str]) -> anyhow::Result<Linked> {
+        use std::os::unix::fs::PermissionsExt as _;
+
+        let dir = tempfile::tempdir()?;
+        let runs = tempfile::Builder::new()
+            .prefix("muster-runs")
+            .tempdir_in("/tmp")?;
+        std::fs::set_permissions(runs.path(), std::fs::Permissions::from_mode(0o777))?;
+        let partitions = Partitions::new();
+        let hosts: Vec<String> = (0..masters).map(master_host).collect();
+        let hosts: Vec<&str> = hosts.iter().map(String::as_str).collect();
+        let mut group = Masters::on_hosts(dir.path(), &hosts).await?;
+        for index in 0..masters {
+            group.advertised[index] = partitions
+                .link(
+                    ADVERTISED,
+                    master_member(index),
+                    &master_host(index),
+                    group.addresses[index].clone(),
+                )
+                .await?;
+        }
+        for index in 0..masters {
+            group.start_with(index, master_flags).await?;
+        }
+        let token = muster_master::testing::bootstrap(&group.addresses[0]).await?;
+        Ok(Linked {
+            dir,
+            runs,
+            partitions,
+            masters: group,
+            agents: Vec::new(),
+            agent_links: Vec::new(),
+            token,
+        })
+    }
+
+    /// Starts agent `n` on its own host, reaching each master through its link `n → master`,
+    /// reporting `name=a<n>`.
+    async fn start_agent(&mut self, n: usize) -> anyhow::Result<()> {
+        if self.agent_links.len() <= n {
+            self.agent_links.resize_with(n + 1, Vec::new);
+            self.agents.resize_with(n + 1, || None);
+        }
+        if self.agent_links[n].is_empty() {
+            for (index, address) in self.masters.addresses.iter().enumerate() {
+                let link = self
+                    .partitions
+                    .link(
+                        agent_member(n),
+                        master_member(index),
+                        &master_host(index),
+                        address.clone(),
+                    )
+                    .await?;
+                self.agent_links[n].push(link);
+            }
+        }
+        let mut command = Command::new(binary("muster-agent")?);
+        command
+            .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
+            .arg("--listen")
+            .arg(format!("{}:0", agent_host(n)))
+            .arg("--data-dir")
+            .arg(self.dir.path().join(format!("agent-{n}")))
+            .args(["--hostname", &format!("host-{n}")])
+            .args(["--cpus", "2", "--mem-mb", "2048"])
+            .args(["--attribute", &format!("name=a{n}")])
+            .arg("--stop-tasks-on-exit");
+        for link in &self.agent_links[n] {
+            command.arg("--master").arg(link);
+        }
+        let log = self.dir.path().join(format!("agent-{n}.log"));
+        let child = common::spawn_logged(command, &format!("agent {n}"), &log).await?;
+        self.agents[n] = Some(child);
+        Ok(())
+    }
+
+    /// The leading master's index and state once `done` holds there.
+    async fn leader_when(
+        &self,
+        what: &str,
+        done: impl Fn(&pb::ClusterState) -> bool,
+    ) -> anyhow::Result<(usize, pb::ClusterState)> {
+        leader_state_when(&self.masters.addresses, &self.token, what, done).await
+    }
+
+    /// Submits `job` to master `index` (the leader, directly: operators are not behind links).
+    async fn submit(&self, index: usize, job: model_pb::Job) -> anyhow::Result<()> {
+        let name = job.name.clone();
+        let deadline = Instant::now() + DEADLINE;
+        loop {
+            let mut client =
+                muster_master::testing::operator(&self.masters.addresses[index], Some(&self.token))
+                    .await?;
+            let request = pb::SubmitJobRequest {
+                job: Some(job.clone()),
+            };
+            match client.submit_job(request).await {
+                Ok(_) => return Ok(()),
+                // Refused before anything was written: its leadership could not be confirmed
+                // in time (a loaded machine). Again.
+                Err(status)
+                    if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(status) => return Err(status).with_context(|| format!("submitting {name}")),
+            }
+        }
+    }
+
+    /// Cuts master `index` from every agent started so far, and from whoever dials it at its
+    /// advertised address (agents that followed a hint or an announcement, the standbys).
+    fn cut_from_agents(&self, index: usize) {
+        for n in 0..self.agent_links.len() {
+            self.partitions.cut(agent_member(n), master_member(index));
+        }
+        self.partitions.cut(ADVERTISED, master_member(index));
+    }
+
+    /// Waits until at least `count` connections are held silent by the cuts.
+    async fn held_at_least(&self, count: usize) -> anyhow::Result<()> {
+        tokio::time::timeout(DEADLINE, self.partitions.held_at_least(count))
+            .await
+            .with_context(|| format!("{count} connections held by the cut"))
+    }
+
+    /// SIGKILLs master `index` and waits for it to be gone.
+    async fn kill_master(&mut self, index: usize) -> anyhow::Result<()> {
+        let mut child = self.masters.children[index]
+            .take()
+            .context("the master is not running")?;
+        child.start_kill()?;
+        child.wait().await?;
+        Ok(())
+    }
+
+    /// Reads master `index`'s state every 100 ms for `window`, each answer while it leads
+    /// checked by `check`: an observation that something stays so while the leader's periodic
+    /// checks get their turns. A read that fails (a leader that could not confirm its
+    /// leadership in time on a loaded machine) is skipped; at least one must succeed.
+    async fn stays_so(
+        &self,
+        index: usize,
+        what: &str,
+        window: Duration,
+        check: impl Fn(&pb::ClusterState) -> Result<(), String>,
+    ) -> anyhow::Result<()> {
+        let address = &self.masters.addresses[index];
+        let end = Instant::now() + window;
+        let mut checked = 0;
+        let mut failed = String::new();
+        while Instant::now() < end {
+            let read = match muster_master::testing::operator(address, Some(&self.token)).await {
+                Ok(mut client) => client
+                    .get_state(pb::GetStateRequest::default())
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(|status| status.to_string()),
+                Err(error) => Err(format!("{error:#}")),
+            };
+            match read {
+                Ok(state) if state.is_leader => {
+                    check(&state).map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+                    checked += 1;
+                }
+                Ok(_) => failed = format!("master {index} no longer leads"),
+                Err(error) => failed = error,
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ensure!(
+            checked > 0,
+            "{what}: no read of master {index}'s state in {window:?}; the last: {failed}"
+        );
+        Ok(())
+    }
+
+    /// The marker of `job`'s processes.
+    fn marker(&self, job: &str) -> String {
+        format!("{}/{job}", self.dir.path().display())
+    }
+
+    /// The runs recorded by the tasks of the slot `slot` (see [`recording`]).
+    fn runs_of(&self, slot: &str) -> Vec<String> {
+        std::fs::read_to_string(self.runs.path().join(slot))
+            .map(|text| text.lines().map(str::to_owned).collect())
+            .unwrap_or_default()
+    }
+
+    /// A shell script that records its run (its task id, appended to `<runs>/<slot>`) and
+    /// then runs `then`.
+    fn recording(&self, then: &str) -> String {
+        format!(
+            "t=${{PWD##*/}}; echo \"$t\" >> '{}'/\"${{t%-*}}\"; {then}",
+            self.runs.path().display()
+        )
+    }
+
+    /// A script that waits for the file `<runs>/<name>`.
+    fn wait_for_file(&self, name: &str) -> String {
+        format!(
+            "while [ ! -e '{}/{name}' ]; do sleep 0.05; done",
+            self.runs.path().display()
+        )
+    }
+
+    /// Creates `<runs>/<name>`.
+    fn create_file(&self, name: &str) -> anyhow::Result<()> {
+        std::fs::write(self.runs.path().join(name), "")?;
+        Ok(())
+    }
+
+    /// A job of one group `main` of `count` tasks running `script` under `sh -c`, marked.
+    fn job(
+        &self,
+        name: &str,
+        scheduler: model_pb::SchedulerType,
+        count: u32,
+        script: &str,
+    ) -> model_pb::Job {
+        model_pb::Job {
+            name: name.into(),
+            scheduler: scheduler as i32,
+            groups: vec![model_pb::TaskGroup {
+                name: "main".into(),
+                count,
+                resources: Some(model_pb::Resources {
+                    cpus: 0.1,
+                    mem_mb: 32,
+                }),
+                command: "sh".into(),
+                args: vec!["-c".into(), script.into()],
+                env: [(common::MARKER.to_owned(), self.marker(name))].into(),
+                ..model_pb::TaskGroup::default()
+            }],
+            ..model_pb::Job::default()
+        }
+    }
+
+    /// Stops everything (agents first, with their tasks), and passes `result` on, with the
+    /// children's logs if it is an error.
+    async fn finish(mut self, test: &str, result: anyhow::Result<()>) -> anyhow::Result<()> {
+        let agents = self.agents.iter_mut().flatten();
+        for child in agents.chain(self.masters.children.iter_mut().flatten()) {
+            // A stopped agent (SIGSTOP) must be able to take the SIGTERM.
+            let _ = common::signal_child(child, libc::SIGCONT);
+            if let Err(error) = terminate(child).await {
+                eprintln!("{test}: stopping a child: {error:#}");
+            }
+        }
+        common::kill_marked_under(&format!("{}/", self.dir.path().display()));
+        common::keep_logs_on_error(test, self.dir.path(), result)
+    }
+}
+
+impl Drop for Linked {
+    fn drop(&mut self) {
+        // The agents are SIGKILLed on drop: their tasks would outlive them.
+        common::kill_marked_under(&format!("{}/", self.dir.path().display()));
+    }
+}
+
+fn is(task: &model_pb::Task, state: model_pb::TaskState) -> bool {
+    task.state == state as i32
+}
+
+/// The tasks of `job` the master has in `state`, live or completed, with their agents' ids.
+fn tasks_in<'a>(
+    state: &'a pb::ClusterState,
+    job: &str,
+    wanted: model_pb::TaskState,
+) -> Vec<(&'a str, &'a model_pb::Task)> {
+    state
+        .agents
+        .iter()
+        .flat_map(|a| {
+            a.tasks
+                .iter()
+                .chain(&a.completed_tasks)
+                .map(move |t| (a.id.as_str(), t))
+        })
+        .filter(|(_, t)| t.job == job && is(t, wanted))
+        .collect()
+}
+
+/// The slots of `job` with a task that finished.
+fn finished_slots(state: &pb::ClusterState, job: &str) -> BTreeSet<String> {
+    tasks_in(state, job, model_pb::TaskState::Finished)
+        .into_iter()
+        .map(|(_, t)| t.name.clone())
+        .collect()
+}
+
+/// The tasks of `job` the master counts live (not ended), by id.
+fn live_tasks(state: &pb::ClusterState, job: &str) -> BTreeSet<String> {
+    state
+        .agents
+        .iter()
+        .flat_map(|a| &a.tasks)
+        .filter(|t| t.job == job)
+        .map(|t| t.id.clone())
+        .collect()
+}
+
+/// The number of agents connected.
+fn connected(state: &pb::ClusterState) -> usize {
+    state.agents.iter().filter(|a| a.connected).count()
+}
+
+/// The agent whose `name` attribute is `name`.
+fn agent_named<'a>(state: &'a pb::ClusterState, name: &str) -> Option<&'a pb::AgentState> {
+    state.agents.iter().find(|a| {
+        a.info
+            .as_ref()
+            .is_some_and(|i| i.attributes.get("name").map(String::as_str) == Some(name))
+    })
+}
+
+/// The processes of a job on this machine, one entry per slot: the pids of each.
+fn pids_by_slot(processes: &[common::Marked]) -> BTreeMap<String, Vec<i32>> {
+    let mut slots: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+    for process in processes {
+        slots
+            .entry(process.slot().to_owned())
+            .or_default()
+            .push(process.pid);
+    }
+    slots
+}
+
+/// A service job's processes, each of its `count` slots run by one process (`exec sleep`), and
+/// the master's running tasks of it being those processes' tasks: the slots and their pids.
+fn service_settled(
+    state: &pb::ClusterState,
+    job: &str,
+    marker: &str,
+    count: usize,
+) -> Result<BTreeMap<String, i32>, String> {
+    let processes = common::processes_marked(marker);
+    let slots = pids_by_slot(&processes);
+    let tasks: BTreeSet<String> = processes.iter().map(|p| p.task.clone()).collect();
+    let running: BTreeSet<String> = tasks_in(state, job, model_pb::TaskState::Running)
+        .into_iter()
+        .map(|(_, t)| t.id.clone())
+        .collect();
+    let one_each = slots.len() == count && slots.values().all(|pids| pids.len() == 1);
+    if !one_each || tasks != running || live_tasks(state, job) != running {
+        return Err(format!(
+            "{job}: processes by slot {slots:?}, their tasks {tasks:?}; the master runs \
+             {running:?} and counts live {:?}",
+            live_tasks(state, job)
+        ));
+    }
+    Ok(slots
+        .into_iter()
+        .map(|(slot, pids)| (slot, pids[0]))
+        .collect())
+}
+
+/// Each of `slots` recorded exactly one run: a task of it started once. Else every slot that
+/// did not, with its runs (the task ids).
+fn each_ran_once(cluster: &Linked, slots: &[String]) -> Result<(), String> {
+    let wrong: Vec<String> = slots
+        .iter()
+        .filter_map(|slot| {
+            let runs = cluster.runs_of(slot);
+            (runs.len() != 1).then(|| format!("{slot} ran {} times {runs:?}", runs.len()))
+        })
+        .collect();
+    if wrong.is_empty() {
+        Ok(())
+    } else {
+        Err(wrong.join("; "))
+    }
+}
+
+/// The slot names of a one-group (`main`) job of `count` tasks.
+fn slots_of(job: &str, count: u32) -> Vec<String> {
+    (0..count).map(|n| format!("{job}.main[{n}]")).collect()
+}
+
+/// Master flags of the cut-and-heal test: agents are lost two seconds after their last
+/// heartbeat, and the leader checks every second that jobs run what they ask for.
+const QUICK_HEARTBEATS: &[&str] = &[
+    "--heartbeat-min-ttl",
+    "1s",
+    "--heartbeat-grace",
+    "1s",
+    "--reconcile-interval",
+    "1s",
+];
+
+/// Three masters, three agents; the leader is cut from every agent (nothing they send reaches
+/// it; it still leads the other masters) until it marks them all unreachable, then healed. A service job of three
+/// long-running slots, a batch job that finished before the cut and one that runs through it:
+/// every agent re-registers with the same leader after the heal (the time it took is printed);
+/// once settled every service slot runs exactly one process, each process that lived through
+/// the cut still runs unless its slot runs a replacement, and it stays so while the leader's
+/// convergence check runs; and each batch slot ran exactly once (counted from what each run
+/// appends to its slot's file), the running one finishing once released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_from_its_agents_and_healed_runs_every_slot_once() -> anyhow::Result<()> {
+    let mut cluster = Linked::start(3, QUICK_HEARTBEATS).await?;
+    let result = cut_and_heal(&mut cluster).await;
+    cluster.finish("cut-and-heal", result).await
+}
+
+async fn cut_and_heal(cluster: &mut Linked) -> anyhow::Result<()> {
+    use model_pb::SchedulerType::{Batch, Service};
+    const AGENTS: usize = 3;
+    const SLOTS: u32 = 3;
+    for n in 0..AGENTS {
+        cluster.start_agent(n).await?;
+    }
+    let (leader, _) = cluster
+        .leader_when("three agents registered", |s| connected(s) == AGENTS)
+        .await?;
+    let web = cluster.job("web", Service, SLOTS, "exec sleep 600");
+    let done = cluster.job("done", Batch, SLOTS, &cluster.recording("exit 0"));
+    let long = cluster.job(
+        "long",
+        Batch,
+        SLOTS,
+        &cluster.recording(&cluster.wait_for_file("release")),
+    );
+    for job in [web, done, long] {
+        cluster.submit(leader, job).await?;
+    }
+    let (leader, _) = cluster
+        .leader_when("web and long running, done finished", |s| {
+            tasks_in(s, "web", model_pb::TaskState::Running).len() == SLOTS as usize
+                && tasks_in(s, "long", model_pb::TaskState::Running).len() == SLOTS as usize
+                && finished_slots(s, "done").len() == SLOTS as usize
+        })
+        .await?;
+    let web_marker = cluster.marker("web");
+    let (_, state) = cluster
+        .leader_when("the web processes", |s| {
+            service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
+        })
+        .await?;
+    let before =
+        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
+    let agent_ids: BTreeSet<String> = state.agents.iter().map(|a| a.id.clone()).collect();
+
+    cluster.cut_from_agents(leader);
+    // Each agent's link to the leader.
+    cluster.held_at_least(AGENTS).await?;
+    let cut = Instant::now();
+    let (still, _) = cluster
+        .leader_when("every agent marked unreachable", |s| {
+            let gone: BTreeSet<String> = s.unreachable.iter().map(|u| u.id.clone()).collect();
+            gone == agent_ids
+        })
+        .await?;
+    ensure!(still == leader, "master {still} leads, not {leader}");
+    println!(
+        "cut-and-heal: the leader marked every agent unreachable {:?} after the cut",
+        cut.elapsed()
+    );
+    // Nothing was killed meanwhile: the leader cannot reach an agent to replace anything on
+    // (but it may have placed replacements on the last agents it still counted reachable:
+    // its launches reach them, see the partitions' comment).
+    let during = common::processes_marked(&web_marker);
+    for (slot, pid) in &before {
+        ensure!(
+            during.iter().any(|p| p.pid == *pid),
+            "{slot}'s process {pid} was killed during the cut: {during:?}"
+        );
+    }
+    cluster.partitions.heal();
+    let healed = Instant::now();
+    let (back_at, _) = cluster
+        .leader_when("every agent back after the heal", |s| {
+            connected(s) == AGENTS && s.unreachable.is_empty()
+        })
+        .await?;
+    let took = healed.elapsed();
+    println!("cut-and-heal: every agent re-registered {took:?} after the heal");
+    ensure!(
+        back_at == leader,
+        "master {back_at} leads after the heal, not {leader}"
+    );
+
+    let (_, state) = cluster
+        .leader_when("web settled", |s| {
+            !s.recovering && service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
+        })
+        .await?;
+    let after =
+        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
+    for (slot, pid) in &before {
+        match after.get(slot) {
+            Some(now) if now == pid => {}
+            Some(now) => println!("cut-and-heal: {slot} is run by a replacement ({pid} → {now})"),
+            None => bail!("{slot} runs no process after the heal: {after:?}"),
+        }
+    }
+    // It stays so (one process per slot, the same ones) through the convergence checks.
+    cluster
+        .stays_so(leader, "after the heal", CHECKS, |state| {
+            let now = service_settled(state, "web", &web_marker, SLOTS as usize)?;
+            if now == after {
+                Ok(())
+            } else {
+                Err(format!("the web processes went from {after:?} to {now:?}"))
+            }
+        })
+        .await?;
+
+    cluster.create_file("release")?;
+    cluster
+        .leader_when("every batch slot finished", |s| {
+            finished_slots(s, "long").len() == SLOTS as usize
+                && live_tasks(s, "long").is_empty()
+                && finished_slots(s, "done").len() == SLOTS as usize
+                && live_tasks(s, "done").is_empty()
+        })
+        .await?;
+    let mut slots = slots_of("done", SLOTS);
+    slots.extend(slots_of("long", SLOTS));
+    each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// Three masters that give agents back three seconds after a failover before marking the
+/// missing ones unreachable, and check every second that jobs run what they ask for.
+const SHORT_RECOVERY: &[&str] = &[
+    "--reregistration-timeout",
+    "3s",
+    "--reconcile-interval",
+    "1s",
+];
+
+/// A batch job's two tasks finish on agent a0 and the leader records them finished; right
+/// after, the leader is SIGKILLed while a0 is paused (SIGSTOP), so that a0 re-registers late:
+/// after the new leader's re-registration deadline, with a second agent (a1) back at once and
+/// room on it, and after three of the new leader's convergence checks. Neither batch task may
+/// run again, on a1 or anywhere (counted from what each run appends to its slot's file), and
+/// once a0 is back the new leader has both slots finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_task_finished_before_a_failover_does_not_run_again_when_its_agent_is_late()
+-> anyhow::Result<()> {
+    let mut cluster = Linked::start(3, SHORT_RECOVERY).await?;
+    let result = finished_then_late(&mut cluster).await;
+    cluster.finish("finished-then-late", result).await
+}
+
+async fn finished_then_late(cluster: &mut Linked) -> anyhow::Result<()> {
+    const SLOTS: u32 = 2;
+    cluster.start_agent(0).await?;
+    let (leader, _) = cluster
+        .leader_when("agent a0 registered", |s| connected(s) == 1)
+        .await?;
+    let once = cluster.job(
+        "once",
+        model_pb::SchedulerType::Batch,
+        SLOTS,
+        &cluster.recording("exit 0"),
+    );
+    cluster.submit(leader, once).await?;
+    let (_, state) = cluster
+        .leader_when("both batch tasks finished", |s| {
+            finished_slots(s, "once").len() == SLOTS as usize && live_tasks(s, "once").is_empty()
+        })
+        .await?;
+    let a0 = agent_named(&state, "a0").context("agent a0")?.id.clone();
+    let slots = slots_of("once", SLOTS);
+    each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
+    // Somewhere for a second run to go.
+    cluster.start_agent(1).await?;
+    let (leader, _) = cluster
+        .leader_when("agent a1 registered", |s| connected(s) == 2)
+        .await?;
+
+    common::signal_child(
+        cluster.agents[0].as_ref().context("agent a0")?,
+        libc::SIGSTOP,
+    )?;
+    cluster.kill_master(leader).await?;
+    let (successor, _) = cluster
+        .leader_when("a new leader, a1 back, a0 marked unreachable", |s| {
+            connected(s) == 1 && s.unreachable.iter().any(|u| u.id == a0) && !s.recovering
+        })
+        .await?;
+    ensure!(successor != leader, "the killed master {leader} leads");
+    // a0 stays away through three convergence checks of the new leader.
+    let deadline = Instant::now() + CHECKS;
+    while Instant::now() < deadline {
+        each_ran_once(cluster, &slots).map_err(|e| anyhow::anyhow!("while a0 was away: {e}"))?;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    common::signal_child(
+        cluster.agents[0].as_ref().context("agent a0")?,
+        libc::SIGCONT,
+    )?;
+    let resumed = Instant::now();
+    cluster
+        .leader_when("a0 back, both slots finished", |s| {
+            connected(s) == 2
+                && s.unreachable.is_empty()
+                && finished_slots(s, "once").len() == SLOTS as usize
+                && live_tasks(s, "once").is_empty()
+        })
+        .await?;
+    println!(
+        "finished-then-late: a0 re-registered {:?} after it resumed",
+        resumed.elapsed()
+    );
+    each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// Three masters, two agents; the leader is cut from the agents (nothing they send reaches
+/// it; its launches still reach them), a service job of three slots and a batch job of three
+/// are submitted to it, and it is SIGKILLed once every task has started (the service
+/// processes run, each batch run recorded) but before any task's status could reach it (it
+/// still has them all staging). The new leader ends with each service slot run by the same
+/// one process that the dead leader launched, and each batch slot finished, having run once;
+/// and it stays so through its convergence checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_with_its_launches_unconfirmed_leaves_each_slot_run_once()
+-> anyhow::Result<()> {
+    let mut cluster = Linked::start(3, &["--reconcile-interval", "1s"]).await?;
+    let result = killed_while_unconfirmed(&mut cluster).await;
+    cluster.finish("killed-while-unconfirmed", result).await
+}
+
+async fn killed_while_unconfirmed(cluster: &mut Linked) -> anyhow::Result<()> {
+    const AGENTS: usize = 2;
+    const SLOTS: u32 = 3;
+    for n in 0..AGENTS {
+        cluster.start_agent(n).await?;
+    }
+    let (leader, _) = cluster
+        .leader_when("two agents registered", |s| connected(s) == AGENTS)
+        .await?;
+    cluster.cut_from_agents(leader);
+    cluster.held_at_least(AGENTS).await?;
+    let web = cluster.job(
+        "web",
+        model_pb::SchedulerType::Service,
+        SLOTS,
+        "exec sleep 600",
+    );
+    let once = cluster.job(
+        "once",
+        model_pb::SchedulerType::Batch,
+        SLOTS,
+        &cluster.recording("exit 0"),
+    );
+    cluster.submit(leader, web).await?;
+    cluster.submit(leader, once).await?;
+    let web_marker = cluster.marker("web");
+    let slots = slots_of("once", SLOTS);
+    let started = common::poll_within("every task started", DEADLINE, || {
+        let processes = pids_by_slot(&common::processes_marked(&web_marker));
+        let ran: Vec<usize> = slots
+            .iter()
+            .map(|slot| cluster.runs_of(slot).len())
+            .collect();
+        if processes.len() == SLOTS as usize && ran.iter().all(|n| *n >= 1) {
+            Ok(processes)
+        } else {
+            Err(format!("web processes {processes:?}, batch runs {ran:?}"))
+        }
+    })
+    .await?;
+    // The precondition: the leader has heard of none of them.
+    let (still, state) = cluster
+        .leader_when("the cut leader's state", |_| true)
+        .await?;
+    ensure!(still == leader, "master {still} leads, not {leader}");
+    let staging = |job| tasks_in(&state, job, model_pb::TaskState::Staging).len();
+    ensure!(
+        staging("web") == SLOTS as usize && staging("once") == SLOTS as usize,
+        "the cut leader heard of the launches: {state:#?}"
+    );
+    cluster.kill_master(leader).await?;
+    cluster.partitions.heal();
+
+    let (successor, state) = cluster
+        .leader_when("a new leader with the web and once tasks", |s| {
+            !s.recovering
+                && connected(s) == AGENTS
+                && finished_slots(s, "once").len() == SLOTS as usize
+                && live_tasks(s, "once").is_empty()
+                && service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
+        })
+        .await?;
+    ensure!(successor != leader, "the killed master {leader} leads");
+    let after =
+        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
+    let launched: BTreeMap<String, i32> = started
+        .iter()
+        .map(|(slot, pids)| (slot.clone(), pids[0]))
+        .collect();
+    ensure!(
+        after == launched,
+        "the dead leader's launches ran {launched:?}, now {after:?}"
+    );
+    each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
+    // And so it stays through three convergence checks.
+    cluster
+        .stays_so(successor, "after the failover", CHECKS, |state| {
+            let now = service_settled(state, "web", &web_marker, SLOTS as usize)?;
+            if now != launched {
+                return Err(format!(
+                    "the web processes went from {launched:?} to {now:?}"
+                ));
+            }
+            each_ran_once(cluster, &slots)
+        })
+        .await?;
+    Ok(())
+}
+
+/// Three masters, two agents; a service job of three slots and a batch job of three are
+/// submitted to the leader, which is SIGKILLed the moment it acknowledges the second
+/// submission: its evaluations, plans and launches may be anywhere between the registry and
+/// the agents. The new leader ends with each service slot run by exactly one process and
+/// each batch slot finished, having run once; and it stays so through its convergence checks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_killed_as_it_acknowledges_a_submission_leaves_each_slot_run_once()
+-> anyhow::Result<()> {
+    let mut cluster = Linked::start(3, &["--reconcile-interval", "1s"]).await?;
+    let result = killed_after_submit(&mut cluster).await;
+    cluster.finish("killed-after-submit", result).await
+}
+
+async fn killed_after_submit(cluster: &mut Linked) -> anyhow::Result<()> {
+    const AGENTS: usize = 2;
+    const SLOTS: u32 = 3;
+    for n in 0..AGENTS {
+        cluster.start_agent(n).await?;
+    }
+    let (leader, _) = cluster
+        .leader_when("two agents registered", |s| connected(s) == AGENTS)
+        .await?;
+    let web = cluster.job(
+        "web",
+        model_pb::SchedulerType::Service,
+        SLOTS,
+        "exec sleep 600",
+    );
+    let once = cluster.job(
+        "once",
+        model_pb::SchedulerType::Batch,
+        SLOTS,
+        &cluster.recording("exit 0"),
+    );
+    cluster.submit(leader, web).await?;
+    cluster.submit(leader, once).await?;
+    cluster.kill_master(leader).await?;
+
+    let web_marker = cluster.marker("web");
+    let slots = slots_of("once", SLOTS);
+    let (successor, state) = cluster
+        .leader_when("a new leader running web and once", |s| {
+            !s.recovering
+                && connected(s) == AGENTS
+                && finished_slots(s, "once").len() == SLOTS as usize
+                && live_tasks(s, "once").is_empty()
+                && service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
+        })
+        .await?;
+    ensure!(successor != leader, "the killed master {leader} leads");
+    let settled =
+        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
+    each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
+    cluster
+        .stays_so(successor, "after the failover", CHECKS, |state| {
+            let now = service_settled(state, "web", &web_marker, SLOTS as usize)?;
+            if now != settled {
+                return Err(format!(
+                    "the web processes went from {settled:?} to {now:?}"
+                ));
+            }
+            each_ran_once(cluster, &slots)
+        })
+        .await?;
+    Ok(())
 }

@@ -2,7 +2,7 @@
 
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -35,10 +35,33 @@ pub(crate) fn binary(name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// Starts a binary and waits for the line it prints once it listens.
-pub(crate) async fn spawn_listening(mut command: Command, what: &str) -> anyhow::Result<Child> {
+pub(crate) async fn spawn_listening(command: Command, what: &str) -> anyhow::Result<Child> {
+    spawn_listening_with(command, what, Stdio::null()).await
+}
+
+/// As [`spawn_listening`], appending the child's stderr (its logs) to `log`: a restarted
+/// child's logs follow those of its earlier runs. See [`keep_logs_on_error`].
+pub(crate) async fn spawn_logged(
+    command: Command,
+    what: &str,
+    log: &Path,
+) -> anyhow::Result<Child> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .with_context(|| format!("opening {}", log.display()))?;
+    spawn_listening_with(command, what, Stdio::from(file)).await
+}
+
+async fn spawn_listening_with(
+    mut command: Command,
+    what: &str,
+    stderr: Stdio,
+) -> anyhow::Result<Child> {
     let mut child = command
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .kill_on_drop(true)
         .spawn()
         .with_context(|| format!("starting {what}"))?;
@@ -58,22 +81,60 @@ pub(crate) async fn spawn_listening(mut command: Command, what: &str) -> anyhow:
 
 /// Three (or more) `muster-master` processes on loopback, started and restarted by index.
 pub(crate) struct Masters {
-    /// Each master's `host:port`.
+    /// Each master's `host:port`: where it listens, and where the test reaches it.
     pub(crate) addresses: Vec<String>,
+    /// What each master is named in every master's `--peer` list: the address the masters
+    /// reach each other at, and give agents (leader hints, announcements). Its address unless
+    /// a test routes that traffic through links of its own
+    /// (`muster_security::testing::partitions`).
+    pub(crate) advertised: Vec<String>,
     /// Where their data directories go.
     pub(crate) dir: PathBuf,
     /// The running processes, by index.
     pub(crate) children: Vec<Option<Child>>,
+    /// Whether each master's HTTP port is any free port of its host (else the default, its
+    /// `--listen` port plus 10).
+    http_on_any_port: bool,
+    /// Whether each master's stderr is kept, in `<dir>/master-<id>.log`.
+    logged: bool,
 }
 
 impl Masters {
     /// `n` masters' free addresses under `dir`, none started yet.
     pub(crate) async fn new(dir: &std::path::Path, n: usize) -> anyhow::Result<Masters> {
+        let addresses = free_ports(n).await?;
         Ok(Masters {
-            addresses: free_ports(n).await?,
+            advertised: addresses.clone(),
+            addresses,
             dir: dir.to_owned(),
             children: (0..n).map(|_| None).collect(),
+            http_on_any_port: false,
+            logged: false,
         })
+    }
+
+    /// One master on each of `hosts` (loopback addresses such as `127.0.0.11`), on a free
+    /// port, its HTTP port any free one of the same host, its logs kept in
+    /// `<dir>/master-<id>.log`; none started yet.
+    pub(crate) async fn on_hosts(dir: &Path, hosts: &[&str]) -> anyhow::Result<Masters> {
+        let mut addresses = Vec::with_capacity(hosts.len());
+        for host in hosts {
+            addresses.push(free_port_on(host).await?);
+        }
+        Ok(Masters {
+            advertised: addresses.clone(),
+            addresses,
+            dir: dir.to_owned(),
+            children: hosts.iter().map(|_| None).collect(),
+            http_on_any_port: true,
+            logged: true,
+        })
+    }
+
+    /// Where master `index`'s logs go, if they are kept.
+    pub(crate) fn log(&self, index: usize) -> Option<PathBuf> {
+        self.logged
+            .then(|| self.dir.join(format!("master-{}.log", index + 1)))
     }
 
     /// Starts master `index` (again), each master a peer, with `extra` flags.
@@ -92,14 +153,33 @@ impl Masters {
             .arg(&self.addresses[index])
             .arg("--data-dir")
             .arg(self.dir.join(format!("master-{}", index + 1)));
-        for (i, address) in self.addresses.iter().enumerate() {
+        if self.http_on_any_port {
+            let (host, _) = self.addresses[index]
+                .rsplit_once(':')
+                .context("an address without a port")?;
+            command.arg("--http-listen").arg(format!("{host}:0"));
+        }
+        for (i, address) in self.advertised.iter().enumerate() {
             command.arg("--peer").arg(format!("{}={address}", i + 1));
         }
         command.args(extra);
-        let child = spawn_listening(command, &format!("master {}", index + 1)).await?;
+        let what = format!("master {}", index + 1);
+        let child = match self.log(index) {
+            Some(log) => spawn_logged(command, &what, &log).await?,
+            None => spawn_listening(command, &what).await?,
+        };
         self.children[index] = Some(child);
         Ok(())
     }
+}
+
+/// A free port of `host` (a loopback address), as `host:port`: bound, then released for a
+/// child to bind.
+pub(crate) async fn free_port_on(host: &str) -> anyhow::Result<String> {
+    let listener = tokio::net::TcpListener::bind((host, 0))
+        .await
+        .with_context(|| format!("binding {host}"))?;
+    Ok(listener.local_addr()?.to_string())
 }
 
 /// `n` distinct free loopback addresses.
@@ -251,4 +331,178 @@ impl DevCluster {
         anyhow::ensure!(exit.success(), "muster dev exited with {exit}");
         Ok(())
     }
+}
+
+/// The environment variable that marks a test's task processes: each task of a test's jobs
+/// carries `MUSTER_TEST_MARKER=<marker>`, which its processes inherit (through `exec` too).
+pub(crate) const MARKER: &str = "MUSTER_TEST_MARKER";
+
+/// A live process of this machine that carries a marker: its pid, and the task it works for
+/// (its working directory is the agent's `.../tasks/<task id>`).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Marked {
+    pub(crate) pid: i32,
+    pub(crate) task: String,
+}
+
+impl Marked {
+    /// The slot (task name, `job.group[n]`) the process's task fills: its id without the
+    /// random suffix.
+    pub(crate) fn slot(&self) -> &str {
+        self.task
+            .rsplit_once('-')
+            .map_or(self.task.as_str(), |(slot, _)| slot)
+    }
+}
+
+/// The live processes whose marker satisfies `wanted`. Zombies are left out: a process that
+/// ended and waits for its parent runs nothing.
+pub(crate) fn processes_where(wanted: impl Fn(&str) -> bool) -> Vec<Marked> {
+    let prefix = format!("{MARKER}=");
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut found: Vec<Marked> = entries
+        .flatten()
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/environ")).is_ok_and(|environ| {
+                environ.split(|byte| *byte == 0).any(|entry| {
+                    entry
+                        .strip_prefix(prefix.as_bytes())
+                        .and_then(|marker| std::str::from_utf8(marker).ok())
+                        .is_some_and(&wanted)
+                })
+            })
+        })
+        .filter(|pid| {
+            // `State:` is `Z (zombie)` for a process that ended.
+            std::fs::read_to_string(format!("/proc/{pid}/status")).is_ok_and(|status| {
+                !status
+                    .lines()
+                    .any(|line| line.starts_with("State:") && line.contains('Z'))
+            })
+        })
+        .map(|pid| Marked {
+            pid,
+            task: std::fs::read_link(format!("/proc/{pid}/cwd"))
+                .ok()
+                .and_then(|cwd| Some(cwd.file_name()?.to_str()?.to_owned()))
+                .unwrap_or_default(),
+        })
+        .collect();
+    found.sort();
+    found
+}
+
+/// The live processes marked `marker`.
+pub(crate) fn processes_marked(marker: &str) -> Vec<Marked> {
+    processes_where(|found| found == marker)
+}
+
+/// SIGKILLs every live process whose marker starts with `prefix` (a test's own directory):
+/// the tasks a test leaves behind, whatever happened to their agents.
+pub(crate) fn kill_marked_under(prefix: &str) {
+    for process in processes_where(|marker| marker.starts_with(prefix)) {
+        // SAFETY: kill takes two integers.
+        unsafe {
+            libc::kill(process.pid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Sends `signal` to a child process.
+pub(crate) fn signal_child(child: &Child, signal: libc::c_int) -> anyhow::Result<()> {
+    let pid = child.id().context("the child has exited")?;
+    let pid = libc::pid_t::try_from(pid)?;
+    // SAFETY: kill takes two integers.
+    if unsafe { libc::kill(pid, signal) } != 0 {
+        return Err(std::io::Error::last_os_error().into());
+    }
+    Ok(())
+}
+
+/// Polls `check` every 50 ms until it answers `Ok`, failing after `limit` with what it last
+/// said (`Err`).
+pub(crate) async fn poll_within<T>(
+    what: &str,
+    limit: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> anyhow::Result<T> {
+    let deadline = Instant::now() + limit;
+    loop {
+        let last = match check() {
+            Ok(found) => return Ok(found),
+            Err(last) => last,
+        };
+        if Instant::now() > deadline {
+            bail!("{what}: not within {limit:?}; last: {last}");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Passes `result` on; if it is an error, first copies the `*.log` files of `dir` (the
+/// children's stderr, see [`spawn_logged`]) to a directory that outlives the test, and prints
+/// where, with the last lines of each. With `MUSTER_TEST_KEEP_LOGS` set, the logs are kept
+/// (and where printed) whatever the result.
+pub(crate) fn keep_logs_on_error<T>(
+    test: &str,
+    dir: &Path,
+    result: anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let keep_anyway = std::env::var_os("MUSTER_TEST_KEEP_LOGS").is_some();
+    let error = match result {
+        Ok(value) if !keep_anyway => return Ok(value),
+        Ok(value) => {
+            let kept = copy_logs(test, dir);
+            eprintln!("{test}: the binaries' logs are in {}", kept.display());
+            return Ok(value);
+        }
+        Err(error) => error,
+    };
+    let kept = copy_logs(test, dir);
+    eprintln!(
+        "{test} failed; the binaries' logs are in {}",
+        kept.display()
+    );
+    for log in logs_in(dir) {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(40)..];
+        eprintln!("---- the last lines of {} ----", log.display());
+        for line in tail {
+            eprintln!("{line}");
+        }
+    }
+    Err(error)
+}
+
+/// The `*.log` files in `dir`, by name.
+fn logs_in(dir: &Path) -> Vec<PathBuf> {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|entry| entry.path())
+                .filter(|path| path.extension().is_some_and(|ext| ext == "log"))
+                .collect()
+        })
+        .unwrap_or_default();
+    logs.sort();
+    logs
+}
+
+/// Copies the logs of `dir` to a directory of the system's temporary directory named after
+/// `test` and this process, which outlives the test; returns it.
+fn copy_logs(test: &str, dir: &Path) -> PathBuf {
+    let kept = std::env::temp_dir().join(format!("muster-{test}-{}", std::process::id()));
+    if std::fs::create_dir_all(&kept).is_ok() {
+        for log in logs_in(dir) {
+            if let Some(name) = log.file_name() {
+                let _ = std::fs::copy(&log, kept.join(name));
+            }
+        }
+    }
+    kept
 }

@@ -64,33 +64,27 @@ pub struct GroupSpec {
 }
 
 /// What becomes of a group's tasks while their agent is unreachable (they are `UNKNOWN`
-/// meanwhile), and when it comes back: Nomad's `disconnect` block.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+/// meanwhile), and when it comes back: Nomad's `disconnect` block. What is left out takes the
+/// job type's default.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct DisconnectSpec {
-    /// Place a replacement while the agent is away (default true). False: the task keeps its
-    /// slot until `lost_after` passes.
-    pub replace: bool,
+    /// Place a replacement while the agent is away. Absent: true for service and system jobs,
+    /// false for batch jobs (a batch task must not run twice: it keeps its slot until
+    /// `lost_after`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replace: Option<bool>,
     /// How long a task may stay unknown before it is lost for good (replaced, and stopped if
-    /// its agent comes back), as a duration (`90s`, `30m`, `1h`); absent: for as long as its
-    /// agent is remembered.
+    /// its agent comes back), as a duration (`90s`, `30m`, `1h`) or `never`. Absent: never for
+    /// service and system jobs, 15m for batch jobs.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub lost_after: String,
-    /// Which copy stays when the agent comes back while a replacement runs: `best_score`
-    /// (the default: the copy on the fuller agent, the original on a tie), `keep_original`,
-    /// `keep_replacement` or `longest_running`.
+    /// Which copy stays when the agent comes back while a replacement runs:
+    /// `longest_running` (the default: the original, if it was running when its agent was
+    /// lost), `best_score` (the copy on the fuller agent, the original on a tie),
+    /// `keep_original` or `keep_replacement`.
     #[serde(skip_serializing_if = "String::is_empty")]
     pub reconcile: String,
-}
-
-impl Default for DisconnectSpec {
-    fn default() -> Self {
-        DisconnectSpec {
-            replace: true,
-            lost_after: String::new(),
-            reconcile: String::new(),
-        }
-    }
 }
 
 impl DisconnectSpec {
@@ -100,18 +94,16 @@ impl DisconnectSpec {
 
     /// The wire form; `key` names the block in an error.
     fn to_proto(&self, key: &str) -> Result<pb::Disconnect, SpecError> {
-        let lost_after_ms = if self.lost_after.is_empty() {
-            0
-        } else {
-            let after =
-                humantime::parse_duration(&self.lost_after).map_err(|e| SpecError::Value {
+        let lost_after_ms = match self.lost_after.as_str() {
+            "" => None,
+            "never" => Some(0),
+            text => {
+                let after = humantime::parse_duration(text).map_err(|e| SpecError::Value {
                     key: format!("{key}.lost_after"),
-                    message: format!(
-                        "{:?} is not a duration (90s, 30m, 1h): {e}",
-                        self.lost_after
-                    ),
+                    message: format!("{text:?} is not a duration (90s, 30m, 1h) or never: {e}"),
                 })?;
-            u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1)
+                Some(u64::try_from(after.as_millis()).unwrap_or(u64::MAX).max(1))
+            }
         };
         let reconcile = match self.reconcile.as_str() {
             "" => pb::Reconcile::Unspecified,
@@ -123,14 +115,14 @@ impl DisconnectSpec {
                 return Err(SpecError::Value {
                     key: format!("{key}.reconcile"),
                     message: format!(
-                        "{other:?} is not one of best_score, keep_original, keep_replacement, \
-                         longest_running"
+                        "{other:?} is not one of longest_running, best_score, keep_original, \
+                         keep_replacement"
                     ),
                 });
             }
         };
         Ok(pb::Disconnect {
-            replace: Some(self.replace),
+            replace: self.replace,
             lost_after_ms,
             reconcile: reconcile as i32,
         })
@@ -142,17 +134,21 @@ impl DisconnectSpec {
             return DisconnectSpec::default();
         };
         let reconcile = match pb::Reconcile::try_from(disconnect.reconcile) {
+            Ok(pb::Reconcile::BestScore) => "best_score",
             Ok(pb::Reconcile::KeepOriginal) => "keep_original",
             Ok(pb::Reconcile::KeepReplacement) => "keep_replacement",
             Ok(pb::Reconcile::LongestRunning) => "longest_running",
             _ => "",
         };
         let lost_after = match disconnect.lost_after_ms {
-            0 => String::new(),
-            ms => humantime::format_duration(std::time::Duration::from_millis(ms)).to_string(),
+            None => String::new(),
+            Some(0) => "never".to_owned(),
+            Some(ms) => {
+                humantime::format_duration(std::time::Duration::from_millis(ms)).to_string()
+            }
         };
         DisconnectSpec {
-            replace: disconnect.replace.unwrap_or(true),
+            replace: disconnect.replace,
             lost_after,
             reconcile: reconcile.to_owned(),
         }
@@ -405,21 +401,22 @@ mod tests {
             job.groups[0].disconnect,
             Some(pb::Disconnect {
                 replace: Some(false),
-                lost_after_ms: 600_000,
+                lost_after_ms: Some(600_000),
                 reconcile: pb::Reconcile::KeepOriginal as i32,
             })
         );
         assert_eq!(JobSpec::from_proto(&job), spec);
-        // Absent: the defaults, said explicitly on the wire.
+        // Absent: left to the job type's defaults.
         let plain = JobSpec::from_toml(WEB)?.to_proto()?;
+        assert_eq!(plain.groups[0].disconnect, Some(pb::Disconnect::default()));
+        let never = JobSpec::from_toml(&text.replace("10m", "never"))?;
         assert_eq!(
-            plain.groups[0].disconnect,
-            Some(pb::Disconnect {
-                replace: Some(true),
-                lost_after_ms: 0,
-                reconcile: pb::Reconcile::Unspecified as i32,
-            })
+            never.to_proto()?.groups[0]
+                .disconnect
+                .and_then(|d| d.lost_after_ms),
+            Some(0)
         );
+        assert_eq!(JobSpec::from_proto(&never.to_proto()?), never);
         let reconcile =
             JobSpec::from_toml(&text.replace("keep_original", "newest")).and_then(|s| s.to_proto());
         assert!(

@@ -1026,7 +1026,7 @@ fn web(disconnect: Option<model_pb::Disconnect>) -> model_pb::Job {
     job
 }
 
-/// A group's `disconnect` policy, as a job submission carries it.
+/// A group's `disconnect` policy, as a job submission carries it (`lost_after_ms` 0: never).
 fn disconnect(
     replace: bool,
     lost_after_ms: u64,
@@ -1034,7 +1034,7 @@ fn disconnect(
 ) -> Option<model_pb::Disconnect> {
     Some(model_pb::Disconnect {
         replace: Some(replace),
-        lost_after_ms,
+        lost_after_ms: Some(lost_after_ms),
         reconcile: reconcile as i32,
     })
 }
@@ -1796,8 +1796,8 @@ async fn a_new_leader_settles_a_returning_agent_from_the_registrys_record() -> a
     Ok(())
 }
 
-/// The default `reconcile` (`best_score`): when the agent comes back and a replacement runs,
-/// the copy on the fuller agent stays. The replacement's agent is small, so its one task makes
+/// `reconcile = best_score`: when the agent comes back and a replacement runs, the copy on the
+/// fuller agent stays. The replacement's agent is small, so its one task makes
 /// it fuller than the returning agent: the returning copy is killed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn best_score_keeps_the_copy_on_the_fuller_agent() -> anyhow::Result<()> {
@@ -1805,7 +1805,8 @@ async fn best_score_keeps_the_copy_on_the_fuller_agent() -> anyhow::Result<()> {
         cpus: 2.0,
         mem_mb: 512,
     };
-    let cluster = AwayCluster::start_with(1, None, small, true).await?;
+    let policy = disconnect(true, 0, model_pb::Reconcile::BestScore);
+    let cluster = AwayCluster::start_with(1, policy, small, true).await?;
     cluster.lose_a().await?;
     let replacement = cluster.replacement_runs_on_b().await?;
 

@@ -123,31 +123,58 @@ pub struct TaskGroup {
 
 /// What becomes of a group's tasks while their agent is unreachable, and when it comes back
 /// (Nomad's `disconnect` block). Meanwhile they are [`Unknown`](crate::TaskState::Unknown).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// What is left unset takes the job type's default ([`Disconnect::policy`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct Disconnect {
-    /// Place a replacement while the agent is away (the default). False: the task keeps its
-    /// slot until [`lost_after_ms`](Self::lost_after_ms) passes.
-    pub replace: bool,
+    /// Place a replacement while the agent is away. `None`: yes for service and system jobs;
+    /// no for batch jobs, whose tasks must not run twice: a batch task keeps its slot until
+    /// `lost_after`.
+    pub replace: Option<bool>,
     /// How long a task may stay unknown before it is lost for good, in milliseconds: then a
     /// replacement is placed whatever `replace` says, and the task is stopped if its agent
-    /// comes back. 0: for as long as the agent is remembered.
+    /// comes back. `Some(0)`: never. `None`: never for service and system jobs,
+    /// [`BATCH_LOST_AFTER`] for batch jobs.
+    pub lost_after_ms: Option<u64>,
+    /// Which copy stays when the agent comes back and a replacement runs.
+    pub reconcile: Reconcile,
+}
+
+/// How long a batch task whose agent is unreachable keeps its slot by default before it is
+/// given up and run again elsewhere: as long as an agent keeps tasks it left running
+/// (`muster-agent --recovery-timeout`, Mesos's 15 minutes).
+pub const BATCH_LOST_AFTER: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+impl Disconnect {
+    /// The policy for a group of a job of type `scheduler`, with that type's defaults for
+    /// what is unset.
+    pub fn policy(&self, scheduler: SchedulerType) -> DisconnectPolicy {
+        let batch = scheduler == SchedulerType::Batch;
+        let default_lost_after = if batch {
+            u64::try_from(BATCH_LOST_AFTER.as_millis()).unwrap_or(u64::MAX)
+        } else {
+            0
+        };
+        DisconnectPolicy {
+            replace: self.replace.unwrap_or(!batch),
+            lost_after_ms: self.lost_after_ms.unwrap_or(default_lost_after),
+            reconcile: self.reconcile,
+        }
+    }
+}
+
+/// A group's [`Disconnect`] with its job type's defaults filled in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DisconnectPolicy {
+    /// Place a replacement while the agent is away.
+    pub replace: bool,
+    /// How long a task may stay unknown before it is lost for good, in milliseconds; 0: never.
     pub lost_after_ms: u64,
     /// Which copy stays when the agent comes back and a replacement runs.
     pub reconcile: Reconcile,
 }
 
-impl Default for Disconnect {
-    fn default() -> Self {
-        Disconnect {
-            replace: true,
-            lost_after_ms: 0,
-            reconcile: Reconcile::BestScore,
-        }
-    }
-}
-
-impl Disconnect {
+impl DisconnectPolicy {
     /// Whether a task unknown since `since_ms` (Unix milliseconds) is lost for good at `now_ms`.
     pub fn lost_for_good(&self, since_ms: u64, now_ms: u64) -> bool {
         self.lost_after_ms > 0 && now_ms.saturating_sub(since_ms) >= self.lost_after_ms
@@ -160,14 +187,15 @@ impl Disconnect {
 pub enum Reconcile {
     /// The copy on the agent placement ranks better now: the fuller agent (most of its CPUs
     /// and memory in use), as bin-packing would choose; the original on a tie.
-    #[default]
     BestScore,
     /// The original.
     KeepOriginal,
     /// The replacement.
     KeepReplacement,
-    /// The copy that has run longest: the original if it was running when its agent was
-    /// lost (Muster does not restart tasks in place, so it started before any replacement).
+    /// The copy that has run longest (the default): the original if it was running when its
+    /// agent was lost (Muster does not restart tasks in place, so it started before any
+    /// replacement). A healed partition then keeps what ran through it.
+    #[default]
     LongestRunning,
 }
 

@@ -34,8 +34,9 @@ pub use demand::Demand;
 pub use error::FieldError;
 pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};
 pub use job::{
-    Constraint, ConstraintOp, DEFAULT_MAX_JOB_BYTES, DEFAULT_PRIORITY, Disconnect, Job, JobLimits,
-    MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING, Reconcile, SchedulerType, TaskGroup,
+    BATCH_LOST_AFTER, Constraint, ConstraintOp, DEFAULT_MAX_JOB_BYTES, DEFAULT_PRIORITY,
+    Disconnect, DisconnectPolicy, Job, JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING,
+    Reconcile, SchedulerType, TaskGroup,
 };
 pub use resources::{Resources, utilization};
 pub use task::{Task, TaskState};

@@ -37,6 +37,12 @@ pub struct RegistryState {
     /// Each job's earlier versions, oldest first, at most [`JOB_VERSIONS_KEPT`] (Nomad's job
     /// history: `muster job history NAME`).
     pub job_versions: BTreeMap<String, VecDeque<Job>>,
+    /// The batch slots that ran to completion, by job: slot name (`etl.load[3]`) to the job
+    /// version its task was placed at. A slot counts as finished while that version is at
+    /// least its group's `spec_version` (a changed group runs again); entries of a group
+    /// that changed or went are dropped when the job is stored.
+    #[serde(default)]
+    pub batch_finished: BTreeMap<String, BTreeMap<String, u64>>,
     /// Evaluations by id: every pending and blocked one, and the newest
     /// [`ENDED_EVALS_KEPT_PER_JOB`] ended ones of each job.
     pub evals: BTreeMap<EvalId, Evaluation>,
@@ -83,6 +89,38 @@ pub const JOB_VERSION_BYTES_KEPT: usize = 4 * 1024 * 1024;
 impl RegistryState {
     /// Keeps `old`, a version just replaced, dropping the oldest past [`JOB_VERSIONS_KEPT`]
     /// versions or [`JOB_VERSION_BYTES_KEPT`] bytes.
+    /// The batch slots of `job` that ran to completion at its current definition.
+    pub fn finished_slots<'a>(&'a self, job: &'a Job) -> impl Iterator<Item = &'a str> + 'a {
+        self.batch_finished
+            .get(&job.name)
+            .into_iter()
+            .flatten()
+            .filter(|(slot, version)| {
+                group_of(&job.name, slot)
+                    .and_then(|group| job.groups.iter().find(|g| g.name == group))
+                    .is_some_and(|group| **version >= group.spec_version)
+            })
+            .map(|(slot, _)| slot.as_str())
+    }
+
+    /// Forgets the finished slots of `job` whose group changed (they run again) or went.
+    fn drop_outdated_finished(&mut self, job: &str) {
+        let Some(stored) = self.jobs.get(job) else {
+            return;
+        };
+        let Some(finished) = self.batch_finished.get_mut(job) else {
+            return;
+        };
+        finished.retain(|slot, version| {
+            group_of(job, slot)
+                .and_then(|group| stored.groups.iter().find(|g| g.name == group))
+                .is_some_and(|group| *version >= group.spec_version)
+        });
+        if finished.is_empty() {
+            self.batch_finished.remove(job);
+        }
+    }
+
     fn keep_version(&mut self, old: Job) {
         let versions = self.job_versions.entry(old.name.clone()).or_default();
         versions.push_back(old);
@@ -125,6 +163,8 @@ struct Contents {
     #[serde(default)]
     job_versions: BTreeMap<String, VecDeque<Job>>,
     #[serde(default)]
+    batch_finished: BTreeMap<String, BTreeMap<String, u64>>,
+    #[serde(default)]
     evals: BTreeMap<EvalId, Evaluation>,
     #[serde(default)]
     acl_bootstrapped: bool,
@@ -141,6 +181,7 @@ impl From<Contents> for RegistryState {
             scheduling: contents.scheduling,
             jobs: contents.jobs,
             job_versions: contents.job_versions,
+            batch_finished: contents.batch_finished,
             evals: contents.evals,
             ended: BTreeMap::new(),
             token_table: TokenTable::new(contents.tokens.values().cloned()),
@@ -376,10 +417,20 @@ impl RegistryState {
             Op::UpsertJob(job) => {
                 let job = next_version(self.jobs.get(&job.name), job);
                 let version = job.version;
+                let name = job.name.clone();
                 if let Some(old) = self.jobs.insert(job.name.clone(), job) {
                     self.keep_version(old);
                 }
+                self.drop_outdated_finished(&name);
                 Ok(Outcome::JobStored { version })
+            }
+            Op::BatchSlotsFinished { job, slots } => {
+                if !self.jobs.contains_key(&job) {
+                    return Err(OpError::UnknownJob(job));
+                }
+                let count = slots.len();
+                self.batch_finished.entry(job).or_default().extend(slots);
+                Ok(Outcome::SlotsRecorded(count))
             }
             Op::UpsertEvals(evals) => {
                 let count = evals.len();
@@ -456,6 +507,13 @@ impl RegistryState {
             }
         }
     }
+}
+
+/// The group a slot of `job` belongs to: `web` in `job.web[3]`.
+fn group_of<'a>(job: &str, slot: &'a str) -> Option<&'a str> {
+    let rest = slot.strip_prefix(job)?.strip_prefix('.')?;
+    let end = rest.rfind('[')?;
+    Some(&rest[..end])
 }
 
 #[cfg(test)]

@@ -59,6 +59,16 @@ pub enum Op {
     },
     /// Store a job, new or changed; the registry bumps its version.
     UpsertJob(Job),
+    /// Record batch slots whose task ran to completion (exit 0): each slot's name, and the
+    /// job version its task was placed at. Whichever master leads knows them, so a finished
+    /// slot is never run again (its agent may be away, or not yet back after a failover).
+    /// A job not registered is skipped.
+    BatchSlotsFinished {
+        /// The job.
+        job: String,
+        /// The slots (`etl.load[3]`) and the job versions their tasks were placed at.
+        slots: Vec<(String, u64)>,
+    },
     /// Stop a stored job: set its `stopped`, bump its version. Applied to the job as it is
     /// when the entry applies, so a submission committed in between is kept, not overwritten
     /// by an older copy.
@@ -112,6 +122,8 @@ pub enum Outcome {
     },
     /// This many evaluations were stored or changed.
     EvalsStored(usize),
+    /// This many finished batch slots were recorded.
+    SlotsRecorded(usize),
     /// The results of a [`Op::Together`], in order.
     Together(Vec<Result<Outcome, OpError>>),
     /// The token is stored.

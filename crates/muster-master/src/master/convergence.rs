@@ -80,6 +80,24 @@ impl Master {
             batch_slots.insert((&task.job, &task.group, &task.name));
             *running.entry((&task.job, &task.group)).or_default() += 1;
         }
+        // Batch slots the registry records as finished (their agent may be away).
+        let finished: Vec<(String, String, String)> = self.registry.reader().read(|state| {
+            state
+                .jobs
+                .values()
+                .filter(|job| job.scheduler == SchedulerType::Batch)
+                .flat_map(|job| {
+                    state.finished_slots(job).filter_map(|slot| {
+                        let group = slot.strip_prefix(job.name.as_str())?.strip_prefix('.')?;
+                        let group = &group[..group.rfind('[')?];
+                        Some((job.name.clone(), group.to_owned(), slot.to_owned()))
+                    })
+                })
+                .collect()
+        });
+        for (job, group, slot) in &finished {
+            batch_slots.insert((job, group, slot));
+        }
         let mut filled: HashMap<(&str, &str), u32> = HashMap::new();
         for (job, group, _) in batch_slots {
             *filled.entry((job, group)).or_default() += 1;

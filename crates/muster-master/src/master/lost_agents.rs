@@ -5,7 +5,9 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use muster_actor::Context;
-use muster_model::{AgentId, Disconnect, Evaluation, SchedulerType, Task, TaskState, Trigger};
+use muster_model::{
+    AgentId, DisconnectPolicy, Evaluation, SchedulerType, Task, TaskState, Trigger,
+};
 use muster_registry::{Op, RegistryState};
 
 use super::Master;
@@ -173,13 +175,23 @@ impl Master {
     }
 }
 
-/// The `disconnect` policy of `job`'s group `group`, if the job and group are registered.
-pub(super) fn disconnect_of(state: &RegistryState, job: &str, group: &str) -> Option<Disconnect> {
+/// The `disconnect` policy of `job`'s group `group`, with the job type's defaults, if the job
+/// and group are registered.
+pub(super) fn disconnect_of(
+    state: &RegistryState,
+    job: &str,
+    group: &str,
+) -> Option<DisconnectPolicy> {
     let job = state.jobs.get(job)?;
     job.groups
         .iter()
         .find(|g| g.name == group)
-        .map(|g| g.disconnect)
+        .map(|g| g.disconnect.policy(job.scheduler))
+}
+
+/// The policy for a task of a job or group no longer registered: a service's defaults.
+pub(super) fn default_disconnect() -> DisconnectPolicy {
+    muster_model::Disconnect::default().policy(SchedulerType::Service)
 }
 
 /// How much later than the moment an unreachable agent's kept slots are let go (their tasks
@@ -201,8 +213,8 @@ impl Master {
                         .tasks
                         .iter()
                         .map(|task| {
-                            let policy =
-                                disconnect_of(state, &task.job, &task.group).unwrap_or_default();
+                            let policy = disconnect_of(state, &task.job, &task.group)
+                                .unwrap_or_else(default_disconnect);
                             let state = if policy.lost_for_good(agent.marked_at_ms, now) {
                                 TaskState::Lost
                             } else {
@@ -232,6 +244,19 @@ impl Master {
             .into_iter()
             .map(|task| task.name)
             .collect()
+    }
+
+    /// The batch slots the registry records as finished: schedulers leave them empty (their
+    /// task ran; its agent may be away, or not yet back after a failover).
+    pub(super) fn batch_slots_finished(&self) -> BTreeSet<String> {
+        self.registry.reader().read(|state| {
+            state
+                .jobs
+                .values()
+                .filter(|job| job.scheduler == SchedulerType::Batch)
+                .flat_map(|job| state.finished_slots(job).map(str::to_owned))
+                .collect()
+        })
     }
 
     /// The tasks on unreachable agents that keep their slots (`disconnect.replace = false`)

@@ -15,7 +15,7 @@ use muster_scheduler::Stop;
 
 use super::Master;
 use super::leadership::Role;
-use super::lost_agents::disconnect_of;
+use super::lost_agents::{default_disconnect, disconnect_of};
 use super::registry_writes::now_ms;
 use crate::cluster::{AgentEntry, registry_info, state_of};
 use crate::task_record::TaskRecord;
@@ -238,8 +238,8 @@ impl Master {
         let mut kept = HashSet::new();
         self.registry.reader().read(|state| {
             for task in returning {
-                let policy =
-                    disconnect_of(state, &task.job, &task.group).unwrap_or_default();
+                let policy = disconnect_of(state, &task.job, &task.group)
+                    .unwrap_or_else(default_disconnect);
                 let batch = state
                     .jobs
                     .get(&task.job)

@@ -8,6 +8,7 @@ use muster_broker::blocked::{BlockedMsg, CapacityChange};
 use muster_model::{AgentId, Evaluation, SchedulerType, TaskState, Trigger};
 use muster_proto::cluster as pb;
 use muster_proto::model::Task;
+use muster_registry::Op;
 use muster_scheduler::Stop;
 
 use super::Master;
@@ -208,6 +209,9 @@ impl Master {
         let Some((attributes, free_now)) = freed else {
             return;
         };
+        if task.state() == TaskState::Finished {
+            self.record_batch_finished(&task, ctx);
+        }
         let change = CapacityChange {
             agent: AgentId(agent_id.clone()),
             attributes,
@@ -261,5 +265,31 @@ impl Master {
                 }
             });
         }
+    }
+
+    /// A task of a batch job ran to completion: its slot is recorded in the registry, so that
+    /// whichever master leads never runs it again, even while its agent is away or before
+    /// the agent is back after a failover.
+    fn record_batch_finished(&mut self, task: &TaskRecord, ctx: &mut Context<Self>) {
+        let Some(job) = task.job_name() else {
+            return;
+        };
+        let batch = self.registry.reader().read(|s| {
+            s.jobs
+                .get(job)
+                .is_some_and(|j| j.scheduler == SchedulerType::Batch)
+        });
+        if !batch {
+            return;
+        }
+        let op = Op::BatchSlotsFinished {
+            job: job.to_owned(),
+            slots: vec![(task.name().to_owned(), task.view.job_version)],
+        };
+        self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "could not record a finished batch slot");
+            }
+        });
     }
 }

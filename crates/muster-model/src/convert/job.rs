@@ -106,7 +106,7 @@ impl From<Disconnect> for pb::Disconnect {
             Reconcile::LongestRunning => pb::Reconcile::LongestRunning,
         };
         pb::Disconnect {
-            replace: Some(disconnect.replace),
+            replace: disconnect.replace,
             lost_after_ms: disconnect.lost_after_ms,
             reconcile: reconcile as i32,
         }
@@ -118,14 +118,15 @@ impl TryFrom<pb::Disconnect> for Disconnect {
 
     fn try_from(proto: pb::Disconnect) -> Result<Self, FieldError> {
         let reconcile = match pb::Reconcile::try_from(proto.reconcile) {
-            Ok(pb::Reconcile::Unspecified | pb::Reconcile::BestScore) => Reconcile::BestScore,
+            Ok(pb::Reconcile::Unspecified) => Reconcile::default(),
+            Ok(pb::Reconcile::BestScore) => Reconcile::BestScore,
             Ok(pb::Reconcile::KeepOriginal) => Reconcile::KeepOriginal,
             Ok(pb::Reconcile::KeepReplacement) => Reconcile::KeepReplacement,
             Ok(pb::Reconcile::LongestRunning) => Reconcile::LongestRunning,
             Err(_) => return Err(bad_enum(proto.reconcile).within("reconcile")),
         };
         Ok(Disconnect {
-            replace: proto.replace.unwrap_or(true),
+            replace: proto.replace,
             lost_after_ms: proto.lost_after_ms,
             reconcile,
         })

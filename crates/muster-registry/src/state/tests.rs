@@ -623,3 +623,52 @@ fn a_stop_keeps_a_submission_committed_after_the_stopper_read_the_job() {
         Err(OpError::UnknownJob("nope".into()))
     );
 }
+
+#[test]
+fn finished_batch_slots_count_while_their_group_is_unchanged() {
+    let mut state = RegistryState::default();
+    let mut job = Job {
+        name: "etl".into(),
+        priority: 50,
+        scheduler: muster_model::SchedulerType::Batch,
+        groups: vec![muster_model::TaskGroup {
+            name: "load".into(),
+            count: 3,
+            command: "true".into(),
+            resources: muster_model::Resources {
+                cpus: 0.1,
+                mem_mb: 8,
+            },
+            ..muster_model::TaskGroup::default()
+        }],
+        stopped: false,
+        version: 0,
+    };
+    state.apply_at(Op::UpsertJob(job.clone())).expect("stored");
+    let unknown = state.apply_at(Op::BatchSlotsFinished {
+        job: "other".into(),
+        slots: vec![("other.load[0]".into(), 1)],
+    });
+    assert_eq!(unknown, Err(OpError::UnknownJob("other".into())));
+    let recorded = state.apply_at(Op::BatchSlotsFinished {
+        job: "etl".into(),
+        slots: vec![("etl.load[0]".into(), 1), ("etl.load[2]".into(), 1)],
+    });
+    assert_eq!(recorded, Ok(Outcome::SlotsRecorded(2)));
+    let finished = |state: &RegistryState| -> Vec<String> {
+        state
+            .finished_slots(&state.jobs["etl"])
+            .map(str::to_owned)
+            .collect()
+    };
+    assert_eq!(finished(&state), ["etl.load[0]", "etl.load[2]"]);
+    // A count change restarts nothing: the slots stay finished.
+    job.groups[0].count = 4;
+    state.apply_at(Op::UpsertJob(job.clone())).expect("stored");
+    assert_eq!(finished(&state), ["etl.load[0]", "etl.load[2]"]);
+    // A changed program runs the group again.
+    job.groups[0].command = "false".into();
+    state.apply_at(Op::UpsertJob(job)).expect("stored");
+    assert!(finished(&state).is_empty());
+    assert!(state.batch_finished.is_empty());
+}
