@@ -41,6 +41,10 @@ struct Args {
     /// Address to listen on, as the masters reach it [default: 127.0.0.1:5051]
     #[arg(long, value_name = "HOST:PORT")]
     listen: Option<String>,
+    /// Address the masters reach the agent at, when it is not --listen (behind a proxy, a NAT
+    /// or a port mapping) [default: the --listen address]
+    #[arg(long, value_name = "HOST:PORT")]
+    advertise: Option<String>,
     /// Address of the HTTP port: GET /metrics (Prometheus text, no token; TLS as the rest of
     /// the agent, no client certificate needed) and /v1/health/live, /v1/health/ready
     /// [default: the --listen host, its port plus 10; port 0 stays 0, any free port]
@@ -65,7 +69,8 @@ struct Args {
     /// An attribute to report; repeat for each
     #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
     attributes: Vec<(String, String)>,
-    /// A TOML file with the same keys (listen, http_listen, master, data_dir, hostname, cpus,
+    /// A TOML file with the same keys (listen, advertise, http_listen, master, data_dir,
+    /// hostname, cpus,
     /// mem_mb, task_user, allowed_task_users, recovery_timeout, task_output_max_bytes,
     /// task_output_files, task_output_check_interval, [attributes], [tls]); flags override it
     #[arg(long, value_name = "FILE")]
@@ -113,6 +118,7 @@ struct Args {
 #[serde(deny_unknown_fields)]
 struct FileConfig {
     listen: Option<String>,
+    advertise: Option<String>,
     #[serde(alias = "http-listen")]
     http_listen: Option<String>,
     #[serde(default, alias = "masters")]
@@ -212,6 +218,8 @@ fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
 struct Settings {
     /// The gRPC port's address (the actor transport).
     listen: String,
+    /// Where masters reach it, if not at `listen`.
+    advertise: Option<String>,
     /// The HTTP port's address (metrics and health).
     http_listen: String,
     config: AgentConfig,
@@ -236,6 +244,15 @@ fn settings(args: Args) -> anyhow::Result<Settings> {
     let http_listen =
         muster_agent::http::http_address(&listen, args.http_listen.or(file.http_listen).as_deref())
             .map_err(anyhow::Error::msg)?;
+    let advertise = args.advertise.or(file.advertise);
+    if let Some(advertise) = &advertise
+        && advertise.parse::<SocketAddr>().is_err()
+        && advertise
+            .rsplit_once(':')
+            .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
+    {
+        anyhow::bail!("--advertise {advertise:?} is not HOST:PORT");
+    }
     let masters = if args.masters.is_empty() {
         file.master
     } else {
@@ -304,6 +321,7 @@ fn settings(args: Args) -> anyhow::Result<Settings> {
     config.validate()?;
     Ok(Settings {
         listen,
+        advertise,
         http_listen,
         config,
         security,
@@ -313,6 +331,7 @@ fn settings(args: Args) -> anyhow::Result<Settings> {
 async fn run(settings: Settings) -> anyhow::Result<()> {
     let Settings {
         listen,
+        advertise,
         http_listen,
         config,
         security,
@@ -343,7 +362,10 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         .context("the HTTP port (--http-listen)")?;
     let http_address = http_listener.local_addr();
     let http_security = security.clone();
-    let node = Node::serve(&system, listener, NodeConfig::new(security), routes)?;
+    let bound = listener.local_addr().to_string();
+    let mut node_config = NodeConfig::new(security);
+    node_config.advertise = advertise;
+    let node = Node::serve(&system, listener, node_config, routes)?;
     let address = node.address().to_owned();
     let agent = match muster_agent::start(&node, config).await {
         Ok(agent) => agent,
@@ -368,8 +390,13 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
         // Tests and scripts read the address up to the first space: keep the start as it is.
         writeln!(
             stdout,
-            "muster-agent listening on {address} ({}){}, metrics on {}://{http_address}/metrics",
+            "muster-agent listening on {bound} ({}){}{}, metrics on {}://{http_address}/metrics",
             agent.upid(),
+            if address == bound {
+                String::new()
+            } else {
+                format!(", advertised as {address}")
+            },
             if insecure { ", INSECURE" } else { ", TLS" },
             if insecure { "http" } else { "https" },
         )

@@ -49,6 +49,7 @@ fn help_lists_the_flags() -> anyhow::Result<()> {
     let text = String::from_utf8_lossy(&output.stdout);
     for flag in [
         "--listen",
+        "--advertise",
         "--master",
         "--data-dir",
         "--hostname",
@@ -216,6 +217,21 @@ fn bad_attributes_and_config_files_are_errors_naming_the_problem() -> anyhow::Re
     let output = run(&["--data-dir", &data_dir])?;
     ensure!(!output.status.success(), "{output:?}");
     ensure!(stderr(&output).contains("--master"), "{}", stderr(&output));
+
+    let output = run(&[
+        "--master",
+        "127.0.0.1:1",
+        "--data-dir",
+        &data_dir,
+        "--advertise",
+        "no-port",
+    ])?;
+    ensure!(!output.status.success(), "{output:?}");
+    let text = stderr(&output);
+    ensure!(
+        text.contains("--advertise") && text.contains("no-port") && text.contains("HOST:PORT"),
+        "{text}"
+    );
 
     // Task output rotation: a size that is not one, and zero limits, named.
     let output = run(&[

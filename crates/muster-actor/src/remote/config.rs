@@ -42,6 +42,10 @@ pub struct NodeConfig {
     /// reconnects before it is counted late. Pings are answered by the peer's HTTP/2 layer, so a
     /// busy peer still answers them.
     pub keepalive_timeout: Duration,
+    /// The address (`host:port`) peers reach this node at, when it is not the one it listens
+    /// on (behind a proxy, a NAT or a container's port mapping): its processes' addresses and
+    /// its greeting name it. `None` (the default): the listen address.
+    pub advertise: Option<String>,
 }
 
 impl NodeConfig {
@@ -57,6 +61,7 @@ impl NodeConfig {
             reconnect_max: Duration::from_millis(500),
             keepalive_interval: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(5),
+            advertise: None,
         }
     }
 

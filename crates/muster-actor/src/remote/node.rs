@@ -142,8 +142,12 @@ impl Node {
     ) -> Result<Node, NodeError> {
         let local = listener.local_addr();
         let (shutdown, mut stopped) = watch::channel(false);
+        let address = config
+            .advertise
+            .clone()
+            .unwrap_or_else(|| local.to_string());
         let inner = Arc::new(NodeInner {
-            address: local.to_string(),
+            address,
             system: system.clone(),
             config,
             processes: RwLock::new(HashMap::new()),
