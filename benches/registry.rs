@@ -14,16 +14,14 @@
 //!   on the same value. Throughput is in entries. The encoded sizes are printed once
 //!   (`registry_codec: ...`).
 //! - `registry_write`: writes of one `Op::AdmitAgent` through `RegistryNode::write` on the
-//!   leader of three members, each returning once the entry is committed (leader and one
-//!   follower synced to disk) and applied on the leader: `sequential/tls_3_members`, one at a
-//!   time (time per write), and `concurrent_64/tls_3_members`, 64 spawned at once (time for
-//!   all 64; throughput in writes). The old JSON encoding cannot be selected at runtime, so the
-//!   baseline of each is the encoding's share of it: `entry_roundtrip/{msgpack,json}` encodes
-//!   and decodes that write's raft entry once, `append_entries_64_roundtrip/{msgpack,json}`
-//!   an AppendEntries of 64 such entries. A write encodes its entry a few times (the leader's
-//!   log, one AppendEntries per follower, each follower's log) and decodes it on each
-//!   follower, so the write's time over the roundtrip's, divided by about 3, bounds what the
-//!   encoding is of a write; `json` minus `msgpack` is about what the change saved per pass.
+//!   leader of three members over mutual TLS, each returning once the entry is committed
+//!   (leader and one follower synced to disk) and applied on the leader: `sequential/...`, one
+//!   at a time (time per write), and `concurrent_64/...`, 64 spawned at once (time for all 64;
+//!   throughput in writes). Each runs on three members writing MessagePack (`msgpack`, the
+//!   registry's encoding) and then on three writing JSON (`json`, the encoding before it:
+//!   `RegistryConfig::encoding`), in the same run. The encoding's own share:
+//!   `entry_roundtrip/{msgpack,json}` encodes and decodes that write's raft entry once,
+//!   `append_entries_64_roundtrip/{msgpack,json}` an AppendEntries of 64 such entries.
 //! - `follower_catch_up`: three members, one follower stopped, ~100 MB written through the
 //!   leader in 100 entries of ~1 MiB (one `Op::UpsertJob` each, a 1 MiB environment value,
 //!   distinct job names so the state holds them all), the follower restarted on its data dir
@@ -65,7 +63,7 @@ use muster::model::{
     AgentInfo, Constraint, ConstraintOp, EvalStatus, Evaluation, Job, Resources, SchedulerType,
     TaskGroup, Trigger,
 };
-use muster::registry::codec;
+use muster::registry::codec::{self, Encoding};
 use muster::registry::types::{Batch, NodeId, TypeConfig};
 use muster::registry::{Op, Outcome, RegistryConfig, RegistryError, RegistryNode};
 use muster_security::Role;
@@ -359,6 +357,16 @@ async fn three_members(
     dir: &Path,
     snapshots: Snapshots,
 ) -> (BTreeMap<NodeId, String>, BTreeMap<NodeId, Member>) {
+    three_members_writing(system, dir, snapshots, Encoding::MessagePack).await
+}
+
+/// As [`three_members`], each member writing its store and raft requests in `encoding`.
+async fn three_members_writing(
+    system: &System,
+    dir: &Path,
+    snapshots: Snapshots,
+    encoding: Encoding,
+) -> (BTreeMap<NodeId, String>, BTreeMap<NodeId, Member>) {
     let mut addresses = BTreeMap::new();
     for id in 1..=3 {
         let listener = Node::listen("127.0.0.1:0").await.expect("a free port");
@@ -366,10 +374,9 @@ async fn three_members(
     }
     let mut members = BTreeMap::new();
     for &id in addresses.keys() {
-        members.insert(
-            id,
-            start(system, config(id, &addresses, dir, snapshots)).await,
-        );
+        let mut config = config(id, &addresses, dir, snapshots);
+        config.encoding = encoding;
+        members.insert(id, start(system, config).await);
     }
     (addresses, members)
 }
@@ -483,38 +490,102 @@ fn json_roundtrip<T: serde::Serialize + serde::de::DeserializeOwned>(value: &T) 
 fn registry_write(c: &mut Criterion) {
     // Not even the group's members are started when a filter leaves it out.
     if !selected(&[
-        "registry_write/sequential/tls_3_members",
+        "registry_write/sequential/msgpack",
+        "registry_write/sequential/json",
         "registry_write/entry_roundtrip/msgpack",
         "registry_write/entry_roundtrip/json",
-        "registry_write/concurrent_64/tls_3_members",
+        "registry_write/concurrent_64/msgpack",
+        "registry_write/concurrent_64/json",
         "registry_write/append_entries_64_roundtrip/msgpack",
         "registry_write/append_entries_64_roundtrip/json",
     ]) {
         return;
     }
     let runtime = runtime();
-    let system = System::new();
-    let dir = tempfile::tempdir().expect("temp dir");
-    let members = runtime.block_on(async {
-        let (_, members) = three_members(&system, dir.path(), Snapshots::After5000).await;
-        members
-    });
-    let leader_id = runtime.block_on(leader(&members));
-    let registry = members[&leader_id].registry.clone();
-    let term = term_of(&registry);
-    // Every write admits a new agent.
-    let next_agent = AtomicUsize::new(0);
-    let write = move |registry: RegistryNode, n: usize| async move {
-        match registry.write(admit(n)).await {
-            Ok(outcome) => assert!(
-                matches!(outcome.results.as_slice(), [Ok(Outcome::Admitted(_))]),
-                "admission refused: {outcome:?}"
-            ),
-            Err(e) => panic!("write {n} failed (leader {leader_id}, term {term}): {e}"),
-        }
-    };
+    let mut group = c.benchmark_group("registry_write");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
 
-    // The baselines: the raft entry of one such write, and an AppendEntries of 64 of them.
+    // The same writes through three members writing MessagePack, then three writing JSON
+    // (the encoding before it), in this run.
+    for (name, encoding) in [("msgpack", Encoding::MessagePack), ("json", Encoding::Json)] {
+        let system = System::new();
+        let dir = tempfile::tempdir().expect("temp dir");
+        let members = runtime.block_on(async {
+            let (_, members) =
+                three_members_writing(&system, dir.path(), Snapshots::After5000, encoding).await;
+            members
+        });
+        let leader_id = runtime.block_on(leader(&members));
+        let registry = members[&leader_id].registry.clone();
+        let term = term_of(&registry);
+        // Every write admits a new agent.
+        let next_agent = AtomicUsize::new(0);
+        let write = move |registry: RegistryNode, n: usize| async move {
+            match registry.write(admit(n)).await {
+                Ok(outcome) => assert!(
+                    matches!(outcome.results.as_slice(), [Ok(Outcome::Admitted(_))]),
+                    "admission refused: {outcome:?}"
+                ),
+                Err(e) => panic!("write {n} failed (leader {leader_id}, term {term}): {e}"),
+            }
+        };
+
+        group.throughput(Throughput::Elements(1));
+        group.bench_function(BenchmarkId::new("sequential", name), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(async {
+                    let started = Instant::now();
+                    for _ in 0..iters {
+                        let n = next_agent.fetch_add(1, Ordering::Relaxed);
+                        write(registry.clone(), n).await;
+                    }
+                    started.elapsed()
+                })
+            });
+        });
+        group.throughput(Throughput::Elements(CONCURRENT_WRITES as u64));
+        group.bench_function(BenchmarkId::new("concurrent_64", name), |b| {
+            b.iter_custom(|iters| {
+                runtime.block_on(async {
+                    let mut took = Duration::ZERO;
+                    for _ in 0..iters {
+                        let first = next_agent.fetch_add(CONCURRENT_WRITES, Ordering::Relaxed);
+                        let started = Instant::now();
+                        let writes: Vec<_> = (first..first + CONCURRENT_WRITES)
+                            .map(|n| tokio::spawn(write(registry.clone(), n)))
+                            .collect();
+                        for written in join_all(writes).await {
+                            written.expect("the write task");
+                        }
+                        took += started.elapsed();
+                    }
+                    took
+                })
+            });
+        });
+        runtime.block_on(async {
+            let writes = next_agent.load(Ordering::Relaxed);
+            let now = term_of(&registry);
+            eprintln!(
+                "registry_write/{name}: {writes} writes on leader {leader_id}, term {term} -> {now}{}",
+                if now == term {
+                    ""
+                } else {
+                    " (an election happened)"
+                }
+            );
+            for member in members.into_values() {
+                member.stop().await;
+            }
+        });
+    }
+
+    // The encoding alone: the raft entry of one such write, and an AppendEntries of 64.
+    let (term, leader_id) = (1, 1);
     let one_entry = entry(term, leader_id, 100, admit(0).ops);
     let sixty_four = append_entries(
         term,
@@ -527,54 +598,14 @@ fn registry_write(c: &mut Criterion) {
         codec::encode(&one_entry).expect("encodes").len(),
         serde_json::to_vec(&one_entry).expect("encodes").len()
     );
-
-    let mut group = c.benchmark_group("registry_write");
-    group
-        .sampling_mode(SamplingMode::Flat)
-        .sample_size(10)
-        .warm_up_time(Duration::from_millis(500))
-        .measurement_time(Duration::from_secs(3));
-
     group.throughput(Throughput::Elements(1));
-    group.bench_function(BenchmarkId::new("sequential", "tls_3_members"), |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let started = Instant::now();
-                for _ in 0..iters {
-                    let n = next_agent.fetch_add(1, Ordering::Relaxed);
-                    write(registry.clone(), n).await;
-                }
-                started.elapsed()
-            })
-        });
-    });
     group.bench_function(BenchmarkId::new("entry_roundtrip", "msgpack"), |b| {
         b.iter(|| msgpack_roundtrip(black_box(&one_entry)));
     });
     group.bench_function(BenchmarkId::new("entry_roundtrip", "json"), |b| {
         b.iter(|| json_roundtrip(black_box(&one_entry)));
     });
-
     group.throughput(Throughput::Elements(CONCURRENT_WRITES as u64));
-    group.bench_function(BenchmarkId::new("concurrent_64", "tls_3_members"), |b| {
-        b.iter_custom(|iters| {
-            runtime.block_on(async {
-                let mut took = Duration::ZERO;
-                for _ in 0..iters {
-                    let first = next_agent.fetch_add(CONCURRENT_WRITES, Ordering::Relaxed);
-                    let started = Instant::now();
-                    let writes: Vec<_> = (first..first + CONCURRENT_WRITES)
-                        .map(|n| tokio::spawn(write(registry.clone(), n)))
-                        .collect();
-                    for written in join_all(writes).await {
-                        written.expect("the write task");
-                    }
-                    took += started.elapsed();
-                }
-                took
-            })
-        });
-    });
     group.bench_function(
         BenchmarkId::new("append_entries_64_roundtrip", "msgpack"),
         |b| b.iter(|| msgpack_roundtrip(black_box(&sixty_four))),
@@ -586,22 +617,6 @@ fn registry_write(c: &mut Criterion) {
         },
     );
     group.finish();
-
-    runtime.block_on(async {
-        let writes = next_agent.load(Ordering::Relaxed);
-        let now = term_of(&registry);
-        eprintln!(
-            "registry_write: {writes} writes on leader {leader_id}, term {term} -> {now}{}",
-            if now == term {
-                ""
-            } else {
-                " (an election happened)"
-            }
-        );
-        for member in members.into_values() {
-            member.stop().await;
-        }
-    });
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -43,6 +43,27 @@ pub enum CodecError {
     },
 }
 
+/// How a registry member writes what it stores and sends. Either reads back ([`decode`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Encoding {
+    /// MessagePack with named fields behind [`FORMAT_BYTE`] (the default).
+    #[default]
+    MessagePack,
+    /// JSON, what the registry wrote before: kept writable to measure the difference
+    /// (`benches/registry.rs` runs both in one run) and for tools that want text.
+    Json,
+}
+
+impl Encoding {
+    /// The encoding `bytes` were written in: a peer's answer is written in its request's.
+    pub fn of(bytes: &[u8]) -> Encoding {
+        match bytes.first() {
+            Some(&FORMAT_BYTE) => Encoding::MessagePack,
+            _ => Encoding::Json,
+        }
+    }
+}
+
 /// Encodes `value`: the format byte, then MessagePack with named fields.
 ///
 /// # Errors
@@ -52,6 +73,22 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Vec<u8>, CodecError> {
     bytes.push(FORMAT_BYTE);
     rmp_serde::encode::write_named(&mut bytes, value)?;
     Ok(bytes)
+}
+
+/// Encodes `value` in `encoding`.
+///
+/// # Errors
+/// [`CodecError`] if serde cannot express the value.
+pub fn encode_as<T: Serialize + ?Sized>(
+    encoding: Encoding,
+    value: &T,
+) -> Result<Vec<u8>, CodecError> {
+    match encoding {
+        Encoding::MessagePack => encode(value),
+        Encoding::Json => {
+            serde_json::to_vec(value).map_err(|source| CodecError::Json { len: 0, source })
+        }
+    }
 }
 
 /// Decodes a value written by [`encode`], or JSON written before it.
@@ -140,5 +177,16 @@ mod tests {
             "{error}"
         );
         assert!(decode::<openraft::Vote<u64>>(&[]).is_err());
+    }
+
+    #[test]
+    fn either_encoding_reads_back_and_says_which_it_is() {
+        let value = BTreeMap::from([("a".to_owned(), vec![1u64, 2, 3])]);
+        for encoding in [Encoding::MessagePack, Encoding::Json] {
+            let bytes = encode_as(encoding, &value).expect("encodes");
+            assert_eq!(Encoding::of(&bytes), encoding);
+            let back: BTreeMap<String, Vec<u64>> = decode(&bytes).expect("decodes");
+            assert_eq!(back, value);
+        }
     }
 }

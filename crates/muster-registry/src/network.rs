@@ -51,6 +51,7 @@ pub const MAX_RAFT_MESSAGE: usize = 64 * 1024 * 1024;
 pub struct NetworkFactory {
     security: Security,
     addresses: Arc<BTreeMap<NodeId, String>>,
+    encoding: codec::Encoding,
 }
 
 impl NetworkFactory {
@@ -61,7 +62,13 @@ impl NetworkFactory {
         NetworkFactory {
             security,
             addresses: Arc::new(addresses),
+            encoding: codec::Encoding::default(),
         }
+    }
+
+    /// The same, sending requests in `encoding` (peers answer in the request's).
+    pub fn with_encoding(self, encoding: codec::Encoding) -> Self {
+        NetworkFactory { encoding, ..self }
     }
 }
 
@@ -96,6 +103,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             target,
             client: connect(),
             heartbeats: connect(),
+            encoding: self.encoding,
         }
     }
 }
@@ -113,6 +121,8 @@ pub struct PeerClient {
     client: Result<RaftClient<Channel>, String>,
     /// The heartbeats sent beside large payloads ([`HEARTBEAT_BESIDE_PAYLOAD_BYTES`]).
     heartbeats: Result<RaftClient<Channel>, String>,
+    /// How requests are written.
+    encoding: codec::Encoding,
 }
 
 /// An AppendEntries whose encoding is larger than this is sent with an empty AppendEntries
@@ -162,10 +172,12 @@ impl PeerClient {
 }
 
 fn request<T: Serialize, E: Error>(
+    encoding: codec::Encoding,
     value: &T,
     option: &RPCOption,
 ) -> RpcResult<Request<RaftPayload>, E> {
-    let body = codec::encode(value).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+    let body =
+        codec::encode_as(encoding, value).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
     let mut request = Request::new(RaftPayload { body: body.into() });
     request.set_timeout(option.hard_ttl());
     Ok(request)
@@ -192,11 +204,12 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             leader_commit: rpc.leader_commit,
             entries: Vec::new(),
         };
-        let request = request(&rpc, &option)?;
+        let request = request(self.encoding, &rpc, &option)?;
         drop(rpc);
         if request.get_ref().body.len() > HEARTBEAT_BESIDE_PAYLOAD_BYTES
             && let Ok(mut heartbeats) = self.heartbeats.clone()
-            && let Ok(heartbeat) = self::request::<_, RaftError<NodeId>>(&beside, &option)
+            && let Ok(heartbeat) =
+                self::request::<_, RaftError<NodeId>>(self.encoding, &beside, &option)
         {
             // Its answer says nothing the payload's will not: it is not awaited.
             tokio::spawn(async move {
@@ -218,8 +231,8 @@ impl RaftNetwork<TypeConfig> for PeerClient {
             offset: rpc.offset,
             done: rpc.done,
         };
-        let header =
-            codec::encode(&header).map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        let header = codec::encode_as(self.encoding, &header)
+            .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
         let mut request = Request::new(SnapshotChunk {
             header: header.into(),
             data: rpc.data.into(),
@@ -234,7 +247,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
         rpc: VoteRequest<NodeId>,
         option: RPCOption,
     ) -> RpcResult<VoteResponse<NodeId>> {
-        let request = request(&rpc, &option)?;
+        let request = request(self.encoding, &rpc, &option)?;
         let reply = self.client()?.vote(request).await;
         self.finish(reply)
     }
@@ -308,10 +321,12 @@ fn decode_request<T: DeserializeOwned>(what: &str, body: &[u8]) -> Result<T, Sta
         .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
 }
 
+/// The answer to a request, written in the request's encoding.
 fn answer<T: Serialize, E: Serialize>(
+    encoding: codec::Encoding,
     result: &Result<T, E>,
 ) -> Result<Response<RaftPayload>, Status> {
-    let body = codec::encode(result)
+    let body = codec::encode_as(encoding, result)
         .map_err(|e| Status::internal(format!("cannot encode the raft answer: {e}")))?;
     Ok(Response::new(RaftPayload { body: body.into() }))
 }
@@ -322,17 +337,21 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let rpc: AppendEntriesRequest<TypeConfig> =
-            decode_request("AppendEntries", &request.into_inner().body)?;
+        let body = request.into_inner().body;
+        let encoding = codec::Encoding::of(&body);
+        let rpc: AppendEntriesRequest<TypeConfig> = decode_request("AppendEntries", &body)?;
+        drop(body);
         let answered = self.raft.append_entries(rpc).await;
         if matches!(answered, Ok(openraft::raft::AppendEntriesResponse::Success)) {
             self.contact.heard();
         }
-        answer(&answered)
+        answer(encoding, &answered)
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        let rpc: VoteRequest<NodeId> = decode_request("Vote", &request.into_inner().body)?;
+        let body = request.into_inner().body;
+        let encoding = codec::Encoding::of(&body);
+        let rpc: VoteRequest<NodeId> = decode_request("Vote", &body)?;
         let last_log_id = self
             .log
             .clone()
@@ -350,9 +369,9 @@ impl raft_server::Raft for RaftService {
                 vote_granted: false,
                 last_log_id,
             });
-            return answer(&refused);
+            return answer(encoding, &refused);
         }
-        answer(&self.raft.vote(rpc).await)
+        answer(encoding, &self.raft.vote(rpc).await)
     }
 
     async fn install_snapshot(
@@ -360,6 +379,7 @@ impl raft_server::Raft for RaftService {
         request: Request<SnapshotChunk>,
     ) -> Result<Response<RaftPayload>, Status> {
         let chunk = request.into_inner();
+        let encoding = codec::Encoding::of(&chunk.header);
         let header: SnapshotHeader = decode_request("InstallSnapshot", &chunk.header)?;
         let rpc = InstallSnapshotRequest {
             vote: header.vote,
@@ -368,16 +388,18 @@ impl raft_server::Raft for RaftService {
             data: chunk.data.to_vec(),
             done: header.done,
         };
-        answer(&self.raft.install_snapshot(rpc).await)
+        answer(encoding, &self.raft.install_snapshot(rpc).await)
     }
 
     async fn pre_vote(
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        let asked: PreVoteRequest = decode_request("PreVote", &request.into_inner().body)?;
+        let body = request.into_inner().body;
+        let encoding = codec::Encoding::of(&body);
+        let asked: PreVoteRequest = decode_request("PreVote", &body)?;
         let response = election::judge(&self.raft, &self.log, self.timing, asked).await;
-        let body = codec::encode(&response)
+        let body = codec::encode_as(encoding, &response)
             .map_err(|e| Status::internal(format!("cannot encode the pre-vote answer: {e}")))?;
         Ok(Response::new(RaftPayload { body: body.into() }))
     }

@@ -56,6 +56,10 @@ pub struct RegistryConfig {
     /// term and grants no vote until its log is back where the old one's was, so a member
     /// that forgot what it acknowledged never helps elect a leader without it.
     pub rejoin_damaged: bool,
+    /// How entries, snapshots and raft requests are written: MessagePack (the default), or
+    /// JSON, what the registry wrote before (both are always read; peers answer in the
+    /// request's encoding). JSON is there to measure the difference in one run.
+    pub encoding: crate::codec::Encoding,
 }
 
 impl RegistryConfig {
@@ -76,6 +80,7 @@ impl RegistryConfig {
             entries_kept_after_snapshot: 1_000,
             security,
             rejoin_damaged: false,
+            encoding: crate::codec::Encoding::default(),
         }
     }
 }
@@ -164,7 +169,7 @@ async fn rejoin_empty(
          catches up from the others, and grants no vote until its log is back at index {}",
         damage.held_up_to
     );
-    let (mut log, state_machine) = store::open(&config.store)?;
+    let (mut log, state_machine) = store::open_with(&config.store, config.encoding)?;
     log.rejoin(config.id, damage.vote_term, damage.held_up_to)
         .await
         .map_err(|e| RegistryError::Raft(format!("cannot prepare the empty store: {e}")))?;
@@ -213,7 +218,7 @@ impl RegistryNode {
                 RegistryError::Config(format!("cannot create the data dir {}: {e}", dir.display()))
             })?;
         }
-        let (log, state_machine) = match store::open(&config.store) {
+        let (log, state_machine) = match store::open_with(&config.store, config.encoding) {
             Err(StoreError::Damaged(damage)) if config.rejoin_damaged => {
                 rejoin_empty(&config, damage).await?
             }
@@ -227,7 +232,8 @@ impl RegistryNode {
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
-            NetworkFactory::new(config.security.clone(), config.members.clone()),
+            NetworkFactory::new(config.security.clone(), config.members.clone())
+                .with_encoding(config.encoding),
             log.clone(),
             state_machine,
         )

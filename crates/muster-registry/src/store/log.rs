@@ -14,7 +14,7 @@ use openraft::{
 
 use super::disk::{Batch, Db, Tree};
 use super::marker::Marker;
-use super::{decode, encode};
+use super::{Encoding, decode, encode_as};
 use crate::types::{NodeId, TypeConfig};
 
 pub(super) const VOTE: &[u8] = b"vote";
@@ -29,6 +29,8 @@ pub struct LogStore {
     raft: Tree,
     /// The store's integrity record, raised with each new vote and purge point.
     marker: Marker,
+    /// How entries and metadata are written.
+    encoding: Encoding,
 }
 
 impl Debug for LogStore {
@@ -42,12 +44,13 @@ impl Debug for LogStore {
 type StoreResult<T> = Result<T, StorageError<NodeId>>;
 
 impl LogStore {
-    pub(super) fn new(db: Db, log: Tree, raft: Tree, marker: Marker) -> Self {
+    pub(super) fn new(db: Db, log: Tree, raft: Tree, marker: Marker, encoding: Encoding) -> Self {
         LogStore {
             db,
             log,
             raft,
             marker,
+            encoding,
         }
     }
 
@@ -102,7 +105,7 @@ impl LogStore {
         value: &T,
         error: fn(AnyError) -> StorageIOError<NodeId>,
     ) -> StoreResult<()> {
-        let bytes = encode(value).map_err(|e| error(AnyError::new(&e)))?;
+        let bytes = encode_as(self.encoding, value).map_err(|e| error(AnyError::new(&e)))?;
         self.raft
             .insert(key, bytes)
             .map_err(|e| error(AnyError::new(&e)))?;
@@ -370,7 +373,8 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         let mut batch = Batch::default();
         let mut last = None;
         for entry in entries {
-            let bytes = encode(&entry).map_err(|e| StorageIOError::write_logs(&e))?;
+            let bytes =
+                encode_as(self.encoding, &entry).map_err(|e| StorageIOError::write_logs(&e))?;
             let index = entry.get_log_id().index;
             last = Some(index);
             if bytes.len() <= PIECE_LEN {

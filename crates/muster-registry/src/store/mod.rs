@@ -18,7 +18,7 @@ mod state_machine;
 
 use std::path::{Path, PathBuf};
 
-use crate::codec::{decode, encode};
+use crate::codec::{Encoding, decode, encode_as};
 
 pub use disk::MemoryDisk;
 pub use log::{LogStore, REPLICATION_BATCH_BYTES};
@@ -91,6 +91,17 @@ pub enum StoreError {
 /// [`StoreError`] naming the location if sled cannot open it, the integrity record says it
 /// lost data, or a stored value does not decode.
 pub fn open(location: &StoreLocation) -> Result<(LogStore, StateMachineStore), StoreError> {
+    open_with(location, Encoding::default())
+}
+
+/// As [`open`], writing entries, votes and snapshots in `encoding` (either is read).
+///
+/// # Errors
+/// As [`open`].
+pub fn open_with(
+    location: &StoreLocation,
+    encoding: Encoding,
+) -> Result<(LogStore, StateMachineStore), StoreError> {
     let path = location.name();
     let open_error = |source| StoreError::Open {
         path: path.clone(),
@@ -114,9 +125,9 @@ pub fn open(location: &StoreLocation) -> Result<(LogStore, StateMachineStore), S
     let held = held(&path, &log_tree, &raft_tree, &snapshot_tree)?;
     let marker = marker::Marker::check(&path.display().to_string(), marker_place, held)
         .map_err(StoreError::Damaged)?;
-    let log = LogStore::new(db.clone(), log_tree, raft_tree, marker);
+    let log = LogStore::new(db.clone(), log_tree, raft_tree, marker, encoding);
     let state_machine =
-        StateMachineStore::load(db.clone(), snapshot_tree).map_err(|(key, reason)| {
+        StateMachineStore::load(db.clone(), snapshot_tree, encoding).map_err(|(key, reason)| {
             StoreError::Corrupt {
                 path: path.clone(),
                 key,

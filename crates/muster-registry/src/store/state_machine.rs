@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use super::disk::{Batch, Db, Tree};
-use super::{decode, encode};
+use super::{Encoding, decode, encode_as};
 use crate::state::RegistryState;
 use crate::types::{BatchOutcome, NodeId, TypeConfig};
 
@@ -58,6 +58,8 @@ struct Shared {
 pub struct StateMachineStore {
     db: Db,
     snapshot: Tree,
+    /// How snapshots are written.
+    encoding: Encoding,
     shared: Arc<Shared>,
 }
 
@@ -108,7 +110,11 @@ impl RegistryReader {
 impl StateMachineStore {
     /// Loads the current snapshot, if there is one: the state the log is re-applied onto.
     /// Errors name the key that did not decode.
-    pub(super) fn load(db: Db, snapshot: Tree) -> Result<Self, (String, String)> {
+    pub(super) fn load(
+        db: Db,
+        snapshot: Tree,
+        encoding: Encoding,
+    ) -> Result<Self, (String, String)> {
         let read = |key: &[u8]| {
             snapshot
                 .get(key)
@@ -134,6 +140,7 @@ impl StateMachineStore {
         Ok(StateMachineStore {
             db,
             snapshot,
+            encoding,
             shared: Arc::new(Shared {
                 applied: RwLock::new(applied),
                 applied_index: watch::Sender::new(index),
@@ -182,7 +189,10 @@ impl StateMachineStore {
             return Ok(());
         }
         let mut batch = Batch::default();
-        batch.insert(SNAPSHOT_META, encode(meta).map_err(|e| error(&e))?);
+        batch.insert(
+            SNAPSHOT_META,
+            encode_as(self.encoding, meta).map_err(|e| error(&e))?,
+        );
         batch.insert(SNAPSHOT_DATA, data);
         self.snapshot.apply_batch(batch).map_err(|e| error(&e))?;
         *stored = meta.last_log_id;
@@ -309,7 +319,8 @@ impl fmt::Debug for SnapshotBuilder {
 
 impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     async fn build_snapshot(&mut self) -> StoreResult<Snapshot<TypeConfig>> {
-        let data = super::off_the_runtime(|| encode(&self.applied.state))
+        let encoding = self.store.encoding;
+        let data = super::off_the_runtime(|| encode_as(encoding, &self.applied.state))
             .map_err(|e| StorageIOError::read_state_machine(&e))?;
         let built = self
             .store
@@ -369,7 +380,7 @@ mod tests {
         {
             let (_log, sm) = super::super::open(&dir.path().into()).expect("opens");
             // The leader's snapshot at 500 is installed while a local build from 100 runs.
-            let empty = super::encode(&crate::RegistryState::default()).expect("encodes");
+            let empty = crate::codec::encode(&crate::RegistryState::default()).expect("encodes");
             sm.save_snapshot(&meta(500), &empty).expect("stored");
             sm.save_snapshot(&meta(100), &empty)
                 .expect("skipped, not an error");
