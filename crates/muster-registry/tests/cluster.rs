@@ -451,17 +451,7 @@ async fn a_store_that_lost_its_state_refuses_to_start_instead_of_starting_empty(
     let muster_registry::StoreLocation::Directory(store) = config.store.clone() else {
         anyhow::bail!("the test's store is a directory");
     };
-    for entry in std::fs::read_dir(&store)? {
-        let path = entry?.path();
-        if path.file_name() == Some(std::ffi::OsStr::new(muster_registry::store::MARKER_FILE)) {
-            continue;
-        }
-        if path.is_dir() {
-            std::fs::remove_dir_all(&path)?;
-        } else {
-            std::fs::remove_file(&path)?;
-        }
-    }
+    wipe_all_but_the_record(&store)?;
     let deadline = Instant::now() + DEADLINE;
     let refusal = loop {
         match RegistryNode::start(config.clone()).await {
@@ -582,6 +572,48 @@ async fn a_store_truncated_or_bit_flipped_refuses_to_start_and_says_why() -> any
     Ok(())
 }
 
+/// After a heal: `follower` catches up with `first`, which still leads after one more write,
+/// and no member's term moved from `term`; then every member stops.
+async fn caught_up_under_the_same_leader(
+    members: BTreeMap<NodeId, Member>,
+    first: NodeId,
+    follower: NodeId,
+    term: u64,
+    write: usize,
+) -> anyhow::Result<()> {
+    let applied = members[&first].registry.reader().applied_index();
+    until("the follower catching up", || {
+        members[&follower].registry.reader().applied_index() >= applied
+    })
+    .await?;
+    members[&first].registry.write(one_agent(write)).await?;
+    assert_eq!(leader(&members).await?, first, "the leader was deposed");
+    for id in members.keys() {
+        assert_eq!(term_of(&members, *id), term, "member {id} changed term");
+    }
+    for member in members.into_values() {
+        member.stop().await;
+    }
+    Ok(())
+}
+
+/// Removes everything in a stopped member's `store` but its integrity record, as a truncated
+/// or replaced database would.
+fn wipe_all_but_the_record(store: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(store)? {
+        let path = entry?.path();
+        if path.file_name() == Some(std::ffi::OsStr::new(muster_registry::store::MARKER_FILE)) {
+            continue;
+        }
+        if path.is_dir() {
+            std::fs::remove_dir_all(&path)?;
+        } else {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
 /// Starts a group of three whose members reach each other only through `partitions`' links:
 /// member `i` is told to reach `j` at the link `i → j`.
 async fn three_linked_members(
@@ -589,8 +621,23 @@ async fn three_linked_members(
     dir: &Path,
     partitions: &Partitions,
 ) -> anyhow::Result<BTreeMap<NodeId, Member>> {
-    let addresses = free_addresses(3).await?;
+    let (_, configs) = three_linked_configs(dir, partitions).await?;
     let mut members = BTreeMap::new();
+    for (id, config) in configs {
+        members.insert(id, start(system, config).await?);
+    }
+    Ok(members)
+}
+
+/// The configs of a group of three on free loopback ports whose members reach each other
+/// only through `partitions`' links (member `i` reaches `j` at the link `i → j`), and each
+/// member's own address.
+async fn three_linked_configs(
+    dir: &Path,
+    partitions: &Partitions,
+) -> anyhow::Result<(BTreeMap<NodeId, String>, BTreeMap<NodeId, RegistryConfig>)> {
+    let addresses = free_addresses(3).await?;
+    let mut configs = BTreeMap::new();
     for &id in addresses.keys() {
         let mut view = BTreeMap::new();
         for (&peer, address) in &addresses {
@@ -603,9 +650,9 @@ async fn three_linked_members(
             };
             view.insert(peer, reach);
         }
-        members.insert(id, start(system, config(id, &view, dir)).await?);
+        configs.insert(id, config(id, &view, dir));
     }
-    Ok(members)
+    Ok((addresses, configs))
 }
 
 /// The raft term member `id` is in now.
@@ -668,20 +715,7 @@ async fn a_follower_cut_off_and_healed_keeps_its_term_and_deposes_no_one() -> an
     assert!(members[&first].registry.leadership().borrow().is_self);
 
     partitions.heal();
-    let applied = members[&first].registry.reader().applied_index();
-    until("the healed follower catching up", || {
-        members[&follower].registry.reader().applied_index() >= applied
-    })
-    .await?;
-    members[&first].registry.write(one_agent(2)).await?;
-    assert_eq!(leader(&members).await?, first, "the leader was deposed");
-    for id in members.keys() {
-        assert_eq!(term_of(&members, *id), term, "member {id} changed term");
-    }
-    for member in members.into_values() {
-        member.stop().await;
-    }
-    Ok(())
+    caught_up_under_the_same_leader(members, first, follower, term, 2).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -771,26 +805,12 @@ async fn a_damaged_follower_told_to_rejoin_starts_empty_and_votes_only_once_caug
     let system = System::new();
     let dir = tempfile::tempdir()?;
     let partitions = Partitions::new();
-    let addresses = free_addresses(3).await?;
-    let mut configs = BTreeMap::new();
+    let (addresses, mut configs) = three_linked_configs(dir.path(), &partitions).await?;
     let mut members = BTreeMap::new();
-    for &id in addresses.keys() {
-        let mut view = BTreeMap::new();
-        for (&peer, address) in &addresses {
-            let reach = if peer == id {
-                address.clone()
-            } else {
-                partitions
-                    .link(id, peer, "127.0.0.1", address.clone())
-                    .await?
-            };
-            view.insert(peer, reach);
-        }
-        let mut config = config(id, &view, dir.path());
+    for (&id, config) in &mut configs {
         // No snapshot: the log is all there is to catch up from.
         config.snapshot_after_entries = 100_000;
-        configs.insert(id, config.clone());
-        members.insert(id, start(&system, config).await?);
+        members.insert(id, start(&system, config.clone()).await?);
     }
     let first = leader(&members).await?;
     let term = term_of(&members, first);
@@ -819,17 +839,7 @@ async fn a_damaged_follower_told_to_rejoin_starts_empty_and_votes_only_once_caug
     let stopped = members.remove(&follower).context("the follower")?;
     stopped.stop().await;
     // Its database goes; its record stays.
-    for entry in std::fs::read_dir(&store)? {
-        let path = entry?.path();
-        if path.file_name() == Some(std::ffi::OsStr::new(muster_registry::store::MARKER_FILE)) {
-            continue;
-        }
-        if path.is_dir() {
-            std::fs::remove_dir_all(&path)?;
-        } else {
-            std::fs::remove_file(&path)?;
-        }
-    }
+    wipe_all_but_the_record(&store)?;
     partitions.isolate(follower, addresses.keys().copied());
     let mut rejoin = configs[&follower].clone();
     rejoin.rejoin_damaged = true;
@@ -873,20 +883,7 @@ async fn a_damaged_follower_told_to_rejoin_starts_empty_and_votes_only_once_caug
     assert_eq!(term_of(&members, follower), before, "its term moved");
 
     partitions.heal();
-    let applied = members[&first].registry.reader().applied_index();
-    until("the rejoined follower catching up", || {
-        members[&follower].registry.reader().applied_index() >= applied
-    })
-    .await?;
-    members[&first].registry.write(one_agent(n + 1)).await?;
-    assert_eq!(leader(&members).await?, first, "the leader was deposed");
-    for id in members.keys() {
-        assert_eq!(term_of(&members, *id), term, "member {id} changed term");
-    }
-    for member in members.into_values() {
-        member.stop().await;
-    }
-    Ok(())
+    caught_up_under_the_same_leader(members, first, follower, term, n + 1).await
 }
 
 /// A group whose members write different encodings (one JSON, the encoding before
