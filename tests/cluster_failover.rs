@@ -4,13 +4,14 @@
 //! admitted agent is lost. And 3 masters, one stopped while jobs at the size cap are
 //! submitted: when it comes back it catches up on tens of MB without an election.
 //!
-//! And clusters whose agents reach the masters through links the test cuts (see "partitions
-//! between the leader and its agents" below), each process on its own loopback address,
-//! counting the tasks' real processes and the runs each batch task records in a file of its
-//! slot: a leader cut from every agent and healed; a batch task finished before a failover on
-//! an agent that re-registers late; a leader killed with its launches unconfirmed, or as it
-//! acknowledges a submission. Each child's stderr goes to a log file, copied out and printed
-//! if the test fails (kept in any case with `MUSTER_TEST_KEEP_LOGS` set).
+//! And clusters whose agents and masters reach each other through links the test cuts (see
+//! "partitions between the leader and its agents" below), each process on its own loopback
+//! address, counting the tasks' real processes and the runs each batch task records in a file
+//! of its slot: a leader cut from every agent (both ways) and healed; a batch task finished
+//! before a failover on an agent that re-registers late; a leader killed with its launches
+//! unconfirmed, or as it acknowledges a submission. Each child's stderr goes to a log file,
+//! copied out and printed if the test fails (kept in any case with `MUSTER_TEST_KEEP_LOGS`
+//! set).
 //!
 //! The binaries come from the same target directory as this test: `cargo test --workspace`
 //! builds them.
@@ -268,25 +269,31 @@ async fn terminate(child: &mut Child) -> anyhow::Result<()> {
 
 // ---- partitions between the leader and its agents -------------------------------------------
 //
-// Every connection an agent opens to a master crosses a link of `Partitions` (a TCP proxy the
-// test cuts and heals), and with it all the agent sends of its own (registrations, heartbeats,
-// task status):
+// Every connection between an agent and a master crosses a link of `Partitions` (a TCP proxy
+// the test cuts and heals), whichever of them dials:
 //
-// - agent `a` is given, for master `m`, the link `a → m` (`--master`);
+// - agent `a` is given, for master `m`, the link `a → m` (`--master`): the connections it
+//   opens to the masters, which carry all it sends of its own (registrations, heartbeats, task
+//   status) and the masters' answers to its asks;
 // - every master is named in every `--peer` list by the link `ADVERTISED → m`: the address the
 //   masters reach each other at (raft), and the one they give agents (a standby's leader hint,
 //   a new leader's announcement), so that an agent that follows a hint or an announcement is
-//   still behind a link the test controls.
+//   still behind a link the test controls;
+// - agent `a` listens on an address of its own host and is named by the link `ANY_MASTER → a`
+//   (`--advertise`), which forwards there: the connections the masters open to it, which carry
+//   all a master sends of its own (registration answers, launches, kills, announcements) and
+//   the agent's answers to its asks. Every master dials an agent at the one address it
+//   advertises, so that link is shared by all the masters: it cannot be cut for one master
+//   alone.
 //
-// Cutting the leader from the agents cuts `a → leader` for every agent, and `ADVERTISED →
-// leader`: the standbys then cannot dial the leader either (they only would to ask for votes;
-// the leader's own connections to them, which carry raft, stay up).
-//
-// What the masters send agents does not cross a link: a master dials an agent at the address
-// the agent listens on and reports (`muster-agent` has no flag to report another), and the
-// agent answers its asks on that connection, so a cut is one-way: the leader's launches, kills
-// and announcements still reach the agents, while nothing the agents send of their own
-// (registrations, heartbeats, task status) reaches the leader.
+// Cutting the leader from the agents ([`Linked::cut_from_agents`]) cuts `a → leader` and
+// `ANY_MASTER → a` for every agent, and `ADVERTISED → leader`: nothing passes between the
+// leader and any agent, either way. The standbys then cannot dial the leader either (they
+// only would to ask for votes; the leader's own connections to them, which carry raft, stay
+// up), nor reach any agent (the agents can still reach them). Cutting only what the agents
+// send the leader ([`Linked::cut_agents_to`]) leaves `ANY_MASTER → a` up: the leader's
+// launches, kills and announcements still reach the agents, while nothing the agents send of
+// their own reaches the leader.
 
 /// How long the tests watch that something stays so: three rounds of the convergence check,
 /// which they have run every second.
@@ -294,6 +301,10 @@ const CHECKS: Duration = Duration::from_secs(3);
 
 /// The partition member that dials a master at its advertised address (see above).
 const ADVERTISED: Member = 100;
+
+/// The partition member that dials an agent at its advertised address: any master (see
+/// above).
+const ANY_MASTER: Member = 101;
 
 /// Master `index`'s partition member.
 fn master_member(index: usize) -> Member {
@@ -315,9 +326,9 @@ fn agent_host(n: usize) -> String {
     format!("127.0.0.{}", 21 + n)
 }
 
-/// Masters and agents as separate processes, each on its own loopback host, the agents'
-/// traffic to the masters through `partitions`; a directory (`runs`) the tasks (which run as
-/// `nobody` under a root agent) can write to; the logs of every child in `dir`.
+/// Masters and agents as separate processes, each on its own loopback host, every connection
+/// between an agent and a master through `partitions`; a directory (`runs`) the tasks (which
+/// run as `nobody` under a root agent) can write to; the logs of every child in `dir`.
 struct Linked {
     dir: tempfile::TempDir,
     runs: tempfile::TempDir,
@@ -326,7 +337,17 @@ struct Linked {
     agents: Vec<Option<Child>>,
     /// Each agent's `--master` addresses: its links to the masters.
     agent_links: Vec<Vec<String>>,
+    /// Where each agent listens, and its link `ANY_MASTER → agent` (`--advertise`).
+    agent_addresses: Vec<Option<AgentAddress>>,
     token: TokenSecret,
+}
+
+/// Where an agent listens (a port of its host chosen before its first start, the same at a
+/// restart), and the address it advertises: its link `ANY_MASTER → agent`, which forwards
+/// there.
+struct AgentAddress {
+    listen: String,
+    advertised: String,
 }
 
 impl Linked {
@@ -365,17 +386,32 @@ impl Linked {
             masters: group,
             agents: Vec::new(),
             agent_links: Vec::new(),
+            agent_addresses: Vec::new(),
             token,
         })
     }
 
-    /// Starts agent `n` on its own host, reaching each master through its link `n → master`,
-    /// reporting `name=a<n>`.
+    /// Starts agent `n` on its own host, reaching each master through its link `n → master`
+    /// and reached by every master through its link `ANY_MASTER → n`, reporting `name=a<n>`.
     async fn start_agent(&mut self, n: usize) -> anyhow::Result<()> {
         if self.agent_links.len() <= n {
             self.agent_links.resize_with(n + 1, Vec::new);
+            self.agent_addresses.resize_with(n + 1, || None);
             self.agents.resize_with(n + 1, || None);
         }
+        if self.agent_addresses[n].is_none() {
+            // The link must know where to forward before the agent starts and names itself
+            // by the link: so the agent listens on a port chosen here.
+            let listen = common::free_port_on(&agent_host(n)).await?;
+            let advertised = self
+                .partitions
+                .link(ANY_MASTER, agent_member(n), &agent_host(n), listen.clone())
+                .await?;
+            self.agent_addresses[n] = Some(AgentAddress { listen, advertised });
+        }
+        let address = self.agent_addresses[n]
+            .as_ref()
+            .context("the agent's addresses")?;
         if self.agent_links[n].is_empty() {
             for (index, address) in self.masters.addresses.iter().enumerate() {
                 let link = self
@@ -393,8 +429,10 @@ impl Linked {
         let mut command = Command::new(binary("muster-agent")?);
         command
             .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
-            .arg("--listen")
-            .arg(format!("{}:0", agent_host(n)))
+            .args(["--listen", &address.listen])
+            .args(["--advertise", &address.advertised])
+            // Not the default (the --listen port plus 10), which may not be free.
+            .args(["--http-listen", &format!("{}:0", agent_host(n))])
             .arg("--data-dir")
             .arg(self.dir.path().join(format!("agent-{n}")))
             .args(["--hostname", &format!("host-{n}")])
@@ -444,9 +482,22 @@ impl Linked {
         }
     }
 
-    /// Cuts master `index` from every agent started so far, and from whoever dials it at its
-    /// advertised address (agents that followed a hint or an announcement, the standbys).
+    /// Cuts master `index` from every agent started so far, both ways: what the agents send
+    /// it (their links to it, and whoever dials it at its advertised address: agents that
+    /// followed a hint or an announcement, the standbys) and what it sends them (the agents'
+    /// links `ANY_MASTER → agent`, which the standbys' connections to the agents cross too:
+    /// they are cut from the agents as well, though the agents still reach them).
     fn cut_from_agents(&self, index: usize) {
+        self.cut_agents_to(index);
+        for n in 0..self.agent_addresses.len() {
+            self.partitions.cut(ANY_MASTER, agent_member(n));
+        }
+    }
+
+    /// Cuts what every agent started so far sends master `index` (their links to it, and
+    /// whoever dials it at its advertised address: agents that followed a hint or an
+    /// announcement, the standbys); what it sends them still reaches them.
+    fn cut_agents_to(&self, index: usize) {
         for n in 0..self.agent_links.len() {
             self.partitions.cut(agent_member(n), master_member(index));
         }
@@ -726,14 +777,16 @@ const QUICK_HEARTBEATS: &[&str] = &[
     "1s",
 ];
 
-/// Three masters, three agents; the leader is cut from every agent (nothing they send reaches
-/// it; it still leads the other masters) until it marks them all unreachable, then healed. A service job of three
-/// long-running slots, a batch job that finished before the cut and one that runs through it:
-/// every agent re-registers with the same leader after the heal (the time it took is printed);
-/// once settled every service slot runs exactly one process, each process that lived through
-/// the cut still runs unless its slot runs a replacement, and it stays so while the leader's
-/// convergence check runs; and each batch slot ran exactly once (counted from what each run
-/// appends to its slot's file), the running one finishing once released.
+/// Three masters, three agents; the leader is cut from every agent, both ways (nothing the
+/// agents send reaches it, nothing it sends reaches them; it still leads the other masters,
+/// which cannot reach the agents either, though the agents reach them) until it marks them
+/// all unreachable, then healed. A service job of three long-running slots, a batch job that
+/// finished before the cut and one that runs through it: every agent re-registers with the
+/// same leader after the heal (the time it took is printed); once settled every service slot
+/// runs exactly one process, each process that lived through the cut still runs unless its
+/// slot runs a replacement, and it stays so while the leader's convergence check runs; and
+/// each batch slot ran exactly once (counted from what each run appends to its slot's file),
+/// the running one finishing once released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_from_its_agents_and_healed_runs_every_slot_once() -> anyhow::Result<()> {
     let mut cluster = Linked::start(3, QUICK_HEARTBEATS).await?;
@@ -779,9 +832,17 @@ async fn cut_and_heal(cluster: &mut Linked) -> anyhow::Result<()> {
         service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
     let agent_ids: BTreeSet<String> = state.agents.iter().map(|a| a.id.clone()).collect();
 
+    // The leader's connections to the agents it launched tasks on: a master dials an agent
+    // when it first sends it something of its own, and keeps that connection up (an agent it
+    // only answered, on the agent's connection, it has not dialled).
+    let dialled = state
+        .agents
+        .iter()
+        .filter(|a| !a.tasks.is_empty() || !a.completed_tasks.is_empty())
+        .count();
     cluster.cut_from_agents(leader);
-    // Each agent's link to the leader.
-    cluster.held_at_least(AGENTS).await?;
+    // Each agent's connection to the leader, and the leader's to those agents.
+    cluster.held_at_least(AGENTS + dialled).await?;
     let cut = Instant::now();
     let (still, _) = cluster
         .leader_when("every agent marked unreachable", |s| {
@@ -794,9 +855,9 @@ async fn cut_and_heal(cluster: &mut Linked) -> anyhow::Result<()> {
         "cut-and-heal: the leader marked every agent unreachable {:?} after the cut",
         cut.elapsed()
     );
-    // Nothing was killed meanwhile: the leader cannot reach an agent to replace anything on
-    // (but it may have placed replacements on the last agents it still counted reachable:
-    // its launches reach them, see the partitions' comment).
+    // Nothing was killed meanwhile: no kill and no launch of the leader's reaches an agent
+    // (it may have placed replacements on the last agents it still counted reachable, but
+    // those launches go nowhere, see the partitions' comment).
     let during = common::processes_marked(&web_marker);
     for (slot, pid) in &before {
         ensure!(
@@ -972,7 +1033,7 @@ async fn killed_while_unconfirmed(cluster: &mut Linked) -> anyhow::Result<()> {
     let (leader, _) = cluster
         .leader_when("two agents registered", |s| connected(s) == AGENTS)
         .await?;
-    cluster.cut_from_agents(leader);
+    cluster.cut_agents_to(leader);
     cluster.held_at_least(AGENTS).await?;
     let web = cluster.job(
         "web",

@@ -180,7 +180,7 @@ impl Master {
             self.send_kill(agent_id.clone(), task_id.clone(), 0, ctx);
         }
         for stop in superseded {
-            tracing::info!(agent = %stop.agent.0, task = %stop.task_id, "a replacement not yet running: stopped, its original is back");
+            tracing::info!(agent = %stop.agent.0, task = %stop.task_id, "another copy of a slot whose original is back and stays: stopped");
             self.stop_task(&stop, ctx);
         }
         if let Some(previous) = previous {
