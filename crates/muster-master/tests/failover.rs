@@ -1374,7 +1374,8 @@ struct AwayCluster {
     _dir: tempfile::TempDir,
     members: BTreeMap<u64, String>,
     masters: BTreeMap<u64, MasterServer>,
-    /// Where `a` and `b` report (the leader they registered with).
+    /// Where `a` and `b` report (the leader they registered with, or the one that took over
+    /// in [`AwayCluster::fail_over`]).
     leader: String,
     a: PlayedAgent,
     b: PlayedAgent,
@@ -1426,11 +1427,12 @@ impl AwayCluster {
         })
     }
 
+    /// The addresses of the masters still running.
     fn addresses(&self) -> Vec<String> {
         self.members.values().cloned().collect()
     }
 
-    /// The master `a` and `b` registered with.
+    /// The master at `leader`: the one `a` and `b` registered with (or that took over).
     fn leading(&self) -> &MasterServer {
         let id = self
             .members
@@ -1454,6 +1456,39 @@ impl AwayCluster {
             },
         )
         .await
+    }
+
+    /// [`AwayCluster::lose_a`], answering when the leader marked `a` unreachable (ms since the
+    /// epoch, as the state has it).
+    async fn lose_a_marked_at(&self) -> anyhow::Result<u64> {
+        let state = self.lose_a().await?;
+        Ok(state
+            .unreachable
+            .iter()
+            .find(|u| u.id == self.a.id)
+            .context("a unreachable")?
+            .marked_at_ms)
+    }
+
+    /// The next task launched on `b`, checked to be launched no sooner than `lost_after_ms`
+    /// after `a` was marked unreachable (at `marked_at_ms`).
+    async fn launched_once_lost(
+        &self,
+        marked_at_ms: u64,
+        lost_after_ms: u64,
+    ) -> anyhow::Result<model_pb::Task> {
+        let launched = self.b.next_launch().await?;
+        let launched_at_ms = u64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)?
+                .as_millis(),
+        )?;
+        assert!(
+            launched_at_ms >= marked_at_ms + lost_after_ms,
+            "replaced {} ms after the mark, before lost_after ({lost_after_ms} ms)",
+            launched_at_ms - marked_at_ms
+        );
+        Ok(launched)
     }
 
     /// The replacement launched on `b`, reported RUNNING and so in the leader's state.
@@ -1480,6 +1515,102 @@ impl AwayCluster {
         })
         .await?;
         Ok(replacement)
+    }
+
+    /// The leader shuts down and one of the other masters takes over: `leader`,
+    /// [`AwayCluster::leading`] and [`AwayCluster::addresses`] name it and the masters left.
+    async fn fail_over(&mut self) -> anyhow::Result<()> {
+        let first = *self
+            .members
+            .iter()
+            .find(|(_, address)| **address == self.leader)
+            .context("the leader")?
+            .0;
+        self.members.remove(&first);
+        self.masters
+            .remove(&first)
+            .context("the leader")?
+            .shutdown()
+            .await;
+        let second = leader(&self.masters).await?;
+        self.leader = self.members[&second].clone();
+        Ok(())
+    }
+
+    /// `a` comes back, re-registering with whichever master leads, reporting `tasks`; the
+    /// reply that admitted it.
+    async fn a_comes_back(
+        &self,
+        tasks: Vec<model_pb::Task>,
+    ) -> anyhow::Result<pb::RegistrationReply> {
+        self.a.come_back(&self.addresses(), tasks).await
+    }
+
+    /// `a` comes back reporting `copy` (its copy of the original) and the copy is to go: it is
+    /// in the registration reply's kill list, a KillTask for it reaches `a`, and `a` reports it
+    /// KILLED. The state once it is [`settled`](AwayCluster::settled), `replacement` kept on `b`.
+    async fn a_returns_and_its_copy_is_killed(
+        &self,
+        copy: &model_pb::Task,
+        replacement: &model_pb::Task,
+    ) -> anyhow::Result<pb::ClusterState> {
+        let reply = self.a_comes_back(vec![copy.clone()]).await?;
+        assert_eq!(reply.kill_tasks, [self.original.id.as_str()], "{reply:?}");
+        assert_eq!(self.a.next_kill().await?, self.original.id);
+        self.a
+            .report(&self.leader, copy, model_pb::TaskState::Killed)?;
+        self.settled(&self.b, replacement, &self.a).await
+    }
+
+    /// `a` comes back reporting the original and it stays: nothing is in the registration
+    /// reply's kill list; instead a KillTask for `copy` reaches `b`, and `b` reports it KILLED.
+    async fn a_returns_and_b_stops(&self, copy: &model_pb::Task) -> anyhow::Result<()> {
+        let reply = self.a_comes_back(vec![self.original.clone()]).await?;
+        assert!(reply.kill_tasks.is_empty(), "{reply:?}");
+        assert_eq!(self.b.next_kill().await?, copy.id);
+        self.b
+            .report(&self.leader, copy, model_pb::TaskState::Killed)?;
+        Ok(())
+    }
+
+    /// The state once `a`'s return has been evaluated (the `AgentUpdate` evaluation naming it
+    /// is done) and `ended` has no live task of `web`; checked to have `kept` RUNNING on
+    /// `keeper`, where no KillTask has come.
+    async fn settled(
+        &self,
+        keeper: &PlayedAgent,
+        kept: &model_pb::Task,
+        ended: &PlayedAgent,
+    ) -> anyhow::Result<pb::ClusterState> {
+        let master = self.leading();
+        evaluated(master, "web", "AgentUpdate", &self.a.id).await?;
+        let state = state_when(master, "the other copy ended", |s| {
+            live_tasks_of(s, &ended.id, "web").is_empty()
+        })
+        .await?;
+        let task = task_on(&state, &keeper.id, &kept.id).context("the copy kept")?;
+        assert!(is(task, model_pb::TaskState::Running), "{task:?}");
+        assert!(keeper.nothing_killed(), "the copy kept was killed");
+        Ok(state)
+    }
+
+    /// The state once `a`'s return has been evaluated (the `AgentUpdate` evaluation naming it
+    /// is done), checked to show the return changed nothing: no copy on `b`, no KillTask to
+    /// `a` and no launch on `b`, and the job's summary counts the original RUNNING, none
+    /// UNKNOWN.
+    async fn the_return_changed_nothing(&self) -> anyhow::Result<pb::ClusterState> {
+        let master = self.leading();
+        evaluated(master, "web", "AgentUpdate", &self.a.id).await?;
+        let state = state_when(master, "the state after the return", |_| true).await?;
+        assert!(
+            live_tasks_of(&state, &self.b.id, "web").is_empty(),
+            "{state:?}"
+        );
+        assert!(self.a.nothing_killed(), "the original was killed");
+        assert!(self.b.nothing_launched(), "another copy launched on b");
+        let summary = job_summary(master, "web").await?;
+        assert_eq!((summary.unknown, summary.running), (0, 1), "{summary:?}");
+        Ok(state)
     }
 
     async fn shutdown(self) {
@@ -1545,32 +1676,17 @@ async fn a_returning_original_is_kept_and_its_replacement_stopped_with_keep_orig
     cluster.lose_a().await?;
     let replacement = cluster.replacement_runs_on_b().await?;
 
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
-        .await?;
-    assert!(reply.kill_tasks.is_empty(), "{reply:?}");
-    assert_eq!(cluster.b.next_kill().await?, replacement.id);
-    cluster
-        .b
-        .report(&cluster.leader, &replacement, model_pb::TaskState::Killed)?;
-    let master = cluster.leading();
+    cluster.a_returns_and_b_stops(&replacement).await?;
     let (a, b) = (&cluster.a.id, &cluster.b.id);
-    let state = state_when(master, "the original alone running", |s| {
+    let state = state_when(cluster.leading(), "the original alone running", |s| {
         task_on(s, a, &cluster.original.id).is_some_and(|t| is(t, model_pb::TaskState::Running))
             && live_tasks_of(s, b, "web").is_empty()
     })
     .await?;
     assert!(state.unreachable.is_empty(), "{state:?}");
     // The return's evaluation changes nothing: no kill for the original, no new launch.
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the state after the return", |_| true).await?;
+    let state = cluster.the_return_changed_nothing().await?;
     assert_eq!(live_tasks_of(&state, a, "web").len(), 1, "{state:?}");
-    assert!(live_tasks_of(&state, b, "web").is_empty(), "{state:?}");
-    assert!(cluster.a.nothing_killed(), "the original was killed");
-    assert!(cluster.b.nothing_launched(), "a third copy launched");
-    let summary = job_summary(master, "web").await?;
-    assert_eq!((summary.unknown, summary.running), (0, 1), "{summary:?}");
     cluster.shutdown().await;
     Ok(())
 }
@@ -1585,31 +1701,9 @@ async fn a_returning_original_is_killed_with_keep_replacement() -> anyhow::Resul
     cluster.lose_a().await?;
     let replacement = cluster.replacement_runs_on_b().await?;
 
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+    cluster
+        .a_returns_and_its_copy_is_killed(&cluster.original, &replacement)
         .await?;
-    assert_eq!(
-        reply.kill_tasks,
-        [cluster.original.id.as_str()],
-        "{reply:?}"
-    );
-    assert_eq!(cluster.a.next_kill().await?, cluster.original.id);
-    cluster.a.report(
-        &cluster.leader,
-        &cluster.original,
-        model_pb::TaskState::Killed,
-    )?;
-    let master = cluster.leading();
-    let (a, b) = (&cluster.a.id, &cluster.b.id);
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the original ended", |s| {
-        live_tasks_of(s, a, "web").is_empty()
-    })
-    .await?;
-    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
-    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
-    assert!(cluster.b.nothing_killed(), "the replacement was killed");
     assert!(cluster.b.nothing_launched(), "a third copy launched");
     cluster.shutdown().await;
     Ok(())
@@ -1635,21 +1729,12 @@ async fn a_task_not_replaced_keeps_its_slot_while_away_and_is_kept_on_return() -
     let summary = job_summary(master, "web").await?;
     assert_eq!((summary.unknown, summary.running), (1, 0), "{summary:?}");
 
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
-        .await?;
+    let reply = cluster.a_comes_back(vec![cluster.original.clone()]).await?;
     assert!(reply.kill_tasks.is_empty(), "{reply:?}");
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the state after the return", |_| true).await?;
+    let state = cluster.the_return_changed_nothing().await?;
     let kept = task_on(&state, a, &cluster.original.id).context("the original")?;
     assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
     assert!(state.unreachable.is_empty(), "{state:?}");
-    assert!(live_tasks_of(&state, b, "web").is_empty(), "{state:?}");
-    assert!(cluster.a.nothing_killed(), "the original was killed");
-    assert!(cluster.b.nothing_launched(), "a replacement launched");
-    let summary = job_summary(master, "web").await?;
-    assert_eq!((summary.unknown, summary.running), (0, 1), "{summary:?}");
     cluster.shutdown().await;
     Ok(())
 }
@@ -1663,29 +1748,14 @@ async fn a_task_lost_for_good_is_replaced_then_and_killed_when_its_agent_returns
     const LOST_AFTER_MS: u64 = 1_500;
     let policy = disconnect(false, LOST_AFTER_MS, model_pb::Reconcile::KeepOriginal);
     let cluster = AwayCluster::start(1, policy).await?;
-    let state = cluster.lose_a().await?;
-    let marked_at_ms = state
-        .unreachable
-        .iter()
-        .find(|u| u.id == cluster.a.id)
-        .context("a unreachable")?
-        .marked_at_ms;
+    let marked_at_ms = cluster.lose_a_marked_at().await?;
 
-    let launched = cluster.b.next_launch().await?;
-    let launched_at_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?;
+    let launched = cluster
+        .launched_once_lost(marked_at_ms, LOST_AFTER_MS)
+        .await?;
     let replacement = cluster.replacement_running(&launched).await?;
-    assert!(
-        launched_at_ms >= marked_at_ms + LOST_AFTER_MS,
-        "replaced {} ms after the mark, before lost_after ({LOST_AFTER_MS} ms)",
-        launched_at_ms - marked_at_ms
-    );
     let master = cluster.leading();
-    let (a, b) = (&cluster.a.id, &cluster.b.id);
-    let original = &cluster.original.id;
+    let (a, original) = (&cluster.a.id, &cluster.original.id);
     state_when(master, "the original lost for good", |s| {
         task_away(s, a, original).is_some_and(|t| is(t, model_pb::TaskState::Lost))
     })
@@ -1698,25 +1768,9 @@ async fn a_task_lost_for_good_is_replaced_then_and_killed_when_its_agent_returns
     );
 
     // Back after lost_after: its copy is killed, even with keep_original.
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+    cluster
+        .a_returns_and_its_copy_is_killed(&cluster.original, &replacement)
         .await?;
-    assert_eq!(reply.kill_tasks, [original.as_str()], "{reply:?}");
-    assert_eq!(cluster.a.next_kill().await?, *original);
-    cluster.a.report(
-        &cluster.leader,
-        &cluster.original,
-        model_pb::TaskState::Killed,
-    )?;
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the original ended", |s| {
-        live_tasks_of(s, a, "web").is_empty()
-    })
-    .await?;
-    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
-    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
-    assert!(cluster.b.nothing_killed(), "the replacement was killed");
     cluster.shutdown().await;
     Ok(())
 }
@@ -1732,35 +1786,16 @@ async fn a_new_leader_settles_a_returning_agent_from_the_registrys_record() -> a
     let replacement = cluster.replacement_runs_on_b().await?;
 
     // The leader goes; its successor waits for b, which comes back with the replacement.
-    let first = *cluster
-        .members
-        .iter()
-        .find(|(_, address)| **address == cluster.leader)
-        .context("the leader")?
-        .0;
-    cluster
-        .masters
-        .remove(&first)
-        .context("the leader")?
-        .shutdown()
-        .await;
-    let second = leader(&cluster.masters).await?;
-    let remaining: Vec<String> = cluster
-        .members
-        .iter()
-        .filter(|(id, _)| **id != first)
-        .map(|(_, address)| address.clone())
-        .collect();
+    cluster.fail_over().await?;
     let reply = cluster
         .b
-        .come_back(&remaining, vec![replacement.clone()])
+        .come_back(&cluster.addresses(), vec![replacement.clone()])
         .await?;
     assert!(reply.kill_tasks.is_empty(), "{reply:?}");
-    let master = &cluster.masters[&second];
     let (a, b) = (&cluster.a.id, &cluster.b.id);
     let original = &cluster.original.id;
     state_when(
-        master,
+        cluster.leading(),
         "recovered, a still away with its task unknown",
         |s| {
             s.is_leader
@@ -1772,26 +1807,10 @@ async fn a_new_leader_settles_a_returning_agent_from_the_registrys_record() -> a
     )
     .await?;
 
-    let reply = cluster
-        .a
-        .come_back(&remaining, vec![cluster.original.clone()])
+    let state = cluster
+        .a_returns_and_its_copy_is_killed(&cluster.original, &replacement)
         .await?;
-    assert_eq!(reply.kill_tasks, [original.as_str()], "{reply:?}");
-    assert_eq!(cluster.a.next_kill().await?, *original);
-    cluster.a.report(
-        &cluster.members[&second],
-        &cluster.original,
-        model_pb::TaskState::Killed,
-    )?;
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the original ended", |s| {
-        live_tasks_of(s, a, "web").is_empty()
-    })
-    .await?;
-    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
-    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
     assert!(state.unreachable.is_empty(), "{state:?}");
-    assert!(cluster.b.nothing_killed(), "the replacement was killed");
     cluster.shutdown().await;
     Ok(())
 }
@@ -1810,31 +1829,9 @@ async fn best_score_keeps_the_copy_on_the_fuller_agent() -> anyhow::Result<()> {
     cluster.lose_a().await?;
     let replacement = cluster.replacement_runs_on_b().await?;
 
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
+    cluster
+        .a_returns_and_its_copy_is_killed(&cluster.original, &replacement)
         .await?;
-    assert_eq!(
-        reply.kill_tasks,
-        [cluster.original.id.as_str()],
-        "{reply:?}"
-    );
-    assert_eq!(cluster.a.next_kill().await?, cluster.original.id);
-    cluster.a.report(
-        &cluster.leader,
-        &cluster.original,
-        model_pb::TaskState::Killed,
-    )?;
-    let master = cluster.leading();
-    let (a, b) = (&cluster.a.id, &cluster.b.id);
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the original ended", |s| {
-        live_tasks_of(s, a, "web").is_empty()
-    })
-    .await?;
-    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
-    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
-    assert!(cluster.b.nothing_killed(), "the replacement was killed");
     cluster.shutdown().await;
     Ok(())
 }
@@ -1850,30 +1847,16 @@ async fn a_replacement_not_yet_running_is_stopped_when_the_original_comes_back()
     cluster.lose_a().await?;
     // Launched on b, which says nothing of it yet: STAGING.
     let staging = cluster.b.next_launch().await?;
-    let (a, b) = (&cluster.a.id, &cluster.b.id);
+    let b = &cluster.b.id;
     state_when(cluster.leading(), "the replacement staging on b", |s| {
         task_on(s, b, &staging.id).is_some_and(|t| is(t, model_pb::TaskState::Staging))
     })
     .await?;
 
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), vec![cluster.original.clone()])
-        .await?;
-    assert!(reply.kill_tasks.is_empty(), "{reply:?}");
-    assert_eq!(cluster.b.next_kill().await?, staging.id);
+    cluster.a_returns_and_b_stops(&staging).await?;
     cluster
-        .b
-        .report(&cluster.leader, &staging, model_pb::TaskState::Killed)?;
-    let master = cluster.leading();
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the original alone", |s| {
-        live_tasks_of(s, b, "web").is_empty()
-    })
-    .await?;
-    let kept = task_on(&state, a, &cluster.original.id).context("the original")?;
-    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
-    assert!(cluster.a.nothing_killed(), "the original was killed");
+        .settled(&cluster.a, &cluster.original, &cluster.b)
+        .await?;
     cluster.shutdown().await;
     Ok(())
 }
@@ -1886,10 +1869,7 @@ async fn a_task_not_reported_on_return_is_lost_and_killed_if_it_turns_up() -> an
     cluster.lose_a().await?;
     let replacement = cluster.replacement_runs_on_b().await?;
 
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), Vec::new())
-        .await?;
+    let reply = cluster.a_comes_back(Vec::new()).await?;
     assert!(reply.kill_tasks.is_empty(), "{reply:?}");
     let master = cluster.leading();
     let (a, b) = (&cluster.a.id, &cluster.b.id);
@@ -1947,29 +1927,9 @@ async fn longest_running_keeps_the_replacement_of_a_task_not_running_when_marked
         state: model_pb::TaskState::Running as i32,
         ..cluster.original.clone()
     };
-    let reply = cluster
-        .a
-        .come_back(&cluster.addresses(), vec![running.clone()])
-        .await?;
-    assert_eq!(
-        reply.kill_tasks,
-        [cluster.original.id.as_str()],
-        "{reply:?}"
-    );
-    assert_eq!(cluster.a.next_kill().await?, cluster.original.id);
     cluster
-        .a
-        .report(&cluster.leader, &running, model_pb::TaskState::Killed)?;
-    let master = cluster.leading();
-    let (a, b) = (&cluster.a.id, &cluster.b.id);
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the original ended", |s| {
-        live_tasks_of(s, a, "web").is_empty()
-    })
-    .await?;
-    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
-    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
-    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+        .a_returns_and_its_copy_is_killed(&running, &replacement)
+        .await?;
     cluster.shutdown().await;
     Ok(())
 }
@@ -1981,24 +1941,10 @@ async fn a_short_lost_after_still_keeps_the_slot_until_it_passes() -> anyhow::Re
     const LOST_AFTER_MS: u64 = 300;
     let policy = disconnect(false, LOST_AFTER_MS, model_pb::Reconcile::BestScore);
     let cluster = AwayCluster::start(1, policy).await?;
-    let state = cluster.lose_a().await?;
-    let marked_at_ms = state
-        .unreachable
-        .iter()
-        .find(|u| u.id == cluster.a.id)
-        .context("a unreachable")?
-        .marked_at_ms;
-    cluster.b.next_launch().await?;
-    let launched_at_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?;
-    assert!(
-        launched_at_ms >= marked_at_ms + LOST_AFTER_MS,
-        "replaced {} ms after the mark, before lost_after ({LOST_AFTER_MS} ms)",
-        launched_at_ms - marked_at_ms
-    );
+    let marked_at_ms = cluster.lose_a_marked_at().await?;
+    cluster
+        .launched_once_lost(marked_at_ms, LOST_AFTER_MS)
+        .await?;
     cluster.shutdown().await;
     Ok(())
 }
@@ -2013,82 +1959,41 @@ async fn a_new_leader_replaces_a_task_lost_for_good_from_the_registrys_record() 
     const LOST_AFTER_MS: u64 = 2_000;
     let policy = disconnect(false, LOST_AFTER_MS, model_pb::Reconcile::KeepOriginal);
     let mut cluster = AwayCluster::start(3, policy).await?;
-    let state = cluster.lose_a().await?;
-    let marked_at_ms = state
-        .unreachable
-        .iter()
-        .find(|u| u.id == cluster.a.id)
-        .context("a unreachable")?
-        .marked_at_ms;
+    let marked_at_ms = cluster.lose_a_marked_at().await?;
     // The mark's own evaluation is done (placing nothing) before the leader goes.
     evaluated(cluster.leading(), "web", "AgentUnreachable", &cluster.a.id).await?;
     assert!(cluster.b.nothing_launched(), "replaced before lost_after");
 
-    let first = *cluster
-        .members
-        .iter()
-        .find(|(_, address)| **address == cluster.leader)
-        .context("the leader")?
-        .0;
+    cluster.fail_over().await?;
     cluster
-        .masters
-        .remove(&first)
-        .context("the leader")?
-        .shutdown()
-        .await;
-    let second = leader(&cluster.masters).await?;
-    let remaining: Vec<String> = cluster
-        .members
-        .iter()
-        .filter(|(id, _)| **id != first)
-        .map(|(_, address)| address.clone())
-        .collect();
-    cluster.b.come_back(&remaining, Vec::new()).await?;
-    let now = &cluster.members[&second];
+        .b
+        .come_back(&cluster.addresses(), Vec::new())
+        .await?;
 
     // The new leader places the replacement once lost_after has passed, not before.
-    let launched = cluster.b.next_launch().await?;
-    let launched_at_ms = u64::try_from(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)?
-            .as_millis(),
-    )?;
-    assert!(
-        launched_at_ms >= marked_at_ms + LOST_AFTER_MS,
-        "replaced {} ms after the mark, before lost_after ({LOST_AFTER_MS} ms)",
-        launched_at_ms - marked_at_ms
-    );
+    let launched = cluster
+        .launched_once_lost(marked_at_ms, LOST_AFTER_MS)
+        .await?;
     assert_eq!(launched.name, cluster.original.name);
     let replacement = cluster
         .b
-        .report(now, &launched, model_pb::TaskState::Running)?;
-    let master = &cluster.masters[&second];
+        .report(&cluster.leader, &launched, model_pb::TaskState::Running)?;
     let (a, b) = (&cluster.a.id, &cluster.b.id);
     let original = &cluster.original.id;
-    state_when(master, "the replacement running, the original lost", |s| {
-        task_on(s, b, &replacement.id).is_some_and(|t| is(t, model_pb::TaskState::Running))
-            && task_away(s, a, original).is_some_and(|t| is(t, model_pb::TaskState::Lost))
-    })
+    state_when(
+        cluster.leading(),
+        "the replacement running, the original lost",
+        |s| {
+            task_on(s, b, &replacement.id).is_some_and(|t| is(t, model_pb::TaskState::Running))
+                && task_away(s, a, original).is_some_and(|t| is(t, model_pb::TaskState::Lost))
+        },
+    )
     .await?;
 
     // Back after lost_after: its copy is killed, even with keep_original.
-    let reply = cluster
-        .a
-        .come_back(&remaining, vec![cluster.original.clone()])
-        .await?;
-    assert_eq!(reply.kill_tasks, [original.as_str()], "{reply:?}");
-    assert_eq!(cluster.a.next_kill().await?, *original);
     cluster
-        .a
-        .report(now, &cluster.original, model_pb::TaskState::Killed)?;
-    evaluated(master, "web", "AgentUpdate", a).await?;
-    let state = state_when(master, "the original ended", |s| {
-        live_tasks_of(s, a, "web").is_empty()
-    })
-    .await?;
-    let kept = task_on(&state, b, &replacement.id).context("the replacement")?;
-    assert!(is(kept, model_pb::TaskState::Running), "{kept:?}");
-    assert!(cluster.b.nothing_killed(), "the replacement was killed");
+        .a_returns_and_its_copy_is_killed(&cluster.original, &replacement)
+        .await?;
     cluster.shutdown().await;
     Ok(())
 }
