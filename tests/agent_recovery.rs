@@ -30,8 +30,9 @@ mod common;
 
 const DEADLINE: Duration = common::DEADLINE;
 
-/// The environment variable that marks a test's task processes.
-const MARKER: &str = "MUSTER_TEST_MARKER";
+/// The environment variable that marks a test's task processes (the one
+/// [`common::marked_shell_job`] sets).
+const MARKER: &str = common::MARKER;
 
 /// A master, its agents and a management token.
 struct Cluster {
@@ -153,8 +154,9 @@ impl Cluster {
     }
 }
 
-/// A job of one group (`count` tasks running `script` under `sh -c`), on agents with
-/// `rack=<rack>` if given, its processes marked with `marker`.
+/// A job of one group of one task running `script` under `sh -c` (64 MiB, see
+/// [`common::marked_shell_job`]), on agents with `rack=<rack>` if given, its processes marked
+/// with `marker`.
 fn job(
     name: &str,
     scheduler: model_pb::SchedulerType,
@@ -162,31 +164,16 @@ fn job(
     marker: &str,
     rack: Option<&str>,
 ) -> model_pb::Job {
-    model_pb::Job {
-        name: name.into(),
-        scheduler: scheduler as i32,
-        groups: vec![model_pb::TaskGroup {
-            name: "main".into(),
-            count: 1,
-            resources: Some(model_pb::Resources {
-                cpus: 0.1,
-                mem_mb: 64,
-            }),
-            command: "sh".into(),
-            args: vec!["-c".into(), script.into()],
-            env: [(MARKER.to_owned(), marker.to_owned())].into(),
-            constraints: rack
-                .map(|rack| model_pb::Constraint {
-                    attribute: "rack".into(),
-                    op: model_pb::ConstraintOp::Equal as i32,
-                    value: rack.into(),
-                })
-                .into_iter()
-                .collect(),
-            ..model_pb::TaskGroup::default()
-        }],
-        ..model_pb::Job::default()
-    }
+    let mut job = common::marked_shell_job(name, scheduler, 1, 64, script, marker);
+    job.groups[0].constraints = rack
+        .map(|rack| model_pb::Constraint {
+            attribute: "rack".into(),
+            op: model_pb::ConstraintOp::Equal as i32,
+            value: rack.into(),
+        })
+        .into_iter()
+        .collect();
+    job
 }
 
 /// The live processes on this machine whose environment holds `MARKER=<marker>`.

@@ -391,6 +391,33 @@ impl Linked {
         })
     }
 
+    /// Runs `body` on three masters started with `master_flags` (see [`Linked::start`]), then
+    /// stops everything and passes its result on, with the children's logs (kept under the name
+    /// `test`) if it is an error (see [`Linked::finish`]).
+    async fn run(
+        test: &str,
+        master_flags: &[&str],
+        body: impl AsyncFnOnce(&mut Linked) -> anyhow::Result<()>,
+    ) -> anyhow::Result<()> {
+        let mut cluster = Linked::start(3, master_flags).await?;
+        let result = body(&mut cluster).await;
+        cluster.finish(test, result).await
+    }
+
+    /// Starts agents `0..count` (see [`Linked::start_agent`]) and returns the leading
+    /// master's index once all of them are connected to it.
+    async fn start_agents(&mut self, count: usize) -> anyhow::Result<usize> {
+        for n in 0..count {
+            self.start_agent(n).await?;
+        }
+        let (leader, _) = self
+            .leader_when(&format!("{count} agents registered"), |s| {
+                connected(s) == count
+            })
+            .await?;
+        Ok(leader)
+    }
+
     /// Starts agent `n` on its own host, reaching each master through its link `n → master`
     /// and reached by every master through its link `ANY_MASTER → n`, reporting `name=a<n>`.
     async fn start_agent(&mut self, n: usize) -> anyhow::Result<()> {
@@ -455,6 +482,51 @@ impl Linked {
         done: impl Fn(&pb::ClusterState) -> bool,
     ) -> anyhow::Result<(usize, pb::ClusterState)> {
         leader_state_when(&self.masters.addresses, &self.token, what, done).await
+    }
+
+    /// The leading master's index and state, and the processes of the service job `job` by
+    /// slot, once `done` holds there and `job` has settled at `count` slots (see
+    /// [`service_settled`]).
+    async fn leader_when_settled(
+        &self,
+        what: &str,
+        job: &str,
+        count: u32,
+        done: impl Fn(&pb::ClusterState) -> bool,
+    ) -> anyhow::Result<(usize, pb::ClusterState, BTreeMap<String, i32>)> {
+        let marker = self.marker(job);
+        let count = count as usize;
+        let (leader, state) = self
+            .leader_when(what, |s| {
+                done(s) && service_settled(s, job, &marker, count).is_ok()
+            })
+            .await?;
+        let settled = service_settled(&state, job, &marker, count).map_err(anyhow::Error::msg)?;
+        Ok((leader, state, settled))
+    }
+
+    /// Watches master `index` for [`CHECKS`] (see [`Linked::stays_so`]): the service job `job`
+    /// stays settled (see [`service_settled`]) with each of its slots run by the same process
+    /// as in `expected`, and each of the batch slots `ran_once` recorded exactly one run.
+    async fn service_stays(
+        &self,
+        index: usize,
+        what: &str,
+        job: &str,
+        expected: &BTreeMap<String, i32>,
+        ran_once: &[String],
+    ) -> anyhow::Result<()> {
+        let marker = self.marker(job);
+        self.stays_so(index, what, CHECKS, |state| {
+            let now = service_settled(state, job, &marker, expected.len())?;
+            if now != *expected {
+                return Err(format!(
+                    "the {job} processes went from {expected:?} to {now:?}"
+                ));
+            }
+            each_ran_once(self, ran_once)
+        })
+        .await
     }
 
     /// Submits `job` to master `index` (the leader, directly: operators are not behind links).
@@ -597,7 +669,8 @@ impl Linked {
         Ok(())
     }
 
-    /// A job of one group `main` of `count` tasks running `script` under `sh -c`, marked.
+    /// A job of one group `main` of `count` tasks running `script` under `sh -c`, marked
+    /// (32 MiB each, see [`common::marked_shell_job`]).
     fn job(
         &self,
         name: &str,
@@ -605,23 +678,36 @@ impl Linked {
         count: u32,
         script: &str,
     ) -> model_pb::Job {
-        model_pb::Job {
-            name: name.into(),
-            scheduler: scheduler as i32,
-            groups: vec![model_pb::TaskGroup {
-                name: "main".into(),
-                count,
-                resources: Some(model_pb::Resources {
-                    cpus: 0.1,
-                    mem_mb: 32,
-                }),
-                command: "sh".into(),
-                args: vec!["-c".into(), script.into()],
-                env: [(common::MARKER.to_owned(), self.marker(name))].into(),
-                ..model_pb::TaskGroup::default()
-            }],
-            ..model_pb::Job::default()
-        }
+        common::marked_shell_job(name, scheduler, count, 32, script, &self.marker(name))
+    }
+
+    /// A service job of `count` slots, each run by one process (`exec sleep 600`).
+    fn sleeping_service(&self, name: &str, count: u32) -> model_pb::Job {
+        self.job(
+            name,
+            model_pb::SchedulerType::Service,
+            count,
+            "exec sleep 600",
+        )
+    }
+
+    /// A batch job of `count` tasks, each of which records its run (see [`Linked::recording`])
+    /// and exits 0.
+    fn recorded_batch(&self, name: &str, count: u32) -> model_pb::Job {
+        self.job(
+            name,
+            model_pb::SchedulerType::Batch,
+            count,
+            &self.recording("exit 0"),
+        )
+    }
+
+    /// Submits to master `index` the service job `web` and then the batch job `once`, of
+    /// `count` slots each (see [`Linked::sleeping_service`] and [`Linked::recorded_batch`]).
+    async fn submit_web_and_once(&self, index: usize, count: u32) -> anyhow::Result<()> {
+        self.submit(index, self.sleeping_service("web", count))
+            .await?;
+        self.submit(index, self.recorded_batch("once", count)).await
     }
 
     /// Stops everything (agents first, with their tasks), and passes `result` on, with the
@@ -687,6 +773,12 @@ fn live_tasks(state: &pb::ClusterState, job: &str) -> BTreeSet<String> {
         .filter(|t| t.job == job)
         .map(|t| t.id.clone())
         .collect()
+}
+
+/// Whether each of the `count` slots of the batch job `job` has a task that finished, and
+/// none of its tasks is live.
+fn batch_finished(state: &pb::ClusterState, job: &str, count: u32) -> bool {
+    finished_slots(state, job).len() == count as usize && live_tasks(state, job).is_empty()
 }
 
 /// The number of agents connected.
@@ -789,26 +881,18 @@ const QUICK_HEARTBEATS: &[&str] = &[
 /// the running one finishing once released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_from_its_agents_and_healed_runs_every_slot_once() -> anyhow::Result<()> {
-    let mut cluster = Linked::start(3, QUICK_HEARTBEATS).await?;
-    let result = cut_and_heal(&mut cluster).await;
-    cluster.finish("cut-and-heal", result).await
+    Linked::run("cut-and-heal", QUICK_HEARTBEATS, cut_and_heal).await
 }
 
 async fn cut_and_heal(cluster: &mut Linked) -> anyhow::Result<()> {
-    use model_pb::SchedulerType::{Batch, Service};
     const AGENTS: usize = 3;
     const SLOTS: u32 = 3;
-    for n in 0..AGENTS {
-        cluster.start_agent(n).await?;
-    }
-    let (leader, _) = cluster
-        .leader_when("three agents registered", |s| connected(s) == AGENTS)
-        .await?;
-    let web = cluster.job("web", Service, SLOTS, "exec sleep 600");
-    let done = cluster.job("done", Batch, SLOTS, &cluster.recording("exit 0"));
+    let leader = cluster.start_agents(AGENTS).await?;
+    let web = cluster.sleeping_service("web", SLOTS);
+    let done = cluster.recorded_batch("done", SLOTS);
     let long = cluster.job(
         "long",
-        Batch,
+        model_pb::SchedulerType::Batch,
         SLOTS,
         &cluster.recording(&cluster.wait_for_file("release")),
     );
@@ -823,13 +907,9 @@ async fn cut_and_heal(cluster: &mut Linked) -> anyhow::Result<()> {
         })
         .await?;
     let web_marker = cluster.marker("web");
-    let (_, state) = cluster
-        .leader_when("the web processes", |s| {
-            service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
-        })
+    let (_, state, before) = cluster
+        .leader_when_settled("the web processes", "web", SLOTS, |_| true)
         .await?;
-    let before =
-        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
     let agent_ids: BTreeSet<String> = state.agents.iter().map(|a| a.id.clone()).collect();
 
     // The leader's connections to the agents it launched tasks on: a master dials an agent
@@ -879,13 +959,9 @@ async fn cut_and_heal(cluster: &mut Linked) -> anyhow::Result<()> {
         "master {back_at} leads after the heal, not {leader}"
     );
 
-    let (_, state) = cluster
-        .leader_when("web settled", |s| {
-            !s.recovering && service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
-        })
+    let (_, _, after) = cluster
+        .leader_when_settled("web settled", "web", SLOTS, |s| !s.recovering)
         .await?;
-    let after =
-        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
     for (slot, pid) in &before {
         match after.get(slot) {
             Some(now) if now == pid => {}
@@ -895,23 +971,13 @@ async fn cut_and_heal(cluster: &mut Linked) -> anyhow::Result<()> {
     }
     // It stays so (one process per slot, the same ones) through the convergence checks.
     cluster
-        .stays_so(leader, "after the heal", CHECKS, |state| {
-            let now = service_settled(state, "web", &web_marker, SLOTS as usize)?;
-            if now == after {
-                Ok(())
-            } else {
-                Err(format!("the web processes went from {after:?} to {now:?}"))
-            }
-        })
+        .service_stays(leader, "after the heal", "web", &after, &[])
         .await?;
 
     cluster.create_file("release")?;
     cluster
         .leader_when("every batch slot finished", |s| {
-            finished_slots(s, "long").len() == SLOTS as usize
-                && live_tasks(s, "long").is_empty()
-                && finished_slots(s, "done").len() == SLOTS as usize
-                && live_tasks(s, "done").is_empty()
+            batch_finished(s, "long", SLOTS) && batch_finished(s, "done", SLOTS)
         })
         .await?;
     let mut slots = slots_of("done", SLOTS);
@@ -938,9 +1004,7 @@ const SHORT_RECOVERY: &[&str] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_task_finished_before_a_failover_does_not_run_again_when_its_agent_is_late()
 -> anyhow::Result<()> {
-    let mut cluster = Linked::start(3, SHORT_RECOVERY).await?;
-    let result = finished_then_late(&mut cluster).await;
-    cluster.finish("finished-then-late", result).await
+    Linked::run("finished-then-late", SHORT_RECOVERY, finished_then_late).await
 }
 
 async fn finished_then_late(cluster: &mut Linked) -> anyhow::Result<()> {
@@ -949,16 +1013,12 @@ async fn finished_then_late(cluster: &mut Linked) -> anyhow::Result<()> {
     let (leader, _) = cluster
         .leader_when("agent a0 registered", |s| connected(s) == 1)
         .await?;
-    let once = cluster.job(
-        "once",
-        model_pb::SchedulerType::Batch,
-        SLOTS,
-        &cluster.recording("exit 0"),
-    );
-    cluster.submit(leader, once).await?;
+    cluster
+        .submit(leader, cluster.recorded_batch("once", SLOTS))
+        .await?;
     let (_, state) = cluster
         .leader_when("both batch tasks finished", |s| {
-            finished_slots(s, "once").len() == SLOTS as usize && live_tasks(s, "once").is_empty()
+            batch_finished(s, "once", SLOTS)
         })
         .await?;
     let a0 = agent_named(&state, "a0").context("agent a0")?.id.clone();
@@ -995,10 +1055,7 @@ async fn finished_then_late(cluster: &mut Linked) -> anyhow::Result<()> {
     let resumed = Instant::now();
     cluster
         .leader_when("a0 back, both slots finished", |s| {
-            connected(s) == 2
-                && s.unreachable.is_empty()
-                && finished_slots(s, "once").len() == SLOTS as usize
-                && live_tasks(s, "once").is_empty()
+            connected(s) == 2 && s.unreachable.is_empty() && batch_finished(s, "once", SLOTS)
         })
         .await?;
     println!(
@@ -1008,6 +1065,10 @@ async fn finished_then_late(cluster: &mut Linked) -> anyhow::Result<()> {
     each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
     Ok(())
 }
+
+/// Master flags of the tests that kill a leader with jobs just submitted: the leader checks
+/// every second that jobs run what they ask for.
+const RECONCILE_EVERY_SECOND: &[&str] = &["--reconcile-interval", "1s"];
 
 /// Three masters, two agents; the leader is cut from the agents (nothing they send reaches
 /// it; its launches still reach them), a service job of three slots and a batch job of three
@@ -1019,36 +1080,21 @@ async fn finished_then_late(cluster: &mut Linked) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_with_its_launches_unconfirmed_leaves_each_slot_run_once()
 -> anyhow::Result<()> {
-    let mut cluster = Linked::start(3, &["--reconcile-interval", "1s"]).await?;
-    let result = killed_while_unconfirmed(&mut cluster).await;
-    cluster.finish("killed-while-unconfirmed", result).await
+    Linked::run(
+        "killed-while-unconfirmed",
+        RECONCILE_EVERY_SECOND,
+        killed_while_unconfirmed,
+    )
+    .await
 }
 
 async fn killed_while_unconfirmed(cluster: &mut Linked) -> anyhow::Result<()> {
     const AGENTS: usize = 2;
     const SLOTS: u32 = 3;
-    for n in 0..AGENTS {
-        cluster.start_agent(n).await?;
-    }
-    let (leader, _) = cluster
-        .leader_when("two agents registered", |s| connected(s) == AGENTS)
-        .await?;
+    let leader = cluster.start_agents(AGENTS).await?;
     cluster.cut_agents_to(leader);
     cluster.held_at_least(AGENTS).await?;
-    let web = cluster.job(
-        "web",
-        model_pb::SchedulerType::Service,
-        SLOTS,
-        "exec sleep 600",
-    );
-    let once = cluster.job(
-        "once",
-        model_pb::SchedulerType::Batch,
-        SLOTS,
-        &cluster.recording("exit 0"),
-    );
-    cluster.submit(leader, web).await?;
-    cluster.submit(leader, once).await?;
+    cluster.submit_web_and_once(leader, SLOTS).await?;
     let web_marker = cluster.marker("web");
     let slots = slots_of("once", SLOTS);
     let started = common::poll_within("every task started", DEADLINE, || {
@@ -1077,18 +1123,14 @@ async fn killed_while_unconfirmed(cluster: &mut Linked) -> anyhow::Result<()> {
     cluster.kill_master(leader).await?;
     cluster.partitions.heal();
 
-    let (successor, state) = cluster
-        .leader_when("a new leader with the web and once tasks", |s| {
-            !s.recovering
-                && connected(s) == AGENTS
-                && finished_slots(s, "once").len() == SLOTS as usize
-                && live_tasks(s, "once").is_empty()
-                && service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
-        })
-        .await?;
-    ensure!(successor != leader, "the killed master {leader} leads");
-    let after =
-        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
+    let (successor, after) = web_and_once_after_failover(
+        cluster,
+        leader,
+        AGENTS,
+        SLOTS,
+        "a new leader with the web and once tasks",
+    )
+    .await?;
     let launched: BTreeMap<String, i32> = started
         .iter()
         .map(|(slot, pids)| (slot.clone(), pids[0]))
@@ -1100,17 +1142,8 @@ async fn killed_while_unconfirmed(cluster: &mut Linked) -> anyhow::Result<()> {
     each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
     // And so it stays through three convergence checks.
     cluster
-        .stays_so(successor, "after the failover", CHECKS, |state| {
-            let now = service_settled(state, "web", &web_marker, SLOTS as usize)?;
-            if now != launched {
-                return Err(format!(
-                    "the web processes went from {launched:?} to {now:?}"
-                ));
-            }
-            each_ran_once(cluster, &slots)
-        })
-        .await?;
-    Ok(())
+        .service_stays(successor, "after the failover", "web", &launched, &slots)
+        .await
 }
 
 /// Three masters, two agents; a service job of three slots and a batch job of three are
@@ -1121,61 +1154,53 @@ async fn killed_while_unconfirmed(cluster: &mut Linked) -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_killed_as_it_acknowledges_a_submission_leaves_each_slot_run_once()
 -> anyhow::Result<()> {
-    let mut cluster = Linked::start(3, &["--reconcile-interval", "1s"]).await?;
-    let result = killed_after_submit(&mut cluster).await;
-    cluster.finish("killed-after-submit", result).await
+    Linked::run(
+        "killed-after-submit",
+        RECONCILE_EVERY_SECOND,
+        killed_after_submit,
+    )
+    .await
 }
 
 async fn killed_after_submit(cluster: &mut Linked) -> anyhow::Result<()> {
     const AGENTS: usize = 2;
     const SLOTS: u32 = 3;
-    for n in 0..AGENTS {
-        cluster.start_agent(n).await?;
-    }
-    let (leader, _) = cluster
-        .leader_when("two agents registered", |s| connected(s) == AGENTS)
-        .await?;
-    let web = cluster.job(
-        "web",
-        model_pb::SchedulerType::Service,
-        SLOTS,
-        "exec sleep 600",
-    );
-    let once = cluster.job(
-        "once",
-        model_pb::SchedulerType::Batch,
-        SLOTS,
-        &cluster.recording("exit 0"),
-    );
-    cluster.submit(leader, web).await?;
-    cluster.submit(leader, once).await?;
+    let leader = cluster.start_agents(AGENTS).await?;
+    cluster.submit_web_and_once(leader, SLOTS).await?;
     cluster.kill_master(leader).await?;
 
-    let web_marker = cluster.marker("web");
     let slots = slots_of("once", SLOTS);
-    let (successor, state) = cluster
-        .leader_when("a new leader running web and once", |s| {
-            !s.recovering
-                && connected(s) == AGENTS
-                && finished_slots(s, "once").len() == SLOTS as usize
-                && live_tasks(s, "once").is_empty()
-                && service_settled(s, "web", &web_marker, SLOTS as usize).is_ok()
-        })
-        .await?;
-    ensure!(successor != leader, "the killed master {leader} leads");
-    let settled =
-        service_settled(&state, "web", &web_marker, SLOTS as usize).map_err(anyhow::Error::msg)?;
+    let (successor, settled) = web_and_once_after_failover(
+        cluster,
+        leader,
+        AGENTS,
+        SLOTS,
+        "a new leader running web and once",
+    )
+    .await?;
     each_ran_once(cluster, &slots).map_err(anyhow::Error::msg)?;
     cluster
-        .stays_so(successor, "after the failover", CHECKS, |state| {
-            let now = service_settled(state, "web", &web_marker, SLOTS as usize)?;
-            if now != settled {
-                return Err(format!(
-                    "the web processes went from {settled:?} to {now:?}"
-                ));
-            }
-            each_ran_once(cluster, &slots)
+        .service_stays(successor, "after the failover", "web", &settled, &slots)
+        .await
+}
+
+/// After master `killed`, which had been given the jobs `web` and `once` of `count` slots each
+/// (see [`Linked::submit_web_and_once`]), was SIGKILLed: another master leads, out of
+/// recovery, with `agents` agents connected, each slot of `once` finished and none of its
+/// tasks live, and `web` settled at `count` slots (see [`service_settled`]). That leader's
+/// index, and `web`'s processes by slot.
+async fn web_and_once_after_failover(
+    cluster: &Linked,
+    killed: usize,
+    agents: usize,
+    count: u32,
+    what: &str,
+) -> anyhow::Result<(usize, BTreeMap<String, i32>)> {
+    let (successor, _, web) = cluster
+        .leader_when_settled(what, "web", count, |s| {
+            !s.recovering && connected(s) == agents && batch_finished(s, "once", count)
         })
         .await?;
-    Ok(())
+    ensure!(successor != killed, "the killed master {killed} leads");
+    Ok((successor, web))
 }

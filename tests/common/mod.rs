@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster::proto::cluster as pb;
+use muster::proto::model as model_pb;
 use muster_security::testing::TestPki;
 use muster_security::{Role, TokenSecret};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -336,6 +337,33 @@ impl DevCluster {
 /// The environment variable that marks a test's task processes: each task of a test's jobs
 /// carries `MUSTER_TEST_MARKER=<marker>`, which its processes inherit (through `exec` too).
 pub(crate) const MARKER: &str = "MUSTER_TEST_MARKER";
+
+/// A job of one group `main` of `count` tasks running `script` under `sh -c`, each with a tenth
+/// of a CPU and `mem_mb` MiB, its processes marked `marker` (see [`MARKER`]).
+pub(crate) fn marked_shell_job(
+    name: &str,
+    scheduler: model_pb::SchedulerType,
+    count: u32,
+    mem_mb: u64,
+    script: &str,
+    marker: &str,
+) -> model_pb::Job {
+    let group = model_pb::TaskGroup {
+        name: "main".into(),
+        count,
+        resources: Some(model_pb::Resources { cpus: 0.1, mem_mb }),
+        command: "sh".into(),
+        args: vec!["-c".into(), script.into()],
+        env: [(MARKER.to_owned(), marker.to_owned())].into(),
+        ..model_pb::TaskGroup::default()
+    };
+    model_pb::Job {
+        name: name.into(),
+        scheduler: scheduler as i32,
+        groups: vec![group],
+        ..model_pb::Job::default()
+    }
+}
 
 /// A live process of this machine that carries a marker: its pid, and the task it works for
 /// (its working directory is the agent's `.../tasks/<task id>`).
