@@ -86,6 +86,10 @@ pub struct MasterConfig {
     /// directory is moved aside, and this master catches up from the others, voting again
     /// only once its log is back where the damaged one's was.
     pub rejoin_damaged: bool,
+    /// How the registry writes its entries, snapshots and raft requests
+    /// ([`RegistryConfig::encoding`](muster_registry::RegistryConfig)): MessagePack, the
+    /// default; JSON, the encoding before it, to measure the difference (`benches/failover.rs`).
+    pub registry_encoding: muster_registry::codec::Encoding,
     /// Scheduler workers this master runs (they work only while it leads).
     pub workers: usize,
     /// How its workers place tasks.
@@ -164,6 +168,7 @@ impl MasterConfig {
             reschedule_max_delay: Duration::from_secs(300),
             launch_timeout: Duration::from_secs(60),
             rejoin_damaged: false,
+            registry_encoding: Default::default(),
             workers: 2,
             placement: Placement::Binpack,
             job_limits: muster_model::JobLimits::default(),

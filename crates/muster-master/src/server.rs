@@ -115,7 +115,7 @@ impl MasterServer {
             entries_kept_after_snapshot: 1_000,
             security: config.security.clone(),
             rejoin_damaged: config.rejoin_damaged,
-            encoding: Default::default(),
+            encoding: config.registry_encoding,
         })
         .await?;
 

@@ -120,11 +120,6 @@ impl TaskRecord {
         self.view.job()
     }
 
-    /// Its task group within its job.
-    pub(crate) fn group(&self) -> &str {
-        self.view.group()
-    }
-
     /// The job it belongs to, if the master launched it for one.
     pub(crate) fn job_name(&self) -> Option<&str> {
         let job = self.view.job();

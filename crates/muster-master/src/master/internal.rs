@@ -192,6 +192,9 @@ impl Master {
                 placements_held: Some(hold),
             })
         };
+        // Slots kept for tasks of unreachable agents are let go when those are lost for
+        // good: the checks that replace them are this leader's to schedule now.
+        self.check_when_kept_slots_go(ctx);
         let hold_placements = recovery.is_some();
         tracing::info!(
             term,

@@ -20,8 +20,8 @@ impl Master {
     /// comes back) and one evaluation for each job any of them ran a task of (and each system
     /// job; with `unknown_tasks`, each service job too), all in one raft entry: 500 agents
     /// lost at once make one evaluation per job, not one per job per agent. A group that does
-    /// not replace such tasks (`disconnect.replace = false`) with a `lost_after` also gets an
-    /// evaluation that waits until then, when its slots are given up for good.
+    /// not replace such tasks (`disconnect.replace = false`) keeps their slots until its
+    /// `lost_after`; a convergence check is due then, and places their replacements.
     pub(super) fn mark_unreachable(
         &mut self,
         ids: Vec<String>,
@@ -32,8 +32,7 @@ impl Master {
             return;
         }
         let at_ms = now_ms();
-        let mut evals = self.evals_for_lost_agents(&ids, unknown_tasks);
-        evals.extend(self.evals_when_lost_for_good(&ids, at_ms));
+        let evals = self.evals_for_lost_agents(&ids, unknown_tasks);
         let ops = ids
             .iter()
             .map(|id| Op::MarkUnreachable {
@@ -42,7 +41,7 @@ impl Master {
                 tasks: self.tasks_given_up(id),
             })
             .collect();
-        self.write_with_evals(ops, evals, ctx, move |master, _ctx, written| match written {
+        self.write_with_evals(ops, evals, ctx, move |master, ctx, written| match written {
             Ok(_) => {
                 for id in &ids {
                     master.metrics.unreachable += 1;
@@ -51,6 +50,7 @@ impl Master {
                     tracing::warn!(agent = %id, "agent marked unreachable");
                 }
                 master.next_index();
+                master.check_when_kept_slots_go(ctx);
             }
             Err(e) => {
                 tracing::warn!(agents = ids.len(), error = %e, "could not mark agents unreachable")
@@ -80,48 +80,34 @@ impl Master {
             .collect()
     }
 
-    /// For each job with a group that keeps the slots of its tasks on the agents
-    /// (`disconnect.replace = false`) until a `lost_after`, an evaluation that waits until the
-    /// first such group's tasks are lost for good: it then places their replacements.
-    fn evals_when_lost_for_good(&self, agent_ids: &[String], at_ms: u64) -> Vec<Evaluation> {
-        let mut due: HashMap<String, (u64, String)> = HashMap::new();
-        self.registry.reader().read(|state| {
-            for agent_id in agent_ids {
-                let Some(agent) = self.cluster.agents.get(agent_id) else {
-                    continue;
-                };
-                for task in agent.tasks.iter().filter(|t| !t.is_terminal()) {
-                    let Some(policy) = disconnect_of(state, task.job(), task.group()) else {
-                        continue;
-                    };
-                    if policy.replace || policy.lost_after_ms == 0 {
-                        continue;
-                    }
-                    // A little after the slots are let go: the evaluation never finds its own
-                    // slot still kept (the broker counts on the wall clock).
-                    let when = at_ms
-                        .saturating_add(policy.lost_after_ms)
-                        .saturating_add(KEEP_MARGIN_MS);
-                    let entry = due
-                        .entry(task.job().to_owned())
-                        .or_insert((when, agent_id.clone()));
-                    if when < entry.0 {
-                        *entry = (when, agent_id.clone());
-                    }
-                }
-            }
-            due.into_iter()
-                .filter_map(|(job, (when, agent))| {
-                    let job = state.jobs.get(&job)?;
-                    let mut eval = Evaluation::new(job, Trigger::AgentUnreachable(AgentId(agent)));
-                    eval.wait_until_ms = when;
-                    eval.status_description =
-                        "replaces the tasks of an unreachable agent once they are lost for good"
-                            .into();
-                    Some(eval)
+    /// Schedules a convergence check (`master/convergence.rs`) for each moment a slot kept
+    /// for a task of an unreachable agent (`disconnect.replace = false`) is let go, its task
+    /// lost for good: the check finds the job below its count and evaluates it, which places
+    /// the replacement. The registry holds what to compute it from, so a new leader schedules
+    /// the same checks. (Nothing waits in the registry or the broker meanwhile: an agent that
+    /// comes back first leaves nothing behind.)
+    pub(super) fn check_when_kept_slots_go(&mut self, ctx: &mut Context<Self>) {
+        let now = now_ms();
+        let due: BTreeSet<u64> = self.registry.reader().read(|state| {
+            state
+                .unreachable
+                .values()
+                .flat_map(|agent| {
+                    agent.tasks.iter().filter_map(|task| {
+                        let policy = disconnect_of(state, &task.job, &task.group)?;
+                        (!policy.replace && policy.lost_after_ms > 0)
+                            .then(|| agent.marked_at_ms.saturating_add(policy.lost_after_ms))
+                    })
                 })
+                .filter(|due| *due > now)
+                // One check per tenth of a second is enough.
+                .map(|due| due.div_ceil(100) * 100)
                 .collect()
-        })
+        });
+        for due in due {
+            let wait = std::time::Duration::from_millis(due - now + KEEP_MARGIN_MS);
+            let _ = ctx.delay(wait, super::internal::InternalMsg::Reconcile.into());
+        }
     }
 
     /// One evaluation for every job with a task on any of the agents, and every system job
@@ -195,9 +181,9 @@ pub(super) fn default_disconnect() -> DisconnectPolicy {
 }
 
 /// How much later than the moment an unreachable agent's kept slots are let go (their tasks
-/// lost for good) the evaluation that replaces them is due: it never finds them still kept
-/// (the broker counts on the wall clock), and nothing is placed in them before then.
-const KEEP_MARGIN_MS: u64 = 1_000;
+/// lost for good) the convergence check that replaces them runs: it never finds them still
+/// kept, and nothing is placed in them before then.
+const KEEP_MARGIN_MS: u64 = 100;
 
 impl Master {
     /// The tasks of agents marked unreachable, as operators see them: each UNKNOWN, or LOST
