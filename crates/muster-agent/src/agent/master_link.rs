@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::{Agent, AgentMsg, AgentStatus, Msg};
 use crate::backoff;
-use crate::reregistration::group_by_shared_labels;
+use crate::reregistration::{REREGISTRATION_BUDGET, fit_within, group_by_shared_labels};
 use crate::runner::Stop;
 use crate::store::{self, blocking};
 
@@ -176,7 +176,7 @@ impl Agent {
         } else {
             (self.tasks.running(), Vec::new())
         };
-        ReregisterAgent {
+        let mut request = ReregisterAgent {
             agent_id: agent_id.to_owned(),
             info: Some(self.info.clone()),
             frameworks: self.tasks.frameworks(),
@@ -185,7 +185,17 @@ impl Agent {
             completed_tasks: self.tasks.completed(),
             tasks_sharing_labels,
             registration: self.registration,
+        };
+        let stripped = fit_within(&mut request, REREGISTRATION_BUDGET);
+        if stripped > 0 {
+            tracing::warn!(
+                tasks = stripped,
+                budget = REREGISTRATION_BUDGET,
+                "the re-registration is over its size budget: tasks are reported without their \
+                 arguments and environments"
+            );
         }
+        request
     }
 
     /// No master took the agent this round: wait (capped exponential backoff with jitter)
