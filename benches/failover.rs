@@ -28,6 +28,10 @@
 //!   loopback `TcpStream` to a task that decodes and files them and writes an
 //!   acknowledgement back.
 //! - `failover_history/in_process` (and its `tokio_channel` baseline): the history series.
+//! - `failover_registry_encoding/{restart,in_process}/{msgpack,json}`: 10,000 agents, the
+//!   registry written in MessagePack and, in the same run, in JSON (the encoding before it):
+//!   `restart` times a stopped master's start until it leads (the part of a failover that
+//!   reads the registry), `in_process` the re-registrations as above (which write nothing).
 //!
 //! Before each size the bench prints (eprintln) the master's memory per agent: the heap in use
 //! after a recovery minus before its messages were built, divided by the agents. The messages
@@ -59,6 +63,7 @@ use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::proto::model as model_pb;
+use muster::registry::codec::Encoding;
 use muster_security::testing::TestPki;
 use muster_security::{Role, Security};
 use prost::Message as _;
@@ -172,8 +177,14 @@ struct Fixture {
 
 impl Fixture {
     async fn new(agents: usize, security: Security) -> Fixture {
+        Fixture::writing(agents, security, Encoding::MessagePack).await
+    }
+
+    /// As [`Fixture::new`], its registry written in `encoding`.
+    async fn writing(agents: usize, security: Security, encoding: Encoding) -> Fixture {
         let dir = tempfile::tempdir().expect("temp dir");
         let config = MasterConfig {
+            registry_encoding: encoding,
             listen: "127.0.0.1:0".into(),
             data_dir: dir.path().join("master"),
             // No pings inside the measurement; the deadline is far beyond it.
@@ -214,10 +225,23 @@ impl Fixture {
     /// Kills the leading master's state: shut it down and start it again on the same data
     /// dir, leading and waiting for the admitted agents.
     async fn fail_over(&mut self) -> &MasterServer {
+        self.stop().await;
+        self.master.insert(start(&self.config).await)
+    }
+
+    /// Shuts the master down.
+    async fn stop(&mut self) {
         if let Some(master) = self.master.take() {
             master.shutdown().await;
         }
-        self.master.insert(start(&self.config).await)
+    }
+
+    /// Starts the stopped master again on its data dir; the time until it leads (opening the
+    /// registry, reading its snapshot and log, winning its election).
+    async fn restart(&mut self) -> Duration {
+        let started = Instant::now();
+        self.master = Some(start(&self.config).await);
+        started.elapsed()
     }
 }
 
@@ -519,6 +543,49 @@ fn group(c: &mut Criterion, runtime: &Runtime, name: &str, history: bool) {
     group.finish();
 }
 
+/// The registry's encoding in a failover, same run: a master with [`ENCODING_AGENTS`]
+/// admitted writing MessagePack, and one writing JSON (the encoding before it). `restart/...`
+/// times a stopped master's start until it leads (its registry opened, snapshot and log read,
+/// election won): the part of a failover that reads the registry. `in_process/...` is the
+/// re-registration span the `failover` group measures, which writes nothing to the registry.
+fn registry_encoding(c: &mut Criterion, runtime: &Runtime) {
+    let mut group = c.benchmark_group("failover_registry_encoding");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(100))
+        .measurement_time(Duration::from_secs(1));
+    group.throughput(Throughput::Elements(ENCODING_AGENTS as u64));
+    for (name, encoding) in [("msgpack", Encoding::MessagePack), ("json", Encoding::Json)] {
+        let security = TestPki::shared().security(Role::Master, "master-1");
+        let mut fixture = runtime.block_on(Fixture::writing(ENCODING_AGENTS, security, encoding));
+        group.bench_function(BenchmarkId::new("restart", name), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| {
+                        runtime.block_on(async {
+                            fixture.stop().await;
+                            fixture.restart().await
+                        })
+                    })
+                    .sum()
+            });
+        });
+        group.bench_function(BenchmarkId::new("in_process", name), |b| {
+            b.iter_custom(|iters| {
+                (0..iters)
+                    .map(|_| runtime.block_on(in_process(&mut fixture, false)))
+                    .sum()
+            });
+        });
+        runtime.block_on(fixture.stop());
+    }
+    group.finish();
+}
+
+/// Agents admitted in `failover_registry_encoding`.
+const ENCODING_AGENTS: usize = 10_000;
+
 fn failover(c: &mut Criterion) {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -527,6 +594,7 @@ fn failover(c: &mut Criterion) {
         .expect("runtime");
     group(c, &runtime, "failover", false);
     group(c, &runtime, "failover_history", true);
+    registry_encoding(c, &runtime);
 }
 
 criterion_group!(benches, failover);
