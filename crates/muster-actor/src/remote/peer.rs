@@ -652,7 +652,10 @@ mod tests {
         let frame = first_frame(&link);
         assert_eq!(bodies(&frame), [1, 3, 4]);
         assert_eq!(
-            heads(&frame).iter().map(|(same, _)| *same).collect::<Vec<_>>(),
+            heads(&frame)
+                .iter()
+                .map(|(same, _)| *same)
+                .collect::<Vec<_>>(),
             [false, false, false]
         );
 

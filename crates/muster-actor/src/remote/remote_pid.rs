@@ -127,10 +127,15 @@ impl RemotePid {
             None => self.open_link(&mut cache.link),
         };
         let head = cache.heads.get::<M>(kind, self.upid.name());
-        link.send(&EnvelopeWriter::new(head, request_id), size, expires, |buf| {
-            // A `BytesMut` grows as needed: encoding into it cannot run out of room.
-            let _ = msg.encode(buf);
-        })
+        link.send(
+            &EnvelopeWriter::new(head, request_id),
+            size,
+            expires,
+            |buf| {
+                // A `BytesMut` grows as needed: encoding into it cannot run out of room.
+                let _ = msg.encode(buf);
+            },
+        )
     }
 
     /// Encodes `msg` and queues it for the process's node; it is sent on the link's next frame.
