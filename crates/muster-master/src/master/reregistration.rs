@@ -11,6 +11,7 @@ use muster_model::{
 };
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
+use muster_registry::Op;
 use muster_scheduler::Stop;
 
 use super::Master;
@@ -186,7 +187,55 @@ impl Master {
         if let Some(previous) = previous {
             self.settle_reregistered(&agent_id, previous, ctx);
         }
+        self.record_reported_batch_finishes(&agent_id, ctx);
         (agent_id, kill)
+    }
+
+    /// The batch tasks a re-registering agent reports finished whose slots the registry does
+    /// not record yet (their finish reached a leader that is gone, or none at all): recorded
+    /// now, one write per job, so no later leader runs them again.
+    fn record_reported_batch_finishes(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
+        let Some(agent) = self.cluster.agents.get(agent_id) else {
+            return;
+        };
+        let by_job: std::collections::BTreeMap<String, Vec<(String, u64)>> =
+            self.registry.reader().read(|state| {
+                let mut by_job: std::collections::BTreeMap<String, Vec<(String, u64)>> =
+                    Default::default();
+                for task in agent
+                    .completed_tasks
+                    .iter()
+                    .filter(|t| t.state() == TaskState::Finished)
+                {
+                    let Some(job) = task.job_name() else {
+                        continue;
+                    };
+                    let batch = state
+                        .jobs
+                        .get(job)
+                        .is_some_and(|j| j.scheduler == SchedulerType::Batch);
+                    let recorded = state
+                        .batch_finished
+                        .get(job)
+                        .and_then(|slots| slots.get(task.name()))
+                        .is_some_and(|version| *version >= task.view.job_version);
+                    if batch && !recorded {
+                        by_job
+                            .entry(job.to_owned())
+                            .or_default()
+                            .push((task.name().to_owned(), task.view.job_version));
+                    }
+                }
+                by_job
+            });
+        for (job, slots) in by_job {
+            let op = Op::BatchSlotsFinished { job, slots };
+            self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
+                if let Err(e) = written {
+                    tracing::warn!(error = %e, "could not record reported batch finishes");
+                }
+            });
+        }
     }
 
     /// Which of the tasks an agent back from unreachable reports (`returning`, on an agent
