@@ -38,9 +38,9 @@ pub struct RegistryState {
     /// history: `muster job history NAME`).
     pub job_versions: BTreeMap<String, VecDeque<Job>>,
     /// The batch slots that ran to completion, by job: slot name (`etl.load[3]`) to the job
-    /// version its task was placed at. A slot counts as finished while that version is at
-    /// least its group's `spec_version` (a changed group runs again); entries of a group
-    /// that changed or went are dropped when the job is stored.
+    /// version its task was placed at. A finished slot is not run again, whatever later
+    /// versions of the job change (as schedulers treat a finished task in an agent's
+    /// history); entries of a group the job no longer has are dropped when it is stored.
     #[serde(default)]
     pub batch_finished: BTreeMap<String, BTreeMap<String, u64>>,
     /// Evaluations by id: every pending and blocked one, and the newest
@@ -89,21 +89,20 @@ pub const JOB_VERSION_BYTES_KEPT: usize = 4 * 1024 * 1024;
 impl RegistryState {
     /// Keeps `old`, a version just replaced, dropping the oldest past [`JOB_VERSIONS_KEPT`]
     /// versions or [`JOB_VERSION_BYTES_KEPT`] bytes.
-    /// The batch slots of `job` that ran to completion at its current definition.
+    /// The batch slots of `job`'s groups that ran to completion.
     pub fn finished_slots<'a>(&'a self, job: &'a Job) -> impl Iterator<Item = &'a str> + 'a {
         self.batch_finished
             .get(&job.name)
             .into_iter()
             .flatten()
-            .filter(|(slot, version)| {
+            .filter(|(slot, _)| {
                 group_of(&job.name, slot)
-                    .and_then(|group| job.groups.iter().find(|g| g.name == group))
-                    .is_some_and(|group| **version >= group.spec_version)
+                    .is_some_and(|group| job.groups.iter().any(|g| g.name == group))
             })
             .map(|(slot, _)| slot.as_str())
     }
 
-    /// Forgets the finished slots of `job` whose group changed (they run again) or went.
+    /// Forgets the finished slots of `job`'s groups that went.
     fn drop_outdated_finished(&mut self, job: &str) {
         let Some(stored) = self.jobs.get(job) else {
             return;
@@ -111,10 +110,8 @@ impl RegistryState {
         let Some(finished) = self.batch_finished.get_mut(job) else {
             return;
         };
-        finished.retain(|slot, version| {
-            group_of(job, slot)
-                .and_then(|group| stored.groups.iter().find(|g| g.name == group))
-                .is_some_and(|group| *version >= group.spec_version)
+        finished.retain(|slot, _| {
+            group_of(job, slot).is_some_and(|group| stored.groups.iter().any(|g| g.name == group))
         });
         if finished.is_empty() {
             self.batch_finished.remove(job);

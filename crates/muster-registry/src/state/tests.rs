@@ -625,7 +625,7 @@ fn a_stop_keeps_a_submission_committed_after_the_stopper_read_the_job() {
 }
 
 #[test]
-fn finished_batch_slots_count_while_their_group_is_unchanged() {
+fn finished_batch_slots_stay_finished_while_their_group_exists() {
     let mut state = RegistryState::default();
     let mut job = Job {
         name: "etl".into(),
@@ -666,8 +666,12 @@ fn finished_batch_slots_count_while_their_group_is_unchanged() {
     job.groups[0].count = 4;
     state.apply_at(Op::UpsertJob(job.clone())).expect("stored");
     assert_eq!(finished(&state), ["etl.load[0]", "etl.load[2]"]);
-    // A changed program runs the group again.
+    // A changed program does not run a finished slot again (as schedulers treat it).
     job.groups[0].command = "false".into();
+    state.apply_at(Op::UpsertJob(job.clone())).expect("stored");
+    assert_eq!(finished(&state), ["etl.load[0]", "etl.load[2]"]);
+    // A group that went takes its finished slots with it.
+    job.groups[0].name = "extract".into();
     state.apply_at(Op::UpsertJob(job)).expect("stored");
     assert!(finished(&state).is_empty());
     assert!(state.batch_finished.is_empty());
