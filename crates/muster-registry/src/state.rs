@@ -87,19 +87,22 @@ pub const JOB_VERSIONS_KEPT: usize = 10;
 pub const JOB_VERSION_BYTES_KEPT: usize = 4 * 1024 * 1024;
 
 impl RegistryState {
-    /// Keeps `old`, a version just replaced, dropping the oldest past [`JOB_VERSIONS_KEPT`]
-    /// versions or [`JOB_VERSION_BYTES_KEPT`] bytes.
-    /// The batch slots of `job`'s groups that ran to completion.
-    pub fn finished_slots<'a>(&'a self, job: &'a Job) -> impl Iterator<Item = &'a str> + 'a {
+    /// The batch slots of `job`'s groups that ran to completion, each with its group's name.
+    pub fn finished_slots<'a>(
+        &'a self,
+        job: &'a Job,
+    ) -> impl Iterator<Item = (&'a str, &'a str)> + 'a {
         self.batch_finished
             .get(&job.name)
             .into_iter()
             .flatten()
-            .filter(|(slot, _)| {
-                group_of(&job.name, slot)
-                    .is_some_and(|group| job.groups.iter().any(|g| g.name == group))
+            .filter_map(|(slot, _)| {
+                let group = group_of(&job.name, slot)?;
+                job.groups
+                    .iter()
+                    .any(|g| g.name == group)
+                    .then_some((group, slot.as_str()))
             })
-            .map(|(slot, _)| slot.as_str())
     }
 
     /// Forgets the finished slots of `job`'s groups that went.
@@ -118,6 +121,8 @@ impl RegistryState {
         }
     }
 
+    /// Keeps `old`, a version just replaced, dropping the oldest past [`JOB_VERSIONS_KEPT`]
+    /// versions or [`JOB_VERSION_BYTES_KEPT`] bytes.
     fn keep_version(&mut self, old: Job) {
         let versions = self.job_versions.entry(old.name.clone()).or_default();
         versions.push_back(old);

@@ -87,11 +87,9 @@ impl Master {
                 .values()
                 .filter(|job| job.scheduler == SchedulerType::Batch)
                 .flat_map(|job| {
-                    state.finished_slots(job).filter_map(|slot| {
-                        let group = slot.strip_prefix(job.name.as_str())?.strip_prefix('.')?;
-                        let group = &group[..group.rfind('[')?];
-                        Some((job.name.clone(), group.to_owned(), slot.to_owned()))
-                    })
+                    state
+                        .finished_slots(job)
+                        .map(|(group, slot)| (job.name.clone(), group.to_owned(), slot.to_owned()))
                 })
                 .collect()
         });

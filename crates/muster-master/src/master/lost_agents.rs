@@ -240,7 +240,7 @@ impl Master {
                 .jobs
                 .values()
                 .filter(|job| job.scheduler == SchedulerType::Batch)
-                .flat_map(|job| state.finished_slots(job).map(str::to_owned))
+                .flat_map(|job| state.finished_slots(job).map(|(_, slot)| slot.to_owned()))
                 .collect()
         })
     }

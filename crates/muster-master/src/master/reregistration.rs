@@ -3,7 +3,7 @@
 //! recovery a new leader waits through until every admitted agent is back (its deadline is
 //! handled in `internal`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use muster_actor::Context;
 use muster_model::{
@@ -11,7 +11,6 @@ use muster_model::{
 };
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
-use muster_registry::Op;
 use muster_scheduler::Stop;
 
 use super::Master;
@@ -198,43 +197,36 @@ impl Master {
         let Some(agent) = self.cluster.agents.get(agent_id) else {
             return;
         };
-        let by_job: std::collections::BTreeMap<String, Vec<(String, u64)>> =
-            self.registry.reader().read(|state| {
-                let mut by_job: std::collections::BTreeMap<String, Vec<(String, u64)>> =
-                    Default::default();
-                for task in agent
-                    .completed_tasks
-                    .iter()
-                    .filter(|t| t.state() == TaskState::Finished)
-                {
-                    let Some(job) = task.job_name() else {
-                        continue;
-                    };
-                    let batch = state
-                        .jobs
-                        .get(job)
-                        .is_some_and(|j| j.scheduler == SchedulerType::Batch);
-                    let recorded = state
-                        .batch_finished
-                        .get(job)
-                        .and_then(|slots| slots.get(task.name()))
-                        .is_some_and(|version| *version >= task.view.job_version);
-                    if batch && !recorded {
-                        by_job
-                            .entry(job.to_owned())
-                            .or_default()
-                            .push((task.name().to_owned(), task.view.job_version));
-                    }
+        let by_job: BTreeMap<String, Vec<(String, u64)>> = self.registry.reader().read(|state| {
+            let mut by_job: BTreeMap<String, Vec<(String, u64)>> = BTreeMap::new();
+            for task in agent
+                .completed_tasks
+                .iter()
+                .filter(|t| t.state() == TaskState::Finished)
+            {
+                let Some(job) = task.job_name() else {
+                    continue;
+                };
+                let batch = state
+                    .jobs
+                    .get(job)
+                    .is_some_and(|j| j.scheduler == SchedulerType::Batch);
+                let recorded = state
+                    .batch_finished
+                    .get(job)
+                    .and_then(|slots| slots.get(task.name()))
+                    .is_some_and(|version| *version >= task.view.job_version);
+                if batch && !recorded {
+                    by_job
+                        .entry(job.to_owned())
+                        .or_default()
+                        .push((task.name().to_owned(), task.view.job_version));
                 }
-                by_job
-            });
+            }
+            by_job
+        });
         for (job, slots) in by_job {
-            let op = Op::BatchSlotsFinished { job, slots };
-            self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
-                if let Err(e) = written {
-                    tracing::warn!(error = %e, "could not record reported batch finishes");
-                }
-            });
+            self.write_batch_finishes(job, slots, ctx);
         }
     }
 

@@ -282,13 +282,21 @@ impl Master {
         if !batch {
             return;
         }
-        let op = Op::BatchSlotsFinished {
-            job: job.to_owned(),
-            slots: vec![(task.name().to_owned(), task.view.job_version)],
-        };
+        let slots = vec![(task.name().to_owned(), task.view.job_version)];
+        self.write_batch_finishes(job.to_owned(), slots, ctx);
+    }
+
+    /// Writes that `job`'s `slots` (each with the job version its task ran at) finished.
+    pub(super) fn write_batch_finishes(
+        &mut self,
+        job: String,
+        slots: Vec<(String, u64)>,
+        ctx: &mut Context<Self>,
+    ) {
+        let op = Op::BatchSlotsFinished { job, slots };
         self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
             if let Err(e) = written {
-                tracing::warn!(error = %e, "could not record a finished batch slot");
+                tracing::warn!(error = %e, "could not record finished batch slots");
             }
         });
     }

@@ -658,7 +658,7 @@ fn finished_batch_slots_stay_finished_while_their_group_exists() {
     let finished = |state: &RegistryState| -> Vec<String> {
         state
             .finished_slots(&state.jobs["etl"])
-            .map(str::to_owned)
+            .map(|(_, slot)| slot.to_owned())
             .collect()
     };
     assert_eq!(finished(&state), ["etl.load[0]", "etl.load[2]"]);
