@@ -25,6 +25,16 @@ pub(crate) const AGENT_PORT: u16 = 7001;
 
 /// How often raft's leader sends heartbeats.
 pub(crate) const RAFT_HEARTBEAT: Duration = Duration::from_millis(100);
+/// The shortest heartbeat TTL a master gives an agent (it staggers each TTL up to twice this).
+pub(crate) const HEARTBEAT_MIN_TTL: Duration = Duration::from_secs(2);
+/// How long past its TTL a master waits for an agent's heartbeat before it marks the agent
+/// unreachable.
+pub(crate) const HEARTBEAT_GRACE: Duration = Duration::from_secs(2);
+/// The longest an agent a master no longer hears from stays reachable in its eyes: the
+/// longest TTL plus the grace, plus the sweep that finds it overdue (a tenth of the TTL).
+pub(crate) const HEARTBEAT_DEADLINE: Duration = Duration::from_millis(
+    2 * HEARTBEAT_MIN_TTL.as_millis() as u64 + HEARTBEAT_GRACE.as_millis() as u64 + 200,
+);
 /// Ping interval and timeout of every actor-transport link.
 const LINK_KEEPALIVE: Duration = Duration::from_millis(500);
 
@@ -84,8 +94,8 @@ pub(crate) async fn run_master(
         host.election_timeout,
         host.election_timeout + Duration::from_millis(1),
     );
-    config.heartbeat_min_ttl = Duration::from_secs(2);
-    config.heartbeat_grace = Duration::from_secs(2);
+    config.heartbeat_min_ttl = HEARTBEAT_MIN_TTL;
+    config.heartbeat_grace = HEARTBEAT_GRACE;
     config.failover_heartbeat_ttl = Duration::from_secs(10);
     config.reregistration_timeout = Duration::from_secs(20);
     config.reschedule_delay = Duration::from_secs(1);
@@ -106,9 +116,7 @@ pub(crate) async fn run_master(
     let mut leadership = server.registry().leadership();
     loop {
         let now = leadership.borrow_and_update().clone();
-        if now.is_self {
-            record.leader(now.term, host.id);
-        }
+        record.standing(host.id, now.term, now.is_self);
         if leadership.changed().await.is_err() {
             break;
         }

@@ -4,14 +4,35 @@
 //! Each seed builds three masters (the real master: registry on openraft, broker, workers,
 //! plan applier; its store on an in-memory disk that keeps only what was flushed when the
 //! host dies), three agents (the real agent, with simulated tasks), three clients submitting,
-//! updating, stopping and reading jobs, and a nemesis that partitions the leader, a master,
-//! an agent or a minority, pauses the leader, crashes and restarts masters and agents, and
-//! slows the network, all from the seed. Then it heals everything and checks:
+//! scaling, updating, stopping and reading service and batch jobs (see `workload`), and a
+//! nemesis (see `faults`) that, all from the seed:
+//! - partitions the leader, a master, an agent or a minority, and pauses the leader;
+//! - cuts a follower off from everything for several election timeouts, alone (no other
+//!   fault around it);
+//! - cuts the leader from some agents for longer than its heartbeat deadline (they are marked
+//!   unreachable and come back);
+//! - crashes and restarts masters, agents' machines and agent processes, the latter also
+//!   right after a submission or a launch (launches in flight);
+//! - slows the network, and makes clients submit large jobs (hundreds of KiB, up to near the
+//!   1 MiB job limit) for a while.
+//!
+//! Then it heals everything and checks:
 //! - reads linearizable and no acknowledged write lost (stateright's checker);
 //! - at most one leader per term;
 //! - no agent obeys a command of a lower term after one of a higher term;
-//! - once healed, every job converges to its count within a bound, no slot runs twice, and
-//!   every evaluation ends (complete, failed or canceled).
+//! - once healed, every job converges to its count (a batch job: every slot finished, none
+//!   running) within a bound, no slot runs twice, and every evaluation ends (complete, failed
+//!   or canceled);
+//! - never two evaluations of one job in flight at once;
+//! - each batch slot ran once: it starts again only if every earlier run of it ended without
+//!   finishing (counted on the agents' machines), whatever the clients did meanwhile;
+//! - nothing acknowledged and never run: every batch job the clients left submitted has run
+//!   every slot to completion;
+//! - no task killed unless replaced: a task a master kills either was changed by a client
+//!   (stopped, scaled away, redefined) or has another copy of its slot running (or starting
+//!   right after);
+//! - no leader deposed by a member that rejoins: a follower cut off alone never rises above the
+//!   cluster's raft term, and the leader at its heal keeps leading.
 //!
 //! Same seed, same run: the network, the clock, every `HashMap`'s order and every random
 //! choice come from the seed. A failing seed prints its event trace and the command that
@@ -456,6 +477,7 @@ fn run(seed: u64) -> Outcome {
             }
         }
         let now = sim.elapsed();
+        record::stepped(now);
         if now < HEAL_AT {
             nemesis.step(&mut sim, now);
         } else if !healed {
@@ -468,9 +490,26 @@ fn run(seed: u64) -> Outcome {
         .iter()
         .map(|a| (a.name.clone(), a.tasks.obeyed_terms()))
         .collect();
+    let machines: Vec<_> = agents
+        .iter()
+        .map(|a| (a.name.clone(), a.tasks.launches(), a.tasks.ends()))
+        .collect();
+    let kills: Vec<_> = agents
+        .iter()
+        .map(|a| (a.name.clone(), a.tasks.kills()))
+        .collect();
+    let runs = check::runs(&machines);
+    let writes = record.writes();
     problems.extend(record.problems());
     problems.extend(check::one_leader_per_term(&record));
     problems.extend(check::terms_never_go_back(&terms));
+    problems.extend(check::batch_slots_ran_once(&runs));
+    problems.extend(check::batch_jobs_ran(&runs, &record.finals(), &writes));
+    problems.extend(check::kills_replaced(&kills, &runs, &writes));
+    problems.extend(check::rejoin_deposes_no_leader(
+        &record.standings(),
+        &record.faults(),
+    ));
     let (not_linearizable, inconclusive) = check::linearizable(&record);
     problems.extend(not_linearizable);
     Outcome {
@@ -484,7 +523,7 @@ fn run(seed: u64) -> Outcome {
 }
 
 /// What the cluster asks for: per job, its count (0 if stopped or unknown), read
-/// linearizably; and whether every evaluation has ended.
+/// linearizably; and the evaluations that have not ended.
 async fn desired(client: &mut Client) -> Option<(BTreeMap<String, u32>, Vec<String>)> {
     let mut wanted = BTreeMap::new();
     let mut unended = Vec::new();
@@ -580,9 +619,11 @@ async fn stays_converged(agents: &[AgentHost], record: &Record) {
     }
 }
 
-/// After the heal: polls until every job runs its count with no slot twice and every
-/// evaluation has ended (then watches that it stays so), or records why not; then reads every
-/// job once more into the checked history.
+/// After the heal: polls until every service job runs its count and every batch job has run
+/// each slot of its count to completion (on the agents' machines) and runs nothing, with no
+/// slot twice and every evaluation ended (then watches that it stays so), or records why not;
+/// then reads every job once more into the checked history, and keeps what it read for the
+/// checks of what ran.
 async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Record) {
     tokio::time::sleep(HEAL_AT.saturating_sub(record::now())).await;
     let mut client = Client::new(cluster::master_addresses(&masters), record.clone());
@@ -598,6 +639,11 @@ async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Reco
             .iter()
             .flat_map(|a| a.tasks.running_names())
             .collect();
+        let machines: Vec<_> = agents
+            .iter()
+            .map(|a| (a.name.clone(), a.tasks.launches(), a.tasks.ends()))
+            .collect();
+        let runs = check::runs(&machines);
         let now = record::now();
         let twice = check::duplicates(running.iter().map(String::as_str));
         let mut by_job: BTreeMap<String, u32> = BTreeMap::new();
@@ -610,12 +656,26 @@ async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Reco
                 let evals_done = unended.is_empty();
                 let mismatched: Vec<String> = wanted
                     .iter()
-                    .filter(|(job, count)| by_job.get(*job).copied().unwrap_or(0) != **count)
-                    .map(|(job, count)| {
-                        format!(
-                            "{job} runs {} of {count}",
-                            by_job.get(job).copied().unwrap_or(0)
-                        )
+                    .filter_map(|(job, &count)| {
+                        let running = by_job.get(job).copied().unwrap_or(0);
+                        if !workload::is_batch(job) {
+                            return (running != count)
+                                .then(|| format!("{job} runs {running} of {count}"));
+                        }
+                        // A batch job is done when each slot ran to completion and none runs.
+                        let unfinished: Vec<String> = (0..count)
+                            .map(|i| workload::slot(job, i))
+                            .filter(|slot| {
+                                !runs
+                                    .get(slot)
+                                    .is_some_and(|r| r.iter().any(check::Run::finished))
+                            })
+                            .collect();
+                        (running != 0 || !unfinished.is_empty()).then(|| {
+                            format!(
+                                "batch {job} runs {running}, slots not finished: {unfinished:?}"
+                            )
+                        })
                     })
                     .collect();
                 if mismatched.is_empty() && twice.is_empty() && evals_done {
@@ -659,7 +719,8 @@ async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Reco
         let job = format!("job-{j}");
         let thread = 1_000_000 + j as u64;
         for _ in 0..10 {
-            if client.perform_read(thread, &job).await.is_some() {
+            if let Some(ret) = client.perform_read(thread, &job).await {
+                record.set_final(&job, ret);
                 break;
             }
         }

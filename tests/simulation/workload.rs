@@ -1,5 +1,20 @@
 //! The clients: operations on jobs through the operator API, as a real client makes them, and
 //! the sequential specification the linearizability checker holds them to.
+//!
+//! Most jobs are services (tasks that run until stopped); every fourth ([`is_batch`]) is a
+//! batch job, whose tasks sleep a while and finish. A submission sets the job's count and one
+//! of two task definitions (numbered in its environment, so that a read says which it saw):
+//! one that keeps the definition the job has restarts nothing (a scale, or nothing at all),
+//! one that changes it replaces the job's running tasks. While a
+//! [`Fault::LargeEntries`](crate::faults::Fault::LargeEntries) is in force, half the
+//! submissions carry a payload of hundreds of KiB (a service's environment, a batch job's
+//! arguments: a definition of its own).
+//!
+//! Each group says what becomes of its tasks while their agent is unreachable (its
+//! `disconnect` policy, see [`disconnect`]): a batch group keeps its slots for them (the
+//! default: a slot runs once), service groups replace them (one at once, one after a few
+//! seconds) and, when the agent comes back while a replacement runs, keep one copy by a
+//! policy that differs by job.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -15,8 +30,8 @@ use crate::record::{OpEvent, Record};
 /// An operation on one job.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum JobOp {
-    /// Submit (or update) it with this count; the tag (unique to the operation) travels in
-    /// its environment, so that a read says which write it saw.
+    /// Submit (or update) it with this count and task definition (0 or 1, carried in its
+    /// environment).
     Submit(u32, u64),
     /// Stop it.
     Stop,
@@ -31,16 +46,17 @@ pub(crate) enum JobRet {
     Written(u64),
     /// No such job.
     NotFound,
-    /// The job as read, with the tag of the submission it holds.
+    /// The job as read, with the task definition it holds.
     Job {
         version: u64,
         count: u32,
         stopped: bool,
-        tag: u64,
+        definition: u64,
     },
 }
 
-/// One job as a register: `(version, count, stopped, tag)` once submitted.
+/// One job as a register: `(version, count, stopped, definition)` once submitted; every
+/// write, even one that changes nothing, is a new version.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub(crate) struct JobRegister(Option<(u64, u32, bool, u64)>);
 
@@ -50,43 +66,132 @@ impl SequentialSpec for JobRegister {
 
     fn invoke(&mut self, op: &JobOp) -> JobRet {
         match (op, self.0) {
-            (JobOp::Submit(count, tag), previous) => {
+            (JobOp::Submit(count, definition), previous) => {
                 let version = previous.map_or(1, |(v, ..)| v + 1);
-                self.0 = Some((version, *count, false, *tag));
+                self.0 = Some((version, *count, false, *definition));
                 JobRet::Written(version)
             }
             (JobOp::Stop, None) | (JobOp::Read, None) => JobRet::NotFound,
-            (JobOp::Stop, Some((version, count, _, tag))) => {
-                self.0 = Some((version + 1, count, true, tag));
+            (JobOp::Stop, Some((version, count, _, definition))) => {
+                self.0 = Some((version + 1, count, true, definition));
                 JobRet::Written(version + 1)
             }
-            (JobOp::Read, Some((version, count, stopped, tag))) => JobRet::Job {
+            (JobOp::Read, Some((version, count, stopped, definition))) => JobRet::Job {
                 version,
                 count,
                 stopped,
-                tag,
+                definition,
             },
         }
     }
 }
 
-/// The environment variable that carries a submission's tag.
-const TAG: &str = "SIM_TAG";
+/// The environment variable that carries a submission's task definition.
+const DEFINITION: &str = "SIM_DEFINITION";
+/// The environment variable that carries a large service submission's payload.
+const PAYLOAD: &str = "SIM_PAYLOAD";
+/// The one task group of every job.
+pub(crate) const GROUP: &str = "main";
 
-/// A service job of `count` tasks that run until stopped, tagged `tag`.
-pub(crate) fn service_job(name: &str, count: u32, tag: u64) -> model_pb::Job {
+/// The smallest large payload.
+const LARGE_MIN: usize = 200 * 1024;
+/// The largest: the job with it stays under `muster_model`'s default cap of 1 MiB per job
+/// (`DEFAULT_MAX_JOB_BYTES`), with room for its other fields.
+const LARGE_MAX: usize = muster_model::DEFAULT_MAX_JOB_BYTES - 8 * 1024;
+
+/// Whether `job` (`job-N`) is a batch job: every fourth one, `job-3`, `job-7`, ...
+pub(crate) fn is_batch(job: &str) -> bool {
+    job.strip_prefix("job-")
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| n % 4 == 3)
+}
+
+/// The name of slot `index` of `job`'s group.
+pub(crate) fn slot(job: &str, index: u32) -> String {
+    format!("{job}.{GROUP}[{index}]")
+}
+
+/// What a submission carries besides its count and task definition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Shape {
+    /// How many bytes of payload it carries (0: none).
+    pub(crate) payload: usize,
+}
+
+/// How long a batch job's tasks sleep under task definition `definition`.
+fn sleep_of(definition: u64) -> &'static str {
+    if definition == 0 { "4" } else { "1.5" }
+}
+
+/// What becomes of job `name`'s tasks while their agent is unreachable (`None`: the job
+/// type's defaults): a batch job's keep their slots (the default, so that a slot runs at most
+/// once); a service's are replaced at once, and when the agent comes back while a replacement
+/// runs, the copy that stays is chosen by a policy that differs by job (`job-0` the default,
+/// `job-1` the original, `job-2` the replacement, `job-4` the best score, `job-5` the longest
+/// running), but for `job-6`'s, which keep their slots for 3 s before they are replaced.
+pub(crate) fn disconnect(name: &str) -> Option<model_pb::Disconnect> {
+    use model_pb::Reconcile;
+    if is_batch(name) {
+        return None;
+    }
+    let number = name
+        .strip_prefix("job-")
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    let (reconcile, kept_for_ms) = match number % 8 {
+        1 => (Reconcile::KeepOriginal, None),
+        2 => (Reconcile::KeepReplacement, None),
+        4 => (Reconcile::BestScore, None),
+        5 => (Reconcile::LongestRunning, None),
+        6 => (Reconcile::Unspecified, Some(3_000)),
+        _ => (Reconcile::Unspecified, None),
+    };
+    Some(model_pb::Disconnect {
+        replace: kept_for_ms.map(|_| false),
+        lost_after_ms: kept_for_ms,
+        reconcile: reconcile as i32,
+    })
+}
+
+/// Job `name` as a submission of `count` tasks of task definition `definition`, shaped by
+/// `shape`: a service whose tasks run until stopped, or (see [`is_batch`]) a batch job whose
+/// tasks sleep a while (by their definition) and finish.
+pub(crate) fn job(name: &str, count: u32, definition: u64, shape: Shape) -> model_pb::Job {
+    let batch = is_batch(name);
+    let mut env = model_pb::TaskGroup::default().env;
+    env.insert(DEFINITION.to_owned(), definition.to_string());
+    let mut args = Vec::new();
+    if batch {
+        args.push(sleep_of(definition).to_owned());
+    }
+    if shape.payload > 0 {
+        // Its content does not matter, only its size (which makes it a definition of its own).
+        let unit = format!("{definition:016x}");
+        let payload: String = unit.chars().cycle().take(shape.payload).collect();
+        if batch {
+            args.push(payload);
+        } else {
+            env.insert(PAYLOAD.to_owned(), payload);
+        }
+    }
     model_pb::Job {
         name: name.into(),
-        scheduler: model_pb::SchedulerType::Service as i32,
+        scheduler: if batch {
+            model_pb::SchedulerType::Batch
+        } else {
+            model_pb::SchedulerType::Service
+        } as i32,
         groups: vec![model_pb::TaskGroup {
-            name: "main".into(),
+            name: GROUP.into(),
             count,
             resources: Some(model_pb::Resources {
                 cpus: 1.0,
                 mem_mb: 64,
             }),
-            command: "serve".into(),
-            env: [(TAG.to_owned(), tag.to_string())].into(),
+            command: if batch { "sleep" } else { "serve" }.into(),
+            args,
+            env,
+            disconnect: disconnect(name),
             ..model_pb::TaskGroup::default()
         }],
         ..model_pb::Job::default()
@@ -166,18 +271,26 @@ impl Client {
         }
     }
 
-    /// Performs `op` on `job` as logical thread `thread`, recording its invocation and answer.
-    /// Returns whether the thread may go on (false: the operation's effect is unknown, and
-    /// the thread must be retired, as the checker allows one operation in flight per thread).
-    pub(crate) async fn perform(&mut self, thread: u64, job: &str, op: JobOp) -> bool {
+    /// Performs `op` on `job` as logical thread `thread` (a submission shaped by `shape`),
+    /// recording its invocation and answer. Returns whether the thread may go on (false: the
+    /// operation's effect is unknown, and the thread must be retired, as the checker allows
+    /// one operation in flight per thread).
+    pub(crate) async fn perform(
+        &mut self,
+        thread: u64,
+        job: &str,
+        op: JobOp,
+        shape: Shape,
+    ) -> bool {
         let invoked = self.record.op(OpEvent::Invoke {
             thread,
             job: job.to_owned(),
             op: op.clone(),
         });
+        self.record.payload(invoked, shape.payload);
         let outcome = match op {
             JobOp::Read => self.read(job).await,
-            _ => self.write(job, &op).await,
+            _ => self.write(job, &op, shape).await,
         };
         match outcome {
             Outcome::Answered(ret) => {
@@ -266,8 +379,8 @@ impl Client {
                     version: reply.version,
                     count: group.map_or(0, |g| g.count),
                     stopped: reply.stopped,
-                    tag: group
-                        .and_then(|g| g.env.get(TAG))
+                    definition: group
+                        .and_then(|g| g.env.get(DEFINITION))
                         .and_then(|t| t.parse().ok())
                         .unwrap_or(0),
                 })
@@ -275,7 +388,7 @@ impl Client {
         }
     }
 
-    async fn write(&mut self, job: &str, op: &JobOp) -> Outcome {
+    async fn write(&mut self, job: &str, op: &JobOp, shape: Shape) -> Outcome {
         let address = self.masters[self.target].clone();
         let Some(mut client) = self.connection(&address).await else {
             self.target = (self.target + 1) % self.masters.len();
@@ -283,9 +396,9 @@ impl Client {
         };
         let call = async {
             match op {
-                JobOp::Submit(count, tag) => {
+                JobOp::Submit(count, definition) => {
                     let request = pb::SubmitJobRequest {
-                        job: Some(service_job(job, *count, *tag)),
+                        job: Some(self::job(job, *count, *definition, shape)),
                     };
                     client.submit_job(request).await
                 }
@@ -328,21 +441,25 @@ pub(crate) async fn run(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut thread = first_thread;
-    let mut tags = first_thread * 1_000;
     while client.record.token().is_none() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     while crate::record::now() < until {
         let job = format!("job-{}", rng.usize(..jobs));
+        let mut shape = Shape::default();
         let op = match rng.u32(..10) {
             0..=3 => JobOp::Read,
             4..=8 => {
-                tags += 1;
-                JobOp::Submit(rng.u32(1..=3), tags)
+                if client.record.large_entries() && rng.bool() {
+                    shape.payload = rng.usize(LARGE_MIN..=LARGE_MAX);
+                }
+                // Mostly the first definition: most submissions keep the job's.
+                let definition = u64::from(rng.u32(..4) == 0);
+                JobOp::Submit(rng.u32(1..=3), definition)
             }
             _ => JobOp::Stop,
         };
-        if !client.perform(thread, &job, op).await {
+        if !client.perform(thread, &job, op, shape).await {
             thread += 1;
         }
         tokio::time::sleep(Duration::from_millis(rng.u64(100..1_000))).await;

@@ -18,7 +18,8 @@
 //! kills its tasks.
 //!
 //! The machine keeps what the invariant checks need: every [`Launch`] with the term of the
-//! leader whose command the agent obeyed, every [`Kill`], and what runs now.
+//! leader whose command the agent obeyed, every [`Kill`], every [`End`] (how and when each
+//! run of a task ended: by itself, stopped, or lost with the machine), and what runs now.
 //!
 //! Nothing here uses threads, the system's clock or hash order: a seed replays exactly. Its
 //! time is a clock the simulation gives (the same for every host and every incarnation of a
@@ -44,7 +45,34 @@ pub struct Launch {
     pub name: String,
     /// The raft term of the leader whose command the agent obeyed to launch it.
     pub term: u64,
+    /// The job version it was placed at (the task's `job_version`; 0 if unknown).
+    pub job_version: u64,
     /// When, on the simulation's clock.
+    pub at: Duration,
+}
+
+/// How one run of a task on the machine ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ending {
+    /// It ended by itself with this exit code (`exit N`, or a `sleep` whose time was up: 0).
+    Exited(i32),
+    /// The agent stopped it, with this signal (`SIGTERM`, or `SIGKILL`).
+    Stopped(i32),
+    /// The machine crashed under it.
+    Lost,
+}
+
+/// One run of a task that ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct End {
+    /// The task's id.
+    pub task_id: String,
+    /// Its name (`job.group[index]`).
+    pub name: String,
+    /// How it ended.
+    pub how: Ending,
+    /// When, on the simulation's clock (a `sleep`'s end is when its time was up, whenever it
+    /// was noticed).
     pub at: Duration,
 }
 
@@ -77,14 +105,21 @@ struct SimTask {
 }
 
 impl SimTask {
-    /// Its state at `now`: a sleep whose time is up has ended (recorded so).
-    fn settle(&mut self, now: Duration) -> &State {
+    /// Its state at `now`: a sleep whose time is up has ended (recorded so, and in `ends` as
+    /// ended when its time was up).
+    fn settle(&mut self, task_id: &str, now: Duration, ends: &mut Vec<End>) -> &State {
         if let State::Running {
             ends_at: Some(end), ..
         } = self.state
             && end <= now
         {
             self.state = State::Ended(TaskEnd::exited(0));
+            ends.push(End {
+                task_id: task_id.to_owned(),
+                name: self.name.clone(),
+                how: Ending::Exited(0),
+                at: end,
+            });
         }
         &self.state
     }
@@ -95,6 +130,15 @@ struct Machine {
     tasks: BTreeMap<String, SimTask>,
     launches: Vec<Launch>,
     kills: Vec<Kill>,
+    ends: Vec<End>,
+}
+
+impl Machine {
+    /// The state of `task_id` at `now`, settled (see [`SimTask::settle`]).
+    fn settle(&mut self, task_id: &str, now: Duration) -> Option<&State> {
+        let Machine { tasks, ends, .. } = self;
+        tasks.get_mut(task_id).map(|t| t.settle(task_id, now, ends))
+    }
 }
 
 struct Shared {
@@ -148,7 +192,22 @@ impl SimulatedTasks {
     /// The machine crashed: every task is gone, with no exit status. The agent that ran them
     /// is expected to crash with it; its next run finds them LOST.
     pub fn reboot(&self) {
-        self.lock().tasks.clear();
+        let now = self.now();
+        let mut machine = self.lock();
+        let Machine { tasks, ends, .. } = &mut *machine;
+        for (id, task) in tasks.iter_mut() {
+            // A sleep whose time was up before the crash had finished.
+            if matches!(task.settle(id, now, ends), State::Running { .. }) {
+                ends.push(End {
+                    task_id: id.clone(),
+                    name: task.name.clone(),
+                    how: Ending::Lost,
+                    at: now,
+                });
+            }
+        }
+        tasks.clear();
+        drop(machine);
         self.shared.changed.notify_waiters();
     }
 
@@ -160,6 +219,18 @@ impl SimulatedTasks {
     /// Every kill so far, in order.
     pub fn kills(&self) -> Vec<Kill> {
         self.lock().kills.clone()
+    }
+
+    /// How every run that ended so far ended, in the order the machine noticed (settling
+    /// first every `sleep` whose time is up).
+    pub fn ends(&self) -> Vec<End> {
+        let now = self.now();
+        let mut machine = self.lock();
+        let Machine { tasks, ends, .. } = &mut *machine;
+        for (id, task) in tasks.iter_mut() {
+            task.settle(id, now, ends);
+        }
+        machine.ends.clone()
     }
 
     /// The terms of the commands that launched tasks, in the order they were obeyed.
@@ -175,11 +246,13 @@ impl SimulatedTasks {
     /// The tasks that run now, as (task id, name), by task id.
     pub fn running(&self) -> Vec<(String, String)> {
         let now = self.now();
-        self.lock()
-            .tasks
+        let mut machine = self.lock();
+        let Machine { tasks, ends, .. } = &mut *machine;
+        tasks
             .iter_mut()
             .filter_map(|(id, t)| {
-                matches!(t.settle(now), State::Running { .. }).then(|| (id.clone(), t.name.clone()))
+                matches!(t.settle(id, now, ends), State::Running { .. })
+                    .then(|| (id.clone(), t.name.clone()))
             })
             .collect()
     }
@@ -187,25 +260,33 @@ impl SimulatedTasks {
     /// The state of `task_id` now, settled.
     fn state(&self, task_id: &str) -> Option<State> {
         let now = self.now();
-        self.lock()
-            .tasks
-            .get_mut(task_id)
-            .map(|t| t.settle(now).clone())
+        self.lock().settle(task_id, now).cloned()
     }
 
     /// Ends `task_id` with `end` if it is still running (a stop: recorded, with its term);
     /// answers how it ended, `None` if the machine lost it.
     fn end(&self, task_id: &str, end: TaskEnd, stop: Option<Option<u64>>) -> Option<TaskEnd> {
+        use std::os::unix::process::ExitStatusExt as _;
         let now = self.now();
         let mut machine = self.lock();
-        let task = machine.tasks.get_mut(task_id)?;
-        if let State::Ended(earlier) = task.settle(now) {
+        if let State::Ended(earlier) = machine.settle(task_id, now)? {
             return Some(earlier.clone());
         }
+        let task = machine.tasks.get_mut(task_id)?;
         task.state = State::Ended(end.clone());
         let name = task.name.clone();
+        let how = match (&end.status, stop) {
+            (Ok(status), Some(_)) => Ending::Stopped(status.signal().unwrap_or_default()),
+            (Ok(status), None) => Ending::Exited(status.code().unwrap_or_default()),
+            (Err(_), _) => Ending::Lost,
+        };
+        machine.ends.push(End {
+            task_id: task_id.to_owned(),
+            name: name.clone(),
+            how,
+            at: now,
+        });
         if let (Some(term), Ok(status)) = (stop, &end.status) {
-            use std::os::unix::process::ExitStatusExt as _;
             machine.kills.push(Kill {
                 task_id: task_id.to_owned(),
                 name,
@@ -256,10 +337,22 @@ impl TaskRunner for SimulatedTasks {
             _ => State::Running { ends_at: None },
         };
         let mut machine = self.lock();
-        if let Some(running) = machine.tasks.get_mut(&task.id)
-            && matches!(running.settle(now), State::Running { .. })
-        {
+        if let Some(State::Running { .. }) = machine.settle(&task.id, now) {
             return Err(format!("task {:?} already runs on this machine", task.id));
+        }
+        if let State::Ended(end) = &state {
+            machine.ends.push(End {
+                task_id: task.id.clone(),
+                name: task.name.clone(),
+                how: Ending::Exited(
+                    end.status
+                        .as_ref()
+                        .ok()
+                        .and_then(|s| s.code())
+                        .unwrap_or_default(),
+                ),
+                at: now,
+            });
         }
         machine.tasks.insert(
             task.id.clone(),
@@ -272,6 +365,7 @@ impl TaskRunner for SimulatedTasks {
             task_id: task.id.clone(),
             name: task.name.clone(),
             term,
+            job_version: task.job_version,
             at: now,
         });
         drop(machine);
@@ -372,6 +466,7 @@ mod tests {
             name: format!("web.main[{id}]"),
             command: command.into(),
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            job_version: 7,
             ..Task::default()
         }
     }
@@ -533,6 +628,43 @@ mod tests {
         assert_eq!(tasks.obeyed_terms(), vec![1, 1, 1, 2, 2]);
         let at: Vec<Duration> = tasks.launches().iter().map(|l| l.at - t0).collect();
         assert_eq!(at, [0, 0, 0, 0, 60].map(Duration::from_secs));
+        Ok(())
+    }
+
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn each_run_s_end_is_recorded_with_how_and_when() -> Result<(), String> {
+        let tasks = SimulatedTasks::new(clock);
+        let t0 = clock();
+        let short = tasks.start(&task("t1", "sleep", &["2"]), 1)?;
+        drop(tasks.start(&task("t2", "exit", &["3"]), 1)?);
+        let stopped = tasks.start(&task("t3", "serve", &[]), 1)?;
+        drop(tasks.start(&task("t4", "sleep", &["5"]), 1)?);
+        drop(tasks.start(&task("t5", "serve", &[]), 1)?);
+        let (_keep, never) = oneshot::channel();
+        assert_eq!(code(&short.wait(never).await), Some(0));
+        let end = stopped.wait(stop(Duration::from_secs(1), 2)).await;
+        assert_eq!(signal(&end), Some(libc::SIGTERM));
+        // Nobody watches t4: its end is noticed late, and recorded when its time was up.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        tasks.reboot();
+        let ends: Vec<(String, Ending, Duration)> = tasks
+            .ends()
+            .into_iter()
+            .map(|e| (e.task_id, e.how, e.at - t0))
+            .collect();
+        let secs = Duration::from_secs;
+        assert_eq!(
+            ends,
+            vec![
+                ("t2".to_owned(), Ending::Exited(3), secs(0)),
+                ("t1".to_owned(), Ending::Exited(0), secs(2)),
+                ("t3".to_owned(), Ending::Stopped(libc::SIGTERM), secs(2)),
+                ("t4".to_owned(), Ending::Exited(0), secs(5)),
+                ("t5".to_owned(), Ending::Lost, secs(12)),
+            ]
+        );
+        let versions: Vec<u64> = tasks.launches().iter().map(|l| l.job_version).collect();
+        assert_eq!(versions, [7; 5]);
         Ok(())
     }
 
