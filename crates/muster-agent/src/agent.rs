@@ -284,16 +284,14 @@ impl Process for Agent {
                     return reply.send(KillTaskReply {
                         error,
                         follows_term: self.term,
+                        ..KillTaskReply::default()
                     });
                 }
-                let error = self.kill_task(&request.task_id, request.term);
-                if !error.is_empty() {
-                    tracing::warn!(%error, "cannot kill a task");
+                let answer = self.kill_task(&request.task_id, request.term);
+                if !answer.error.is_empty() {
+                    tracing::warn!(error = %answer.error, "cannot kill a task");
                 }
-                reply.send(KillTaskReply {
-                    error,
-                    follows_term: 0,
-                });
+                reply.send(answer);
             }
             Msg::ReadTaskOutput(request, reply) => self.read_task_output(request, reply),
             Msg::CheckOutput => self.check_output(ctx),

@@ -202,6 +202,10 @@ pub struct Master {
     /// The origin of the clock tasks' launch deadlines are read on
     /// ([`crate::task_record::LaunchDeadline`]).
     launch_clock: tokio::time::Instant,
+    /// Batch slots whose task this master told to stop, and whose end is not reported yet:
+    /// slot to (agent, task). Schedulers leave them empty meanwhile, so a task that finishes
+    /// before the kill reaches it is not run again (see `master/tasks.rs`).
+    batch_stops: std::collections::BTreeMap<String, (String, String)>,
 }
 
 impl Master {
@@ -236,6 +240,7 @@ impl Master {
             draining: std::collections::BTreeSet::new(),
             job_index: None,
             launch_clock: tokio::time::Instant::now(),
+            batch_stops: std::collections::BTreeMap::new(),
         }
     }
 

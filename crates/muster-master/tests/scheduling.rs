@@ -705,7 +705,7 @@ impl muster_actor::Process for Recorder {
                     Some(KillAnswer::Lost) => drop(reply),
                     Some(KillAnswer::Unknown) => reply.send(pb::KillTaskReply {
                         error: format!("no task {task_id:?} runs on this agent"),
-                        follows_term: 0,
+                        ..pb::KillTaskReply::default()
                     }),
                     Some(KillAnswer::Fenced) => reply.send(pb::KillTaskReply {
                         error: format!(
@@ -715,6 +715,7 @@ impl muster_actor::Process for Recorder {
                             kill_term + 1
                         ),
                         follows_term: kill_term + 1,
+                        ..pb::KillTaskReply::default()
                     }),
                 }
             }

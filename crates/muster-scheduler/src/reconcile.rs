@@ -13,7 +13,10 @@
 //!   [`spec_version`](TaskGroup::spec_version) is outdated: the group's task definition changed
 //!   since (Nomad's destructive update). It stops and its slot counts as missing, placed anew
 //!   with the current definition. A change of `count` alone leaves the spec version, and so
-//!   the running tasks, alone; a task of unknown version (0) is current.
+//!   the running tasks, alone; a task of unknown version (0) is current. A batch slot is
+//!   placed anew only once its outdated task has stopped: one that finishes before the stop
+//!   reaches it ran to completion, and is not run again (the master leaves the slot
+//!   [`held`](ClusterSnapshot::held) until the task's end is reported, then evaluates it).
 //! - Non-terminal tasks of the job that fill no wanted slot stop: the count was lowered, the
 //!   group removed, the agent no longer eligible, or a second task fills the same slot (the
 //!   running one, then the lowest agent and task id, stays). A stopped job, or one missing from
@@ -127,6 +130,8 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     // The live tasks filling each slot, as (slot, filler).
     let mut fillers: Vec<(usize, Filler<'_>)> = Vec::new();
     let mut finished = vec![false; layout.len];
+    // Batch slots whose outdated task is told to stop here: placed once it has.
+    let mut stopping = vec![false; layout.len];
     let mut stop = Vec::new();
     // The agents with tasks of the job: from the snapshot's index where it holds for its
     // agents (which are then in id order, as `agents` borrows them), otherwise every agent.
@@ -154,8 +159,10 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
                 continue;
             };
             if is_outdated(task, group) {
-                // Never a holder: the slot stays missing and is placed anew.
+                // Never a holder: the slot stays missing and is placed anew (a batch slot
+                // once the task has stopped).
                 stop.push(stop_of(&agent.id, task));
+                stopping[i] |= batch;
                 continue;
             }
             let leaving = match departure {
@@ -226,7 +233,7 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
 
     let job_version = stored.map_or(0, |job| job.version);
     let mut missing = Vec::with_capacity(layout.len);
-    for i in (0..layout.len).filter(|&i| !held[i] && !finished[i]) {
+    for i in (0..layout.len).filter(|&i| !held[i] && !finished[i] && !stopping[i]) {
         let slots = layout.group_of(i);
         let offset = i - slots.first;
         let (key, agent) = match &slots.per_agent {
@@ -259,6 +266,30 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
         missing,
         stop,
     }
+}
+
+/// Whether `job` (a service or batch job) wants slot `slot` of its group `group`: it is not
+/// stopped, has the group, and the slot's index is below the group's count. A system job's
+/// slots follow the agents, so this says no for them.
+pub fn wants_counted_slot(job: &Job, group: &str, slot: &str) -> bool {
+    if job.stopped || job.scheduler == SchedulerType::System {
+        return false;
+    }
+    let Some(group) = job.groups.iter().find(|g| g.name == group) else {
+        return false;
+    };
+    counted_slot_index(&job.name, &group.name, slot).is_some_and(|i| i < group.count as usize)
+}
+
+/// The index of `slot` if it is a counted slot of `job`'s group `group`, named as reconciliation
+/// names them (`{job}.{group}[{index}]`, the index in decimal without leading zeros).
+pub fn counted_slot_index(job: &str, group: &str, slot: &str) -> Option<usize> {
+    slot.strip_prefix(job)?
+        .strip_prefix('.')?
+        .strip_prefix(group)?
+        .strip_prefix('[')?
+        .strip_suffix(']')
+        .and_then(canonical_index)
 }
 
 /// Every slot a job wants, numbered: each group's slots in turn, a service or batch group's

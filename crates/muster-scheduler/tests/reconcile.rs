@@ -6,7 +6,7 @@ use std::collections::HashSet;
 
 use common::*;
 use muster_model::{ConstraintOp, SchedulerType};
-use muster_scheduler::{JobIndex, Reconciled, Stop, TaskState, reconcile};
+use muster_scheduler::{JobIndex, Reconciled, Stop, TaskState, reconcile, wants_counted_slot};
 
 fn missing_names(r: &Reconciled) -> Vec<&str> {
     r.missing.iter().map(|s| s.name.as_str()).collect()
@@ -471,7 +471,7 @@ fn an_outdated_task_never_holds_its_slot_against_a_current_one() {
 }
 
 #[test]
-fn an_update_replaces_running_batch_tasks_but_never_reruns_finished_ones() {
+fn an_update_stops_running_batch_tasks_and_never_reruns_finished_ones() {
     let mut step = group("step", 3, 1.0, 100);
     step.spec_version = 2;
     let mut etl = job("etl", SchedulerType::Batch, vec![step]);
@@ -490,7 +490,44 @@ fn an_update_replaces_running_batch_tasks_but_never_reruns_finished_ones() {
     );
     let r = reconcile(&eval_for(&etl), &snap);
     assert_eq!(stopped_ids(&r), ["etl.step[1]-t"]);
-    assert_eq!(missing_names(&r), ["etl.step[1]", "etl.step[2]"]);
+    // The running task's slot is placed once it has stopped (it may finish first).
+    assert_eq!(missing_names(&r), ["etl.step[2]"]);
+}
+
+#[test]
+fn a_batch_slot_is_placed_anew_once_its_outdated_task_stopped() {
+    let mut step = group("step", 2, 1.0, 100);
+    step.spec_version = 2;
+    let mut etl = job("etl", SchedulerType::Batch, vec![step]);
+    etl.version = 2;
+    let snap = snapshot(
+        7,
+        vec![on(
+            agent("a1", 8.0, 8192),
+            vec![
+                placed_at("etl.step[0]", "etl", "step", 1, TaskState::Killed),
+                placed_at("etl.step[1]", "etl", "step", 1, TaskState::Finished),
+            ],
+        )],
+        vec![etl.clone()],
+    );
+    let r = reconcile(&eval_for(&etl), &snap);
+    assert!(r.stop.is_empty());
+    assert_eq!(missing_names(&r), ["etl.step[0]"]);
+}
+
+#[test]
+fn a_job_wants_counted_slots_below_its_count_while_it_runs() {
+    let mut etl = job("etl", SchedulerType::Batch, vec![group("step", 2, 1.0, 100)]);
+    assert!(wants_counted_slot(&etl, "step", "etl.step[1]"));
+    assert!(!wants_counted_slot(&etl, "step", "etl.step[2]"));
+    assert!(!wants_counted_slot(&etl, "step", "etl.step[01]"));
+    assert!(!wants_counted_slot(&etl, "other", "etl.other[0]"));
+    assert!(!wants_counted_slot(&etl, "step", "etx.step[0]"));
+    etl.stopped = true;
+    assert!(!wants_counted_slot(&etl, "step", "etl.step[0]"));
+    let logs = job("logs", SchedulerType::System, vec![group("ship", 0, 0.5, 64)]);
+    assert!(!wants_counted_slot(&logs, "ship", "logs.ship[a1]"));
 }
 
 #[test]

@@ -8,7 +8,7 @@
 use std::collections::VecDeque;
 
 use muster_actor::Context;
-use muster_proto::cluster::{Framework, RunTask, TaskStatusUpdate};
+use muster_proto::cluster::{Framework, KillTaskReply, RunTask, TaskStatusUpdate};
 use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
@@ -237,24 +237,35 @@ impl Agent {
             .add_running(framework, task, Some(waiter), Some(kill), Some(stopper));
     }
 
-    /// Starts stopping a running task, as a leader of `term` commands; an empty string if it
-    /// runs, else why not.
-    pub(super) fn kill_task(&mut self, task_id: &str, term: u64) -> String {
+    /// Starts stopping a running task, as a leader of `term` commands. The answer's error is
+    /// empty if it runs, else says why not; a task that already ended by itself says how.
+    pub(super) fn kill_task(&mut self, task_id: &str, term: u64) -> KillTaskReply {
         let grace = self.config.kill_grace;
         let stop = Stop {
             grace,
             term: Some(term),
         };
-        match self.tasks.kill(task_id, stop) {
+        let (error, ended_as) = match self.tasks.kill(task_id, stop) {
             KillRequest::Stopping => {
                 tracing::info!(task = %task_id, ?grace, "killing the task");
-                String::new()
+                (String::new(), TaskState::Unspecified)
             }
-            KillRequest::Ended(state) => format!(
-                "task {task_id:?} has already ended ({})",
-                state.as_str_name()
+            KillRequest::Ended(state) => (
+                format!(
+                    "task {task_id:?} has already ended ({})",
+                    state.as_str_name()
+                ),
+                state,
             ),
-            KillRequest::Unknown => format!("no task {task_id:?} runs on this agent"),
+            KillRequest::Unknown => (
+                format!("no task {task_id:?} runs on this agent"),
+                TaskState::Unspecified,
+            ),
+        };
+        KillTaskReply {
+            error,
+            follows_term: 0,
+            ended_as: ended_as.into(),
         }
     }
 

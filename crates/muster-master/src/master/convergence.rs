@@ -96,9 +96,13 @@ impl Master {
         for (job, group, slot) in &finished {
             batch_slots.insert((job, group, slot));
         }
-        let mut filled: HashMap<(&str, &str), u32> = HashMap::new();
-        for (job, group, _) in batch_slots {
-            *filled.entry((job, group)).or_default() += 1;
+        // By job and group, the indices of the filled slots (the job's count may have been
+        // lowered since a higher one finished: `diverges` counts those below it).
+        let mut filled: HashMap<(&str, &str), Vec<usize>> = HashMap::new();
+        for (job, group, slot) in batch_slots {
+            if let Some(index) = muster_scheduler::counted_slot_index(job, group, slot) {
+                filled.entry((job, group)).or_default().push(index);
+            }
         }
         // Where a system job's tasks belong: every connected agent new tasks may go to, by
         // its attributes (a drained agent's system tasks stopped for good).
@@ -162,14 +166,14 @@ type OnAgents<'a> = HashMap<(&'a str, &'a str, &'a str), u32>;
 
 /// Whether `job`'s running tasks differ from what it asks for: any for a stopped job; another
 /// count than a group's for a service job (or tasks of a group it no longer has); for a batch
-/// job, more than a group's count running, or fewer of its slots `filled` (by a live task or
-/// one that finished) than its count; for a system job,
+/// job, more than a group's count running, or fewer of its slots below the count `filled` (by
+/// a live task or one that finished; by index) than its count; for a system job,
 /// on some connected agent of `agents` (id, attributes), none of a group whose constraints
 /// admit the agent, more than one, or any of a group whose constraints do not.
 fn diverges(
     job: &Job,
     running: &HashMap<(&str, &str), u32>,
-    filled: &HashMap<(&str, &str), u32>,
+    filled: &HashMap<(&str, &str), Vec<usize>>,
     on_agents: &OnAgents<'_>,
     agents: &[(&str, &BTreeMap<String, String>)],
 ) -> bool {
@@ -197,9 +201,10 @@ fn diverges(
         SchedulerType::Batch => job.groups.iter().any(|g| {
             let slots = filled
                 .get(&(job.name.as_str(), g.name.as_str()))
-                .copied()
-                .unwrap_or(0);
-            counted(&g.name) > g.count || slots < g.count
+                .map_or(0, |indices| {
+                    indices.iter().filter(|&&i| i < g.count as usize).count()
+                });
+            counted(&g.name) > g.count || slots < g.count as usize
         }),
         SchedulerType::System => {
             let in_groups: u32 = job.groups.iter().map(|g| counted(&g.name)).sum();
@@ -248,7 +253,7 @@ mod tests {
     }
 
     /// No batch slot filled (what a service or system job's check ignores).
-    fn none() -> HashMap<(&'static str, &'static str), u32> {
+    fn none() -> HashMap<(&'static str, &'static str), Vec<usize>> {
         HashMap::new()
     }
 
@@ -281,7 +286,7 @@ mod tests {
         );
 
         let batch = job(SchedulerType::Batch, &[2]);
-        let two_filled = HashMap::from([(("web", "g0"), 2)]);
+        let two_filled = HashMap::from([(("web", "g0"), vec![0, 1])]);
         assert!(
             !diverges(&batch, &HashMap::new(), &two_filled, &OnAgents::new(), &[]),
             "finished batch tasks stay finished"
@@ -289,7 +294,7 @@ mod tests {
         assert!(diverges(
             &batch,
             &HashMap::from([(("web", "g0"), 3)]),
-            &HashMap::from([(("web", "g0"), 3)]),
+            &HashMap::from([(("web", "g0"), vec![0, 1, 2])]),
             &OnAgents::new(),
             &[]
         ));
@@ -297,11 +302,21 @@ mod tests {
             diverges(
                 &batch,
                 &HashMap::from([(("web", "g0"), 1)]),
-                &HashMap::from([(("web", "g0"), 1)]),
+                &HashMap::from([(("web", "g0"), vec![0])]),
                 &OnAgents::new(),
                 &[]
             ),
             "a batch slot that never ran (nor runs) is missing"
+        );
+        assert!(
+            diverges(
+                &batch,
+                &HashMap::new(),
+                &HashMap::from([(("web", "g0"), vec![1, 2])]),
+                &OnAgents::new(),
+                &[]
+            ),
+            "a slot above the count, finished before the count was lowered, fills none below"
         );
 
         let mut stopped = job(SchedulerType::Service, &[1]);

@@ -247,6 +247,7 @@ impl Master {
                 let mut held = self.crash_loops.held(tokio::time::Instant::now());
                 held.extend(self.slots_kept_while_away());
                 held.extend(self.batch_slots_finished());
+                held.extend(self.batch_slots_stopping());
                 held
             },
             job_index: Some(job_index),

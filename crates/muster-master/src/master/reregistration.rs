@@ -7,7 +7,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 use muster_actor::Context;
 use muster_model::{
-    AgentId, Reconcile, Resources, SchedulerType, TaskState, UnreachableAgent, utilization,
+    AgentId, Evaluation, Job, Reconcile, Resources, SchedulerType, Task, TaskState, Trigger,
+    UnreachableAgent, utilization,
 };
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
@@ -116,17 +117,24 @@ impl Master {
         // Their strings are freed beside the master, not by it.
         crate::drop_later::drop_later(wire);
         // What it ran when it was marked unreachable and does not report now: remembered as
-        // LOST, so that a late start of one is killed when it reports in.
+        // LOST, so that a late start of one is killed when it reports in. The jobs whose slots
+        // such a task kept while the agent was away (`disconnect.replace = false`) are
+        // evaluated: nothing else places those slots now.
+        let mut kept_and_forgotten = Vec::new();
         if let Some(away) = away {
             let reported: HashSet<&str> = tasks
                 .iter()
                 .chain(&completed_tasks)
                 .map(TaskRecord::id)
                 .collect();
-            let forgotten: Vec<TaskRecord> = away
+            let forgotten: Vec<Task> = away
                 .tasks
                 .into_iter()
                 .filter(|t| !reported.contains(t.id.as_str()))
+                .collect();
+            kept_and_forgotten = self.jobs_with_kept_slots(&forgotten);
+            let forgotten: Vec<TaskRecord> = forgotten
+                .into_iter()
                 .map(|t| {
                     let mut wire = model_pb::Task::from(t);
                     wire.state = TaskState::Lost.into();
@@ -187,7 +195,37 @@ impl Master {
             self.settle_reregistered(&agent_id, previous, ctx);
         }
         self.record_reported_batch_finishes(&agent_id, ctx);
+        if !kept_and_forgotten.is_empty() {
+            let evals = kept_and_forgotten
+                .iter()
+                .map(|job| Evaluation::new(job, Trigger::AgentUpdate(AgentId(agent_id.clone()))))
+                .collect();
+            self.write_with_evals(Vec::new(), evals, ctx, |_master, _ctx, written| {
+                if let Err(error) = written {
+                    tracing::warn!(%error, "could not evaluate the jobs of tasks a returning agent forgot");
+                }
+            });
+        }
         (agent_id, kill)
+    }
+
+    /// The jobs (each once) with a slot among `forgotten` that its group kept while the
+    /// agent was away (`disconnect.replace = false`) and that the job still wants.
+    fn jobs_with_kept_slots(&self, forgotten: &[Task]) -> Vec<Job> {
+        self.registry.reader().read(|state| {
+            let mut jobs: BTreeMap<&str, &Job> = BTreeMap::new();
+            for task in forgotten {
+                let Some(job) = state.jobs.get(&task.job) else {
+                    continue;
+                };
+                let kept = disconnect_of(state, &task.job, &task.group)
+                    .is_some_and(|policy| !policy.replace);
+                if kept && muster_scheduler::wants_counted_slot(job, &task.group, &task.name) {
+                    jobs.insert(&job.name, job);
+                }
+            }
+            jobs.into_values().cloned().collect()
+        })
     }
 
     /// The batch tasks a re-registering agent reports finished whose slots the registry does

@@ -24,7 +24,8 @@ pub(super) const KILL_RETRY_MAX: Duration = Duration::from_secs(30);
 const COMPLETED_HISTORY: usize = 1_000;
 
 impl Master {
-    /// Marks a task killed (it frees its resources now) and tells its agent to stop it.
+    /// Marks a task killed (it frees its resources now) and tells its agent to stop it. A
+    /// batch task's slot stays empty until its end is reported ([`Master::batch_stops`]).
     pub(super) fn stop_task(&mut self, stop: &Stop, ctx: &mut Context<Self>) -> bool {
         let Some(agent) = self.cluster.agent_mut(&stop.agent.0) else {
             return false;
@@ -33,8 +34,63 @@ impl Master {
             return false;
         };
         task.set_state(TaskState::Killed);
+        let slot = task.name().to_owned();
+        let job = task.job_name().map(str::to_owned);
+        if job.is_some_and(|job| self.is_batch(&job)) {
+            let stopping = (stop.agent.0.clone(), stop.task_id.clone());
+            self.batch_stops.insert(slot, stopping);
+        }
         self.send_kill(stop.agent.0.clone(), stop.task_id.clone(), 0, ctx);
         true
+    }
+
+    /// Whether the registry holds `job` as a batch job.
+    fn is_batch(&self, job: &str) -> bool {
+        self.registry.reader().read(|s| {
+            s.jobs
+                .get(job)
+                .is_some_and(|j| j.scheduler == SchedulerType::Batch)
+        })
+    }
+
+    /// The batch slots whose stopped task has not reported its end: they stay empty. Entries
+    /// whose task is no longer marked killed on its agent (it went with its agent, or a new
+    /// leader rebuilt the cluster) are dropped; an agent that is away keeps its tasks' slots
+    /// by itself (`slots_kept_while_away`).
+    pub(super) fn batch_slots_stopping(&mut self) -> Vec<String> {
+        let agents = &self.cluster.agents;
+        self.batch_stops.retain(|_, (agent, task)| {
+            agents.get(agent).is_some_and(|agent| {
+                agent
+                    .tasks
+                    .iter()
+                    .any(|t| t.id() == task && t.state() == TaskState::Killed)
+            })
+        });
+        self.batch_stops.keys().cloned().collect()
+    }
+
+    /// Whether `task`'s end, reported by `agent_id`, is that of a batch task this master
+    /// stopped (which it forgets now), in a slot its job still wants: that slot is placed
+    /// anew now, unless the task finished first.
+    fn batch_stop_ended(&mut self, agent_id: &str, task: &TaskRecord) -> bool {
+        let stopped_here = self
+            .batch_stops
+            .get(task.name())
+            .is_some_and(|(agent, id)| agent == agent_id && id == task.id());
+        if !stopped_here {
+            return false;
+        }
+        self.batch_stops.remove(task.name());
+        let Some(job) = task.job_name() else {
+            return false;
+        };
+        let group = task.view.group();
+        self.registry.reader().read(|s| {
+            s.jobs
+                .get(job)
+                .is_some_and(|j| muster_scheduler::wants_counted_slot(j, group, task.name()))
+        })
     }
 
     /// Tells an agent to kill a task this master has marked killed. A kill that does not
@@ -81,7 +137,7 @@ impl Master {
                         master.send_kill(agent_id, task_id, 0, ctx);
                     }
                 }
-                Ok(reply) => master.kill_refused(agent_id, task_id, reply.error, ctx),
+                Ok(reply) => master.kill_refused(agent_id, task_id, reply, ctx),
                 Err(e) => {
                     let wait = KILL_RETRY_FIRST
                         .saturating_mul(1 << retry.min(16))
@@ -112,13 +168,15 @@ impl Master {
     }
 
     /// The agent answered a kill with an error: it runs no such task (any more). The task ends
-    /// here (killed, with the agent's answer), so it is not counted as running for good. (A
-    /// refusal of the kill's term says nothing about the task: `send_kill` handles it.)
+    /// here, so it is not counted as running for good: as the agent says it ended by itself
+    /// (a batch task that finished just before the kill came ran to completion), otherwise
+    /// killed, with the agent's answer. (A refusal of the kill's term says nothing about the
+    /// task: `send_kill` handles it.)
     fn kill_refused(
         &mut self,
         agent_id: String,
         task_id: String,
-        error: String,
+        answer: pb::KillTaskReply,
         ctx: &mut Context<Self>,
     ) {
         let Some(task) = self
@@ -129,9 +187,14 @@ impl Master {
         else {
             return;
         };
+        let error = answer.error;
+        let ended_as = match TaskState::try_from(answer.ended_as) {
+            Ok(state @ (TaskState::Finished | TaskState::Failed | TaskState::Lost)) => state,
+            _ => TaskState::Killed,
+        };
         tracing::info!(agent = %agent_id, task = %task_id, %error, "the agent runs no task to kill: counted as ended");
         let mut ended = task.clone();
-        ended.set_state(TaskState::Killed);
+        ended.set_state(ended_as);
         ended.message = format!("the kill was answered: {error}").into();
         self.record_updated(agent_id, ended, ctx);
     }
@@ -152,6 +215,9 @@ impl Master {
         task: TaskRecord,
         ctx: &mut Context<Self>,
     ) {
+        let stopped_batch_slot = task.is_terminal()
+            && task.state() != TaskState::Finished
+            && self.batch_stop_ended(&agent_id, &task);
         let Some(agent) = self.cluster.agent_mut(&agent_id) else {
             return;
         };
@@ -219,25 +285,28 @@ impl Master {
             index,
         };
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
-        let replace = !was_killed
-            && task.state() != TaskState::Finished
-            && task.job_name().is_some_and(|job| {
-                self.registry.reader().read(|s| {
-                    s.jobs.get(job).is_some_and(|j| {
-                        // A batch task that failed has run; one lost never did.
-                        !j.stopped
-                            && (j.scheduler != SchedulerType::Batch
-                                || task.state() == TaskState::Lost)
+        // A batch slot stopped for an update (or a resubmission) is placed once its task has
+        // stopped, if it did not finish first.
+        let replace = stopped_batch_slot
+            || (!was_killed
+                && task.state() != TaskState::Finished
+                && task.job_name().is_some_and(|job| {
+                    self.registry.reader().read(|s| {
+                        s.jobs.get(job).is_some_and(|j| {
+                            // A batch task that failed has run; one lost never did.
+                            !j.stopped
+                                && (j.scheduler != SchedulerType::Batch
+                                    || task.state() == TaskState::Lost)
+                        })
                     })
-                })
-            });
+                }));
         if replace && let Some(job) = task.job_name().map(str::to_owned) {
             let Some(job) = self.registry.reader().read(|s| s.jobs.get(&job).cloned()) else {
                 return;
             };
             let mut eval = Evaluation::new(&job, Trigger::TaskEnded(task.id().to_owned()));
             // A task lost with its agent or its launch did not crash: no back-off.
-            let (failures, wait) = if task.state() == TaskState::Lost {
+            let (failures, wait) = if task.state() == TaskState::Lost || stopped_batch_slot {
                 (0, Duration::ZERO)
             } else {
                 self.crash_loops.failed(
