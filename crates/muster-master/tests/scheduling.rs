@@ -682,6 +682,8 @@ enum KillAnswer {
     Unknown,
     /// The agent follows a newer term than the kill's: refused by fencing.
     Fenced,
+    /// The task had already finished by itself when the kill came.
+    AlreadyFinished,
 }
 
 enum RecorderMsg {
@@ -715,6 +717,11 @@ impl muster_actor::Process for Recorder {
                             kill_term + 1
                         ),
                         follows_term: kill_term + 1,
+                        ..pb::KillTaskReply::default()
+                    }),
+                    Some(KillAnswer::AlreadyFinished) => reply.send(pb::KillTaskReply {
+                        error: format!("task {task_id:?} has already ended (TASK_STATE_FINISHED)"),
+                        ended_as: model_pb::TaskState::Finished as i32,
                         ..pb::KillTaskReply::default()
                     }),
                 }
@@ -1140,5 +1147,113 @@ async fn an_agent_back_from_unreachable_keeps_what_nothing_replaced_and_a_late_s
         .context("a kill of the late task")?;
     assert_eq!(kill.task_id, late.id);
     cluster.shutdown().await;
+    Ok(())
+}
+
+fn one_batch_step(args: &[&str]) -> model_pb::Job {
+    model_pb::Job {
+        name: "etl".into(),
+        scheduler: model_pb::SchedulerType::Batch as i32,
+        groups: vec![group("step", 1, 1.0, "sleep", args)],
+        ..model_pb::Job::default()
+    }
+}
+
+/// Waits until every evaluation of `job` has ended (none pending or blocked).
+async fn evaluations_settled(master: &MasterServer, job: &str) -> anyhow::Result<()> {
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let evals = list_evals(master, job, 100).await?;
+        let open = [
+            model_pb::EvalStatus::Pending as i32,
+            model_pb::EvalStatus::Blocked as i32,
+        ];
+        if !evals.evals.iter().any(|e| open.contains(&e.status)) {
+            return Ok(());
+        }
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "evaluations of {job} still open: {evals:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Tells the master, as the stand-in agent, that `task` is now in `state`.
+fn report(
+    cluster: &StandInCluster,
+    task: &model_pb::Task,
+    state: model_pb::TaskState,
+) -> anyhow::Result<()> {
+    let mut task = task.clone();
+    task.state = state as i32;
+    cluster
+        .node
+        .remote(cluster.master_upid.clone())
+        .tell(pb::TaskStatusUpdate {
+            agent_id: cluster.agent_id.clone(),
+            task: Some(task),
+        })?;
+    Ok(())
+}
+
+/// An update of a batch job stops its running task, and places the slot anew only once the
+/// task's end is reported: a task that finished before the kill reached it (reported as such,
+/// or the kill answered "already finished") ran to completion and is not run again; one the
+/// kill stopped is replaced at the new version.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_updated_batch_slot_is_placed_anew_only_if_its_task_did_not_finish_first()
+-> anyhow::Result<()> {
+    for ending in ["reported finished", "kill answered finished", "killed"] {
+        let answers = match ending {
+            "kill answered finished" => [KillAnswer::AlreadyFinished].into(),
+            _ => Default::default(),
+        };
+        let mut cluster = StandInCluster::start(|config| config, answers, "batch").await?;
+        submit(&cluster.master, one_batch_step(&["30"])).await?;
+        let first = cluster.next_launched_task().await?;
+        report(&cluster, &first, model_pb::TaskState::Running)?;
+        job_when(&cluster.master, "etl", "the step running", |s| {
+            live(s).len() == 1
+        })
+        .await?;
+
+        submit(&cluster.master, one_batch_step(&["31"])).await?;
+        let kill = tokio::time::timeout(DEADLINE, cluster.killed.recv())
+            .await?
+            .context("the kill of the outdated step")?;
+        assert_eq!(kill.task_id, first.id, "{ending}");
+        evaluations_settled(&cluster.master, "etl").await?;
+        assert!(
+            cluster.launched.try_recv().is_err(),
+            "{ending}: nothing placed while the outdated step's end is unknown"
+        );
+
+        match ending {
+            "reported finished" => report(&cluster, &first, model_pb::TaskState::Finished)?,
+            "killed" => report(&cluster, &first, model_pb::TaskState::Killed)?,
+            _ => {}
+        }
+        if ending == "killed" {
+            let second = cluster.next_launched_task().await?;
+            assert_eq!(second.name, first.name, "the same slot, placed anew");
+            assert_eq!(second.args, ["31"], "at the new version");
+        } else {
+            let status = job_when(&cluster.master, "etl", "the step finished", |s| {
+                s.tasks
+                    .iter()
+                    .filter_map(|t| t.task.as_ref())
+                    .any(|t| t.id == first.id && t.state == model_pb::TaskState::Finished as i32)
+            })
+            .await?;
+            assert!(live(&status).is_empty(), "{ending}: {status:#?}");
+            evaluations_settled(&cluster.master, "etl").await?;
+            assert!(
+                cluster.launched.try_recv().is_err(),
+                "{ending}: a step that finished first is not run again"
+            );
+        }
+        cluster.shutdown().await;
+    }
     Ok(())
 }

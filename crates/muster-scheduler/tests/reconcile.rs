@@ -518,7 +518,11 @@ fn a_batch_slot_is_placed_anew_once_its_outdated_task_stopped() {
 
 #[test]
 fn a_job_wants_counted_slots_below_its_count_while_it_runs() {
-    let mut etl = job("etl", SchedulerType::Batch, vec![group("step", 2, 1.0, 100)]);
+    let mut etl = job(
+        "etl",
+        SchedulerType::Batch,
+        vec![group("step", 2, 1.0, 100)],
+    );
     assert!(wants_counted_slot(&etl, "step", "etl.step[1]"));
     assert!(!wants_counted_slot(&etl, "step", "etl.step[2]"));
     assert!(!wants_counted_slot(&etl, "step", "etl.step[01]"));
@@ -526,7 +530,11 @@ fn a_job_wants_counted_slots_below_its_count_while_it_runs() {
     assert!(!wants_counted_slot(&etl, "step", "etx.step[0]"));
     etl.stopped = true;
     assert!(!wants_counted_slot(&etl, "step", "etl.step[0]"));
-    let logs = job("logs", SchedulerType::System, vec![group("ship", 0, 0.5, 64)]);
+    let logs = job(
+        "logs",
+        SchedulerType::System,
+        vec![group("ship", 0, 0.5, 64)],
+    );
     assert!(!wants_counted_slot(&logs, "ship", "logs.ship[a1]"));
 }
 
