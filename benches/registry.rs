@@ -31,7 +31,7 @@
 //!   so it is measured once per snapshot policy, outside criterion's statistics, and printed
 //!   (`follower_catch_up/...` lines on stderr; the line says which way the follower caught up
 //!   and whether the 10 s target was met). The policies: `snapshot_after_50` (the timings and
-//!   snapshot policy of `crates/muster-registry/tests/cluster.rs`: a snapshot every 50 entries,
+//!   snapshot policy of `crates/muster-registry/tests/it/cluster.rs`: a snapshot every 50 entries,
 //!   none kept behind it, so the leader has purged what the follower misses and sends its
 //!   snapshot in 1 MiB chunks), and `snapshot_after_5000` (the master's policy: 5,000 entries,
 //!   1,000 kept; the follower gets the missed log, an AppendEntries of at most 1 MiB at a
@@ -267,7 +267,7 @@ fn admit(n: usize) -> Batch {
 }
 
 // ---------------------------------------------------------------------------------------------
-// A group of three members, as crates/muster-registry/tests/cluster.rs runs it.
+// A group of three members, as crates/muster-registry/tests/it/cluster.rs runs it.
 
 /// One member: its raft and the tonic server that carries its raft traffic.
 struct Member {
@@ -285,7 +285,7 @@ impl Member {
 /// When members snapshot and purge their log.
 #[derive(Clone, Copy, Debug)]
 enum Snapshots {
-    /// tests/cluster.rs's: every 50 entries, none kept behind the snapshot.
+    /// tests/it/cluster.rs's: every 50 entries, none kept behind the snapshot.
     After50,
     /// The master's (`MasterServer`) and `RegistryConfig::single`'s: every 5,000 entries,
     /// 1,000 kept.
@@ -301,7 +301,7 @@ impl Snapshots {
     }
 }
 
-/// Member `id`'s config: `RegistryConfig::single` adjusted as tests/cluster.rs does (its
+/// Member `id`'s config: `RegistryConfig::single` adjusted as tests/it/cluster.rs does (its
 /// heartbeat and election timeouts; its snapshot policy, or the master's).
 fn config(
     id: NodeId,

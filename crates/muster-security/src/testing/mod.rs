@@ -6,14 +6,15 @@ pub mod partitions;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Mutex, Once, OnceLock};
 use std::time::Duration;
 
 use crate::certs::{self, CertRequest, PemPair};
 use crate::identity::{DEFAULT_CLUSTER, Role};
 use crate::tls::{Security, Tls, TlsFiles};
 
-/// A CA and the certificates it issued, in a directory that lives as long as the process.
+/// A CA and the certificates it issued, in a directory that lives as long as the process (it
+/// is removed when the process exits).
 #[derive(Debug)]
 pub struct TestPki {
     dir: PathBuf,
@@ -47,6 +48,7 @@ impl TestPki {
             .tempdir()
             .expect("a temp dir for test certificates")
             .keep();
+        remove_at_exit(dir.clone());
         #[allow(clippy::expect_used)]
         let ca = certs::create_ca(DEFAULT_CLUSTER, certs::DEFAULT_CA_VALIDITY).expect("a test CA");
         write(&dir.join("ca.pem"), &ca.cert);
@@ -145,4 +147,32 @@ impl TestPki {
 fn write(path: &Path, text: &str) {
     #[allow(clippy::expect_used)]
     std::fs::write(path, text).expect("write a test certificate");
+}
+
+/// The directories [`TestPki`]s made, removed when the process exits: a `static` is never
+/// dropped, and a test run would otherwise leave one directory per test binary behind.
+static REMOVE_AT_EXIT: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Removes `dir` (and what is in it) when the process exits normally, as a test binary does
+/// once its tests ran.
+fn remove_at_exit(dir: PathBuf) {
+    static REGISTERED: Once = Once::new();
+    REMOVE_AT_EXIT
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .push(dir);
+    REGISTERED.call_once(|| {
+        // SAFETY: `remove_registered` is a plain `extern "C"` function that neither unwinds
+        // (it catches nothing that can panic: `remove_dir_all` answers errors) nor calls
+        // `exit`; registering it has no other precondition.
+        let _ = unsafe { libc::atexit(remove_registered) };
+    });
+}
+
+/// Removes the directories registered with [`remove_at_exit`].
+extern "C" fn remove_registered() {
+    let dirs = std::mem::take(&mut *REMOVE_AT_EXIT.lock().unwrap_or_else(|p| p.into_inner()));
+    for dir in dirs {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

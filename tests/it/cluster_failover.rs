@@ -29,7 +29,7 @@ use muster_security::{Role, TokenSecret};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-mod common;
+use crate::common;
 
 fn all_back(state: &pb::ClusterState, agents: usize) -> bool {
     state.agents.len() == agents

@@ -1,6 +1,6 @@
 //! The placing scheduler and the built-in binpack and spread.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 

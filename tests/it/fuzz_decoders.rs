@@ -5,7 +5,7 @@
 //! a decoder answers an error for what it cannot use.
 //!
 //! CI runs 2,000 inputs per target. A long run:
-//! `MUSTER_FUZZ_CASES=1000000 cargo test --release --test fuzz_decoders`.
+//! `MUSTER_FUZZ_CASES=1000000 cargo test --release --test it -- fuzz_decoders::`.
 
 use muster::model::{Evaluation, Job, JobLimits, Task, Trigger};
 use muster::proto::model as model_pb;

@@ -16,7 +16,7 @@ use muster_security::Role;
 use muster_security::testing::TestPki;
 use tokio::process::Command;
 
-mod common;
+use crate::common;
 
 /// Sends `signal` to a child process.
 fn signal(child: &tokio::process::Child, signal: libc::c_int) -> anyhow::Result<()> {

@@ -1,7 +1,7 @@
 //! `muster operator snapshot save` copies the registry to a file; `restore` puts it back over
 //! a changed registry, through raft; a damaged file is refused and changes nothing.
 
-mod common;
+use crate::common;
 
 use anyhow::{Context as _, ensure};
 use common::DevCluster;

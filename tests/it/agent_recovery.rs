@@ -26,7 +26,7 @@ use muster_security::{Role, TokenSecret};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
-mod common;
+use crate::common;
 
 const DEADLINE: Duration = common::DEADLINE;
 

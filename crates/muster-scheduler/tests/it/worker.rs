@@ -1,7 +1,7 @@
 //! The worker loop against an in-memory backend: a broker queue, a cluster state with a
 //! serial plan applier, and failure injection.
 
-mod common;
+use crate::common;
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};

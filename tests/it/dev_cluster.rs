@@ -1,6 +1,6 @@
 //! `muster dev` starts a master and an agent in one process; `muster status` shows them.
 
-mod common;
+use crate::common;
 
 use anyhow::{Context as _, ensure};
 use common::DevCluster;

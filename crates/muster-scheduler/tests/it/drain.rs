@@ -2,7 +2,7 @@
 //! each running until its replacement runs; batch tasks stay to their end; system tasks go
 //! last; past the deadline everything stops; nothing is placed on an ineligible agent.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -18,7 +18,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-mod common;
+use crate::common;
 
 const ROUNDS: usize = 20;
 const WRITERS: usize = 8;

@@ -1,6 +1,6 @@
 //! Reconciliation: which slots a job wants, which are missing, which tasks stop.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 

@@ -1,0 +1,19 @@
+//! The integration tests of `muster-master`: one binary (`cargo test -p muster-master --test it`),
+//! one module per area. Filter by module: `cargo test -p muster-master --test it -- <module>::`.
+
+mod acl;
+mod attacks;
+mod cli;
+mod drain;
+mod failover;
+mod grpcurl;
+mod health_reflection;
+mod heartbeats;
+mod http_api;
+mod jobs;
+mod logs;
+mod metrics;
+mod remote_workers;
+mod scheduling;
+mod tls_reload;
+mod web_ui;

@@ -1,0 +1,9 @@
+//! The integration tests of `muster-scheduler`: one binary (`cargo test -p muster-scheduler --test it`),
+//! one module per area. Filter by module: `cargo test -p muster-scheduler --test it -- <module>::`.
+
+mod common;
+
+mod drain;
+mod placement;
+mod reconcile;
+mod worker;

@@ -1,0 +1,14 @@
+//! The integration tests of `muster`: one binary (`cargo test -p muster --test it`),
+//! one module per area. Filter by module: `cargo test -p muster --test it -- <module>::`.
+
+mod common;
+
+mod agent_recovery;
+mod cli_tls;
+mod cluster_failover;
+mod dev_cluster;
+mod fuzz_decoders;
+mod leader_pause;
+mod operator_snapshot;
+mod registry_crash;
+mod remote_process;
