@@ -1,9 +1,10 @@
 //! `muster-agent`: runs a Muster agent on this machine until SIGINT or SIGTERM.
 //!
 //! Settings come from flags and, optionally, a TOML file (`--config`) with the same keys;
-//! flags win. Logs go to stderr through `tracing` (`RUST_LOG`, by default `info` with openraft
-//! and sled at `warn`; colour only on a terminal); the one line on stdout says where the agent
-//! listens, and ends with where its metrics are served.
+//! flags win over the file, and the file over `AgentConfig`'s defaults (docs/configuration.md
+//! lists them all). Logs go to stderr through `tracing` (`RUST_LOG`, by default `info` with
+//! openraft and sled at `warn`; colour only on a terminal); the one line on stdout says where
+//! the agent listens, and ends with where its metrics are served.
 //!
 //! Beside its gRPC port (the actor transport, gRPC health and reflection) the agent serves an
 //! HTTP port (`--http-listen`, by default the `--listen` port plus 10): `GET /metrics` in the
@@ -11,17 +12,18 @@
 //! registered with a master, else 503). It has the agent's TLS (no client certificate
 //! required) and asks for no token: agents hold no token table (see `muster_agent::http`).
 
-use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use muster_actor::{Node, NodeConfig, System};
-use muster_agent::AgentConfig;
-use muster_launch::security::{TlsFileConfig, TlsFlags};
+use muster_agent::http::HTTP_PORT_OFFSET;
+use muster_agent::{AgentConfig, DEFAULT_TASK_USER};
+use muster_launch::security::TlsFlags;
+use muster_launch::settings::{ByteSize, HumanDuration};
 use muster_security::{Role, Security};
 use serde::Deserialize;
 
@@ -34,165 +36,113 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// Default listen address.
 const DEFAULT_LISTEN: &str = "127.0.0.1:5051";
 
-/// Runs a Muster agent: registers with the leading master and runs the tasks it is sent.
-#[derive(Debug, Parser)]
-#[command(name = "muster-agent", version, about, long_about = None)]
-struct Args {
-    /// Address to listen on, as the masters reach it [default: 127.0.0.1:5051]
-    #[arg(long, value_name = "HOST:PORT")]
-    listen: Option<String>,
-    /// Address the masters reach the agent at, when it is not --listen (behind a proxy, a NAT
-    /// or a port mapping) [default: the --listen address]
-    #[arg(long, value_name = "HOST:PORT")]
-    advertise: Option<String>,
-    /// Address of the HTTP port: GET /metrics (Prometheus text, no token; TLS as the rest of
-    /// the agent, no client certificate needed) and /v1/health/live, /v1/health/ready
-    /// [default: the --listen host, its port plus 10; port 0 stays 0, any free port]
-    #[arg(long, value_name = "HOST:PORT")]
-    http_listen: Option<String>,
-    /// A master's address; repeat for each master (required unless in the config file)
-    #[arg(long = "master", value_name = "HOST:PORT")]
-    masters: Vec<String>,
-    /// Where the agent keeps its id, task checkpoints and task working directories
-    /// (required unless in the config file)
-    #[arg(long, value_name = "PATH")]
-    data_dir: Option<PathBuf>,
-    /// Hostname to report [default: this machine's]
-    #[arg(long)]
-    hostname: Option<String>,
-    /// CPUs to offer [default: this machine's]
-    #[arg(long)]
-    cpus: Option<f64>,
-    /// Memory to offer, in MiB [default: this machine's]
-    #[arg(long, value_name = "MIB")]
-    mem_mb: Option<u64>,
-    /// An attribute to report; repeat for each
-    #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
-    attributes: Vec<(String, String)>,
-    /// A TOML file with the same keys (listen, advertise, http_listen, master, data_dir,
-    /// hostname, cpus,
-    /// mem_mb, task_user, allowed_task_users, recovery_timeout, task_output_max_bytes,
-    /// task_output_files, task_output_check_interval, [attributes], [tls]); flags override it
-    #[arg(long, value_name = "FILE")]
-    config: Option<PathBuf>,
-    /// Do not bound tasks with cgroups even where the machine allows: each task's process
-    /// group only (memory, CPU and process limits not enforced).
-    #[arg(long)]
-    no_cgroups: bool,
-    /// The user tasks run as when their job names none [default: nobody when the agent runs
-    /// as root, else the agent's user]
-    #[arg(long, value_name = "USER")]
-    task_user: Option<String>,
-    /// A user a job may name for its tasks to run as; repeat for each [default: none]
-    #[arg(long = "allow-task-user", value_name = "USER")]
-    allowed_task_users: Vec<String>,
-    /// How long the agent may be down and still take back its running tasks, e.g. 15m
-    /// [default: 15m]; past it, it kills them when it starts
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    recovery_timeout: Option<std::time::Duration>,
-    /// Most bytes one output file of a task holds: its executor rotates stdout (to stdout.1,
-    /// the older files shifting) before a write would take it past this, so a stream keeps at
-    /// most (task-output-files + 1) times this on disk; in bytes or with a unit: 512KiB, 10MiB,
-    /// 1GiB [default: 10MiB]
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    task_output_max_bytes: Option<u64>,
-    /// Rotated files kept per stream of a task (stdout.1 to stdout.N); the oldest goes when
-    /// one more would be made [default: 5]
-    #[arg(long, value_name = "N")]
-    task_output_files: Option<u32>,
-    /// How often the output files of running tasks started by an agent from before executors
-    /// rotated them are checked for rotation (copy and truncate), e.g. 1s [default: 1s]
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
-    task_output_check_interval: Option<std::time::Duration>,
-    /// Kill the running tasks when the agent stops (by default they keep running, for the
-    /// agent to take back when it starts again)
-    #[arg(long)]
-    stop_tasks_on_exit: bool,
-    /// TLS: this agent's certificate (role agent), key and the cluster CA.
-    #[command(flatten)]
-    tls: TlsFlags,
-}
-
-/// The config file: the flags' keys, in snake case (kebab case is accepted too).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    listen: Option<String>,
-    advertise: Option<String>,
-    #[serde(alias = "http-listen")]
-    http_listen: Option<String>,
-    #[serde(default, alias = "masters")]
-    master: Vec<String>,
-    #[serde(alias = "data-dir")]
-    data_dir: Option<PathBuf>,
-    hostname: Option<String>,
-    cpus: Option<f64>,
-    #[serde(alias = "mem-mb")]
-    mem_mb: Option<u64>,
-    #[serde(default, alias = "attribute")]
-    attributes: BTreeMap<String, String>,
-    #[serde(alias = "task-user")]
-    task_user: Option<String>,
-    #[serde(default, alias = "allow-task-user", alias = "allowed-task-users")]
-    allowed_task_users: Vec<String>,
-    /// A duration such as `15m`.
-    #[serde(alias = "recovery-timeout")]
-    recovery_timeout: Option<String>,
-    /// A number of bytes, or a size such as `10MiB`.
-    #[serde(alias = "task-output-max-bytes")]
-    task_output_max_bytes: Option<FileSize>,
-    #[serde(alias = "task-output-files")]
-    task_output_files: Option<u32>,
-    /// A duration such as `1s`.
-    #[serde(alias = "task-output-check-interval")]
-    task_output_check_interval: Option<String>,
-    /// `[tls]`: ca, cert, key, cluster, insecure.
-    tls: Option<TlsFileConfig>,
-}
-
-/// A size in the config file: a number of bytes, or text as the flag takes it.
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-enum FileSize {
-    Bytes(u64),
-    Text(String),
-}
-
-impl FileSize {
-    fn bytes(&self) -> Result<u64, String> {
-        match self {
-            FileSize::Bytes(bytes) => Ok(*bytes),
-            FileSize::Text(text) => parse_size(text),
-        }
+muster_launch::settings! {
+    /// Runs a Muster agent: registers with the leading master and runs the tasks it is sent.
+    //
+    // Each setting is declared here once: its flag, its key in the config file (the field's
+    // name; the kebab-case aliases are kept for files written for them), its help, and where it
+    // goes in `AgentConfig` (`=> place`), whose `new` gives the defaults `--help` shows (or
+    // `[default: …]`). docs/configuration.md is rendered from it.
+    #[derive(Debug, Default, Parser, Deserialize)]
+    #[command(name = "muster-agent", version, about, long_about = None)]
+    #[serde(default, deny_unknown_fields)]
+    struct AgentSettings: AgentConfig {
+        /// Address to listen on, as the masters reach it
+        #[arg(long, value_name = "HOST:PORT")]
+        listen: Option<String> [default: DEFAULT_LISTEN],
+        /// Address the masters reach the agent at, when it is not --listen (behind a proxy, a NAT
+        /// or a port mapping)
+        #[arg(long, value_name = "HOST:PORT")]
+        advertise: Option<String> [default: "the --listen address"],
+        /// Address of the HTTP port: GET /metrics (Prometheus text, no token; TLS as the rest of
+        /// the agent, no client certificate needed) and /v1/health/live, /v1/health/ready
+        #[arg(long, value_name = "HOST:PORT")]
+        #[serde(alias = "http-listen")]
+        http_listen: Option<String> [default: format!(
+            "the --listen host, its port plus {HTTP_PORT_OFFSET}; port 0 stays 0, any free port"
+        )],
+        /// A master's address; repeat for each master (required unless in the config file)
+        #[arg(long, value_name = "HOST:PORT")]
+        #[serde(alias = "masters")]
+        master: Vec<String>,
+        /// Where the agent keeps its id, task checkpoints and task working directories
+        /// (required unless in the config file)
+        #[arg(long, value_name = "PATH")]
+        #[serde(alias = "data-dir")]
+        data_dir: Option<PathBuf>,
+        /// Hostname to report
+        #[arg(long)]
+        hostname: Option<String> => hostname [default: "this machine's"],
+        /// CPUs to offer
+        #[arg(long)]
+        cpus: Option<f64> => resources.0 [default: "this machine's"],
+        /// Memory to offer, in MiB
+        #[arg(long, value_name = "MIB")]
+        #[serde(alias = "mem-mb")]
+        mem_mb: Option<u64> => resources.1 [default: "this machine's"],
+        /// An attribute to report; repeat for each (in the config file, a table: the file's and
+        /// then the flags', a later key winning)
+        #[arg(long = "attribute", value_name = "KEY=VALUE", value_parser = parse_attribute)]
+        #[serde(alias = "attribute", deserialize_with = "muster_launch::settings::table")]
+        attributes: Vec<(String, String)> => attributes,
+        /// A TOML file with the settings below but --no-cgroups and --stop-tasks-on-exit, under
+        /// the keys docs/configuration.md lists (the flags' names in snake case, but
+        /// allowed_task_users, an [attributes] table and a [tls] table); flags override it
+        #[arg(long, value_name = "FILE")]
+        #[serde(skip)]
+        config: Option<PathBuf>,
+        /// Do not bound tasks with cgroups even where the machine allows: each task's process
+        /// group only (memory, CPU and process limits not enforced).
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        #[serde(skip)]
+        no_cgroups: Option<bool>,
+        /// The user tasks run as when their job names none
+        #[arg(long, value_name = "USER")]
+        #[serde(alias = "task-user")]
+        task_user: Option<String> => task_user [default: format!(
+            "{DEFAULT_TASK_USER} when the agent runs as root, else the agent's user"
+        )],
+        /// A user a job may name for its tasks to run as; repeat for each
+        #[arg(long = "allow-task-user", value_name = "USER")]
+        #[serde(alias = "allow-task-user", alias = "allowed-task-users")]
+        allowed_task_users: Vec<String> => allowed_task_users [default: "none"],
+        /// How long the agent may be down and still take back its running tasks (past it, it
+        /// kills them when it starts), e.g. 15m
+        #[arg(long, value_name = "DURATION")]
+        #[serde(alias = "recovery-timeout")]
+        recovery_timeout: Option<HumanDuration> => recovery_timeout,
+        /// Most bytes one output file of a task holds: its executor rotates stdout (to stdout.1,
+        /// the older files shifting) before a write would take it past this, so a stream keeps at
+        /// most (task-output-files + 1) times this on disk; in bytes or with a unit: 512KiB, 10MiB,
+        /// 1GiB
+        #[arg(long, value_name = "SIZE")]
+        #[serde(alias = "task-output-max-bytes")]
+        task_output_max_bytes: Option<ByteSize> => task_output_max_bytes,
+        /// Rotated files kept per stream of a task (stdout.1 to stdout.N); the oldest goes when
+        /// one more would be made
+        #[arg(long, value_name = "N")]
+        #[serde(alias = "task-output-files")]
+        task_output_files: Option<u32> => task_output_files,
+        /// How often the output files of running tasks started by an agent from before executors
+        /// rotated them are checked for rotation (copy and truncate), e.g. 1s
+        #[arg(long, value_name = "DURATION")]
+        #[serde(alias = "task-output-check-interval")]
+        task_output_check_interval: Option<HumanDuration> => task_output_check_interval,
+        /// Kill the running tasks when the agent stops (by default they keep running, for the
+        /// agent to take back when it starts again)
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        #[serde(skip)]
+        stop_tasks_on_exit: Option<bool>,
+        /// TLS: this agent's certificate (role agent), key and the cluster CA.
+        #[command(flatten)]
+        tls: TlsFlags,
     }
 }
 
-/// A size: a number of bytes, optionally followed by a unit, `B`, `KiB`, `MiB` or `GiB` (`K`,
-/// `M`, `G` for short; any case), as in `10MiB`.
-fn parse_size(text: &str) -> Result<u64, String> {
-    let text = text.trim();
-    let digits = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(digits);
-    let multiplier: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1024,
-        "m" | "mib" => 1024 * 1024,
-        "g" | "gib" => 1024 * 1024 * 1024,
-        _ => {
-            return Err(format!(
-                "{text:?} is not a size: expected a number of bytes, optionally with a unit \
-                 (B, KiB, MiB, GiB), such as 10MiB"
-            ));
-        }
-    };
-    let number: u64 = number.parse().map_err(|_| {
-        format!("{text:?} is not a size: expected a number of bytes, such as 10485760 or 10MiB")
-    })?;
-    number
-        .checked_mul(multiplier)
-        .ok_or_else(|| format!("{text:?} is too large a size"))
+/// The defaults `--help` shows, and the settings start from, but for the masters and the data
+/// directory (which have none).
+fn defaults() -> AgentConfig {
+    AgentConfig::new(Vec::new(), "")
 }
 
 /// `key=value`, with a non-empty key.
@@ -207,15 +157,9 @@ fn parse_attribute(text: &str) -> Result<(String, String), String> {
     }
 }
 
-fn load_file(path: &Path) -> anyhow::Result<FileConfig> {
-    let text = std::fs::read_to_string(path)
-        .with_context(|| format!("cannot read config file {}", path.display()))?;
-    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
-}
-
-/// What the binary runs with, from the flags over the file.
+/// What the binary runs with, from the flags over the file over the defaults.
 #[derive(Debug)]
-struct Settings {
+struct Startup {
     /// The gRPC port's address (the actor transport).
     listen: String,
     /// Where masters reach it, if not at `listen`.
@@ -226,100 +170,41 @@ struct Settings {
     security: Security,
 }
 
-/// The settings, from the flags over the file.
-fn settings(args: Args) -> anyhow::Result<Settings> {
-    let mut file = match &args.config {
-        Some(path) => load_file(path)?,
-        None => FileConfig::default(),
-    };
-    let security = args
-        .tls
-        .clone()
-        .or_file(file.tls.take().unwrap_or_default())
-        .security(Role::Agent)?;
-    let listen = args
+/// What to start with: `flags` over the config file they name over the defaults.
+fn startup(flags: AgentSettings) -> anyhow::Result<Startup> {
+    let file = flags.config.clone();
+    let settings = muster_launch::settings::over_file(flags, file.as_deref())?;
+    let security = settings.tls.security(Role::Agent)?;
+    let listen = settings
         .listen
-        .or(file.listen)
+        .clone()
         .unwrap_or_else(|| DEFAULT_LISTEN.to_owned());
-    let http_listen =
-        muster_agent::http::http_address(&listen, args.http_listen.or(file.http_listen).as_deref())
-            .map_err(anyhow::Error::msg)?;
-    let advertise = args.advertise.or(file.advertise);
+    let http_listen = muster_agent::http::http_address(&listen, settings.http_listen.as_deref())
+        .map_err(anyhow::Error::msg)?;
+    let advertise = settings.advertise.clone();
     if let Some(advertise) = &advertise
         && advertise.parse::<SocketAddr>().is_err()
         && advertise
             .rsplit_once(':')
             .is_none_or(|(host, port)| host.is_empty() || port.parse::<u16>().is_err())
     {
-        anyhow::bail!("--advertise {advertise:?} is not HOST:PORT");
+        bail!("--advertise {advertise:?} is not HOST:PORT");
     }
-    let masters = if args.masters.is_empty() {
-        file.master
-    } else {
-        args.masters
-    };
-    if masters.is_empty() {
+    if settings.master.is_empty() {
         bail!("no master given: pass --master HOST:PORT (or set `master` in the config file)");
     }
-    let Some(data_dir) = args.data_dir.or(file.data_dir) else {
+    let Some(data_dir) = settings.data_dir.clone() else {
         bail!(
             "no data directory given: pass --data-dir PATH (or set `data_dir` in the config file)"
         );
     };
-    let mut config = AgentConfig::new(masters, data_dir);
-    if let Some(hostname) = args.hostname.or(file.hostname) {
-        config.hostname = hostname;
-    }
-    if let Some(cpus) = args.cpus.or(file.cpus) {
-        config.resources.0 = cpus;
-    }
-    if let Some(mem_mb) = args.mem_mb.or(file.mem_mb) {
-        config.resources.1 = mem_mb;
-    }
-    config.cgroups = !args.no_cgroups;
-    config.task_user = args.task_user.or(file.task_user);
-    config.allowed_task_users = if args.allowed_task_users.is_empty() {
-        file.allowed_task_users
-    } else {
-        args.allowed_task_users
-    };
-    let file_timeout = file
-        .recovery_timeout
-        .as_deref()
-        .map(humantime::parse_duration)
-        .transpose()
-        .context("recovery_timeout in the config file")?;
-    if let Some(timeout) = args.recovery_timeout.or(file_timeout) {
-        config.recovery_timeout = timeout;
-    }
-    let file_max_bytes = file
-        .task_output_max_bytes
-        .as_ref()
-        .map(FileSize::bytes)
-        .transpose()
-        .map_err(anyhow::Error::msg)
-        .context("task_output_max_bytes in the config file")?;
-    if let Some(max_bytes) = args.task_output_max_bytes.or(file_max_bytes) {
-        config.task_output_max_bytes = max_bytes;
-    }
-    if let Some(files) = args.task_output_files.or(file.task_output_files) {
-        config.task_output_files = files;
-    }
-    let file_interval = file
-        .task_output_check_interval
-        .as_deref()
-        .map(humantime::parse_duration)
-        .transpose()
-        .context("task_output_check_interval in the config file")?;
-    if let Some(interval) = args.task_output_check_interval.or(file_interval) {
-        config.task_output_check_interval = interval;
-    }
+    let mut config = AgentConfig::new(settings.master.clone(), data_dir);
+    settings.apply(&mut config);
+    config.cgroups = settings.no_cgroups != Some(true);
     // The binary's tasks outlive it: a restart (even a SIGKILL) takes them back.
-    config.stop_tasks_on_exit = args.stop_tasks_on_exit;
-    config.attributes = file.attributes;
-    config.attributes.extend(args.attributes);
+    config.stop_tasks_on_exit = settings.stop_tasks_on_exit == Some(true);
     config.validate()?;
-    Ok(Settings {
+    Ok(Startup {
         listen,
         advertise,
         http_listen,
@@ -328,14 +213,14 @@ fn settings(args: Args) -> anyhow::Result<Settings> {
     })
 }
 
-async fn run(settings: Settings) -> anyhow::Result<()> {
-    let Settings {
+async fn run(startup: Startup) -> anyhow::Result<()> {
+    let Startup {
         listen,
         advertise,
         http_listen,
         config,
         security,
-    } = settings;
+    } = startup;
     muster_agent::store::check_data_dir(&config.data_dir)?;
     if listen
         .parse::<SocketAddr>()
@@ -413,9 +298,9 @@ async fn run(settings: Settings) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let args = Args::parse();
+    let flags = muster_launch::settings::parse(AgentSettings::command(&defaults()));
     muster_launch::init_logging();
-    let outcome = settings(args).and_then(|settings| muster_launch::block_on(run(settings)));
+    let outcome = startup(flags).and_then(|startup| muster_launch::block_on(run(startup)));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -429,20 +314,29 @@ fn main() -> ExitCode {
 mod tests {
     use super::*;
 
+    /// docs/configuration.md, whose section `muster-agent` is rendered from `--help`.
+    const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
+
     #[test]
-    fn sizes_take_bytes_or_binary_units_and_name_bad_text() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("512KiB"), Ok(512 * 1024));
-        assert_eq!(parse_size("10MiB"), Ok(10 * 1024 * 1024));
-        assert_eq!(parse_size("10m"), Ok(10 * 1024 * 1024));
-        assert_eq!(parse_size("1 GiB"), Ok(1024 * 1024 * 1024));
-        assert_eq!(parse_size("7B"), Ok(7));
-        for bad in ["", "MiB", "10MB", "ten", "-1", "99999999999999999999GiB"] {
-            let Err(error) = parse_size(bad) else {
-                panic!("{bad:?} parsed as a size");
-            };
-            assert!(error.contains(&format!("{bad:?}")), "{error}");
-        }
+    fn the_configuration_reference_is_the_help() -> anyhow::Result<()> {
+        let reference = muster_launch::settings::reference::<AgentSettings>(
+            &AgentSettings::command(&defaults()),
+            &[("tls", muster_launch::settings::keys_of::<TlsFlags>())],
+        );
+        muster_launch::settings::check_reference(
+            std::path::Path::new(REFERENCE),
+            "muster-agent",
+            &reference,
+        )
+    }
+
+    /// `args` parsed as the binary parses them, then what it would start with.
+    fn start(args: &[&str]) -> anyhow::Result<Startup> {
+        let args = std::iter::once("muster-agent").chain(args.iter().copied());
+        startup(muster_launch::settings::try_parse_from(
+            AgentSettings::command(&defaults()),
+            args,
+        )?)
     }
 
     #[test]
@@ -456,37 +350,76 @@ mod tests {
              task_output_check_interval = \"250ms\"\n[tls]\ninsecure = true\n",
         )?;
         let config_arg = file.to_string_lossy().into_owned();
-        let args = Args::try_parse_from(["muster-agent", "--config", &config_arg])?;
-        let config = settings(args)?.config;
+        let config = start(&["--config", &config_arg])?.config;
         assert_eq!(config.task_output_max_bytes, 2 * 1024 * 1024);
         assert_eq!(config.task_output_files, 3);
         assert_eq!(
             config.task_output_check_interval,
             std::time::Duration::from_millis(250)
         );
-        let args = Args::try_parse_from([
-            "muster-agent",
+        let config = start(&[
             "--config",
             &config_arg,
             "--task-output-max-bytes",
             "4096",
             "--task-output-files",
             "1",
-        ])?;
-        let config = settings(args)?.config;
+        ])?
+        .config;
         assert_eq!(config.task_output_max_bytes, 4096);
         assert_eq!(config.task_output_files, 1);
-        let args = Args::try_parse_from([
-            "muster-agent",
-            "--config",
-            &config_arg,
-            "--task-output-files",
-            "0",
-        ])?;
-        let Err(error) = settings(args) else {
+        let Err(error) = start(&["--config", &config_arg, "--task-output-files", "0"]) else {
             anyhow::bail!("zero task_output_files accepted");
         };
         assert!(error.to_string().contains("task_output_files"), "{error:#}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_file_takes_kebab_keys_and_attribute_tables_merged_with_the_flags() -> anyhow::Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("agent.toml");
+        std::fs::write(
+            &file,
+            "masters = [\"127.0.0.1:5050\"]\ndata-dir = \"/tmp/a\"\nmem-mb = 512\n\
+             task_output_max_bytes = 65536\nrecovery-timeout = \"2m\"\n\
+             allow-task-user = [\"alice\"]\n\
+             [attributes]\nrack = \"r1\"\nzone = \"z1\"\n[tls]\ninsecure = true\n",
+        )?;
+        let config_arg = file.to_string_lossy().into_owned();
+        let startup = start(&[
+            "--config",
+            &config_arg,
+            "--attribute",
+            "zone=z2",
+            "--no-cgroups",
+        ])?;
+        let config = startup.config;
+        assert_eq!(config.masters, ["127.0.0.1:5050"]);
+        assert_eq!(config.resources.1, 512);
+        assert_eq!(config.task_output_max_bytes, 65536);
+        assert_eq!(config.recovery_timeout, std::time::Duration::from_secs(120));
+        assert_eq!(config.allowed_task_users, ["alice"]);
+        assert_eq!(
+            config.attributes.get("rack").map(String::as_str),
+            Some("r1")
+        );
+        assert_eq!(
+            config.attributes.get("zone").map(String::as_str),
+            Some("z2")
+        );
+        assert!(!config.cgroups);
+        assert!(!config.stop_tasks_on_exit);
+        assert_eq!(config.hostname, defaults().hostname);
+        assert_eq!(startup.listen, DEFAULT_LISTEN);
+        assert!(startup.security.is_insecure());
+
+        std::fs::write(&file, "no_cgroups = true\n")?;
+        let Err(error) = start(&["--config", &config_arg]) else {
+            anyhow::bail!("a flag-only key was read from the file");
+        };
+        assert!(format!("{error:#}").contains("no_cgroups"), "{error:#}");
         Ok(())
     }
 
@@ -498,10 +431,10 @@ mod tests {
         let base = "master = [\"127.0.0.1:5050\"]\ndata_dir = \"/tmp/a\"\n[tls]\ninsecure = true\n";
         std::fs::write(&file, base)?;
         let config_arg = file.to_string_lossy().into_owned();
-        let parse = |extra: &[&str]| -> anyhow::Result<Settings> {
-            let mut args = vec!["muster-agent", "--config", &config_arg];
+        let parse = |extra: &[&str]| -> anyhow::Result<Startup> {
+            let mut args = vec!["--config", &config_arg];
             args.extend_from_slice(extra);
-            settings(Args::try_parse_from(args)?)
+            start(&args)
         };
         assert_eq!(parse(&[])?.http_listen, "127.0.0.1:5061");
         assert_eq!(
@@ -524,5 +457,23 @@ mod tests {
         };
         assert!(error.to_string().contains("no-port"), "{error:#}");
         Ok(())
+    }
+
+    #[test]
+    fn help_shows_the_library_defaults() {
+        let help = AgentSettings::command(&defaults())
+            .render_help()
+            .to_string();
+        for part in [
+            "[default: 127.0.0.1:5051]",
+            "e.g. 15m [default: 15m]",
+            "1GiB [default: 10MiB]",
+            "one more would be made [default: 5]",
+            "e.g. 1s [default: 1s]",
+            "[default: nobody when the agent runs as root, else the agent's user]",
+            "Hostname to report [default: this machine's]",
+        ] {
+            assert!(help.contains(part), "--help lacks {part:?}:\n{help}");
+        }
     }
 }

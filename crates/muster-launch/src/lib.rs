@@ -1,6 +1,7 @@
 //! Start-up shared by Muster's programs (`muster`, `muster-master`, `muster-agent`, and the
-//! examples): logging to stderr, the tokio runtime, the wait for SIGINT or SIGTERM, and the
-//! TLS settings of the two servers ([`security`]).
+//! examples): logging to stderr, the tokio runtime, the wait for SIGINT or SIGTERM, the
+//! settings of the two servers from flags, a config file and defaults
+//! ([`settings`](mod@settings)), and their TLS settings ([`security`]).
 //!
 //! ```no_run
 //! use std::process::ExitCode;
@@ -25,6 +26,7 @@
 //! ```
 
 pub mod security;
+pub mod settings;
 
 use std::ffi::OsStr;
 use std::future::Future;

@@ -7,17 +7,25 @@ use anyhow::{Context as _, bail};
 use muster_security::{DEFAULT_CLUSTER, Role, Security, Tls, TlsFiles};
 use serde::Deserialize;
 
-/// TLS flags, as `muster tls cert create` writes the files.
-#[derive(Debug, Clone, Default, clap::Args)]
+use crate::settings::Layer;
+
+/// TLS flags, as `muster tls cert create` writes the files; in a config file, the table
+/// `[tls]` with the keys `ca`, `cert`, `key`, `cluster` and `insecure` (flags win, see
+/// [`Layer`]).
+#[derive(Debug, Clone, Default, clap::Args, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct TlsFlags {
     /// The cluster CA's certificate (PEM), as written by `muster tls ca create`.
     #[arg(long, value_name = "FILE")]
+    #[serde(rename = "ca")]
     pub tls_ca: Option<PathBuf>,
     /// This node's certificate (PEM), as written by `muster tls cert create`.
     #[arg(long, value_name = "FILE")]
+    #[serde(rename = "cert")]
     pub tls_cert: Option<PathBuf>,
     /// This node's private key (PEM).
     #[arg(long, value_name = "FILE")]
+    #[serde(rename = "key")]
     pub tls_key: Option<PathBuf>,
     /// The cluster's name in certificates (`<role>.<cluster>.muster`) [default: global].
     #[arg(long)]
@@ -28,35 +36,21 @@ pub struct TlsFlags {
     pub insecure: bool,
 }
 
-/// The same settings in a config file (`[tls]`; flags win).
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct TlsFileConfig {
-    /// As `--tls-ca`.
-    pub ca: Option<PathBuf>,
-    /// As `--tls-cert`.
-    pub cert: Option<PathBuf>,
-    /// As `--tls-key`.
-    pub key: Option<PathBuf>,
-    /// As `--cluster`.
-    pub cluster: Option<String>,
-    /// As `--insecure`.
-    pub insecure: Option<bool>,
+/// The flags over a config file's `[tls]`: each file the flags leave unset from the file, and
+/// insecure if either says so.
+impl Layer for TlsFlags {
+    fn over(self, lower: TlsFlags) -> TlsFlags {
+        TlsFlags {
+            tls_ca: self.tls_ca.or(lower.tls_ca),
+            tls_cert: self.tls_cert.or(lower.tls_cert),
+            tls_key: self.tls_key.or(lower.tls_key),
+            cluster: self.cluster.or(lower.cluster),
+            insecure: self.insecure || lower.insecure,
+        }
+    }
 }
 
 impl TlsFlags {
-    /// The flags, with what they leave unset taken from `file`.
-    #[must_use]
-    pub fn or_file(self, file: TlsFileConfig) -> TlsFlags {
-        TlsFlags {
-            tls_ca: self.tls_ca.or(file.ca),
-            tls_cert: self.tls_cert.or(file.cert),
-            tls_key: self.tls_key.or(file.key),
-            cluster: self.cluster.or(file.cluster),
-            insecure: self.insecure || file.insecure.unwrap_or(false),
-        }
-    }
-
     /// The node's security: TLS loaded from the three files, checked to carry `role`; or
     /// [`Security::Insecure`] with `--insecure`, logged as a warning.
     ///

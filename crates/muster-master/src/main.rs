@@ -4,13 +4,13 @@ use std::collections::BTreeMap;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use muster_launch::security::{TlsFileConfig, TlsFlags};
-use muster_master::{MasterConfig, MasterServer};
-use muster_security::Role;
+use muster_launch::security::TlsFlags;
+use muster_launch::settings::HumanDuration;
+use muster_master::{HTTP_PORT_OFFSET, MasterConfig, MasterServer};
+use muster_security::{Role, Security};
 use serde::Deserialize;
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
@@ -19,135 +19,122 @@ use serde::Deserialize;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-/// Runs one master of a Muster cluster. Several masters (`--peer` for each, this one
-/// included) form one raft group; the raft leader is the leading master.
-#[derive(Debug, Parser)]
-#[command(name = "muster-master", version)]
-struct Flags {
-    /// TOML file with any of the settings below (flags win).
-    #[arg(long)]
-    config: Option<PathBuf>,
-    /// This master's id in the group.
-    #[arg(long)]
-    id: Option<u64>,
-    /// Address to listen on, HOST:PORT [default: 127.0.0.1:5050].
-    #[arg(long)]
-    listen: Option<String>,
-    /// Where the HTTP/JSON API and /metrics listen, HOST:PORT [default: the --listen port
-    /// plus 10: 127.0.0.1:5060].
-    #[arg(long)]
-    http_listen: Option<String>,
-    /// A member of the group, ID=HOST:PORT; repeat for each, this master included. None: a
-    /// group of one.
-    #[arg(long = "peer", value_name = "ID=HOST:PORT")]
-    peers: Vec<String>,
-    /// Another master's HTTP API, ID=HOST:PORT, where it is not its --peer port plus the
-    /// offset this master's --http-listen has; repeat for each (for a standby's redirects).
-    #[arg(long = "http-peer", value_name = "ID=HOST:PORT")]
-    http_peers: Vec<String>,
-    /// Where the registry is stored.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
-    /// If the registry store in --data-dir is damaged, move it aside (DIR.damaged-<ms>) and
-    /// start empty, catching up from the other masters, instead of refusing to start. It
-    /// votes again only once its log is back where the damaged store's was. Never use it on
-    /// a group of one: there is nothing to catch up from.
-    #[arg(long)]
-    rejoin_damaged: bool,
-    /// Also ping each agent, Mesos-style (off unless given; heartbeats keep agents connected).
-    #[arg(long)]
-    pings: bool,
-    /// How often to ping each agent when pinging, e.g. 15s [default: 15s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    ping_interval: Option<Duration>,
-    /// Shortest heartbeat TTL given to agents, e.g. 10s [default: 10s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    heartbeat_min_ttl: Option<Duration>,
-    /// Heartbeats per second the master aims to handle; TTLs grow with the agents to keep to
-    /// it [default: 50].
-    #[arg(long)]
-    heartbeats_per_second: Option<f64>,
-    /// How late past its TTL a heartbeat may be, e.g. 10s [default: 10s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    heartbeat_grace: Option<Duration>,
-    /// First TTL of every agent after this master takes the lead, e.g. 5m [default: 5m].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    failover_heartbeat_ttl: Option<Duration>,
-    /// Missed pings after which an agent is unreachable [default: 5].
-    #[arg(long)]
-    max_missed_pings: Option<u32>,
-    /// First wait before a crash-looping task is replaced again, doubling per failure, e.g.
-    /// 10s [default: 10s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    reschedule_delay: Option<Duration>,
-    /// Longest wait before a crash-looping task is replaced, e.g. 5m [default: 5m].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    reschedule_max_delay: Option<Duration>,
-    /// How long a launched task may go unconfirmed by its agent before it is lost and
-    /// replaced, e.g. 1m [default: 1m].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    launch_timeout: Option<Duration>,
-    /// How long a new leader waits for agents to re-register, e.g. 10m [default: 10m].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    reregistration_timeout: Option<Duration>,
-    /// Largest share (0..1) of agents the deadline may mark unreachable [default: 1].
-    #[arg(long)]
-    removal_limit: Option<f64>,
-    /// Scheduler workers this master runs while it leads; 0 leaves scheduling to workers in
-    /// other programs (see examples/custom_scheduler.rs) [default: 2].
-    #[arg(long)]
-    workers: Option<usize>,
-    /// How often the leader checks that every job runs what it asks for, e.g. 30s
-    /// [default: 30s].
-    #[arg(long, value_parser = humantime::parse_duration)]
-    reconcile_interval: Option<Duration>,
-    /// Most bytes of one submitted job, encoded as protobuf (HTTP's JSON is read into that
-    /// form first), up to 3145728 [default: 1048576].
-    #[arg(long)]
-    max_job_bytes: Option<usize>,
-    /// Most task groups one job may have [default: 100].
-    #[arg(long)]
-    max_job_groups: Option<usize>,
-    /// Most tasks one job may ask for, all its groups together [default: 50000].
-    #[arg(long)]
-    max_job_tasks: Option<u64>,
-    /// TLS: this master's certificate (role master), key and the cluster CA.
-    #[command(flatten)]
-    tls: TlsFlags,
+muster_launch::settings! {
+    /// Runs one master of a Muster cluster. Several masters (`--peer` for each, this one
+    /// included) form one raft group; the raft leader is the leading master.
+    //
+    // Each setting is declared here once: its flag, its key in the config file (the field's
+    // name), its help, and where it goes in `MasterConfig` (`=> place`), whose `new` gives the
+    // defaults `--help` shows (or `[default: …]`). docs/configuration.md is rendered from it.
+    #[derive(Debug, Default, Parser, Deserialize)]
+    #[command(name = "muster-master", version)]
+    #[serde(default, deny_unknown_fields)]
+    struct MasterSettings: MasterConfig {
+        /// TOML file with any of the settings below (flags win).
+        #[arg(long)]
+        #[serde(skip)]
+        config: Option<PathBuf>,
+        /// This master's id in the group.
+        #[arg(long)]
+        id: Option<u64> => id,
+        /// Address to listen on, HOST:PORT.
+        #[arg(long)]
+        listen: Option<String> => listen,
+        /// Where the HTTP/JSON API and /metrics listen, HOST:PORT.
+        #[arg(long)]
+        http_listen: Option<String> => http_listen [default: default_http_listen()],
+        /// A member of the group, ID=HOST:PORT; repeat for each, this master included. None: a
+        /// group of one.
+        #[arg(long = "peer", value_name = "ID=HOST:PORT")]
+        peers: Vec<String>,
+        /// Another master's HTTP API, ID=HOST:PORT, where it is not its --peer port plus the
+        /// offset this master's --http-listen has; repeat for each (for a standby's redirects).
+        #[arg(long = "http-peer", value_name = "ID=HOST:PORT")]
+        http_peers: Vec<String>,
+        /// Where the registry is stored (required).
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
+        /// If the registry store in --data-dir is damaged, move it aside (DIR.damaged-<ms>) and
+        /// start empty, catching up from the other masters, instead of refusing to start. It
+        /// votes again only once its log is back where the damaged store's was. Never use it on
+        /// a group of one: there is nothing to catch up from.
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        rejoin_damaged: Option<bool> => rejoin_damaged,
+        /// Also ping each agent, Mesos-style (off unless given; heartbeats keep agents connected).
+        #[arg(long, num_args = 0, default_missing_value = "true")]
+        pings: Option<bool> => pings,
+        /// How often to ping each agent when pinging, e.g. 15s.
+        #[arg(long)]
+        ping_interval: Option<HumanDuration> => ping_interval,
+        /// Shortest heartbeat TTL given to agents, e.g. 10s.
+        #[arg(long)]
+        heartbeat_min_ttl: Option<HumanDuration> => heartbeat_min_ttl,
+        /// Heartbeats per second the master aims to handle; TTLs grow with the agents to keep to
+        /// it.
+        #[arg(long)]
+        heartbeats_per_second: Option<f64> => heartbeats_per_second,
+        /// How late past its TTL a heartbeat may be, e.g. 10s.
+        #[arg(long)]
+        heartbeat_grace: Option<HumanDuration> => heartbeat_grace,
+        /// First TTL of every agent after this master takes the lead, e.g. 5m.
+        #[arg(long)]
+        failover_heartbeat_ttl: Option<HumanDuration> => failover_heartbeat_ttl,
+        /// Missed pings after which an agent is unreachable.
+        #[arg(long)]
+        max_missed_pings: Option<u32> => max_missed_pings,
+        /// First wait before a crash-looping task is replaced again, doubling per failure, e.g.
+        /// 10s.
+        #[arg(long)]
+        reschedule_delay: Option<HumanDuration> => reschedule_delay,
+        /// Longest wait before a crash-looping task is replaced, e.g. 5m.
+        #[arg(long)]
+        reschedule_max_delay: Option<HumanDuration> => reschedule_max_delay,
+        /// How long a launched task may go unconfirmed by its agent before it is lost and
+        /// replaced, e.g. 1m.
+        #[arg(long)]
+        launch_timeout: Option<HumanDuration> => launch_timeout,
+        /// How long a new leader waits for agents to re-register, e.g. 10m.
+        #[arg(long)]
+        reregistration_timeout: Option<HumanDuration> => reregistration_timeout,
+        /// Largest share (0..1) of agents the deadline may mark unreachable.
+        #[arg(long)]
+        removal_limit: Option<f64> => removal_limit,
+        /// Scheduler workers this master runs while it leads; 0 leaves scheduling to workers in
+        /// other programs (see examples/custom_scheduler.rs).
+        #[arg(long)]
+        workers: Option<usize> => workers,
+        /// How often the leader checks that every job runs what it asks for, e.g. 30s.
+        #[arg(long)]
+        reconcile_interval: Option<HumanDuration> => reconcile_interval,
+        /// Most bytes of one submitted job, encoded as protobuf (HTTP's JSON is read into that
+        /// form first), up to 3145728.
+        #[arg(long)]
+        max_job_bytes: Option<usize> => job_limits.max_bytes,
+        /// Most task groups one job may have.
+        #[arg(long)]
+        max_job_groups: Option<usize> => job_limits.max_groups,
+        /// Most tasks one job may ask for, all its groups together.
+        #[arg(long)]
+        max_job_tasks: Option<u64> => job_limits.max_tasks,
+        /// TLS: this master's certificate (role master), key and the cluster CA.
+        #[command(flatten)]
+        tls: TlsFlags,
+    }
 }
 
-/// The config file: the same settings as the flags.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct FileConfig {
-    id: Option<u64>,
-    listen: Option<String>,
-    http_listen: Option<String>,
-    peers: Option<Vec<String>>,
-    http_peers: Option<Vec<String>>,
-    data_dir: Option<PathBuf>,
-    rejoin_damaged: Option<bool>,
-    pings: Option<bool>,
-    ping_interval: Option<String>,
-    heartbeat_min_ttl: Option<String>,
-    heartbeats_per_second: Option<f64>,
-    heartbeat_grace: Option<String>,
-    failover_heartbeat_ttl: Option<String>,
-    max_missed_pings: Option<u32>,
-    reschedule_delay: Option<String>,
-    reschedule_max_delay: Option<String>,
-    launch_timeout: Option<String>,
-    reregistration_timeout: Option<String>,
-    removal_limit: Option<f64>,
-    workers: Option<usize>,
-    max_job_bytes: Option<usize>,
-    max_job_groups: Option<usize>,
-    max_job_tasks: Option<u64>,
-    reconcile_interval: Option<String>,
-    /// `[tls]`: ca, cert, key, cluster, insecure.
-    tls: Option<TlsFileConfig>,
+/// The defaults `--help` shows, and the settings start from, but for the security.
+fn defaults() -> MasterConfig {
+    MasterConfig::new(Security::Insecure)
 }
 
+/// The default of `--http-listen`, as `--help` says it.
+fn default_http_listen() -> String {
+    let defaults = defaults();
+    let address = defaults.http_address(&defaults.listen).unwrap_or_default();
+    format!("the --listen port plus {HTTP_PORT_OFFSET}: {address}")
+}
+
+/// `ID=HOST:PORT` of a peer, the host numeric.
 fn parse_peer(peer: &str) -> anyhow::Result<(u64, String)> {
     let (id, address) = peer
         .split_once('=')
@@ -161,134 +148,26 @@ fn parse_peer(peer: &str) -> anyhow::Result<(u64, String)> {
     Ok((id, address.to_owned()))
 }
 
-fn duration(name: &str, text: Option<String>) -> anyhow::Result<Option<Duration>> {
-    text.map(|t| {
-        humantime::parse_duration(&t).with_context(|| format!("{name} = {t:?} is not a duration"))
-    })
-    .transpose()
+/// Each of `peers` by id.
+fn parse_peers(peers: &[String]) -> anyhow::Result<BTreeMap<u64, String>> {
+    peers.iter().map(|peer| parse_peer(peer)).collect()
 }
 
-fn config(flags: Flags) -> anyhow::Result<MasterConfig> {
-    let file = match &flags.config {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("cannot read the config file {}", path.display()))?;
-            toml::from_str::<FileConfig>(&text)
-                .with_context(|| format!("bad config file {}", path.display()))?
-        }
-        None => FileConfig::default(),
-    };
-    let security = flags
-        .tls
-        .clone()
-        .or_file(file.tls.unwrap_or_default())
-        .security(Role::Master)?;
-    let defaults = MasterConfig::new(security);
-    let peers = if flags.peers.is_empty() {
-        file.peers.unwrap_or_default()
-    } else {
-        flags.peers
-    };
-    let http_peers = if flags.http_peers.is_empty() {
-        file.http_peers.unwrap_or_default()
-    } else {
-        flags.http_peers
-    };
-    let http_members = http_peers
-        .iter()
-        .map(|p| parse_peer(p))
-        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
-    let members = peers
-        .iter()
-        .map(|p| parse_peer(p))
-        .collect::<anyhow::Result<BTreeMap<_, _>>>()?;
-    Ok(MasterConfig {
-        id: flags.id.or(file.id).unwrap_or(defaults.id),
-        listen: flags.listen.or(file.listen).unwrap_or(defaults.listen),
-        http_listen: flags.http_listen.or(file.http_listen),
-        http_members,
-        members,
-        data_dir: flags
-            .data_dir
-            .or(file.data_dir)
-            .context("--data-dir is required (or data_dir in the config file)")?,
-        pings: flags.pings || file.pings.unwrap_or(defaults.pings),
-        rejoin_damaged: flags.rejoin_damaged
-            || file.rejoin_damaged.unwrap_or(defaults.rejoin_damaged),
-        heartbeat_min_ttl: flags
-            .heartbeat_min_ttl
-            .or(duration("heartbeat_min_ttl", file.heartbeat_min_ttl)?)
-            .unwrap_or(defaults.heartbeat_min_ttl),
-        heartbeats_per_second: flags
-            .heartbeats_per_second
-            .or(file.heartbeats_per_second)
-            .unwrap_or(defaults.heartbeats_per_second),
-        heartbeat_grace: flags
-            .heartbeat_grace
-            .or(duration("heartbeat_grace", file.heartbeat_grace)?)
-            .unwrap_or(defaults.heartbeat_grace),
-        failover_heartbeat_ttl: flags
-            .failover_heartbeat_ttl
-            .or(duration(
-                "failover_heartbeat_ttl",
-                file.failover_heartbeat_ttl,
-            )?)
-            .unwrap_or(defaults.failover_heartbeat_ttl),
-        reschedule_delay: flags
-            .reschedule_delay
-            .or(duration("reschedule_delay", file.reschedule_delay)?)
-            .unwrap_or(defaults.reschedule_delay),
-        reschedule_max_delay: flags
-            .reschedule_max_delay
-            .or(duration("reschedule_max_delay", file.reschedule_max_delay)?)
-            .unwrap_or(defaults.reschedule_max_delay),
-        launch_timeout: flags
-            .launch_timeout
-            .or(duration("launch_timeout", file.launch_timeout)?)
-            .unwrap_or(defaults.launch_timeout),
-        ping_interval: flags
-            .ping_interval
-            .or(duration("ping_interval", file.ping_interval)?)
-            .unwrap_or(defaults.ping_interval),
-        max_missed_pings: flags
-            .max_missed_pings
-            .or(file.max_missed_pings)
-            .unwrap_or(defaults.max_missed_pings),
-        reregistration_timeout: flags
-            .reregistration_timeout
-            .or(duration(
-                "reregistration_timeout",
-                file.reregistration_timeout,
-            )?)
-            .unwrap_or(defaults.reregistration_timeout),
-        removal_limit: flags
-            .removal_limit
-            .or(file.removal_limit)
-            .unwrap_or(defaults.removal_limit),
-        workers: flags.workers.or(file.workers).unwrap_or(defaults.workers),
-        reconcile_interval: flags
-            .reconcile_interval
-            .or(duration("reconcile_interval", file.reconcile_interval)?)
-            .unwrap_or(defaults.reconcile_interval),
-        job_limits: muster_model::JobLimits {
-            max_bytes: flags
-                .max_job_bytes
-                .or(file.max_job_bytes)
-                .unwrap_or(defaults.job_limits.max_bytes),
-            max_groups: flags
-                .max_job_groups
-                .or(file.max_job_groups)
-                .unwrap_or(defaults.job_limits.max_groups),
-            max_tasks: flags
-                .max_job_tasks
-                .or(file.max_job_tasks)
-                .unwrap_or(defaults.job_limits.max_tasks),
-        },
-        ..defaults
-    })
+/// The master's config: `flags` over the config file they name over the defaults.
+fn config(flags: MasterSettings) -> anyhow::Result<MasterConfig> {
+    let file = flags.config.clone();
+    let settings = muster_launch::settings::over_file(flags, file.as_deref())?;
+    let mut config = MasterConfig::new(settings.tls.security(Role::Master)?);
+    settings.apply(&mut config);
+    config.http_members = parse_peers(&settings.http_peers)?;
+    config.members = parse_peers(&settings.peers)?;
+    config.data_dir = settings
+        .data_dir
+        .context("--data-dir is required (or data_dir in the config file)")?;
+    Ok(config)
 }
 
-async fn run(flags: Flags) -> anyhow::Result<()> {
+async fn run(flags: MasterSettings) -> anyhow::Result<()> {
     let config = config(flags)?;
     if config.heartbeats_per_second.is_nan() || config.heartbeats_per_second <= 0.0 {
         bail!(
@@ -333,7 +212,7 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
-    let flags = Flags::parse();
+    let flags = muster_launch::settings::parse(MasterSettings::command(&defaults()));
     muster_launch::init_logging();
     match muster_launch::block_on(run(flags)) {
         Ok(()) => ExitCode::SUCCESS,
@@ -341,5 +220,84 @@ fn main() -> ExitCode {
             eprintln!("muster-master: {e:#}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/configuration.md, whose section `muster-master` is rendered from `--help`.
+    const REFERENCE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/configuration.md");
+
+    #[test]
+    fn the_configuration_reference_is_the_help() -> anyhow::Result<()> {
+        let reference = muster_launch::settings::reference::<MasterSettings>(
+            &MasterSettings::command(&defaults()),
+            &[("tls", muster_launch::settings::keys_of::<TlsFlags>())],
+        );
+        muster_launch::settings::check_reference(
+            std::path::Path::new(REFERENCE),
+            "muster-master",
+            &reference,
+        )
+    }
+
+    /// `args` parsed as the binary parses them.
+    fn parse(args: &[&str]) -> anyhow::Result<MasterSettings> {
+        let args = std::iter::once("muster-master").chain(args.iter().copied());
+        Ok(muster_launch::settings::try_parse_from(
+            MasterSettings::command(&defaults()),
+            args,
+        )?)
+    }
+
+    #[test]
+    fn flags_win_over_the_file_and_the_file_over_the_defaults() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("master.toml");
+        std::fs::write(
+            &file,
+            "data_dir = \"/tmp/m\"\nping_interval = \"20s\"\nworkers = 3\n\
+             max_job_groups = 7\npings = true\npeers = [\"1=127.0.0.1:5050\"]\n\
+             [tls]\ninsecure = true\n",
+        )?;
+        let file = file.to_string_lossy().into_owned();
+        let config = config(parse(&["--config", &file, "--workers", "0"])?)?;
+        assert_eq!(config.ping_interval, std::time::Duration::from_secs(20));
+        assert_eq!(config.workers, 0);
+        assert_eq!(config.job_limits.max_groups, 7);
+        assert!(config.pings);
+        assert!(!config.rejoin_damaged);
+        assert_eq!(
+            config.members.get(&1).map(String::as_str),
+            Some("127.0.0.1:5050")
+        );
+        assert_eq!(config.data_dir, PathBuf::from("/tmp/m"));
+        let defaults = defaults();
+        assert_eq!(config.heartbeat_grace, defaults.heartbeat_grace);
+        assert_eq!(config.job_limits.max_tasks, defaults.job_limits.max_tasks);
+        assert_eq!(config.listen, defaults.listen);
+        assert!(config.security.is_insecure());
+        Ok(())
+    }
+
+    #[test]
+    fn help_shows_the_library_defaults() -> anyhow::Result<()> {
+        let help = MasterSettings::command(&defaults())
+            .render_help()
+            .to_string();
+        for part in [
+            "Address to listen on, HOST:PORT [default: 127.0.0.1:5050]",
+            "[default: the --listen port plus 10: 127.0.0.1:5060]",
+            "e.g. 15s [default: 15s]",
+            "e.g. 5m [default: 5m]",
+            "[default: 1048576]",
+            "may mark unreachable [default: 1]",
+        ] {
+            anyhow::ensure!(help.contains(part), "--help lacks {part:?}:\n{help}");
+        }
+        anyhow::ensure!(!help.contains("[default: false]"), "{help}");
+        Ok(())
     }
 }
