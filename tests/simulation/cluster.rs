@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_actor::{Node, NodeConfig, System};
+use muster_actor::System;
 use muster_agent::AgentConfig;
 use muster_agent::runner::CustomRunner;
 use muster_agent::simulated::SimulatedTasks;
@@ -15,6 +15,7 @@ use muster_master::{MasterConfig, MasterServer, SchedulingMsg};
 use muster_registry::MemoryDisk;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::{Node, NodeConfig};
 
 use crate::record::Record;
 

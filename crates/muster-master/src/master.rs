@@ -36,10 +36,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_actor::{Context, Node, Pid, Process, System};
+use muster_actor::{Context, Pid, Process, System};
 use muster_broker::blocked::{BlockedEvals, ChannelSink, SinkReceivers};
 use muster_broker::{BrokerConfig, EvalBroker};
 use muster_registry::RegistryNode;
+use muster_transport::Node;
 
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;

@@ -25,10 +25,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_actor::{Node, Pid, System, TransportStats};
+use muster_actor::{Pid, System};
 use muster_broker::{BlockedEvals, BlockedMsg, BlockedStats, BrokerMsg, BrokerStats, EvalBroker};
 use muster_model::{SchedulerType, TaskState};
 use muster_registry::{Registrar, RegistrarMsg, RegistrarStats, RegistryNode};
+use muster_transport::{Node, TransportStats};
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, prometheus_text, text};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use muster_actor::health;
-use muster_actor::{Node, NodeConfig, NodeError, Pid, System};
+use muster_actor::{Pid, System};
 use muster_proto::cluster as pb;
 use muster_registry::{RegistryConfig, RegistryError, RegistryNode, StoreLocation};
+use muster_transport::health;
+use muster_transport::{Node, NodeConfig, NodeError};
 use std::sync::Arc;
 
 use muster_security::{Guarded, Role, TokenSource};

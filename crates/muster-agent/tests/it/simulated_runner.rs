@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::AgentConfig;
 use muster_agent::runner::CustomRunner;
 use muster_agent::simulated::SimulatedTasks;
@@ -13,6 +13,7 @@ use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 /// How long any one expected event may take before the test fails.

@@ -4,10 +4,11 @@
 
 use std::time::Duration;
 
-use muster_actor::{Context, Node, Upid};
+use muster_actor::{Context, Upid};
 use muster_model::TaskState;
 use muster_proto::cluster as pb;
 use muster_registry::{Leadership, Registrar, WriteError};
+use muster_transport::Node;
 use tokio::time::Instant;
 
 use super::Master;

@@ -10,13 +10,14 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{AskError, Node, RemoteError, System, Upid};
+use muster_actor::{AskError, RemoteError, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::testing::TestPki;
 use muster_security::{Role, Security};
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -10,13 +10,14 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::{EventFeed, MasterConfig, MasterServer, OperatorMsg, ServiceError, testing};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(30);

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System, Upid};
+use muster_actor::{System, Upid};
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::heartbeat_reply::Result as Beat;
@@ -17,6 +17,7 @@ use muster_proto::cluster::registration_reply::Result as Registration;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);

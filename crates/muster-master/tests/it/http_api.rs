@@ -654,7 +654,7 @@ async fn a_tasks_output_is_followed_until_the_task_ends() -> anyhow::Result<()> 
         ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
     .await?;
-    let node = muster_actor::Node::bind(
+    let node = muster_transport::Node::bind(
         &muster_actor::System::new(),
         "127.0.0.1:0",
         TestPki::shared().security(Role::Agent, "agent-1"),

@@ -13,7 +13,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::metrics::{Format, render, render_as};
 use muster_master::testing::{self, WAIT};
@@ -21,6 +21,7 @@ use muster_master::{MasterConfig, MasterServer, OperatorMsg};
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::testing;
 use muster_master::{MasterConfig, MasterServer, OperatorMsg};
@@ -23,6 +23,7 @@ use muster_security::Role;
 use muster_security::TokenSecret;
 use muster_security::guard::WithToken;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;

@@ -15,10 +15,10 @@ use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
-use super::stats::Stats;
-use super::wire::{EnvelopeHead, EnvelopeWriter, expand_same_heads, hello_frame};
+use crate::stats::Stats;
 use crate::sync::lock;
-use crate::{ExitReason, ProcessRef, RemoteError, Upid};
+use crate::wire::{EnvelopeHead, EnvelopeWriter, expand_same_heads, hello_frame};
+use muster_actor::{ExitReason, ProcessRef, RemoteError, Upid};
 
 /// What an ask's caller receives: the reply or error envelope, or why none will come.
 pub(crate) type AskOutcome = Result<Envelope, RemoteError>;
@@ -520,8 +520,8 @@ pub(crate) fn decode_error(envelope: &Envelope) -> RemoteError {
 mod tests {
     use bytes::BufMut;
 
-    use super::super::wire::{Envelopes, Item};
     use super::*;
+    use crate::wire::{Envelopes, Item};
 
     /// A link whose limits the tests here never reach.
     fn roomy_link() -> Arc<PeerLink> {

@@ -1,8 +1,9 @@
-//! Processes on other nodes: addresses ([`Upid`]), the [`Node`] that serves named processes and
-//! keeps one link per peer, and [`RemotePid`] handles.
+//! Muster's transport: processes of `muster-actor` on other nodes. A [`Node`] serves named
+//! processes and keeps one link per peer (one tonic stream, mutual TLS); a [`RemotePid`]
+//! tells and asks a process by its address ([`Upid`]); [`LinkRemote`] links a local process to
+//! a remote one. Local processes need none of it: `muster-actor` alone links no network stack.
 //!
 //! # Layout
-//! - `upid`: `name@host:port` addresses.
 //! - `node`: the node itself: its tonic server, its named processes, envelope dispatch.
 //! - `dial`: the links this node dials, reconnecting with backoff.
 //! - `accept`: the links peers open to this node.
@@ -10,7 +11,8 @@
 //! - `wire`: the frames on the wire, written and read without message structs, and tonic's
 //!   codec for them.
 //! - `inbox`: per-process decoders by proto type name (`install`) and remote replies.
-//! - `remote_pid`: tell and ask a remote process; `Context::link_remote`.
+//! - `remote_pid`: tell and ask a remote process; [`LinkRemote`].
+//! - `sync`: the lock helpers the modules share.
 //! - `config`, `stats`: limits and counters.
 //! - `health`: the gRPC health service and server reflection a node serves for operators.
 
@@ -24,7 +26,7 @@ mod peer;
 mod remote_pid;
 mod route_cache;
 mod stats;
-mod upid;
+mod sync;
 mod wire;
 
 use std::any::TypeId;
@@ -37,10 +39,11 @@ use wire::EnvelopeHead;
 
 pub use config::NodeConfig;
 pub use inbox::{MEMBERS, Registration};
+pub use muster_actor::Upid;
+pub use muster_security as security;
 pub use node::{Node, NodeError};
-pub use remote_pid::RemotePid;
+pub use remote_pid::{LinkRemote, RemotePid};
 pub use stats::TransportStats;
-pub use upid::Upid;
 
 /// What the transport keeps of one message type for the life of the program: its proto full
 /// name and the head of the replies that carry it. `prost::Name::full_name` allocates a new

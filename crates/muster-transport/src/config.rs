@@ -14,11 +14,11 @@ pub struct NodeConfig {
     /// [`Security::Insecure`].
     pub security: Security,
     /// Largest encoded message body accepted or sent (default 4 MiB). A larger outgoing
-    /// message fails at once with [`RemoteError::Oversized`](crate::RemoteError::Oversized);
+    /// message fails at once with [`RemoteError::Oversized`](muster_actor::RemoteError::Oversized);
     /// a larger incoming one is answered with that error and the link carries on.
     pub max_message_size: usize,
     /// Envelopes queued for one peer (default 65,536, at least 1); past that, sends fail with
-    /// [`RemoteError::QueueFull`](crate::RemoteError::QueueFull) instead of growing memory.
+    /// [`RemoteError::QueueFull`](muster_actor::RemoteError::QueueFull) instead of growing memory.
     pub max_queued_per_peer: usize,
     /// Most envelopes batched into one frame (default 1,024).
     pub max_batch: usize,

@@ -14,12 +14,12 @@ use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::node::{MEMBER_ROLES, NodeInner, counted};
-use super::peer::PeerLink;
-use super::route_cache::RouteCache;
-use super::wire::{Envelopes, FrameCodec, Item, LINK_PATH, SAME_HEAD_HEADER};
-use crate::RemoteError;
+use crate::node::{MEMBER_ROLES, NodeInner, counted};
+use crate::peer::PeerLink;
+use crate::route_cache::RouteCache;
 use crate::sync::lock;
+use crate::wire::{Envelopes, FrameCodec, Item, LINK_PATH, SAME_HEAD_HEADER};
+use muster_actor::RemoteError;
 
 /// The server half: a peer connected to us. `Transport.Link` served by hand rather than through
 /// the generated `TransportServer`, so that frames pass through [`FrameCodec`] as bytes (see

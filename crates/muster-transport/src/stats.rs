@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 
-use crate::RemoteError;
+use muster_actor::RemoteError;
 
 /// A snapshot of a node's transport counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

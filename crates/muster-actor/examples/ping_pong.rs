@@ -1,9 +1,10 @@
-//! Two local processes play ping-pong; a first look at `muster::actor`.
+//! Two local processes play ping-pong; a first look at `muster_actor` (the `muster` crate
+//! re-exports it as `muster::actor`). It needs nothing but the actor crate: no network stack.
 //!
 //! Run it (it takes no arguments; `--help` says what it does):
 //!
 //! ```text
-//! cargo run --example ping_pong
+//! cargo run -p muster-actor --example ping_pong
 //! ```
 //!
 //! What it shows, in the order it happens:
@@ -18,7 +19,7 @@
 //! 5. `main` *waits* for both processes with `pid.wait()` and prints why each ended.
 
 use clap::Parser;
-use muster::actor::{Context, ExitReason, Pid, Process, ProcessRef, Reply, System};
+use muster_actor::{Context, ExitReason, Pid, Process, ProcessRef, Reply, System};
 
 /// How many pings the rally has.
 const ROUNDS: u32 = 5;

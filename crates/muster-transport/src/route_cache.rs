@@ -7,9 +7,9 @@ use std::ops::Range;
 use hashbrown::HashTable;
 use hashbrown::hash_table::Entry;
 
-use super::inbox::Route;
-use super::wire::EnvelopeRef;
-use crate::RemoteError;
+use crate::inbox::Route;
+use crate::wire::EnvelopeRef;
+use muster_actor::RemoteError;
 
 /// The routes one link's reader has resolved, valid while the node's `changes` count stays
 /// where it was when they were found. An envelope whose process, type and kind match an entry

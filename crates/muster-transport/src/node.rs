@@ -17,16 +17,17 @@ use tonic::Streaming;
 use tonic::service::Routes;
 use tonic::transport::Server;
 
-use super::accept::LinkService;
-use super::dial::run_outbound;
-use super::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Route, TellRoute, Undelivered};
-use super::peer::{Limits, PeerLink};
-use super::route_cache::RouteCache;
-use super::stats::{Stats, TransportStats};
-use super::wire::{EnvelopeRef, Envelopes, Item};
-use super::{NodeConfig, RemotePid, Upid};
+use crate::accept::LinkService;
+use crate::dial::run_outbound;
+use crate::inbox::{AskOrigin, Inbox, ProcessInbox, Registration, Route, TellRoute, Undelivered};
+use crate::peer::{Limits, PeerLink};
+use crate::route_cache::RouteCache;
+use crate::stats::{Stats, TransportStats};
 use crate::sync::lock;
-use crate::{Pid, Process, RemoteError, System};
+use crate::wire::{EnvelopeRef, Envelopes, Item};
+use crate::{NodeConfig, RemotePid};
+use muster_actor::Upid;
+use muster_actor::{Pid, Process, RemoteError, System};
 
 /// Why a node could not start or a name could not be registered.
 #[derive(Debug, thiserror::Error)]
@@ -232,7 +233,7 @@ impl Node {
         let node = Arc::downgrade(&self.inner);
         let name = name.to_owned();
         let registered = Arc::downgrade(&inbox);
-        pid.inner.on_exit(Box::new(move |_| {
+        pid.on_exit(move |_| {
             let Some(node) = node.upgrade() else { return };
             let mut processes = node.processes.write().unwrap_or_else(|p| p.into_inner());
             let same = processes.get(&name).is_some_and(|current| {
@@ -242,7 +243,7 @@ impl Node {
                 processes.remove(&name);
                 node.changes.fetch_add(1, Ordering::Release);
             }
-        }));
+        });
         Ok(Registration { inbox })
     }
 

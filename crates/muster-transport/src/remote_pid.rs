@@ -1,4 +1,4 @@
-//! [`RemotePid`]: tell and ask a process on another node, as a [`Pid`](crate::Pid) does locally.
+//! [`RemotePid`]: tell and ask a process on another node, as a [`Pid`](muster_actor::Pid) does locally.
 
 use std::any::TypeId;
 use std::fmt;
@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use muster_proto::transport::Kind;
 
-use super::peer::{PeerLink, Queued, decode_error};
-use super::wire::{EnvelopeHead, EnvelopeWriter};
-use super::{Node, Upid, type_name};
+use crate::peer::{PeerLink, Queued, decode_error};
 use crate::sync::lock;
-use crate::{AskError, Context, Process, RemoteError};
+use crate::wire::{EnvelopeHead, EnvelopeWriter};
+use crate::{Node, type_name};
+use muster_actor::Upid;
+use muster_actor::{AskError, Context, Process, RemoteError};
 
 /// A handle to a named process on some node, made by [`Node::remote`]. Cheap to clone.
 ///
@@ -297,12 +298,17 @@ impl fmt::Debug for RemotePid {
     }
 }
 
-impl<P: Process> Context<P> {
+/// Links a process to remote ones: `ctx.link_remote(&remote)` in a handler.
+pub trait LinkRemote {
     /// Links this process to a remote one: when the connection to its node is lost (or cannot
     /// be made), this process's [`exited`](Process::exited) runs with
-    /// [`ProcessRef::Remote`](crate::ProcessRef::Remote) and
-    /// [`ExitReason::ConnectionLost`](crate::ExitReason::ConnectionLost).
-    pub fn link_remote(&self, remote: &RemotePid) {
+    /// [`ProcessRef::Remote`](muster_actor::ProcessRef::Remote) and
+    /// [`ExitReason::ConnectionLost`](muster_actor::ExitReason::ConnectionLost).
+    fn link_remote(&self, remote: &RemotePid);
+}
+
+impl<P: Process> LinkRemote for Context<P> {
+    fn link_remote(&self, remote: &RemotePid) {
         let notify = self.exit_notifier();
         remote.link().watch(remote.upid.clone(), Box::new(notify));
     }

@@ -11,11 +11,11 @@ use tonic::codegen::http;
 use tonic::transport::Endpoint;
 use tonic::{Request, Streaming};
 
-use super::node::{MEMBER_ROLES, NodeInner, counted};
-use super::peer::PeerLink;
-use super::route_cache::RouteCache;
-use super::wire::{FrameCodec, LINK_PATH, SAME_HEAD_HEADER};
-use crate::RemoteError;
+use crate::node::{MEMBER_ROLES, NodeInner, counted};
+use crate::peer::PeerLink;
+use crate::route_cache::RouteCache;
+use crate::wire::{FrameCodec, LINK_PATH, SAME_HEAD_HEADER};
+use muster_actor::RemoteError;
 
 /// Keeps the outbound link to one peer: connect, carry frames both ways until the connection
 /// breaks, then reconnect after a capped, jittered exponential backoff. Queued envelopes wait

@@ -12,11 +12,11 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 use muster_security::{Peer, Role};
 
-use super::peer::PeerLink;
-use super::reply_head;
-use super::wire::{EnvelopeWriter, FrameSlice};
-use crate::reply::RemoteResponder;
-use crate::{Pid, Process, RemoteError, Reply, TellError};
+use crate::peer::PeerLink;
+use crate::reply_head;
+use crate::wire::{EnvelopeWriter, FrameSlice};
+use muster_actor::RemoteResponder;
+use muster_actor::{Pid, Process, RemoteError, Reply, TellError};
 
 /// Where an ask came from, so its answer can go back.
 pub(crate) struct AskOrigin {
@@ -145,9 +145,7 @@ impl<P: Process> ProcessInbox<P> {
                     Err(error) => undelivered(error.into()),
                 }
             }
-            pid.inner
-                .mailbox
-                .try_send_all(msgs, |e| undelivered(refused(e)));
+            pid.tell_all(msgs, |e| undelivered(refused(e)));
         })
     }
 

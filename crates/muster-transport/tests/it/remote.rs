@@ -1,18 +1,19 @@
 //! The transport between nodes: two nodes over loopback in one test process, plus a raw tonic
 //! client that sends exactly the bytes a broken or hostile peer would.
 
+use muster_transport::LinkRemote;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use bytes::Bytes;
 use muster_actor::{
-    AskError, Context, ExitReason, Node, NodeConfig, Process, ProcessRef, RemoteError, Reply,
-    System, Upid,
+    AskError, Context, ExitReason, Process, ProcessRef, RemoteError, Reply, System, Upid,
 };
 use muster_proto::transport::transport_client::TransportClient;
 use muster_proto::transport::{Envelope, ErrorCode, Frame, Hello, Kind};
 use muster_security::testing::TestPki;
 use muster_security::{Role, Security};
+use muster_transport::{Node, NodeConfig};
 use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -685,7 +686,7 @@ struct Watcher {
 }
 
 impl Process for Watcher {
-    type Message = muster_actor::RemotePid;
+    type Message = muster_transport::RemotePid;
     async fn handle(&mut self, remote: Self::Message, ctx: &mut Context<Self>) {
         ctx.link_remote(&remote);
         let _ = self.exits.send((

@@ -2,12 +2,11 @@
 
 use std::time::Duration;
 
-use muster_actor::{
-    AskError, Context, Node, NodeConfig, Process, RemoteError, Reply, System, Upid,
-};
+use muster_actor::{AskError, Context, Process, RemoteError, Reply, System, Upid};
 use muster_security::certs::{self, CertRequest};
 use muster_security::testing::TestPki;
 use muster_security::{DEFAULT_CLUSTER, Peer, Role, Security, Tls};
+use muster_transport::{Node, NodeConfig};
 use tokio::sync::mpsc;
 
 #[derive(Clone, PartialEq, prost::Message)]
