@@ -6,6 +6,7 @@
 use std::process::Stdio;
 
 use anyhow::{Context as _, bail, ensure};
+use muster_master::requests::GetMetrics;
 use muster_master::testing::{bootstrap, create_token};
 use muster_master::{MasterConfig, MasterServer};
 use muster_security::testing::TestPki;
@@ -581,7 +582,7 @@ async fn a_standby_redirects_to_the_leaders_http_port_and_is_ready() -> anyhow::
     let (leader, standby) = loop {
         let states: Vec<bool> = futures_util::future::join_all(masters.iter().map(|m| async {
             m.pid()
-                .ask(|reply| muster_master::OperatorMsg::GetMetrics(reply).into())
+                .ask(|reply| GetMetrics { reply }.into())
                 .await
                 .is_ok_and(|metrics| metrics.is_leader)
         }))

@@ -27,21 +27,22 @@ use muster_model::{
 use muster_proto::cluster as pb;
 use muster_registry::{Op, OpError, Outcome, WriteError};
 
-use super::Master;
-use super::leadership::Role;
-use super::registry_writes::now_ms;
+use super::{CheckDrains, DrainAgent, SetAgentEligibility};
 use crate::error::ServiceError;
+use crate::master::Master;
+use crate::master::leadership::Role;
+use crate::master::registry_writes::now_ms;
 use crate::task_record::TaskRecord;
 
 /// How often the leader checks the drains under way.
-pub(super) const DRAIN_CHECK: Duration = Duration::from_secs(1);
+pub(in crate::master) const DRAIN_CHECK: Duration = Duration::from_secs(1);
 
 /// A drain's deadline when the request names none (Nomad's default).
-pub(super) const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(3600);
+pub(in crate::master) const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(3600);
 
 impl Master {
     /// How schedulers may use each agent whose scheduling is not the default, by agent id.
-    pub(super) fn agent_scheduling(&self) -> BTreeMap<String, AgentScheduling> {
+    pub(in crate::master) fn agent_scheduling(&self) -> BTreeMap<String, AgentScheduling> {
         self.registry.reader().read(|state| {
             state
                 .scheduling
@@ -53,10 +54,9 @@ impl Master {
 
     /// Starts, changes or cancels an agent's drain (once a quorum confirms this master
     /// leads), with an evaluation for each job with a live task there.
-    pub(super) fn drain_agent(
+    pub(in crate::master) fn drain_agent(
         &mut self,
-        request: pb::DrainAgentRequest,
-        reply: Reply<Result<pb::AgentSchedulingReply, ServiceError>>,
+        DrainAgent { request, reply }: DrainAgent,
         ctx: &mut Context<Self>,
     ) {
         let agent_id = request.agent_id.clone();
@@ -69,10 +69,9 @@ impl Master {
 
     /// Sets whether schedulers may place new tasks on an agent (once a quorum confirms this
     /// master leads). Refused while the agent drains: the drain decides.
-    pub(super) fn set_agent_eligibility(
+    pub(in crate::master) fn set_agent_eligibility(
         &mut self,
-        request: pb::AgentEligibilityRequest,
-        reply: Reply<Result<pb::AgentSchedulingReply, ServiceError>>,
+        SetAgentEligibility { request, reply }: SetAgentEligibility,
         ctx: &mut Context<Self>,
     ) {
         let agent_id = request.agent_id.clone();
@@ -217,7 +216,7 @@ impl Master {
 
     /// A task of `job` ran or ended: if the job still has a live task on a draining agent,
     /// its scheduler runs again to move the next one (or stop the one replaced).
-    pub(super) fn drain_progressed(&mut self, job: &str, ctx: &mut Context<Self>) {
+    pub(in crate::master) fn drain_progressed(&mut self, job: &str, ctx: &mut Context<Self>) {
         if self.draining.is_empty() || self.leading_term().is_none() {
             return;
         }
@@ -243,7 +242,7 @@ impl Master {
     /// The leader's check of the drains under way (every [`DRAIN_CHECK`]): a deadline passed
     /// stops what is left; an agent with no live task of a job left is drained; a job with a
     /// task on a draining agent and no evaluation in flight gets one.
-    pub(super) fn check_drains(&mut self, ctx: &mut Context<Self>) {
+    pub(in crate::master) fn check_drains(&mut self, _timer: CheckDrains, ctx: &mut Context<Self>) {
         let Role::Leading { recovery, .. } = &self.role else {
             return;
         };

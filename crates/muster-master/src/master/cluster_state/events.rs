@@ -17,8 +17,8 @@ use muster_proto::model as model_pb;
 use muster_registry::Op;
 use tokio::sync::broadcast;
 
-use super::Master;
-use super::registry_writes::now_ms;
+use crate::master::Master;
+use crate::master::registry_writes::now_ms;
 use crate::task_record::TaskRecord;
 
 /// Events the log keeps for subscribers resuming from an index.
@@ -219,7 +219,7 @@ impl Master {
     }
 
     /// Publishes what the registry write `ops` changed, once it is stored.
-    pub(super) fn publish_written(&mut self, ops: &[Op]) {
+    pub(in crate::master) fn publish_written(&mut self, ops: &[Op]) {
         for op in ops {
             match op {
                 Op::Together(ops) => self.publish_written(ops),
@@ -285,7 +285,7 @@ impl Master {
 
     /// Publishes an agent's change: `kind` is `agent-registered`, `agent-reregistered`,
     /// `agent-updated` or `agent-unreachable`.
-    pub(super) fn publish_agent(&mut self, id: &str, kind: &'static str) {
+    pub(in crate::master) fn publish_agent(&mut self, id: &str, kind: &'static str) {
         let status = match kind {
             "agent-unreachable" => "unreachable",
             _ => "ready",
@@ -296,7 +296,7 @@ impl Master {
     }
 
     /// Publishes a task's new state on `agent_id`.
-    pub(super) fn publish_task(&mut self, agent_id: &str, task: &TaskRecord) {
+    pub(in crate::master) fn publish_task(&mut self, agent_id: &str, task: &TaskRecord) {
         let doc = TaskInfo::new(agent_id, task.to_wire());
         let key = doc.id.clone();
         if let Ok(payload) = serde_json::to_value(doc) {

@@ -8,12 +8,12 @@ use muster_broker::blocked::{BlockedMsg, CapacityChange};
 use muster_model::AgentId;
 use muster_model::{Evaluation, SchedulerType, Trigger};
 
-use super::Master;
+use crate::master::Master;
 
 impl Master {
     /// A newly registered agent: its capacity may unblock evaluations, and every system job
     /// gets an evaluation to place a task on it (written once the registry has named it).
-    pub(super) fn agent_joined(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
+    pub(in crate::master) fn agent_joined(&mut self, agent_id: &str, ctx: &mut Context<Self>) {
         self.capacity_joined(agent_id);
         let evals = self.evals_for_arriving_agent(agent_id, &HashSet::new());
         if !evals.is_empty() {
@@ -28,7 +28,7 @@ impl Master {
     /// For an agent that joined or came back: one evaluation for each system job (to place a
     /// task on it) and each job it reports a live task of (`running`) (replacements may have been placed
     /// while it was away). A returning agent's are written with its return in one raft entry.
-    pub(super) fn evals_for_arriving_agent(
+    pub(in crate::master) fn evals_for_arriving_agent(
         &self,
         agent_id: &str,
         running: &HashSet<&str>,
@@ -48,7 +48,7 @@ impl Master {
     }
 
     /// An agent's capacity is news for the blocked-queue (it joined or came back).
-    pub(super) fn capacity_joined(&mut self, agent_id: &str) {
+    pub(in crate::master) fn capacity_joined(&mut self, agent_id: &str) {
         let index = self.next_index();
         let Some(agent) = self.cluster.agents.get(agent_id) else {
             return;

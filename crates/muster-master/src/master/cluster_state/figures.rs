@@ -1,21 +1,21 @@
-//! What the master answers a metrics rendering with ([`OperatorMsg::MetricsSnapshot`]): its
-//! own figures at this moment, and the handles [`crate::metrics`] reads the rest through,
-//! beside the process. Answered at once on every master, leading or not.
+//! What the master answers a metrics rendering with ([`GetMetricsSnapshot`]): its own figures
+//! at this moment, and the handles [`crate::metrics`] reads the rest through, beside the
+//! process. Answered at once on every master, leading or not.
 //!
-//! [`OperatorMsg::MetricsSnapshot`]: super::OperatorMsg::MetricsSnapshot
+//! [`GetMetricsSnapshot`]: super::GetMetricsSnapshot
 
 use std::sync::Arc;
 
 use muster_actor::Context;
 
-use super::Master;
-use super::leadership::Role;
+use crate::master::Master;
+use crate::master::leadership::Role;
 
 use crate::metrics::{MasterFigures, MetricsSnapshot, TASK_STATES};
 
 impl Master {
     /// This master's figures, and the processes and members to read the rest from.
-    pub(super) fn metrics_snapshot(&self, ctx: &Context<Self>) -> MetricsSnapshot {
+    pub(in crate::master) fn metrics_snapshot(&self, ctx: &Context<Self>) -> MetricsSnapshot {
         let mut tasks = [0u64; TASK_STATES.len()];
         for agent in self.cluster.agents.values() {
             for task in agent.tasks.iter().chain(&agent.completed_tasks) {

@@ -23,15 +23,19 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use muster_actor::Context;
 use muster_model::{Constraint, EvalStatus, Evaluation, Job, SchedulerType, TaskState, Trigger};
 
-use super::Master;
-use super::leadership::Role;
+use crate::master::Master;
+use crate::master::leadership::Role;
 
 /// Most evaluations one round makes; the rest wait for the next.
-pub(super) const MAX_RECONCILE_EVALS: usize = 500;
+pub(in crate::master) const MAX_RECONCILE_EVALS: usize = 500;
 
 impl Master {
     /// One round of the check (see the module).
-    pub(super) fn reconcile_jobs(&mut self, ctx: &mut Context<Self>) {
+    pub(in crate::master) fn check_convergence(
+        &mut self,
+        _timer: super::CheckConvergence,
+        ctx: &mut Context<Self>,
+    ) {
         let Role::Leading { recovery, .. } = &self.role else {
             return;
         };

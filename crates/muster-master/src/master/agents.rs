@@ -1,5 +1,8 @@
-//! What agents send ([`AgentMsg`], over the actor transport) and its handlers: registration,
-//! re-registration, heartbeats and task status updates.
+//! Agents: registration, re-registration and heartbeats (sent by agents over the actor
+//! transport), drains and eligibility (operators), and the timers that find agents gone.
+//! What happens around them lives beside: `heartbeats` (deadlines and TTLs), `pings`
+//! (Mesos-style pings), `drains`, `lost` (marking agents unreachable), `arriving` (an agent
+//! joining or coming back) and `reregistration` (rebuilding an agent after a failover).
 //!
 //! Only agent certificates reach these handlers (the types are installed for
 //! [`Role::Agent`](muster_security::Role::Agent) in `server.rs`). Each message also carries
@@ -14,61 +17,119 @@ use muster_proto::model as model_pb;
 use muster_registry::{Op, Outcome, WriteError};
 use muster_security::Peer;
 
-use super::Master;
-use super::leadership::Role;
-use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, running_reported, same_info};
+pub(super) mod arriving;
+pub(super) mod drains;
+pub(super) mod heartbeats;
+pub(super) mod lost;
+mod pings;
+pub(super) mod reregistration;
 
-/// What agents send the master, with the sender's verified identity (`None` on an insecure
-/// cluster).
+use super::leadership::Role;
+use super::{Master, Request, answered_request, notice};
+use crate::cluster::{AgentEntry, live_jobs_reported, registry_info, running_reported, same_info};
+use crate::error::ServiceError;
+
+/// An agent asks to be admitted (`RegisterAgent`, over the actor transport).
 #[derive(Debug)]
-pub enum AgentMsg {
-    /// An agent asks to be admitted.
-    Register(
-        pb::RegisterAgent,
-        Reply<pb::RegistrationReply>,
-        Option<Peer>,
-    ),
-    /// An agent comes back with everything it runs.
-    Reregister(
-        pb::ReregisterAgent,
-        Reply<pb::RegistrationReply>,
-        Option<Peer>,
-    ),
-    /// An agent's heartbeat.
-    Heartbeat(pb::Heartbeat, Reply<pb::HeartbeatReply>, Option<Peer>),
-    /// An agent reports a task's state.
-    TaskStatus(pb::TaskStatusUpdate, Option<Peer>),
+pub struct RegisterAgent {
+    /// What it says of itself.
+    pub request: pb::RegisterAgent,
+    /// Its new id, or why not.
+    pub reply: Reply<pb::RegistrationReply>,
+    /// The sender's verified certificate (`None` from this process or on an insecure cluster).
+    pub sender: Option<Peer>,
 }
+
+/// An agent comes back with everything it runs (`ReregisterAgent`).
+#[derive(Debug)]
+pub struct ReregisterAgent {
+    /// What it says of itself and what it runs.
+    pub request: pb::ReregisterAgent,
+    /// Whether it is taken back, and the tasks it must kill.
+    pub reply: Reply<pb::RegistrationReply>,
+    /// The sender's verified certificate.
+    pub sender: Option<Peer>,
+}
+
+/// An agent's heartbeat.
+#[derive(Debug)]
+pub struct Heartbeat {
+    /// Which agent.
+    pub heartbeat: pb::Heartbeat,
+    /// Its next TTL, or why not.
+    pub reply: Reply<pb::HeartbeatReply>,
+    /// The sender's verified certificate.
+    pub sender: Option<Peer>,
+}
+
+/// Drain an agent (`muster agent drain`), or cancel its drain.
+#[derive(Debug)]
+pub struct DrainAgent {
+    /// The agent, the deadline, whether to cancel.
+    pub request: pb::DrainAgentRequest,
+    /// The agent's scheduling as written.
+    pub reply: Reply<Result<pb::AgentSchedulingReply, ServiceError>>,
+}
+
+/// Whether new tasks may go to an agent.
+#[derive(Debug)]
+pub struct SetAgentEligibility {
+    /// The agent and its eligibility.
+    pub request: pb::AgentEligibilityRequest,
+    /// The agent's scheduling as written.
+    pub reply: Reply<Result<pb::AgentSchedulingReply, ServiceError>>,
+}
+
+/// The master's timer: ping the connected agents (with `--pings`).
+#[derive(Debug)]
+pub struct PingAgents;
+
+/// The master's timer: mark the agents whose heartbeat deadline passed unreachable.
+#[derive(Debug)]
+pub struct CheckHeartbeats;
+
+/// The master's timer: carry the drains under way forward.
+#[derive(Debug)]
+pub struct CheckDrains;
+
+impl Request for RegisterAgent {
+    fn waits_for_registry(&self) -> bool {
+        true
+    }
+    /// This master does not lead, and knows no leader.
+    fn refuse(self, _error: ServiceError) {
+        self.reply.send(not_leader(None));
+    }
+}
+
+impl Request for ReregisterAgent {
+    fn waits_for_registry(&self) -> bool {
+        true
+    }
+    fn refuse(self, _error: ServiceError) {
+        self.reply.send(not_leader(None));
+    }
+}
+
+impl Request for Heartbeat {
+    fn waits_for_registry(&self) -> bool {
+        true
+    }
+    fn refuse(self, _error: ServiceError) {
+        self.reply
+            .send(heartbeat_reply(pb::heartbeat_reply::Result::NotLeader(
+                model_pb::NotLeader::default(),
+            )));
+    }
+}
+
+answered_request!(DrainAgent, SetAgentEligibility);
+notice!(PingAgents, CheckHeartbeats, CheckDrains);
 
 /// The certificate name a message came from; `None` for a message from this process (a test,
 /// a bench) or on an insecure cluster, which is trusted and binds nothing.
-fn identity(sender: Option<&Peer>) -> Option<&str> {
+pub(super) fn identity(sender: Option<&Peer>) -> Option<&str> {
     sender.map(|peer| peer.name.as_str())
-}
-
-impl AgentMsg {
-    /// Whether the message waits while a new leader catches up with the registry.
-    pub(super) fn waits_for_registry(&self) -> bool {
-        matches!(
-            self,
-            AgentMsg::Register(..) | AgentMsg::Reregister(..) | AgentMsg::Heartbeat(..)
-        )
-    }
-
-    /// Answers the request: this master does not lead, and knows no leader.
-    pub(super) fn refuse_not_leader(self) {
-        match self {
-            AgentMsg::Register(_, reply, _) | AgentMsg::Reregister(_, reply, _) => {
-                reply.send(not_leader(None));
-            }
-            AgentMsg::Heartbeat(_, reply, _) => {
-                reply.send(heartbeat_reply(pb::heartbeat_reply::Result::NotLeader(
-                    model_pb::NotLeader::default(),
-                )));
-            }
-            AgentMsg::TaskStatus(..) => {}
-        }
-    }
 }
 
 /// An agent's answer from a master that does not lead: the leader's process
@@ -123,35 +184,50 @@ fn heartbeat_reply(result: pb::heartbeat_reply::Result) -> pb::HeartbeatReply {
 }
 
 impl Master {
-    pub(super) fn on_agent(&mut self, msg: AgentMsg, ctx: &mut Context<Self>) {
-        match msg {
-            AgentMsg::Register(request, reply, sender) => {
-                self.register(request, reply, identity(sender.as_ref()), ctx);
-            }
-            AgentMsg::Reregister(request, reply, sender) => {
-                self.reregister(request, reply, identity(sender.as_ref()), ctx);
-            }
-            AgentMsg::Heartbeat(heartbeat, reply, sender) => {
-                self.instruments.heartbeat_received();
-                self.on_heartbeat(heartbeat, reply, identity(sender.as_ref()));
-            }
-            AgentMsg::TaskStatus(update, sender) => {
-                if let Err(why) = self.speaks_for(&update.agent_id, identity(sender.as_ref())) {
-                    self.metrics.impersonations += 1;
-                    tracing::warn!(agent = %update.agent_id, %why, "task update refused");
-                    return;
-                }
-                if let Some(task) = update.task {
-                    self.task_updated(update.agent_id, task, ctx);
-                }
-            }
-        }
+    /// [`RegisterAgent`].
+    pub(super) fn register_agent(
+        &mut self,
+        RegisterAgent {
+            request,
+            reply,
+            sender,
+        }: RegisterAgent,
+        ctx: &mut Context<Self>,
+    ) {
+        self.register(request, reply, identity(sender.as_ref()), ctx);
+    }
+
+    /// [`ReregisterAgent`].
+    pub(super) fn reregister_agent(
+        &mut self,
+        ReregisterAgent {
+            request,
+            reply,
+            sender,
+        }: ReregisterAgent,
+        ctx: &mut Context<Self>,
+    ) {
+        self.reregister(request, reply, identity(sender.as_ref()), ctx);
+    }
+
+    /// [`Heartbeat`].
+    pub(super) fn heartbeat(
+        &mut self,
+        Heartbeat {
+            heartbeat,
+            reply,
+            sender,
+        }: Heartbeat,
+        _ctx: &mut Context<Self>,
+    ) {
+        self.instruments.heartbeat_received();
+        self.on_heartbeat(heartbeat, reply, identity(sender.as_ref()));
     }
 
     /// Whether a message from certificate `identity` may speak for agent `agent_id`: the
     /// certificate name the agent registered with must be the sender's. An agent this master
     /// does not hold in memory is checked by the caller against the registry.
-    fn speaks_for(&self, agent_id: &str, identity: Option<&str>) -> Result<(), String> {
+    pub(super) fn speaks_for(&self, agent_id: &str, identity: Option<&str>) -> Result<(), String> {
         match self.cluster.agents.get(agent_id) {
             Some(agent) => bound_to(agent_id, &agent.info.identity, identity),
             None => Ok(()),

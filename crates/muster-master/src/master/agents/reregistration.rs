@@ -14,11 +14,11 @@ use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_scheduler::Stop;
 
-use super::Master;
-use super::leadership::Role;
-use super::lost_agents::{default_disconnect, disconnect_of};
-use super::registry_writes::now_ms;
 use crate::cluster::{AgentEntry, registry_info, state_of};
+use crate::master::Master;
+use crate::master::agents::lost::{default_disconnect, disconnect_of};
+use crate::master::leadership::Role;
+use crate::master::registry_writes::now_ms;
 use crate::task_record::TaskRecord;
 
 impl Master {
@@ -29,7 +29,7 @@ impl Master {
     /// a task to stop is recorded as being killed and returned, and the agent kills it before
     /// anything else; a copy elsewhere that loses to it is stopped. A healed partition does not
     /// leave a service below its count, nor a slot with two copies.
-    pub(super) fn readmit(
+    pub(in crate::master) fn readmit(
         &mut self,
         request: pb::ReregisterAgent,
         identity: &str,
@@ -359,7 +359,7 @@ impl Master {
     ///   lost its state) is LOST, and its job gets an evaluation to replace it.
     /// - One the agent runs that this master gave up on (marked LOST and replaced), or was
     ///   killing, is killed (again), so its slot does not end up with two tasks.
-    pub(super) fn settle_reregistered(
+    pub(in crate::master) fn settle_reregistered(
         &mut self,
         agent_id: &str,
         previous: AgentEntry,

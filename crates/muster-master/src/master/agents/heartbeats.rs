@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::Master;
+use muster_actor::Context;
+
+use super::CheckHeartbeats;
+use crate::master::Master;
 
 /// The heartbeat deadlines of the agents the leading master tracks, in the order they fall due:
 /// one periodic sweep takes the overdue ones, with no timer per agent.
@@ -18,7 +21,7 @@ use super::Master;
 /// map when stale entries outnumber live ones, so it holds at most about twice as many entries
 /// as there are agents. The map and the heap share one copy of each agent's id.
 #[derive(Debug, Default)]
-pub(super) struct HeartbeatDeadlines {
+pub(in crate::master) struct HeartbeatDeadlines {
     by_agent: HashMap<Arc<str>, Instant>,
     /// Every deadline in `by_agent`, and deadlines since moved or removed (stale).
     due: BinaryHeap<Reverse<(Instant, Arc<str>)>>,
@@ -26,16 +29,16 @@ pub(super) struct HeartbeatDeadlines {
 
 impl HeartbeatDeadlines {
     /// How many agents are tracked.
-    pub(super) fn len(&self) -> usize {
+    pub(in crate::master) fn len(&self) -> usize {
         self.by_agent.len()
     }
 
-    pub(super) fn get(&self, id: &str) -> Option<Instant> {
+    pub(in crate::master) fn get(&self, id: &str) -> Option<Instant> {
         self.by_agent.get(id).copied()
     }
 
     /// Sets (or moves) the agent's deadline.
-    pub(super) fn set(&mut self, id: &str, deadline: Instant) {
+    pub(in crate::master) fn set(&mut self, id: &str, deadline: Instant) {
         let key = match self.by_agent.get_key_value(id) {
             Some((key, _)) => Arc::clone(key),
             None => Arc::from(id),
@@ -45,13 +48,13 @@ impl HeartbeatDeadlines {
         self.compact_if_mostly_stale();
     }
 
-    pub(super) fn remove(&mut self, id: &str) {
+    pub(in crate::master) fn remove(&mut self, id: &str) {
         self.by_agent.remove(id);
         self.compact_if_mostly_stale();
     }
 
     /// Takes out the agents whose deadline is at or before `now`, earliest first.
-    pub(super) fn take_expired(&mut self, now: Instant) -> Vec<String> {
+    pub(in crate::master) fn take_expired(&mut self, now: Instant) -> Vec<String> {
         let mut expired = Vec::new();
         while let Some(Reverse((deadline, _))) = self.due.peek() {
             if *deadline > now {
@@ -69,7 +72,7 @@ impl HeartbeatDeadlines {
         expired
     }
 
-    pub(super) fn clear(&mut self) {
+    pub(in crate::master) fn clear(&mut self) {
         self.due.clear();
         self.by_agent.clear();
     }
@@ -88,7 +91,7 @@ impl HeartbeatDeadlines {
 
 /// The longest heartbeat TTL the master gives, whatever the config says (keeps the arithmetic
 /// on instants from overflowing).
-pub(super) const MAX_HEARTBEAT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub(in crate::master) const MAX_HEARTBEAT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
 /// The TTL before stagger for `agents` agents: `max(min_ttl, agents / per_second s)`.
 fn base_ttl(min_ttl: Duration, per_second: f64, agents: usize) -> Duration {
@@ -102,14 +105,14 @@ fn base_ttl(min_ttl: Duration, per_second: f64, agents: usize) -> Duration {
 
 /// How often the leading master looks for overdue heartbeats: a tenth of the minimum TTL,
 /// between 10 ms and 1 s.
-pub(super) fn sweep_period(min_ttl: Duration) -> Duration {
+pub(in crate::master) fn sweep_period(min_ttl: Duration) -> Duration {
     (min_ttl / 10).clamp(Duration::from_millis(10), Duration::from_secs(1))
 }
 
 impl Master {
     /// The agent was just heard from: gives it a new TTL (with stagger) and moves its deadline
     /// to that TTL plus the grace from now. Returns the TTL.
-    pub(super) fn heartbeat_received(&mut self, id: &str) -> Duration {
+    pub(in crate::master) fn heartbeat_received(&mut self, id: &str) -> Duration {
         let (ttl, deadline) = self.next_heartbeat(self.heartbeats.get(id).is_none());
         self.heartbeats.set(id, deadline);
         ttl
@@ -117,7 +120,7 @@ impl Master {
 
     /// An agent was just heard from, and its deadline is never moved earlier: the long first
     /// TTL a new leader gave it stays until a heartbeat reaches past it.
-    pub(super) fn heartbeat_received_not_earlier(&mut self, id: &str) {
+    pub(in crate::master) fn heartbeat_received_not_earlier(&mut self, id: &str) {
         let current = self.heartbeats.get(id);
         let (_, deadline) = self.next_heartbeat(current.is_none());
         if current.is_none_or(|current| deadline > current) {
@@ -138,6 +141,32 @@ impl Master {
         let ttl = base + base.mul_f64(fastrand::f64());
         let deadline = Instant::now() + ttl + self.config.heartbeat_grace.min(MAX_HEARTBEAT_TTL);
         (ttl, deadline)
+    }
+
+    /// Marks the connected agents whose heartbeat deadline passed unreachable. Agents still
+    /// awaited after a failover are left to the re-registration deadline (and its removal
+    /// limit).
+    pub(in crate::master) fn check_heartbeats(
+        &mut self,
+        _timer: CheckHeartbeats,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return;
+        }
+        let mut gone = Vec::new();
+        for id in self.heartbeats.take_expired(Instant::now()) {
+            let Some(agent) = self.cluster.agents.get_mut(&id) else {
+                continue;
+            };
+            if !agent.connected {
+                continue;
+            }
+            agent.connected = false;
+            tracing::warn!(agent = %id, "agent missed its heartbeat deadline");
+            gone.push(id);
+        }
+        self.mark_unreachable(gone, false, ctx);
     }
 }
 

@@ -1,7 +1,6 @@
-//! What the scheduling side sends ([`SchedulingMsg`]) and its handlers: scheduler workers
-//! (in this process or through the scheduling API) ask for snapshots, submit plans and report
-//! evaluations blocked or complete; the blocked-queue hands back the evaluations it released
-//! or canceled.
+//! The plan applier: scheduler workers (in this process or through the scheduling API) ask
+//! for snapshots of the cluster and submit plans; what they report of evaluations is in
+//! `evaluations.rs`.
 //!
 //! Schedulers plan optimistically and concurrently against a [`ClusterSnapshot`]; the master
 //! applies their plans one at a time (it is one process), checking each placement against the
@@ -13,17 +12,17 @@ use std::sync::Arc;
 
 use muster_actor::{Context, Pid, Reply};
 use muster_broker::EvalBroker;
-use muster_broker::blocked::{BlockedEval, BlockedEvals, BlockedMsg};
-use muster_model::{AgentId, Demand, DrainPhase, EvalStatus, Evaluation, Resources, TaskState};
+use muster_broker::blocked::BlockedEvals;
+use muster_model::{AgentId, DrainPhase, Resources, TaskState};
 use muster_proto::cluster as pb;
-use muster_registry::Op;
 
 use muster_scheduler::{
     AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, TaskView,
 };
 
 use super::Master;
-use crate::InternalMsg;
+use super::tasks::CheckLaunches;
+use super::{answered_request, notice};
 use crate::cluster::Cluster;
 use crate::error::ServiceError;
 use crate::launch_wire::{GroupWire, LAUNCH_MESSAGE_BUDGET, LaunchFence, LaunchWire, RunWire};
@@ -32,33 +31,31 @@ use crate::task_record::{
     LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, pairs, same_pairs, same_text, same_texts,
 };
 
-/// What scheduler workers and the blocked-queue send the master.
+/// The master's eval broker and blocked-queue, for the scheduler workers beside it.
 #[derive(Debug)]
-pub enum SchedulingMsg {
-    /// The master's eval broker and blocked-queue.
-    Pids(Reply<SchedulingPids>),
-    /// The cluster as schedulers see it.
-    Snapshot(Reply<ClusterSnapshot>),
-    /// Apply a scheduler's plan.
-    SubmitPlan(Plan, Reply<Result<PlanResult, ServiceError>>),
-    /// A worker could not place everything the evaluation asks for.
-    BlockEval {
-        /// The evaluation.
-        eval: Evaluation,
-        /// What did not fit.
-        unplaced: Vec<Demand>,
-        /// The snapshot index the plan was made against.
-        snapshot_index: u64,
-        /// Done once recorded.
-        reply: Reply<Result<(), ServiceError>>,
-    },
-    /// A worker planned the evaluation fully.
-    CompleteEval(Evaluation, Reply<Result<(), ServiceError>>),
-    /// The blocked-queue released these evaluations.
-    EvalsUnblocked(Vec<Evaluation>),
-    /// The blocked-queue canceled these evaluations.
-    EvalsCanceled(Vec<Evaluation>),
+pub struct GetSchedulingPids {
+    /// The pids.
+    pub reply: Reply<SchedulingPids>,
 }
+
+/// The cluster as schedulers see it.
+#[derive(Debug)]
+pub struct GetSnapshot {
+    /// The snapshot.
+    pub reply: Reply<ClusterSnapshot>,
+}
+
+/// Apply a scheduler's plan: stops, then each placement that still fits.
+#[derive(Debug)]
+pub struct SubmitPlan {
+    /// The plan.
+    pub plan: Plan,
+    /// What was committed, and what no longer fit.
+    pub reply: Reply<Result<PlanResult, ServiceError>>,
+}
+
+notice!(GetSchedulingPids, GetSnapshot);
+answered_request!(SubmitPlan);
 
 /// The processes beside the master that hold its scheduling state.
 #[derive(Clone, Debug)]
@@ -71,134 +68,46 @@ pub struct SchedulingPids {
     pub instruments: Arc<MasterInstruments>,
 }
 
-impl SchedulingMsg {
-    /// Whether the message waits while a new leader catches up with the registry.
-    pub(super) fn waits_for_registry(&self) -> bool {
-        matches!(
-            self,
-            SchedulingMsg::SubmitPlan(..)
-                | SchedulingMsg::BlockEval { .. }
-                | SchedulingMsg::CompleteEval(..)
-        )
-    }
-
-    /// Answers the request with `error`.
-    pub(super) fn refuse(self, error: ServiceError) {
-        match self {
-            SchedulingMsg::SubmitPlan(_, reply) => reply.send(Err(error)),
-            SchedulingMsg::BlockEval { reply, .. } | SchedulingMsg::CompleteEval(_, reply) => {
-                reply.send(Err(error));
-            }
-            SchedulingMsg::Pids(_)
-            | SchedulingMsg::Snapshot(_)
-            | SchedulingMsg::EvalsUnblocked(_)
-            | SchedulingMsg::EvalsCanceled(_) => {}
-        }
-    }
-}
-
 impl Master {
-    pub(super) fn on_scheduling(&mut self, msg: SchedulingMsg, ctx: &mut Context<Self>) {
-        match msg {
-            SchedulingMsg::Pids(reply) => reply.send(SchedulingPids {
-                broker: self.broker.clone(),
-                blocked: self.blocked.clone(),
-                instruments: Arc::clone(&self.instruments),
-            }),
-            SchedulingMsg::Snapshot(reply) => reply.send(self.snapshot()),
-            SchedulingMsg::SubmitPlan(plan, reply) => {
-                let arrived = std::time::Instant::now();
-                // Launches and kills only from a master a quorum still follows: a leader
-                // paused and resumed must not act on its stale view.
-                self.with_quorum_leadership(ctx, move |master, ctx, confirmed| match confirmed {
-                    Ok(()) => master.apply_plan(plan, arrived, reply, ctx),
-                    Err(refusal) => reply.send(Err(refusal)),
-                });
-            }
-            SchedulingMsg::BlockEval {
-                eval,
-                unplaced,
-                snapshot_index,
-                reply,
-            } => self.block_eval(eval, unplaced, snapshot_index, reply, ctx),
-            SchedulingMsg::CompleteEval(eval, reply) => self.complete_eval(eval, reply, ctx),
-            SchedulingMsg::EvalsUnblocked(evals) => self.evals_unblocked(evals, ctx),
-            SchedulingMsg::EvalsCanceled(evals) => self.evals_canceled(evals, ctx),
-        }
+    /// [`GetSchedulingPids`].
+    pub(super) fn get_scheduling_pids(
+        &mut self,
+        GetSchedulingPids { reply }: GetSchedulingPids,
+        _ctx: &mut Context<Self>,
+    ) {
+        reply.send(SchedulingPids {
+            broker: self.broker.clone(),
+            blocked: self.blocked.clone(),
+            instruments: Arc::clone(&self.instruments),
+        });
     }
 
-    /// A dry run of submitting `job` (Nomad's job plan): the plan this master's scheduler
-    /// would make for it against the cluster now, with the version the registry would give
-    /// it. Nothing is written; what the plan applier would refuse is not checked.
-    pub(super) fn plan_job(&mut self, job: muster_model::Job) -> pb::JobPlan {
-        let old = self
-            .registry
-            .reader()
-            .read(|state| state.jobs.get(&job.name).cloned());
-        let job = muster_registry::next_version(old.as_ref(), job);
-        let version = job.version;
-        let mut snapshot = self.snapshot();
-        let eval = Evaluation::new(&job, muster_model::Trigger::JobRegister);
-        snapshot.jobs.insert(job.name.clone(), job);
-        let plan = match self.config.placement {
-            crate::Placement::Binpack => muster_scheduler::Scheduler::schedule(
-                &mut muster_scheduler::binpack(),
-                &eval,
-                &snapshot,
-            ),
-            crate::Placement::Spread => muster_scheduler::Scheduler::schedule(
-                &mut muster_scheduler::spread(),
-                &eval,
-                &snapshot,
-            ),
-        };
-        let name_of = |agent: &AgentId, task_id: &str| {
-            snapshot
-                .agent(agent)
-                .and_then(|a| a.tasks().iter().find(|t| t.id() == task_id))
-                .map(|t| t.name().to_owned())
-                .unwrap_or_default()
-        };
-        let stop: Vec<pb::PlannedTask> = plan
-            .stop
-            .iter()
-            .map(|s| pb::PlannedTask {
-                name: name_of(&s.agent, &s.task_id),
-                agent_id: s.agent.0.clone(),
-                task_id: s.task_id.clone(),
-            })
-            .collect();
-        let place: Vec<pb::PlannedTask> = plan
-            .place
-            .iter()
-            .map(|p| pb::PlannedTask {
-                name: p.name.clone(),
-                agent_id: p.agent.0.clone(),
-                task_id: String::new(),
-            })
-            .collect();
-        let replaced = place
-            .iter()
-            .filter(|p| stop.iter().any(|s| s.name == p.name))
-            .map(|p| p.name.clone())
-            .collect();
-        let unplaced = plan
-            .unplaced
-            .iter()
-            .map(|demand| format!("{demand:?}"))
-            .collect();
-        pb::JobPlan {
-            version,
-            place,
-            stop,
-            replaced,
-            unplaced,
-        }
+    /// [`GetSnapshot`].
+    pub(super) fn get_snapshot(
+        &mut self,
+        GetSnapshot { reply }: GetSnapshot,
+        _ctx: &mut Context<Self>,
+    ) {
+        reply.send(self.snapshot());
+    }
+
+    /// [`SubmitPlan`]: applied only by a master a quorum still follows (a leader paused and
+    /// resumed must not launch or kill on its stale view).
+    pub(super) fn submit_plan(
+        &mut self,
+        SubmitPlan { plan, reply }: SubmitPlan,
+        ctx: &mut Context<Self>,
+    ) {
+        let arrived = std::time::Instant::now();
+        self.with_quorum_leadership(ctx, move |master, ctx, confirmed| match confirmed {
+            Ok(()) => master.apply_plan(plan, arrived, reply, ctx),
+            Err(refusal) => reply.send(Err(refusal)),
+        });
     }
 
     /// The cluster as schedulers see it: connected agents with their tasks, and the jobs.
     /// Agents whose tasks did not change since the last snapshot share their views with it.
-    fn snapshot(&mut self) -> ClusterSnapshot {
+    pub(super) fn snapshot(&mut self) -> ClusterSnapshot {
         let jobs = self.registry.reader().read(|state| state.jobs.clone());
         let scheduling = self.agent_scheduling();
         let agents: Vec<Arc<AgentView>> = self
@@ -372,7 +281,9 @@ impl Master {
         };
         if !agent.launch_check_due {
             agent.launch_check_due = true;
-            let check = InternalMsg::CheckLaunches(agent_id.clone());
+            let check = CheckLaunches {
+                agent_id: agent_id.clone(),
+            };
             ctx.delay(self.config.launch_timeout, check.into());
         }
         // They are the agent's last tasks: the plan just added them, in order.
@@ -406,100 +317,6 @@ impl Master {
             record.message = format!("could not send the launch to the agent: {error}").into();
             self.record_updated(agent_id.clone(), record, ctx);
         }
-    }
-
-    /// A worker could not place everything: the evaluation is recorded blocked and waits in
-    /// the blocked-queue for capacity.
-    fn block_eval(
-        &mut self,
-        mut eval: Evaluation,
-        unplaced: Vec<Demand>,
-        snapshot_index: u64,
-        reply: Reply<Result<(), ServiceError>>,
-        ctx: &mut Context<Self>,
-    ) {
-        eval.status = EvalStatus::Blocked;
-        eval.status_description = format!("{} task groups did not fit", unplaced.len());
-        eval.snapshot_index = snapshot_index;
-        let demands = unplaced;
-        self.write_status(eval.clone(), ctx, move |master, written| {
-            if written.is_ok() {
-                master.instruments.evaluation_blocked();
-                let _ = master
-                    .blocked
-                    .tell(BlockedMsg::Block(BlockedEval { eval, demands }));
-            }
-            reply.send(written);
-        });
-    }
-
-    /// A worker planned the evaluation fully.
-    fn complete_eval(
-        &mut self,
-        mut eval: Evaluation,
-        reply: Reply<Result<(), ServiceError>>,
-        ctx: &mut Context<Self>,
-    ) {
-        eval.status = EvalStatus::Complete;
-        self.write_status(eval, ctx, move |master, written| {
-            if written.is_ok() {
-                master.instruments.evaluation_completed();
-            }
-            reply.send(written);
-        });
-    }
-
-    /// Records an evaluation's new status (complete, blocked) in the registry.
-    fn write_status(
-        &mut self,
-        eval: Evaluation,
-        ctx: &mut Context<Self>,
-        done: impl FnOnce(&mut Master, Result<(), ServiceError>) + Send + 'static,
-    ) {
-        if self.leading_term().is_none() {
-            let why = self.not_leading();
-            return done(self, Err(why));
-        }
-        self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, _ctx, written| {
-            done(master, written.map(drop).map_err(ServiceError::from));
-        });
-    }
-
-    /// The blocked-queue released these: pending again in the registry, then to the broker.
-    fn evals_unblocked(&mut self, evals: Vec<Evaluation>, ctx: &mut Context<Self>) {
-        if evals.is_empty() {
-            return;
-        }
-        let evals = evals
-            .into_iter()
-            .map(|mut e| {
-                e.status = EvalStatus::Pending;
-                e.status_description = "unblocked: capacity changed".into();
-                e
-            })
-            .collect();
-        self.write_with_evals(Vec::new(), evals, ctx, |_master, _ctx, written| {
-            if let Err(e) = written {
-                tracing::warn!(error = %e, "could not record unblocked evaluations");
-            }
-        });
-    }
-
-    /// The blocked-queue replaced these with newer ones of the same job.
-    fn evals_canceled(&mut self, evals: Vec<Evaluation>, ctx: &mut Context<Self>) {
-        if evals.is_empty() {
-            return;
-        }
-        let op = Op::SetEvalStatus {
-            ids: evals.into_iter().map(|e| e.id).collect(),
-            status: EvalStatus::Canceled,
-            description: "canceled: a newer blocked evaluation of the job".into(),
-        };
-        self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
-            if let Err(e) = written {
-                tracing::warn!(error = %e, "could not record canceled evaluations");
-            }
-        });
     }
 }
 

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 /// How many times a slot failed in a row, when it last did, and until when its replacement
 /// waits.
 #[derive(Debug, Default)]
-pub(super) struct CrashLoops {
+pub(in crate::master) struct CrashLoops {
     slots: HashMap<String, Slot>,
 }
 
@@ -31,7 +31,7 @@ impl CrashLoops {
     /// how long its replacement waits. The first failure is replaced at once; each further
     /// one waits `base` doubled per failure, at most `max`. A slot quiet for ten times `max`
     /// starts over.
-    pub(super) fn failed(
+    pub(in crate::master) fn failed(
         &mut self,
         slot: &str,
         now: Instant,
@@ -65,14 +65,14 @@ impl CrashLoops {
 
     /// The slot's replacement will not come (its evaluation could not be written): stop
     /// holding it, so the job's next evaluation places it.
-    pub(super) fn release(&mut self, slot: &str) {
+    pub(in crate::master) fn release(&mut self, slot: &str) {
         if let Some(entry) = self.slots.get_mut(slot) {
             entry.held_until = entry.last;
         }
     }
 
     /// The slots whose replacement still waits at `now`: schedulers leave them empty.
-    pub(super) fn held(&self, now: Instant) -> BTreeSet<String> {
+    pub(in crate::master) fn held(&self, now: Instant) -> BTreeSet<String> {
         self.slots
             .iter()
             .filter(|(_, s)| s.held_until > now)

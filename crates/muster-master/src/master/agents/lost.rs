@@ -10,8 +10,8 @@ use muster_model::{
 };
 use muster_registry::{Op, RegistryState};
 
-use super::Master;
-use super::registry_writes::now_ms;
+use crate::master::Master;
+use crate::master::registry_writes::now_ms;
 use crate::task_record::TaskRecord;
 
 impl Master {
@@ -22,7 +22,7 @@ impl Master {
     /// lost at once make one evaluation per job, not one per job per agent. A group that does
     /// not replace such tasks (`disconnect.replace = false`) keeps their slots until its
     /// `lost_after`; a convergence check is due then, and places their replacements.
-    pub(super) fn mark_unreachable(
+    pub(in crate::master) fn mark_unreachable(
         &mut self,
         ids: Vec<String>,
         unknown_tasks: bool,
@@ -86,7 +86,7 @@ impl Master {
     /// the replacement. The registry holds what to compute it from, so a new leader schedules
     /// the same checks. (Nothing waits in the registry or the broker meanwhile: an agent that
     /// comes back first leaves nothing behind.)
-    pub(super) fn check_when_kept_slots_go(&mut self, ctx: &mut Context<Self>) {
+    pub(in crate::master) fn check_when_kept_slots_go(&mut self, ctx: &mut Context<Self>) {
         let now = now_ms();
         let due: BTreeSet<u64> = self.registry.reader().read(|state| {
             state
@@ -106,7 +106,7 @@ impl Master {
         });
         for due in due {
             let wait = std::time::Duration::from_millis(due - now + KEEP_MARGIN_MS);
-            let _ = ctx.delay(wait, super::internal::InternalMsg::Reconcile.into());
+            let _ = ctx.delay(wait, crate::master::evaluations::CheckConvergence.into());
         }
     }
 
@@ -163,7 +163,7 @@ impl Master {
 
 /// The `disconnect` policy of `job`'s group `group`, with the job type's defaults, if the job
 /// and group are registered.
-pub(super) fn disconnect_of(
+pub(in crate::master) fn disconnect_of(
     state: &RegistryState,
     job: &str,
     group: &str,
@@ -176,7 +176,7 @@ pub(super) fn disconnect_of(
 }
 
 /// The policy for a task of a job or group no longer registered: a service's defaults.
-pub(super) fn default_disconnect() -> DisconnectPolicy {
+pub(in crate::master) fn default_disconnect() -> DisconnectPolicy {
     muster_model::Disconnect::default().policy(SchedulerType::Service)
 }
 
@@ -188,7 +188,7 @@ const KEEP_MARGIN_MS: u64 = 100;
 impl Master {
     /// The tasks of agents marked unreachable, as operators see them: each UNKNOWN, or LOST
     /// once its group's `disconnect.lost_after` has passed; by agent.
-    pub(super) fn tasks_away_by_agent(&self) -> BTreeMap<AgentId, Vec<Task>> {
+    pub(in crate::master) fn tasks_away_by_agent(&self) -> BTreeMap<AgentId, Vec<Task>> {
         let now = now_ms();
         self.registry.reader().read(|state| {
             state
@@ -219,13 +219,13 @@ impl Master {
     }
 
     /// Every task of agents marked unreachable, as [`tasks_away_by_agent`](Self::tasks_away_by_agent).
-    pub(super) fn tasks_away(&self) -> Vec<Task> {
+    pub(in crate::master) fn tasks_away(&self) -> Vec<Task> {
         self.tasks_away_by_agent().into_values().flatten().collect()
     }
 
     /// The slots whose task is on an unreachable agent and keeps them
     /// (`disconnect.replace = false`) until it is lost for good: schedulers leave them empty.
-    pub(super) fn slots_kept_while_away(&self) -> BTreeSet<String> {
+    pub(in crate::master) fn slots_kept_while_away(&self) -> BTreeSet<String> {
         self.tasks_kept_while_away()
             .into_iter()
             .map(|task| task.name)
@@ -234,7 +234,7 @@ impl Master {
 
     /// The batch slots the registry records as finished: schedulers leave them empty (their
     /// task ran; its agent may be away, or not yet back after a failover).
-    pub(super) fn batch_slots_finished(&self) -> BTreeSet<String> {
+    pub(in crate::master) fn batch_slots_finished(&self) -> BTreeSet<String> {
         self.registry.reader().read(|state| {
             state
                 .jobs
@@ -247,7 +247,7 @@ impl Master {
 
     /// The tasks on unreachable agents that keep their slots (`disconnect.replace = false`)
     /// until they are lost for good: the convergence check counts them as running.
-    pub(super) fn tasks_kept_while_away(&self) -> Vec<Task> {
+    pub(in crate::master) fn tasks_kept_while_away(&self) -> Vec<Task> {
         let now = now_ms();
         self.registry.reader().read(|state| {
             let mut kept = Vec::new();
