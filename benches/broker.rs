@@ -32,9 +32,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, criterion_group, criterion_main};
 use futures_util::future::join_all;
 use muster::actor::{Context, Node, Pid, Process, Reply, System};
-use muster::master::{
-    AgentMsg, LocalBackend, MasterConfig, MasterServer, OperatorMsg, SchedulingMsg,
-};
+use muster::master::requests::{GetMetrics, GetSchedulingPids, RegisterAgent, SubmitJob};
+use muster::master::{LocalBackend, MasterConfig, MasterServer};
 use muster::model::{EvalStatus, Evaluation, Job, SchedulerType, Trigger};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
@@ -151,7 +150,7 @@ fn system_job(n: usize) -> model_pb::Job {
 async fn broker_stats(master: &MasterServer) -> BrokerStats {
     let pids = master
         .pid()
-        .ask(|reply| SchedulingMsg::Pids(reply).into())
+        .ask(|reply| GetSchedulingPids { reply }.into())
         .await
         .expect("master answers");
     pids.broker
@@ -163,7 +162,7 @@ async fn broker_stats(master: &MasterServer) -> BrokerStats {
 async fn registry_entries(master: &MasterServer) -> u64 {
     master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await
         .expect("master answers")
         .registry_entries
@@ -187,7 +186,7 @@ impl Storm {
         .expect("master starts");
         while !master
             .pid()
-            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+            .ask(|reply| GetMetrics { reply }.into())
             .await
             .expect("master answers")
             .is_leader
@@ -197,7 +196,13 @@ impl Storm {
         for n in 0..SYSTEM_JOBS {
             master
                 .pid()
-                .ask(|reply| OperatorMsg::SubmitJob(Some(system_job(n)), reply).into())
+                .ask(|reply| {
+                    SubmitJob {
+                        job: Some(system_job(n)),
+                        reply,
+                    }
+                    .into()
+                })
                 .await
                 .expect("master answers")
                 .expect("job accepted");
@@ -220,14 +225,14 @@ impl Storm {
             };
             async move {
                 pid.ask(|r| {
-                    AgentMsg::Register(
-                        pb::RegisterAgent {
+                    RegisterAgent {
+                        request: pb::RegisterAgent {
                             info: Some(info),
                             ..Default::default()
                         },
-                        r,
-                        None,
-                    )
+                        reply: r,
+                        sender: None,
+                    }
                     .into()
                 })
                 .await
@@ -266,7 +271,7 @@ impl Storm {
         let pids = self
             .master
             .pid()
-            .ask(|reply| SchedulingMsg::Pids(reply).into())
+            .ask(|reply| GetSchedulingPids { reply }.into())
             .await
             .expect("master answers");
         let started = Instant::now();

@@ -40,9 +40,8 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream;
 use muster::actor::{Context, Node, Pid, Process, RemoteError, System, Upid};
-use muster::master::{
-    AgentMsg, MasterConfig, MasterServer, OperatorMsg, Placement, testing as master_testing,
-};
+use muster::master::requests::{GetMetrics, RegisterAgent};
+use muster::master::{MasterConfig, MasterServer, Placement, testing as master_testing};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
 use muster_security::Role;
@@ -250,7 +249,7 @@ struct Figures {
 async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
     master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await
         .expect("the master answers")
 }
@@ -293,14 +292,14 @@ async fn run(placement: Placement, tasks: usize) -> Figures {
             async move {
                 let reply = pid
                     .ask(|r| {
-                        AgentMsg::Register(
-                            pb::RegisterAgent {
+                        RegisterAgent {
+                            request: pb::RegisterAgent {
                                 info: Some(info),
                                 ..Default::default()
                             },
-                            r,
-                            None,
-                        )
+                            reply: r,
+                            sender: None,
+                        }
                         .into()
                     })
                     .await

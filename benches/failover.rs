@@ -59,7 +59,8 @@ use criterion::{
 use futures_util::future::join_all;
 use muster::actor::{Node, NodeConfig, System, Upid};
 use muster::agent::reregistration::group_by_shared_labels;
-use muster::master::{AgentMsg, MasterConfig, MasterServer, OperatorMsg};
+use muster::master::requests::{GetMetrics, RegisterAgent, ReregisterAgent};
+use muster::master::{MasterConfig, MasterServer};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
 use muster::proto::model as model_pb;
@@ -202,8 +203,15 @@ impl Fixture {
                     info: Some(info(n)),
                     ..Default::default()
                 };
-                pid.ask(|r| AgentMsg::Register(request, r, None).into())
-                    .await
+                pid.ask(|r| {
+                    RegisterAgent {
+                        request,
+                        reply: r,
+                        sender: None,
+                    }
+                    .into()
+                })
+                .await
             }
         }))
         .await;
@@ -260,7 +268,7 @@ async fn start(config: &MasterConfig) -> MasterServer {
     };
     while !master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await
         .expect("master answers")
         .is_leader
@@ -292,7 +300,17 @@ async fn in_process(fixture: &mut Fixture, history: bool) -> Duration {
     let started = Instant::now();
     let replies = join_all(messages.into_iter().map(|m| {
         let pid = pid.clone();
-        async move { pid.ask(|r| AgentMsg::Reregister(m, r, None).into()).await }
+        async move {
+            pid.ask(|r| {
+                ReregisterAgent {
+                    request: m,
+                    reply: r,
+                    sender: None,
+                }
+                .into()
+            })
+            .await
+        }
     }))
     .await;
     let took = started.elapsed();
@@ -442,7 +460,17 @@ fn report_memory(runtime: &Runtime, fixture: &mut Fixture, history: bool) {
             .collect();
         let replies = join_all(messages.into_iter().map(|m| {
             let pid = pid.clone();
-            async move { pid.ask(|r| AgentMsg::Reregister(m, r, None).into()).await }
+            async move {
+                pid.ask(|r| {
+                    ReregisterAgent {
+                        request: m,
+                        reply: r,
+                        sender: None,
+                    }
+                    .into()
+                })
+                .await
+            }
         }))
         .await;
         check_admitted(replies.into_iter().map(|r| r.expect("master answers")));

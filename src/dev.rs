@@ -10,7 +10,8 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use muster::actor::{Node, NodeConfig, System};
 use muster::agent::AgentConfig;
-use muster::master::{AclMsg, MasterConfig, MasterServer, OperatorMsg, ServiceError};
+use muster::master::requests::{BootstrapAcl, GetMetrics};
+use muster::master::{MasterConfig, MasterServer, ServiceError};
 use muster_security::{DEFAULT_CLUSTER, Security, Tls, TlsFiles};
 
 use crate::connection::{dev_env_path, export_lines};
@@ -44,7 +45,7 @@ async fn management_token(master: &MasterServer, tls_dir: &Path) -> anyhow::Resu
     let kept = tls_dir.join("management-token");
     let answer = master
         .pid()
-        .ask(|reply| OperatorMsg::Acl(AclMsg::Bootstrap(reply)).into())
+        .ask(|reply| BootstrapAcl { reply }.into())
         .await?;
     match answer {
         Ok(token) => {
@@ -110,7 +111,7 @@ pub(crate) async fn run(options: DevOptions) -> anyhow::Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while !master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .is_leader
     {

@@ -15,10 +15,17 @@
 //! Its binary, `muster`, runs a one-process dev cluster (`muster dev`) and shows a cluster's
 //! state (`muster status`).
 
-pub use muster_actor as actor;
+/// The actor runtime and its transport in one module: `muster-actor`'s local processes and
+/// `muster-transport`'s nodes and remote pids (a program that wants only local processes can
+/// depend on `muster-actor` alone).
+pub mod actor {
+    pub use muster_actor::*;
+    pub use muster_transport::*;
+}
 pub use muster_agent as agent;
 pub use muster_master as master;
 pub use muster_model as model;
 pub use muster_proto as proto;
 pub use muster_registry as registry;
 pub use muster_scheduler as scheduler;
+pub use muster_transport as transport;

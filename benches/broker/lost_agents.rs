@@ -66,9 +66,10 @@ use std::time::{Duration, Instant};
 use criterion::Criterion;
 use futures_util::future::join_all;
 use muster::actor::{Node, Pid, System};
-use muster::master::{
-    AgentMsg, LocalBackend, MasterConfig, MasterServer, OperatorMsg, SchedulingMsg,
+use muster::master::requests::{
+    GetMetrics, GetSchedulingPids, Heartbeat, RegisterAgent, ReregisterAgent, SubmitJob,
 };
+use muster::master::{LocalBackend, MasterConfig, MasterServer};
 use muster::model::AgentId;
 use muster::model::{EvalId, Evaluation, Job, SchedulerType, Trigger};
 use muster::proto::cluster as pb;
@@ -153,7 +154,7 @@ fn agent_info(n: usize, agents_address: &str) -> model_pb::AgentInfo {
 }
 
 /// A running task of `job` in slot `name`, as the master's plan applier builds it
-/// (`stage_placement` in `muster-master/src/master/from_scheduling.rs`): framework = job, its
+/// (`apply_plan` in `muster-master/src/master/plans.rs`): framework = job, its
 /// job and group, the group's resources and command.
 fn task(job: &str, group: &str, name: String, id: String) -> model_pb::Task {
     model_pb::Task {
@@ -254,7 +255,7 @@ fn mib(bytes: i64) -> f64 {
 async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
     master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await
         .expect("master answers")
 }
@@ -402,7 +403,14 @@ async fn heartbeat(
             agent_id: agent_id.clone(),
         };
         let answer = master
-            .ask(|r| AgentMsg::Heartbeat(request, r, None).into())
+            .ask(|r| {
+                Heartbeat {
+                    heartbeat: request,
+                    reply: r,
+                    sender: None,
+                }
+                .into()
+            })
             .await
             .map(|reply| reply.result);
         let Ok(Some(HeartbeatAnswer::TtlMs(ttl_ms))) = answer else {
@@ -462,14 +470,14 @@ impl Recovered {
             let info = agent_info(n, &address);
             async move {
                 pid.ask(|r| {
-                    AgentMsg::Register(
-                        pb::RegisterAgent {
+                    RegisterAgent {
+                        request: pb::RegisterAgent {
                             info: Some(info),
                             ..Default::default()
                         },
-                        r,
-                        None,
-                    )
+                        reply: r,
+                        sender: None,
+                    }
                     .into()
                 })
                 .await
@@ -500,10 +508,16 @@ impl Recovered {
                 )
             }));
         for spec in specs {
-            pid.ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
-                .await
-                .expect("master answers")
-                .expect("job accepted");
+            pid.ask(|reply| {
+                SubmitJob {
+                    job: Some(spec),
+                    reply,
+                }
+                .into()
+            })
+            .await
+            .expect("master answers")
+            .expect("job accepted");
         }
 
         let resident_before = resident();
@@ -536,15 +550,29 @@ impl Recovered {
         let mut replies = join_all(messages.into_iter().map(|message| {
             let pid = pid.clone();
             async move {
-                pid.ask(|r| AgentMsg::Reregister(message, r, None).into())
-                    .await
+                pid.ask(|r| {
+                    ReregisterAgent {
+                        request: message,
+                        reply: r,
+                        sender: None,
+                    }
+                    .into()
+                })
+                .await
             }
         }))
         .await;
         let asked = Instant::now();
         replies.push(
-            pid.ask(|r| AgentMsg::Reregister(last, r, None).into())
-                .await,
+            pid.ask(|r| {
+                ReregisterAgent {
+                    request: last,
+                    reply: r,
+                    sender: None,
+                }
+                .into()
+            })
+            .await,
         );
         let answered = Instant::now();
         for reply in replies {
@@ -583,7 +611,7 @@ impl Recovered {
         );
 
         let pids = pid
-            .ask(|reply| SchedulingMsg::Pids(reply).into())
+            .ask(|reply| GetSchedulingPids { reply }.into())
             .await
             .expect("master answers");
         let backend = Counting {

@@ -4,6 +4,7 @@
 //! `cargo test` builds the examples before running tests; the binary is found next to this
 //! test's own executable (`target/<profile>/examples/remote_ping`).
 
+use muster::actor::LinkRemote;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;

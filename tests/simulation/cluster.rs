@@ -6,15 +6,17 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_actor::{Node, NodeConfig, System};
+use muster_actor::System;
 use muster_agent::AgentConfig;
 use muster_agent::runner::CustomRunner;
 use muster_agent::simulated::SimulatedTasks;
 use muster_broker::BrokerMsg;
-use muster_master::{MasterConfig, MasterServer, SchedulingMsg};
+use muster_master::requests::GetSchedulingPids;
+use muster_master::{MasterConfig, MasterServer};
 use muster_registry::MemoryDisk;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::{Node, NodeConfig};
 
 use crate::record::Record;
 
@@ -131,7 +133,7 @@ pub(crate) async fn run_master(
 async fn watch_broker(server: &MasterServer, record: Record) {
     let Ok(pids) = server
         .pid()
-        .ask(|reply| SchedulingMsg::Pids(reply).into())
+        .ask(|reply| GetSchedulingPids { reply }.into())
         .await
     else {
         return;

@@ -71,8 +71,10 @@ impl<P: Process> Context<P> {
         }));
     }
 
-    /// Delivers an `exited` notice to this process (used by the transport for remote links).
-    pub(crate) fn exit_notifier(&self) -> impl Fn(ProcessRef, ExitReason) + Send + Sync + 'static {
+    /// A function that delivers an `exited` notice to this process (while it runs): how a
+    /// transport links a process to something that is not a local process, such as a
+    /// connection to another node.
+    pub fn exit_notifier(&self) -> impl Fn(ProcessRef, ExitReason) + Send + Sync + 'static {
         let me = self.weak();
         move |who, reason| {
             if let Some(me) = me.upgrade() {

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::remote::Upid;
+use crate::upid::Upid;
 
 /// Identity of a local process, unique within its [`System`](crate::System) for its lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]

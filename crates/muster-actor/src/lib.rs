@@ -5,14 +5,16 @@
 //! encoding), [`ask`](Pid::ask) waits for an answer, [`dispatch`](Pid::dispatch) runs a closure on
 //! it. Processes [`link`](Context::link) to each other and hear of each other's end, set timers
 //! on tokio time, and [`defer`](Context::defer) futures so that no handler blocks. Processes on
-//! other nodes are reached by address through a [`Node`], over one tonic stream per peer.
+//! other nodes are reached by address ([`Upid`]) through the `muster-transport` crate's
+//! `Node`, over one tonic stream per peer: this crate links no network stack.
 //!
 //! # Layout
 //! - [`process`](Process), [`Pid`], [`Context`], [`Reply`]: the core.
 //! - [`System`]: the running processes, dead letters, graceful shutdown.
 //! - [`Pool`]: workers behind one handle, least-loaded routing.
 //! - [`Supervisor`]: one-for-one restarts within a limit.
-//! - [`Node`], [`RemotePid`], [`Upid`]: processes on other nodes.
+//! - [`Upid`]: the address of a process on another node; [`RemoteResponder`],
+//!   [`Pid::tell_all`], [`Pid::on_exit`], [`Context::exit_notifier`]: what a transport needs.
 //! - errors: [`TellError`] hands the message back; [`AskError`], [`RemoteError`].
 //!
 //! # Examples
@@ -45,26 +47,22 @@ mod mailbox;
 mod pid;
 mod pool;
 mod process;
-mod remote;
 mod reply;
 mod supervisor;
 mod sync;
 mod system;
 mod timer;
+mod upid;
 
 pub use context::Context;
 pub use error::{AskError, RemoteError, TellError};
 pub use exit::{ExitReason, ProcessId, ProcessRef};
 pub use mailbox::MailboxCapacity;
-pub use muster_security as security;
 pub use pid::Pid;
 pub use pool::{Pool, PoolBuilder, Routing};
 pub use process::Process;
-pub use remote::health;
-pub use remote::{
-    MEMBERS, Node, NodeConfig, NodeError, Registration, RemotePid, TransportStats, Upid,
-};
-pub use reply::Reply;
+pub use reply::{RemoteResponder, Reply};
 pub use supervisor::{Restart, Supervised, Supervisor, SupervisorMsg};
 pub use system::{ShutdownReport, System, spawn};
 pub use timer::TimerHandle;
+pub use upid::Upid;

@@ -119,6 +119,19 @@ impl<P: Process> Pid<P> {
         self.inner.mailbox.try_send(msg)
     }
 
+    /// Moves `msgs` into the mailbox in order, under one lock of it, without waiting: a
+    /// transport delivering a frame's run of messages to one process wakes it once. Those
+    /// that find a bounded mailbox full, or the process ended, go to `refused`, in order.
+    pub fn tell_all(&self, msgs: Vec<P::Message>, refused: impl FnMut(TellError<P::Message>)) {
+        self.inner.mailbox.try_send_all(msgs, refused);
+    }
+
+    /// Runs `watcher` with the process's exit reason when it ends (at once if it has): how a
+    /// transport forgets a process's name when the process ends.
+    pub fn on_exit(&self, watcher: impl FnOnce(&ExitReason) + Send + 'static) {
+        self.inner.on_exit(Box::new(watcher));
+    }
+
     /// Moves `msg` into the mailbox, waiting for room if a bounded mailbox is full.
     ///
     /// # Errors

@@ -27,8 +27,10 @@ enum ReplyTo<T> {
     Remote(Box<dyn RemoteResponder<T>>),
 }
 
-/// Sends an answer back over the transport; dropping it unanswered sends a "no reply" error.
-pub(crate) trait RemoteResponder<T>: Send {
+/// Sends an answer back over a transport; dropping it unanswered should tell the asker that
+/// no answer comes ([`Reply::remote`] wraps one).
+pub trait RemoteResponder<T>: Send {
+    /// Sends `value` to the asker.
     fn respond(self: Box<Self>, value: T);
 }
 
@@ -43,7 +45,9 @@ impl<T> Reply<T> {
         )
     }
 
-    pub(crate) fn remote(responder: Box<dyn RemoteResponder<T>>) -> Self {
+    /// A reply that answers through `responder`: how a transport hands a local process an ask
+    /// that came from another node.
+    pub fn remote(responder: Box<dyn RemoteResponder<T>>) -> Self {
         Reply {
             to: ReplyTo::Remote(responder),
         }

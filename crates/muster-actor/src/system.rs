@@ -140,7 +140,9 @@ impl System {
         self.inner.dead_letters.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn add_dead_letters(&self, n: u64) {
+    /// Counts `n` more dead letters: messages a transport could not deliver here (no such
+    /// process or message type, a malformed envelope).
+    pub fn add_dead_letters(&self, n: u64) {
         if n > 0 {
             self.inner.dead_letters.fetch_add(n, Ordering::Relaxed);
         }

@@ -27,15 +27,14 @@ use std::collections::{HashSet, VecDeque};
 use std::fmt;
 use std::time::Duration;
 
-use muster_actor::{
-    AskError, Context, ExitReason, Node, Process, ProcessRef, Reply, TimerHandle, Upid,
-};
+use muster_actor::{AskError, Context, ExitReason, Process, ProcessRef, Reply, TimerHandle, Upid};
 use muster_proto::cluster::Framework;
 use muster_proto::cluster::{
     KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, ReadTaskOutput,
     RegistrationReply, RunTask, RunTaskReply, TaskOutputChunk,
 };
 use muster_proto::model::{AgentInfo, Task};
+use muster_transport::Node;
 use tokio::sync::watch;
 use tokio::time::Instant;
 

@@ -35,7 +35,7 @@ pub enum AgentError {
     },
     /// The agent process could not be registered on the node.
     #[error("cannot register the agent process on the node")]
-    Node(#[from] muster_actor::NodeError),
+    Node(#[from] muster_transport::NodeError),
     /// The agent process has stopped.
     #[error("the agent process has stopped")]
     Stopped,

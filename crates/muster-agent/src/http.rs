@@ -23,9 +23,9 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use muster_actor::Node;
 use muster_security::Security;
 use muster_security::net::Listener;
+use muster_transport::Node;
 use serde::Serialize;
 use tokio::sync::watch;
 

@@ -19,12 +19,13 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use muster_actor::{Node, NodeConfig, System};
+use muster_actor::System;
 use muster_agent::http::HTTP_PORT_OFFSET;
 use muster_agent::{AgentConfig, DEFAULT_TASK_USER};
 use muster_launch::security::TlsFlags;
 use muster_launch::settings::{ByteSize, HumanDuration};
 use muster_security::{Role, Security};
+use muster_transport::{Node, NodeConfig};
 use serde::Deserialize;
 
 /// mimalloc: the master and its schedulers allocate per message and per task, from several
@@ -239,7 +240,7 @@ async fn run(startup: Startup) -> anyhow::Result<()> {
     // Beside the actor transport: gRPC health (SERVING while registered with a master) and
     // reflection, for load balancers and grpcurl.
     let (serving, serving_now) = tokio::sync::watch::channel(false);
-    let routes = muster_actor::health::operator_routes(serving_now.clone(), &[]).await?;
+    let routes = muster_transport::health::operator_routes(serving_now.clone(), &[]).await?;
     let listener = Node::listen(&listen).await?;
     // Both ports are bound before anything starts, so a port in use is named at once.
     let http_listener = Node::listen(&http_listen)

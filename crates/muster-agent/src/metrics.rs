@@ -38,7 +38,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use muster_actor::{Node, TransportStats};
+use muster_transport::{Node, TransportStats};
 use prometheus_client::encoding::prometheus_text;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;

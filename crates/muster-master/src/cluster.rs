@@ -4,12 +4,13 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
-use muster_actor::{Node, RemotePid, Upid};
+use muster_actor::Upid;
 use muster_model::convert::sorted;
 use muster_model::{AgentInfo, Resources, TaskState};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_scheduler::AgentView;
+use muster_transport::{Node, RemotePid};
 
 use crate::task_record::{TaskInterner, TaskRecord};
 

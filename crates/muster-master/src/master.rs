@@ -1,4 +1,5 @@
-//! The master process: registration, re-registration, agent health and failover recovery.
+//! The master process: agents and their tasks, jobs and their evaluations, the plan applier,
+//! ACL tokens and the cluster's state, with leadership and failover recovery.
 //!
 //! Every master runs one. The one whose registry member leads the raft group is the leading
 //! master; the others are standbys and answer agents with the leader's address. A master that
@@ -16,124 +17,265 @@
 //! continuations on the process.
 //!
 //! # Where things are
-//! [`MasterMsg`] groups the messages by who sends them; each group's enum and its handlers
-//! live in one module:
-//! - [`AgentMsg`] (`from_agents`): registration, re-registration, heartbeats, task status.
-//! - [`OperatorMsg`] (`from_operators`): cluster state, metrics, jobs, manual launches.
-//! - [`SchedulingMsg`] (`from_scheduling`): scheduler workers' snapshots, plans and
-//!   evaluation outcomes, and what the blocked-queue releases or cancels.
-//! - [`InternalMsg`] (`internal`): the master's own timers, its registry member's leadership
-//!   changes, and its transport.
-//!
-//! What several handlers share lives in modules named for what they hold: `leadership` (the
-//! role and its changes), `heartbeats` (deadlines and TTLs), `tasks` (task bookkeeping and
-//! replacements), `reregistration` (rebuilding an agent after a failover, the recovery and its
-//! deadline), `arriving_agents` (what an agent joining or coming back sets off), `lost_agents`
-//! (marking agents unreachable), `drains` (agents' eligibility and drains, carried to their
-//! end), `registry_writes` (registry writes with their evaluations, the state index),
-//! `crash_loops` (back-off of failing slots).
+//! One module per resource, as Nomad's server has an endpoint per resource; each holds its
+//! requests (structs with named fields, in [`requests`]), their handlers and their state. A
+//! request's handler is the method of its name in snake case (`SubmitJob` is
+//! `Master::submit_job`, in `jobs.rs`); [`MasterMsg`] has one variant per request, and
+//! `master_requests!` below is the one place that lists and dispatches them.
+//! - `agents`: registration, re-registration, heartbeats (`agents/heartbeats.rs`), pings,
+//!   drains and eligibility (`agents/drains.rs`), agents found gone (`agents/lost.rs`), joining
+//!   (`agents/arriving.rs`) and coming back (`agents/reregistration.rs`).
+//! - `tasks`: status updates, kills, manual launches, launch deadlines, task output, and the
+//!   back-off of crash-looping slots (`tasks/crash_loops.rs`).
+//! - `jobs`: submissions, stops, status, versions, dry runs.
+//! - `evaluations`: listing, what workers report (blocked, complete), what the blocked-queue
+//!   releases, and the convergence check (`evaluations/convergence.rs`).
+//! - `plans`: the plan applier: snapshots for schedulers and plans applied one at a time.
+//! - `acl`: ACL tokens.
+//! - `cluster_state`: reads of the whole cluster, metrics, snapshots of the registry, and the
+//!   event stream (`cluster_state/events.rs`).
+//! - `leadership`: the role, taking up and losing the lead, recovery and its deadline.
+//! - `registry_writes`: registry writes with their evaluations, the state index.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_actor::{Context, Node, Pid, Process, System};
+use muster_actor::{Context, Pid, Process, System};
 use muster_broker::blocked::{BlockedEvals, ChannelSink, SinkReceivers};
 use muster_broker::{BrokerConfig, EvalBroker};
 use muster_registry::RegistryNode;
+use muster_transport::Node;
 
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::error::ServiceError;
 use crate::metrics::MasterInstruments;
 
-mod acl_tokens;
-mod arriving_agents;
-mod convergence;
-mod crash_loops;
-mod drains;
-mod events;
-mod figures;
-mod from_agents;
-mod from_operators;
-mod from_scheduling;
-mod heartbeats;
-mod internal;
+mod acl;
+mod agents;
+mod cluster_state;
+mod evaluations;
 mod jobs;
 mod leadership;
-mod lost_agents;
+mod plans;
 mod registry_writes;
-mod reregistration;
 mod tasks;
 
-pub use acl_tokens::AclMsg;
-pub use events::{EventFeed, KEPT_EVENTS, Lagged, LoggedEvent, SUBSCRIBER_BUFFER, Subscription};
-pub use from_agents::AgentMsg;
-pub use from_operators::OperatorMsg;
-pub use from_scheduling::{SchedulingMsg, SchedulingPids};
-pub use internal::InternalMsg;
+pub use cluster_state::events::{
+    EventFeed, KEPT_EVENTS, Lagged, LoggedEvent, SUBSCRIBER_BUFFER, Subscription,
+};
+pub use plans::SchedulingPids;
 
-use heartbeats::HeartbeatDeadlines;
+use agents::heartbeats::HeartbeatDeadlines;
 use leadership::Role;
 
-/// What a master handles, grouped by who sends it.
-#[derive(Debug)]
-pub enum MasterMsg {
-    /// From agents (over the actor transport).
-    Agent(AgentMsg),
-    /// From operators (the operator API).
-    Operator(OperatorMsg),
-    /// From scheduler workers and the blocked-queue.
-    Scheduling(SchedulingMsg),
-    /// From the master itself: timers, leadership changes, its transport.
-    Internal(InternalMsg),
+/// Every request a master handles, by resource: build one with its named fields and send it
+/// (`master.ask(|reply| JobStatus { name, stale: false, reply }.into())`).
+pub mod requests {
+    pub use super::acl::{BootstrapAcl, CreateToken, DeleteToken, ListTokens};
+    pub use super::agents::{
+        CheckDrains, CheckHeartbeats, DrainAgent, Heartbeat, PingAgents, RegisterAgent,
+        ReregisterAgent, SetAgentEligibility,
+    };
+    pub use super::cluster_state::{
+        GetMetrics, GetMetricsSnapshot, GetState, ReadState, SnapshotRestore, SnapshotSave,
+        SubscribeEvents,
+    };
+    pub use super::evaluations::{
+        BlockEval, CheckConvergence, CompleteEval, EvalsCanceled, EvalsUnblocked, ListEvaluations,
+    };
+    pub use super::jobs::{JobStatus, JobVersions, ListJobs, PlanJob, StopJob, SubmitJob};
+    pub use super::leadership::{
+        EndPlacementHold, LeadershipChanged, ReregistrationDeadline, RetryLeading, UseNode,
+    };
+    pub use super::plans::{GetSchedulingPids, GetSnapshot, SubmitPlan};
+    pub use super::tasks::{CheckLaunches, LaunchTask, TaskLogs, TaskStatus};
 }
 
-impl From<AgentMsg> for MasterMsg {
-    fn from(msg: AgentMsg) -> Self {
-        MasterMsg::Agent(msg)
-    }
+/// What every request to the master says about itself.
+trait Request {
+    /// Whether it waits while a new leader catches up with the registry (it needs the
+    /// registry, or the leadership).
+    fn waits_for_registry(&self) -> bool;
+
+    /// Answers it with `error`: it waited for a leadership this master then lost. A request
+    /// nobody waits on drops it.
+    fn refuse(self, error: ServiceError);
 }
 
-impl From<OperatorMsg> for MasterMsg {
-    fn from(msg: OperatorMsg) -> Self {
-        MasterMsg::Operator(msg)
-    }
+/// Implements [`Request`] for requests answered through a `reply` of
+/// `Reply<Result<_, ServiceError>>`, which wait for the registry (or not, `waits: false`).
+macro_rules! answered_request {
+    ($($request:ty),* $(,)?) => {
+        $(impl crate::master::Request for $request {
+            fn waits_for_registry(&self) -> bool {
+                true
+            }
+            fn refuse(self, error: crate::error::ServiceError) {
+                self.reply.send(Err(error));
+            }
+        })*
+    };
 }
+use answered_request;
 
-impl From<SchedulingMsg> for MasterMsg {
-    fn from(msg: SchedulingMsg) -> Self {
-        MasterMsg::Scheduling(msg)
-    }
+/// Implements [`Request`] for requests nobody waits on (timers, notices), which never wait for
+/// the registry.
+macro_rules! notice {
+    ($($request:ty),* $(,)?) => {
+        $(impl crate::master::Request for $request {
+            fn waits_for_registry(&self) -> bool {
+                false
+            }
+            fn refuse(self, _error: crate::error::ServiceError) {}
+        })*
+    };
 }
+use notice;
 
-impl From<InternalMsg> for MasterMsg {
-    fn from(msg: InternalMsg) -> Self {
-        MasterMsg::Internal(msg)
-    }
-}
-
-impl MasterMsg {
-    /// Whether the message needs the registry, and so waits while a new leader catches up
-    /// with it.
-    fn waits_for_registry(&self) -> bool {
-        match self {
-            MasterMsg::Agent(msg) => msg.waits_for_registry(),
-            MasterMsg::Operator(msg) => msg.waits_for_registry(),
-            MasterMsg::Scheduling(msg) => msg.waits_for_registry(),
-            MasterMsg::Internal(_) => false,
+/// Declares [`MasterMsg`] with one variant per request (named as its type), each request's
+/// conversion into it, and the one dispatch: `Variant(module::Type) => handler` is handled by
+/// `Master::handler(request, ctx)`.
+macro_rules! master_requests {
+    ($($(#[$doc:meta])* $variant:ident($request:ty) => $handler:ident,)*) => {
+        /// What a master handles: one variant per request (see [`requests`]).
+        #[derive(Debug)]
+        pub enum MasterMsg {
+            $($(#[$doc])* $variant($request),)*
         }
-    }
 
-    /// Answers a request that waited for a leadership this master then lost.
-    fn refuse_lost_leadership(self) {
-        let error = ServiceError::not_leader(None);
-        match self {
-            MasterMsg::Agent(msg) => msg.refuse_not_leader(),
-            MasterMsg::Operator(msg) => msg.refuse(error),
-            MasterMsg::Scheduling(msg) => msg.refuse(error),
-            MasterMsg::Internal(_) => {}
+        $(impl From<$request> for MasterMsg {
+            fn from(request: $request) -> Self {
+                MasterMsg::$variant(request)
+            }
+        })*
+
+        impl MasterMsg {
+            /// Every request: its name, its type's path from the master module
+            /// (`jobs::SubmitJob`: handled in `master/jobs.rs`) and its handler's name.
+            pub const HANDLED_IN: &[(&str, &str, &str)] =
+                &[$((stringify!($variant), stringify!($request), stringify!($handler)),)*];
+
+            /// Whether the request waits while a new leader catches up with the registry.
+            fn waits_for_registry(&self) -> bool {
+                match self {
+                    $(MasterMsg::$variant(request) => Request::waits_for_registry(request),)*
+                }
+            }
+
+            /// Answers a request that waited for a leadership this master then lost.
+            fn refuse_lost_leadership(self) {
+                let error = ServiceError::not_leader(None);
+                match self {
+                    $(MasterMsg::$variant(request) => Request::refuse(request, error),)*
+                }
+            }
+
+            /// Hands the request to its handler.
+            fn dispatch(self, master: &mut Master, ctx: &mut Context<Master>) {
+                match self {
+                    $(MasterMsg::$variant(request) => master.$handler(request, ctx),)*
+                }
+            }
         }
-    }
+    };
+}
+
+master_requests! {
+    // agents
+    /// An agent asks to be admitted.
+    RegisterAgent(agents::RegisterAgent) => register_agent,
+    /// An agent comes back with everything it runs.
+    ReregisterAgent(agents::ReregisterAgent) => reregister_agent,
+    /// An agent's heartbeat.
+    Heartbeat(agents::Heartbeat) => heartbeat,
+    /// Drain an agent, or cancel its drain.
+    DrainAgent(agents::DrainAgent) => drain_agent,
+    /// Whether new tasks may go to an agent.
+    SetAgentEligibility(agents::SetAgentEligibility) => set_agent_eligibility,
+    /// Timer: ping the connected agents.
+    PingAgents(agents::PingAgents) => ping_agents,
+    /// Timer: mark the agents whose heartbeat deadline passed unreachable.
+    CheckHeartbeats(agents::CheckHeartbeats) => check_heartbeats,
+    /// Timer: carry the drains under way forward.
+    CheckDrains(agents::CheckDrains) => check_drains,
+    // tasks
+    /// An agent reports a task's state.
+    TaskStatus(tasks::TaskStatus) => task_status,
+    /// An operator launches a task by hand.
+    LaunchTask(tasks::LaunchTask) => launch_task,
+    /// A piece of a task's output.
+    TaskLogs(tasks::TaskLogs) => task_logs,
+    /// Timer: the launches on an agent past their deadline are lost.
+    CheckLaunches(tasks::CheckLaunches) => check_launches,
+    // jobs
+    /// Submit or update a job.
+    SubmitJob(jobs::SubmitJob) => submit_job,
+    /// Stop a job.
+    StopJob(jobs::StopJob) => stop_job,
+    /// A job, its tasks and evaluations.
+    JobStatus(jobs::JobStatus) => job_status,
+    /// Jobs with their tasks counted by state.
+    ListJobs(jobs::ListJobs) => list_jobs,
+    /// A dry run of a submission.
+    PlanJob(jobs::PlanJob) => plan_job,
+    /// A job's versions, newest first.
+    JobVersions(jobs::JobVersions) => job_versions,
+    // evaluations
+    /// Evaluations, newest first.
+    ListEvaluations(evaluations::ListEvaluations) => list_evaluations,
+    /// A worker could not place everything an evaluation asks for.
+    BlockEval(evaluations::BlockEval) => block_eval,
+    /// A worker planned an evaluation fully.
+    CompleteEval(evaluations::CompleteEval) => complete_eval,
+    /// The blocked-queue released these evaluations.
+    EvalsUnblocked(evaluations::EvalsUnblocked) => evals_unblocked,
+    /// The blocked-queue canceled these evaluations.
+    EvalsCanceled(evaluations::EvalsCanceled) => evals_canceled,
+    /// Timer: check that every job runs what it asks for.
+    CheckConvergence(evaluations::CheckConvergence) => check_convergence,
+    // the plan applier
+    /// The master's eval broker and blocked-queue, for workers.
+    GetSchedulingPids(plans::GetSchedulingPids) => get_scheduling_pids,
+    /// The cluster as schedulers see it.
+    GetSnapshot(plans::GetSnapshot) => get_snapshot,
+    /// Apply a scheduler's plan.
+    SubmitPlan(plans::SubmitPlan) => submit_plan,
+    // ACL
+    /// The first management token, once per cluster.
+    BootstrapAcl(acl::BootstrapAcl) => bootstrap_acl,
+    /// A new token.
+    CreateToken(acl::CreateToken) => create_token,
+    /// Every token, without secrets.
+    ListTokens(acl::ListTokens) => list_tokens,
+    /// Delete a token.
+    DeleteToken(acl::DeleteToken) => delete_token,
+    // the cluster's state
+    /// The cluster as this master knows it, now.
+    GetState(cluster_state::GetState) => get_state,
+    /// The cluster, read as the caller asks (stale or through the leader).
+    ReadState(cluster_state::ReadState) => read_state,
+    /// The master's counters.
+    GetMetrics(cluster_state::GetMetrics) => get_metrics,
+    /// What a metrics rendering needs.
+    GetMetricsSnapshot(cluster_state::GetMetricsSnapshot) => get_metrics_snapshot,
+    /// A copy of the registry.
+    SnapshotSave(cluster_state::SnapshotSave) => snapshot_save,
+    /// Write a copy over the registry.
+    SnapshotRestore(cluster_state::SnapshotRestore) => snapshot_restore,
+    /// Follow the event stream.
+    SubscribeEvents(cluster_state::SubscribeEvents) => subscribe_events,
+    // leadership
+    /// The node to reach agents through.
+    UseNode(leadership::UseNode) => use_node,
+    /// The registry's leader changed.
+    LeadershipChanged(leadership::LeadershipChanged) => leadership_changed,
+    /// Timer: the re-registration deadline of a recovery.
+    ReregistrationDeadline(leadership::ReregistrationDeadline) => reregistration_deadline,
+    /// Timer: the end of a recovery's hold on placements.
+    EndPlacementHold(leadership::EndPlacementHold) => end_placement_hold,
+    /// Try again to take up a leadership whose catching up failed.
+    RetryLeading(leadership::RetryLeading) => retry_leading,
 }
 
 /// The master's counters.
@@ -179,12 +321,12 @@ pub struct Master {
     /// Bumped on every change to agents or tasks; snapshots and plans carry it.
     state_index: u64,
     /// What changed, for the event stream.
-    events: events::EventLog,
+    events: cluster_state::events::EventLog,
     /// While leading: when each tracked agent's next heartbeat is due at the latest (TTL plus
     /// grace).
     heartbeats: HeartbeatDeadlines,
     /// Task slots that failed in a row, for the back-off of their replacements.
-    crash_loops: crash_loops::CrashLoops,
+    crash_loops: tasks::crash_loops::CrashLoops,
     /// The term and the moment until which a quorum's last confirmation of this master's
     /// leadership holds (see `leadership::with_quorum_leadership`).
     leadership_lease: Option<(u64, tokio::time::Instant)>,
@@ -231,9 +373,9 @@ impl Master {
             metrics: Metrics::default(),
             term: 0,
             state_index: 0,
-            events: events::EventLog::default(),
+            events: cluster_state::events::EventLog::default(),
             heartbeats: HeartbeatDeadlines::default(),
-            crash_loops: crash_loops::CrashLoops::default(),
+            crash_loops: tasks::crash_loops::CrashLoops::default(),
             leadership_lease: None,
             serving: tokio::sync::watch::Sender::new(false),
             instruments: Arc::new(MasterInstruments::new()),
@@ -280,12 +422,7 @@ impl Master {
             waiting.push(msg);
             return;
         }
-        match msg {
-            MasterMsg::Agent(msg) => self.on_agent(msg, ctx),
-            MasterMsg::Operator(msg) => self.on_operator(msg, ctx),
-            MasterMsg::Scheduling(msg) => self.on_scheduling(msg, ctx),
-            MasterMsg::Internal(msg) => self.on_internal(msg, ctx),
-        }
+        msg.dispatch(self, ctx);
     }
 }
 
@@ -310,7 +447,10 @@ impl Process for Master {
                     instruments.leader_changed();
                     seen = now.clone();
                 }
-                if me.tell(InternalMsg::Leadership(now).into()).is_err() {
+                if me
+                    .tell(leadership::LeadershipChanged { leadership: now }.into())
+                    .is_err()
+                {
                     return;
                 }
                 if leadership.changed().await.is_err() {
@@ -319,16 +459,16 @@ impl Process for Master {
             }
         });
         if self.config.pings {
-            ctx.interval(self.config.ping_interval, || InternalMsg::PingAgents.into());
+            ctx.interval(self.config.ping_interval, || agents::PingAgents.into());
         }
         ctx.interval(
-            heartbeats::sweep_period(self.config.heartbeat_min_ttl),
-            || InternalMsg::CheckHeartbeats.into(),
+            agents::heartbeats::sweep_period(self.config.heartbeat_min_ttl),
+            || agents::CheckHeartbeats.into(),
         );
         ctx.interval(self.config.reconcile_interval, || {
-            InternalMsg::Reconcile.into()
+            evaluations::CheckConvergence.into()
         });
-        ctx.interval(drains::DRAIN_CHECK, || InternalMsg::CheckDrains.into());
+        ctx.interval(agents::drains::DRAIN_CHECK, || agents::CheckDrains.into());
         // What the blocked-queue releases or cancels comes back here to be recorded.
         if let Some(SinkReceivers {
             mut unblocked,
@@ -339,7 +479,7 @@ impl Process for Master {
             tokio::spawn(async move {
                 while let Some(evals) = unblocked.recv().await {
                     if me
-                        .tell(SchedulingMsg::EvalsUnblocked(evals).into())
+                        .tell(evaluations::EvalsUnblocked { evals }.into())
                         .is_err()
                     {
                         return;
@@ -349,7 +489,10 @@ impl Process for Master {
             let me = ctx.pid().clone();
             tokio::spawn(async move {
                 while let Some(evals) = canceled.recv().await {
-                    if me.tell(SchedulingMsg::EvalsCanceled(evals).into()).is_err() {
+                    if me
+                        .tell(evaluations::EvalsCanceled { evals }.into())
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -360,5 +503,65 @@ impl Process for Master {
     async fn handle(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {
         self.on_message(msg, ctx);
         self.publish_serving();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::MasterMsg;
+
+    /// ARCHITECTURE.md's table of the master's requests lists every request, each once, with
+    /// the file and the handler that handle it, and nothing else.
+    #[test]
+    fn the_architecture_table_lists_every_request_where_it_is_handled() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../ARCHITECTURE.md");
+        let text = std::fs::read_to_string(path).expect("ARCHITECTURE.md is readable");
+        let section = text
+            .split("### Sent to the master")
+            .nth(1)
+            .and_then(|rest| rest.split("\n### ").next())
+            .expect("a section \"Sent to the master\"");
+        let mut listed: Vec<(String, String, String)> = Vec::new();
+        for row in section.lines().filter(|l| l.starts_with("| `")) {
+            let ticked: Vec<&str> = row.split('`').skip(1).step_by(2).collect();
+            let file = ticked
+                .iter()
+                .find(|t| t.starts_with("master/") && t.ends_with(".rs"));
+            // Rows handled outside the master process (the broker's calls) name no master/
+            // file; a request missing for want of one fails below.
+            let (Some(name), Some(file)) = (ticked.first(), file) else {
+                continue;
+            };
+            let handler = ticked
+                .iter()
+                .skip_while(|t| *t != file)
+                .nth(1)
+                .unwrap_or_else(|| panic!("a row without a handler after its file: {row}"));
+            listed.push((name.to_string(), file.to_string(), handler.to_string()));
+        }
+        let expected: Vec<(String, String, String)> = MasterMsg::HANDLED_IN
+            .iter()
+            .map(|(name, request, handler)| {
+                let module = request.split("::").next().unwrap_or_default().trim();
+                (
+                    name.to_string(),
+                    format!("master/{module}.rs"),
+                    handler.to_string(),
+                )
+            })
+            .collect();
+        for row in &listed {
+            assert!(
+                expected.contains(row),
+                "ARCHITECTURE.md lists {row:?}, which is not a request handled there"
+            );
+        }
+        for request in &expected {
+            let rows = listed.iter().filter(|row| *row == request).count();
+            assert_eq!(
+                rows, 1,
+                "ARCHITECTURE.md lists {request:?} {rows} times, not once"
+            );
+        }
     }
 }

@@ -25,10 +25,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_actor::{Node, Pid, System, TransportStats};
+use muster_actor::{Pid, System};
 use muster_broker::{BlockedEvals, BlockedMsg, BlockedStats, BrokerMsg, BrokerStats, EvalBroker};
 use muster_model::{SchedulerType, TaskState};
 use muster_registry::{Registrar, RegistrarMsg, RegistrarStats, RegistryNode};
+use muster_transport::{Node, TransportStats};
 use prometheus_client::encoding::{EncodeMetric, MetricEncoder, prometheus_text, text};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -36,7 +37,8 @@ use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::error::ServiceError;
-use crate::master::{Master, OperatorMsg};
+use crate::master::Master;
+use crate::master::requests::GetMetricsSnapshot;
 
 mod instruments;
 
@@ -73,9 +75,7 @@ pub async fn render(master: &Pid<Master>) -> Result<String, ServiceError> {
 /// As [`render`].
 pub async fn render_as(master: &Pid<Master>, format: Format) -> Result<String, ServiceError> {
     let snapshot = master
-        .ask_timeout(ASK_TIMEOUT, |reply| {
-            OperatorMsg::MetricsSnapshot(reply).into()
-        })
+        .ask_timeout(ASK_TIMEOUT, |reply| GetMetricsSnapshot { reply }.into())
         .await?;
     let figures = snapshot.gather().await?;
     encode(&snapshot.instruments, &figures, format)
@@ -124,7 +124,7 @@ impl Format {
 
 // ---- figures read at each rendering ----
 
-/// What the master process answers a rendering with ([`OperatorMsg::MetricsSnapshot`]): its
+/// What the master process answers a rendering with ([`GetMetricsSnapshot`](crate::requests::GetMetricsSnapshot)): its
 /// own figures at that moment, and the handles to read the rest beside it.
 #[derive(Debug)]
 pub struct MetricsSnapshot {

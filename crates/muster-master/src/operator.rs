@@ -21,7 +21,12 @@ use muster_proto::model as model_pb;
 use muster_security::{Caller, Permission};
 
 use crate::error::ServiceError;
-use crate::master::{AclMsg, EventFeed, Master, OperatorMsg};
+use crate::master::requests::{
+    BootstrapAcl, CreateToken, DeleteToken, DrainAgent, GetMetrics, JobStatus, JobVersions,
+    LaunchTask, ListEvaluations, ListJobs, ListTokens, PlanJob, ReadState, SetAgentEligibility,
+    SnapshotRestore, SnapshotSave, StopJob, SubmitJob, SubscribeEvents, TaskLogs,
+};
+use crate::master::{EventFeed, Master};
 
 /// What a redacted environment value reads as.
 pub const REDACTED: &str = "<redacted>";
@@ -96,7 +101,7 @@ impl Operator for OperatorService {
         let stale = request.get_ref().stale;
         let mut state = self
             .master
-            .ask(|reply| OperatorMsg::ReadState(stale, reply).into())
+            .ask(|reply| ReadState { stale, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         if !reveals_env(&request) {
@@ -117,7 +122,7 @@ impl Operator for OperatorService {
     ) -> Result<Response<pb::MasterMetrics>, Status> {
         let metrics = self
             .master
-            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+            .ask(|reply| GetMetrics { reply }.into())
             .await
             .map_err(ServiceError::from)?;
         Ok(Response::new(metrics))
@@ -129,7 +134,7 @@ impl Operator for OperatorService {
     ) -> Result<Response<pb::LaunchTaskReply>, Status> {
         let request = Box::new(request.into_inner());
         self.master
-            .ask(|reply| OperatorMsg::LaunchTask(request, reply).into())
+            .ask(|reply| LaunchTask { request, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(pb::LaunchTaskReply {}))
@@ -142,7 +147,7 @@ impl Operator for OperatorService {
         let spec = request.into_inner().job;
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::SubmitJob(spec, reply).into())
+            .ask(|reply| SubmitJob { job: spec, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -155,7 +160,7 @@ impl Operator for OperatorService {
         let name = request.into_inner().name;
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::StopJob(name, reply).into())
+            .ask(|reply| StopJob { name, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -168,7 +173,7 @@ impl Operator for OperatorService {
         let request = request.into_inner();
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::DrainAgent(request, reply).into())
+            .ask(|reply| DrainAgent { request, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -181,7 +186,7 @@ impl Operator for OperatorService {
         let request = request.into_inner();
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::SetAgentEligibility(request, reply).into())
+            .ask(|reply| SetAgentEligibility { request, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -195,7 +200,7 @@ impl Operator for OperatorService {
         let pb::JobStatusRequest { name, stale } = request.into_inner();
         let mut reply = self
             .master
-            .ask(|reply| OperatorMsg::JobStatus(name, stale, reply).into())
+            .ask(|reply| JobStatus { name, stale, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         if !reveal {
@@ -216,7 +221,7 @@ impl Operator for OperatorService {
         let request = request.into_inner();
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::ListJobs(request, reply).into())
+            .ask(|reply| ListJobs { request, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -229,7 +234,7 @@ impl Operator for OperatorService {
         let request = request.into_inner();
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::ListEvaluations(request, reply).into())
+            .ask(|reply| ListEvaluations { request, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -246,7 +251,13 @@ impl Operator for OperatorService {
         let pb::StreamEventsRequest { index, topics } = request.into_inner();
         let subscription = self
             .master
-            .ask(|reply| OperatorMsg::SubscribeEvents(index, reply).into())
+            .ask(|reply| {
+                SubscribeEvents {
+                    after: index,
+                    reply,
+                }
+                .into()
+            })
             .await
             .map_err(ServiceError::from)??;
         let feed = EventFeed::new(subscription, index, topics);
@@ -274,7 +285,7 @@ impl Operator for OperatorService {
         let job = request.into_inner().job;
         let plan = self
             .master
-            .ask(|reply| OperatorMsg::PlanJob(job, reply).into())
+            .ask(|reply| PlanJob { job, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(plan))
@@ -288,7 +299,7 @@ impl Operator for OperatorService {
         let pb::JobStatusRequest { name, stale } = request.into_inner();
         let mut list = self
             .master
-            .ask(|reply| OperatorMsg::JobVersions(name, stale, reply).into())
+            .ask(|reply| JobVersions { name, stale, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         if !reveal {
@@ -304,7 +315,7 @@ impl Operator for OperatorService {
         let request = request.into_inner();
         let chunk = self
             .master
-            .ask(|reply| OperatorMsg::TaskLogs(request, reply).into())
+            .ask(|reply| TaskLogs { request, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(chunk))
@@ -316,7 +327,7 @@ impl Operator for OperatorService {
     ) -> Result<Response<pb::AclTokenSecret>, Status> {
         let token = self
             .master
-            .ask(|reply| OperatorMsg::Acl(AclMsg::Bootstrap(reply)).into())
+            .ask(|reply| BootstrapAcl { reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(token))
@@ -329,7 +340,14 @@ impl Operator for OperatorService {
         let pb::CreateTokenRequest { name, policy } = request.into_inner();
         let token = self
             .master
-            .ask(|reply| OperatorMsg::Acl(AclMsg::Create(name, policy, reply)).into())
+            .ask(|reply| {
+                CreateToken {
+                    name,
+                    policy,
+                    reply,
+                }
+                .into()
+            })
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(token))
@@ -341,7 +359,7 @@ impl Operator for OperatorService {
     ) -> Result<Response<pb::TokenList>, Status> {
         let tokens = self
             .master
-            .ask(|reply| OperatorMsg::Acl(AclMsg::List(reply)).into())
+            .ask(|reply| ListTokens { reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(tokens))
@@ -354,7 +372,7 @@ impl Operator for OperatorService {
         let accessor = request.into_inner().accessor;
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::Acl(AclMsg::Delete(accessor, reply)).into())
+            .ask(|reply| DeleteToken { accessor, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -366,7 +384,7 @@ impl Operator for OperatorService {
     ) -> Result<Response<pb::RegistrySnapshot>, Status> {
         let data = self
             .master
-            .ask(|reply| OperatorMsg::SnapshotSave(reply).into())
+            .ask(|reply| SnapshotSave { reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(pb::RegistrySnapshot { data: data.into() }))
@@ -379,7 +397,7 @@ impl Operator for OperatorService {
         let data = request.into_inner().data;
         let reply = self
             .master
-            .ask(|reply| OperatorMsg::SnapshotRestore(data, reply).into())
+            .ask(|reply| SnapshotRestore { file: data, reply }.into())
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))

@@ -16,7 +16,7 @@ use muster_scheduler::{Backend, Demand, Plan, WorkerError};
 use tonic::{Request, Response, Status};
 
 use crate::error::ServiceError;
-use crate::master::OperatorMsg;
+use crate::master::requests::{GetMetrics, GetState};
 use crate::workers::LocalBackend;
 
 /// The tonic service; each call is an ask to the master process or its broker.
@@ -48,16 +48,14 @@ impl SchedulingService {
     async fn leading(&self) -> Result<(), ServiceError> {
         let master = self.backend.master();
         if master
-            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+            .ask(|reply| GetMetrics { reply }.into())
             .await?
             .is_leader
         {
             return Ok(());
         }
         // A standby's state is only the leader's address: cheap to ask for.
-        let state = master
-            .ask(|reply| OperatorMsg::GetState(reply).into())
-            .await?;
+        let state = master.ask(|reply| GetState { reply }.into()).await?;
         if state.is_leader {
             Ok(())
         } else if state.leader == self.address {

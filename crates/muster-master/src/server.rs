@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 
-use muster_actor::health;
-use muster_actor::{Node, NodeConfig, NodeError, Pid, System};
+use muster_actor::{Pid, System};
 use muster_proto::cluster as pb;
 use muster_registry::{RegistryConfig, RegistryError, RegistryNode, StoreLocation};
+use muster_transport::health;
+use muster_transport::{Node, NodeConfig, NodeError};
 use std::sync::Arc;
 
 use muster_security::{Guarded, Role, TokenSource};
@@ -16,7 +17,10 @@ const AGENTS: &[Role] = &[Role::Agent];
 
 use crate::authorization::{operator_rules, scheduling_rules};
 use crate::config::{MasterConfig, Placement};
-use crate::master::{AgentMsg, InternalMsg, Master, SchedulingMsg};
+use crate::master::Master;
+use crate::master::requests::{
+    GetSchedulingPids, Heartbeat, RegisterAgent, ReregisterAgent, TaskStatus, UseNode,
+};
 use crate::operator::OperatorService;
 use crate::scheduling_service::SchedulingService;
 use crate::workers::{LocalBackend, Workers};
@@ -127,7 +131,7 @@ impl MasterServer {
         let serving = master.serving();
         let master = system.spawn(master);
         let scheduling = master
-            .ask(|reply| SchedulingMsg::Pids(reply).into())
+            .ask(|reply| GetSchedulingPids { reply }.into())
             .await
             .map_err(|e| MasterError::Config(format!("the master process did not start: {e}")))?;
         let backend = LocalBackend::new(master.clone(), scheduling.broker);
@@ -175,18 +179,39 @@ impl MasterServer {
         node_config.keepalive_timeout = link_keepalive;
         let node = Node::serve(&system, listener, node_config, routes)?;
         // Only fails if the master already ended, which `start` would have no way to cause.
-        let _ = master.tell(InternalMsg::UseNode(node.clone()).into());
+        let _ = master.tell(UseNode { node: node.clone() }.into());
         node.register("master", &master)?
             .install_ask_from::<pb::RegisterAgent, pb::RegistrationReply>(AGENTS, |m, r, s| {
-                AgentMsg::Register(m, r, s).into()
+                RegisterAgent {
+                    request: m,
+                    reply: r,
+                    sender: s,
+                }
+                .into()
             })
             .install_ask_from::<pb::ReregisterAgent, pb::RegistrationReply>(AGENTS, |m, r, s| {
-                AgentMsg::Reregister(m, r, s).into()
+                ReregisterAgent {
+                    request: m,
+                    reply: r,
+                    sender: s,
+                }
+                .into()
             })
             .install_ask_from::<pb::Heartbeat, pb::HeartbeatReply>(AGENTS, |m, r, s| {
-                AgentMsg::Heartbeat(m, r, s).into()
+                Heartbeat {
+                    heartbeat: m,
+                    reply: r,
+                    sender: s,
+                }
+                .into()
             })
-            .install_from::<pb::TaskStatusUpdate>(AGENTS, |m, s| AgentMsg::TaskStatus(m, s).into());
+            .install_from::<pb::TaskStatusUpdate>(AGENTS, |m, s| {
+                TaskStatus {
+                    update: m,
+                    sender: s,
+                }
+                .into()
+            });
         let config = muster_scheduler::WorkerConfig::default();
         let workers = match placement {
             Placement::Binpack => {

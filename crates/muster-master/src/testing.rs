@@ -118,7 +118,7 @@ pub async fn start_leading(config: crate::MasterConfig) -> anyhow::Result<crate:
     let deadline = tokio::time::Instant::now() + WAIT;
     while !master
         .pid()
-        .ask(|reply| crate::OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| crate::requests::GetMetrics { reply }.into())
         .await?
         .is_leader
     {
@@ -147,7 +147,14 @@ pub async fn job_when(
     loop {
         let answer = master
             .pid()
-            .ask(|reply| crate::OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
+            .ask(|reply| {
+                crate::requests::JobStatus {
+                    name: name.to_owned(),
+                    stale: false,
+                    reply,
+                }
+                .into()
+            })
             .await?;
         let status = match answer {
             // A linearizable read whose leadership confirmation ran out while it was computed

@@ -15,7 +15,10 @@ use muster_scheduler::{
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use crate::master::{Master, SchedulingMsg};
+use crate::master::Master;
+use crate::master::requests::{
+    BlockEval, CompleteEval, GetSchedulingPids, GetSnapshot, SubmitPlan,
+};
 use crate::metrics::{MasterInstruments, RunOutcome};
 
 /// A worker's way to the leading master when it runs in the same process.
@@ -91,7 +94,7 @@ impl Backend for LocalBackend {
     async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
         let snapshot = self
             .master
-            .ask(|reply| SchedulingMsg::Snapshot(reply).into())
+            .ask(|reply| GetSnapshot { reply }.into())
             .await
             .map_err(gone)?;
         if snapshot.index < min_index {
@@ -106,7 +109,7 @@ impl Backend for LocalBackend {
     async fn submit(&self, plan: Plan) -> Result<PlanResult, WorkerError> {
         let eval = plan.eval.clone();
         self.master
-            .ask(|reply| SchedulingMsg::SubmitPlan(plan, reply).into())
+            .ask(|reply| SubmitPlan { plan, reply }.into())
             .await
             .map_err(gone)?
             .map_err(|e| WorkerError::Submit {
@@ -152,7 +155,7 @@ impl Backend for LocalBackend {
         let snapshot_index = eval.snapshot_index;
         self.master
             .ask(|reply| {
-                SchedulingMsg::BlockEval {
+                BlockEval {
                     eval,
                     unplaced,
                     snapshot_index,
@@ -172,7 +175,7 @@ impl Backend for LocalBackend {
         let id = eval.id.clone();
         let eval = eval.clone();
         self.master
-            .ask(|reply| SchedulingMsg::CompleteEval(eval, reply).into())
+            .ask(|reply| CompleteEval { eval, reply }.into())
             .await
             .map_err(gone)?
             .map_err(|e| WorkerError::Complete {
@@ -212,7 +215,7 @@ impl Workers {
                     // answers nothing: the worker then runs untimed (and finds no work).
                     let instruments = backend
                         .master
-                        .ask(|reply| SchedulingMsg::Pids(reply).into())
+                        .ask(|reply| GetSchedulingPids { reply }.into())
                         .await
                         .ok()
                         .map(|pids| pids.instruments);

@@ -13,8 +13,6 @@ mod isolation;
 mod links;
 mod mailbox;
 mod pool;
-mod remote;
-mod remote_security;
 mod shutdown;
 mod supervision;
 mod tell;

@@ -4,12 +4,13 @@
 
 use std::collections::{HashSet, VecDeque};
 
-use muster_actor::{ExitReason, Node, Pid, Upid};
+use muster_actor::{ExitReason, Pid, Upid};
 use muster_proto::cluster::{
     Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong,
     ReadTaskOutput, RunTask, RunTaskReply, TaskOutputChunk,
 };
 use muster_proto::model::{AgentInfo, Resources, Task};
+use muster_transport::Node;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -100,7 +101,7 @@ impl AgentHandle {
 
     /// Keeps `serving` true while the agent is registered with a master, false otherwise (the
     /// gRPC health service of the agent's node follows it: see
-    /// [`muster_actor::health`]). Ends when the agent stops.
+    /// [`muster_transport::health`]). Ends when the agent stops.
     pub fn report_registered(&self, serving: watch::Sender<bool>) {
         let mut status = self.status.clone();
         tokio::spawn(async move {
@@ -207,7 +208,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     config.validate()?;
     let masters = config.master_upids()?;
     let upid = Upid::new("agent", node.address())
-        .map_err(|e| AgentError::Node(muster_actor::NodeError::InvalidName(e)))?;
+        .map_err(|e| AgentError::Node(muster_transport::NodeError::InvalidName(e)))?;
 
     let data_dir = config.data_dir.clone();
     let (agent_id, checkpoints, term, registration) = blocking(move || {

@@ -5,6 +5,7 @@
 //! link breaks, it stops answering heartbeats or, if it takes none, stops pinging). Everything
 //! that decides which master the agent talks to lives here.
 
+use muster_transport::LinkRemote;
 use std::collections::VecDeque;
 use std::time::Duration;
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
+use muster_actor::{Context, Pid, Process, Reply, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle, AgentSnapshot, AgentStatus};
 use muster_proto::cluster::{
     Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, RegisterAgent,
@@ -17,6 +17,7 @@ use muster_proto::cluster::{
 use muster_proto::model::{Label, NotLeader, Task, TaskState};
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::sync::mpsc;
 
 /// How long any one expected event may take before the test fails.

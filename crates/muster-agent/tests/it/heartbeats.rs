@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
+use muster_actor::{Context, Pid, Process, Reply, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle, AgentStatus};
 use muster_proto::cluster::{
     Heartbeat, HeartbeatReply, RegisterAgent, RegistrationReply, ReregisterAgent, heartbeat_reply,
@@ -14,6 +14,7 @@ use muster_proto::cluster::{
 };
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 

@@ -14,7 +14,8 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use muster_master::{MasterConfig, OperatorMsg};
+use muster_master::MasterConfig;
+use muster_master::requests::SubmitJob;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
@@ -339,7 +340,13 @@ async fn metrics_and_health_over_https_before_and_after_registering_and_running_
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(job),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     let url = metrics_url.clone();

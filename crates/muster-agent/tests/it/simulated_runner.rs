@@ -4,15 +4,17 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::AgentConfig;
 use muster_agent::runner::CustomRunner;
 use muster_agent::simulated::SimulatedTasks;
-use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_master::requests::SubmitJob;
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 /// How long any one expected event may take before the test fails.
@@ -81,7 +83,13 @@ async fn a_real_master_s_task_runs_and_finishes_on_simulated_tasks() -> anyhow::
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(job),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     let running = model_pb::TaskState::Running as i32;

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Context, Node, Pid, Process, Reply, System, Upid};
+use muster_actor::{Context, Pid, Process, Reply, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_proto::cluster::{
     Framework, ReadTaskOutput, RegisterAgent, RegistrationReply, ReregisterAgent, RunTask,
@@ -20,6 +20,7 @@ use muster_proto::cluster::{
 use muster_proto::model::{Task, TaskState};
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 
 /// How long any one expected event may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(30);

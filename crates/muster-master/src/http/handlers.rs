@@ -201,7 +201,7 @@ pub(crate) async fn event_stream(
     let after = query.index;
     let subscription = state
         .master
-        .ask(|reply| crate::OperatorMsg::SubscribeEvents(after, reply).into())
+        .ask(|reply| crate::requests::SubscribeEvents { after, reply }.into())
         .await
         .map_err(|e| HttpError::Status(crate::ServiceError::from(e).into()))?
         .map_err(|e| refused(&state, &uri, e.into()))?;

@@ -1,23 +1,105 @@
 //! Jobs as operators reach them through the leading master: submitting one (its registry
-//! write carries the evaluation it calls for), stopping one, its status, the list of jobs,
-//! and the list of evaluations. [`OperatorMsg`](super::OperatorMsg) dispatches here.
+//! write carries the evaluation it calls for), stopping one, its status, its versions, the
+//! list of jobs, and a dry run of a submission (Nomad's job plan).
 
 use std::collections::{BTreeMap, HashMap};
 
 use muster_actor::{Context, Reply};
 use muster_broker::blocked::BlockedMsg;
-use muster_model::{EvalStatus, Evaluation, Job, TaskState, Trigger};
+use muster_model::{AgentId, EvalStatus, Evaluation, Job, TaskState, Trigger};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::{Op, Outcome, WriteError};
 
-use super::Master;
+use super::{Master, Request, answered_request};
 use crate::error::ServiceError;
 
-/// Evaluations a list answers with when the request names no limit.
-pub(super) const DEFAULT_EVAL_LIMIT: usize = 50;
-/// The most evaluations one list answers with.
-pub(super) const MAX_EVAL_LIMIT: usize = 1_000;
+/// Submit a job, or a new version of one (`muster job run`).
+#[derive(Debug)]
+pub struct SubmitJob {
+    /// The job as submitted.
+    pub job: Option<model_pb::Job>,
+    /// Its evaluation and version.
+    pub reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
+}
+
+/// Stop a job (`muster job stop`).
+#[derive(Debug)]
+pub struct StopJob {
+    /// The job's name.
+    pub name: String,
+    /// Its deregistration evaluation.
+    pub reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
+}
+
+/// A job, its tasks and its evaluations (`muster job status`).
+#[derive(Debug)]
+pub struct JobStatus {
+    /// The job's name.
+    pub name: String,
+    /// Answer from this master's own state, without asking the leader.
+    pub stale: bool,
+    /// The status.
+    pub reply: Reply<Result<pb::JobStatusReply, ServiceError>>,
+}
+
+/// Jobs with their tasks counted by state (`muster job list`).
+#[derive(Debug)]
+pub struct ListJobs {
+    /// A name prefix, and whether a stale answer will do.
+    pub request: pb::ListJobsRequest,
+    /// The jobs, by name.
+    pub reply: Reply<Result<pb::JobList, ServiceError>>,
+}
+
+/// A dry run of submitting a job (`muster job plan`): what the scheduler would do.
+#[derive(Debug)]
+pub struct PlanJob {
+    /// The job as it would be submitted.
+    pub job: Option<model_pb::Job>,
+    /// The plan; nothing is written.
+    pub reply: Reply<Result<pb::JobPlan, ServiceError>>,
+}
+
+/// A job's versions, newest first (`muster job history`).
+#[derive(Debug)]
+pub struct JobVersions {
+    /// The job's name.
+    pub name: String,
+    /// Answer from this master's own state, without asking the leader.
+    pub stale: bool,
+    /// The current version, then the earlier ones the registry keeps.
+    pub reply: Reply<Result<pb::JobVersionList, ServiceError>>,
+}
+
+answered_request!(SubmitJob, StopJob, PlanJob);
+
+impl Request for JobStatus {
+    fn waits_for_registry(&self) -> bool {
+        !self.stale
+    }
+    fn refuse(self, error: ServiceError) {
+        self.reply.send(Err(error));
+    }
+}
+
+impl Request for ListJobs {
+    fn waits_for_registry(&self) -> bool {
+        !self.request.stale
+    }
+    fn refuse(self, error: ServiceError) {
+        self.reply.send(Err(error));
+    }
+}
+
+impl Request for JobVersions {
+    fn waits_for_registry(&self) -> bool {
+        !self.stale
+    }
+    fn refuse(self, error: ServiceError) {
+        self.reply.send(Err(error));
+    }
+}
 
 impl Master {
     /// The job an operator's `request` (`SubmitJob`, `PlanJob`) carries, read and checked
@@ -51,8 +133,7 @@ impl Master {
     /// evaluation in one registry write; the answer names the evaluation and the version.
     pub(super) fn submit_job(
         &mut self,
-        spec: Option<model_pb::Job>,
-        reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
+        SubmitJob { job: spec, reply }: SubmitJob,
         ctx: &mut Context<Self>,
     ) {
         if self.leading_term().is_none() {
@@ -77,12 +158,7 @@ impl Master {
     /// committed submission, and "no such job" is not a stale answer), one entry that stops
     /// the job as it is when applied (`Op::StopJob`, so a submission racing the stop is kept)
     /// and its deregistration evaluation.
-    pub(super) fn stop_job(
-        &mut self,
-        name: String,
-        reply: Reply<Result<pb::SubmitJobReply, ServiceError>>,
-        ctx: &mut Context<Self>,
-    ) {
+    pub(super) fn stop_job(&mut self, StopJob { name, reply }: StopJob, ctx: &mut Context<Self>) {
         self.with_quorum_leadership(ctx, move |master, ctx, confirmed| {
             if let Err(refusal) = confirmed {
                 return reply.send(Err(refusal));
@@ -105,6 +181,72 @@ impl Master {
                 ctx,
                 move |_master, _ctx, written| reply.send(job_written(written, eval_id)),
             );
+        });
+    }
+
+    /// [`JobStatus`]: the job's status as a read (see `cluster_state.rs`, `read`).
+    pub(super) fn job_status(
+        &mut self,
+        JobStatus { name, stale, reply }: JobStatus,
+        ctx: &mut Context<Self>,
+    ) {
+        self.read(stale, ctx, reply, move |master| {
+            let mut status = master.status_of(&name)?;
+            status.read = Some(master.read_info(stale));
+            Ok(status)
+        });
+    }
+
+    /// [`ListJobs`]: the jobs whose names start with the prefix, as a read.
+    pub(super) fn list_jobs(
+        &mut self,
+        ListJobs { request, reply }: ListJobs,
+        ctx: &mut Context<Self>,
+    ) {
+        let stale = request.stale;
+        self.read(stale, ctx, reply, move |master| {
+            Ok(pb::JobList {
+                jobs: master.job_summaries(&request.prefix),
+                read: Some(master.read_info(stale)),
+            })
+        });
+    }
+
+    /// [`JobVersions`]: the current version and the earlier ones the registry keeps, as a
+    /// read.
+    pub(super) fn job_versions(
+        &mut self,
+        JobVersions { name, stale, reply }: JobVersions,
+        ctx: &mut Context<Self>,
+    ) {
+        self.read(stale, ctx, reply, move |master| {
+            let versions = master.registry.reader().read(|state| {
+                let current = state.jobs.get(&name)?.clone();
+                let earlier = state.job_versions.get(&name);
+                Some(
+                    std::iter::once(current)
+                        .chain(earlier.into_iter().flatten().rev().cloned())
+                        .map(model_pb::Job::from)
+                        .collect::<Vec<_>>(),
+                )
+            });
+            let versions = versions.ok_or_else(|| ServiceError::UnknownJob(name.clone()))?;
+            Ok(pb::JobVersionList {
+                versions,
+                read: Some(master.read_info(stale)),
+            })
+        });
+    }
+
+    /// [`PlanJob`]: once a quorum confirms this master leads, the plan its scheduler makes
+    /// for the job on a snapshot, with nothing written.
+    pub(super) fn plan_job(&mut self, PlanJob { job, reply }: PlanJob, ctx: &mut Context<Self>) {
+        let job = match self.checked_job(job, "PlanJob") {
+            Ok(job) => job,
+            Err(e) => return reply.send(Err(e)),
+        };
+        self.with_quorum_leadership(ctx, move |master, _ctx, confirmed| {
+            reply.send(confirmed.map(|()| master.dry_run(job)));
         });
     }
 
@@ -167,41 +309,10 @@ impl Master {
         summaries.into_values().collect()
     }
 
-    /// Up to `limit` evaluations ([`DEFAULT_EVAL_LIMIT`] for 0, at most [`MAX_EVAL_LIMIT`])
-    /// of `job` (every job's if empty), newest first, and how many matched.
-    pub(super) fn evaluations(
-        &self,
-        job: &str,
-        id: &str,
-        limit: u32,
-    ) -> (Vec<model_pb::Evaluation>, u64) {
-        let limit = match limit {
-            0 => DEFAULT_EVAL_LIMIT,
-            n => (n as usize).min(MAX_EVAL_LIMIT),
-        };
-        self.registry.reader().read(|state| {
-            let mut matched: Vec<&Evaluation> = state
-                .evals
-                .values()
-                .filter(|e| job.is_empty() || e.job == job)
-                .filter(|e| id.is_empty() || e.id.0 == id)
-                .collect();
-            matched.sort_by(|a, b| b.create_index.cmp(&a.create_index).then(a.id.cmp(&b.id)));
-            let total = matched.len() as u64;
-            let evals = matched
-                .into_iter()
-                .take(limit)
-                .cloned()
-                .map(Into::into)
-                .collect();
-            (evals, total)
-        })
-    }
-
     /// The job as stored, its tasks on the agents (and, unknown, on agents marked
     /// unreachable) and its last 20 evaluations, newest first;
     /// [`ServiceError::UnknownJob`] if no job has that name.
-    pub(super) fn job_status(&self, name: &str) -> Result<pb::JobStatusReply, ServiceError> {
+    fn status_of(&self, name: &str) -> Result<pb::JobStatusReply, ServiceError> {
         let (job, mut evals) = self.registry.reader().read(|state| {
             let job = state.jobs.get(name).cloned();
             let evals: Vec<Evaluation> = state
@@ -254,6 +365,75 @@ impl Master {
                 .collect(),
             read: None,
         })
+    }
+
+    /// A dry run of submitting `job` (Nomad's job plan): the plan this master's scheduler
+    /// would make for it against the cluster now, with the version the registry would give
+    /// it. Nothing is written; what the plan applier would refuse is not checked.
+    fn dry_run(&mut self, job: Job) -> pb::JobPlan {
+        let old = self
+            .registry
+            .reader()
+            .read(|state| state.jobs.get(&job.name).cloned());
+        let job = muster_registry::next_version(old.as_ref(), job);
+        let version = job.version;
+        let mut snapshot = self.snapshot();
+        let eval = Evaluation::new(&job, muster_model::Trigger::JobRegister);
+        snapshot.jobs.insert(job.name.clone(), job);
+        let plan = match self.config.placement {
+            crate::Placement::Binpack => muster_scheduler::Scheduler::schedule(
+                &mut muster_scheduler::binpack(),
+                &eval,
+                &snapshot,
+            ),
+            crate::Placement::Spread => muster_scheduler::Scheduler::schedule(
+                &mut muster_scheduler::spread(),
+                &eval,
+                &snapshot,
+            ),
+        };
+        let name_of = |agent: &AgentId, task_id: &str| {
+            snapshot
+                .agent(agent)
+                .and_then(|a| a.tasks().iter().find(|t| t.id() == task_id))
+                .map(|t| t.name().to_owned())
+                .unwrap_or_default()
+        };
+        let stop: Vec<pb::PlannedTask> = plan
+            .stop
+            .iter()
+            .map(|s| pb::PlannedTask {
+                name: name_of(&s.agent, &s.task_id),
+                agent_id: s.agent.0.clone(),
+                task_id: s.task_id.clone(),
+            })
+            .collect();
+        let place: Vec<pb::PlannedTask> = plan
+            .place
+            .iter()
+            .map(|p| pb::PlannedTask {
+                name: p.name.clone(),
+                agent_id: p.agent.0.clone(),
+                task_id: String::new(),
+            })
+            .collect();
+        let replaced = place
+            .iter()
+            .filter(|p| stop.iter().any(|s| s.name == p.name))
+            .map(|p| p.name.clone())
+            .collect();
+        let unplaced = plan
+            .unplaced
+            .iter()
+            .map(|demand| format!("{demand:?}"))
+            .collect();
+        pb::JobPlan {
+            version,
+            place,
+            stop,
+            replaced,
+            unplaced,
+        }
     }
 }
 

@@ -1,19 +1,70 @@
-//! Task bookkeeping: task state changes (ended tasks to the history, their capacity to the
-//! blocked-queue, a replacement evaluation with crash-loop back-off), and killing tasks.
+//! Tasks: the states agents report (ended tasks to the history, their capacity to the
+//! blocked-queue, a replacement evaluation with crash-loop back-off, `tasks/crash_loops.rs`),
+//! killing tasks, launch deadlines, operators' manual launches, and task output.
 
 use std::time::Duration;
 
-use muster_actor::Context;
+use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::{BlockedMsg, CapacityChange};
 use muster_model::{AgentId, Evaluation, SchedulerType, TaskState, Trigger};
 use muster_proto::cluster as pb;
-use muster_proto::model::Task;
+use muster_proto::model::{self as model_pb, Task};
 use muster_registry::Op;
 use muster_scheduler::Stop;
+use muster_security::Peer;
+use tokio::time::Instant;
 
-use super::Master;
+pub(super) mod crash_loops;
+
+use super::agents::identity;
 use super::registry_writes::now_ms;
+use super::{Master, Request, answered_request, notice};
+use crate::error::ServiceError;
 use crate::task_record::TaskRecord;
+
+/// An agent reports a task's state (`TaskStatusUpdate`).
+#[derive(Debug)]
+pub struct TaskStatus {
+    /// The agent and the task as it is now.
+    pub update: pb::TaskStatusUpdate,
+    /// The sender's verified certificate (`None` from this process or on an insecure cluster).
+    pub sender: Option<Peer>,
+}
+
+/// An operator launches a task by hand, on the agent it names.
+#[derive(Debug)]
+pub struct LaunchTask {
+    /// The agent, the framework and the task.
+    pub request: Box<pb::LaunchTaskRequest>,
+    /// Done once sent.
+    pub reply: Reply<Result<(), ServiceError>>,
+}
+
+/// A piece of a task's stdout or stderr, read from its agent.
+#[derive(Debug)]
+pub struct TaskLogs {
+    /// The task, the stream, where to read.
+    pub request: pb::ReadTaskOutput,
+    /// The piece.
+    pub reply: Reply<Result<pb::TaskOutputChunk, ServiceError>>,
+}
+
+/// The master's timer: the launches on an agent still STAGING past their deadline are lost.
+#[derive(Debug)]
+pub struct CheckLaunches {
+    /// The agent.
+    pub agent_id: String,
+}
+
+impl Request for TaskStatus {
+    fn waits_for_registry(&self) -> bool {
+        false
+    }
+    fn refuse(self, _error: ServiceError) {}
+}
+
+answered_request!(LaunchTask, TaskLogs);
+notice!(CheckLaunches);
 
 /// The first wait before a kill that did not arrive is sent again.
 pub(super) const KILL_RETRY_FIRST: Duration = Duration::from_secs(1);
@@ -24,6 +75,22 @@ pub(super) const KILL_RETRY_MAX: Duration = Duration::from_secs(30);
 const COMPLETED_HISTORY: usize = 1_000;
 
 impl Master {
+    /// [`TaskStatus`]: from the agent the task runs on, and only from it.
+    pub(super) fn task_status(
+        &mut self,
+        TaskStatus { update, sender }: TaskStatus,
+        ctx: &mut Context<Self>,
+    ) {
+        if let Err(why) = self.speaks_for(&update.agent_id, identity(sender.as_ref())) {
+            self.metrics.impersonations += 1;
+            tracing::warn!(agent = %update.agent_id, %why, "task update refused");
+            return;
+        }
+        if let Some(task) = update.task {
+            self.task_updated(update.agent_id, task, ctx);
+        }
+    }
+
     /// Marks a task killed (it frees its resources now) and tells its agent to stop it. A
     /// batch task's slot stays empty until its end is reported ([`Master::batch_stops`]).
     pub(super) fn stop_task(&mut self, stop: &Stop, ctx: &mut Context<Self>) -> bool {
@@ -368,5 +435,201 @@ impl Master {
                 tracing::warn!(error = %e, "could not record finished batch slots");
             }
         });
+    }
+
+    /// Tasks on `agent_id` still STAGING past their launch deadline, with no word from the
+    /// agent since (a one-way launch can be lost with a broken link): LOST, and replaced. One
+    /// walk over the agent's tasks; the next check comes at the earliest deadline left.
+    pub(super) fn check_launches(
+        &mut self,
+        CheckLaunches { agent_id }: CheckLaunches,
+        ctx: &mut Context<Self>,
+    ) {
+        let now = Instant::now();
+        let origin = self.launch_clock;
+        let Some(agent) = self.cluster.agents.get_mut(&agent_id) else {
+            return;
+        };
+        agent.launch_check_due = false;
+        let mut next: Option<Duration> = None;
+        let mut silent = Vec::new();
+        for task in agent
+            .tasks
+            .iter()
+            .filter(|t| t.state() == TaskState::Staging)
+        {
+            let Some(deadline) = task.launch_deadline else {
+                continue;
+            };
+            match deadline.remaining(origin, now) {
+                Duration::ZERO => silent.push(task.clone()),
+                left => next = Some(next.map_or(left, |next| next.min(left))),
+            }
+        }
+        if let Some(wait) = next {
+            agent.launch_check_due = true;
+            ctx.delay(
+                wait,
+                CheckLaunches {
+                    agent_id: agent_id.clone(),
+                }
+                .into(),
+            );
+        }
+        for mut lost in silent {
+            tracing::warn!(agent = %agent_id, task = %lost.id(), "no word from the agent about a launched task: lost");
+            lost.set_state(TaskState::Lost);
+            lost.message = format!(
+                "no word from the agent within {:?} of the launch",
+                self.config.launch_timeout
+            )
+            .into();
+            self.record_updated(agent_id.clone(), lost, ctx);
+        }
+    }
+
+    /// Reads a piece of a task's output from the agent it was placed on; the ask runs beside
+    /// the process, which goes on handling messages.
+    pub(super) fn task_logs(
+        &mut self,
+        TaskLogs { request, reply }: TaskLogs,
+        _ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let found = self.cluster.agents.iter().find(|(_, agent)| {
+            agent
+                .tasks
+                .iter()
+                .chain(&agent.completed_tasks)
+                .any(|t| t.id() == request.task_id)
+        });
+        let Some((agent_id, agent)) = found else {
+            return reply.send(Err(ServiceError::UnknownTask(request.task_id)));
+        };
+        if !agent.connected {
+            return reply.send(Err(ServiceError::Unavailable(format!(
+                "agent {agent_id}, where task {} ran, is not connected",
+                request.task_id
+            ))));
+        }
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<muster_actor::Upid>())
+        else {
+            return reply.send(Err(ServiceError::Unavailable(format!(
+                "agent {agent_id} has no usable address {:?}",
+                agent.info.address
+            ))));
+        };
+        let remote = node.remote(upid);
+        let timeout = self.config.ping_timeout;
+        let agent_id = agent_id.clone();
+        tokio::spawn(async move {
+            let answer = remote
+                .ask_timeout::<pb::ReadTaskOutput, pb::TaskOutputChunk>(timeout, request)
+                .await;
+            reply.send(match answer {
+                Ok(chunk) if chunk.error.is_empty() => Ok(chunk),
+                Ok(chunk) => Err(ServiceError::FailedPrecondition(format!(
+                    "agent {agent_id}: {}",
+                    chunk.error
+                ))),
+                Err(e) => Err(ServiceError::Unavailable(format!(
+                    "agent {agent_id} did not answer: {e}"
+                ))),
+            });
+        });
+    }
+
+    /// [`LaunchTask`]: an operator's task, launched on the agent it names as it is.
+    pub(super) fn launch_task(
+        &mut self,
+        LaunchTask { request, reply }: LaunchTask,
+        ctx: &mut Context<Self>,
+    ) {
+        let request = *request;
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let Some(node) = &self.node else {
+            return reply.send(Err(ServiceError::Unavailable(
+                "this master has no transport to reach agents".into(),
+            )));
+        };
+        let Some(agent) = self.cluster.agents.get(&request.agent_id) else {
+            return reply.send(Err(ServiceError::UnknownAgent(request.agent_id)));
+        };
+        if !agent.connected {
+            return reply.send(Err(ServiceError::FailedPrecondition(format!(
+                "agent {} is not connected",
+                request.agent_id
+            ))));
+        }
+        let (Some(framework), Some(mut task)) = (request.framework, request.task) else {
+            return reply.send(Err(ServiceError::InvalidArgument {
+                field: "framework, task".into(),
+                message: "LaunchTask needs a framework and a task".into(),
+            }));
+        };
+        if task.id.is_empty() {
+            return reply.send(Err(ServiceError::InvalidArgument {
+                field: "task.id".into(),
+                message: "the task has no id".into(),
+            }));
+        }
+        let upid = match agent.info.address.parse::<Upid>() {
+            Ok(upid) => upid,
+            Err(e) => {
+                return reply.send(Err(ServiceError::FailedPrecondition(format!(
+                    "agent address: {e}"
+                ))));
+            }
+        };
+        if agent.tasks.iter().any(|t| t.id() == task.id) {
+            return reply.send(Err(ServiceError::FailedPrecondition(format!(
+                "task {:?} already runs there",
+                task.id
+            ))));
+        }
+        task.framework_id = framework.id.clone();
+        task.state = model_pb::TaskState::Staging as i32;
+        let run = pb::RunTask {
+            framework: Some(framework.clone()),
+            task: Some(task.clone()),
+            term: self.term,
+        };
+        let remote = node.remote(upid);
+        let timeout = self.config.ping_timeout;
+        let agent_id = request.agent_id;
+        let task_id = task.id.clone();
+        // Recorded before it is sent: the agent's first status update may come before the
+        // answer to the launch.
+        let task = self.cluster.interner.task(&task);
+        if let Some(agent) = self.cluster.agent_mut(&agent_id) {
+            agent.tasks.push(task);
+        }
+        self.cluster
+            .add_frameworks(std::slice::from_ref(&framework));
+        ctx.defer(
+            async move {
+                remote
+                    .ask_timeout::<pb::RunTask, pb::RunTaskReply>(timeout, run)
+                    .await
+            },
+            move |master: &mut Master, _ctx, answered| {
+                let refused = match answered {
+                    Ok(answer) if answer.error.is_empty() => return reply.send(Ok(())),
+                    Ok(answer) => ServiceError::FailedPrecondition(format!(
+                        "agent refused the task: {}",
+                        answer.error
+                    )),
+                    Err(e) => ServiceError::Unavailable(format!("agent unreachable: {e}")),
+                };
+                if let Some(agent) = master.cluster.agent_mut(&agent_id) {
+                    agent.tasks.retain(|t| t.id() != task_id);
+                }
+                reply.send(Err(refused));
+            },
+        );
     }
 }

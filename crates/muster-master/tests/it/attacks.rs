@@ -10,13 +10,15 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{AskError, Node, RemoteError, System, Upid};
+use muster_actor::{AskError, RemoteError, System, Upid};
 use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_master::requests::{GetMetrics, GetState, SubmitJob};
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::testing::TestPki;
 use muster_security::{Role, Security};
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -75,7 +77,13 @@ async fn cluster() -> anyhow::Result<Cluster> {
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(job),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     let state = state_when(&master, "the task running", |s| running(s).len() == 1).await?;
@@ -103,10 +111,7 @@ fn running(state: &pb::ClusterState) -> Vec<String> {
 }
 
 async fn state(master: &MasterServer) -> anyhow::Result<pb::ClusterState> {
-    Ok(master
-        .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
-        .await?)
+    Ok(master.pid().ask(|reply| GetState { reply }.into()).await?)
 }
 
 async fn state_when(
@@ -130,7 +135,7 @@ async fn state_when(
 async fn impersonations(master: &MasterServer) -> anyhow::Result<u64> {
     Ok(master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .impersonations_refused)
 }
@@ -364,7 +369,7 @@ async fn a_never_admitted_agent_id_is_refused_and_told_to_register_anew() -> any
     let metrics: pb::MasterMetrics = cluster
         .master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert_eq!(metrics.unknown_agents_refused, 1);
     // Nothing of it is listed or counted: the one real agent is all there is.

@@ -10,13 +10,17 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::{EventFeed, MasterConfig, MasterServer, OperatorMsg, ServiceError, testing};
+use muster_master::requests::{
+    DrainAgent, GetState, SetAgentEligibility, SubmitJob, SubscribeEvents,
+};
+use muster_master::{EventFeed, MasterConfig, MasterServer, ServiceError, testing};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -84,7 +88,13 @@ fn job(
 async fn submit(master: &MasterServer, spec: model_pb::Job) -> anyhow::Result<()> {
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(spec),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -96,7 +106,7 @@ async fn drain(
 ) -> anyhow::Result<Result<pb::AgentSchedulingReply, ServiceError>> {
     Ok(master
         .pid()
-        .ask(|reply| OperatorMsg::DrainAgent(request, reply).into())
+        .ask(|reply| DrainAgent { request, reply }.into())
         .await?)
 }
 
@@ -111,7 +121,7 @@ async fn set_eligibility(
     };
     Ok(master
         .pid()
-        .ask(|reply| OperatorMsg::SetAgentEligibility(request, reply).into())
+        .ask(|reply| SetAgentEligibility { request, reply }.into())
         .await?)
 }
 
@@ -143,10 +153,7 @@ async fn agent_when(
 ) -> anyhow::Result<()> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let state = master
-            .pid()
-            .ask(|reply| OperatorMsg::GetState(reply).into())
-            .await?;
+        let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
         let scheduling = state
             .agents
             .iter()
@@ -241,10 +248,7 @@ async fn a_drained_agents_service_tasks_move_a_step_at_a_time_and_never_below_th
         .max_by_key(|(_, n)| **n)
         .context("web runs nowhere")?;
     let drained = drained.clone();
-    let state = master
-        .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
-        .await?;
+    let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
     let host = state
         .agents
         .iter()
@@ -273,7 +277,7 @@ async fn a_drained_agents_service_tasks_move_a_step_at_a_time_and_never_below_th
     // Watch web's tasks through the event stream from the start.
     let subscription = master
         .pid()
-        .ask(|reply| OperatorMsg::SubscribeEvents(0, reply).into())
+        .ask(|reply| SubscribeEvents { after: 0, reply }.into())
         .await?
         .map_err(anyhow::Error::msg)?;
     let mut feed = EventFeed::new(subscription, 0, vec!["task".into(), "agent".into()]);

@@ -9,14 +9,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use muster_actor::{Node, System, Upid};
+use muster_actor::{System, Upid};
 use muster_agent::reregistration::group_by_shared_labels;
-use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_master::requests::{GetMetrics, GetState, JobStatus, ListJobs, SubmitJob, SubmitPlan};
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::registration_reply::Result as Registration;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -153,7 +155,7 @@ async fn leader(masters: &BTreeMap<u64, MasterServer>) -> anyhow::Result<u64> {
         for (id, master) in masters {
             let metrics = master
                 .pid()
-                .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+                .ask(|reply| GetMetrics { reply }.into())
                 .await?;
             if metrics.is_leader {
                 return Ok(*id);
@@ -173,10 +175,7 @@ async fn state_when(
 ) -> anyhow::Result<pb::ClusterState> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let state = master
-            .pid()
-            .ask(|reply| OperatorMsg::GetState(reply).into())
-            .await?;
+        let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
         if done(&state) {
             return Ok(state);
         }
@@ -262,7 +261,7 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
     }
     let state = masters[&first]
         .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .ask(|reply| GetState { reply }.into())
         .await?;
     assert_eq!(state.agents.len(), 5);
     assert!(
@@ -325,7 +324,7 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
     assert_eq!(rebuilt.frameworks.len(), 2);
     let metrics = masters[&second]
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert_eq!(metrics.agents_reregistered, 5);
     assert_eq!(
@@ -394,7 +393,13 @@ async fn restart_with_missing_agents(
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(web), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(web),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     master.shutdown().await;
@@ -413,7 +418,14 @@ async fn restart_with_missing_agents(
     .await?;
     let web = master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("web".into(), false, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: "web".into(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     agents_node.shutdown();
@@ -535,7 +547,7 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
     assert!(state.agents[0].connected);
     let metrics = master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert_eq!(metrics.agents_unreachable, 1);
 
@@ -599,7 +611,13 @@ fn service_job(name: &str, count: u32) -> model_pb::Job {
 async fn submit(master: &MasterServer, job: model_pb::Job) -> anyhow::Result<()> {
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(job),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -648,10 +666,7 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
     let agent_id = agent[0].id.clone();
     let submit = |master: &MasterServer, plan| {
         let pid = master.pid().clone();
-        async move {
-            pid.ask(|reply| muster_master::SchedulingMsg::SubmitPlan(plan, reply).into())
-                .await
-        }
+        async move { pid.ask(|reply| SubmitPlan { plan, reply }.into()).await }
     };
 
     // With its quorum, the leader applies a plan.
@@ -680,7 +695,7 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
     }
     let state = masters[&leading]
         .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
+        .ask(|reply| GetState { reply }.into())
         .await?;
     let tasks: Vec<&str> = state
         .agents
@@ -694,7 +709,7 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
     );
     let metrics = masters[&leading]
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert!(metrics.leadership_confirmations >= 1);
     for master in masters.into_values() {
@@ -823,7 +838,14 @@ async fn a_job_submitted_during_recovery_is_held_and_placed_when_its_agent_comes
     submit(&masters[&second], job).await?;
     let status = masters[&second]
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("late".into(), true, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: "late".into(),
+                stale: true,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     assert!(
@@ -925,7 +947,7 @@ async fn a_job_left_below_its_count_by_a_failover_is_evaluated_again() -> anyhow
     );
     let metrics = masters[&second]
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert!(metrics.reconcile_evals >= 1, "{metrics:?}");
     for master in masters.into_values() {
@@ -996,7 +1018,7 @@ async fn a_second_copy_of_a_slot_is_stopped_by_the_convergence_check() -> anyhow
     state_when(&masters[&1], "one copy left", |s| live(s) == 1).await?;
     let metrics = masters[&1]
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert!(metrics.reconcile_evals >= 1, "{metrics:?}");
     for master in masters.into_values() {
@@ -1301,7 +1323,14 @@ fn live_tasks_of<'s>(
 async fn job_status(master: &MasterServer, job: &str) -> anyhow::Result<pb::JobStatusReply> {
     master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus(job.into(), false, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: job.into(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -1313,7 +1342,7 @@ async fn job_summary(master: &MasterServer, job: &str) -> anyhow::Result<pb::Job
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::ListJobs(request, reply).into())
+        .ask(|reply| ListJobs { request, reply }.into())
         .await?
         .map_err(anyhow::Error::msg)?
         .jobs

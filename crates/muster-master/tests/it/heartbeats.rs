@@ -9,14 +9,16 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System, Upid};
-use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_actor::{System, Upid};
+use muster_master::requests::{GetMetrics, GetState, JobStatus, SubmitJob};
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::heartbeat_reply::Result as Beat;
 use muster_proto::cluster::registration_reply::Result as Registration;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -57,7 +59,7 @@ async fn start(config: &MasterConfig) -> anyhow::Result<MasterServer> {
     };
     while !master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .is_leader
     {
@@ -127,10 +129,7 @@ async fn state_when(
 ) -> anyhow::Result<pb::ClusterState> {
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let state = master
-            .pid()
-            .ask(|reply| OperatorMsg::GetState(reply).into())
-            .await?;
+        let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
         if done(&state) {
             return Ok(state);
         }
@@ -220,15 +219,12 @@ async fn an_agent_that_stops_heartbeating_is_marked_unreachable_after_its_ttl_an
         ensure!(!beating.is_finished(), "{:?}", beating.await);
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let state = master
-        .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
-        .await?;
+    let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
     ensure!(connected(&state, &healthy), "{state:?}");
     ensure!(!is_unreachable(&state, &healthy), "{state:?}");
     let metrics = master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert_eq!(metrics.agents_unreachable, 1);
 
@@ -401,7 +397,13 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(daemon), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(daemon),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     // It registers, heartbeats once, and goes silent: marked unreachable.
@@ -415,7 +417,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     // It comes back: one raft entry stores its return and the system job's evaluation.
     let before = master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .registry_entries;
     let reply = node
@@ -438,7 +440,14 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     loop {
         let status = master
             .pid()
-            .ask(|reply| OperatorMsg::JobStatus("daemon".into(), false, reply).into())
+            .ask(|reply| {
+                JobStatus {
+                    name: "daemon".into(),
+                    stale: false,
+                    reply,
+                }
+                .into()
+            })
             .await?
             .map_err(anyhow::Error::msg)?;
         let back = status
@@ -457,7 +466,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     }
     let after = master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .registry_entries;
     assert_eq!(
@@ -465,10 +474,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
         1,
         "the return and its evaluations in one entry"
     );
-    let state = master
-        .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
-        .await?;
+    let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
     ensure!(connected(&state, &agent), "{state:?}");
     node.shutdown();
     master.shutdown().await;

@@ -6,6 +6,7 @@
 use std::process::Stdio;
 
 use anyhow::{Context as _, bail, ensure};
+use muster_master::requests::GetMetrics;
 use muster_master::testing::{bootstrap, create_token};
 use muster_master::{MasterConfig, MasterServer};
 use muster_security::testing::TestPki;
@@ -581,7 +582,7 @@ async fn a_standby_redirects_to_the_leaders_http_port_and_is_ready() -> anyhow::
     let (leader, standby) = loop {
         let states: Vec<bool> = futures_util::future::join_all(masters.iter().map(|m| async {
             m.pid()
-                .ask(|reply| muster_master::OperatorMsg::GetMetrics(reply).into())
+                .ask(|reply| GetMetrics { reply }.into())
                 .await
                 .is_ok_and(|metrics| metrics.is_leader)
         }))
@@ -654,7 +655,7 @@ async fn a_tasks_output_is_followed_until_the_task_ends() -> anyhow::Result<()> 
         ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
     })
     .await?;
-    let node = muster_actor::Node::bind(
+    let node = muster_transport::Node::bind(
         &muster_actor::System::new(),
         "127.0.0.1:0",
         TestPki::shared().security(Role::Agent, "agent-1"),

@@ -7,7 +7,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use muster_broker::{BrokerMsg, BrokerStats};
-use muster_master::{MasterConfig, MasterServer, OperatorMsg, SchedulingMsg, ServiceError};
+use muster_master::requests::{
+    GetMetrics, GetSchedulingPids, GetState, JobStatus, StopJob, SubmitJob,
+};
+use muster_master::{MasterConfig, MasterServer, ServiceError};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::Role;
@@ -36,7 +39,7 @@ async fn start(dir: &Path) -> anyhow::Result<MasterServer> {
     };
     while !master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .is_leader
     {
@@ -71,7 +74,7 @@ fn spec(name: &str) -> model_pb::Job {
 async fn broker_stats(master: &MasterServer) -> anyhow::Result<BrokerStats> {
     let pids = master
         .pid()
-        .ask(|reply| SchedulingMsg::Pids(reply).into())
+        .ask(|reply| GetSchedulingPids { reply }.into())
         .await?;
     Ok(pids.broker.ask(BrokerMsg::Stats).await?)
 }
@@ -82,7 +85,13 @@ async fn submit(
 ) -> anyhow::Result<Result<pb::SubmitJobReply, ServiceError>> {
     Ok(master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(spec),
+                reply,
+            }
+            .into()
+        })
         .await?)
 }
 
@@ -97,7 +106,14 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     assert_eq!(submitted.version, 1);
     let status = master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("shop".into(), false, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: "shop".into(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     assert_eq!(status.job.as_ref().map(|j| j.groups[0].count), Some(3));
@@ -122,7 +138,13 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     // Stopping adds an evaluation, which waits behind the one in flight.
     let stopped = master
         .pid()
-        .ask(|reply| OperatorMsg::StopJob("shop".into(), reply).into())
+        .ask(|reply| {
+            StopJob {
+                name: "shop".into(),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     assert_eq!(stopped.version, 2);
@@ -130,7 +152,13 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     assert_eq!((stats.ready, stats.pending), (1, 1));
     let unknown = master
         .pid()
-        .ask(|reply| OperatorMsg::StopJob("nope".into(), reply).into())
+        .ask(|reply| {
+            StopJob {
+                name: "nope".into(),
+                reply,
+            }
+            .into()
+        })
         .await?;
     assert!(
         matches!(&unknown, Err(e) if e.to_string().contains("no job named \"nope\"")),
@@ -153,7 +181,14 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
     }
     let status = master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("shop".into(), false, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: "shop".into(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     assert!(status.stopped);
@@ -192,10 +227,7 @@ async fn a_job_over_the_size_caps_is_refused_naming_the_cap() -> anyhow::Result<
         Ok(reply) => bail!("accepted 60,000 tasks: {reply:?}"),
     }
     // Nothing was stored, and the master still takes a job within the caps.
-    let state = master
-        .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
-        .await?;
+    let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
     assert!(state.frameworks.iter().all(|f| f.id != "huge"));
     assert!(submit(&master, spec("small")).await?.is_ok());
     assert_eq!(broker_stats(&master).await?.total().ready, 1);

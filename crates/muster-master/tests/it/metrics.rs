@@ -13,14 +13,16 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::{AgentConfig, AgentHandle};
 use muster_master::metrics::{Format, render, render_as};
+use muster_master::requests::SubmitJob;
 use muster_master::testing::{self, WAIT};
-use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 
@@ -58,7 +60,13 @@ async fn cluster_with_a_finished_job() -> anyhow::Result<Cluster> {
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(job), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(job),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     testing::job_when(&master, "once", "the batch task finishing", |status| {

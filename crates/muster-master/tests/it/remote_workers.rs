@@ -9,10 +9,11 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::{AgentConfig, AgentHandle};
+use muster_master::requests::{GetMetrics, GetState, JobStatus, SubmitJob};
 use muster_master::testing;
-use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_proto::scheduling as spb;
@@ -23,6 +24,7 @@ use muster_security::Role;
 use muster_security::TokenSecret;
 use muster_security::guard::WithToken;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -49,7 +51,7 @@ fn config(dir: &Path, id: u64, members: &BTreeMap<u64, String>) -> MasterConfig 
 async fn leading(master: &MasterServer) -> anyhow::Result<bool> {
     Ok(master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .is_leader)
 }
@@ -156,7 +158,13 @@ async fn submit(
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(spec),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -165,7 +173,14 @@ async fn submit(
 async fn status(master: &MasterServer, name: &str) -> anyhow::Result<pb::JobStatusReply> {
     master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus(name.to_owned(), false, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: name.to_owned(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -356,7 +371,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
         if leading(leader).await?
             && standby
                 .pid()
-                .ask(|reply| OperatorMsg::GetState(reply).into())
+                .ask(|reply| GetState { reply }.into())
                 .await?
                 .leader
                 == leader.address()

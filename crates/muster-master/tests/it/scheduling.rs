@@ -8,14 +8,18 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::{AgentConfig, AgentHandle};
+use muster_master::requests::{
+    GetMetrics, GetState, JobStatus, ListEvaluations, ListJobs, StopJob, SubmitJob,
+};
 use muster_master::testing;
-use muster_master::{MasterConfig, MasterServer, OperatorMsg};
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_transport::Node;
 use tokio::time::Instant;
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -67,7 +71,13 @@ fn group(name: &str, count: u32, cpus: f64, command: &str, args: &[&str]) -> mod
 async fn submit(master: &MasterServer, spec: model_pb::Job) -> anyhow::Result<()> {
     master
         .pid()
-        .ask(|reply| OperatorMsg::SubmitJob(Some(spec), reply).into())
+        .ask(|reply| {
+            SubmitJob {
+                job: Some(spec),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     Ok(())
@@ -217,7 +227,7 @@ async fn list_jobs(master: &MasterServer, prefix: &str) -> anyhow::Result<pb::Jo
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::ListJobs(request, reply).into())
+        .ask(|reply| ListJobs { request, reply }.into())
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -235,7 +245,7 @@ async fn list_evals(
     };
     master
         .pid()
-        .ask(|reply| OperatorMsg::ListEvaluations(request, reply).into())
+        .ask(|reply| ListEvaluations { request, reply }.into())
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -329,7 +339,13 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     );
     master
         .pid()
-        .ask(|reply| OperatorMsg::StopJob("flaky".into(), reply).into())
+        .ask(|reply| {
+            StopJob {
+                name: "flaky".into(),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
 
@@ -354,7 +370,13 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
     .await?;
     master
         .pid()
-        .ask(|reply| OperatorMsg::StopJob("sleepy".into(), reply).into())
+        .ask(|reply| {
+            StopJob {
+                name: "sleepy".into(),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     job_when(&master, "sleepy", "both tasks killed", |s| {
@@ -396,7 +418,7 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
     let deadline = Instant::now() + DEADLINE;
     while !master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?
         .is_leader
     {
@@ -443,10 +465,7 @@ async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
         "{:?}",
         rescheduled.evals
     );
-    let state = master
-        .pid()
-        .ask(|reply| OperatorMsg::GetState(reply).into())
-        .await?;
+    let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
     assert_eq!(
         state
             .unreachable
@@ -872,7 +891,14 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
     let status = cluster
         .master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("web".into(), false, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: "web".into(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     let states: Vec<i32> = status
@@ -927,7 +953,13 @@ async fn a_lost_kill_is_sent_again_and_an_unknown_task_ends() -> anyhow::Result<
     cluster
         .master
         .pid()
-        .ask(|reply| OperatorMsg::StopJob("web".into(), reply).into())
+        .ask(|reply| {
+            StopJob {
+                name: "web".into(),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     for attempt in ["the kill", "the kill sent again"] {
@@ -947,7 +979,7 @@ async fn a_lost_kill_is_sent_again_and_an_unknown_task_ends() -> anyhow::Result<
     let metrics = cluster
         .master
         .pid()
-        .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+        .ask(|reply| GetMetrics { reply }.into())
         .await?;
     assert_eq!(metrics.kill_retries, 1);
     assert!(
@@ -981,7 +1013,13 @@ async fn a_kill_refused_for_its_term_does_not_end_the_task() -> anyhow::Result<(
     cluster
         .master
         .pid()
-        .ask(|reply| OperatorMsg::StopJob("web".into(), reply).into())
+        .ask(|reply| {
+            StopJob {
+                name: "web".into(),
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     let kill = tokio::time::timeout(DEADLINE, cluster.killed.recv())
@@ -993,7 +1031,7 @@ async fn a_kill_refused_for_its_term_does_not_end_the_task() -> anyhow::Result<(
         let metrics = cluster
             .master
             .pid()
-            .ask(|reply| OperatorMsg::GetMetrics(reply).into())
+            .ask(|reply| GetMetrics { reply }.into())
             .await?;
         if metrics.kills_fenced == 1 {
             break;
@@ -1007,7 +1045,14 @@ async fn a_kill_refused_for_its_term_does_not_end_the_task() -> anyhow::Result<(
     let status = cluster
         .master
         .pid()
-        .ask(|reply| OperatorMsg::JobStatus("web".into(), false, reply).into())
+        .ask(|reply| {
+            JobStatus {
+                name: "web".into(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?;
     let kept = status
@@ -1083,7 +1128,7 @@ async fn an_agent_back_from_unreachable_keeps_what_nothing_replaced_and_a_late_s
         let state = cluster
             .master
             .pid()
-            .ask(|reply| OperatorMsg::GetState(reply).into())
+            .ask(|reply| GetState { reply }.into())
             .await?;
         if state.unreachable.iter().any(|a| a.id == cluster.agent_id) {
             break;

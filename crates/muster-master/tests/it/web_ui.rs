@@ -14,12 +14,13 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{Node, System};
+use muster_actor::System;
 use muster_agent::AgentConfig;
 use muster_master::MasterConfig;
 use muster_master::testing::{bootstrap, start_leading};
 use muster_security::testing::TestPki;
 use muster_security::{Role, TokenSecret};
+use muster_transport::Node;
 use serde_json::{Value, json};
 
 /// How long the page has for each step.

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use muster_actor::{Node, NodeConfig, Pid, System};
+use muster_actor::{Pid, System};
 use muster_model::{AgentInfo, Evaluation, Job, SchedulerType, Trigger};
 use muster_registry::types::NodeId;
 use muster_registry::{
@@ -19,6 +19,7 @@ use muster_registry::{
 use muster_security::Role;
 use muster_security::testing::TestPki;
 use muster_security::testing::partitions::Partitions;
+use muster_transport::{Node, NodeConfig};
 use tokio::time::{Instant, timeout};
 use tonic::service::Routes;
 

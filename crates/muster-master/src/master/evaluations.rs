@@ -1,0 +1,231 @@
+//! Evaluations: listing them, what scheduler workers report of them (blocked, complete),
+//! what the blocked-queue releases or cancels, and the leader's periodic convergence check
+//! (`evaluations/convergence.rs`), which makes an evaluation for each job whose tasks differ
+//! from what it asks.
+
+use muster_actor::{Context, Reply};
+use muster_broker::blocked::{BlockedEval, BlockedMsg};
+use muster_model::{Demand, EvalStatus, Evaluation};
+use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
+use muster_registry::Op;
+
+use super::{Master, Request, answered_request, notice};
+use crate::error::ServiceError;
+
+pub(super) mod convergence;
+
+/// Evaluations a list answers with when the request names no limit.
+pub(super) const DEFAULT_EVAL_LIMIT: usize = 50;
+/// The most evaluations one list answers with.
+pub(super) const MAX_EVAL_LIMIT: usize = 1_000;
+
+/// Evaluations, newest first (`muster eval list`).
+#[derive(Debug)]
+pub struct ListEvaluations {
+    /// A job, an id, a limit, and whether a stale answer will do.
+    pub request: pb::ListEvaluationsRequest,
+    /// The evaluations and how many matched.
+    pub reply: Reply<Result<pb::EvaluationList, ServiceError>>,
+}
+
+/// A worker could not place everything the evaluation asks for: it is recorded blocked and
+/// waits in the blocked-queue for capacity.
+#[derive(Debug)]
+pub struct BlockEval {
+    /// The evaluation.
+    pub eval: Evaluation,
+    /// What did not fit.
+    pub unplaced: Vec<Demand>,
+    /// The snapshot index the plan was made against.
+    pub snapshot_index: u64,
+    /// Done once recorded.
+    pub reply: Reply<Result<(), ServiceError>>,
+}
+
+/// A worker planned the evaluation fully.
+#[derive(Debug)]
+pub struct CompleteEval {
+    /// The evaluation.
+    pub eval: Evaluation,
+    /// Done once recorded.
+    pub reply: Reply<Result<(), ServiceError>>,
+}
+
+/// The blocked-queue released these evaluations (capacity came).
+#[derive(Debug)]
+pub struct EvalsUnblocked {
+    /// The evaluations.
+    pub evals: Vec<Evaluation>,
+}
+
+/// The blocked-queue canceled these evaluations (a newer one of the same job blocked).
+#[derive(Debug)]
+pub struct EvalsCanceled {
+    /// The evaluations.
+    pub evals: Vec<Evaluation>,
+}
+
+/// The master's timer: check that every job runs what it asks for.
+#[derive(Debug)]
+pub struct CheckConvergence;
+
+answered_request!(BlockEval, CompleteEval);
+notice!(EvalsUnblocked, EvalsCanceled, CheckConvergence);
+
+impl Request for ListEvaluations {
+    fn waits_for_registry(&self) -> bool {
+        !self.request.stale
+    }
+    fn refuse(self, error: ServiceError) {
+        self.reply.send(Err(error));
+    }
+}
+
+impl Master {
+    /// [`ListEvaluations`], as a read (see `cluster_state.rs`, `read`).
+    pub(super) fn list_evaluations(
+        &mut self,
+        ListEvaluations { request, reply }: ListEvaluations,
+        ctx: &mut Context<Self>,
+    ) {
+        let stale = request.stale;
+        self.read(stale, ctx, reply, move |master| {
+            let (evals, total) = master.evaluations(&request.job, &request.id, request.limit);
+            Ok(pb::EvaluationList {
+                evals,
+                total,
+                read: Some(master.read_info(stale)),
+            })
+        });
+    }
+
+    /// Up to `limit` evaluations ([`DEFAULT_EVAL_LIMIT`] for 0, at most [`MAX_EVAL_LIMIT`])
+    /// of `job` (every job's if empty), newest first, and how many matched.
+    fn evaluations(&self, job: &str, id: &str, limit: u32) -> (Vec<model_pb::Evaluation>, u64) {
+        let limit = match limit {
+            0 => DEFAULT_EVAL_LIMIT,
+            n => (n as usize).min(MAX_EVAL_LIMIT),
+        };
+        self.registry.reader().read(|state| {
+            let mut matched: Vec<&Evaluation> = state
+                .evals
+                .values()
+                .filter(|e| job.is_empty() || e.job == job)
+                .filter(|e| id.is_empty() || e.id.0 == id)
+                .collect();
+            matched.sort_by(|a, b| b.create_index.cmp(&a.create_index).then(a.id.cmp(&b.id)));
+            let total = matched.len() as u64;
+            let evals = matched
+                .into_iter()
+                .take(limit)
+                .cloned()
+                .map(Into::into)
+                .collect();
+            (evals, total)
+        })
+    }
+
+    /// A worker could not place everything: the evaluation is recorded blocked and waits in
+    /// the blocked-queue for capacity.
+    pub(super) fn block_eval(
+        &mut self,
+        BlockEval {
+            mut eval,
+            unplaced,
+            snapshot_index,
+            reply,
+        }: BlockEval,
+        ctx: &mut Context<Self>,
+    ) {
+        eval.status = EvalStatus::Blocked;
+        eval.status_description = format!("{} task groups did not fit", unplaced.len());
+        eval.snapshot_index = snapshot_index;
+        let demands = unplaced;
+        self.write_status(eval.clone(), ctx, move |master, written| {
+            if written.is_ok() {
+                master.instruments.evaluation_blocked();
+                let _ = master
+                    .blocked
+                    .tell(BlockedMsg::Block(BlockedEval { eval, demands }));
+            }
+            reply.send(written);
+        });
+    }
+
+    /// A worker planned the evaluation fully.
+    pub(super) fn complete_eval(
+        &mut self,
+        CompleteEval { mut eval, reply }: CompleteEval,
+        ctx: &mut Context<Self>,
+    ) {
+        eval.status = EvalStatus::Complete;
+        self.write_status(eval, ctx, move |master, written| {
+            if written.is_ok() {
+                master.instruments.evaluation_completed();
+            }
+            reply.send(written);
+        });
+    }
+
+    /// Records an evaluation's new status (complete, blocked) in the registry.
+    fn write_status(
+        &mut self,
+        eval: Evaluation,
+        ctx: &mut Context<Self>,
+        done: impl FnOnce(&mut Master, Result<(), ServiceError>) + Send + 'static,
+    ) {
+        if self.leading_term().is_none() {
+            let why = self.not_leading();
+            return done(self, Err(why));
+        }
+        self.write_with_evals(Vec::new(), vec![eval], ctx, move |master, _ctx, written| {
+            done(master, written.map(drop).map_err(ServiceError::from));
+        });
+    }
+
+    /// The blocked-queue released these: pending again in the registry, then to the broker.
+    pub(super) fn evals_unblocked(
+        &mut self,
+        EvalsUnblocked { evals }: EvalsUnblocked,
+        ctx: &mut Context<Self>,
+    ) {
+        if evals.is_empty() {
+            return;
+        }
+        let evals = evals
+            .into_iter()
+            .map(|mut e| {
+                e.status = EvalStatus::Pending;
+                e.status_description = "unblocked: capacity changed".into();
+                e
+            })
+            .collect();
+        self.write_with_evals(Vec::new(), evals, ctx, |_master, _ctx, written| {
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "could not record unblocked evaluations");
+            }
+        });
+    }
+
+    /// The blocked-queue replaced these with newer ones of the same job.
+    pub(super) fn evals_canceled(
+        &mut self,
+        EvalsCanceled { evals }: EvalsCanceled,
+        ctx: &mut Context<Self>,
+    ) {
+        if evals.is_empty() {
+            return;
+        }
+        let op = Op::SetEvalStatus {
+            ids: evals.into_iter().map(|e| e.id).collect(),
+            status: EvalStatus::Canceled,
+            description: "canceled: a newer blocked evaluation of the job".into(),
+        };
+        self.write_with_evals(vec![op], Vec::new(), ctx, |_master, _ctx, written| {
+            if let Err(e) = written {
+                tracing::warn!(error = %e, "could not record canceled evaluations");
+            }
+        });
+    }
+}

@@ -1,0 +1,413 @@
+//! The plan applier: scheduler workers (in this process or through the scheduling API) ask
+//! for snapshots of the cluster and submit plans; what they report of evaluations is in
+//! `evaluations.rs`.
+//!
+//! Schedulers plan optimistically and concurrently against a [`ClusterSnapshot`]; the master
+//! applies their plans one at a time (it is one process), checking each placement against the
+//! agents as they are now: what fits is committed and launched, what no longer fits goes back
+//! rejected so the scheduler can refresh and try again (Nomad's plan applier).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use muster_actor::{Context, Pid, Reply};
+use muster_broker::EvalBroker;
+use muster_broker::blocked::BlockedEvals;
+use muster_model::{AgentId, DrainPhase, Resources, TaskState};
+use muster_proto::cluster as pb;
+
+use muster_scheduler::{
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, TaskView,
+};
+
+use super::Master;
+use super::tasks::CheckLaunches;
+use super::{answered_request, notice};
+use crate::cluster::Cluster;
+use crate::error::ServiceError;
+use crate::launch_wire::{GroupWire, LAUNCH_MESSAGE_BUDGET, LaunchFence, LaunchWire, RunWire};
+use crate::metrics::MasterInstruments;
+use crate::task_record::{
+    LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, pairs, same_pairs, same_text, same_texts,
+};
+
+/// The master's eval broker and blocked-queue, for the scheduler workers beside it.
+#[derive(Debug)]
+pub struct GetSchedulingPids {
+    /// The pids.
+    pub reply: Reply<SchedulingPids>,
+}
+
+/// The cluster as schedulers see it.
+#[derive(Debug)]
+pub struct GetSnapshot {
+    /// The snapshot.
+    pub reply: Reply<ClusterSnapshot>,
+}
+
+/// Apply a scheduler's plan: stops, then each placement that still fits.
+#[derive(Debug)]
+pub struct SubmitPlan {
+    /// The plan.
+    pub plan: Plan,
+    /// What was committed, and what no longer fit.
+    pub reply: Reply<Result<PlanResult, ServiceError>>,
+}
+
+notice!(GetSchedulingPids, GetSnapshot);
+answered_request!(SubmitPlan);
+
+/// The processes beside the master that hold its scheduling state.
+#[derive(Clone, Debug)]
+pub struct SchedulingPids {
+    /// The eval broker.
+    pub broker: Pid<EvalBroker>,
+    /// The blocked-queue.
+    pub blocked: Pid<BlockedEvals>,
+    /// The master's instruments, for workers to observe their runs in.
+    pub instruments: Arc<MasterInstruments>,
+}
+
+impl Master {
+    /// [`GetSchedulingPids`].
+    pub(super) fn get_scheduling_pids(
+        &mut self,
+        GetSchedulingPids { reply }: GetSchedulingPids,
+        _ctx: &mut Context<Self>,
+    ) {
+        reply.send(SchedulingPids {
+            broker: self.broker.clone(),
+            blocked: self.blocked.clone(),
+            instruments: Arc::clone(&self.instruments),
+        });
+    }
+
+    /// [`GetSnapshot`].
+    pub(super) fn get_snapshot(
+        &mut self,
+        GetSnapshot { reply }: GetSnapshot,
+        _ctx: &mut Context<Self>,
+    ) {
+        reply.send(self.snapshot());
+    }
+
+    /// [`SubmitPlan`]: applied only by a master a quorum still follows (a leader paused and
+    /// resumed must not launch or kill on its stale view).
+    pub(super) fn submit_plan(
+        &mut self,
+        SubmitPlan { plan, reply }: SubmitPlan,
+        ctx: &mut Context<Self>,
+    ) {
+        let arrived = std::time::Instant::now();
+        self.with_quorum_leadership(ctx, move |master, ctx, confirmed| match confirmed {
+            Ok(()) => master.apply_plan(plan, arrived, reply, ctx),
+            Err(refusal) => reply.send(Err(refusal)),
+        });
+    }
+
+    /// The cluster as schedulers see it: connected agents with their tasks, and the jobs.
+    /// Agents whose tasks did not change since the last snapshot share their views with it.
+    pub(super) fn snapshot(&mut self) -> ClusterSnapshot {
+        let jobs = self.registry.reader().read(|state| state.jobs.clone());
+        let scheduling = self.agent_scheduling();
+        let agents: Vec<Arc<AgentView>> = self
+            .cluster
+            .agents
+            .iter_mut()
+            .filter(|(_, agent)| agent.connected)
+            .map(|(id, agent)| {
+                let (eligible, drain) = scheduling
+                    .get(id)
+                    .map_or((true, DrainPhase::None), |s| (s.eligible, s.phase()));
+                // A view of an older scheduling (a restored registry) is rebuilt.
+                if agent
+                    .view
+                    .as_ref()
+                    .is_some_and(|view| (view.eligible, view.drain) != (eligible, drain))
+                {
+                    agent.view = None;
+                }
+                let view = agent.view.get_or_insert_with(|| {
+                    let mut built = AgentView::new(
+                        AgentId(id.clone()),
+                        agent.info.attributes.clone(),
+                        agent.info.resources.clone(),
+                        agent
+                            .tasks
+                            .iter()
+                            .chain(agent.completed_tasks.iter().rev().take(100))
+                            .map(|task| Arc::clone(&task.view)),
+                    );
+                    built.eligible = eligible;
+                    built.drain = drain;
+                    Arc::new(built)
+                });
+                Arc::clone(view)
+            })
+            .collect();
+        debug_assert!(agents.is_sorted_by(|a, b| a.id < b.id));
+        let job_index = JobIndex::update(self.job_index.as_ref(), &agents);
+        self.job_index = Some(Arc::clone(&job_index));
+        ClusterSnapshot {
+            index: self.current_index(),
+            agents,
+            jobs,
+            held: {
+                let mut held = self.crash_loops.held(tokio::time::Instant::now());
+                held.extend(self.slots_kept_while_away());
+                held.extend(self.batch_slots_finished());
+                held.extend(self.batch_slots_stopping());
+                held
+            },
+            job_index: Some(job_index),
+        }
+    }
+
+    /// Applies one plan, which `arrived` then: stops first, then each placement that still
+    /// fits.
+    fn apply_plan(
+        &mut self,
+        plan: Plan,
+        arrived: std::time::Instant,
+        reply: Reply<Result<PlanResult, ServiceError>>,
+        ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        let mut result = PlanResult {
+            committed: Vec::with_capacity(plan.place.len()),
+            ..PlanResult::default()
+        };
+        for stop in plan.stop {
+            if self.stop_task(&stop, ctx) {
+                result.stopped.push(stop);
+            }
+        }
+        // A plan made before an agent was drained or made ineligible places nothing there.
+        let scheduling = self.agent_scheduling();
+        // Per agent the plan places on: what is free there (worked out once, then reduced by
+        // each placement committed there), and its one launch message for the whole plan.
+        let mut per_agent: HashMap<String, AgentLaunch> = HashMap::new();
+        let mut shared = HashMap::new();
+        // Without a node (in-process benches) nothing is sent: the tasks stay staged.
+        let launch_deadline = self.node.is_some().then(|| {
+            let now = tokio::time::Instant::now();
+            let counted_lost_after = self.config.launch_timeout + LAUNCH_CLOCK_MARGIN;
+            LaunchDeadline::after(self.launch_clock, now, counted_lost_after)
+        });
+        let Cluster {
+            agents,
+            frameworks,
+            interner,
+            ..
+        } = &mut self.cluster;
+        for placement in plan.place {
+            let eligible = scheduling
+                .get(&placement.agent.0)
+                .is_none_or(|s| s.eligible);
+            let agent = agents
+                .get_mut(&placement.agent.0)
+                .filter(|agent| agent.connected);
+            let launch = match per_agent.get_mut(&placement.agent.0) {
+                Some(launch) => launch,
+                None => per_agent
+                    .entry(placement.agent.0.clone())
+                    .or_insert_with(|| AgentLaunch {
+                        free: agent.as_ref().map(|agent| agent.free()),
+                        runs: Vec::with_capacity(1),
+                    }),
+            };
+            // The model's one fit rule, as the schedulers and the blocked-queue use it.
+            let fits = launch
+                .free
+                .as_ref()
+                .is_some_and(|left| eligible && placement.resources.fits_in(left));
+            let (Some(agent), true) = (agent, fits) else {
+                result.rejected.push(placement);
+                continue;
+            };
+            if let Some(left) = &mut launch.free {
+                *left = left.saturating_sub(&placement.resources);
+            }
+            let group = GroupShared::of(&placement, &mut shared, interner, frameworks);
+            let task = TaskRecord {
+                view: Arc::new(TaskView::new(
+                    &placement.task_id,
+                    &placement.name,
+                    group.job_group,
+                    placement.resources.clone(),
+                    TaskState::Staging,
+                    placement.job_version,
+                )),
+                detail: group.detail,
+                exit_code: 0,
+                launch_deadline,
+                message: Box::default(),
+            };
+            launch.runs.push(RunWire {
+                task: task.clone(),
+                group: group.wire,
+            });
+            agent.add_task(task);
+            result.committed.push(placement);
+        }
+        for (agent_id, launch) in per_agent {
+            if !launch.runs.is_empty() {
+                self.send_launch(agent_id, launch.runs, ctx);
+            }
+        }
+        result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
+            self.next_index()
+        } else {
+            self.current_index()
+        };
+        self.metrics.plans += 1;
+        self.instruments.plan_applied(
+            arrived.elapsed(),
+            result.committed.len(),
+            result.rejected.len(),
+        );
+        reply.send(Ok(result));
+    }
+
+    /// Tells an agent to run `tasks` (one message per [`LAUNCH_MESSAGE_BUDGET`] bytes of them,
+    /// no answer: each task's start or failure comes back as a status update), and makes sure
+    /// a check of its launches is coming: one timer per agent with launches waiting, not one
+    /// per launch. Tasks that cannot even be sent fail now.
+    fn send_launch(&mut self, agent_id: String, runs: Vec<RunWire>, ctx: &mut Context<Self>) {
+        let (Some(node), Some(agent)) = (&self.node, self.cluster.agents.get_mut(&agent_id)) else {
+            return;
+        };
+        if !agent.launch_check_due {
+            agent.launch_check_due = true;
+            let check = CheckLaunches {
+                agent_id: agent_id.clone(),
+            };
+            ctx.delay(self.config.launch_timeout, check.into());
+        }
+        // They are the agent's last tasks: the plan just added them, in order.
+        let first = agent.tasks.len().saturating_sub(runs.len());
+        let fence = LaunchFence {
+            registration: agent.registration,
+            deadline_unix_ms: unix_ms_after(self.config.launch_timeout),
+        };
+        // The link drops a launch it could not write by the deadline, or queued for a
+        // connection that broke: it is not carried to a later one (the agent would refuse it
+        // by its fence anyway, but after the master may have counted it lost).
+        let deadline = tokio::time::Instant::now() + self.config.launch_timeout;
+        let Some(remote) = agent.remote(node).cloned() else {
+            // No way to reach it (in-process benches): the tasks stay staged.
+            return;
+        };
+        let mut sent = 0;
+        let mut failed: Vec<(TaskRecord, String)> = Vec::new();
+        for launch in LaunchWire::packed(runs, self.term, fence, LAUNCH_MESSAGE_BUDGET) {
+            let count = launch.runs.len();
+            if let Err(e) = remote.tell_until(launch, deadline) {
+                tracing::warn!(agent = %agent_id, error = %e, tasks = count, "launch failed");
+                let staged = agent.tasks.iter().skip(first + sent).take(count);
+                failed.extend(staged.map(|record| (record.clone(), e.to_string())));
+            }
+            sent += count;
+        }
+        for (mut record, error) in failed {
+            record.set_state(TaskState::Failed);
+            record.exit_code = -1;
+            record.message = format!("could not send the launch to the agent: {error}").into();
+            self.record_updated(agent_id.clone(), record, ctx);
+        }
+    }
+}
+
+/// What the tasks one plan places of one group share: interned once per plan.
+#[derive(Clone, Debug)]
+struct GroupShared {
+    job_group: Arc<JobGroup>,
+    detail: Arc<TaskDetail>,
+    /// Their launches' shared fields, encoded.
+    wire: Arc<GroupWire>,
+}
+
+/// What one agent gets from a plan: what is free there as placements are committed (`None`
+/// for an agent that is gone or not connected), and the tasks to launch.
+struct AgentLaunch {
+    free: Option<Resources>,
+    runs: Vec<RunWire>,
+}
+
+impl GroupShared {
+    /// What `placement`'s group shares, interned once per plan and group (kept in `shared`);
+    /// its job becomes a known framework.
+    fn of(
+        placement: &Placement,
+        shared: &mut HashMap<String, GroupShared>,
+        interner: &mut TaskInterner,
+        frameworks: &mut HashMap<String, pb::Framework>,
+    ) -> GroupShared {
+        if let Some(group) = shared.get(&placement.group)
+            && group.describes(placement)
+        {
+            return group.clone();
+        }
+        if !frameworks.contains_key(&placement.job) {
+            frameworks.insert(
+                placement.job.clone(),
+                pb::Framework {
+                    id: placement.job.clone(),
+                    name: placement.job.clone(),
+                },
+            );
+        }
+        let mut env: Vec<(String, String)> = placement
+            .env
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        env.sort_unstable();
+        let no_labels = interner.labels(&[]);
+        let job_group = interner.job_group(&placement.job, &placement.group);
+        let detail = interner.detail(TaskDetail {
+            framework_id: placement.job.clone(),
+            command: placement.command.clone(),
+            args: placement.args.clone(),
+            env,
+            user: placement.user.clone(),
+            labels: no_labels,
+        });
+        let group = GroupShared {
+            wire: Arc::new(GroupWire::new(&job_group, &detail)),
+            job_group,
+            detail,
+        };
+        shared.insert(placement.group.clone(), group.clone());
+        group
+    }
+
+    /// Whether `placement` runs what this describes (a plan from another program could name
+    /// one group with two programs; each then gets its own).
+    fn describes(&self, placement: &Placement) -> bool {
+        let detail = &*self.detail;
+        same_text(&self.job_group.job, &placement.job)
+            && same_text(&detail.command, &placement.command)
+            && same_texts(&detail.args, &placement.args)
+            && same_text(&detail.user, &placement.user)
+            && same_pairs(
+                pairs(&detail.env),
+                placement.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
+            )
+    }
+}
+
+/// How much later than a launch's deadline (on the agent's clock) the master counts a task
+/// whose start it has not heard of lost: the agent refuses the launch after the deadline, so
+/// the task cannot start after it is counted lost and replaced, as long as the two clocks
+/// agree within this margin (as NTP keeps them).
+pub(crate) const LAUNCH_CLOCK_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Milliseconds since the Unix epoch, `after` from now: a launch's deadline on the agent's
+/// clock (see [`LaunchFence`]).
+fn unix_ms_after(after: std::time::Duration) -> u64 {
+    let after = u64::try_from(after.as_millis()).unwrap_or(u64::MAX);
+    muster_model::clock::unix_ms().saturating_add(after)
+}

@@ -1,0 +1,126 @@
+//! The links this node dials: one per peer node, kept up by reconnecting with backoff, each
+//! a `Transport.Link` call whose request stream carries this node's frames and whose response
+//! stream carries the peer's.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
+use muster_security::Peer;
+use tonic::codegen::http;
+use tonic::transport::Endpoint;
+use tonic::{Request, Streaming};
+
+use crate::node::{MEMBER_ROLES, NodeInner, counted};
+use crate::peer::PeerLink;
+use crate::route_cache::RouteCache;
+use crate::wire::{FrameCodec, LINK_PATH, SAME_HEAD_HEADER};
+use muster_actor::RemoteError;
+
+/// Keeps the outbound link to one peer: connect, carry frames both ways until the connection
+/// breaks, then reconnect after a capped, jittered exponential backoff. Queued envelopes wait
+/// for the next connection; asks in flight fail, and linked processes hear of the loss.
+pub(super) async fn run_outbound(node: Arc<NodeInner>, link: Arc<PeerLink>) {
+    let mut stop = node.shutdown.subscribe();
+    let mut failures = 0u32;
+    let mut first = true;
+    while !node.is_shut_down() {
+        if !std::mem::take(&mut first) {
+            node.stats.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
+        match connect(&node, &link).await {
+            Ok((inbound, peer)) => {
+                failures = 0;
+                let mut routes = RouteCache::default();
+                tokio::select! {
+                    () = node.read_frames(&link, peer.as_ref(), &mut routes, inbound) => {}
+                    _ = stop.wait_for(|stop| *stop) => break,
+                }
+                tracing::warn!(peer = %link.node, "link lost; reconnecting");
+                // Whoever answers at that address next may not read `same_head`.
+                link.set_peer_reads_same_head(false);
+                link.lost(RemoteError::ConnectionLost(link.node.clone()));
+            }
+            Err(reason) => {
+                failures = failures.saturating_add(1);
+                tracing::warn!(peer = %link.node, %reason, failures, "cannot reach peer");
+                link.lost(RemoteError::Unreachable {
+                    node: link.node.clone(),
+                    reason,
+                });
+            }
+        }
+        let delay = node.config.reconnect_delay(failures.max(1));
+        tokio::select! {
+            () = tokio::time::sleep(delay) => {}
+            _ = stop.wait_for(|stop| *stop) => break,
+        }
+    }
+    node.remove_peer(&link);
+    link.close(RemoteError::ConnectionLost(link.node.clone()));
+}
+
+/// One connection attempt: opens the stream and sends the greeting and queued frames.
+/// Answers the incoming half and who the peer's certificate says it is (`None` when
+/// insecure).
+async fn connect(
+    node: &Arc<NodeInner>,
+    link: &Arc<PeerLink>,
+) -> Result<(Streaming<Bytes>, Option<Peer>), String> {
+    let endpoint = Endpoint::from_shared(format!("http://{}", link.node))
+        .map_err(|e| format!("bad address: {e}"))?
+        .tcp_nodelay(true)
+        .connect_timeout(node.config.connect_timeout)
+        .http2_keep_alive_interval(node.config.keepalive_interval)
+        .keep_alive_timeout(node.config.keepalive_timeout)
+        .keep_alive_while_idle(true);
+    let (channel, peer) = node
+        .config
+        .security
+        .channel(endpoint, MEMBER_ROLES)
+        .await
+        .map_err(|e| source_chain(&e))?;
+    let frame_limit = node.config.max_frame_size();
+    let mut client = tonic::client::Grpc::new(channel)
+        .max_decoding_message_size(frame_limit)
+        .max_encoding_message_size(frame_limit);
+    client
+        .ready()
+        .await
+        .map_err(|e| format!("link not ready: {}", source_chain(&e)))?;
+    // Until the peer answers, it may be a node that does not read `same_head`.
+    link.set_peer_reads_same_head(false);
+    let outbound = counted(&node.stats, link.frames(Some(&node.address)));
+    let response = client
+        .streaming(
+            Request::new(outbound),
+            http::uri::PathAndQuery::from_static(LINK_PATH),
+            FrameCodec,
+        )
+        .await
+        .map_err(|status| format!("link refused: {status}"))?;
+    let reads_same_head = response
+        .metadata()
+        .get(SAME_HEAD_HEADER)
+        .is_some_and(|value| value == "1");
+    link.set_peer_reads_same_head(reads_same_head);
+    Ok((response.into_inner(), peer))
+}
+
+/// An error and its causes, for a log line that says what actually failed.
+fn source_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut last = text.clone();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let cause_text = cause.to_string();
+        // tonic and hyper wrap errors in layers that repeat the same words.
+        if cause_text != last {
+            text.push_str(": ");
+            text.push_str(&cause_text);
+        }
+        last = cause_text;
+        source = cause.source();
+    }
+    text
+}
