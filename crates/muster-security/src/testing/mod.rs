@@ -42,14 +42,12 @@ impl TestPki {
     }
 
     fn new(prefix: &str) -> TestPki {
-        #[allow(clippy::expect_used)]
         let dir = tempfile::Builder::new()
             .prefix(prefix)
             .tempdir()
             .expect("a temp dir for test certificates")
             .keep();
         remove_at_exit(dir.clone());
-        #[allow(clippy::expect_used)]
         let ca = certs::create_ca(DEFAULT_CLUSTER, certs::DEFAULT_CA_VALIDITY).expect("a test CA");
         write(&dir.join("ca.pem"), &ca.cert);
         TestPki {
@@ -83,7 +81,6 @@ impl TestPki {
         issued
             .entry((role, name.to_owned()))
             .or_insert_with(|| {
-                #[allow(clippy::expect_used)]
                 let pair = certs::issue(
                     &self.ca,
                     &CertRequest {
@@ -105,7 +102,6 @@ impl TestPki {
     /// # Panics
     /// If the files cannot be written.
     pub fn write_pair(&self, stem: &str, pair: &PemPair) -> TlsFiles {
-        #[allow(clippy::expect_used)]
         let (cert, key) =
             certs::write_pair(&self.dir, stem, pair).expect("write a test certificate");
         TlsFiles {
@@ -134,7 +130,6 @@ impl TestPki {
     /// # Panics
     /// If the material does not load.
     pub fn tls(&self, role: Role, name: &str) -> Tls {
-        #[allow(clippy::expect_used)]
         Tls::load(self.files(role, name), DEFAULT_CLUSTER).expect("test TLS material loads")
     }
 
@@ -145,7 +140,6 @@ impl TestPki {
 }
 
 fn write(path: &Path, text: &str) {
-    #[allow(clippy::expect_used)]
     std::fs::write(path, text).expect("write a test certificate");
 }
 
