@@ -21,7 +21,7 @@ use muster_transport::Node;
 use tokio::sync::mpsc;
 
 /// How long any one expected event may take before the test fails.
-const PATIENCE: Duration = Duration::from_secs(15);
+const PATIENCE: Duration = Duration::from_secs(60);
 
 /// How a fake master answers registrations.
 #[derive(Debug, Clone)]
