@@ -13,6 +13,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::decimal::{DECIMAL_BUFFER, decimal_line};
+
 const MIB: u64 = 1024 * 1024;
 
 /// How the agent bounds its tasks.
@@ -393,8 +395,8 @@ impl JoinHandle {
     pub(crate) fn join_in_child(&self) -> io::Result<()> {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        let mut buffer = [0u8; crate::executor::DECIMAL_BUFFER];
-        let text = crate::executor::decimal_line(i64::from(pid), &mut buffer);
+        let mut buffer = [0u8; DECIMAL_BUFFER];
+        let text = decimal_line(i64::from(pid), &mut buffer);
         for path in &self.procs {
             // SAFETY: `path` is a NUL-terminated string that outlives the calls; `text`
             // points to `text.len()` readable bytes.

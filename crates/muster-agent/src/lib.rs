@@ -22,6 +22,7 @@
 //! - `child_process`: a task's processes (spawning under an executor, re-attaching after a
 //!   restart, signals, exit code).
 //! - `executor`: the executor between the agent and a task, and its files.
+//! - `decimal`: numbers written without allocating, between fork and exec.
 //! - `output`: a task's `stdout` and `stderr` files: rotation (copy and truncate) past a size,
 //!   and reading them back by absolute offset across rotations.
 //! - [`runner`]: what runs a task: processes by default, or a [`runner::TaskRunner`] such as
@@ -31,7 +32,8 @@
 //! - `task_user`: whom tasks run as (`nobody` by default when the agent is root).
 //! - `backoff`: registration delays (random start, capped exponential backoff with jitter).
 //! - [`AgentConfig`]: masters, data directory, resources, timings.
-//! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs).
+//! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs),
+//!   written whole or not at all (`atomic_file`).
 //! - [`AgentError`]: why an agent could not start.
 //! - [`metrics`]: the agent's figures (asked of the agent process), its tasks' CPU and memory
 //!   (read from their cgroups or `/proc`) and its transport counters, as Prometheus text.
@@ -40,9 +42,11 @@
 //! The `muster-agent` binary wraps this for operators.
 
 mod agent;
+mod atomic_file;
 mod backoff;
 mod child_process;
 mod config;
+mod decimal;
 mod error;
 mod executor;
 pub mod http;

@@ -18,7 +18,7 @@
 //! multi-threaded runtime, inline on a current-thread one (see `blocking`).
 
 use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -27,6 +27,7 @@ use muster_proto::model::Task;
 use prost::Message as _;
 
 use crate::AgentError;
+use crate::atomic_file::write_atomically;
 
 /// Name of the file holding the agent id, in the data directory.
 pub const AGENT_ID_FILE: &str = "agent_id";
@@ -99,34 +100,6 @@ pub fn remove_agent_id(data_dir: &Path) -> Result<(), AgentError> {
         }
         _ => Ok(()),
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-/// With `durable`, the file and then the directory are fsynced.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no directory"))?;
-    let mut tmp_name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?
-        .to_owned();
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        if durable {
-            file.sync_all()?;
-        }
-    }
-    fs::rename(&tmp, path)?;
-    if durable {
-        // Makes the rename itself durable. Directories cannot be opened for sync everywhere;
-        // where they can (Linux), a failure is an error.
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Name of the file the running agent rewrites now and then, under `meta/`: the wall-clock
