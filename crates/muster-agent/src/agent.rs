@@ -250,8 +250,10 @@ impl Process for Agent {
         match msg {
             Msg::Ping(ping, reply) => self.on_ping(&ping, reply),
             Msg::RunTask(request, reply) => {
-                if let Err(error) = self.admit_term(request.term, "a RunTask") {
-                    return reply.send(RunTaskReply { error });
+                if let Err(refused) = self.admit_term(request.term, "a RunTask") {
+                    return reply.send(RunTaskReply {
+                        error: refused.to_string(),
+                    });
                 }
                 let error = match self.run_task(*request, ctx).await {
                     Ok(()) => String::new(),
@@ -279,9 +281,9 @@ impl Process for Agent {
                 }
             }
             Msg::KillTask(request, reply) => {
-                if let Err(error) = self.admit_term(request.term, "a KillTask") {
+                if let Err(refused) = self.admit_term(request.term, "a KillTask") {
                     return reply.send(KillTaskReply {
-                        error,
+                        error: refused.to_string(),
                         follows_term: self.term,
                         ..KillTaskReply::default()
                     });

@@ -228,47 +228,75 @@ fn mount_point(mounts: &str, v2: bool, controller: &str) -> Option<PathBuf> {
     None
 }
 
-fn v2(mounts: &str, scope: &str) -> Result<Isolation, String> {
-    let root = mount_point(mounts, true, "").ok_or("not mounted")?;
-    let available = std::fs::read_to_string(root.join("cgroup.controllers"))
-        .map_err(|e| format!("{}: {e}", root.display()))?;
-    let missing: Vec<&str> = ["memory", "cpu", "pids"]
+/// Why a cgroup hierarchy cannot bound the agent's tasks (see [`Isolation::detect`]).
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// No cgroup v2 hierarchy is mounted.
+    #[error("not mounted")]
+    NotMounted,
+    /// No cgroup v1 hierarchy holds this controller.
+    #[error("no {0} hierarchy mounted")]
+    NoHierarchy(&'static str),
+    /// The unified hierarchy lacks these controllers.
+    #[error("{} lacks the {} controller(s)", root.display(), missing.join(", "))]
+    LacksControllers {
+        /// The hierarchy's root.
+        root: PathBuf,
+        /// The controllers it lacks.
+        missing: Vec<&'static str>,
+    },
+    /// A directory or file of the hierarchy could not be read, made or written.
+    #[error("{}: {error}", path.display())]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// What the operating system said.
+        error: io::Error,
+    },
+}
+
+impl Unusable {
+    /// What to say of a failed operation on `path`.
+    fn at(path: &Path) -> impl FnOnce(io::Error) -> Unusable + '_ {
+        move |error| Unusable::Io {
+            path: path.to_owned(),
+            error,
+        }
+    }
+}
+
+fn v2(mounts: &str, scope: &str) -> Result<Isolation, Unusable> {
+    let root = mount_point(mounts, true, "").ok_or(Unusable::NotMounted)?;
+    let available =
+        std::fs::read_to_string(root.join("cgroup.controllers")).map_err(Unusable::at(&root))?;
+    let missing: Vec<&'static str> = ["memory", "cpu", "pids"]
         .into_iter()
         .filter(|c| !available.split_whitespace().any(|a| a == *c))
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "{} lacks the {} controller(s)",
-            root.display(),
-            missing.join(", ")
-        ));
+        return Err(Unusable::LacksControllers { root, missing });
     }
     // Controllers are handed down one level at a time, from the root (which may hold
     // processes) to the agent's directory (which holds none: only task directories do).
     let mut dir = root.clone();
     for part in Path::new(scope).components() {
-        write(&dir, "cgroup.subtree_control", "+memory +cpu +pids")
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        write(&dir, "cgroup.subtree_control", "+memory +cpu +pids").map_err(Unusable::at(&dir))?;
         dir.push(part);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(Unusable::at(&dir))?;
     }
-    write(&dir, "cgroup.subtree_control", "+memory +cpu +pids")
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    write(&dir, "cgroup.subtree_control", "+memory +cpu +pids").map_err(Unusable::at(&dir))?;
     Ok(Isolation::CgroupV2 { scope: dir })
 }
 
-fn v1(mounts: &str, scope: &str) -> Result<Isolation, String> {
-    let mut dirs = Vec::new();
-    for controller in ["memory", "cpu", "pids"] {
-        let root = mount_point(mounts, false, controller)
-            .ok_or_else(|| format!("no {controller} hierarchy mounted"))?;
+fn v1(mounts: &str, scope: &str) -> Result<Isolation, Unusable> {
+    let dir_of = |controller: &'static str| {
+        let root =
+            mount_point(mounts, false, controller).ok_or(Unusable::NoHierarchy(controller))?;
         let dir = root.join(scope);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        dirs.push(dir);
-    }
-    let [memory, cpu, pids]: [PathBuf; 3] = dirs
-        .try_into()
-        .map_err(|_| "three controllers".to_owned())?;
+        std::fs::create_dir_all(&dir).map_err(Unusable::at(&dir))?;
+        Ok::<_, Unusable>(dir)
+    };
+    let (memory, cpu, pids) = (dir_of("memory")?, dir_of("cpu")?, dir_of("pids")?);
     // Children count against their parents' limits only if the hierarchy says so.
     let _ = write(&memory, "memory.use_hierarchy", "1");
     Ok(Isolation::CgroupV1 { memory, cpu, pids })

@@ -223,16 +223,25 @@ pub(crate) fn task_dir(data_dir: &Path, task_id: &str) -> PathBuf {
     data_dir.join("tasks").join(task_id)
 }
 
-/// A task id must name a directory: non-empty, no `/`, no NUL, not `.` or `..`, at most 255
+/// Why a task id cannot be used (see [`check_task_id`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TaskIdError {
+    /// The id is empty.
+    #[error("the task has an empty id")]
+    Empty,
+    /// The id cannot name a directory: this one.
+    #[error("task id {0:?} cannot name a directory (no '/', NUL, '.' or '..', at most 200 bytes)")]
+    NoDirectory(String),
+}
+
+/// A task id must name a directory: non-empty, no `/`, no NUL, not `.` or `..`, at most 200
 /// bytes.
-pub(crate) fn check_task_id(task_id: &str) -> Result<(), String> {
+pub(crate) fn check_task_id(task_id: &str) -> Result<(), TaskIdError> {
     if task_id.is_empty() {
-        return Err("the task has an empty id".into());
+        return Err(TaskIdError::Empty);
     }
     if task_id == "." || task_id == ".." || task_id.contains(['/', '\0']) || task_id.len() > 200 {
-        return Err(format!(
-            "task id {task_id:?} cannot name a directory (no '/', NUL, '.' or '..', at most 200 bytes)"
-        ));
+        return Err(TaskIdError::NoDirectory(task_id.to_owned()));
     }
     Ok(())
 }

@@ -76,7 +76,7 @@ impl Agent {
         let Some(mut task) = request.task else {
             return Err("the request carries no task".into());
         };
-        store::check_task_id(&task.id)?;
+        store::check_task_id(&task.id).map_err(|e| e.to_string())?;
         let id = task.id.clone();
         if self.tasks.knows(&id) {
             return Err(format!("task {id:?} already exists on this agent"));

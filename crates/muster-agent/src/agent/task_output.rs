@@ -169,7 +169,7 @@ impl Agent {
         };
         let id = request.task_id;
         if let Err(error) = store::check_task_id(&id) {
-            return reply.send(refuse(error));
+            return reply.send(refuse(error.to_string()));
         }
         if !self.tasks.knows(&id) {
             return reply.send(refuse(format!(
