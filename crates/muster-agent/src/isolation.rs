@@ -40,10 +40,6 @@ pub enum Isolation {
         /// Why not cgroups.
         reason: String,
     },
-    /// None of the agent's: its tasks are not processes of this machine but those of a
-    /// [`TaskRunner`](crate::runner::TaskRunner) (a deterministic simulation's), which bounds
-    /// them as it will. The agent touches no cgroup.
-    None,
 }
 
 /// A task's limits.
@@ -89,7 +85,7 @@ impl Isolation {
         let dirs: Vec<&PathBuf> = match self {
             Isolation::CgroupV2 { scope } => vec![scope],
             Isolation::CgroupV1 { memory, cpu, pids } => vec![memory, cpu, pids],
-            Isolation::ProcessGroup { .. } | Isolation::None => Vec::new(),
+            Isolation::ProcessGroup { .. } => Vec::new(),
         };
         for dir in dirs {
             let _ = std::fs::remove_dir(dir);
@@ -103,7 +99,7 @@ impl Isolation {
         let parents: Vec<&PathBuf> = match self {
             Isolation::CgroupV2 { scope } => vec![scope],
             Isolation::CgroupV1 { memory, cpu, pids } => vec![memory, cpu, pids],
-            Isolation::ProcessGroup { .. } | Isolation::None => return 0,
+            Isolation::ProcessGroup { .. } => return 0,
         };
         let mut removed = 0;
         for parent in parents {
@@ -140,7 +136,6 @@ impl Isolation {
             Isolation::CgroupV2 { .. } => "cgroup-v2",
             Isolation::CgroupV1 { .. } => "cgroup-v1",
             Isolation::ProcessGroup { .. } => "process-group",
-            Isolation::None => "none",
         }
     }
 
@@ -148,7 +143,7 @@ impl Isolation {
     /// of the agent did not see through.
     pub(crate) fn existing_for(&self, id: &str) -> Option<TaskCgroup> {
         let (dirs, memory, v2) = match self {
-            Isolation::ProcessGroup { .. } | Isolation::None => return None,
+            Isolation::ProcessGroup { .. } => return None,
             Isolation::CgroupV2 { scope } => (vec![scope.join(id)], scope.join(id), true),
             Isolation::CgroupV1 { memory, cpu, pids } => (
                 vec![memory.join(id), cpu.join(id), pids.join(id)],
@@ -167,7 +162,7 @@ impl Isolation {
     /// The cgroup could not be made or its limits written.
     pub(crate) fn for_task(&self, id: &str, limits: Limits) -> io::Result<Option<TaskCgroup>> {
         match self {
-            Isolation::ProcessGroup { .. } | Isolation::None => Ok(None),
+            Isolation::ProcessGroup { .. } => Ok(None),
             Isolation::CgroupV2 { scope } => {
                 let dir = fresh_dir(&scope.join(id))?;
                 if limits.mem_mb > 0 {
