@@ -10,11 +10,12 @@
 //!   their states to the master;
 //! - [`recovery`]: taking back the tasks an earlier run of the agent left (re-attaching to
 //!   those still running, recording the real end of the others);
-//! - [`task_output`]: answering the masters' reads of a task's output, and rotating now and
-//!   then the output files of running tasks whose executors do not (see `crate::output`).
+//! - [`task_output`]: answering the masters' reads of a task's output, and having the runner
+//!   check now and then the output files of running tasks whose executors do not bound them.
 //!
-//! The task table is [`crate::tasks`], the tasks' child processes [`crate::child_process`], the
-//! files under the data directory [`crate::store`].
+//! The task table is [`crate::tasks`], what runs the tasks [`crate::runner`] (the one
+//! [`TaskRunner`] the agent holds, whichever it is), the files under the data directory
+//! [`crate::store`].
 
 mod fencing;
 mod handle;
@@ -25,6 +26,7 @@ mod task_output;
 
 use std::collections::{HashSet, VecDeque};
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use muster_actor::{AskError, Context, ExitReason, Process, ProcessRef, Reply, TimerHandle, Upid};
@@ -40,10 +42,8 @@ use tokio::time::Instant;
 
 pub use handle::{AgentHandle, AgentSnapshot, AgentStatus, ISOLATION_ATTRIBUTE, start};
 
-use crate::child_process::Ended;
-use crate::isolation::Isolation;
 use crate::metrics::AgentFigures;
-use crate::runner::Running;
+use crate::runner::{RunnerTask, TaskEnd, TaskRunner};
 use crate::store::{self, blocking};
 use crate::task_user::TaskUsers;
 use crate::tasks::Tasks;
@@ -152,10 +152,10 @@ enum Msg {
     SendHeartbeat {
         generation: u64,
     },
-    /// A task's process ended (or waiting for it failed).
+    /// A task ended (or waiting for it failed).
     TaskExited {
         task_id: String,
-        ended: Ended,
+        ended: TaskEnd,
     },
     /// Time to record that the agent is alive (see `store::touch_alive`).
     Alive,
@@ -171,8 +171,8 @@ enum Msg {
 pub struct Agent {
     node: Node,
     config: AgentConfig,
-    /// How its tasks are bounded: cgroups, or process groups.
-    isolation: Isolation,
+    /// What runs its tasks: the machine's processes, or the runner its config gives.
+    runner: Arc<dyn TaskRunner>,
     /// Whom its tasks run as.
     task_users: TaskUsers,
     masters: Vec<Upid>,
@@ -210,7 +210,7 @@ pub struct Agent {
     /// Running tasks and the completed history.
     tasks: Tasks,
     /// Tasks an earlier run left running, re-attached by [`start`], watched from `Start` on.
-    recovered: Vec<(Framework, Task, Running)>,
+    recovered: Vec<(Framework, Task, Box<dyn RunnerTask>)>,
     /// The highest leader term the agent has heard from (see `fencing`), kept in `meta/term`.
     term: u64,
     /// The agent's registration number (see `fencing`), raised before every registration
@@ -229,8 +229,6 @@ pub struct Agent {
     /// Task status updates not yet sent to a master (the agent was not registered), oldest
     /// first, the latest per task only; bounded (see [`Agent::report`]).
     unsent_updates: VecDeque<Task>,
-    /// The tasks' output files (see `task_output`).
-    output: task_output::Output,
 }
 
 impl fmt::Debug for Agent {
@@ -250,14 +248,16 @@ impl Process for Agent {
         match msg {
             Msg::Ping(ping, reply) => self.on_ping(&ping, reply),
             Msg::RunTask(request, reply) => {
-                if let Err(error) = self.admit_term(request.term, "a RunTask") {
-                    return reply.send(RunTaskReply { error });
+                if let Err(refused) = self.admit_term(request.term, "a RunTask") {
+                    return reply.send(RunTaskReply {
+                        error: refused.to_string(),
+                    });
                 }
                 let error = match self.run_task(*request, ctx).await {
                     Ok(()) => String::new(),
                     Err(error) => {
                         tracing::warn!(%error, "refused a task");
-                        error
+                        error.to_string()
                     }
                 };
                 reply.send(RunTaskReply { error });
@@ -279,9 +279,9 @@ impl Process for Agent {
                 }
             }
             Msg::KillTask(request, reply) => {
-                if let Err(error) = self.admit_term(request.term, "a KillTask") {
+                if let Err(refused) = self.admit_term(request.term, "a KillTask") {
                     return reply.send(KillTaskReply {
-                        error,
+                        error: refused.to_string(),
                         follows_term: self.term,
                         ..KillTaskReply::default()
                     });
@@ -369,7 +369,7 @@ impl Process for Agent {
         let stopped = self.tasks.stop_all(kill);
         if kill {
             // Their processes are SIGKILLed; their cgroups go once empty.
-            self.isolation.sweep(&std::collections::HashSet::new());
+            self.runner.sweep(&HashSet::new());
             // Synchronously: the agent is going away, and a restart must find them ended.
             for (framework, task) in &stopped {
                 if let Err(error) = store::write_checkpoint(&self.config.data_dir, framework, task)
@@ -384,7 +384,7 @@ impl Process for Agent {
             );
         }
         tracing::info!(agent = %self.info.address, %reason, "agent stopped");
-        self.isolation.release();
+        self.runner.release();
         self.status.send_replace(AgentStatus::Stopped);
     }
 }

@@ -6,7 +6,9 @@
 //! operating system's processes and signals.
 //!
 //! A task outlives the agent: dropping a [`TaskProcess`] (the agent stops, or is killed)
-//! leaves it running under its executor, for the next run of the agent to re-attach.
+//! leaves it running under its executor, for the next run of the agent to re-attach. The agent
+//! holds it as any runner's task ([`RunnerTask`]); the runner that makes them is
+//! [`crate::process_runner`].
 
 use std::io;
 use std::path::Path;
@@ -18,20 +20,10 @@ use tokio::sync::oneshot;
 
 use crate::executor::{self, CgroupRecord, Files, Plan, Record};
 use crate::isolation::TaskCgroup;
+use crate::metrics::CgroupPaths;
 use crate::output::{Capture, Limits, TaskFiles};
-use crate::runner::Stop;
+use crate::runner::{BoxFuture, KillSwitch, RunnerTask, Stop, TaskEnd};
 use crate::task_user::Credentials;
-
-/// How a task's process ended.
-#[derive(Debug)]
-pub(crate) struct Ended {
-    /// Its wait status, or why it is not known.
-    pub(crate) status: io::Result<ExitStatus>,
-    /// True if it was asked to stop (and signalled) before it ended.
-    pub(crate) killed: bool,
-    /// True if the kernel killed one of its processes for going past its memory limit.
-    pub(crate) out_of_memory: bool,
-}
 
 /// The task's executor, whose end says the task ended.
 #[derive(Debug)]
@@ -64,25 +56,15 @@ impl Executor {
 /// Sends signals to a task's processes: its process group and, with cgroups, every process in
 /// its cgroup, whatever group or session it made for itself.
 #[derive(Clone, Debug)]
-pub(crate) struct Signaller {
+struct Signaller {
     /// The task's pid, which is its process group.
     group: i32,
     cgroup: Option<TaskCgroup>,
 }
 
 impl Signaller {
-    /// The task's pid (the leader of its process group).
-    pub(crate) fn pid(&self) -> i32 {
-        self.group
-    }
-
-    /// The task's cgroup, if it has one.
-    pub(crate) fn cgroup(&self) -> Option<&TaskCgroup> {
-        self.cgroup.as_ref()
-    }
-
     /// Sends `signal` to every process of the task.
-    pub(crate) fn signal(&self, signal: libc::c_int) {
+    fn signal(&self, signal: libc::c_int) {
         if let Some(cgroup) = &self.cgroup {
             cgroup.signal(signal);
         }
@@ -254,20 +236,10 @@ impl TaskProcess {
         }))
     }
 
-    /// What sends signals to the task's processes.
-    pub(crate) fn signaller(&self) -> Signaller {
-        self.signaller.clone()
-    }
-
-    /// The task's pid.
-    pub(crate) fn pid(&self) -> i32 {
-        self.signaller.group
-    }
-
     /// Waits for the task to end, then kills whatever it left behind in its group and cgroup.
     /// A [`Stop`] arriving on `kill` first stops the task: SIGTERM, then SIGKILL if it is
     /// still there when its grace period is over (a zero grace period: SIGKILL at once).
-    pub(crate) async fn wait(mut self, mut kill: oneshot::Receiver<Stop>) -> Ended {
+    async fn wait_for_end(mut self, mut kill: oneshot::Receiver<Stop>) -> TaskEnd {
         let grace = tokio::select! {
             biased;
             () = self.executor.ended() => return self.end(false).await,
@@ -295,14 +267,12 @@ impl TaskProcess {
     }
 
     /// The task has ended: kill what is left of it, read its status, and remove its cgroup.
-    async fn end(self, killed: bool) -> Ended {
+    async fn end(self, killed: bool) -> TaskEnd {
         self.signaller.signal(libc::SIGKILL);
         let status = match self.files.read_status() {
             Ok(Some(status)) => Ok(status),
-            Ok(None) => Err(io::Error::other(
-                "its executor ended without recording its exit status",
-            )),
-            Err(e) => Err(e),
+            Ok(None) => Err("its executor ended without recording its exit status".to_owned()),
+            Err(e) => Err(e.to_string()),
         };
         let out_of_memory = match &self.signaller.cgroup {
             Some(cgroup) => {
@@ -313,11 +283,30 @@ impl TaskProcess {
             }
             None => false,
         };
-        Ended {
+        TaskEnd {
             status,
             killed,
             out_of_memory,
         }
+    }
+}
+
+impl RunnerTask for TaskProcess {
+    fn pid(&self) -> Option<i32> {
+        Some(self.signaller.group)
+    }
+
+    fn cgroup(&self) -> Option<CgroupPaths> {
+        self.signaller.cgroup.as_ref().map(TaskCgroup::usage_paths)
+    }
+
+    fn kill_switch(&self) -> KillSwitch {
+        let signaller = self.signaller.clone();
+        KillSwitch::new(move || signaller.signal(libc::SIGKILL))
+    }
+
+    fn wait(self: Box<Self>, stop: oneshot::Receiver<Stop>) -> BoxFuture<'static, TaskEnd> {
+        Box::pin(self.wait_for_end(stop))
     }
 }
 
@@ -358,19 +347,4 @@ pub(crate) async fn open_sandbox(dir: &Path, owner: Option<Credentials>) -> io::
             "opening the task's files did not finish: {e}"
         )))
     })
-}
-
-/// The exit code, or 128 + the signal number for a process killed by a signal (as shells do).
-pub(crate) fn exit_code(status: &ExitStatus) -> i32 {
-    if let Some(code) = status.code() {
-        return code;
-    }
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt as _;
-        if let Some(signal) = status.signal() {
-            return 128 + signal;
-        }
-    }
-    -1
 }

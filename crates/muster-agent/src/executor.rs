@@ -33,6 +33,9 @@ use std::process::ExitStatus;
 
 use serde::{Deserialize, Serialize};
 
+// Re-exported for `crate::output`, which still names them here.
+use crate::atomic_file::write_atomically;
+pub(crate) use crate::decimal::{DECIMAL_BUFFER, decimal_line};
 use crate::isolation::JoinHandle;
 use crate::output::{Capture, Stream, TaskEnds};
 use crate::task_user::Credentials;
@@ -159,7 +162,7 @@ impl Record {
     /// agent's death, which the page cache does; a machine crash takes the task with it.
     pub(crate) fn write(&self, files: &Files) -> io::Result<()> {
         let text = toml::to_string(self).map_err(io::Error::other)?;
-        crate::store::write_atomically(&files.record, text.as_bytes(), false)
+        write_atomically(&files.record, text.as_bytes(), false)
     }
 
     /// The record, or `None` if there is none.
@@ -380,30 +383,6 @@ impl Plan {
     }
 }
 
-/// Room for any `i64` in decimal, its sign and a newline.
-pub(crate) const DECIMAL_BUFFER: usize = 22;
-
-/// `value` in decimal followed by a newline, written at the end of `buffer`, without
-/// allocating: for the code between fork and exec.
-pub(crate) fn decimal_line(value: i64, buffer: &mut [u8; DECIMAL_BUFFER]) -> &[u8] {
-    let mut at = buffer.len() - 1;
-    buffer[at] = b'\n';
-    let mut rest = value.unsigned_abs();
-    loop {
-        at -= 1;
-        buffer[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    if value < 0 {
-        at -= 1;
-        buffer[at] = b'-';
-    }
-    &buffer[at..]
-}
-
 /// Sets `signal` to be ignored.
 unsafe fn ignore(signal: libc::c_int) {
     // SAFETY: as in `set_action`.
@@ -557,17 +536,6 @@ unsafe fn write_number_file(tmp: &CString, path: &CString, value: i64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn numbers_are_written_in_decimal_lines() {
-        let mut buffer = [0u8; DECIMAL_BUFFER];
-        assert_eq!(decimal_line(0, &mut buffer), b"0\n");
-        assert_eq!(decimal_line(4242, &mut buffer), b"4242\n");
-        assert_eq!(
-            decimal_line(i64::MIN, &mut buffer),
-            b"-9223372036854775808\n"
-        );
-    }
 
     #[test]
     fn the_start_time_of_this_process_is_read_and_a_missing_process_has_none() {

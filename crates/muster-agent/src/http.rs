@@ -35,24 +35,37 @@ use crate::AgentHandle;
 /// master's HTTP API is 10 above its gRPC port.
 pub const HTTP_PORT_OFFSET: u16 = 10;
 
+/// Why the HTTP port's address cannot be derived from the gRPC one (see [`http_address`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HttpAddressError {
+    /// The gRPC listen address has no port.
+    #[error("the listen address {0:?} has no port")]
+    NoPort(String),
+    /// The gRPC port is too high to add [`HTTP_PORT_OFFSET`] to.
+    #[error("no port after {0} for the HTTP port; set --http-listen")]
+    NoPortAfter(u16),
+}
+
 /// Where the HTTP port listens: `http_listen` if given, else the gRPC address `listen` with
 /// its port plus [`HTTP_PORT_OFFSET`] (port 0 stays 0: any free port).
 ///
 /// # Errors
-/// A message naming `listen` if it has no port, or if its port is too high to add the offset.
-pub fn http_address(listen: &str, http_listen: Option<&str>) -> Result<String, String> {
+/// [`HttpAddressError`] naming `listen` if it has no port, or its port if it is too high to
+/// add the offset.
+pub fn http_address(listen: &str, http_listen: Option<&str>) -> Result<String, HttpAddressError> {
     if let Some(address) = http_listen {
         return Ok(address.to_owned());
     }
     let (host, port) = listen
         .rsplit_once(':')
         .and_then(|(host, port)| Some((host, port.parse::<u16>().ok()?)))
-        .ok_or_else(|| format!("the listen address {listen:?} has no port"))?;
+        .ok_or_else(|| HttpAddressError::NoPort(listen.to_owned()))?;
     let port = if port == 0 {
         0
     } else {
         port.checked_add(HTTP_PORT_OFFSET)
-            .ok_or_else(|| format!("no port after {port} for the HTTP port; set --http-listen"))?
+            .ok_or(HttpAddressError::NoPortAfter(port))?
     };
     Ok(format!("{host}:{port}"))
 }
@@ -214,10 +227,10 @@ mod tests {
         let Err(error) = http_address("127.0.0.1:65530", None) else {
             panic!("65540 is no port");
         };
-        assert!(error.contains("--http-listen"), "{error}");
+        assert!(error.to_string().contains("--http-listen"), "{error}");
         let Err(error) = http_address("no-port", None) else {
             panic!("an address without a port");
         };
-        assert!(error.contains("\"no-port\""), "{error}");
+        assert!(error.to_string().contains("\"no-port\""), "{error}");
     }
 }

@@ -13,6 +13,8 @@ use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::decimal::{DECIMAL_BUFFER, decimal_line};
+
 const MIB: u64 = 1024 * 1024;
 
 /// How the agent bounds its tasks.
@@ -38,10 +40,6 @@ pub enum Isolation {
         /// Why not cgroups.
         reason: String,
     },
-    /// None of the agent's: its tasks are not processes of this machine but those of a
-    /// [`TaskRunner`](crate::runner::TaskRunner) (a deterministic simulation's), which bounds
-    /// them as it will. The agent touches no cgroup.
-    None,
 }
 
 /// A task's limits.
@@ -87,7 +85,7 @@ impl Isolation {
         let dirs: Vec<&PathBuf> = match self {
             Isolation::CgroupV2 { scope } => vec![scope],
             Isolation::CgroupV1 { memory, cpu, pids } => vec![memory, cpu, pids],
-            Isolation::ProcessGroup { .. } | Isolation::None => Vec::new(),
+            Isolation::ProcessGroup { .. } => Vec::new(),
         };
         for dir in dirs {
             let _ = std::fs::remove_dir(dir);
@@ -101,7 +99,7 @@ impl Isolation {
         let parents: Vec<&PathBuf> = match self {
             Isolation::CgroupV2 { scope } => vec![scope],
             Isolation::CgroupV1 { memory, cpu, pids } => vec![memory, cpu, pids],
-            Isolation::ProcessGroup { .. } | Isolation::None => return 0,
+            Isolation::ProcessGroup { .. } => return 0,
         };
         let mut removed = 0;
         for parent in parents {
@@ -138,7 +136,6 @@ impl Isolation {
             Isolation::CgroupV2 { .. } => "cgroup-v2",
             Isolation::CgroupV1 { .. } => "cgroup-v1",
             Isolation::ProcessGroup { .. } => "process-group",
-            Isolation::None => "none",
         }
     }
 
@@ -146,7 +143,7 @@ impl Isolation {
     /// of the agent did not see through.
     pub(crate) fn existing_for(&self, id: &str) -> Option<TaskCgroup> {
         let (dirs, memory, v2) = match self {
-            Isolation::ProcessGroup { .. } | Isolation::None => return None,
+            Isolation::ProcessGroup { .. } => return None,
             Isolation::CgroupV2 { scope } => (vec![scope.join(id)], scope.join(id), true),
             Isolation::CgroupV1 { memory, cpu, pids } => (
                 vec![memory.join(id), cpu.join(id), pids.join(id)],
@@ -165,7 +162,7 @@ impl Isolation {
     /// The cgroup could not be made or its limits written.
     pub(crate) fn for_task(&self, id: &str, limits: Limits) -> io::Result<Option<TaskCgroup>> {
         match self {
-            Isolation::ProcessGroup { .. } | Isolation::None => Ok(None),
+            Isolation::ProcessGroup { .. } => Ok(None),
             Isolation::CgroupV2 { scope } => {
                 let dir = fresh_dir(&scope.join(id))?;
                 if limits.mem_mb > 0 {
@@ -226,47 +223,75 @@ fn mount_point(mounts: &str, v2: bool, controller: &str) -> Option<PathBuf> {
     None
 }
 
-fn v2(mounts: &str, scope: &str) -> Result<Isolation, String> {
-    let root = mount_point(mounts, true, "").ok_or("not mounted")?;
-    let available = std::fs::read_to_string(root.join("cgroup.controllers"))
-        .map_err(|e| format!("{}: {e}", root.display()))?;
-    let missing: Vec<&str> = ["memory", "cpu", "pids"]
+/// Why a cgroup hierarchy cannot bound the agent's tasks (see [`Isolation::detect`]).
+#[derive(Debug, thiserror::Error)]
+enum Unusable {
+    /// No cgroup v2 hierarchy is mounted.
+    #[error("not mounted")]
+    NotMounted,
+    /// No cgroup v1 hierarchy holds this controller.
+    #[error("no {0} hierarchy mounted")]
+    NoHierarchy(&'static str),
+    /// The unified hierarchy lacks these controllers.
+    #[error("{} lacks the {} controller(s)", root.display(), missing.join(", "))]
+    LacksControllers {
+        /// The hierarchy's root.
+        root: PathBuf,
+        /// The controllers it lacks.
+        missing: Vec<&'static str>,
+    },
+    /// A directory or file of the hierarchy could not be read, made or written.
+    #[error("{}: {error}", path.display())]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// What the operating system said.
+        error: io::Error,
+    },
+}
+
+impl Unusable {
+    /// What to say of a failed operation on `path`.
+    fn at(path: &Path) -> impl FnOnce(io::Error) -> Unusable + '_ {
+        move |error| Unusable::Io {
+            path: path.to_owned(),
+            error,
+        }
+    }
+}
+
+fn v2(mounts: &str, scope: &str) -> Result<Isolation, Unusable> {
+    let root = mount_point(mounts, true, "").ok_or(Unusable::NotMounted)?;
+    let available =
+        std::fs::read_to_string(root.join("cgroup.controllers")).map_err(Unusable::at(&root))?;
+    let missing: Vec<&'static str> = ["memory", "cpu", "pids"]
         .into_iter()
         .filter(|c| !available.split_whitespace().any(|a| a == *c))
         .collect();
     if !missing.is_empty() {
-        return Err(format!(
-            "{} lacks the {} controller(s)",
-            root.display(),
-            missing.join(", ")
-        ));
+        return Err(Unusable::LacksControllers { root, missing });
     }
     // Controllers are handed down one level at a time, from the root (which may hold
     // processes) to the agent's directory (which holds none: only task directories do).
     let mut dir = root.clone();
     for part in Path::new(scope).components() {
-        write(&dir, "cgroup.subtree_control", "+memory +cpu +pids")
-            .map_err(|e| format!("{}: {e}", dir.display()))?;
+        write(&dir, "cgroup.subtree_control", "+memory +cpu +pids").map_err(Unusable::at(&dir))?;
         dir.push(part);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(&dir).map_err(Unusable::at(&dir))?;
     }
-    write(&dir, "cgroup.subtree_control", "+memory +cpu +pids")
-        .map_err(|e| format!("{}: {e}", dir.display()))?;
+    write(&dir, "cgroup.subtree_control", "+memory +cpu +pids").map_err(Unusable::at(&dir))?;
     Ok(Isolation::CgroupV2 { scope: dir })
 }
 
-fn v1(mounts: &str, scope: &str) -> Result<Isolation, String> {
-    let mut dirs = Vec::new();
-    for controller in ["memory", "cpu", "pids"] {
-        let root = mount_point(mounts, false, controller)
-            .ok_or_else(|| format!("no {controller} hierarchy mounted"))?;
+fn v1(mounts: &str, scope: &str) -> Result<Isolation, Unusable> {
+    let dir_of = |controller: &'static str| {
+        let root =
+            mount_point(mounts, false, controller).ok_or(Unusable::NoHierarchy(controller))?;
         let dir = root.join(scope);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        dirs.push(dir);
-    }
-    let [memory, cpu, pids]: [PathBuf; 3] = dirs
-        .try_into()
-        .map_err(|_| "three controllers".to_owned())?;
+        std::fs::create_dir_all(&dir).map_err(Unusable::at(&dir))?;
+        Ok::<_, Unusable>(dir)
+    };
+    let (memory, cpu, pids) = (dir_of("memory")?, dir_of("cpu")?, dir_of("pids")?);
     // Children count against their parents' limits only if the hierarchy says so.
     let _ = write(&memory, "memory.use_hierarchy", "1");
     Ok(Isolation::CgroupV1 { memory, cpu, pids })
@@ -393,8 +418,8 @@ impl JoinHandle {
     pub(crate) fn join_in_child(&self) -> io::Result<()> {
         // SAFETY: getpid has no preconditions.
         let pid = unsafe { libc::getpid() };
-        let mut buffer = [0u8; crate::executor::DECIMAL_BUFFER];
-        let text = crate::executor::decimal_line(i64::from(pid), &mut buffer);
+        let mut buffer = [0u8; DECIMAL_BUFFER];
+        let text = decimal_line(i64::from(pid), &mut buffer);
         for path in &self.procs {
             // SAFETY: `path` is a NUL-terminated string that outlives the calls; `text`
             // points to `text.len()` readable bytes.

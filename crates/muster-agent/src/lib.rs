@@ -19,19 +19,25 @@
 //!     noticing a lost master;
 //!   - `agent::task_lifecycle`: launching and killing tasks, their ends, status reports.
 //! - `tasks`: the task table (running tasks, bounded completed history).
-//! - `child_process`: a task's processes (spawning under an executor, re-attaching after a
-//!   restart, signals, exit code).
-//! - `executor`: the executor between the agent and a task, and its files.
-//! - `output`: a task's `stdout` and `stderr` files: rotation (copy and truncate) past a size,
-//!   and reading them back by absolute offset across rotations.
-//! - [`runner`]: what runs a task: processes by default, or a [`runner::TaskRunner`] such as
-//!   [`simulated::SimulatedTasks`] (deterministic simulation tests), with the agent's logic
-//!   (launches, kills, checkpoints, recovery, fencing) the same for both.
+//! - [`runner`]: what runs a task, the one [`runner::TaskRunner`] the agent holds: processes
+//!   by default, or one its config gives, such as [`simulated::SimulatedTasks`]
+//!   (deterministic simulation tests), with the agent's logic (launches, kills, checkpoints,
+//!   recovery, fencing) the same for both.
+//! - `process_runner`: the processes' runner: a task's working directory, cgroup and user, its
+//!   start, its re-attach after a restart, its output files, with
+//!   - `child_process`: a task's processes (spawning under an executor, re-attaching after a
+//!     restart, signals);
+//!   - `executor`: the executor between the agent and a task, and its files;
+//!   - `output`: a task's `stdout` and `stderr` files: rotation past a size, and reading them
+//!     back by absolute offset across rotations;
+//!   - [`isolation`]: cgroups (or process groups) bounding each task;
+//!   - `task_user`: whom tasks run as (`nobody` by default when the agent is root);
+//!   - `decimal`: numbers written without allocating, between fork and exec.
 //! - [`simulated`]: simulated tasks on the simulation's clock, for deterministic simulations.
-//! - `task_user`: whom tasks run as (`nobody` by default when the agent is root).
 //! - `backoff`: registration delays (random start, capped exponential backoff with jitter).
 //! - [`AgentConfig`]: masters, data directory, resources, timings.
-//! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs).
+//! - [`store`]: the files under the data directory (the id, task checkpoints, working dirs),
+//!   written whole or not at all (`atomic_file`).
 //! - [`AgentError`]: why an agent could not start.
 //! - [`metrics`]: the agent's figures (asked of the agent process), its tasks' CPU and memory
 //!   (read from their cgroups or `/proc`) and its transport counters, as Prometheus text.
@@ -40,15 +46,18 @@
 //! The `muster-agent` binary wraps this for operators.
 
 mod agent;
+mod atomic_file;
 mod backoff;
 mod child_process;
 mod config;
+mod decimal;
 mod error;
 mod executor;
 pub mod http;
 pub mod isolation;
 pub mod metrics;
 mod output;
+mod process_runner;
 pub mod reregistration;
 pub mod runner;
 pub mod simulated;

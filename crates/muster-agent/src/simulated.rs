@@ -34,7 +34,9 @@ use std::time::Duration;
 use muster_proto::model::Task;
 use tokio::sync::{Notify, oneshot};
 
-use crate::runner::{BoxFuture, KillSwitch, Reattached, RunnerTask, Stop, TaskEnd, TaskRunner};
+use crate::runner::{
+    BoxFuture, KillSwitch, Reattached, RunnerTask, StartError, Stop, TaskEnd, TaskRunner,
+};
 
 /// A task the machine started.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -306,18 +308,10 @@ impl SimulatedTasks {
             task_id: task_id.to_owned(),
         })
     }
-}
 
-/// The first argument of `task` as what `what` needs, or why not.
-fn argument<T>(task: &Task, what: &str, parse: impl Fn(&str) -> Option<T>) -> Result<T, String> {
-    task.args
-        .first()
-        .and_then(|a| parse(a.trim()))
-        .ok_or_else(|| format!("{what} needs a number, not {:?}", task.args.first()))
-}
-
-impl TaskRunner for SimulatedTasks {
-    fn start(&self, task: &Task, term: u64) -> Result<Box<dyn RunnerTask>, String> {
+    /// Starts `task` on the machine, as a leader of `term` commanded (see the module), or says
+    /// why it cannot.
+    fn launch(&self, task: &Task, term: u64) -> Result<Box<dyn RunnerTask>, Refused> {
         let now = self.now();
         let state = match task.command.as_str() {
             "exit" => {
@@ -338,7 +332,7 @@ impl TaskRunner for SimulatedTasks {
         };
         let mut machine = self.lock();
         if let Some(State::Running { .. }) = machine.settle(&task.id, now) {
-            return Err(format!("task {:?} already runs on this machine", task.id));
+            return Err(Refused::AlreadyRuns(task.id.clone()));
         }
         if let State::Ended(end) = &state {
             machine.ends.push(End {
@@ -372,12 +366,64 @@ impl TaskRunner for SimulatedTasks {
         Ok(self.handle(&task.id))
     }
 
-    fn reattach(&self, task_id: &str) -> Reattached {
+    /// Finds `task_id` on the machine, as the agent's next run does.
+    fn find(&self, task_id: &str) -> Reattached {
         match self.state(task_id) {
             Some(State::Running { .. }) => Reattached::Running(self.handle(task_id)),
             Some(State::Ended(end)) => Reattached::Ended(end),
             None => Reattached::Gone("the machine restarted since it was started".into()),
         }
+    }
+}
+
+/// Why the machine does not start a task.
+#[derive(Debug, thiserror::Error)]
+enum Refused {
+    /// `exit` or `sleep` needs a number as its first argument: this is not one.
+    #[error("{what} needs a number, not {argument:?}")]
+    NotANumber {
+        /// The command.
+        what: &'static str,
+        /// Its first argument, if it has one.
+        argument: Option<String>,
+    },
+    /// A task of this id still runs.
+    #[error("task {0:?} already runs on this machine")]
+    AlreadyRuns(String),
+}
+
+/// The first argument of `task` as what `what` needs, or why not.
+fn argument<T>(
+    task: &Task,
+    what: &'static str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<T, Refused> {
+    task.args
+        .first()
+        .and_then(|a| parse(a.trim()))
+        .ok_or_else(|| Refused::NotANumber {
+            what,
+            argument: task.args.first().cloned(),
+        })
+}
+
+/// A simulated machine runs no process, and bounds, owns and keeps nothing of the machine's:
+/// only [`start`](TaskRunner::start) and [`reattach`](TaskRunner::reattach) are its own.
+impl TaskRunner for SimulatedTasks {
+    fn start<'a>(
+        &'a self,
+        task: &'a Task,
+        _user: Option<&'a str>,
+        term: u64,
+    ) -> BoxFuture<'a, Result<Box<dyn RunnerTask>, StartError>> {
+        let started = self
+            .launch(task, term)
+            .map_err(|refused| StartError::command(&task.command, refused));
+        Box::pin(std::future::ready(started))
+    }
+
+    fn reattach<'a>(&'a self, task_id: &'a str) -> BoxFuture<'a, Reattached> {
+        Box::pin(std::future::ready(self.find(task_id)))
     }
 }
 
@@ -400,7 +446,7 @@ impl RunnerTask for SimulatedTask {
         })
     }
 
-    fn wait(self: Box<Self>, mut stop: oneshot::Receiver<Stop>) -> BoxFuture<TaskEnd> {
+    fn wait(self: Box<Self>, mut stop: oneshot::Receiver<Stop>) -> BoxFuture<'static, TaskEnd> {
         Box::pin(async move {
             let SimulatedTask { tasks, task_id } = *self;
             // A oneshot must not be polled again once it has answered.
@@ -490,11 +536,12 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_sleep_ends_with_zero_on_time_an_exit_at_once_with_its_code() -> Result<(), String> {
+    async fn a_sleep_ends_with_zero_on_time_an_exit_at_once_with_its_code()
+    -> Result<(), Box<dyn std::error::Error>> {
         let tasks = SimulatedTasks::new(clock);
         let started = clock();
-        let sleeper = tasks.start(&task("t1", "sleep", &["5"]), 3)?;
-        let quitter = tasks.start(&task("t2", "exit", &["3"]), 3)?;
+        let sleeper = tasks.start(&task("t1", "sleep", &["5"]), None, 3).await?;
+        let quitter = tasks.start(&task("t2", "exit", &["3"]), None, 3).await?;
         let (_keep, never) = oneshot::channel();
         let end = quitter.wait(never).await;
         assert_eq!(code(&end), Some(3));
@@ -514,18 +561,29 @@ mod tests {
         assert!(tasks.kills().is_empty());
 
         // Nonsense arguments are refused, as a start that fails.
-        assert!(tasks.start(&task("t3", "sleep", &["soon"]), 3).is_err());
-        assert!(tasks.start(&task("t4", "exit", &[]), 3).is_err());
+        assert!(
+            tasks
+                .start(&task("t3", "sleep", &["soon"]), None, 3)
+                .await
+                .is_err()
+        );
+        assert!(
+            tasks
+                .start(&task("t4", "exit", &[]), None, 3)
+                .await
+                .is_err()
+        );
         Ok(())
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_stop_ends_a_task_as_sigterm_or_sigkill_would() -> Result<(), String> {
+    async fn a_stop_ends_a_task_as_sigterm_or_sigkill_would()
+    -> Result<(), Box<dyn std::error::Error>> {
         let tasks = SimulatedTasks::new(clock);
-        let server = tasks.start(&task("t1", "serve", &[]), 4)?;
-        let hard = tasks.start(&task("t2", "serve", &[]), 4)?;
-        let switched = tasks.start(&task("t3", "serve", &[]), 4)?;
-        let sleeper = tasks.start(&task("t4", "sleep", &["100"]), 4)?;
+        let server = tasks.start(&task("t1", "serve", &[]), None, 4).await?;
+        let hard = tasks.start(&task("t2", "serve", &[]), None, 4).await?;
+        let switched = tasks.start(&task("t3", "serve", &[]), None, 4).await?;
+        let sleeper = tasks.start(&task("t4", "sleep", &["100"]), None, 4).await?;
         assert_eq!(tasks.running_names().len(), 4);
 
         // Nothing ends a server by itself.
@@ -534,7 +592,7 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(3_600)).await;
         assert!(!waiting.is_finished());
         waiting.abort();
-        let Reattached::Running(server) = tasks.reattach("t1") else {
+        let Reattached::Running(server) = tasks.reattach("t1").await else {
             return Err("t1 does not run".into());
         };
 
@@ -549,12 +607,12 @@ mod tests {
 
         // The agent stops and kills its tasks: the switch ends one without waiting for it.
         switched.kill_switch().pull();
-        match tasks.reattach("t3") {
+        match tasks.reattach("t3").await {
             Reattached::Ended(end) => {
                 assert!(end.killed);
                 assert_eq!(signal(&end), Some(libc::SIGKILL));
             }
-            other => return Err(format!("t3: {other:?}")),
+            other => return Err(format!("t3: {other:?}").into()),
         }
         // A kill switch pulled twice, or a stop for an ended task, changes nothing.
         switched.kill_switch().pull();
@@ -586,41 +644,49 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn tasks_outlive_the_agent_but_not_a_reboot() -> Result<(), String> {
+    async fn tasks_outlive_the_agent_but_not_a_reboot() -> Result<(), Box<dyn std::error::Error>> {
         let tasks = SimulatedTasks::new(clock);
         let t0 = clock();
-        drop(tasks.start(&task("t1", "serve", &[]), 1)?);
-        drop(tasks.start(&task("t2", "exit", &["3"]), 1)?);
-        drop(tasks.start(&task("t3", "sleep", &["10"]), 1)?);
-        drop(tasks.start(&task("t4", "sleep", &["60"]), 2)?);
+        drop(tasks.start(&task("t1", "serve", &[]), None, 1).await?);
+        drop(tasks.start(&task("t2", "exit", &["3"]), None, 1).await?);
+        drop(tasks.start(&task("t3", "sleep", &["10"]), None, 1).await?);
+        drop(tasks.start(&task("t4", "sleep", &["60"]), None, 2).await?);
         // The agent that started them is gone for 30 s; its next run finds them.
         tokio::time::sleep(Duration::from_secs(30)).await;
-        assert!(matches!(tasks.reattach("t1"), Reattached::Running(_)));
-        match tasks.reattach("t2") {
+        assert!(matches!(tasks.reattach("t1").await, Reattached::Running(_)));
+        match tasks.reattach("t2").await {
             Reattached::Ended(end) => assert_eq!(code(&end), Some(3)),
-            other => return Err(format!("t2: {other:?}")),
+            other => return Err(format!("t2: {other:?}").into()),
         }
-        match tasks.reattach("t3") {
+        match tasks.reattach("t3").await {
             Reattached::Ended(end) => assert_eq!((code(&end), end.killed), (Some(0), false)),
-            other => return Err(format!("t3 ended while the agent was down: {other:?}")),
+            other => return Err(format!("t3 ended while the agent was down: {other:?}").into()),
         }
-        let Reattached::Running(t4) = tasks.reattach("t4") else {
+        let Reattached::Running(t4) = tasks.reattach("t4").await else {
             return Err("t4 still sleeps".into());
         };
         // Watched again, it ends when it was due, not 60 s after the re-attach.
         let (_keep, never) = oneshot::channel();
         assert_eq!(code(&t4.wait(never).await), Some(0));
         assert_eq!(clock() - t0, Duration::from_secs(60));
-        assert!(matches!(tasks.reattach("unknown"), Reattached::Gone(_)));
+        assert!(matches!(
+            tasks.reattach("unknown").await,
+            Reattached::Gone(_)
+        ));
 
         // A task id that still runs cannot start twice; one that ended can start anew.
-        assert!(tasks.start(&task("t1", "serve", &[]), 2).is_err());
-        drop(tasks.start(&task("t2", "serve", &[]), 2)?);
+        assert!(
+            tasks
+                .start(&task("t1", "serve", &[]), None, 2)
+                .await
+                .is_err()
+        );
+        drop(tasks.start(&task("t2", "serve", &[]), None, 2).await?);
 
         tasks.reboot();
         for id in ["t1", "t2", "t3", "t4"] {
             assert!(
-                matches!(tasks.reattach(id), Reattached::Gone(_)),
+                matches!(tasks.reattach(id).await, Reattached::Gone(_)),
                 "{id} survived the reboot"
             );
         }
@@ -632,14 +698,15 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn each_run_s_end_is_recorded_with_how_and_when() -> Result<(), String> {
+    async fn each_run_s_end_is_recorded_with_how_and_when() -> Result<(), Box<dyn std::error::Error>>
+    {
         let tasks = SimulatedTasks::new(clock);
         let t0 = clock();
-        let short = tasks.start(&task("t1", "sleep", &["2"]), 1)?;
-        drop(tasks.start(&task("t2", "exit", &["3"]), 1)?);
-        let stopped = tasks.start(&task("t3", "serve", &[]), 1)?;
-        drop(tasks.start(&task("t4", "sleep", &["5"]), 1)?);
-        drop(tasks.start(&task("t5", "serve", &[]), 1)?);
+        let short = tasks.start(&task("t1", "sleep", &["2"]), None, 1).await?;
+        drop(tasks.start(&task("t2", "exit", &["3"]), None, 1).await?);
+        let stopped = tasks.start(&task("t3", "serve", &[]), None, 1).await?;
+        drop(tasks.start(&task("t4", "sleep", &["5"]), None, 1).await?);
+        drop(tasks.start(&task("t5", "serve", &[]), None, 1).await?);
         let (_keep, never) = oneshot::channel();
         assert_eq!(code(&short.wait(never).await), Some(0));
         let end = stopped.wait(stop(Duration::from_secs(1), 2)).await;
@@ -669,9 +736,10 @@ mod tests {
     }
 
     #[tokio::test(flavor = "current_thread", start_paused = true)]
-    async fn a_reboot_under_a_watched_task_ends_its_wait() -> Result<(), String> {
+    async fn a_reboot_under_a_watched_task_ends_its_wait() -> Result<(), Box<dyn std::error::Error>>
+    {
         let tasks = SimulatedTasks::new(clock);
-        let server = tasks.start(&task("t1", "serve", &[]), 1)?;
+        let server = tasks.start(&task("t1", "serve", &[]), None, 1).await?;
         let (_keep, never) = oneshot::channel();
         let waiting = tokio::spawn(server.wait(never));
         tokio::task::yield_now().await;

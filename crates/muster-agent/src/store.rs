@@ -18,7 +18,7 @@
 //! multi-threaded runtime, inline on a current-thread one (see `blocking`).
 
 use std::fs;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -27,6 +27,7 @@ use muster_proto::model::Task;
 use prost::Message as _;
 
 use crate::AgentError;
+use crate::atomic_file::write_atomically;
 
 /// Name of the file holding the agent id, in the data directory.
 pub const AGENT_ID_FILE: &str = "agent_id";
@@ -99,34 +100,6 @@ pub fn remove_agent_id(data_dir: &Path) -> Result<(), AgentError> {
         }
         _ => Ok(()),
     }
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-/// With `durable`, the file and then the directory are fsynced.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no directory"))?;
-    let mut tmp_name = path
-        .file_name()
-        .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "path has no file name"))?
-        .to_owned();
-    tmp_name.push(".tmp");
-    let tmp = dir.join(tmp_name);
-    {
-        let mut file = fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        if durable {
-            file.sync_all()?;
-        }
-    }
-    fs::rename(&tmp, path)?;
-    if durable {
-        // Makes the rename itself durable. Directories cannot be opened for sync everywhere;
-        // where they can (Linux), a failure is an error.
-        fs::File::open(dir)?.sync_all()?;
-    }
-    Ok(())
 }
 
 /// Name of the file the running agent rewrites now and then, under `meta/`: the wall-clock
@@ -250,16 +223,25 @@ pub(crate) fn task_dir(data_dir: &Path, task_id: &str) -> PathBuf {
     data_dir.join("tasks").join(task_id)
 }
 
-/// A task id must name a directory: non-empty, no `/`, no NUL, not `.` or `..`, at most 255
+/// Why a task id cannot be used (see [`check_task_id`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum TaskIdError {
+    /// The id is empty.
+    #[error("the task has an empty id")]
+    Empty,
+    /// The id cannot name a directory: this one.
+    #[error("task id {0:?} cannot name a directory (no '/', NUL, '.' or '..', at most 200 bytes)")]
+    NoDirectory(String),
+}
+
+/// A task id must name a directory: non-empty, no `/`, no NUL, not `.` or `..`, at most 200
 /// bytes.
-pub(crate) fn check_task_id(task_id: &str) -> Result<(), String> {
+pub(crate) fn check_task_id(task_id: &str) -> Result<(), TaskIdError> {
     if task_id.is_empty() {
-        return Err("the task has an empty id".into());
+        return Err(TaskIdError::Empty);
     }
     if task_id == "." || task_id == ".." || task_id.contains(['/', '\0']) || task_id.len() > 200 {
-        return Err(format!(
-            "task id {task_id:?} cannot name a directory (no '/', NUL, '.' or '..', at most 200 bytes)"
-        ));
+        return Err(TaskIdError::NoDirectory(task_id.to_owned()));
     }
     Ok(())
 }

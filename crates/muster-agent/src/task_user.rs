@@ -110,66 +110,104 @@ pub(crate) fn name_of(uid: libc::uid_t) -> String {
         .into_owned()
 }
 
-/// Whom the agent runs its tasks as.
+/// The name of `user`, or of the agent's own user for `None`: for logs.
+pub(crate) fn name_or_own(user: Option<&str>) -> String {
+    match user {
+        Some(user) => user.to_owned(),
+        // SAFETY: geteuid has no preconditions.
+        None => name_of(unsafe { libc::geteuid() }),
+    }
+}
+
+/// Why a task cannot run as the user it names, or as the one it would run as.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(crate) enum UserError {
+    /// The task names a user the agent's rule does not allow.
+    #[error(
+        "the task asks to run as user {requested:?}, which this agent does not allow \
+         (its allowed task users: {})",
+        allowed_list(allowed)
+    )]
+    NotAllowed {
+        /// The user it names.
+        requested: String,
+        /// The users a task may name.
+        allowed: Vec<String>,
+    },
+    /// The task should run as another user than the agent's, which is not root.
+    #[error(
+        "the task should run as user {user:?}, but the agent runs as {agent:?}, not root, \
+         and cannot switch users"
+    )]
+    CannotSwitch {
+        /// The user it should run as.
+        user: String,
+        /// The agent's user.
+        agent: String,
+    },
+    /// The user could not be looked up (there is no such user, or the lookup failed).
+    #[error("cannot run the task as user {user:?}: {reason}")]
+    Lookup {
+        /// The user.
+        user: String,
+        /// What the lookup said.
+        reason: String,
+    },
+}
+
+/// The allowed users as a refusal lists them.
+fn allowed_list(allowed: &[String]) -> String {
+    if allowed.is_empty() {
+        "none".to_owned()
+    } else {
+        allowed.join(", ")
+    }
+}
+
+/// Whom the agent runs its tasks as, by its rule: the user a task runs as when it names none,
+/// and the users it may name. Whether and how the machine can run a task as that user is its
+/// runner's (see [`Credentials::for_task`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TaskUsers {
     /// The user a task runs as when it names none (`None`: as the agent's user).
     default: Option<String>,
     /// Users a task may name.
     allowed: Vec<String>,
-    /// Whether the agent can switch users at all (it is root).
-    root: bool,
 }
 
 impl TaskUsers {
-    /// From the agent's config: `task_user` (a task's default; `None` picks
-    /// [`DEFAULT_TASK_USER`] when the agent is root, the agent's own user otherwise) and
-    /// `allowed` (the users a task may name).
-    pub(crate) fn new(task_user: Option<String>, allowed: Vec<String>) -> TaskUsers {
-        let root = agent_is_root();
-        let default = match task_user {
-            Some(user) if !user.is_empty() => Some(user),
-            _ if root => Some(DEFAULT_TASK_USER.to_owned()),
-            _ => None,
-        };
+    /// From the agent's config, `task_user` (a task's default) and `allowed` (the users a task
+    /// may name), and its runner's `machine_default`, the user for a task when neither it nor
+    /// the config names one (`nobody` for an agent that runs processes as root; `None`: the
+    /// agent's own user).
+    pub(crate) fn new(
+        task_user: Option<String>,
+        allowed: Vec<String>,
+        machine_default: Option<&str>,
+    ) -> TaskUsers {
         TaskUsers {
-            default,
+            default: task_user
+                .filter(|user| !user.is_empty())
+                .or_else(|| machine_default.map(str::to_owned)),
             allowed,
-            root,
         }
     }
 
     /// The name of the user a task that names `requested` (empty: none) runs as: for logs.
     pub(crate) fn name_for(&self, requested: &str) -> String {
-        match (&self.default, requested) {
-            (_, named) if !named.is_empty() => named.to_owned(),
-            (Some(user), _) => user.clone(),
-            // SAFETY: geteuid has no preconditions.
-            (None, _) => name_of(unsafe { libc::geteuid() }),
+        if requested.is_empty() {
+            name_or_own(self.default.as_deref())
+        } else {
+            requested.to_owned()
         }
-    }
-
-    /// Users for tasks that a [`TaskRunner`](crate::runner::TaskRunner) runs: the same rule
-    /// of whom a task may name (`task_user`, `allowed`), and nothing asked of this machine
-    /// (whether the agent is root, its user database).
-    pub(crate) fn for_runner(task_user: Option<String>, allowed: Vec<String>) -> TaskUsers {
-        TaskUsers {
-            default: task_user.filter(|user| !user.is_empty()),
-            allowed,
-            root: false,
-        }
-    }
-
-    /// Whether a task may name `requested` (empty: none), by the agent's rule alone (see
-    /// [`resolve`](Self::resolve)); the reason if not.
-    pub(crate) fn admit(&self, requested: &str) -> Result<(), String> {
-        self.named(requested).map(|_| ())
     }
 
     /// The user a task that names `requested` (empty: none) runs as by the agent's rule:
-    /// `None` for the agent's own user. Refused, with the reason, if the task names a user
-    /// the agent does not allow.
-    fn named<'a>(&'a self, requested: &'a str) -> Result<Option<&'a str>, String> {
+    /// `None` for the agent's own user.
+    ///
+    /// # Errors
+    /// [`UserError::NotAllowed`] if the task names a user the agent does not allow.
+    pub(crate) fn named<'a>(&'a self, requested: &'a str) -> Result<Option<&'a str>, UserError> {
         if requested.is_empty() {
             return Ok(self.default.as_deref());
         }
@@ -177,38 +215,44 @@ impl TaskUsers {
         {
             return Ok(Some(requested));
         }
-        Err(format!(
-            "the task asks to run as user {requested:?}, which this agent does not allow \
-             (its allowed task users: {})",
-            if self.allowed.is_empty() {
-                "none".to_owned()
-            } else {
-                self.allowed.join(", ")
-            }
-        ))
+        Err(UserError::NotAllowed {
+            requested: requested.to_owned(),
+            allowed: self.allowed.clone(),
+        })
     }
+}
 
-    /// Whom a task that names `requested` (empty: none) runs as: `None` for the agent's own
-    /// user. Refused, with the reason, if the task names a user the agent does not allow, or
-    /// the user does not exist.
-    pub(crate) fn resolve(&self, requested: &str) -> Result<Option<Credentials>, String> {
-        let Some(name) = self.named(requested)? else {
+impl Credentials {
+    /// Whom a task that runs as `user` (`None`: the agent's own user, as [`TaskUsers::named`]
+    /// answers) runs as on this machine: `None` for the agent's own user; the user's ids,
+    /// looked up, if the agent is `root` and so can switch to them.
+    ///
+    /// # Errors
+    /// [`UserError::CannotSwitch`] for another user than the agent's when it is not root,
+    /// [`UserError::Lookup`] for a user that cannot be looked up.
+    pub(crate) fn for_task(
+        user: Option<&str>,
+        root: bool,
+    ) -> Result<Option<Credentials>, UserError> {
+        let Some(name) = user else {
             return Ok(None);
         };
-        if !self.root {
-            // SAFETY: geteuid has no preconditions.
-            let me = name_of(unsafe { libc::geteuid() });
+        if !root {
+            let me = name_or_own(None);
             if me == name {
                 return Ok(None);
             }
-            return Err(format!(
-                "the task should run as user {name:?}, but the agent runs as {me:?}, not root, \
-                 and cannot switch users"
-            ));
+            return Err(UserError::CannotSwitch {
+                user: name.to_owned(),
+                agent: me,
+            });
         }
         Credentials::of(name)
             .map(Some)
-            .map_err(|e| format!("cannot run the task as user {name:?}: {e}"))
+            .map_err(|e| UserError::Lookup {
+                user: name.to_owned(),
+                reason: e.to_string(),
+            })
     }
 }
 
@@ -218,37 +262,41 @@ mod tests {
 
     #[test]
     fn root_defaults_to_nobody_and_only_allowed_users_may_be_named() {
-        let users = TaskUsers {
-            default: Some("nobody".into()),
-            allowed: vec!["root".into()],
-            root: true,
-        };
-        let nobody = users.resolve("");
+        let users = TaskUsers::new(None, vec!["root".into()], Some(DEFAULT_TASK_USER));
+        let nobody = users
+            .named("")
+            .and_then(|user| Credentials::for_task(user, true));
         assert!(matches!(nobody, Ok(Some(c)) if c.uid != 0), "{nobody:?}");
-        assert!(matches!(users.resolve("root"), Ok(Some(c)) if c.uid == 0));
-        let refused = users.resolve("daemon").unwrap_err();
+        let root = users
+            .named("root")
+            .and_then(|user| Credentials::for_task(user, true));
+        assert!(matches!(root, Ok(Some(c)) if c.uid == 0));
+        let refused = users.named("daemon").unwrap_err().to_string();
         assert!(
             refused.contains("\"daemon\"") && refused.contains("root"),
             "{refused}"
         );
-        let missing = TaskUsers {
-            default: Some("no-such-user-here".into()),
-            allowed: Vec::new(),
-            root: true,
-        };
-        let error = missing.resolve("").unwrap_err();
+        let missing = TaskUsers::new(Some("no-such-user-here".into()), Vec::new(), None);
+        let error = missing
+            .named("")
+            .and_then(|user| Credentials::for_task(user, true))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("no-such-user-here"), "{error}");
     }
 
     #[test]
     fn a_non_root_agent_runs_tasks_as_itself_and_cannot_switch() {
-        let users = TaskUsers {
-            default: None,
-            allowed: vec!["nobody".into()],
-            root: false,
-        };
-        assert_eq!(users.resolve(""), Ok(None));
-        let error = users.resolve("nobody").unwrap_err();
+        let users = TaskUsers::new(None, vec!["nobody".into()], None);
+        let own = users
+            .named("")
+            .and_then(|user| Credentials::for_task(user, false));
+        assert_eq!(own, Ok(None));
+        let error = users
+            .named("nobody")
+            .and_then(|user| Credentials::for_task(user, false))
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("cannot switch"), "{error}");
     }
 }

@@ -8,8 +8,39 @@ use muster_proto::cluster::Framework;
 use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
-use crate::metrics::RunningTask;
-use crate::runner::{Stop, Stopper};
+use crate::metrics::{CgroupPaths, RunningTask};
+use crate::runner::{KillSwitch, RunnerTask, Stop};
+
+/// What ends a running task at once when the agent stops, and where its usage is read.
+#[derive(Clone, Debug)]
+pub(crate) struct Stopper {
+    switch: KillSwitch,
+    /// The task's process, if it is one.
+    pid: Option<i32>,
+    /// Its cgroup's accounting, if it has one.
+    cgroup: Option<CgroupPaths>,
+}
+
+impl Stopper {
+    /// The stopper of `task`, which the agent starts watching.
+    pub(crate) fn of(task: &dyn RunnerTask) -> Stopper {
+        Stopper {
+            switch: task.kill_switch(),
+            pid: task.pid(),
+            cgroup: task.cgroup(),
+        }
+    }
+
+    /// The task's process and cgroup, where its usage can be read.
+    fn usage_source(&self) -> (Option<i32>, Option<CgroupPaths>) {
+        (self.pid, self.cgroup.clone())
+    }
+
+    /// Ends the task at once: SIGKILL to every process of it, or its runner's switch.
+    fn kill_now(&self) {
+        self.switch.pull();
+    }
+}
 
 /// A task that runs.
 #[derive(Debug)]

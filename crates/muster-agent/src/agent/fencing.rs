@@ -17,17 +17,58 @@ use muster_proto::model::TaskState;
 use super::Agent;
 use crate::store;
 
+/// Why a command of a master was refused: it comes from an older leader term, or is a launch
+/// meant for another registration of the agent or past its deadline. Said to the master (the
+/// answer's error, or the refused tasks' message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub(super) enum Fenced {
+    /// The command (`what`) comes from a leader of `term`, older than the one the agent
+    /// follows.
+    #[error(
+        "refused {what}: it comes from a leader of term {term}, but this agent follows \
+         term {following} (the sender is no longer the leader)"
+    )]
+    StaleTerm {
+        /// What was refused: `a RunTask`, `a KillTask`, ...
+        what: &'static str,
+        /// The command's term.
+        term: u64,
+        /// The term the agent follows.
+        following: u64,
+    },
+    /// A launch meant for an earlier registration of the agent.
+    #[error(
+        "refused a launch meant for registration {meant} of this agent, which has registered \
+         again since (registration {current}): it was counted lost"
+    )]
+    OtherRegistration {
+        /// The registration it was meant for.
+        meant: u64,
+        /// The agent's registration now.
+        current: u64,
+    },
+    /// A launch that waited in a queue past its deadline.
+    #[error(
+        "refused a launch that expired {ago_ms} ms ago (it waited in a queue): it was counted \
+         lost"
+    )]
+    Expired {
+        /// How long ago its deadline passed, in milliseconds.
+        ago_ms: u64,
+    },
+}
+
 impl Agent {
     /// Whether a command (`what`) of leader term `term` may be obeyed: not if the agent follows
     /// a higher term. A higher term than the agent's is recorded first.
-    pub(super) fn admit_term(&mut self, term: u64, what: &str) -> Result<(), String> {
+    pub(super) fn admit_term(&mut self, term: u64, what: &'static str) -> Result<(), Fenced> {
         if term < self.term {
             self.stale_commands_refused += 1;
-            let why = format!(
-                "refused {what}: it comes from a leader of term {term}, but this agent follows \
-                 term {} (the sender is no longer the leader)",
-                self.term
-            );
+            let why = Fenced::StaleTerm {
+                what,
+                term,
+                following: self.term,
+            };
             tracing::warn!(term, following = self.term, "{why}");
             return Err(why);
         }
@@ -80,29 +121,26 @@ impl Agent {
         &mut self,
         registration: u64,
         deadline_unix_ms: u64,
-    ) -> Result<(), String> {
+    ) -> Result<(), Fenced> {
         if registration != 0 && registration != self.registration {
             self.stale_commands_refused += 1;
-            return Err(format!(
-                "refused a launch meant for registration {registration} of this agent, which \
-                 has registered again since (registration {}): it was counted lost",
-                self.registration
-            ));
+            return Err(Fenced::OtherRegistration {
+                meant: registration,
+                current: self.registration,
+            });
         }
         let now_ms = muster_model::clock::unix_ms();
         if deadline_unix_ms != 0 && now_ms > deadline_unix_ms {
             self.stale_commands_refused += 1;
-            return Err(format!(
-                "refused a launch that expired {} ms ago (it waited in a queue): it was \
-                 counted lost",
-                now_ms - deadline_unix_ms
-            ));
+            return Err(Fenced::Expired {
+                ago_ms: now_ms - deadline_unix_ms,
+            });
         }
         Ok(())
     }
 
     /// Reports a task of a refused launch LOST with the reason, without starting it.
-    pub(super) fn refuse_launch(&mut self, request: RunTask, why: &str) {
+    pub(super) fn refuse_launch(&mut self, request: RunTask, why: &Fenced) {
         let Some(mut task) = request.task else {
             return;
         };
@@ -113,7 +151,7 @@ impl Agent {
         }
         task.state = TaskState::Lost as i32;
         task.exit_code = -1;
-        task.message = why.to_owned();
+        task.message = why.to_string();
         self.report(task);
     }
 }

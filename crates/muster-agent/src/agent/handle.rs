@@ -3,6 +3,7 @@
 //! [`AgentHandle`] asks it for its id or a [`AgentSnapshot`] and watches its [`AgentStatus`].
 
 use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
 
 use muster_actor::{ExitReason, Pid, Upid};
 use muster_proto::cluster::{
@@ -16,8 +17,9 @@ use tokio::time::Instant;
 
 use super::master_link::{Connection, Heartbeats};
 use super::{Agent, AgentMsg, Msg, recovery};
-use crate::isolation::Isolation;
 use crate::metrics::AgentFigures;
+use crate::process_runner::ProcessRunner;
+use crate::runner::TaskRunner;
 use crate::store::{self, blocking};
 use crate::task_user::TaskUsers;
 use crate::tasks::Tasks;
@@ -222,44 +224,28 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     })
     .await?;
 
-    let isolation = if config.task_runner.is_some() {
-        Isolation::None
-    } else if config.cgroups {
-        let scope = isolation_scope(&config.data_dir);
-        blocking(move || Ok(Isolation::detect(&scope))).await?
-    } else {
-        Isolation::ProcessGroup {
-            reason: "cgroups turned off in the agent's config".into(),
+    // The one choice of runner: the config's, or the machine's processes.
+    let runner: Arc<dyn TaskRunner> = match &config.task_runner {
+        Some(custom) => {
+            tracing::info!("tasks are run by the configured task runner, not as processes");
+            custom.shared()
         }
+        None => Arc::new(ProcessRunner::new(&config).await?),
     };
-    match &isolation {
-        Isolation::ProcessGroup { reason } => tracing::warn!(
-            %reason,
-            "tasks are bounded by process groups only: memory, CPU and process limits are not \
-             enforced, and a task's processes that leave its group survive a kill"
-        ),
-        Isolation::None => {
-            tracing::info!("tasks are run by the configured task runner, not as processes")
-        }
-        other => tracing::info!(isolation = other.name(), "each task runs in its own cgroup"),
-    }
-    let (task_user, allowed) = (config.task_user.clone(), config.allowed_task_users.clone());
-    let task_users = if config.task_runner.is_some() {
-        TaskUsers::for_runner(task_user, allowed)
-    } else {
-        let task_users = TaskUsers::new(task_user, allowed);
-        tracing::info!(user = %task_users.name_for(""), "tasks run as this user unless their job names another");
-        task_users
-    };
+    let task_users = TaskUsers::new(
+        config.task_user.clone(),
+        config.allowed_task_users.clone(),
+        runner.default_user(),
+    );
 
     let checkpoints_found = checkpoints.len();
-    let recovery = recovery::recover(&config, &isolation, checkpoints).await;
-    let keep: std::collections::HashSet<String> = recovery
+    let recovery = recovery::recover(&config, runner.as_ref(), checkpoints).await;
+    let keep: HashSet<String> = recovery
         .running
         .iter()
         .map(|(_, task, _)| task.id.clone())
         .collect();
-    let sweeper = isolation.clone();
+    let sweeper = Arc::clone(&runner);
     let swept = blocking(move || Ok(sweeper.sweep(&keep))).await?;
     if swept > 0 {
         tracing::info!(
@@ -306,7 +292,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    attributes.insert(ISOLATION_ATTRIBUTE.into(), isolation.name().into());
+    attributes.insert(ISOLATION_ATTRIBUTE.into(), runner.isolation().into());
     let info = AgentInfo {
         hostname: config.hostname.clone(),
         address: upid.to_string(),
@@ -317,7 +303,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     let agent = Agent {
         node: node.clone(),
         config,
-        isolation,
+        runner,
         task_users,
         masters,
         info,
@@ -343,7 +329,6 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         counts: super::Counts::default(),
         rebase_term: false,
         unsent_updates: VecDeque::new(),
-        output: super::task_output::Output::default(),
     };
     let pid = node.system().spawn(agent);
     const MASTERS: &[muster_security::Role] = &[muster_security::Role::Master];
@@ -379,22 +364,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
     })
 }
 
-/// The attribute an agent reports its task isolation in (`cgroup-v2`, `cgroup-v1`,
-/// `process-group`, or `none` with a [`TaskRunner`](crate::runner::TaskRunner)), as Nomad
-/// reports its drivers.
+/// The attribute an agent reports its task isolation in, as its runner says
+/// ([`TaskRunner::isolation`]): `cgroup-v2`, `cgroup-v1`, `process-group`, or `none` for tasks
+/// that are no processes of this machine; as Nomad reports its drivers.
 pub const ISOLATION_ATTRIBUTE: &str = "muster.isolation";
-
-/// The agent's own cgroup directory name, stable across its restarts: `muster/agent-<hash of
-/// its data dir>`.
-fn isolation_scope(data_dir: &std::path::Path) -> String {
-    let path = std::fs::canonicalize(data_dir).unwrap_or_else(|_| data_dir.to_owned());
-    // FNV-1a: short, stable, and no dependency for a directory name.
-    let hash = path
-        .as_os_str()
-        .as_encoded_bytes()
-        .iter()
-        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
-            (hash ^ u64::from(*byte)).wrapping_mul(0x0100_0000_01b3)
-        });
-    format!("muster/agent-{hash:016x}")
-}

@@ -1,11 +1,13 @@
 //! What the agent process does with tasks: starts them (checks the request, checkpoints, has
-//! the task run: a child process in its working directory, or a task of the configured
-//! [`TaskRunner`](crate::runner::TaskRunner)), stops them when the master asks, records how
-//! they ended, and reports every change of state to the master as a `TaskStatusUpdate`, keeping
-//! the updates it cannot send yet for its next registration. The task table itself is
-//! [`Tasks`](crate::tasks::Tasks); the child processes are [`crate::child_process`].
+//! its [`TaskRunner`](crate::runner::TaskRunner) run the task: a child process in its working
+//! directory, or a task of the runner its config gives), stops them when the master asks,
+//! records how they ended, and reports every change of state to the master as a
+//! `TaskStatusUpdate`, keeping the updates it cannot send yet for its next registration. The
+//! task table itself is [`Tasks`](crate::tasks::Tasks).
 
 use std::collections::VecDeque;
+use std::os::unix::process::ExitStatusExt as _;
+use std::process::ExitStatus;
 
 use muster_actor::Context;
 use muster_proto::cluster::{Framework, KillTaskReply, RunTask, TaskStatusUpdate};
@@ -15,23 +17,83 @@ use tokio::sync::oneshot;
 use super::master_link::Connection;
 use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
-use crate::child_process::{self, Ended, Sandbox, TaskProcess};
-use crate::isolation::Limits;
-use crate::output::Limits as OutputLimits;
-use crate::runner::{Running, Stop};
-use crate::store::{self, blocking};
-use crate::task_user::Credentials;
-use crate::tasks::KillRequest;
+use crate::runner::{self, RunnerTask, StartError, Stop, TaskEnd};
+use crate::store::{self, TaskIdError, blocking};
+use crate::task_user::UserError;
+use crate::tasks::{KillRequest, Stopper};
+
+/// Why the agent did not start a task: the task FAILED, with this as its message, and the
+/// master that asked hears it as the answer's error.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum Refused {
+    /// The request holds no task.
+    #[error("the request carries no task")]
+    NoTask,
+    /// The task's id cannot be used.
+    #[error(transparent)]
+    TaskId(#[from] TaskIdError),
+    /// A task of this id runs, or ran, here.
+    #[error("task {0:?} already exists on this agent")]
+    Exists(String),
+    /// The task names another framework than the request.
+    #[error("task {id:?} names framework {named:?} but the request is for framework {requested:?}")]
+    OtherFramework {
+        /// The task.
+        id: String,
+        /// The framework the task names.
+        named: String,
+        /// The request's framework.
+        requested: String,
+    },
+    /// Neither the task nor the request names a framework.
+    #[error("task {0:?} names no framework")]
+    NoFramework(String),
+    /// The task has no command.
+    #[error("task {0:?} has no command")]
+    NoCommand(String),
+    /// The task names a user the agent does not allow.
+    #[error("task {id:?}: {error}")]
+    User {
+        /// The task.
+        id: String,
+        /// Why.
+        error: UserError,
+    },
+    /// The runner cannot run the task, or could not start it.
+    #[error("task {id:?}: {error}")]
+    Runner {
+        /// The task.
+        id: String,
+        /// Why.
+        error: StartError,
+    },
+    /// The task could not be checkpointed as STARTING: it did not start.
+    #[error(transparent)]
+    Starting(CheckpointError),
+    /// The task started but could not be checkpointed as RUNNING: it was killed.
+    #[error("task {id:?}: cannot checkpoint it: {error}")]
+    Running {
+        /// The task.
+        id: String,
+        /// Why.
+        error: CheckpointError,
+    },
+}
+
+/// A task's checkpoint could not be written.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot checkpoint the task: {0}")]
+pub(super) struct CheckpointError(AgentError);
 
 impl Agent {
-    /// Starts a task's child process, or says why not. A refused task (one not already running
-    /// under its id) is also reported FAILED, with the reason in its `message`, so the master
-    /// hears of it whether it asked or told.
+    /// Starts a task, or says why not. A refused task (one not already running under its id)
+    /// is also reported FAILED, with the reason in its `message`, so the master hears of it
+    /// whether it asked or told.
     pub(super) async fn run_task(
         &mut self,
         request: RunTask,
         ctx: &mut Context<Self>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refused> {
         let refused = request.task.clone();
         self.counts.launches += 1;
         let started = self.start_task(request, ctx).await;
@@ -60,60 +122,59 @@ impl Agent {
             }
             task.state = TaskState::Failed as i32;
             task.exit_code = -1;
-            task.message.clone_from(error);
+            task.message = error.to_string();
             self.report(task);
         }
         started
     }
 
-    /// Starts a task (reporting STARTING, then RUNNING): a child process under its executor,
-    /// or a task of the configured runner. Or says why not.
+    /// Starts a task (reporting STARTING, then RUNNING) on the agent's runner, or says why
+    /// not.
     async fn start_task(
         &mut self,
         request: RunTask,
         ctx: &mut Context<Self>,
-    ) -> Result<(), String> {
+    ) -> Result<(), Refused> {
         let Some(mut task) = request.task else {
-            return Err("the request carries no task".into());
+            return Err(Refused::NoTask);
         };
         store::check_task_id(&task.id)?;
         let id = task.id.clone();
         if self.tasks.knows(&id) {
-            return Err(format!("task {id:?} already exists on this agent"));
+            return Err(Refused::Exists(id));
         }
         let framework = self.framework_of(&mut task, request.framework)?;
         if task.command.trim().is_empty() {
-            return Err(format!("task {id:?} has no command"));
+            return Err(Refused::NoCommand(id));
         }
-        let runner = self.config.task_runner.clone();
-        let credentials = match &runner {
-            // Whom it may run as is the agent's rule; the machine's users are the runner's.
-            Some(_) => self.task_users.admit(&task.user).map(|()| None),
-            None => self.task_users.resolve(&task.user),
+        // Whom it may run as is the agent's rule; whether the machine can run it so, its
+        // runner's.
+        let user = match self.task_users.named(&task.user) {
+            Ok(user) => user.map(str::to_owned),
+            Err(error) => return Err(Refused::User { id, error }),
+        };
+        let runner = self.runner.clone();
+        if let Err(error) = runner.admit(&task, user.as_deref()) {
+            return Err(Refused::Runner { id, error });
         }
-        .map_err(|e| format!("task {id:?}: {e}"))?;
         // Accepted: STARTING until it runs. Checkpointed as such first, so that an agent
         // stopped in the middle of the start finds (and ends) what it had started.
         task.state = TaskState::Starting as i32;
-        self.checkpoint(&framework, &task).await?;
+        self.checkpoint(&framework, &task)
+            .await
+            .map_err(Refused::Starting)?;
         self.report(task.clone());
 
-        let running = match &runner {
-            Some(runner) => runner
-                .runner()
-                .start(&task, self.term)
-                .map(Running::Runner)
-                .map_err(|e| {
-                    format!("task {id:?}: cannot start command {:?}: {e}", task.command)
-                })?,
-            None => self.spawn_process(&task, credentials).await?,
+        let running = match runner.start(&task, user.as_deref(), self.term).await {
+            Ok(running) => running,
+            Err(error) => return Err(Refused::Runner { id, error }),
         };
         task.state = TaskState::Running as i32;
         task.exit_code = 0;
         if let Err(error) = self.checkpoint(&framework, &task).await {
             // Untracked, it would outlive a restart unseen: it does not run at all.
-            running.kill_and_wait().await;
-            return Err(format!("task {id:?}: cannot checkpoint it: {error}"));
+            runner::kill_and_wait(running).await;
+            return Err(Refused::Running { id, error });
         }
         match running.pid() {
             Some(pid) => {
@@ -128,80 +189,8 @@ impl Agent {
         Ok(())
     }
 
-    /// Starts `task`'s child process: its working directory, its cgroup, its executor, and
-    /// the record a restarted agent finds it by (written before anyone hears it runs).
-    async fn spawn_process(
-        &self,
-        task: &Task,
-        credentials: Option<Credentials>,
-    ) -> Result<Running, String> {
-        let id = &task.id;
-        let dir = store::task_dir(&self.config.data_dir, id);
-        let output = child_process::open_sandbox(&dir, credentials)
-            .await
-            .map_err(|e| {
-                format!(
-                    "task {id:?}: cannot prepare working directory {}: {e}",
-                    dir.display()
-                )
-            })?;
-        let resources = task.resources.unwrap_or_default();
-        let limits = Limits {
-            mem_mb: resources.mem_mb,
-            cpus: resources.cpus,
-            pids: self.config.task_pids_max,
-        };
-        let cgroup = self
-            .isolation
-            .for_task(id, limits)
-            .map_err(|e| format!("task {id:?}: cannot make its cgroup: {e}"))?;
-        let sandbox = Sandbox {
-            output,
-            output_limits: OutputLimits {
-                max_bytes: self.config.task_output_max_bytes,
-                files: self.config.task_output_files,
-            },
-            cgroup: cgroup.clone(),
-            credentials,
-        };
-        let files = store::executor_files(&self.config.data_dir, id);
-        let (process, record) = match TaskProcess::spawn(task, &dir, files.clone(), sandbox) {
-            Ok(spawned) => spawned,
-            Err(e) => {
-                if let Some(cgroup) = cgroup {
-                    cgroup.remove();
-                }
-                let _ = blocking(move || {
-                    let _ = std::fs::remove_dir_all(&dir);
-                    Ok(())
-                })
-                .await;
-                return Err(format!(
-                    "task {id:?}: cannot start command {:?}: {e}",
-                    task.command
-                ));
-            }
-        };
-        let running = Running::Process(Box::new(process));
-        // What a restarted agent needs to find it again, before anyone hears it runs.
-        let written = blocking(move || {
-            record
-                .write(&files)
-                .map_err(|source| AgentError::StateFile {
-                    path: files.record.clone(),
-                    source,
-                })
-        })
-        .await;
-        if let Err(error) = written {
-            running.kill_and_wait().await;
-            return Err(format!("task {id:?}: cannot checkpoint it: {error}"));
-        }
-        Ok(running)
-    }
-
     /// Records `task` of `framework` (its latest state) in its checkpoint.
-    async fn checkpoint(&self, framework: &Framework, task: &Task) -> Result<(), String> {
+    async fn checkpoint(&self, framework: &Framework, task: &Task) -> Result<(), CheckpointError> {
         let data_dir = self.config.data_dir.clone();
         let (framework, task) = (framework.clone(), task.clone());
         blocking(move || {
@@ -213,7 +202,7 @@ impl Agent {
             })
         })
         .await
-        .map_err(|e| format!("cannot checkpoint the task: {e}"))
+        .map_err(CheckpointError)
     }
 
     /// Watches a running task until it ends, and records it as running.
@@ -221,11 +210,11 @@ impl Agent {
         &mut self,
         framework: Framework,
         task: Task,
-        running: Running,
+        running: Box<dyn RunnerTask>,
         ctx: &mut Context<Self>,
     ) {
         let task_id = task.id.clone();
-        let stopper = running.stopper();
+        let stopper = Stopper::of(running.as_ref());
         let (kill, killed) = oneshot::channel();
         let waiter = ctx.defer(
             running.wait(killed),
@@ -275,21 +264,22 @@ impl Agent {
         &self,
         task: &mut Task,
         framework: Option<Framework>,
-    ) -> Result<Framework, String> {
+    ) -> Result<Framework, Refused> {
         let id = &task.id;
         match framework.filter(|f| !f.id.is_empty()) {
             Some(framework) => {
                 if task.framework_id.is_empty() {
                     task.framework_id = framework.id.clone();
                 } else if task.framework_id != framework.id {
-                    return Err(format!(
-                        "task {id:?} names framework {:?} but the request is for framework {:?}",
-                        task.framework_id, framework.id
-                    ));
+                    return Err(Refused::OtherFramework {
+                        id: id.clone(),
+                        named: task.framework_id.clone(),
+                        requested: framework.id,
+                    });
                 }
                 Ok(framework)
             }
-            None if task.framework_id.is_empty() => Err(format!("task {id:?} names no framework")),
+            None if task.framework_id.is_empty() => Err(Refused::NoFramework(id.clone())),
             None => Ok(self
                 .tasks
                 .framework(&task.framework_id)
@@ -303,7 +293,7 @@ impl Agent {
 
     /// A task ended: move the task to the completed history in its final state,
     /// report it and checkpoint it; its executor's files go.
-    pub(super) async fn task_exited(&mut self, task_id: &str, ended: Ended) {
+    pub(super) async fn task_exited(&mut self, task_id: &str, ended: TaskEnd) {
         if let Err(error) = &ended.status {
             tracing::warn!(task = %task_id, %error, "the task's exit status is not known");
         }
@@ -381,14 +371,14 @@ impl Agent {
     }
 }
 
-/// A task's final state, exit code and, if there is more to say, why, from how its process
-/// ended: FAILED "out of memory" if the kernel killed it for memory; KILLED if it was asked to
-/// stop; else FINISHED on a zero exit, FAILED otherwise (or if the status is not known).
-pub(super) fn final_state(ended: &Ended) -> (TaskState, i32, Option<String>) {
+/// A task's final state, exit code and, if there is more to say, why, from how it ended:
+/// FAILED "out of memory" if the kernel killed it for memory; KILLED if it was asked to stop;
+/// else FINISHED on a zero exit, FAILED otherwise (or if the status is not known).
+pub(super) fn final_state(ended: &TaskEnd) -> (TaskState, i32, Option<String>) {
     match &ended.status {
         Ok(status) if ended.out_of_memory => (
             TaskState::Failed,
-            child_process::exit_code(status),
+            exit_code(status),
             Some("out of memory".to_owned()),
         ),
         Ok(status) => {
@@ -399,9 +389,20 @@ pub(super) fn final_state(ended: &Ended) -> (TaskState, i32, Option<String>) {
             } else {
                 TaskState::Failed
             };
-            (state, child_process::exit_code(status), None)
+            (state, exit_code(status), None)
         }
-        Err(error) if ended.killed => (TaskState::Killed, -1, Some(error.to_string())),
-        Err(error) => (TaskState::Failed, -1, Some(error.to_string())),
+        Err(error) if ended.killed => (TaskState::Killed, -1, Some(error.clone())),
+        Err(error) => (TaskState::Failed, -1, Some(error.clone())),
     }
+}
+
+/// The exit code, or 128 + the signal number for a process killed by a signal (as shells do).
+fn exit_code(status: &ExitStatus) -> i32 {
+    if let Some(code) = status.code() {
+        return code;
+    }
+    if let Some(signal) = status.signal() {
+        return 128 + signal;
+    }
+    -1
 }
