@@ -5,7 +5,7 @@
 //!   the latency histograms of scheduler runs, plans and registry writes, and the counters of
 //!   evaluations, placements, heartbeats and leader changes. The master process owns them and
 //!   shares them (an `Arc`) with its scheduler workers; they are registered once, in one
-//!   [`Registry`] per master.
+//!   [`Registry`](prometheus_client::registry::Registry) per master.
 //! - **Figures** read at each rendering: one ask to the master process answers its own
 //!   counters, agents, tasks by state and the handles to the rest ([`MetricsSnapshot`]); the
 //!   broker's and the blocked-queue's queues, the registrar's writes, the raft member's
