@@ -15,7 +15,8 @@ use crate::wire::{EnvelopeHead, EnvelopeWriter};
 use muster_actor::Upid;
 use muster_actor::{AskError, Context, Process, RemoteError};
 
-/// A handle to a named process on some node, made by [`Node::remote`]. Cheap to clone.
+/// A handle to a named process on some node, made by [`Node::remote`](crate::Node::remote).
+/// Cheap to clone.
 ///
 /// Messages are prost messages, encoded once and carried over the link to the process's node;
 /// the receiving process must have installed their type
