@@ -57,6 +57,9 @@
 //! the real transport; they accept every task (`RunTask` asks and `LaunchTasks` tells), kill
 //! and ping, and report nothing. An iteration takes about 36 s (the 25 s failover TTL is most
 //! of it); the group runs 11 (one warm-up, 10 samples), about 7 minutes.
+//!
+//! The jobs, the agents' re-registrations and heartbeats, and the counting backend are in
+//! `cluster`; the scenario's run is here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -81,6 +84,14 @@ use muster_scheduler::{WorkerConfig, WorkerStats};
 use muster_security::Role;
 use muster_security::testing::TestPki;
 use tokio::sync::watch;
+
+#[path = "lost_agents/cluster.rs"]
+mod cluster;
+
+use cluster::{
+    Counting, agent_info, broker_empty, broker_stats, heartbeat, job_spec, metrics, mib,
+    reregistration, resident, service_job_name, service_slot, start_master, system_job_name,
+};
 
 const AGENTS: usize = 5_000;
 /// The agents that miss their heartbeats: the first this many registered.
@@ -107,110 +118,6 @@ const HEARTBEAT_MIN_TTL: Duration = Duration::from_millis(100);
 /// How long before the earliest possible deadline the bench starts watching for the sweep.
 const WATCH_AHEAD: Duration = Duration::from_millis(200);
 
-fn service_job_name(j: usize) -> String {
-    format!("service-{j:03}")
-}
-
-fn system_job_name(j: usize) -> String {
-    format!("system-{j:03}")
-}
-
-fn job_spec(name: String, kind: model_pb::SchedulerType, group: &str, count: u32) -> model_pb::Job {
-    model_pb::Job {
-        name,
-        priority: 50,
-        scheduler: kind as i32,
-        groups: vec![model_pb::TaskGroup {
-            name: group.into(),
-            count,
-            resources: Some(model_pb::Resources {
-                cpus: TASK_CPUS,
-                mem_mb: TASK_MEM_MB,
-            }),
-            command: group.into(),
-            ..model_pb::TaskGroup::default()
-        }],
-        ..model_pb::Job::default()
-    }
-}
-
-/// The service job and slot index of agent `n`'s `s`-th service task: slots are dealt out in
-/// turn, so any 5 consecutive agents run a task of every service job.
-fn service_slot(n: usize, s: usize) -> (usize, usize) {
-    let slot = n * SERVICE_PER_AGENT + s;
-    (slot % SERVICE_JOBS, slot / SERVICE_JOBS)
-}
-
-fn agent_info(n: usize, agents_address: &str) -> model_pb::AgentInfo {
-    model_pb::AgentInfo {
-        hostname: format!("host-{n}"),
-        address: format!("agent-{n}@{agents_address}"),
-        resources: Some(model_pb::Resources {
-            cpus: 16.0,
-            mem_mb: 65_536,
-        }),
-        attributes: Default::default(),
-    }
-}
-
-/// A running task of `job` in slot `name`, as the master's plan applier builds it
-/// (`apply_plan` in `muster-master/src/master/plans.rs`): framework = job, its
-/// job and group, the group's resources and command.
-fn task(job: &str, group: &str, name: String, id: String) -> model_pb::Task {
-    model_pb::Task {
-        id,
-        name,
-        framework_id: job.to_owned(),
-        resources: Some(model_pb::Resources {
-            cpus: TASK_CPUS,
-            mem_mb: TASK_MEM_MB,
-        }),
-        job: job.to_owned(),
-        group: group.to_owned(),
-        state: model_pb::TaskState::Running as i32,
-        command: group.to_owned(),
-        ..model_pb::Task::default()
-    }
-}
-
-/// What agent `n`, admitted as `id`, tells the new leader: its 20 service tasks and 100
-/// system tasks, named as the schedulers name their slots (`{job}.{group}[{index}]`,
-/// `{job}.{group}[{agent id}]`), and their frameworks.
-fn reregistration(n: usize, id: &str, agents_address: &str) -> pb::ReregisterAgent {
-    let mut tasks = Vec::with_capacity(SERVICE_PER_AGENT + SYSTEM_JOBS);
-    let mut frameworks = Vec::with_capacity(SERVICE_PER_AGENT + SYSTEM_JOBS);
-    for s in 0..SERVICE_PER_AGENT {
-        let (j, index) = service_slot(n, s);
-        let job = service_job_name(j);
-        let name = format!("{job}.{SERVICE_GROUP}[{index}]");
-        let task_id = format!("{name}-{n:08x}");
-        tasks.push(task(&job, SERVICE_GROUP, name, task_id));
-        frameworks.push(job);
-    }
-    for j in 0..SYSTEM_JOBS {
-        let job = system_job_name(j);
-        let name = format!("{job}.{SYSTEM_GROUP}[{id}]");
-        let task_id = format!("{name}-{n:08x}");
-        tasks.push(task(&job, SYSTEM_GROUP, name, task_id));
-        frameworks.push(job);
-    }
-    frameworks.sort();
-    frameworks.dedup();
-    pb::ReregisterAgent {
-        agent_id: id.to_owned(),
-        info: Some(agent_info(n, agents_address)),
-        frameworks: frameworks
-            .into_iter()
-            .map(|job| pb::Framework {
-                id: job.clone(),
-                name: job,
-            })
-            .collect(),
-        tasks,
-        ..pb::ReregisterAgent::default()
-    }
-}
-
 /// The evaluations marking the lost agents unreachable creates, all in one sweep: one per job
 /// any of them ran a task of, and one per system job.
 fn evaluations_expected() -> usize {
@@ -235,193 +142,6 @@ fn agent_job_pairs() -> usize {
             jobs.len() + SYSTEM_JOBS
         })
         .sum()
-}
-
-/// The process's resident memory (`/proc/self/statm`), whatever the allocator; 0 if it
-/// cannot be read.
-fn resident() -> u64 {
-    // SAFETY: sysconf only reads a system setting; it has no preconditions.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(0) as u64;
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|statm| statm.split_whitespace().nth(1)?.parse::<u64>().ok())
-        .map_or(0, |pages| pages * page)
-}
-
-fn mib(bytes: i64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
-async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
-    master
-        .pid()
-        .ask(|reply| GetMetrics { reply }.into())
-        .await
-        .expect("master answers")
-}
-
-async fn broker_stats(broker: &Pid<EvalBroker>) -> BrokerStats {
-    broker.ask(BrokerMsg::Stats).await.expect("broker answers")
-}
-
-fn broker_empty(stats: &BrokerStats) -> bool {
-    let total = stats.total();
-    total.ready + total.unacked + total.pending + total.cancelable == 0
-}
-
-/// Starts a master and waits until it leads. A restart on the same data dir may have to wait
-/// for the previous master's store to close. Returns it with bounds on when it took the lead:
-/// no earlier than the first, no later than the second (within about a millisecond).
-async fn start_master(config: &MasterConfig) -> (MasterServer, Instant, Instant) {
-    let starting = Instant::now();
-    let deadline = starting + Duration::from_secs(30);
-    let master = loop {
-        match MasterServer::start(config.clone()).await {
-            Ok(master) => break master,
-            Err(e) => {
-                assert!(Instant::now() < deadline, "master did not start: {e}");
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-        }
-    };
-    // Not leading when it answered: it took the lead after the question was sent.
-    let mut not_before = starting;
-    loop {
-        let asked = Instant::now();
-        if metrics(&master).await.is_leader {
-            return (master, not_before, Instant::now());
-        }
-        not_before = asked;
-        assert!(Instant::now() < deadline, "master did not lead");
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-}
-
-/// What the workers did, counted in their backend: the master's [`WorkerStats`] come only
-/// when the workers stop.
-#[derive(Debug, Default)]
-struct Counts {
-    runs: HashMap<String, u64>,
-    placed: u64,
-    rejected: u64,
-    stopped: u64,
-    blocked: u64,
-    /// Time in each backend call, both workers together.
-    spent: BTreeMap<&'static str, Duration>,
-}
-
-impl Counts {
-    fn runs(&self) -> u64 {
-        self.runs.values().sum()
-    }
-}
-
-/// The master's in-process backend, counting scheduler runs per job and plan results.
-#[derive(Clone)]
-struct Counting {
-    inner: LocalBackend,
-    counts: Arc<Mutex<Counts>>,
-}
-
-impl Counting {
-    fn take(&self) -> Counts {
-        std::mem::take(&mut *self.counts.lock().expect("counts"))
-    }
-
-    async fn time<T>(&self, what: &'static str, call: impl Future<Output = T>) -> T {
-        let started = Instant::now();
-        let out = call.await;
-        let mut counts = self.counts.lock().expect("counts");
-        *counts.spent.entry(what).or_default() += started.elapsed();
-        out
-    }
-}
-
-impl muster_scheduler::Backend for Counting {
-    async fn dequeue(
-        &self,
-        schedulers: &[SchedulerType],
-        timeout: Duration,
-    ) -> Result<Option<muster_scheduler::Assignment>, muster_scheduler::WorkerError> {
-        let assignment = self
-            .time("dequeue", self.inner.dequeue(schedulers, timeout))
-            .await;
-        if let Ok(Some(assignment)) = &assignment {
-            let mut counts = self.counts.lock().expect("counts");
-            *counts.runs.entry(assignment.eval.job.clone()).or_default() += 1;
-        }
-        assignment
-    }
-    async fn snapshot(
-        &self,
-        min_index: u64,
-    ) -> Result<muster_scheduler::ClusterSnapshot, muster_scheduler::WorkerError> {
-        self.time("snapshot", self.inner.snapshot(min_index)).await
-    }
-    async fn submit(
-        &self,
-        plan: muster_scheduler::Plan,
-    ) -> Result<muster_scheduler::PlanResult, muster_scheduler::WorkerError> {
-        let result = self.time("submit", self.inner.submit(plan)).await;
-        if let Ok(result) = &result {
-            let mut counts = self.counts.lock().expect("counts");
-            counts.placed += result.committed.len() as u64;
-            counts.rejected += result.rejected.len() as u64;
-            counts.stopped += result.stopped.len() as u64;
-        }
-        result
-    }
-    async fn ack(&self, eval: &EvalId, token: &str) -> Result<(), muster_scheduler::WorkerError> {
-        self.time("ack", self.inner.ack(eval, token)).await
-    }
-    async fn nack(&self, eval: &EvalId, token: &str) -> Result<(), muster_scheduler::WorkerError> {
-        self.time("nack", self.inner.nack(eval, token)).await
-    }
-    async fn block(
-        &self,
-        eval: Evaluation,
-        unplaced: Vec<muster_scheduler::Demand>,
-    ) -> Result<(), muster_scheduler::WorkerError> {
-        self.counts.lock().expect("counts").blocked += 1;
-        self.time("block", self.inner.block(eval, unplaced)).await
-    }
-    async fn complete(&self, eval: &Evaluation) -> Result<(), muster_scheduler::WorkerError> {
-        self.time("complete", self.inner.complete(eval)).await
-    }
-}
-
-/// Heartbeats as an agent does (at once, then at half of each TTL) until `stop`; counts
-/// heartbeats the master did not answer with a TTL.
-async fn heartbeat(
-    master: Pid<muster::master::Master>,
-    agent_id: String,
-    mut stop: watch::Receiver<bool>,
-    refused: Arc<AtomicU64>,
-) {
-    loop {
-        let request = pb::Heartbeat {
-            agent_id: agent_id.clone(),
-        };
-        let answer = master
-            .ask(|r| {
-                Heartbeat {
-                    heartbeat: request,
-                    reply: r,
-                    sender: None,
-                }
-                .into()
-            })
-            .await
-            .map(|reply| reply.result);
-        let Ok(Some(HeartbeatAnswer::TtlMs(ttl_ms))) = answer else {
-            refused.fetch_add(1, Ordering::Relaxed);
-            return;
-        };
-        tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(ttl_ms) / 2) => {}
-            _ = stop.changed() => return,
-        }
-    }
 }
 
 /// The cluster re-registered with a new leading master, the job submissions' evaluations

@@ -1,4 +1,5 @@
-//! Why a process ended, and who it was: what linked processes learn through `exited`.
+//! Why a process ended, and who it was: what linked processes learn through `exited`, and
+//! the callbacks that hear it (`ExitWatcher`).
 
 use std::fmt;
 
@@ -38,6 +39,9 @@ impl fmt::Display for ProcessRef {
         }
     }
 }
+
+/// A callback run once when a process ends; links are made of these.
+pub(crate) type ExitWatcher = Box<dyn FnOnce(&ExitReason) + Send>;
 
 /// Why a process ended.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -20,7 +20,7 @@ use std::task::{Poll, Waker};
 
 use tokio::sync::{Semaphore, TryAcquireError};
 
-use crate::pid::ExitWatcher;
+use crate::exit::ExitWatcher;
 use crate::sync::lock;
 use crate::{Context, ExitReason, Process, ProcessRef, TellError};
 

@@ -8,11 +8,9 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 
+use crate::exit::ExitWatcher;
 use crate::mailbox::{Envelope, Mailbox};
 use crate::{AskError, Context, ExitReason, Process, ProcessId, ProcessRef, Reply, TellError};
-
-/// A callback run once when a process ends; links are made of these.
-pub(crate) type ExitWatcher = Box<dyn FnOnce(&ExitReason) + Send>;
 
 /// A typed handle to a local process. Cheap to clone; every clone names the same process.
 ///

@@ -14,232 +14,25 @@
 //! Workers pull with a long poll ([`BrokerMsg::Dequeue`]), so work goes to whoever is free.
 //! The broker lives beside the leading master; a new leader rebuilds it from the registry with
 //! [`BrokerMsg::Restore`].
+//!
+//! What callers send and get back (settings, messages, deliveries, counters) is in `protocol`;
+//! where the broker writes status changes ([`RegistryWriter`]), in `registry_writer`.
+
+mod protocol;
+mod registry_writer;
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::future::Future;
-use std::pin::Pin;
-use std::sync::Arc;
+use std::mem;
 use std::time::Duration;
-use std::{fmt, mem};
 
 use tokio::time::Instant;
 
-use muster_actor::{Context, Pid, Process, Reply, TimerHandle};
+use muster_actor::{Context, Process, Reply, TimerHandle};
 use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
-use muster_registry::{Op, Registrar, RegistrarMsg, WriteError};
+use muster_registry::Op;
 
-/// Where the broker writes evaluation status changes (cancellations, failures): one call is
-/// one registry write. [`registrar_writer`] makes one for the leading master's registrar.
-#[derive(Clone)]
-pub struct RegistryWriter {
-    write: Arc<dyn Fn(Op) -> WriteFuture + Send + Sync>,
-}
-
-/// The future a [`RegistryWriter`] returns: `Err` names why the write failed.
-pub type WriteFuture = Pin<Box<dyn Future<Output = Result<(), WriteError>> + Send>>;
-
-impl RegistryWriter {
-    /// A writer calling `write` for each registry write.
-    pub fn new(write: impl Fn(Op) -> WriteFuture + Send + Sync + 'static) -> Self {
-        RegistryWriter {
-            write: Arc::new(write),
-        }
-    }
-
-    fn write(&self, op: Op) -> WriteFuture {
-        (self.write)(op)
-    }
-}
-
-impl fmt::Debug for RegistryWriter {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RegistryWriter").finish_non_exhaustive()
-    }
-}
-
-/// A [`RegistryWriter`] through `registrar`, so the writes share raft entries with the
-/// master's other registry writes.
-pub fn registrar_writer(registrar: Pid<Registrar>) -> RegistryWriter {
-    RegistryWriter::new(move |op| {
-        let registrar = registrar.clone();
-        Box::pin(async move {
-            match registrar.ask(|r| RegistrarMsg::Write(op, r)).await {
-                Ok(Ok(_)) => Ok(()),
-                Ok(Err(e)) => Err(e),
-                Err(e) => Err(WriteError::Failed(format!("registrar unavailable: {e}"))),
-            }
-        })
-    })
-}
-
-/// The broker's settings (Nomad's defaults).
-#[derive(Clone, Debug)]
-pub struct BrokerConfig {
-    /// How long a worker may hold an evaluation before it counts as nacked (Nomad: 60 s).
-    pub nack_timeout: Duration,
-    /// Deliveries after which an evaluation goes to the failed queue (Nomad: 3).
-    pub delivery_limit: u32,
-    /// Delay before an evaluation nacked for the first time is ready again (Nomad: 1 s).
-    pub initial_nack_delay: Duration,
-    /// Delay after later nacks (Nomad: 20 s).
-    pub subsequent_nack_delay: Duration,
-    /// The most evaluation ids one cancellation write carries.
-    pub max_cancel_batch: usize,
-    /// How long the follow-up of a failed evaluation waits at least (Nomad: 1 min).
-    pub failed_follow_up_delay: Duration,
-    /// A random extra wait of up to this much, so failures do not retry in step (Nomad: 5 min).
-    pub failed_follow_up_jitter: Duration,
-}
-
-impl Default for BrokerConfig {
-    fn default() -> Self {
-        BrokerConfig {
-            nack_timeout: Duration::from_secs(60),
-            delivery_limit: 3,
-            initial_nack_delay: Duration::from_secs(1),
-            subsequent_nack_delay: Duration::from_secs(20),
-            max_cancel_batch: 10_000,
-            failed_follow_up_delay: Duration::from_secs(60),
-            failed_follow_up_jitter: Duration::from_secs(300),
-        }
-    }
-}
-
-/// An evaluation handed to a worker, with the token that acks or nacks it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Delivery {
-    /// The evaluation.
-    pub eval: Evaluation,
-    /// Proves the worker holds it.
-    pub token: String,
-}
-
-/// Why an ack or nack was refused.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum BrokerError {
-    /// The evaluation is not handed out (it was acked, nacked, or timed out).
-    #[error("evaluation {0} is not outstanding")]
-    NotOutstanding(EvalId),
-    /// The token is not the one the evaluation was handed out with.
-    #[error("token does not match evaluation {0}'s delivery")]
-    TokenMismatch(EvalId),
-    /// The broker is disabled (this master does not lead).
-    #[error("the broker is disabled")]
-    Disabled,
-}
-
-/// Counts per scheduler type.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QueueStats {
-    /// Ready to hand out.
-    pub ready: usize,
-    /// Handed out, not yet acked.
-    pub unacked: usize,
-    /// Waiting behind their job's evaluation in flight.
-    pub pending: usize,
-    /// Dropped, not yet marked canceled in the registry (including those being written).
-    pub cancelable: usize,
-    /// Past the delivery limit.
-    pub failed: usize,
-    /// Held back until their `wait_until_ms`.
-    pub delayed: usize,
-}
-
-/// The broker's counters.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct BrokerStats {
-    /// Per scheduler type.
-    pub by_scheduler: BTreeMap<SchedulerType, QueueStats>,
-    /// Evaluations marked canceled in the registry so far.
-    pub canceled: u64,
-    /// Registry writes the broker made (cancellations and failures).
-    pub registry_writes: u64,
-    /// Evaluations handed out so far (counting redeliveries).
-    pub delivered: u64,
-}
-
-impl BrokerStats {
-    /// The sum over scheduler types.
-    pub fn total(&self) -> QueueStats {
-        self.by_scheduler
-            .values()
-            .fold(QueueStats::default(), |sum, q| QueueStats {
-                ready: sum.ready + q.ready,
-                unacked: sum.unacked + q.unacked,
-                pending: sum.pending + q.pending,
-                cancelable: sum.cancelable + q.cancelable,
-                failed: sum.failed + q.failed,
-                delayed: sum.delayed + q.delayed,
-            })
-    }
-}
-
-/// What the broker handles.
-#[derive(Debug)]
-pub enum BrokerMsg {
-    /// New or changed evaluations, already written to the registry.
-    Enqueue(Vec<Evaluation>),
-    /// Hand out the best ready evaluation for one of `schedulers`, waiting up to `timeout`
-    /// for one; `None` if none came.
-    Dequeue {
-        /// The scheduler types the worker runs.
-        schedulers: Vec<SchedulerType>,
-        /// How long to wait.
-        timeout: Duration,
-        /// The answer.
-        reply: Reply<Result<Option<Delivery>, BrokerError>>,
-    },
-    /// The worker is done with the evaluation.
-    Ack {
-        /// The evaluation.
-        eval: EvalId,
-        /// Its delivery token.
-        token: String,
-        /// The answer.
-        reply: Reply<Result<(), BrokerError>>,
-    },
-    /// The worker gives the evaluation back.
-    Nack {
-        /// The evaluation.
-        eval: EvalId,
-        /// Its delivery token.
-        token: String,
-        /// The answer.
-        reply: Reply<Result<(), BrokerError>>,
-    },
-    /// Counters.
-    Stats(Reply<BrokerStats>),
-    /// The evaluations handed to workers and not yet acked or nacked, as (job, evaluation),
-    /// sorted: what is being scheduled right now.
-    Unacked(Reply<Vec<(String, EvalId)>>),
-    /// Start serving with `writer` for registry writes (this master leads); `evals` are the
-    /// registry's pending evaluations.
-    Restore {
-        /// Where cancellations and failures are written.
-        writer: RegistryWriter,
-        /// Pending evaluations from the registry.
-        evals: Vec<Evaluation>,
-    },
-    /// Stop serving and drop everything (leadership lost).
-    Disable,
-    /// A nack timer fired.
-    #[doc(hidden)]
-    NackTimeout {
-        /// The evaluation.
-        eval: EvalId,
-        /// The delivery it timed.
-        token: String,
-    },
-    /// A nacked evaluation's delay is over.
-    #[doc(hidden)]
-    Requeue(Evaluation),
-    /// A waiting dequeue timed out.
-    #[doc(hidden)]
-    DequeueTimeout(u64),
-    /// The earliest held-back evaluation may be due.
-    #[doc(hidden)]
-    DelayOver,
-}
+pub use protocol::{BrokerConfig, BrokerError, BrokerMsg, BrokerStats, Delivery, QueueStats};
+pub use registry_writer::{RegistryWriter, WriteFuture, registrar_writer};
 
 /// Orders ready evaluations: higher priority first, then older (lower create index).
 type ReadyKey = (std::cmp::Reverse<u8>, u64, EvalId);

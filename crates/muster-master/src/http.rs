@@ -22,9 +22,11 @@ mod ui;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::Json;
+use axum::extract::OriginalUri;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
 use muster_actor::Pid;
 use muster_api::ApiError;
 use muster_security::net::Listener;
@@ -109,10 +111,70 @@ impl ApiState {
 
 /// The router of every endpoint, for `master`.
 pub(crate) fn router(state: ApiState) -> axum::Router {
-    handlers::routes()
+    routes()
         .merge(ui::routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
+}
+
+/// Every route of the API.
+fn routes() -> Router<ApiState> {
+    Router::new()
+        .route(
+            "/v1/jobs",
+            get(handlers::list_jobs).post(handlers::submit_job),
+        )
+        .route(
+            "/v1/job/{name}",
+            get(handlers::read_job).delete(handlers::stop_job),
+        )
+        .route("/v1/job/{name}/tasks", get(handlers::job_tasks))
+        .route("/v1/job/{name}/versions", get(handlers::job_versions))
+        .route(
+            "/v1/job/{name}/plan",
+            axum::routing::post(handlers::plan_job),
+        )
+        .route("/v1/job/{name}/evaluations", get(handlers::job_evaluations))
+        .route("/v1/evaluations", get(handlers::list_evaluations))
+        .route("/v1/evaluation/{id}", get(handlers::read_evaluation))
+        .route("/v1/agents", get(handlers::list_agents))
+        .route("/v1/agent/{id}", get(handlers::read_agent))
+        .route(
+            "/v1/agent/{id}/drain",
+            axum::routing::post(handlers::drain_agent),
+        )
+        .route(
+            "/v1/agent/{id}/eligibility",
+            axum::routing::post(handlers::set_agent_eligibility),
+        )
+        .route("/v1/status", get(handlers::status))
+        .route("/v1/health/live", get(handlers::live))
+        .route("/v1/health/ready", get(handlers::ready))
+        .route("/v1/task/{id}/logs", get(handlers::task_logs))
+        .route("/v1/event/stream", get(handlers::event_stream))
+        .route("/v1/openapi.json", get(openapi::openapi_document))
+        .route("/metrics", get(handlers::metrics))
+        .fallback(unknown_path)
+        .method_not_allowed_fallback(method_not_allowed)
+}
+
+async fn method_not_allowed(method: axum::http::Method, uri: OriginalUri) -> Response {
+    error_response(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!("{} does not take {method}", uri.path()),
+    )
+}
+
+async fn unknown_path(uri: OriginalUri) -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no endpoint {}; see /v1/openapi.json for the API",
+            uri.path()
+        ),
+    )
 }
 
 /// Serves `router` on `listener` until `stopped` resolves: TLS (no client certificate

@@ -49,7 +49,7 @@ use muster_transport::Node;
 use crate::cluster::Cluster;
 use crate::config::MasterConfig;
 use crate::error::ServiceError;
-use crate::metrics::MasterInstruments;
+use crate::metrics::instruments::MasterInstruments;
 
 mod acl;
 mod agents;

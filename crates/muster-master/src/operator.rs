@@ -75,7 +75,7 @@ pub struct OperatorService {
 
 /// The largest operator request or answer: a registry snapshot travels whole, and a restore
 /// goes through raft as one entry, so this is raft's own limit.
-pub const MAX_OPERATOR_MESSAGE: usize = muster_registry::network::MAX_RAFT_MESSAGE;
+pub const MAX_OPERATOR_MESSAGE: usize = muster_registry::types::MAX_RAFT_MESSAGE;
 
 impl OperatorService {
     /// Answers for `master`.

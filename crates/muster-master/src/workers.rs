@@ -19,7 +19,7 @@ use crate::master::Master;
 use crate::master::requests::{
     BlockEval, CompleteEval, GetSchedulingPids, GetSnapshot, SubmitPlan,
 };
-use crate::metrics::{MasterInstruments, RunOutcome};
+use crate::metrics::instruments::{MasterInstruments, RunOutcome};
 
 /// A worker's way to the leading master when it runs in the same process.
 #[derive(Clone, Debug)]

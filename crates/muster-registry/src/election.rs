@@ -28,9 +28,8 @@ use serde::{Deserialize, Serialize};
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
-use crate::network::MAX_RAFT_MESSAGE;
 use crate::store::LogStore;
-use crate::types::{NodeId, Raft};
+use crate::types::{MAX_RAFT_MESSAGE, NodeId, Raft};
 
 /// "Would you vote for me in the term after `term`?"
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -38,13 +38,7 @@ use tonic::{Request, Response, Status};
 use crate::codec;
 use crate::election::{self, ElectionTiming, PreVoteRequest};
 use crate::store::LogStore;
-use crate::types::{NodeId, Raft, TypeConfig};
-
-/// The largest raft message a master sends or accepts: a batch of registry entries or one
-/// snapshot chunk. The log reader keeps a batch of entries under
-/// [`REPLICATION_BATCH_BYTES`](crate::store::REPLICATION_BATCH_BYTES) (one entry alone may be
-/// larger), so this only bounds what a peer may send.
-pub const MAX_RAFT_MESSAGE: usize = 64 * 1024 * 1024;
+use crate::types::{MAX_RAFT_MESSAGE, NodeId, Raft, TypeConfig};
 
 /// Makes a [`PeerClient`] per peer for openraft.
 #[derive(Clone, Debug)]

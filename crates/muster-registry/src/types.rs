@@ -24,6 +24,12 @@ pub type NodeId = u64;
 /// The raft handle of a registry node.
 pub type Raft = openraft::Raft<TypeConfig>;
 
+/// The largest raft message a master sends or accepts: a batch of registry entries or one
+/// snapshot chunk. The log reader keeps a batch of entries under
+/// [`REPLICATION_BATCH_BYTES`](crate::store::REPLICATION_BATCH_BYTES) (one entry alone may be
+/// larger), so this only bounds what a peer may send.
+pub const MAX_RAFT_MESSAGE: usize = 64 * 1024 * 1024;
+
 /// One change to the registry.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Op {

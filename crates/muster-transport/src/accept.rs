@@ -14,8 +14,8 @@ use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::node::{MEMBER_ROLES, NodeInner, counted};
-use crate::peer::PeerLink;
+use crate::peer::{MEMBER_ROLES, PeerLink, counted};
+use crate::receive::NodeInner;
 use crate::route_cache::RouteCache;
 use crate::sync::lock;
 use crate::wire::{Envelopes, FrameCodec, Item, LINK_PATH, SAME_HEAD_HEADER};

@@ -1,6 +1,7 @@
-//! The links this node dials: one per peer node, kept up by reconnecting with backoff, each
-//! a `Transport.Link` call whose request stream carries this node's frames and whose response
-//! stream carries the peer's.
+//! The links this node dials: one per peer node, made on the first message for it
+//! ([`NodeInner::peer`]) and kept up by reconnecting with backoff, each a `Transport.Link` call
+//! whose request stream carries this node's frames and whose response stream carries the
+//! peer's.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -11,16 +12,35 @@ use tonic::codegen::http;
 use tonic::transport::Endpoint;
 use tonic::{Request, Streaming};
 
-use crate::node::{MEMBER_ROLES, NodeInner, counted};
-use crate::peer::PeerLink;
+use crate::peer::{MEMBER_ROLES, PeerLink, counted};
+use crate::receive::NodeInner;
 use crate::route_cache::RouteCache;
+use crate::sync::lock;
 use crate::wire::{FrameCodec, LINK_PATH, SAME_HEAD_HEADER};
 use muster_actor::RemoteError;
+
+impl NodeInner {
+    /// The link to `node`, connecting (in the background) if there is none.
+    pub(crate) fn peer(self: &Arc<Self>, node: &str) -> Arc<PeerLink> {
+        let mut peers = lock(&self.peers);
+        if let Some(link) = peers.get(node) {
+            return Arc::clone(link);
+        }
+        let link = PeerLink::new(node.to_owned(), self.limits(), Arc::clone(&self.stats));
+        if self.is_shut_down() {
+            link.close(RemoteError::ConnectionLost(node.to_owned()));
+            return link;
+        }
+        peers.insert(node.to_owned(), Arc::clone(&link));
+        tokio::spawn(run_outbound(Arc::clone(self), Arc::clone(&link)));
+        link
+    }
+}
 
 /// Keeps the outbound link to one peer: connect, carry frames both ways until the connection
 /// breaks, then reconnect after a capped, jittered exponential backoff. Queued envelopes wait
 /// for the next connection; asks in flight fail, and linked processes hear of the loss.
-pub(super) async fn run_outbound(node: Arc<NodeInner>, link: Arc<PeerLink>) {
+async fn run_outbound(node: Arc<NodeInner>, link: Arc<PeerLink>) {
     let mut stop = node.shutdown.subscribe();
     let mut failures = 0u32;
     let mut first = true;

@@ -12,8 +12,8 @@ use std::sync::{Arc, RwLock};
 use bytes::Bytes;
 use muster_security::{Peer, Role};
 
+use crate::message_type::reply_head;
 use crate::peer::PeerLink;
-use crate::reply_head;
 use crate::wire::{EnvelopeWriter, FrameSlice};
 use muster_actor::RemoteResponder;
 use muster_actor::{Pid, Process, RemoteError, Reply, TellError};

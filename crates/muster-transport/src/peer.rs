@@ -11,6 +11,7 @@ use std::task::{Context, Poll, Waker};
 use bytes::{Bytes, BytesMut};
 use futures_util::Stream;
 use muster_proto::transport::{Envelope, ErrorCode, Kind};
+use muster_security::Role;
 use tokio::sync::futures::Notified;
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
@@ -514,6 +515,23 @@ pub(crate) fn decode_error(envelope: &Envelope) -> RemoteError {
             envelope.error_code
         )),
     }
+}
+
+/// The roles a node links with: the cluster's members. Client certificates (people, the CLI)
+/// use the APIs, never the actor transport.
+pub(crate) const MEMBER_ROLES: &[Role] = &[Role::Master, Role::Agent];
+
+/// `frames`, each counted in `stats` as it is written.
+pub(crate) fn counted(
+    stats: &Arc<Stats>,
+    frames: impl Stream<Item = Bytes> + Send + 'static,
+) -> impl Stream<Item = Bytes> + Send + 'static {
+    let stats = Arc::clone(stats);
+    futures_util::StreamExt::inspect(frames, move |frame| {
+        stats
+            .bytes_sent
+            .fetch_add(frame.len() as u64, Ordering::Relaxed);
+    })
 }
 
 #[cfg(test)]

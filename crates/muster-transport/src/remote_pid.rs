@@ -7,21 +7,23 @@ use std::time::Duration;
 
 use muster_proto::transport::Kind;
 
+use crate::message_type::type_name;
 use crate::peer::{PeerLink, Queued, decode_error};
+use crate::receive::NodeInner;
 use crate::sync::lock;
 use crate::wire::{EnvelopeHead, EnvelopeWriter};
-use crate::{Node, type_name};
 use muster_actor::Upid;
 use muster_actor::{AskError, Context, Process, RemoteError};
 
-/// A handle to a named process on some node, made by [`Node::remote`]. Cheap to clone.
+/// A handle to a named process on some node, made by [`Node::remote`](crate::Node::remote).
+/// Cheap to clone.
 ///
 /// Messages are prost messages, encoded once and carried over the link to the process's node;
 /// the receiving process must have installed their type
 /// ([`Registration::install`](crate::Registration::install)).
 #[derive(Clone)]
 pub struct RemotePid {
-    node: Node,
+    node: Arc<NodeInner>,
     upid: Upid,
     /// The link to the process's node and the envelope heads used lately, shared by clones.
     cache: Arc<Mutex<SendCache>>,
@@ -67,7 +69,7 @@ impl Heads {
 }
 
 impl RemotePid {
-    pub(crate) fn new(node: Node, upid: Upid) -> Self {
+    pub(crate) fn new(node: Arc<NodeInner>, upid: Upid) -> Self {
         RemotePid {
             node,
             upid,
@@ -90,7 +92,7 @@ impl RemotePid {
         if cached.as_ref().is_some_and(|link| link.is_closed()) {
             *cached = None;
         }
-        cached.get_or_insert_with(|| self.node.inner.peer(self.upid.node()))
+        cached.get_or_insert_with(|| self.node.peer(self.upid.node()))
     }
 
     /// Encodes `msg` into an envelope of `kind` on the next frame of `link`, or of the
@@ -115,7 +117,7 @@ impl RemotePid {
         expires: Option<tokio::time::Instant>,
     ) -> Result<Queued, RemoteError> {
         let size = msg.encoded_len();
-        let limit = self.node.inner.config.max_message_size;
+        let limit = self.node.config.max_message_size;
         if size > limit {
             return Err(RemoteError::Oversized { size, limit });
         }
@@ -229,9 +231,9 @@ impl RemotePid {
         M: prost::Message + prost::Name + 'static,
         R: prost::Message + prost::Name + Default + 'static,
     {
-        let request_id = self.node.inner.next_request_id();
+        let request_id = self.node.next_request_id();
         let size = request.encoded_len();
-        let limit = self.node.inner.config.max_message_size;
+        let limit = self.node.config.max_message_size;
         if size > limit {
             return Err(RemoteError::Oversized { size, limit }.into());
         }

@@ -2,13 +2,11 @@
 //! answers the [`muster_api`] document made from the reply.
 
 use axum::Json;
-use axum::Router;
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{OriginalUri, Path, Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use muster_api::{
     AgentDetail, AgentList, AgentScheduling, ApiError, ClusterStatus, DrainRequest,
     EligibilityRequest, EvaluationInfo, EvaluationList, JobDetail, JobList, JobSpec, ReadInfo,
@@ -21,35 +19,6 @@ use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::{ApiState, HttpError, error_response};
-
-/// Every route of the API.
-pub(super) fn routes() -> Router<ApiState> {
-    Router::new()
-        .route("/v1/jobs", get(list_jobs).post(submit_job))
-        .route("/v1/job/{name}", get(read_job).delete(stop_job))
-        .route("/v1/job/{name}/tasks", get(job_tasks))
-        .route("/v1/job/{name}/versions", get(job_versions))
-        .route("/v1/job/{name}/plan", axum::routing::post(plan_job))
-        .route("/v1/job/{name}/evaluations", get(job_evaluations))
-        .route("/v1/evaluations", get(list_evaluations))
-        .route("/v1/evaluation/{id}", get(read_evaluation))
-        .route("/v1/agents", get(list_agents))
-        .route("/v1/agent/{id}", get(read_agent))
-        .route("/v1/agent/{id}/drain", axum::routing::post(drain_agent))
-        .route(
-            "/v1/agent/{id}/eligibility",
-            axum::routing::post(set_agent_eligibility),
-        )
-        .route("/v1/status", get(status))
-        .route("/v1/health/live", get(live))
-        .route("/v1/health/ready", get(ready))
-        .route("/v1/task/{id}/logs", get(task_logs))
-        .route("/v1/event/stream", get(event_stream))
-        .route("/v1/openapi.json", get(openapi_document))
-        .route("/metrics", get(metrics))
-        .fallback(unknown_path)
-        .method_not_allowed_fallback(method_not_allowed)
-}
 
 /// A query string that does not parse: a JSON error naming it, not axum's plain text.
 fn parsed<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, HttpError> {
@@ -768,29 +737,4 @@ pub(crate) async fn metrics(
         text,
     )
         .into_response())
-}
-
-/// The OpenAPI document of this API.
-#[utoipa::path(get, path = "/v1/openapi.json", tag = "cluster", responses((status = 200, description = "OpenAPI 3.1 document")))]
-pub(crate) async fn openapi_document() -> Response {
-    Json(super::openapi::document()).into_response()
-}
-
-async fn method_not_allowed(method: axum::http::Method, uri: OriginalUri) -> Response {
-    error_response(
-        StatusCode::METHOD_NOT_ALLOWED,
-        "method_not_allowed",
-        format!("{} does not take {method}", uri.path()),
-    )
-}
-
-async fn unknown_path(uri: OriginalUri) -> Response {
-    error_response(
-        StatusCode::NOT_FOUND,
-        "not_found",
-        format!(
-            "no endpoint {}; see /v1/openapi.json for the API",
-            uri.path()
-        ),
-    )
 }

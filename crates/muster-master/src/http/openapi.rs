@@ -1,6 +1,8 @@
 //! The OpenAPI document of the HTTP API, generated from the handlers' annotations and the
 //! documents' types (`utoipa`), so that clients can be generated from what the code serves.
 
+use axum::Json;
+use axum::response::{IntoResponse, Response};
 use muster_api::{
     AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, ConstraintSpec, EvaluationInfo,
     EvaluationList, Event, GroupSpec, JobDetail, JobList, JobPlan, JobSpec, JobSummary, JobVersion,
@@ -33,7 +35,7 @@ use super::handlers;
         handlers::status,
         handlers::live,
         handlers::ready,
-        handlers::openapi_document,
+        openapi_document,
         handlers::event_stream,
         handlers::task_logs,
         handlers::job_versions,
@@ -71,6 +73,12 @@ impl utoipa::Modify for Tokens {
 /// The OpenAPI document.
 pub fn document() -> utoipa::openapi::OpenApi {
     ApiDoc::openapi()
+}
+
+/// The OpenAPI document of this API.
+#[utoipa::path(get, path = "/v1/openapi.json", tag = "cluster", responses((status = 200, description = "OpenAPI 3.1 document")))]
+pub(crate) async fn openapi_document() -> Response {
+    Json(document()).into_response()
 }
 
 #[cfg(test)]

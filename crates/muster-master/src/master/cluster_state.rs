@@ -15,7 +15,7 @@ use super::leadership::Role;
 use super::registry_writes::now_ms;
 use super::{Master, Request, answered_request, notice};
 use crate::error::ServiceError;
-use crate::metrics::MetricsSnapshot;
+use crate::metrics::snapshot::MetricsSnapshot;
 use crate::task_record::TaskRecord;
 
 /// The cluster as this master knows it, now (every master answers).

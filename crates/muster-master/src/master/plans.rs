@@ -26,7 +26,7 @@ use super::{answered_request, notice};
 use crate::cluster::Cluster;
 use crate::error::ServiceError;
 use crate::launch_wire::{GroupWire, LAUNCH_MESSAGE_BUDGET, LaunchFence, LaunchWire, RunWire};
-use crate::metrics::MasterInstruments;
+use crate::metrics::instruments::MasterInstruments;
 use crate::task_record::{
     LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, pairs, same_pairs, same_text, same_texts,
 };

@@ -11,7 +11,7 @@ use muster_actor::Context;
 use crate::master::Master;
 use crate::master::leadership::Role;
 
-use crate::metrics::{MasterFigures, MetricsSnapshot, TASK_STATES};
+use crate::metrics::snapshot::{MasterFigures, MetricsSnapshot, TASK_STATES};
 
 impl Master {
     /// This master's figures, and the processes and members to read the rest from.

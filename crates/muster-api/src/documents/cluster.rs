@@ -1,0 +1,68 @@
+//! The document of the cluster's status: who leads, and how its agents stand.
+
+use muster_proto::cluster as cluster_pb;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::ReadInfo;
+
+/// `GET /v1/status`: who leads and how the cluster stands.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct ClusterStatus {
+    /// The leading master's gRPC address, empty if unknown.
+    pub leader: String,
+    /// Whether the answering master leads.
+    pub is_leader: bool,
+    /// The registry's raft term.
+    pub term: u64,
+    /// The registry's raft commit index as the answering master knows it: on the leader, the
+    /// highest index a majority of the masters hold; on a standby, the index it applied (a
+    /// lower bound). The index it applied is in `read`.
+    pub commit_index: u64,
+    /// True while a new leader waits for admitted agents to re-register.
+    pub recovering: bool,
+    /// True on a cluster run with `--insecure`.
+    pub insecure: bool,
+    /// Agents connected.
+    pub agents_ready: u64,
+    /// Agents admitted but not re-registered since a failover.
+    pub agents_disconnected: u64,
+    /// Agents marked unreachable.
+    pub agents_unreachable: u64,
+    /// The registry's raft members (filled in by the HTTP API from the master's config).
+    #[serde(default)]
+    pub members: Vec<Member>,
+    /// How the read was answered.
+    pub read: ReadInfo,
+}
+
+/// A master of the registry's raft group.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct Member {
+    /// Its raft id.
+    pub id: u64,
+    /// Its gRPC address (agents, raft, the CLI).
+    pub address: String,
+    /// Its HTTP API's address, as this master reaches it.
+    pub http_address: String,
+    /// Whether it leads.
+    pub leader: bool,
+}
+
+impl From<&cluster_pb::ClusterState> for ClusterStatus {
+    fn from(state: &cluster_pb::ClusterState) -> Self {
+        ClusterStatus {
+            leader: state.leader.clone(),
+            is_leader: state.is_leader,
+            term: state.term,
+            commit_index: state.commit_index,
+            recovering: state.recovering,
+            insecure: state.insecure,
+            agents_ready: state.agents.iter().filter(|a| a.connected).count() as u64,
+            agents_disconnected: state.agents.iter().filter(|a| !a.connected).count() as u64,
+            agents_unreachable: state.unreachable.len() as u64,
+            members: Vec::new(),
+            read: state.read.into(),
+        }
+    }
+}
