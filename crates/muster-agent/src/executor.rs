@@ -33,9 +33,8 @@ use std::process::ExitStatus;
 
 use serde::{Deserialize, Serialize};
 
-// Re-exported for `crate::output`, which still names them here.
 use crate::atomic_file::write_atomically;
-pub(crate) use crate::decimal::{DECIMAL_BUFFER, decimal_line};
+use crate::decimal::{DECIMAL_BUFFER, decimal_line};
 use crate::isolation::JoinHandle;
 use crate::output::{Capture, Stream, TaskEnds};
 use crate::task_user::Credentials;

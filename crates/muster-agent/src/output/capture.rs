@@ -633,8 +633,8 @@ fn write_new_at(dir: RawFd, name: &Name, value: u64) -> bool {
     }
     // SAFETY: the descriptor was just opened and belongs to no one else.
     let file = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut buffer = [0u8; crate::executor::DECIMAL_BUFFER];
-    let text = crate::executor::decimal_line(i64::try_from(value).unwrap_or(i64::MAX), &mut buffer);
+    let mut buffer = [0u8; crate::decimal::DECIMAL_BUFFER];
+    let text = crate::decimal::decimal_line(i64::try_from(value).unwrap_or(i64::MAX), &mut buffer);
     let complete = write_all(file.as_raw_fd(), text) == text.len();
     drop(file);
     if !complete {
