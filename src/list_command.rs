@@ -9,8 +9,8 @@ use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
 
 use crate::connection::Connection;
-use crate::output::{Format, print_json};
-use crate::staleness;
+use crate::output::{Format, print_json, staleness};
+use crate::status_command;
 
 /// `muster job list`: every job (or those whose name starts with `prefix`), one line each.
 pub(crate) async fn jobs(
@@ -159,7 +159,7 @@ pub(crate) async fn agents(
     stale: bool,
     format: Format,
 ) -> anyhow::Result<()> {
-    let state = crate::read_state(connection, stale).await?;
+    let state = status_command::read_state(connection, stale).await?;
     if format.is_json() {
         return print_json(&muster_api::AgentList::from(&state));
     }
@@ -167,7 +167,7 @@ pub(crate) async fn agents(
     if let Some(line) = staleness(state.read.as_ref()) {
         writeln!(out, "{line}")?;
     }
-    crate::print_agents(&mut out, &state)
+    status_command::print_agents(&mut out, &state)
 }
 
 #[cfg(test)]

@@ -1,7 +1,11 @@
 //! How a command prints its answer: as text for people, or with `--json` as the JSON document
-//! the HTTP API answers for the same thing (`muster_api`), one per line, for scripts.
+//! the HTTP API answers for the same thing (`muster_api`), one per line, for scripts; and the
+//! pieces of text several commands print alike (a stale read's line, a task state's name).
 
 use std::io::Write;
+
+use muster::model::TaskState;
+use muster::proto::cluster as pb;
 
 /// Text or JSON.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -31,4 +35,71 @@ pub(crate) fn print_json<T: serde::Serialize>(document: &T) -> anyhow::Result<()
     writeln!(out)?;
     out.flush()?;
     Ok(())
+}
+
+/// One line saying how stale a stale read may be; nothing for a linearizable one.
+pub(crate) fn staleness(read: Option<&pb::ReadInfo>) -> Option<String> {
+    let read = read.filter(|r| r.stale)?;
+    let contact = match read.last_contact_ms {
+        0 => "it leads".to_owned(),
+        u64::MAX => "it has not heard from a leader".to_owned(),
+        ms => format!(
+            "last heard from the leader {} ago",
+            humantime::format_duration(std::time::Duration::from_millis(ms))
+        ),
+    };
+    Some(format!(
+        "stale read: registry index {}, {contact}{}",
+        read.applied_index,
+        if read.known_leader {
+            ""
+        } else {
+            ", no leader known"
+        }
+    ))
+}
+
+/// A task state's name (`running`), or its number if it is not one this CLI knows.
+pub(crate) fn state_name(state: i32) -> String {
+    TaskState::try_from(state).map_or_else(|_| state.to_string(), |s| s.name().to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stale_read_says_how_stale_and_a_linearizable_one_nothing() {
+        let read = |last_contact_ms, known_leader| pb::ReadInfo {
+            stale: true,
+            applied_index: 42,
+            last_contact_ms,
+            known_leader,
+        };
+        assert_eq!(
+            staleness(Some(&read(0, true))).as_deref(),
+            Some("stale read: registry index 42, it leads")
+        );
+        assert_eq!(
+            staleness(Some(&read(1_500, true))).as_deref(),
+            Some("stale read: registry index 42, last heard from the leader 1s 500ms ago")
+        );
+        assert_eq!(
+            staleness(Some(&read(u64::MAX, false))).as_deref(),
+            Some("stale read: registry index 42, it has not heard from a leader, no leader known")
+        );
+        let linearizable = pb::ReadInfo {
+            stale: false,
+            ..read(0, true)
+        };
+        assert_eq!(staleness(Some(&linearizable)), None);
+        assert_eq!(staleness(None), None);
+    }
+
+    #[test]
+    fn a_task_state_is_named_or_numbered() {
+        let running = muster::proto::model::TaskState::Running as i32;
+        assert_eq!(state_name(running), "RUNNING");
+        assert_eq!(state_name(999), "999");
+    }
 }

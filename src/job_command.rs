@@ -1,0 +1,444 @@
+//! `muster job`: submit a job file (`run`) or see what it would change (`plan`), list jobs
+//! (`list`), show one (`status`) and its versions (`history`), print a task's output (`logs`),
+//! and stop a job (`stop`).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use muster::model::{Evaluation, SchedulerType};
+use muster::proto::cluster as pb;
+
+use crate::connection::Connection;
+use crate::output::{Format, print_json, staleness, state_name};
+use crate::{job_file, list_command};
+
+/// `muster job ...`
+#[derive(Debug, Subcommand)]
+pub(crate) enum JobCommand {
+    /// Every job (or those whose name starts with a prefix), with its tasks by state.
+    List {
+        /// Only jobs whose name starts with this.
+        #[arg(long, default_value = "")]
+        prefix: String,
+        /// Answer from the first master that answers, whatever its role (a standby knows the
+        /// jobs, not their tasks); may be behind: says by how much
+        #[arg(long)]
+        stale: bool,
+    },
+    /// Submit the job in a TOML file (new or changed).
+    Run {
+        /// The job file (see examples/jobs/hello.toml).
+        file: PathBuf,
+    },
+    /// Show a job: its tasks, where they run, and its evaluations.
+    Status {
+        /// The job's name.
+        name: String,
+        /// Answer from the master given, whatever its role (a standby knows the job and its
+        /// evaluations, not its tasks); may be behind: says by how much
+        #[arg(long)]
+        stale: bool,
+    },
+    /// Print a task's stdout (or stderr), across the agent's rotations (Nomad's `alloc
+    /// logs`): the job's task given with --task, else its running task (or its latest).
+    Logs {
+        /// The job's name.
+        name: String,
+        /// The task's id (see `muster job status NAME`).
+        #[arg(long)]
+        task: Option<String>,
+        /// stderr instead of stdout.
+        #[arg(long)]
+        stderr: bool,
+        /// Keep printing what the task writes until it ends.
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// A dry run of `job run FILE` (Nomad's `job plan`): what the scheduler would place,
+    /// stop and replace now. Nothing is submitted.
+    Plan {
+        /// The job file.
+        file: PathBuf,
+    },
+    /// A job's versions, newest first: what changed from one to the next (Nomad's `job
+    /// history`).
+    History {
+        /// The job's name.
+        name: String,
+        /// Answer from the master given, whatever its role; may be behind: says by how much
+        #[arg(long)]
+        stale: bool,
+    },
+    /// Stop a job's tasks.
+    Stop {
+        /// The job's name.
+        name: String,
+    },
+}
+
+/// Runs `muster job ...` against `connection`.
+pub(crate) async fn run(
+    connection: &Connection,
+    command: JobCommand,
+    format: Format,
+) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    match command {
+        JobCommand::Run { file } => {
+            let spec = job_file::read(&file)?;
+            let name = spec.name.clone();
+            let reply = connection
+                .at_leader(|mut client| {
+                    let job = Some(spec.clone());
+                    async move { client.submit_job(pb::SubmitJobRequest { job }).await }
+                })
+                .await?;
+            if format.is_json() {
+                return print_json(&muster_api::Submitted::from(reply));
+            }
+            writeln!(
+                out,
+                "job {name} submitted (version {}, evaluation {})",
+                reply.version, reply.eval_id
+            )?;
+        }
+        JobCommand::Logs {
+            name,
+            task,
+            stderr,
+            follow,
+        } => {
+            drop(out);
+            return job_logs(connection, &name, task, stderr, follow, format).await;
+        }
+        JobCommand::Plan { file } => {
+            let spec = job_file::read(&file)?;
+            let plan = connection
+                .at_leader(|mut client| {
+                    let job = Some(spec.clone());
+                    async move { client.plan_job(pb::SubmitJobRequest { job }).await }
+                })
+                .await?;
+            let plan = muster_api::JobPlan::from(plan);
+            if format.is_json() {
+                drop(out);
+                return print_json(&plan);
+            }
+            writeln!(
+                out,
+                "job {} would be version {}: {} to place, {} to stop, {} replaced",
+                spec.name,
+                plan.version,
+                plan.place.len(),
+                plan.stop.len(),
+                plan.replaced.len()
+            )?;
+            for task in &plan.place {
+                writeln!(out, "  + {} on {}", task.name, task.agent_id)?;
+            }
+            for task in &plan.stop {
+                writeln!(
+                    out,
+                    "  - {} on {} ({})",
+                    task.name, task.agent_id, task.task_id
+                )?;
+            }
+            for line in &plan.unplaced {
+                writeln!(out, "  ! does not fit: {line}")?;
+            }
+        }
+        JobCommand::History { name, stale } => {
+            let list = connection
+                .read(stale, |mut client| {
+                    let name = name.clone();
+                    async move {
+                        client
+                            .job_versions(pb::JobStatusRequest { name, stale })
+                            .await
+                    }
+                })
+                .await?;
+            let doc = muster_api::JobVersions::from(list);
+            if format.is_json() {
+                drop(out);
+                return print_json(&doc);
+            }
+            if doc.read.stale {
+                writeln!(out, "stale read: registry index {}", doc.read.applied_index)?;
+            }
+            for (i, version) in doc.versions.iter().enumerate() {
+                let groups: Vec<String> = version
+                    .job
+                    .groups
+                    .iter()
+                    .map(|g| {
+                        format!(
+                            "{} x{} ({} {})",
+                            g.name,
+                            g.count,
+                            g.command,
+                            g.args.join(" ")
+                        )
+                    })
+                    .collect();
+                writeln!(
+                    out,
+                    "version {}{}{}: {}",
+                    version.version,
+                    if i == 0 { " (current)" } else { "" },
+                    if version.stopped { ", stopped" } else { "" },
+                    groups.join("; ")
+                )?;
+                if let Some(older) = doc.versions.get(i + 1) {
+                    for change in job_changes(&older.job, &version.job) {
+                        writeln!(out, "    {change}")?;
+                    }
+                }
+            }
+        }
+        JobCommand::List { prefix, stale } => {
+            drop(out);
+            return list_command::jobs(connection, prefix, stale, format).await;
+        }
+        JobCommand::Stop { name } => {
+            let reply = connection
+                .at_leader(|mut client| {
+                    let name = name.clone();
+                    async move { client.stop_job(pb::StopJobRequest { name }).await }
+                })
+                .await?;
+            if format.is_json() {
+                return print_json(&muster_api::Submitted::from(reply));
+            }
+            writeln!(out, "job {name} stopping (evaluation {})", reply.eval_id)?;
+        }
+        JobCommand::Status { name, stale } => {
+            let status = connection
+                .read(stale, |mut client| {
+                    let name = name.clone();
+                    async move {
+                        client
+                            .job_status(pb::JobStatusRequest { name, stale })
+                            .await
+                    }
+                })
+                .await?;
+            if format.is_json() {
+                return print_json(&muster_api::JobDetail::from(status));
+            }
+            if let Some(line) = staleness(status.read.as_ref()) {
+                writeln!(out, "{line}")?;
+            }
+            let spec = status.job.unwrap_or_default();
+            writeln!(
+                out,
+                "job {} ({}, priority {}, version {}){}",
+                spec.name,
+                SchedulerType::try_from(spec.scheduler).map_or("?", SchedulerType::name),
+                spec.priority,
+                status.version,
+                if status.stopped { ", stopped" } else { "" }
+            )?;
+            writeln!(out, "tasks:")?;
+            if status.tasks.is_empty() {
+                writeln!(out, "  (none yet)")?;
+            }
+            for task in &status.tasks {
+                let Some(t) = &task.task else { continue };
+                writeln!(
+                    out,
+                    "  {:<28} {:<10} exit {:<4} on {}  (id {})",
+                    t.name,
+                    state_name(t.state),
+                    t.exit_code,
+                    task.agent_id,
+                    t.id
+                )?;
+                if !t.message.is_empty() {
+                    writeln!(out, "    {}", t.message)?;
+                }
+            }
+            writeln!(out, "evaluations (newest first):")?;
+            for eval in status.evals {
+                let id = eval.id.clone();
+                match Evaluation::try_from(eval) {
+                    Ok(eval) => writeln!(
+                        out,
+                        "  {}  {:<9} {:?}  {}",
+                        eval.id,
+                        eval.status.name(),
+                        eval.trigger,
+                        eval.status_description
+                    )?,
+                    Err(e) => writeln!(out, "  {id}  ({e})")?,
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What changed from `older` to `newer`, one line each (`group web: count 2 -> 3`).
+fn job_changes(older: &muster_api::JobSpec, newer: &muster_api::JobSpec) -> Vec<String> {
+    let mut changes = Vec::new();
+    if older.priority != newer.priority {
+        changes.push(format!("priority {} -> {}", older.priority, newer.priority));
+    }
+    for group in &newer.groups {
+        match older.groups.iter().find(|g| g.name == group.name) {
+            None => changes.push(format!("group {} added", group.name)),
+            Some(before) if before != group => {
+                let mut what = Vec::new();
+                if before.count != group.count {
+                    what.push(format!("count {} -> {}", before.count, group.count));
+                }
+                if before.command != group.command || before.args != group.args {
+                    what.push("command changed".to_owned());
+                }
+                if before.env != group.env {
+                    what.push("environment changed".to_owned());
+                }
+                if before.cpus != group.cpus || before.mem_mb != group.mem_mb {
+                    what.push("resources changed".to_owned());
+                }
+                if what.is_empty() {
+                    what.push("changed".to_owned());
+                }
+                changes.push(format!("group {}: {}", group.name, what.join(", ")));
+            }
+            Some(_) => {}
+        }
+    }
+    for group in &older.groups {
+        if !newer.groups.iter().any(|g| g.name == group.name) {
+            changes.push(format!("group {} removed", group.name));
+        }
+    }
+    changes
+}
+
+/// How often `job logs --follow` asks for more.
+const FOLLOW_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// `muster job logs`: the task's output from its oldest kept byte, and with `follow` what it
+/// writes next, until it ends. With `--json`, one [`muster_api::TaskLogs`] per piece.
+async fn job_logs(
+    connection: &Connection,
+    name: &str,
+    task: Option<String>,
+    stderr: bool,
+    follow: bool,
+    format: Format,
+) -> anyhow::Result<()> {
+    let status = connection
+        .at_leader(|mut client| {
+            let name = name.to_owned();
+            async move {
+                client
+                    .job_status(pb::JobStatusRequest { name, stale: false })
+                    .await
+            }
+        })
+        .await?;
+    let tasks: Vec<_> = status
+        .tasks
+        .iter()
+        .filter_map(|t| t.task.as_ref())
+        .collect();
+    let task_id = match task {
+        Some(id) => {
+            anyhow::ensure!(
+                tasks.iter().any(|t| t.id == id),
+                "job {name} has no task {id:?} (see `muster job status {name}`)"
+            );
+            id
+        }
+        None => tasks
+            .iter()
+            .find(|t| state_name(t.state) == "running")
+            .or(tasks.last())
+            .map(|t| t.id.clone())
+            .with_context(|| format!("job {name} has no task yet"))?,
+    };
+    let mut offset = 0;
+    loop {
+        let chunk = connection
+            .at_leader(|mut client| {
+                let request = pb::ReadTaskOutput {
+                    task_id: task_id.clone(),
+                    stderr,
+                    offset,
+                    limit: 0,
+                };
+                async move { client.task_logs(request).await }
+            })
+            .await?;
+        let more = chunk.next_offset > chunk.offset;
+        let running = chunk.task_running;
+        offset = chunk.next_offset;
+        if format.is_json() {
+            if more {
+                print_json(&muster_api::TaskLogs::new(&task_id, stderr, chunk))?;
+            }
+        } else {
+            let mut out = std::io::stdout().lock();
+            out.write_all(&chunk.data)?;
+            out.flush()?;
+        }
+        if more {
+            continue;
+        }
+        if !follow || !running {
+            return Ok(());
+        }
+        tokio::time::sleep(FOLLOW_EVERY).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn group(name: &str, count: u32) -> muster_api::GroupSpec {
+        muster_api::GroupSpec {
+            name: name.into(),
+            count,
+            command: "sleep".into(),
+            args: vec!["60".into()],
+            cpus: 0.5,
+            mem_mb: 64,
+            ..muster_api::GroupSpec::default()
+        }
+    }
+
+    #[test]
+    fn a_versions_changes_are_one_line_each() {
+        let older = muster_api::JobSpec {
+            name: "web".into(),
+            priority: 50,
+            groups: vec![group("web", 2), group("cache", 1), group("old", 1)],
+            ..muster_api::JobSpec::default()
+        };
+        let mut cache = group("cache", 1);
+        cache.args = vec!["61".into()];
+        cache.mem_mb = 128;
+        let newer = muster_api::JobSpec {
+            priority: 60,
+            groups: vec![group("web", 3), cache, group("new", 1)],
+            ..older.clone()
+        };
+        assert_eq!(
+            job_changes(&older, &newer),
+            [
+                "priority 50 -> 60",
+                "group web: count 2 -> 3",
+                "group cache: command changed, resources changed",
+                "group new added",
+                "group old removed",
+            ]
+        );
+        assert!(job_changes(&older, &older).is_empty());
+    }
+}
