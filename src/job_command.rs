@@ -9,6 +9,7 @@ use anyhow::Context as _;
 use clap::Subcommand;
 use muster::model::{Evaluation, SchedulerType};
 use muster::proto::cluster as pb;
+use muster::proto::model as model_pb;
 
 use crate::connection::Connection;
 use crate::output::{Format, print_json, staleness, state_name};
@@ -355,12 +356,7 @@ async fn job_logs(
             );
             id
         }
-        None => tasks
-            .iter()
-            .find(|t| state_name(t.state) == "running")
-            .or(tasks.last())
-            .map(|t| t.id.clone())
-            .with_context(|| format!("job {name} has no task yet"))?,
+        None => task_to_read(&tasks).with_context(|| format!("job {name} has no task yet"))?,
     };
     let mut offset = 0;
     loop {
@@ -397,9 +393,39 @@ async fn job_logs(
     }
 }
 
+/// The task whose output `muster job logs` shows when none is named: a running one, else the
+/// last the status lists.
+fn task_to_read(tasks: &[&model_pb::Task]) -> Option<String> {
+    tasks
+        .iter()
+        .find(|t| t.state == model_pb::TaskState::Running as i32)
+        .or(tasks.last())
+        .map(|t| t.id.clone())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn logs_read_a_running_task_before_the_last_listed() {
+        let task = |id: &str, state: model_pb::TaskState| model_pb::Task {
+            id: id.into(),
+            state: state as i32,
+            ..model_pb::Task::default()
+        };
+        let running = task("web.server[0]-a", model_pb::TaskState::Running);
+        let finished = task("web.server[0]-b", model_pb::TaskState::Finished);
+        assert_eq!(
+            task_to_read(&[&running, &finished]).as_deref(),
+            Some("web.server[0]-a")
+        );
+        assert_eq!(
+            task_to_read(&[&finished]).as_deref(),
+            Some("web.server[0]-b")
+        );
+        assert_eq!(task_to_read(&[]), None);
+    }
 
     fn group(name: &str, count: u32) -> muster_api::GroupSpec {
         muster_api::GroupSpec {
