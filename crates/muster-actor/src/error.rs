@@ -85,8 +85,8 @@ pub enum RemoteError {
     #[error("remote process could not take the message: {0}")]
     Rejected(String),
     /// The receiving process does not accept this message from the sender's role (its
-    /// certificate says master, agent or client; see
-    /// [`Registration::install_from`](crate::Registration::install_from)).
+    /// certificate says master, agent or client; see `Registration::install_from` in
+    /// `muster-transport`).
     #[error("not authorized: {0}")]
     Unauthorized(String),
     /// The connection to the node was lost before the answer came.

@@ -9,10 +9,10 @@
 //!
 //! # Layout
 //! - [`MasterConfig`]: settings, with Mesos's defaults.
-//! - [`Master`], [`MasterMsg`]: the process. Its messages are grouped by who sends them:
-//!   [`AgentMsg`], [`OperatorMsg`], [`SchedulingMsg`], [`InternalMsg`]; each group's enum and
-//!   handlers live in `src/master/` in the file named for it (`from_agents.rs`,
-//!   `from_operators.rs`, `from_scheduling.rs`, `internal.rs`).
+//! - [`Master`], [`MasterMsg`]: the process. Every request it handles is a struct with named
+//!   fields in [`requests`]; `src/master/` has one module per resource (agents, tasks, jobs,
+//!   evaluations, plans, ACL, the cluster's state, leadership), each with its requests and
+//!   their handlers, and `master.rs` lists and dispatches them in one place.
 //! - [`ServiceError`]: why the operator or scheduling API refused a request, and its gRPC
 //!   status.
 //! - [`OperatorService`]: cluster state, metrics and jobs over gRPC.

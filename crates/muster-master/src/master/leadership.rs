@@ -41,7 +41,7 @@ pub struct ReregistrationDeadline {
 }
 
 /// The master's timer: the end of the hold on placements of the recovery begun in `term`
-/// (see [`RECOVERY_PLACEMENT_HOLD`]).
+/// (at most 30 s after it began, `RECOVERY_PLACEMENT_HOLD`).
 #[derive(Debug)]
 pub struct EndPlacementHold {
     /// The term the recovery belongs to.
