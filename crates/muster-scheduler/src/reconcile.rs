@@ -284,12 +284,17 @@ pub fn wants_counted_slot(job: &Job, group: &str, slot: &str) -> bool {
 /// The index of `slot` if it is a counted slot of `job`'s group `group`, named as reconciliation
 /// names them (`{job}.{group}[{index}]`, the index in decimal without leading zeros).
 pub fn counted_slot_index(job: &str, group: &str, slot: &str) -> Option<usize> {
+    slot_key(job, group, slot).and_then(canonical_index)
+}
+
+/// What stands between the brackets of `slot` if it is a slot of `job`'s group `group`
+/// (`{job}.{group}[{key}]`): an index, or a system slot's agent id.
+fn slot_key<'a>(job: &str, group: &str, slot: &'a str) -> Option<&'a str> {
     slot.strip_prefix(job)?
         .strip_prefix('.')?
         .strip_prefix(group)?
         .strip_prefix('[')?
         .strip_suffix(']')
-        .and_then(canonical_index)
 }
 
 /// Every slot a job wants, numbered: each group's slots in turn, a service or batch group's
@@ -371,13 +376,7 @@ impl SlotLayout {
             .groups
             .iter()
             .find(|s| *s.group.name == *task.group())?;
-        let key = task
-            .name()
-            .strip_prefix(job)?
-            .strip_prefix('.')?
-            .strip_prefix(slots.group.name.as_str())?
-            .strip_prefix('[')?
-            .strip_suffix(']')?;
+        let key = slot_key(job, &slots.group.name, task.name())?;
         let slot = match &slots.per_agent {
             None => {
                 let index = canonical_index(key)?;

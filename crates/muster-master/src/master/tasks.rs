@@ -407,17 +407,9 @@ impl Master {
     /// whichever master leads never runs it again, even while its agent is away or before
     /// the agent is back after a failover.
     fn record_batch_finished(&mut self, task: &TaskRecord, ctx: &mut Context<Self>) {
-        let Some(job) = task.job_name() else {
+        let Some(job) = task.job_name().filter(|job| self.is_batch(job)) else {
             return;
         };
-        let batch = self.registry.reader().read(|s| {
-            s.jobs
-                .get(job)
-                .is_some_and(|j| j.scheduler == SchedulerType::Batch)
-        });
-        if !batch {
-            return;
-        }
         let slots = vec![(task.name().to_owned(), task.view.job_version)];
         self.write_batch_finishes(job.to_owned(), slots, ctx);
     }
