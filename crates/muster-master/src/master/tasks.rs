@@ -306,25 +306,39 @@ impl Master {
                 }
             }
             (None, false) => {
-                let given_up = agent
+                let recorded_end = agent
                     .completed_tasks
                     .iter()
-                    .any(|t| t.id() == task.id() && t.state() == TaskState::Lost);
-                let mut adopted = task.clone();
-                if given_up {
-                    // Reported after this master gave it up as lost and replaced it: it
-                    // must not run beside its replacement.
-                    adopted.set_state(TaskState::Killed);
-                }
-                agent.tasks.push(adopted);
-                if given_up {
-                    let stop = Stop {
-                        agent: AgentId(agent_id.clone()),
-                        task_id: task.id().to_owned(),
-                    };
-                    tracing::warn!(agent = %agent_id, task = %task.id(), "a task given up as lost reports in: killing it");
-                    self.stop_task(&stop, ctx);
-                    return;
+                    .find(|t| t.id() == task.id())
+                    .map(TaskRecord::state);
+                match recorded_end {
+                    // Ended by itself, as the agent said (in a status, or in the answer to a
+                    // kill, which travels apart from status updates): this report was sent
+                    // before that and arrived after it. A task id is never launched twice, so
+                    // the task runs no more.
+                    Some(TaskState::Finished | TaskState::Failed) => {
+                        tracing::debug!(agent = %agent_id, task = %task.id(), state = ?task.state(), "a status sent before the task's end arrived after it: ignored");
+                        return;
+                    }
+                    // Given up as lost (and replaced), or counted killed: if it runs after
+                    // all, it must not run beside its replacement. (A kill answered "no such
+                    // task" may have overtaken the launch.)
+                    Some(recorded) => {
+                        if recorded == TaskState::Killed {
+                            agent.completed_tasks.retain(|t| t.id() != task.id());
+                        }
+                        let mut adopted = task.clone();
+                        adopted.set_state(TaskState::Killed);
+                        agent.tasks.push(adopted);
+                        let stop = Stop {
+                            agent: AgentId(agent_id.clone()),
+                            task_id: task.id().to_owned(),
+                        };
+                        tracing::warn!(agent = %agent_id, task = %task.id(), ended_as = ?recorded, "a task recorded as ended reports in: killing it");
+                        self.stop_task(&stop, ctx);
+                        return;
+                    }
+                    None => agent.tasks.push(task.clone()),
                 }
             }
             (None, true) => return,

@@ -571,7 +571,10 @@ async fn an_updated_batch_slot_is_placed_anew_only_if_its_task_did_not_finish_fi
         let first = cluster.next_launched_task().await?;
         report(&cluster, &first, model_pb::TaskState::Running)?;
         job_when(&cluster.master, "etl", "the step running", |s| {
-            live(s).len() == 1
+            s.tasks
+                .iter()
+                .filter_map(|t| t.task.as_ref())
+                .any(|t| t.id == first.id && t.state == model_pb::TaskState::Running as i32)
         })
         .await?;
 
@@ -604,6 +607,16 @@ async fn an_updated_batch_slot_is_placed_anew_only_if_its_task_did_not_finish_fi
             })
             .await?;
             assert!(live(&status).is_empty(), "{ending}: {status:#?}");
+            // A RUNNING the agent sent before the end, arriving after it (the answer to a kill
+            // travels apart from status updates), does not bring the task back. A second
+            // registration over the same link, answered, shows the report was handled.
+            report(&cluster, &first, model_pb::TaskState::Running)?;
+            register_stand_in(&cluster.node, &cluster.master_upid, "witness").await?;
+            let status = job_when(&cluster.master, "etl", "the status", |_| true).await?;
+            assert!(
+                live(&status).is_empty(),
+                "{ending}: a late RUNNING revived the ended step: {status:#?}"
+            );
             evaluations_settled(&cluster.master, "etl").await?;
             assert!(
                 cluster.launched.try_recv().is_err(),
