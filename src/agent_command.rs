@@ -8,8 +8,8 @@ use clap::{ArgGroup, Subcommand};
 use muster::proto::cluster as pb;
 
 use crate::connection::Connection;
-use crate::output::{Format, print_json};
-use crate::{list_command, when};
+use crate::list_command;
+use crate::output::{Format, describe_scheduling, print_json};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum AgentCommand {
@@ -116,25 +116,6 @@ pub(crate) async fn run(
         return print_json(&doc);
     }
     let mut out = std::io::stdout().lock();
-    writeln!(out, "agent {id}: {}", describe(&doc))?;
+    writeln!(out, "agent {id}: {}", describe_scheduling(&doc))?;
     Ok(())
-}
-
-/// An agent's scheduling in words: `draining, deadline 2026-... (in 59m)`, `eligible`, ...
-pub(crate) fn describe(doc: &muster_api::AgentScheduling) -> String {
-    let eligibility = if doc.eligible {
-        "eligible"
-    } else {
-        "ineligible"
-    };
-    match doc.drain.as_str() {
-        "draining" if doc.drain_deadline_ms == 0 => "draining, no deadline".to_owned(),
-        "draining" => format!(
-            "draining, deadline {}",
-            when::rfc3339(doc.drain_deadline_ms)
-        ),
-        "stopping" => "draining, deadline passed: stopping what is left".to_owned(),
-        "drained" => "drained (ineligible)".to_owned(),
-        _ => eligibility.to_owned(),
-    }
 }

@@ -7,6 +7,8 @@ use std::io::Write;
 use muster::model::TaskState;
 use muster::proto::cluster as pb;
 
+use crate::when;
+
 /// Text or JSON.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Format {
@@ -62,6 +64,25 @@ pub(crate) fn staleness(read: Option<&pb::ReadInfo>) -> Option<String> {
 /// A task state's name (`running`), or its number if it is not one this CLI knows.
 pub(crate) fn state_name(state: i32) -> String {
     TaskState::try_from(state).map_or_else(|_| state.to_string(), |s| s.name().to_owned())
+}
+
+/// An agent's scheduling in words: `draining, deadline 2026-... (in 59m)`, `eligible`, ...
+pub(crate) fn describe_scheduling(doc: &muster_api::AgentScheduling) -> String {
+    let eligibility = if doc.eligible {
+        "eligible"
+    } else {
+        "ineligible"
+    };
+    match doc.drain.as_str() {
+        "draining" if doc.drain_deadline_ms == 0 => "draining, no deadline".to_owned(),
+        "draining" => format!(
+            "draining, deadline {}",
+            when::rfc3339(doc.drain_deadline_ms)
+        ),
+        "stopping" => "draining, deadline passed: stopping what is left".to_owned(),
+        "drained" => "drained (ineligible)".to_owned(),
+        _ => eligibility.to_owned(),
+    }
 }
 
 #[cfg(test)]

@@ -5,9 +5,8 @@ use std::io::Write;
 
 use muster::proto::cluster as pb;
 
-use crate::agent_command;
 use crate::connection::Connection;
-use crate::output::{Format, print_json, staleness, state_name};
+use crate::output::{Format, describe_scheduling, print_json, staleness, state_name};
 use crate::when;
 
 /// The cluster state: linearizable from the leader (following a standby's hint), or with
@@ -98,7 +97,7 @@ pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> an
             agent.tasks.len(),
             isolation,
             agent.connected,
-            agent_command::describe(&scheduling)
+            describe_scheduling(&scheduling)
         )?;
         for task in &agent.tasks {
             let task_state = state_name(task.state);
