@@ -391,12 +391,19 @@ impl muster_scheduler::Backend for Timed {
     async fn block(
         &self,
         eval: Evaluation,
+        token: &str,
         unplaced: Vec<muster_scheduler::Demand>,
     ) -> Result<(), muster_scheduler::WorkerError> {
-        self.time("block", self.inner.block(eval, unplaced)).await
+        self.time("block", self.inner.block(eval, token, unplaced))
+            .await
     }
-    async fn complete(&self, eval: &Evaluation) -> Result<(), muster_scheduler::WorkerError> {
-        self.time("complete", self.inner.complete(eval)).await
+    async fn complete(
+        &self,
+        eval: &Evaluation,
+        token: &str,
+    ) -> Result<(), muster_scheduler::WorkerError> {
+        self.time("complete", self.inner.complete(eval, token))
+            .await
     }
 }
 

@@ -313,17 +313,21 @@ impl EvalBroker {
     }
 
     fn take_unacked(&mut self, eval: &EvalId, token: &str) -> Result<Evaluation, BrokerError> {
+        self.outstanding(eval, token)?;
+        let held = self
+            .unacked
+            .remove(eval)
+            .ok_or_else(|| BrokerError::NotOutstanding(eval.clone()))?;
+        held.timer.cancel();
+        Ok(held.eval)
+    }
+
+    /// The evaluation handed out as `eval` under `token`, still unacked.
+    fn outstanding(&self, eval: &EvalId, token: &str) -> Result<&Evaluation, BrokerError> {
         match self.unacked.get(eval) {
             None => Err(BrokerError::NotOutstanding(eval.clone())),
             Some(held) if held.token != token => Err(BrokerError::TokenMismatch(eval.clone())),
-            Some(_) => {
-                let held = self
-                    .unacked
-                    .remove(eval)
-                    .ok_or_else(|| BrokerError::NotOutstanding(eval.clone()))?;
-                held.timer.cancel();
-                Ok(held.eval)
-            }
+            Some(held) => Ok(&held.eval),
         }
     }
 
@@ -571,6 +575,9 @@ impl Process for EvalBroker {
             } => self.dequeue(schedulers, timeout, reply, ctx),
             BrokerMsg::Ack { eval, token, reply } => reply.send(self.ack(&eval, &token, ctx)),
             BrokerMsg::Nack { eval, token, reply } => reply.send(self.nack(&eval, &token, ctx)),
+            BrokerMsg::Outstanding { eval, token, reply } => {
+                reply.send(self.outstanding(&eval, &token).cloned());
+            }
             BrokerMsg::Stats(reply) => reply.send(self.stats()),
             BrokerMsg::Unacked(reply) => {
                 let mut unacked: Vec<(String, EvalId)> = self

@@ -6,6 +6,7 @@
 //! the leader" convention, and the other statuses are as listed in
 //! [`muster_scheduler::protocol`]. Every failure maps to its status through [`ServiceError`].
 
+use muster_broker::{BrokerError, BrokerMsg};
 use muster_model::FieldError;
 use muster_model::convert::{each, required};
 use muster_model::{EvalId, Evaluation, SchedulerType};
@@ -67,6 +68,54 @@ impl SchedulingService {
         }
     }
 
+    /// The evaluation `eval`, if the caller holds it: handed out under `token` and not yet
+    /// acked or nacked. A plan, a block or a completion is taken only from its holder, and
+    /// only for its own job (`job`), so a `schedule` token cannot act for evaluations, or on
+    /// jobs, it was never given.
+    async fn held(&self, eval: &EvalId, token: &str, job: &str) -> Result<Evaluation, Status> {
+        let (id, held_token) = (eval.clone(), token.to_owned());
+        let answer = self
+            .backend
+            .broker()
+            .ask(|reply| BrokerMsg::Outstanding {
+                eval: id,
+                token: held_token,
+                reply,
+            })
+            .await
+            .map_err(|e| Status::from(ServiceError::from(e)))?;
+        let held = match answer {
+            Ok(held) => held,
+            Err(BrokerError::Disabled) => {
+                return Err(match self.leading().await {
+                    Err(redirect) => redirect.into(),
+                    Ok(()) => {
+                        ServiceError::Unavailable("the eval broker is not serving yet".into())
+                            .into()
+                    }
+                });
+            }
+            Err(refusal) => {
+                return Err(ServiceError::FailedPrecondition(format!(
+                    "{refusal}: only the worker an evaluation was handed out to (with its \
+                     token, while it is not acked or nacked) may plan or settle it"
+                ))
+                .into());
+            }
+        };
+        if held.job != job {
+            return Err(ServiceError::InvalidArgument {
+                field: "job".into(),
+                message: format!(
+                    "evaluation {} is for job {:?}, not {job:?}",
+                    held.id, held.job
+                ),
+            }
+            .into());
+        }
+        Ok(held)
+    }
+
     /// The answer to a failed call: a standby's redirect if this master no longer leads,
     /// otherwise the refusal.
     async fn refused(&self, error: WorkerError) -> Status {
@@ -82,6 +131,18 @@ impl SchedulingService {
         };
         error.into()
     }
+}
+
+/// `snapshot` without the jobs' environments: a scheduler places tasks, it does not run
+/// them, and the plan applier takes what a task runs from the stored job, never from a plan.
+/// (Environments hold secrets; the `schedule` capability does not read them.)
+fn without_secrets(mut snapshot: pb::ClusterSnapshot) -> pb::ClusterSnapshot {
+    for job in snapshot.jobs.values_mut() {
+        for group in &mut job.groups {
+            group.env.clear();
+        }
+    }
+    snapshot
 }
 
 fn invalid(e: FieldError) -> Status {
@@ -134,7 +195,7 @@ impl Scheduling for SchedulingService {
         // A standby's snapshot is empty, not an error: ask who leads first.
         self.leading().await?;
         match self.backend.snapshot(min_index).await {
-            Ok(snapshot) => Ok(Response::new(snapshot.into())),
+            Ok(snapshot) => Ok(Response::new(without_secrets(snapshot.into()))),
             Err(error) => Err(self.refused(error).await),
         }
     }
@@ -144,6 +205,7 @@ impl Scheduling for SchedulingService {
         request: Request<pb::SubmitPlanRequest>,
     ) -> Result<Response<pb::PlanResult>, Status> {
         let plan: Plan = required(request.into_inner().plan, "plan").map_err(invalid)?;
+        self.held(&plan.eval, &plan.eval_token, &plan.job).await?;
         match self.backend.submit(plan).await {
             Ok(result) => Ok(Response::new(result.into())),
             Err(error) => Err(self.refused(error).await),
@@ -181,7 +243,8 @@ impl Scheduling for SchedulingService {
         let request = request.into_inner();
         let eval: Evaluation = required(request.evaluation, "evaluation").map_err(invalid)?;
         let unplaced: Vec<Demand> = each(request.unplaced, "unplaced").map_err(invalid)?;
-        match self.backend.block(eval, unplaced).await {
+        self.held(&eval.id, &request.token, &eval.job).await?;
+        match self.backend.block(eval, &request.token, unplaced).await {
             Ok(()) => Ok(Response::new(pb::BlockReply {})),
             Err(error) => Err(self.refused(error).await),
         }
@@ -191,9 +254,10 @@ impl Scheduling for SchedulingService {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteReply>, Status> {
-        let eval: Evaluation =
-            required(request.into_inner().evaluation, "evaluation").map_err(invalid)?;
-        match self.backend.complete(&eval).await {
+        let request = request.into_inner();
+        let eval: Evaluation = required(request.evaluation, "evaluation").map_err(invalid)?;
+        self.held(&eval.id, &request.token, &eval.job).await?;
+        match self.backend.complete(&eval, &request.token).await {
             Ok(()) => Ok(Response::new(pb::CompleteReply {})),
             Err(error) => Err(self.refused(error).await),
         }

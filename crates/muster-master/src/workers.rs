@@ -150,7 +150,14 @@ impl Backend for LocalBackend {
             })
     }
 
-    async fn block(&self, eval: Evaluation, unplaced: Vec<Demand>) -> Result<(), WorkerError> {
+    /// In this process the token is not checked: the caller is the master's own worker (the
+    /// scheduling API checks it for workers elsewhere).
+    async fn block(
+        &self,
+        eval: Evaluation,
+        _token: &str,
+        unplaced: Vec<Demand>,
+    ) -> Result<(), WorkerError> {
         let id = eval.id.clone();
         let snapshot_index = eval.snapshot_index;
         self.master
@@ -171,7 +178,8 @@ impl Backend for LocalBackend {
             })
     }
 
-    async fn complete(&self, eval: &Evaluation) -> Result<(), WorkerError> {
+    /// As [`block`](LocalBackend::block), the token is not checked here.
+    async fn complete(&self, eval: &Evaluation, _token: &str) -> Result<(), WorkerError> {
         let id = eval.id.clone();
         let eval = eval.clone();
         self.master
@@ -314,8 +322,13 @@ impl Backend for TimedBackend {
         nacked
     }
 
-    async fn block(&self, eval: Evaluation, unplaced: Vec<Demand>) -> Result<(), WorkerError> {
-        self.inner.block(eval, unplaced).await?;
+    async fn block(
+        &self,
+        eval: Evaluation,
+        token: &str,
+        unplaced: Vec<Demand>,
+    ) -> Result<(), WorkerError> {
+        self.inner.block(eval, token, unplaced).await?;
         self.set_run(|run| {
             if let Some((_, outcome)) = run {
                 *outcome = RunOutcome::Blocked;
@@ -324,7 +337,7 @@ impl Backend for TimedBackend {
         Ok(())
     }
 
-    async fn complete(&self, eval: &Evaluation) -> Result<(), WorkerError> {
-        self.inner.complete(eval).await
+    async fn complete(&self, eval: &Evaluation, token: &str) -> Result<(), WorkerError> {
+        self.inner.complete(eval, token).await
     }
 }

@@ -517,11 +517,17 @@ impl Backend for RemoteBackend {
         })
     }
 
-    async fn block(&self, eval: Evaluation, unplaced: Vec<Demand>) -> Result<(), WorkerError> {
+    async fn block(
+        &self,
+        eval: Evaluation,
+        token: &str,
+        unplaced: Vec<Demand>,
+    ) -> Result<(), WorkerError> {
         let id = eval.id.clone();
         let request = pb::BlockRequest {
             evaluation: Some(eval.into()),
             unplaced: all(unplaced),
+            token: token.to_owned(),
         };
         self.call(
             self.call_timeout(),
@@ -540,9 +546,10 @@ impl Backend for RemoteBackend {
         })
     }
 
-    async fn complete(&self, eval: &Evaluation) -> Result<(), WorkerError> {
+    async fn complete(&self, eval: &Evaluation, token: &str) -> Result<(), WorkerError> {
         let request = pb::CompleteRequest {
             evaluation: Some(eval.clone().into()),
+            token: token.to_owned(),
         };
         self.call(
             self.call_timeout(),

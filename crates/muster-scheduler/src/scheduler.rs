@@ -418,6 +418,7 @@ fn build_plan<P: Placer + ?Sized>(
         place: Vec::with_capacity(reconciled.missing.len()),
         stop: reconciled.stop,
         unplaced: Vec::new(),
+        eval_token: String::new(),
     };
 
     let agents = if reconciled.missing.is_empty() {

@@ -195,6 +195,7 @@ impl From<Plan> for pb::Plan {
             place: all(this.place),
             stop: all(this.stop),
             unplaced: all(this.unplaced),
+            eval_token: this.eval_token,
         }
     }
 }
@@ -211,6 +212,7 @@ impl TryFrom<pb::Plan> for Plan {
             place: each(proto.place, "place")?,
             stop: each(proto.stop, "stop")?,
             unplaced: each(proto.unplaced, "unplaced")?,
+            eval_token: proto.eval_token,
         })
     }
 }
@@ -454,6 +456,7 @@ mod tests {
                 resources: resources(2.0, 10),
                 constraints: vec![rack(ConstraintOp::Equal, "r9")],
             }],
+            eval_token: "token-1".into(),
         };
         assert_eq!(round_trip::<pb::Plan, _>(plan.clone()), plan);
         let result = PlanResult {

@@ -153,15 +153,21 @@ pub trait Backend: Send + Sync {
 
     /// Some of the evaluation's tasks found no room: record it blocked and put it in the
     /// blocked-queue with what did not fit. Its `snapshot_index` is the index of the last
-    /// snapshot it was planned against.
+    /// snapshot it was planned against; `token` is its delivery's.
     fn block(
         &self,
         eval: Evaluation,
+        token: &str,
         unplaced: Vec<Demand>,
     ) -> impl Future<Output = Result<(), WorkerError>> + Send;
 
-    /// Everything the evaluation called for is placed: record it complete.
-    fn complete(&self, eval: &Evaluation) -> impl Future<Output = Result<(), WorkerError>> + Send;
+    /// Everything the evaluation called for is placed: record it complete (`token` is its
+    /// delivery's).
+    fn complete(
+        &self,
+        eval: &Evaluation,
+        token: &str,
+    ) -> impl Future<Output = Result<(), WorkerError>> + Send;
 }
 
 impl<B: Backend> Backend for Arc<B> {
@@ -203,13 +209,18 @@ impl<B: Backend> Backend for Arc<B> {
     fn block(
         &self,
         eval: Evaluation,
+        token: &str,
         unplaced: Vec<Demand>,
     ) -> impl Future<Output = Result<(), WorkerError>> + Send {
-        (**self).block(eval, unplaced)
+        (**self).block(eval, token, unplaced)
     }
 
-    fn complete(&self, eval: &Evaluation) -> impl Future<Output = Result<(), WorkerError>> + Send {
-        (**self).complete(eval)
+    fn complete(
+        &self,
+        eval: &Evaluation,
+        token: &str,
+    ) -> impl Future<Output = Result<(), WorkerError>> + Send {
+        (**self).complete(eval, token)
     }
 }
 
@@ -493,7 +504,8 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
         let (snapshot_index, unplaced) = loop {
             attempts += 1;
             let snapshot = self.snapshot(min_index).await?;
-            let plan = self.scheduler.schedule(&eval, &snapshot);
+            let mut plan = self.scheduler.schedule(&eval, &snapshot);
+            plan.eval_token.clone_from(&assignment.token);
             let mut unplaced = plan.unplaced.clone();
             if plan.is_noop() {
                 break (snapshot.index, unplaced);
@@ -602,9 +614,11 @@ enum Settled {
 /// either fails.
 async fn settle<B: Backend>(backend: &B, assignment: Assignment, planned: Planned) -> Settled {
     let recorded = if planned.unplaced.is_empty() {
-        backend.complete(&planned.eval).await
+        backend.complete(&planned.eval, &assignment.token).await
     } else {
-        backend.block(planned.eval, planned.unplaced).await
+        backend
+            .block(planned.eval, &assignment.token, planned.unplaced)
+            .await
     };
     let acked = match recorded {
         Ok(()) => backend.ack(&assignment.eval.id, &assignment.token).await,

@@ -144,6 +144,16 @@ pub enum BrokerMsg {
         /// The answer.
         reply: Reply<Result<(), BrokerError>>,
     },
+    /// The evaluation, if it is handed out under `token` and not yet acked or nacked: what a
+    /// plan, a block or a completion for it must prove before it is applied.
+    Outstanding {
+        /// The evaluation.
+        eval: EvalId,
+        /// The delivery token the caller holds it under.
+        token: String,
+        /// The evaluation as it was handed out.
+        reply: Reply<Result<Evaluation, BrokerError>>,
+    },
     /// Counters.
     Stats(Reply<BrokerStats>),
     /// The evaluations handed to workers and not yet acked or nacked, as (job, evaluation),

@@ -13,11 +13,11 @@ use std::sync::Arc;
 use muster_actor::{Context, Pid, Reply};
 use muster_broker::EvalBroker;
 use muster_broker::blocked::BlockedEvals;
-use muster_model::{AgentId, DrainPhase, Resources, TaskState};
+use muster_model::{AgentId, DrainPhase, Resources, TaskGroup, TaskState};
 use muster_proto::cluster as pb;
 
 use muster_scheduler::{
-    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, TaskView,
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Plan, PlanResult, TaskView,
 };
 
 use super::Master;
@@ -27,9 +27,7 @@ use crate::cluster::Cluster;
 use crate::error::ServiceError;
 use crate::launch_wire::{GroupWire, LAUNCH_MESSAGE_BUDGET, LaunchFence, LaunchWire, RunWire};
 use crate::metrics::instruments::MasterInstruments;
-use crate::task_record::{
-    LaunchDeadline, TaskDetail, TaskInterner, TaskRecord, pairs, same_pairs, same_text, same_texts,
-};
+use crate::task_record::{LaunchDeadline, TaskDetail, TaskInterner, TaskRecord};
 
 /// The master's eval broker and blocked-queue, for the scheduler workers beside it.
 #[derive(Debug)]
@@ -175,6 +173,14 @@ impl Master {
         if self.leading_term().is_none() {
             return reply.send(Err(self.not_leading()));
         }
+        // What a task runs comes from the stored job, never from the plan.
+        let job = self
+            .registry
+            .reader()
+            .read(|s| s.jobs.get(&plan.job).cloned());
+        if let Err(refusal) = self.plan_in_bounds(&plan) {
+            return reply.send(Err(refusal));
+        }
         let mut result = PlanResult {
             committed: Vec::with_capacity(plan.place.len()),
             ..PlanResult::default()
@@ -203,6 +209,16 @@ impl Master {
             ..
         } = &mut self.cluster;
         for placement in plan.place {
+            // Of the job as it is now: a group it still has, at its current version (a plan
+            // made before an update, or a stop, is rejected and planned again).
+            let Some(group) = job
+                .as_ref()
+                .filter(|job| !job.stopped && job.version == placement.job_version)
+                .and_then(|job| job.groups.iter().find(|g| g.name == placement.group))
+            else {
+                result.rejected.push(placement);
+                continue;
+            };
             let eligible = scheduling
                 .get(&placement.agent.0)
                 .is_none_or(|s| s.eligible);
@@ -222,21 +238,22 @@ impl Master {
             let fits = launch
                 .free
                 .as_ref()
-                .is_some_and(|left| eligible && placement.resources.fits_in(left));
+                .is_some_and(|left| eligible && group.resources.fits_in(left));
             let (Some(agent), true) = (agent, fits) else {
                 result.rejected.push(placement);
                 continue;
             };
             if let Some(left) = &mut launch.free {
-                *left = left.saturating_sub(&placement.resources);
+                *left = left.saturating_sub(&group.resources);
             }
-            let group = GroupShared::of(&placement, &mut shared, interner, frameworks);
+            let resources = group.resources.clone();
+            let group = GroupShared::of(&plan.job, group, &mut shared, interner, frameworks);
             let task = TaskRecord {
                 view: Arc::new(TaskView::new(
                     &placement.task_id,
                     &placement.name,
                     group.job_group,
-                    placement.resources.clone(),
+                    resources,
                     TaskState::Staging,
                     placement.job_version,
                 )),
@@ -269,6 +286,47 @@ impl Master {
             result.rejected.len(),
         );
         reply.send(Ok(result));
+    }
+
+    /// Whether `plan` keeps to its own job: it places only that job's tasks and stops only
+    /// that job's tasks (a stop of a task this master does not know is left to `stop_task`,
+    /// which does nothing). A scheduler answers one evaluation of one job; a plan that
+    /// reaches past it is refused whole, whoever sent it.
+    fn plan_in_bounds(&self, plan: &Plan) -> Result<(), ServiceError> {
+        if let Some((i, placement)) = plan
+            .place
+            .iter()
+            .enumerate()
+            .find(|(_, placement)| placement.job != plan.job)
+        {
+            return Err(ServiceError::InvalidArgument {
+                field: format!("place[{i}].job"),
+                message: format!(
+                    "place[{i}].job: a plan for job {:?} places a task of job {:?}; a plan \
+                     places only its own job's tasks",
+                    plan.job, placement.job
+                ),
+            });
+        }
+        for (i, stop) in plan.stop.iter().enumerate() {
+            let owner = self
+                .cluster
+                .agents
+                .get(&stop.agent.0)
+                .and_then(|agent| agent.tasks.iter().find(|t| t.id() == stop.task_id))
+                .map(|task| task.job_name().unwrap_or_default());
+            if let Some(owner) = owner.filter(|owner| *owner != plan.job) {
+                return Err(ServiceError::InvalidArgument {
+                    field: format!("stop[{i}]"),
+                    message: format!(
+                        "stop[{i}]: task {:?} belongs to job {owner:?}, not to the plan's job \
+                         {:?}; a plan stops only its own job's tasks",
+                        stop.task_id, plan.job
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Tells an agent to run `tasks` (one message per [`LAUNCH_MESSAGE_BUDGET`] bytes of them,
@@ -337,65 +395,50 @@ struct AgentLaunch {
 }
 
 impl GroupShared {
-    /// What `placement`'s group shares, interned once per plan and group (kept in `shared`);
-    /// its job becomes a known framework.
+    /// What `group` of `job` shares, interned once per plan and group (kept in `shared`);
+    /// the job becomes a known framework.
     fn of(
-        placement: &Placement,
+        job: &str,
+        group: &TaskGroup,
         shared: &mut HashMap<String, GroupShared>,
         interner: &mut TaskInterner,
         frameworks: &mut HashMap<String, pb::Framework>,
     ) -> GroupShared {
-        if let Some(group) = shared.get(&placement.group)
-            && group.describes(placement)
-        {
-            return group.clone();
+        if let Some(known) = shared.get(&group.name) {
+            return known.clone();
         }
-        if !frameworks.contains_key(&placement.job) {
+        if !frameworks.contains_key(job) {
             frameworks.insert(
-                placement.job.clone(),
+                job.to_owned(),
                 pb::Framework {
-                    id: placement.job.clone(),
-                    name: placement.job.clone(),
+                    id: job.to_owned(),
+                    name: job.to_owned(),
                 },
             );
         }
-        let mut env: Vec<(String, String)> = placement
+        // A BTreeMap's pairs come sorted.
+        let env: Vec<(String, String)> = group
             .env
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        env.sort_unstable();
         let no_labels = interner.labels(&[]);
-        let job_group = interner.job_group(&placement.job, &placement.group);
+        let job_group = interner.job_group(job, &group.name);
         let detail = interner.detail(TaskDetail {
-            framework_id: placement.job.clone(),
-            command: placement.command.clone(),
-            args: placement.args.clone(),
+            framework_id: job.to_owned(),
+            command: group.command.clone(),
+            args: group.args.clone(),
             env,
-            user: placement.user.clone(),
+            user: group.user.clone(),
             labels: no_labels,
         });
-        let group = GroupShared {
+        let wire = GroupShared {
             wire: Arc::new(GroupWire::new(&job_group, &detail)),
             job_group,
             detail,
         };
-        shared.insert(placement.group.clone(), group.clone());
-        group
-    }
-
-    /// Whether `placement` runs what this describes (a plan from another program could name
-    /// one group with two programs; each then gets its own).
-    fn describes(&self, placement: &Placement) -> bool {
-        let detail = &*self.detail;
-        same_text(&self.job_group.job, &placement.job)
-            && same_text(&detail.command, &placement.command)
-            && same_texts(&detail.args, &placement.args)
-            && same_text(&detail.user, &placement.user)
-            && same_pairs(
-                pairs(&detail.env),
-                placement.env.iter().map(|(k, v)| (k.as_str(), v.as_str())),
-            )
+        shared.insert(group.name.clone(), wire.clone());
+        wire
     }
 }
 

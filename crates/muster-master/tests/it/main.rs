@@ -13,6 +13,7 @@ mod http_api;
 mod jobs;
 mod logs;
 mod metrics;
+mod plans_bound;
 mod remote_workers;
 mod scheduling;
 mod tls_reload;

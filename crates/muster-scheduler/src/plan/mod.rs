@@ -149,6 +149,10 @@ pub struct Plan {
     pub stop: Vec<Stop>,
     /// What did not fit: one demand per task group that had tasks left unplaced.
     pub unplaced: Vec<Demand>,
+    /// The token its evaluation was handed out with ([`Assignment::token`](crate::Assignment));
+    /// the scheduling API applies a plan only for an evaluation its caller holds. The
+    /// [`Worker`](crate::Worker) fills it in.
+    pub eval_token: String,
 }
 
 impl Plan {
@@ -162,6 +166,7 @@ impl Plan {
             place: Vec::new(),
             stop: Vec::new(),
             unplaced: Vec::new(),
+            eval_token: String::new(),
         }
     }
 

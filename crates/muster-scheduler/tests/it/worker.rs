@@ -230,7 +230,12 @@ impl Backend for Fake {
         })
     }
 
-    async fn block(&self, eval: Evaluation, unplaced: Vec<Demand>) -> Result<(), WorkerError> {
+    async fn block(
+        &self,
+        eval: Evaluation,
+        _token: &str,
+        unplaced: Vec<Demand>,
+    ) -> Result<(), WorkerError> {
         self.lock().calls.push(Call::Block(eval.clone(), unplaced));
         self.fail(Op::Block).map_err(|reason| WorkerError::Block {
             eval: eval.id.clone(),
@@ -238,7 +243,7 @@ impl Backend for Fake {
         })
     }
 
-    async fn complete(&self, eval: &Evaluation) -> Result<(), WorkerError> {
+    async fn complete(&self, eval: &Evaluation, _token: &str) -> Result<(), WorkerError> {
         let gate = {
             let mut state = self.lock();
             state.calls.push(Call::Complete(eval.clone()));

@@ -49,6 +49,8 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
         async move { pid.ask(|reply| SubmitPlan { plan, reply }.into()).await }
     };
 
+    // The plans place tasks of `web`, as it is stored (the applier runs what the job says).
+    super::submit(&masters[&leading], service_job("web", 1)).await?;
     // With its quorum, the leader applies a plan.
     let applied = submit(&masters[&leading], one_placement(&agent_id, "t-1")).await?;
     let applied = applied.map_err(anyhow::Error::msg)?;
