@@ -1,7 +1,7 @@
 //! Fencing by term: every command a master sends (run, launch, kill) carries the raft term of
 //! the leader that sent it, and so do the answers to registrations and heartbeats. The agent
-//! remembers, durably, the highest term it has seen from a leader, and refuses a command of a
-//! lower one: a deposed leader that resumes after a pause cannot launch or kill anything on an
+//! remembers, durably, the highest term a leader answered it with (never a term a command or
+//! an announcement merely claims), and refuses a command of a lower one: a deposed leader that resumes after a pause cannot launch or kill anything on an
 //! agent that has heard from its successor. Each refusal is logged and counted.
 //!
 //! Fencing by registration: a launch is a one-way message that may wait in a link's queue, so
@@ -60,7 +60,10 @@ pub(super) enum Fenced {
 
 impl Agent {
     /// Whether a command (`what`) of leader term `term` may be obeyed: not if the agent follows
-    /// a higher term. A higher term than the agent's is recorded first.
+    /// a higher term. A higher term than the agent's is not taken up: the agent follows a term
+    /// only once a leader of it answers its registration or heartbeat (a leader commands an
+    /// agent only after that exchange), so no single command, however high its term, can
+    /// fence the agent off from the real leader.
     pub(super) fn admit_term(&mut self, term: u64, what: &'static str) -> Result<(), Fenced> {
         if term < self.term {
             self.stale_commands_refused += 1;
@@ -72,11 +75,11 @@ impl Agent {
             tracing::warn!(term, following = self.term, "{why}");
             return Err(why);
         }
-        self.observe_term(term);
         Ok(())
     }
 
-    /// A leader of `term` spoke to the agent: from now on it obeys no lower term. Written
+    /// A leader of `term` answered the agent (a registration, a heartbeat): from now on it
+    /// obeys no lower term. Written
     /// durably before it counts, so a restarted agent keeps the promise; if the write fails
     /// the agent still keeps it while it runs, and says so.
     pub(super) fn observe_term(&mut self, term: u64) {

@@ -558,7 +558,7 @@ impl Agent {
                 return;
             }
         };
-        self.observe_term(announcement.term);
+        // Its term is followed once it answers the re-registration, not on its word.
         self.reads_tasks_sharing_labels = announcement
             .reads_tasks_sharing_labels
             .then(|| leader.clone());

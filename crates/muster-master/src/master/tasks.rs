@@ -338,7 +338,13 @@ impl Master {
                         self.stop_task(&stop, ctx);
                         return;
                     }
-                    None => agent.tasks.push(task.clone()),
+                    // Never launched there by this master (whatever this master launches, it
+                    // records first; what ran before a failover comes with the agent's
+                    // re-registration): an agent speaks only of what it was given.
+                    None => {
+                        tracing::warn!(agent = %agent_id, task = %task.id(), state = ?task.state(), "an update for a task this master never launched on that agent: refused");
+                        return;
+                    }
                 }
             }
             (None, true) => return,

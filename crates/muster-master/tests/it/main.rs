@@ -2,6 +2,7 @@
 //! one module per area. Filter by module: `cargo test -p muster-master --test it -- <module>::`.
 
 mod acl;
+mod agent_claims;
 mod attacks;
 mod cli;
 mod drain;

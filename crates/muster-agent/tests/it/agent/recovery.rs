@@ -249,3 +249,54 @@ async fn commands_of_an_older_leader_term_are_refused_counted_and_remembered_acr
     master.shutdown().await;
     Ok(())
 }
+
+/// No single command moves the agent's term: a kill claiming term 1,000,000 is obeyed, as a
+/// command of a term no older than the agent's is, but the agent goes on following the term
+/// its leader answered it with, so that leader's next launch runs, before and after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_claiming_a_higher_term_does_not_fence_the_agent() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut master = MasterNode::start(Answer::AdmitInTerm("agent-h".into(), 5)).await?;
+    let agent = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    master.next_register().await?;
+    agent.registered_with(&master.upid()?).await?;
+    agent
+        .wait_until("the agent to follow term 5", |s| s.term == 5)
+        .await?;
+    let in_term = |id: &str, term| {
+        let mut request = shell_task(id, "exec sleep 60");
+        request.term = term;
+        request
+    };
+    assert_eq!(
+        master
+            .run_task(agent.upid(), in_term("first", 5))
+            .await?
+            .error,
+        ""
+    );
+    let claim = KillTask {
+        task_id: "first".into(),
+        term: 1_000_000,
+    };
+    let remote = master.node.remote(agent.upid().clone());
+    let answer: KillTaskReply = remote.ask_timeout(PATIENCE, claim).await?;
+    assert_eq!(answer.error, "", "the kill itself is obeyed");
+    assert_eq!(agent.handle.snapshot().await?.term, 5);
+    assert_eq!(
+        master
+            .run_task(agent.upid(), in_term("second", 5))
+            .await?
+            .error,
+        "",
+        "the leader of term 5 still commands the agent"
+    );
+    agent.stop().await;
+
+    master.set_answer(Answer::Refuse("not now".into()));
+    let restarted = AgentNode::start(config(&[master.address()], dir.path())).await?;
+    assert_eq!(restarted.handle.snapshot().await?.term, 5);
+    restarted.stop().await;
+    master.shutdown().await;
+    Ok(())
+}

@@ -176,16 +176,14 @@ async fn a_second_copy_of_a_slot_is_stopped_by_the_convergence_check() -> anyhow
         .context("placed")?
         .clone();
 
-    // A second copy of the slot turns up (as a task a replaced agent brings back would),
-    // with no evaluation to notice it.
-    let mut twin = placed.clone();
+    // A second copy of the slot turns up, as a task a replaced agent brings back when it
+    // registers again, with no evaluation to notice it.
+    let mut running = placed.clone();
+    running.state = model_pb::TaskState::Running as i32;
+    let mut twin = running.clone();
     twin.id = format!("{}-twin", placed.id);
-    twin.state = model_pb::TaskState::Running as i32;
-    node.remote(format!("master@{}", addresses[0]).parse()?)
-        .tell(pb::TaskStatusUpdate {
-            agent_id: agents[0].id.clone(),
-            task: Some(twin.clone()),
-        })?;
+    agents[0].tasks = vec![running, twin];
+    reregister(&node, &addresses, &agents[0]).await?;
 
     let live = |s: &pb::ClusterState| {
         s.agents
