@@ -46,8 +46,8 @@ pub use config::{HTTP_PORT_OFFSET, MasterConfig, Placement};
 pub use drop_later::wait_for_background_frees;
 pub use error::ServiceError;
 pub use master::{
-    EventFeed, KEPT_EVENTS, Lagged, LoggedEvent, Master, MasterMsg, SUBSCRIBER_BUFFER,
-    SchedulingPids, Subscription, requests,
+    ACL_BOOTSTRAP_RESET_FILE, EventFeed, KEPT_EVENTS, Lagged, LoggedEvent, Master, MasterMsg,
+    SUBSCRIBER_BUFFER, SchedulingPids, Subscription, requests,
 };
 pub use operator::{MAX_OPERATOR_MESSAGE, OperatorService, REDACTED};
 pub use scheduling_service::SchedulingService;

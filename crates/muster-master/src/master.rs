@@ -61,6 +61,7 @@ mod plans;
 mod registry_writes;
 mod tasks;
 
+pub use acl::ACL_BOOTSTRAP_RESET_FILE;
 pub use cluster_state::events::{
     EventFeed, KEPT_EVENTS, Lagged, LoggedEvent, SUBSCRIBER_BUFFER, Subscription,
 };

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use muster_model::{
     AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job, UnreachableAgent,
 };
-use muster_security::{AclToken, TokenTable};
+use muster_security::{AclToken, Policy, TokenTable};
 
 use crate::types::{Op, OpError, Outcome};
 
@@ -52,6 +52,10 @@ pub struct RegistryState {
     ended: BTreeMap<String, BTreeSet<EndedKey>>,
     /// Whether the first management token was stored (`muster acl bootstrap`, once).
     pub acl_bootstrapped: bool,
+    /// The registry index of the last bootstrap (or reset) of the ACL system; a reset must
+    /// name it. 0 for a registry bootstrapped before it was kept.
+    #[serde(default)]
+    pub acl_bootstrap_index: u64,
     /// ACL tokens by accessor; only their secrets' hashes.
     pub tokens: BTreeMap<String, AclToken>,
     /// The tokens by secret hash, for authenticating calls. Derived from `tokens`.
@@ -171,6 +175,8 @@ struct Contents {
     #[serde(default)]
     acl_bootstrapped: bool,
     #[serde(default)]
+    acl_bootstrap_index: u64,
+    #[serde(default)]
     tokens: BTreeMap<String, AclToken>,
 }
 
@@ -188,6 +194,7 @@ impl From<Contents> for RegistryState {
             ended: BTreeMap::new(),
             token_table: TokenTable::new(contents.tokens.values().cloned()),
             acl_bootstrapped: contents.acl_bootstrapped,
+            acl_bootstrap_index: contents.acl_bootstrap_index,
             tokens: contents.tokens,
             by_address: BTreeMap::new(),
         };
@@ -489,9 +496,23 @@ impl RegistryState {
             }
             Op::BootstrapAcl(token) => {
                 if self.acl_bootstrapped {
-                    return Err(OpError::AclAlreadyBootstrapped);
+                    return Err(OpError::AclAlreadyBootstrapped {
+                        reset_index: self.acl_bootstrap_index,
+                    });
                 }
                 self.acl_bootstrapped = true;
+                self.acl_bootstrap_index = index;
+                self.put_token(token);
+                Ok(Outcome::TokenStored)
+            }
+            Op::BootstrapAclAgain { token, reset_index } => {
+                if self.acl_bootstrapped && reset_index != self.acl_bootstrap_index {
+                    return Err(OpError::AclAlreadyBootstrapped {
+                        reset_index: self.acl_bootstrap_index,
+                    });
+                }
+                self.acl_bootstrapped = true;
+                self.acl_bootstrap_index = index;
                 self.put_token(token);
                 Ok(Outcome::TokenStored)
             }
@@ -500,6 +521,14 @@ impl RegistryState {
                 Ok(Outcome::TokenStored)
             }
             Op::DeleteToken { accessor } => {
+                let Some(token) = self.tokens.get(&accessor) else {
+                    return Err(OpError::UnknownToken(accessor));
+                };
+                let management = |t: &AclToken| t.policy == Policy::Management;
+                if management(token) && self.tokens.values().filter(|t| management(t)).count() == 1
+                {
+                    return Err(OpError::LastManagementToken(accessor));
+                }
                 let token = self
                     .tokens
                     .remove(&accessor)

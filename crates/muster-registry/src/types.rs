@@ -99,7 +99,7 @@ pub enum Op {
     BootstrapAcl(AclToken),
     /// Store a new token.
     CreateToken(AclToken),
-    /// Delete the token with this accessor.
+    /// Delete the token with this accessor; refused for the last management token.
     DeleteToken {
         /// Its public id.
         accessor: String,
@@ -108,6 +108,16 @@ pub enum Op {
     /// Agent numbers never go back: an id handed out after the copy was saved is not handed
     /// out again.
     Restore(Box<crate::RegistryState>),
+    /// Store a new management token although the ACL system is bootstrapped: the reset of a
+    /// lost one (Nomad's bootstrap reset). Applied only if `reset_index` is the index of the
+    /// last bootstrap, which the operator read from the refusal of a plain bootstrap and wrote
+    /// on the leader's disk.
+    BootstrapAclAgain {
+        /// The new management token.
+        token: AclToken,
+        /// The index of the bootstrap it replaces.
+        reset_index: u64,
+    },
 }
 
 /// What one [`Op`] did.
@@ -149,12 +159,20 @@ pub enum OpError {
     /// The applied entry carried fewer results than operations (a registry bug).
     #[error("the registry returned no result for this operation")]
     MissingResult,
-    /// The ACL system has its first management token already.
-    #[error("ACL already bootstrapped")]
-    AclAlreadyBootstrapped,
+    /// The ACL system has its first management token already; it was bootstrapped at
+    /// `reset_index`, which a reset must name ([`Op::BootstrapAclAgain`]).
+    #[error("ACL already bootstrapped (reset index: {reset_index})")]
+    AclAlreadyBootstrapped {
+        /// The registry index of the last bootstrap.
+        reset_index: u64,
+    },
     /// No token has this accessor.
     #[error("no token with accessor {0:?}")]
     UnknownToken(String),
+    /// The token is the last management token: deleting it would leave nobody able to manage
+    /// the ACL system.
+    #[error("token {0:?} is the last management token; create another before deleting it")]
+    LastManagementToken(String),
     /// No job has this name.
     #[error("no job named {0:?}")]
     UnknownJob(String),

@@ -48,6 +48,33 @@ pub struct DeleteToken {
 
 answered_request!(BootstrapAcl, CreateToken, ListTokens, DeleteToken);
 
+/// The file in a master's data directory through which an operator who lost every management
+/// token bootstraps the ACL system again (as Nomad's `acl-bootstrap-reset`): it holds the reset
+/// index that a refused bootstrap names, and is read by the leader on the next bootstrap.
+pub const ACL_BOOTSTRAP_RESET_FILE: &str = "acl-bootstrap-reset";
+
+/// The reset index written in `file`, if there is one.
+fn read_reset_index(file: &std::path::Path) -> Result<Option<u64>, ServiceError> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(error) => {
+            return Err(ServiceError::FailedPrecondition(format!(
+                "cannot read the ACL reset file {}: {error}",
+                file.display()
+            )));
+        }
+    };
+    text.trim().parse::<u64>().map(Some).map_err(|_| {
+        ServiceError::FailedPrecondition(format!(
+            "the ACL reset file {} holds {:?}, not a reset index (a whole number, as a refused \
+             bootstrap names it)",
+            file.display(),
+            text.trim()
+        ))
+    })
+}
+
 /// A new token of `policy` named `name`, and its secret.
 fn new_token(name: String, policy: Policy) -> Result<(AclToken, TokenSecret), ServiceError> {
     let unavailable = |_| ServiceError::Unavailable("the system's random source failed".into());
@@ -77,9 +104,20 @@ fn written(
 ) -> Result<Outcome, ServiceError> {
     match written {
         Ok(Ok(outcome)) => Ok(outcome),
-        Ok(Err(muster_registry::WriteError::Rejected(OpError::AclAlreadyBootstrapped))) => Err(
-            ServiceError::FailedPrecondition("ACL already bootstrapped".into()),
-        ),
+        Ok(Err(muster_registry::WriteError::Rejected(OpError::AclAlreadyBootstrapped {
+            reset_index,
+        }))) => Err(ServiceError::FailedPrecondition(format!(
+            "ACL already bootstrapped (reset index: {reset_index}); to bootstrap again after \
+             losing every management token, write {reset_index} into the file \
+             {ACL_BOOTSTRAP_RESET_FILE} in the leading master's data directory and bootstrap \
+             again"
+        ))),
+        Ok(Err(muster_registry::WriteError::Rejected(OpError::LastManagementToken(accessor)))) => {
+            Err(ServiceError::FailedPrecondition(format!(
+                "token {accessor:?} is the last management token; create another management \
+                 token before deleting it"
+            )))
+        }
         Ok(Err(muster_registry::WriteError::Rejected(OpError::UnknownToken(accessor)))) => {
             Err(ServiceError::UnknownToken(accessor))
         }
@@ -118,11 +156,25 @@ impl Master {
             Ok(made) => made,
             Err(e) => return reply.send(Err(e)),
         };
-        let write = self.write_registry(&registrar, Op::BootstrapAcl(token.clone()));
+        let reset_file = self.config.data_dir.join(ACL_BOOTSTRAP_RESET_FILE);
+        let op = match read_reset_index(&reset_file) {
+            Ok(None) => Op::BootstrapAcl(token.clone()),
+            Ok(Some(reset_index)) => Op::BootstrapAclAgain {
+                token: token.clone(),
+                reset_index,
+            },
+            Err(refusal) => return reply.send(Err(refusal)),
+        };
+        let resetting = matches!(op, Op::BootstrapAclAgain { .. });
+        let write = self.write_registry(&registrar, op);
         ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
             let answer = written(outcome).map(|_| shown(&token, &secret));
             if answer.is_ok() {
-                tracing::info!(accessor = %token.accessor, "ACL bootstrapped");
+                tracing::info!(accessor = %token.accessor, reset = resetting, "ACL bootstrapped");
+                if resetting && let Err(error) = std::fs::remove_file(&reset_file) {
+                    // It names an index that is gone: it cannot be used again.
+                    tracing::warn!(file = %reset_file.display(), %error, "could not remove the used ACL reset file");
+                }
             }
             reply.send(answer);
         });

@@ -251,3 +251,99 @@ async fn a_bad_token_is_refused_without_reaching_the_master() -> anyhow::Result<
     master.shutdown().await;
     Ok(())
 }
+
+/// The last management token cannot be deleted, and one lost for good is replaced through the
+/// reset file the refused bootstrap names, on the leader's disk, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_management_token_stays_and_a_lost_one_is_reset_on_the_leaders_disk()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = master(dir.path()).await?;
+    let address = master.address().to_owned();
+    let root = bootstrap(&address).await?;
+    let accessor_of = |name: &'static str, listed: pb::TokenList| {
+        listed
+            .tokens
+            .into_iter()
+            .find(|t| t.name == name)
+            .map(|t| t.accessor)
+            .with_context(|| format!("{name} listed"))
+    };
+    let mut managing = operator(&address, Some(&root)).await?;
+    let listed = managing.list_tokens(pb::ListTokensRequest {}).await?;
+    let root_accessor = accessor_of("bootstrap", listed.into_inner())?;
+    let refused = managing
+        .delete_token(pb::DeleteTokenRequest {
+            accessor: root_accessor.clone(),
+        })
+        .await
+        .expect_err("the last management token deleted");
+    ensure!(refused.code() == Code::FailedPrecondition, "{refused:?}");
+    ensure!(
+        refused.message().contains("last management token"),
+        "{refused:?}"
+    );
+    // It still works.
+    managing.list_tokens(pb::ListTokensRequest {}).await?;
+
+    // Its secret is lost. A bootstrap is refused with the reset index; a wrong index in the
+    // file is refused too; the right one makes a new management token, once.
+    let mut anonymous = operator(&address, None).await?;
+    let refused = anonymous
+        .acl_bootstrap(pb::AclBootstrapRequest {})
+        .await
+        .expect_err("a second bootstrap");
+    let reset_index: u64 = refused
+        .message()
+        .split("reset index: ")
+        .nth(1)
+        .and_then(|rest| rest.split(')').next())
+        .and_then(|index| index.parse().ok())
+        .with_context(|| format!("no reset index in {refused:?}"))?;
+    let reset_file = dir
+        .path()
+        .join("master")
+        .join(muster_master::ACL_BOOTSTRAP_RESET_FILE);
+    std::fs::write(&reset_file, format!("{}\n", reset_index + 1))?;
+    let refused = anonymous
+        .acl_bootstrap(pb::AclBootstrapRequest {})
+        .await
+        .expect_err("a reset naming another index");
+    ensure!(
+        refused
+            .message()
+            .contains(&format!("reset index: {reset_index}")),
+        "{refused:?}"
+    );
+    std::fs::write(&reset_file, "not a number")?;
+    let refused = anonymous
+        .acl_bootstrap(pb::AclBootstrapRequest {})
+        .await
+        .expect_err("a reset file of no index");
+    ensure!(
+        refused.message().contains("not a reset index"),
+        "{refused:?}"
+    );
+    std::fs::write(&reset_file, format!("{reset_index}\n"))?;
+    let new_root = TokenSecret::new(
+        anonymous
+            .acl_bootstrap(pb::AclBootstrapRequest {})
+            .await?
+            .into_inner()
+            .secret,
+    );
+    ensure!(!reset_file.exists(), "the used reset file was left behind");
+    let mut managing = operator(&address, Some(&new_root)).await?;
+    managing
+        .delete_token(pb::DeleteTokenRequest {
+            accessor: root_accessor,
+        })
+        .await?;
+    let again = anonymous
+        .acl_bootstrap(pb::AclBootstrapRequest {})
+        .await
+        .expect_err("a third bootstrap without a reset");
+    ensure!(again.code() == Code::FailedPrecondition, "{again:?}");
+    master.shutdown().await;
+    Ok(())
+}

@@ -469,7 +469,7 @@ fn acl_bootstraps_once_and_tokens_authenticate_until_deleted() {
     );
     assert_eq!(
         state.apply_at(Op::BootstrapAcl(token("again", &ci))),
-        Err(OpError::AclAlreadyBootstrapped)
+        Err(OpError::AclAlreadyBootstrapped { reset_index: 1 })
     );
     assert!(state.token_table().authenticate(&ci).is_none());
     state
@@ -502,6 +502,53 @@ fn acl_bootstraps_once_and_tokens_authenticate_until_deleted() {
             accessor: "acc-ci".into()
         }),
         Err(OpError::UnknownToken("acc-ci".into()))
+    );
+}
+
+#[test]
+fn the_last_management_token_stays_and_a_reset_must_name_the_last_bootstrap() {
+    use muster_security::{Policy, TokenSecret};
+    let managing = |name: &str| AclToken {
+        policy: Policy::Management,
+        ..token(name, &TokenSecret::new(format!("{name}-secret")))
+    };
+    let mut state = RegistryState::default();
+    state
+        .apply(Op::BootstrapAcl(managing("root")), 7)
+        .expect("bootstrapped");
+    let delete = |accessor: &str| Op::DeleteToken {
+        accessor: accessor.into(),
+    };
+    assert_eq!(
+        state.apply(delete("acc-root"), 8),
+        Err(OpError::LastManagementToken("acc-root".into()))
+    );
+    assert!(state.tokens.contains_key("acc-root"));
+
+    // The secret is lost: a reset must name the index of the last bootstrap.
+    let again = |name: &str, reset_index| Op::BootstrapAclAgain {
+        token: managing(name),
+        reset_index,
+    };
+    assert_eq!(
+        state.apply(again("guess", 6), 9),
+        Err(OpError::AclAlreadyBootstrapped { reset_index: 7 })
+    );
+    assert!(!state.tokens.contains_key("acc-guess"));
+    assert_eq!(state.apply(again("new", 7), 10), Ok(Outcome::TokenStored));
+    assert_eq!(state.acl_bootstrap_index, 10);
+    // The same reset cannot be used twice; the old token can go now.
+    assert_eq!(
+        state.apply(again("twice", 7), 11),
+        Err(OpError::AclAlreadyBootstrapped { reset_index: 10 })
+    );
+    assert_eq!(
+        state.apply(delete("acc-root"), 12),
+        Ok(Outcome::TokenDeleted)
+    );
+    assert_eq!(
+        state.apply(delete("acc-new"), 13),
+        Err(OpError::LastManagementToken("acc-new".into()))
     );
 }
 
