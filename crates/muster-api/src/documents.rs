@@ -89,3 +89,70 @@ pub struct Event {
     #[schema(value_type = Object)]
     pub payload: serde_json::Value,
 }
+
+/// What an environment value reads as to a caller who may not read secrets.
+pub const REDACTED: &str = "<redacted>";
+
+impl Event {
+    /// The event with every environment value in its payload (each `env` object, at any
+    /// depth: a task's, or each group's of a job) read as [`REDACTED`]: what a caller who
+    /// may not read secrets is sent.
+    pub fn redact_secrets(&mut self) {
+        redact_env(&mut self.payload);
+    }
+}
+
+fn redact_env(value: &mut serde_json::Value) {
+    match value {
+        serde_json::Value::Object(fields) => {
+            for (name, field) in fields.iter_mut() {
+                match field {
+                    serde_json::Value::Object(env) if name == "env" => {
+                        for value in env.values_mut() {
+                            *value = serde_json::Value::from(REDACTED);
+                        }
+                    }
+                    other => redact_env(other),
+                }
+            }
+        }
+        serde_json::Value::Array(items) => items.iter_mut().for_each(redact_env),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_environment_in_an_events_payload_is_redacted() {
+        let mut event = Event {
+            index: 1,
+            term: 1,
+            time_ms: 0,
+            topic: "job".into(),
+            kind: "job-registered".into(),
+            key: "web".into(),
+            payload: serde_json::json!({
+                "name": "web",
+                "env": "not an object: left alone",
+                "groups": [
+                    { "name": "a", "env": { "SECRET": "s1", "OTHER": "s2" } },
+                    { "name": "b", "tasks": [{ "env": { "TOKEN": "s3" } }] }
+                ]
+            }),
+        };
+        event.redact_secrets();
+        let text = event.payload.to_string();
+        for secret in ["s1", "s2", "s3"] {
+            assert!(!text.contains(&format!("\"{secret}\"")), "{text}");
+        }
+        assert_eq!(event.payload["groups"][0]["env"]["SECRET"], REDACTED);
+        assert_eq!(
+            event.payload["groups"][1]["tasks"][0]["env"]["TOKEN"],
+            REDACTED
+        );
+        assert_eq!(event.payload["env"], "not an object: left alone");
+    }
+}

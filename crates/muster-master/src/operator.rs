@@ -28,8 +28,7 @@ use crate::master::requests::{
 };
 use crate::master::{EventFeed, Master};
 
-/// What a redacted environment value reads as.
-pub const REDACTED: &str = "<redacted>";
+pub use muster_api::REDACTED;
 
 /// Whether the call's caller may read environment values (true without the guard: an
 /// in-process call, or an insecure cluster's caller).
@@ -248,6 +247,7 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
+        let reveal = reveals_env(&request);
         let pb::StreamEventsRequest { index, topics } = request.into_inner();
         let subscription = self
             .master
@@ -260,7 +260,7 @@ impl Operator for OperatorService {
             })
             .await
             .map_err(ServiceError::from)??;
-        let feed = EventFeed::new(subscription, index, topics);
+        let feed = EventFeed::new(subscription, index, topics, reveal);
         let stream = futures_util::stream::unfold(Some(feed), |feed| async move {
             let mut feed = feed?;
             match feed.next().await? {

@@ -76,21 +76,36 @@ impl Stream {
     }
 }
 
+/// How a stream is framed and shown: as SSE or NDJSON, with environment values or redacted,
+/// and a heartbeat every so often while idle.
+pub(super) struct Framing {
+    /// Server-sent events, else NDJSON.
+    pub(super) sse: bool,
+    /// Whether the reader may read environment values.
+    pub(super) reveal_secrets: bool,
+    /// The idle heartbeat's period.
+    pub(super) heartbeat: Duration,
+}
+
 /// The response body for `subscription` (made after index `after`), filtered to `topics`
-/// (all if empty), as SSE or NDJSON, with a heartbeat every `heartbeat` while idle.
+/// (all if empty), framed as `framing` says.
 pub(super) fn body(
     subscription: Subscription,
     after: u64,
     topics: Vec<String>,
-    sse: bool,
-    heartbeat: Duration,
+    framing: Framing,
 ) -> Body {
+    let Framing {
+        sse,
+        reveal_secrets,
+        heartbeat,
+    } = framing;
     let mut ticks = tokio::time::interval(heartbeat);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // The first tick is immediate: skip it, so a heartbeat comes only after a quiet interval.
     ticks.reset();
     let stream = Stream {
-        feed: EventFeed::new(subscription, after, topics),
+        feed: EventFeed::new(subscription, after, topics, reveal_secrets),
         sse,
         heartbeat: ticks,
         ended: false,

@@ -151,7 +151,7 @@ pub(crate) async fn event_stream(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
     let query = parsed(query)?;
-    state.authorize(&headers, Permission::Read)?;
+    let caller = state.authorize(&headers, Permission::Read)?;
     let topics: Vec<String> = query
         .topic
         .split(',')
@@ -178,7 +178,12 @@ pub(crate) async fn event_stream(
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.contains("text/event-stream"));
-    let body = super::events::body(subscription, after, topics, sse, EVENT_HEARTBEAT);
+    let framing = super::events::Framing {
+        sse,
+        reveal_secrets: caller.may(Permission::ReadSecrets),
+        heartbeat: EVENT_HEARTBEAT,
+    };
+    let body = super::events::body(subscription, after, topics, framing);
     let content_type = if sse {
         "text/event-stream"
     } else {

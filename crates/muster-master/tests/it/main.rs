@@ -6,6 +6,7 @@ mod agent_claims;
 mod attacks;
 mod cli;
 mod drain;
+mod event_secrets;
 mod failover;
 mod grpcurl;
 mod health_reflection;

@@ -88,6 +88,8 @@ pub struct EventFeed {
     topics: Vec<String>,
     /// The index of the last event read, wanted or not: where a lagged reader resumes.
     last: u64,
+    /// Whether the reader may read environment values; if not, each event comes redacted.
+    reveal_secrets: bool,
 }
 
 /// A reader fell more than [`SUBSCRIBER_BUFFER`] events behind and missed some.
@@ -101,15 +103,31 @@ pub struct Lagged {
 
 impl EventFeed {
     /// The feed of `subscription` (made after index `after`), filtered to `topics` (every
-    /// topic if empty).
-    pub fn new(subscription: Subscription, after: u64, topics: Vec<String>) -> EventFeed {
+    /// topic if empty), with environment values redacted unless `reveal_secrets` (the
+    /// reader's token may read secrets).
+    pub fn new(
+        subscription: Subscription,
+        after: u64,
+        topics: Vec<String>,
+        reveal_secrets: bool,
+    ) -> EventFeed {
         let (backlog, live) = subscription;
         EventFeed {
             backlog: backlog.into_iter(),
             live,
             topics,
             last: after,
+            reveal_secrets,
         }
+    }
+
+    /// `event` as this reader may see it.
+    fn shown(&self, event: &LoggedEvent) -> Event {
+        let mut shown = event.to_event();
+        if !self.reveal_secrets {
+            shown.redact_secrets();
+        }
+        shown
     }
 
     fn wanted(&self, event: &LoggedEvent) -> bool {
@@ -122,7 +140,7 @@ impl EventFeed {
         while let Some(event) = self.backlog.next() {
             self.last = event.index;
             if self.wanted(&event) {
-                return Some(Ok(event.to_event()));
+                return Some(Ok(self.shown(&event)));
             }
         }
         loop {
@@ -130,7 +148,7 @@ impl EventFeed {
                 Ok(event) => {
                     self.last = event.index;
                     if self.wanted(&event) {
-                        return Some(Ok(event.to_event()));
+                        return Some(Ok(self.shown(&event)));
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {

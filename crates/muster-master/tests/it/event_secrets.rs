@@ -1,0 +1,152 @@
+//! The event stream shows environment values only to tokens that may read secrets, as every
+//! other read does: through gRPC `StreamEvents`, and through `/v1/event/stream` as NDJSON and
+//! as server-sent events (what the web UI's live feed reads), driven by `curl`.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use anyhow::{Context as _, ensure};
+use muster_actor::System;
+use muster_agent::AgentConfig;
+use muster_master::testing::{self, bootstrap, create_token, operator};
+use muster_master::{MasterConfig, REDACTED};
+use muster_proto::cluster as pb;
+use muster_proto::model as model_pb;
+use muster_security::testing::TestPki;
+use muster_security::{Role, TokenSecret};
+use muster_transport::Node;
+use tokio::io::AsyncBufReadExt as _;
+
+const DEADLINE: Duration = Duration::from_secs(30);
+const SECRET: &str = "hunter2-in-the-env";
+
+/// The first line `curl` streams from `url` with `token` (and `accept`) that holds `wanted`.
+async fn first_line_with(
+    url: &str,
+    token: &TokenSecret,
+    accept: &str,
+    wanted: &str,
+) -> anyhow::Result<String> {
+    let mut curl = tokio::process::Command::new("curl")
+        .args(["--silent", "--show-error", "--no-buffer"])
+        .arg("--cacert")
+        .arg(TestPki::shared().ca_file())
+        .args(["--header", &format!("X-Muster-Token: {}", token.expose())])
+        .args(["--header", &format!("Accept: {accept}")])
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("curl")?;
+    let stdout = curl.stdout.take().context("no stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    loop {
+        let line = tokio::time::timeout_at(deadline, lines.next_line())
+            .await
+            .with_context(|| format!("no line with {wanted:?} from {url}"))??
+            .context("the stream ended")?;
+        if line.contains(wanted) {
+            return Ok(line);
+        }
+    }
+}
+
+/// The payload of the first task event gRPC `StreamEvents` carries to `token`.
+async fn first_task_event(address: &str, token: &TokenSecret) -> anyhow::Result<String> {
+    let mut events = operator(address, Some(token))
+        .await?
+        .stream_events(pb::StreamEventsRequest {
+            index: 0,
+            topics: vec!["task".into()],
+        })
+        .await?
+        .into_inner();
+    let event = tokio::time::timeout(DEADLINE, events.message())
+        .await
+        .context("no task event in time")??
+        .context("the stream ended")?;
+    Ok(event.payload_json)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_event_stream_redacts_environments_for_tokens_that_may_not_read_secrets()
+-> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = testing::start_leading(MasterConfig {
+        listen: "127.0.0.1:0".into(),
+        data_dir: dir.path().join("master"),
+        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+    })
+    .await?;
+    let node = Node::bind(
+        &System::new(),
+        "127.0.0.1:0",
+        TestPki::shared().security(Role::Agent, "agent-1"),
+    )
+    .await?;
+    let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.path().join("a"));
+    config.registration_backoff_initial = Duration::from_millis(20);
+    let agent = muster_agent::start(&node, config).await?;
+    tokio::time::timeout(DEADLINE, agent.registered())
+        .await
+        .context("the agent did not register")??;
+    let address = master.address().to_owned();
+    let root = bootstrap(&address).await?;
+    let reader = create_token(&address, &root, "viewer", "read").await?;
+    let submitter = create_token(&address, &root, "deploy", "submit").await?;
+
+    let job = model_pb::Job {
+        name: "vault".into(),
+        scheduler: model_pb::SchedulerType::Service as i32,
+        groups: vec![model_pb::TaskGroup {
+            name: "main".into(),
+            count: 1,
+            resources: Some(model_pb::Resources {
+                cpus: 0.1,
+                mem_mb: 16,
+            }),
+            command: "sleep".into(),
+            args: vec!["60".into()],
+            env: [("API_KEY".to_owned(), SECRET.to_owned())].into(),
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    };
+    operator(&address, Some(&submitter))
+        .await?
+        .submit_job(pb::SubmitJobRequest { job: Some(job) })
+        .await?;
+
+    // gRPC: the reader sees the key with its value redacted; the submitter sees the value.
+    let read = first_task_event(&address, &reader).await?;
+    ensure!(
+        !read.contains(SECRET) && read.contains(&format!("\"API_KEY\":\"{REDACTED}\"")),
+        "a read token's event: {read}"
+    );
+    let submitted = first_task_event(&address, &submitter).await?;
+    ensure!(
+        submitted.contains(SECRET),
+        "a submit token's event: {submitted}"
+    );
+
+    // HTTP, as NDJSON and as server-sent events.
+    let url = format!(
+        "https://{}/v1/event/stream?topic=task",
+        master.http_address()
+    );
+    for accept in ["application/x-ndjson", "text/event-stream"] {
+        let line = first_line_with(&url, &reader, accept, "API_KEY").await?;
+        ensure!(
+            !line.contains(SECRET) && line.contains(REDACTED),
+            "{accept} to a read token: {line}"
+        );
+        let line = first_line_with(&url, &submitter, accept, "API_KEY").await?;
+        ensure!(line.contains(SECRET), "{accept} to a submit token: {line}");
+    }
+
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
