@@ -9,11 +9,10 @@
 //! Settings come from flags, then the `MUSTER_*` variables (as Nomad's `NOMAD_ADDR`,
 //! `NOMAD_CACERT`, `NOMAD_CLIENT_CERT`, `NOMAD_CLIENT_KEY`, `NOMAD_TOKEN`). When none of the
 //! TLS and token settings is given and a `muster dev` cluster is running, the settings it
-//! wrote ([`dev_env_path`]) are used, so its walkthrough works in a second terminal as is.
+//! wrote ([`crate::dev_settings`]) are used, so its walkthrough works in a second terminal as is.
 
-use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
@@ -25,6 +24,8 @@ use muster_security::guard::WithToken;
 use muster_security::{Role, Security, TokenSecret};
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+
+use crate::dev_settings;
 
 /// The default master address.
 pub(crate) const DEFAULT_ADDRESS: &str = "127.0.0.1:5050";
@@ -61,43 +62,6 @@ pub(crate) struct Connection {
     timeout: Duration,
     /// The dev cluster's file, when the settings came from it (for error messages).
     from_dev: Option<PathBuf>,
-}
-
-/// The file a running `muster dev` writes its settings to: `$MUSTER_DEV_ENV` if set, else
-/// `$XDG_RUNTIME_DIR/muster-dev.env`, else `<temp dir>/muster-dev-<uid>.env`.
-pub(crate) fn dev_env_path() -> PathBuf {
-    if let Some(path) = std::env::var_os("MUSTER_DEV_ENV") {
-        return PathBuf::from(path);
-    }
-    if let Some(dir) = std::env::var_os("XDG_RUNTIME_DIR") {
-        return Path::new(&dir).join("muster-dev.env");
-    }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    let uid = unsafe { libc::getuid() };
-    std::env::temp_dir().join(format!("muster-dev-{uid}.env"))
-}
-
-/// `export KEY='VALUE'` lines for `vars`, as `muster dev` writes and prints them.
-pub(crate) fn export_lines(vars: &BTreeMap<&str, String>) -> String {
-    vars.iter()
-        .map(|(key, value)| format!("export {key}='{}'\n", value.replace('\'', "'\\''")))
-        .collect()
-}
-
-/// Reads `export KEY='VALUE'` lines back.
-pub(crate) fn parse_exports(text: &str) -> BTreeMap<String, String> {
-    text.lines()
-        .filter_map(|line| line.trim().strip_prefix("export "))
-        .filter_map(|line| line.split_once('='))
-        .map(|(key, value)| {
-            let value = value
-                .strip_prefix('\'')
-                .and_then(|v| v.strip_suffix('\''))
-                .unwrap_or(value)
-                .replace("'\\''", "'");
-            (key.trim().to_owned(), value)
-        })
-        .collect()
 }
 
 /// The `host:port` of each master in a comma-separated list (see [`authority`]).
@@ -138,12 +102,9 @@ impl Target {
             && client.client_cert.is_none()
             && client.client_key.is_none()
             && client.token.is_none();
-        let dev = dev_env_path();
-        if nothing_set && dev.exists() {
-            let text = std::fs::read_to_string(&dev).with_context(|| {
-                format!("cannot read the dev cluster's settings {}", dev.display())
-            })?;
-            let vars = parse_exports(&text);
+        let dev = dev_settings::settings_path();
+        if nothing_set && let Some(text) = dev_settings::read(&dev)? {
+            let vars = dev_settings::parse_exports(&text);
             let get = |key: &str| vars.get(key).filter(|v| !v.is_empty()).cloned();
             let flags = ClientFlags {
                 ca_cert: get("MUSTER_CACERT").map(PathBuf::from),
@@ -158,12 +119,12 @@ impl Target {
             };
             return Ok(Connection {
                 addresses: authorities(&address)?,
-                security: flags
-                    .security()
-                    .with_context(|| format!("in the dev cluster's settings {}", dev.display()))?,
+                security: flags.security().with_context(|| {
+                    format!("in the dev cluster's settings {}", dev.file.display())
+                })?,
                 token: flags.token(),
                 timeout: self.timeout,
-                from_dev: Some(dev),
+                from_dev: Some(dev.file),
             });
         }
         Ok(Connection {
@@ -352,23 +313,5 @@ mod tests {
         assert!(authorities(" , ").is_err());
         let bad = authorities("127.0.0.1:5051,nowhere").expect_err("a bad entry");
         assert!(bad.to_string().contains("\"nowhere\""), "{bad}");
-    }
-
-    #[test]
-    fn exports_round_trip_and_paste_into_a_shell() {
-        let vars = BTreeMap::from([
-            ("MUSTER_ADDR", "127.0.0.1:5050".to_owned()),
-            ("MUSTER_CACERT", "/tmp/a dir/ca.pem".to_owned()),
-            ("MUSTER_TOKEN", "it's".to_owned()),
-        ]);
-        let text = export_lines(&vars);
-        assert!(
-            text.contains("export MUSTER_CACERT='/tmp/a dir/ca.pem'\n"),
-            "{text}"
-        );
-        let back = parse_exports(&text);
-        assert_eq!(back.len(), 3);
-        assert_eq!(back["MUSTER_TOKEN"], "it's");
-        assert_eq!(back["MUSTER_CACERT"], "/tmp/a dir/ca.pem");
     }
 }

@@ -14,7 +14,7 @@ use muster::master::requests::{BootstrapAcl, GetMetrics};
 use muster::master::{MasterConfig, MasterServer, ServiceError};
 use muster_security::{DEFAULT_CLUSTER, Security, Tls, TlsFiles};
 
-use crate::connection::{dev_env_path, export_lines};
+use crate::dev_settings::{self, export_lines};
 
 /// What `muster dev` was asked for.
 #[derive(Debug)]
@@ -152,13 +152,13 @@ pub(crate) async fn run(options: DevOptions) -> anyhow::Result<()> {
         ("MUSTER_TOKEN", token),
     ]);
     let exports = export_lines(&vars);
-    let settings_path = dev_env_path();
+    let settings = dev_settings::settings_path();
+    let settings_path = settings.file.clone();
     let text = format!(
         "# written by muster dev (pid {})\n{exports}",
         std::process::id()
     );
-    muster_security::certs::write_private(&settings_path, &text)
-        .with_context(|| format!("cannot write the settings to {}", settings_path.display()))?;
+    dev_settings::write(&settings, &text).context("cannot write the dev cluster's settings")?;
     let _settings = SettingsFile {
         path: settings_path.clone(),
         text,

@@ -14,6 +14,7 @@ mod acl_command;
 mod agent_command;
 mod connection;
 mod dev;
+mod dev_settings;
 mod events_command;
 mod job_command;
 mod job_file;
