@@ -17,13 +17,12 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
-use common::{binary, spawn_listening};
+use anyhow::{Context as _, ensure};
+use common::{agent_command, master_command, spawn_listening};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
-use muster_security::testing::TestPki;
-use muster_security::{Role, TokenSecret};
-use tokio::process::{Child, Command};
+use muster_security::TokenSecret;
+use tokio::process::Child;
 use tokio::time::Instant;
 
 use crate::common;
@@ -46,15 +45,9 @@ struct Cluster {
 impl Cluster {
     /// One master with `master_flags`, and no agents yet.
     async fn start(dir: &Path, master_flags: &[&str]) -> anyhow::Result<Cluster> {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let master_address = listener.local_addr()?.to_string();
-        drop(listener);
-        let mut command = Command::new(binary("muster-master")?);
-        command
-            .args(TestPki::shared().args(Role::Master, "master-1"))
-            .args(["--id", "1", "--listen", &master_address, "--data-dir"])
-            .arg(dir.join("master"))
-            .args(master_flags);
+        let master_address = common::free_port_on("127.0.0.1").await?;
+        let mut command = master_command(1, &master_address, &dir.join("master"))?;
+        command.args(["--id", "1"]).args(master_flags);
         let master = spawn_listening(command, "master").await?;
         let token = muster_master::testing::bootstrap(&master_address).await?;
         Ok(Cluster {
@@ -74,12 +67,10 @@ impl Cluster {
     /// As [`start_agent`](Self::start_agent), listening on `listen`: an agent restarted at
     /// its old address is where what its link queued for it goes.
     async fn start_agent_at(&mut self, n: usize, rack: &str, listen: &str) -> anyhow::Result<()> {
-        let mut command = Command::new(binary("muster-agent")?);
+        let masters = [self.master_address.clone()];
+        let mut command = agent_command(&self.dir, n, &masters)?;
         command
-            .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
-            .args(["--listen", listen, "--master", &self.master_address])
-            .arg("--data-dir")
-            .arg(self.dir.join(format!("agent-{n}")))
+            .args(["--listen", listen])
             .args(["--cpus", "2", "--mem-mb", "2048"])
             .arg("--attribute")
             .arg(format!("rack={rack}"));
@@ -99,14 +90,9 @@ impl Cluster {
         Ok(())
     }
 
+    /// Submits `job` (see [`common::submit`]).
     async fn submit(&self, job: model_pb::Job) -> anyhow::Result<()> {
-        let mut client =
-            muster_master::testing::operator(&self.master_address, Some(&self.token)).await?;
-        client
-            .submit_job(pb::SubmitJobRequest { job: Some(job) })
-            .await
-            .context("submitting a job")?;
-        Ok(())
+        common::submit(&self.master_address, &self.token, job).await
     }
 
     /// The master's state once `done` holds.
@@ -115,24 +101,10 @@ impl Cluster {
         what: &str,
         done: impl Fn(&pb::ClusterState) -> bool,
     ) -> anyhow::Result<pb::ClusterState> {
-        let deadline = Instant::now() + DEADLINE;
-        let mut last = None;
-        loop {
-            if let Ok(mut client) =
-                muster_master::testing::operator(&self.master_address, Some(&self.token)).await
-                && let Ok(state) = client.get_state(pb::GetStateRequest::default()).await
-            {
-                let state = state.into_inner();
-                if done(&state) {
-                    return Ok(state);
-                }
-                last = Some(state);
-            }
-            if Instant::now() > deadline {
-                bail!("no {what} in time; last state: {last:#?}");
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        // A linearizable read: only the leader answers it.
+        let masters = [self.master_address.clone()];
+        let (_, state) = common::leader_state_when(&masters, &self.token, what, done).await?;
+        Ok(state)
     }
 
     /// Stops everything; the tasks go with their marker's processes.

@@ -20,12 +20,11 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use common::{DEADLINE, Masters, binary, leader_state_when, spawn_listening};
+use common::{DEADLINE, Masters, agent_command, leader_state_when, start_agents};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
-use muster_security::testing::TestPki;
+use muster_security::TokenSecret;
 use muster_security::testing::partitions::{Member, Partitions};
-use muster_security::{Role, TokenSecret};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
@@ -46,29 +45,14 @@ fn all_back(state: &pb::ClusterState, agents: usize) -> bool {
 async fn the_cluster_survives_three_leader_kills() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut masters = Masters::new(dir.path(), 3).await?;
-    for index in 0..3 {
-        masters.start(index).await?;
-    }
+    masters.start_all().await?;
     let root = muster_master::testing::bootstrap(&masters.addresses[0]).await?;
 
-    let mut agents = Vec::new();
-    for n in 0..5 {
-        let mut command = Command::new(binary("muster-agent")?);
-        command
-            .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
-            .arg("--listen")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(dir.path().join(format!("agent-{n}")))
-            .arg("--hostname")
-            .arg(format!("host-{n}"))
-            // The test's tasks end with it.
-            .arg("--stop-tasks-on-exit");
-        for address in &masters.addresses {
-            command.arg("--master").arg(address);
-        }
-        agents.push(spawn_listening(command, &format!("agent {n}")).await?);
-    }
+    // The test's tasks end with it.
+    let mut agents = start_agents(dir.path(), &masters.addresses, 5, |n| {
+        vec!["--hostname".into(), format!("host-{n}")]
+    })
+    .await?;
 
     let (leader, state) =
         leader_state_when(&masters.addresses, &root, "5 agents registering", |s| {
@@ -173,9 +157,7 @@ async fn a_master_back_from_a_stop_catches_up_on_jobs_at_the_size_cap_without_an
 
     let dir = tempfile::tempdir()?;
     let mut masters = Masters::new(dir.path(), 3).await?;
-    for index in 0..3 {
-        masters.start(index).await?;
-    }
+    masters.start_all().await?;
     let root = muster_master::testing::bootstrap(&masters.addresses[0]).await?;
     let (leader, state) =
         leader_state_when(&masters.addresses, &root, "a leader", |_| true).await?;

@@ -3,15 +3,10 @@
 use crate::common;
 
 use anyhow::{Context as _, ensure};
-use common::DevCluster;
+use common::{DevCluster, free_port_on};
 use tokio::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_muster");
-
-async fn free_port() -> anyhow::Result<String> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    Ok(listener.local_addr()?.to_string())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
@@ -51,7 +46,7 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
 
     // Several masters in MUSTER_ADDR: one that is down is passed over, for leader-only and
     // stale calls alike; when none answers, each one's reason is named.
-    let nobody = free_port().await?;
+    let nobody = free_port_on("127.0.0.1").await?;
     let both = format!("{nobody},{master}");
     for args in [
         &["status", "--master", &both][..],
@@ -62,7 +57,7 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         let text = String::from_utf8_lossy(&status.stdout);
         ensure!(text.contains(&format!("leader {master}")), "status: {text}");
     }
-    let other = free_port().await?;
+    let other = free_port_on("127.0.0.1").await?;
     let none = muster(&["status", "--master", &format!("{nobody},{other}")])?
         .output()
         .await?;
@@ -320,7 +315,7 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_names_an_unreachable_master() -> anyhow::Result<()> {
-    let nobody = free_port().await?;
+    let nobody = free_port_on("127.0.0.1").await?;
     let dir = tempfile::tempdir()?;
     let status = Command::new(BIN)
         .args(["status", "--master", &nobody])

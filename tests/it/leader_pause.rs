@@ -10,53 +10,25 @@
 //! builds them.
 
 use anyhow::Context as _;
-use common::{Masters, binary, leader_state_when, leader_state_within, spawn_listening};
+use common::{Masters, leader_state_when, leader_state_within, signal_child, start_agents};
 use muster::proto::cluster as pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
-use tokio::process::Command;
 
 use crate::common;
-
-/// Sends `signal` to a child process.
-fn signal(child: &tokio::process::Child, signal: libc::c_int) -> anyhow::Result<()> {
-    let pid = child.id().context("the child has exited")?;
-    let pid = libc::pid_t::try_from(pid)?;
-    // SAFETY: kill takes two integers.
-    if unsafe { libc::kill(pid, signal) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    Ok(())
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_leave_a_paused_leader_for_its_successor() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut masters = Masters::new(dir.path(), 3).await?;
-    for index in 0..3 {
-        masters.start(index).await?;
-    }
+    masters.start_all().await?;
     let root = muster_master::testing::bootstrap(&masters.addresses[0]).await?;
-    let mut agents = Vec::new();
-    for n in 0..2 {
-        let mut command = Command::new(binary("muster-agent")?);
-        command
-            .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
-            .args(["--listen", "127.0.0.1:0", "--stop-tasks-on-exit"])
-            .arg("--data-dir")
-            .arg(dir.path().join(format!("agent-{n}")));
-        for address in &masters.addresses {
-            command.arg("--master").arg(address);
-        }
-        agents.push(spawn_listening(command, &format!("agent {n}")).await?);
-    }
+    let mut agents = start_agents(dir.path(), &masters.addresses, 2, |_| Vec::new()).await?;
     let (paused, before) =
         leader_state_when(&masters.addresses, &root, "two agents registered", |s| {
             s.agents.len() == 2 && s.agents.iter().all(|a| a.connected)
         })
         .await?;
 
-    signal(
+    signal_child(
         masters.children[paused].as_ref().context("leader")?,
         libc::SIGSTOP,
     )?;
@@ -79,7 +51,7 @@ async fn agents_leave_a_paused_leader_for_its_successor() -> anyhow::Result<()> 
     assert!(after.term > before.term);
 
     // Resumed, the old leader serves no linearizable read: it names its successor.
-    signal(
+    signal_child(
         masters.children[paused].as_ref().context("paused")?,
         libc::SIGCONT,
     )?;

@@ -5,8 +5,8 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
-use common::{DEADLINE, binary, spawn_listening};
+use anyhow::Context as _;
+use common::{DEADLINE, master_command, spawn_listening};
 use muster::actor::{Node, System, Upid};
 use muster::proto::cluster as pb;
 use muster::proto::cluster::registration_reply::Result as Registration;
@@ -14,7 +14,7 @@ use muster::proto::model as model_pb;
 use muster_security::Role;
 use muster_security::TokenSecret;
 use muster_security::testing::TestPki;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -27,13 +27,7 @@ async fn start_master(address: &str, data_dir: &std::path::Path) -> anyhow::Resu
     // The port may still be held for a moment by the killed predecessor.
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let mut command = Command::new(binary("muster-master")?);
-        command
-            .args(TestPki::shared().args(Role::Master, "master-1"))
-            .arg("--listen")
-            .arg(address)
-            .arg("--data-dir")
-            .arg(data_dir);
+        let command = master_command(1, address, data_dir)?;
         match spawn_listening(command, "muster-master").await {
             Ok(child) => return Ok(child),
             Err(_) if Instant::now() < deadline => {
@@ -86,30 +80,21 @@ async fn register_until_killed(
     }
 }
 
+/// The agents the master at `address` has admitted, once it leads again.
 async fn admitted_after_restart(
     address: &str,
     token: &TokenSecret,
 ) -> anyhow::Result<BTreeSet<String>> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Ok(mut client) = muster_master::testing::operator(address, Some(token)).await
-            && let Ok(state) = client.get_state(pb::GetStateRequest::default()).await
-        {
-            let state = state.into_inner();
-            if state.is_leader {
-                return Ok(state
-                    .agents
-                    .into_iter()
-                    .map(|a| a.id)
-                    .chain(state.unreachable.into_iter().map(|a| a.id))
-                    .collect());
-            }
-        }
-        if Instant::now() > deadline {
-            bail!("the restarted master did not lead within {DEADLINE:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let masters = [address.to_owned()];
+    let (_, state) =
+        common::leader_state_when(&masters, token, "the restarted master leading", |_| true)
+            .await?;
+    Ok(state
+        .agents
+        .into_iter()
+        .map(|a| a.id)
+        .chain(state.unreachable.into_iter().map(|a| a.id))
+        .collect())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,5 +1,6 @@
-//! The one helper tests use to reach a master's APIs as a client would: TLS with a client
-//! certificate from the shared test CA ([`TestPki`]), and a token.
+//! The helpers tests use to reach a master: its APIs as a client would (TLS with a client
+//! certificate from the shared test CA ([`TestPki`]), and a token), and, in process, starting
+//! one that leads, submitting jobs to it and reading their status.
 
 use muster_proto::cluster::operator_client::OperatorClient;
 
@@ -145,18 +146,7 @@ pub async fn job_when(
 ) -> anyhow::Result<muster_proto::cluster::JobStatusReply> {
     let deadline = tokio::time::Instant::now() + WAIT;
     loop {
-        let answer = master
-            .pid()
-            .ask(|reply| {
-                crate::requests::JobStatus {
-                    name: name.to_owned(),
-                    stale: false,
-                    reply,
-                }
-                .into()
-            })
-            .await?;
-        let status = match answer {
+        let status = match ask_job_status(master, name).await? {
             // A linearizable read whose leadership confirmation ran out while it was computed
             // (a loaded machine): the master says to retry, as a client would.
             Err(crate::error::ServiceError::Unavailable(why))
@@ -176,4 +166,68 @@ pub async fn job_when(
         }
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     }
+}
+
+/// Submits `job` at `master`, in process: the master's answer, a refusal included.
+///
+/// # Errors
+/// The master could not be asked (it stopped).
+pub async fn try_submit(
+    master: &crate::MasterServer,
+    job: muster_proto::model::Job,
+) -> anyhow::Result<Result<muster_proto::cluster::SubmitJobReply, crate::ServiceError>> {
+    Ok(master
+        .pid()
+        .ask(|reply| {
+            crate::requests::SubmitJob {
+                job: Some(job),
+                reply,
+            }
+            .into()
+        })
+        .await?)
+}
+
+/// Submits `job` at `master`, in process, as [`try_submit`] does; a refusal is an error.
+///
+/// # Errors
+/// The master could not be asked, or refused the job.
+pub async fn submit(
+    master: &crate::MasterServer,
+    job: muster_proto::model::Job,
+) -> anyhow::Result<()> {
+    try_submit(master, job).await?.map_err(anyhow::Error::msg)?;
+    Ok(())
+}
+
+/// The status of job `name` on `master`, in process: a linearizable read, asked once.
+///
+/// # Errors
+/// The master could not be asked, or refused the read (no such job, not the leader).
+pub async fn job_status(
+    master: &crate::MasterServer,
+    name: &str,
+) -> anyhow::Result<muster_proto::cluster::JobStatusReply> {
+    ask_job_status(master, name)
+        .await?
+        .map_err(anyhow::Error::msg)
+}
+
+/// Asks `master` once for the status of job `name` (a linearizable read): its answer, a
+/// refusal included.
+async fn ask_job_status(
+    master: &crate::MasterServer,
+    name: &str,
+) -> anyhow::Result<Result<muster_proto::cluster::JobStatusReply, crate::ServiceError>> {
+    Ok(master
+        .pid()
+        .ask(|reply| {
+            crate::requests::JobStatus {
+                name: name.to_owned(),
+                stale: false,
+                reply,
+            }
+            .into()
+        })
+        .await?)
 }

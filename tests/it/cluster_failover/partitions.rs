@@ -190,22 +190,16 @@ impl Linked {
                 self.agent_links[n].push(link);
             }
         }
-        let mut command = Command::new(binary("muster-agent")?);
+        let mut command = agent_command(self.dir.path(), n, &self.agent_links[n])?;
         command
-            .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
             .args(["--listen", &address.listen])
             .args(["--advertise", &address.advertised])
             // Not the default (the --listen port plus 10), which may not be free.
             .args(["--http-listen", &format!("{}:0", agent_host(n))])
-            .arg("--data-dir")
-            .arg(self.dir.path().join(format!("agent-{n}")))
             .args(["--hostname", &format!("host-{n}")])
             .args(["--cpus", "2", "--mem-mb", "2048"])
             .args(["--attribute", &format!("name=a{n}")])
             .arg("--stop-tasks-on-exit");
-        for link in &self.agent_links[n] {
-            command.arg("--master").arg(link);
-        }
         let log = self.dir.path().join(format!("agent-{n}.log"));
         let child = common::spawn_logged(command, &format!("agent {n}"), &log).await?;
         self.agents[n] = Some(child);
@@ -267,28 +261,9 @@ impl Linked {
     }
 
     /// Submits `job` to master `index` (the leader, directly: operators are not behind links).
+    /// Again while it answers UNAVAILABLE (see [`common::submit`]).
     async fn submit(&self, index: usize, job: model_pb::Job) -> anyhow::Result<()> {
-        let name = job.name.clone();
-        let deadline = Instant::now() + DEADLINE;
-        loop {
-            let mut client =
-                muster_master::testing::operator(&self.masters.addresses[index], Some(&self.token))
-                    .await?;
-            let request = pb::SubmitJobRequest {
-                job: Some(job.clone()),
-            };
-            match client.submit_job(request).await {
-                Ok(_) => return Ok(()),
-                // Refused before anything was written: its leadership could not be confirmed
-                // in time (a loaded machine). Again.
-                Err(status)
-                    if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
-                {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(status) => return Err(status).with_context(|| format!("submitting {name}")),
-            }
-        }
+        common::submit(&self.masters.addresses[index], &self.token, job).await
     }
 
     /// Cuts master `index` from every agent started so far, both ways: what the agents send

@@ -80,6 +80,81 @@ async fn spawn_listening_with(
     Ok(child)
 }
 
+/// `muster-master` with the certificate `master-<id>` of the shared test CA, listening on
+/// `address`, its data in `data_dir`; the caller adds its other flags.
+pub(crate) fn master_command(id: usize, address: &str, data_dir: &Path) -> anyhow::Result<Command> {
+    let mut command = Command::new(binary("muster-master")?);
+    command
+        .args(TestPki::shared().args(Role::Master, &format!("master-{id}")))
+        .arg("--listen")
+        .arg(address)
+        .arg("--data-dir")
+        .arg(data_dir);
+    Ok(command)
+}
+
+/// `muster-agent` as agent `n`: the certificate `agent-<n>` of the shared test CA, its data in
+/// `dir/agent-<n>`, reporting to each of `masters`; the caller adds where it listens and its
+/// other flags.
+pub(crate) fn agent_command(dir: &Path, n: usize, masters: &[String]) -> anyhow::Result<Command> {
+    let mut command = Command::new(binary("muster-agent")?);
+    command
+        .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
+        .arg("--data-dir")
+        .arg(dir.join(format!("agent-{n}")));
+    for master in masters {
+        command.arg("--master").arg(master);
+    }
+    Ok(command)
+}
+
+/// Starts agents `0..count` of every master of `masters` ([`agent_command`]), each on a free
+/// port of loopback, its tasks ending with it (`--stop-tasks-on-exit`), with the flags `extra`
+/// gives agent `n`; returns them once each listens.
+pub(crate) async fn start_agents(
+    dir: &Path,
+    masters: &[String],
+    count: usize,
+    extra: impl Fn(usize) -> Vec<String>,
+) -> anyhow::Result<Vec<Child>> {
+    let mut agents = Vec::with_capacity(count);
+    for n in 0..count {
+        let mut command = agent_command(dir, n, masters)?;
+        command
+            .args(["--listen", "127.0.0.1:0", "--stop-tasks-on-exit"])
+            .args(extra(n));
+        agents.push(spawn_listening(command, &format!("agent {n}")).await?);
+    }
+    Ok(agents)
+}
+
+/// Submits `job` to the master at `address` with `token`, again (up to [`DEADLINE`]) while the
+/// master answers UNAVAILABLE: refused before anything was written, its leadership could not be
+/// confirmed in time (a loaded machine).
+pub(crate) async fn submit(
+    address: &str,
+    token: &TokenSecret,
+    job: model_pb::Job,
+) -> anyhow::Result<()> {
+    let name = job.name.clone();
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        let mut client = muster_master::testing::operator(address, Some(token)).await?;
+        let request = pb::SubmitJobRequest {
+            job: Some(job.clone()),
+        };
+        match client.submit_job(request).await {
+            Ok(_) => return Ok(()),
+            Err(status)
+                if status.code() == tonic::Code::Unavailable && Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(status) => return Err(status).with_context(|| format!("submitting {name}")),
+        }
+    }
+}
+
 /// Three (or more) `muster-master` processes on loopback, started and restarted by index.
 pub(crate) struct Masters {
     /// Each master's `host:port`: where it listens, and where the test reaches it.
@@ -138,22 +213,25 @@ impl Masters {
             .then(|| self.dir.join(format!("master-{}.log", index + 1)))
     }
 
-    /// Starts master `index` (again), each master a peer, with `extra` flags.
+    /// Starts every master, each a peer of the others.
+    pub(crate) async fn start_all(&mut self) -> anyhow::Result<()> {
+        for index in 0..self.addresses.len() {
+            self.start(index).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts master `index` (again), each master a peer.
     pub(crate) async fn start(&mut self, index: usize) -> anyhow::Result<()> {
         self.start_with(index, &[]).await
     }
 
     /// Starts master `index` (again) with `extra` flags.
     pub(crate) async fn start_with(&mut self, index: usize, extra: &[&str]) -> anyhow::Result<()> {
-        let mut command = Command::new(binary("muster-master")?);
-        command
-            .args(TestPki::shared().args(Role::Master, &format!("master-{}", index + 1)))
-            .arg("--id")
-            .arg((index + 1).to_string())
-            .arg("--listen")
-            .arg(&self.addresses[index])
-            .arg("--data-dir")
-            .arg(self.dir.join(format!("master-{}", index + 1)));
+        let id = index + 1;
+        let data_dir = self.dir.join(format!("master-{id}"));
+        let mut command = master_command(id, &self.addresses[index], &data_dir)?;
+        command.arg("--id").arg(id.to_string());
         if self.http_on_any_port {
             let (host, _) = self.addresses[index]
                 .rsplit_once(':')

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Context, Pid, Process, Reply, System, Upid};
-use muster_agent::{AgentConfig, AgentHandle, AgentSnapshot, AgentStatus};
+use muster_agent::{AgentConfig, AgentSnapshot, AgentStatus};
 use muster_proto::cluster::{
     Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, RegisterAgent,
     RegistrationReply, ReregisterAgent, RunTask, RunTaskReply, TaskStatusUpdate,
@@ -21,6 +21,8 @@ use muster_security::Role;
 use muster_security::testing::TestPki;
 use muster_transport::Node;
 use tokio::sync::mpsc;
+
+use crate::common::{AgentNode, agent_config};
 
 mod launches;
 mod processes;
@@ -341,34 +343,8 @@ impl MasterNode {
     }
 }
 
-/// An agent on its own system and node.
-struct AgentNode {
-    system: System,
-    node: Node,
-    handle: AgentHandle,
-}
-
+/// What these tests wait for of an agent.
 impl AgentNode {
-    async fn start(config: AgentConfig) -> anyhow::Result<Self> {
-        let system = System::new();
-        let node = Node::bind(
-            &system,
-            "127.0.0.1:0",
-            TestPki::shared().security(Role::Agent, "agent-1"),
-        )
-        .await?;
-        let handle = muster_agent::start(&node, config).await?;
-        Ok(AgentNode {
-            system,
-            node,
-            handle,
-        })
-    }
-
-    fn upid(&self) -> &Upid {
-        self.handle.upid()
-    }
-
     /// Waits until the agent is registered with `master`.
     async fn registered_with(&self, master: &Upid) -> anyhow::Result<String> {
         let mut status = self.handle.status();
@@ -407,23 +383,12 @@ impl AgentNode {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
-
-    async fn stop(&self) {
-        self.handle.stop().await;
-        self.node.shutdown();
-        self.system.shutdown().await;
-    }
 }
 
-/// A config with short timings for tests.
+/// [`agent_config`], in rack `r1` (the attribute `rack=r1`).
 fn config(masters: &[String], data_dir: &Path) -> AgentConfig {
-    let mut config = AgentConfig::new(masters.to_vec(), data_dir);
-    config.hostname = "test-host".into();
-    config.resources = (4.0, 8192);
+    let mut config = agent_config(masters, data_dir);
     config.attributes.insert("rack".into(), "r1".into());
-    config.registration_backoff_initial = Duration::from_millis(20);
-    config.registration_backoff_max = Duration::from_millis(200);
-    config.ask_timeout = Duration::from_secs(2);
     config
 }
 

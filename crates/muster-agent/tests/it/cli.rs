@@ -9,7 +9,7 @@ use anyhow::{Context as _, ensure};
 use muster_security::Role;
 use muster_security::testing::TestPki;
 
-const BIN: &str = env!("CARGO_BIN_EXE_muster-agent");
+use crate::common::BIN;
 
 /// Runs the binary to its end (it must end by itself: these are error paths).
 fn run(args: &[&str]) -> anyhow::Result<Output> {

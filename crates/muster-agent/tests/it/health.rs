@@ -2,12 +2,9 @@
 //! port: NOT_SERVING until it has registered with a master, SERVING once it has. Asked with a
 //! real gRPC client over mutual TLS, as a load balancer or `grpcurl` would.
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use muster_master::MasterConfig;
 use muster_security::Role;
 use muster_security::testing::TestPki;
 use tonic::transport::{Channel, Endpoint};
@@ -15,42 +12,12 @@ use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
-const BIN: &str = env!("CARGO_BIN_EXE_muster-agent");
-const WAIT: Duration = Duration::from_secs(30);
-
-/// Kills the agent when the test ends, however it ends.
-struct Agent(Child);
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::common::{Killed, WAIT, free_address, spawn_agent, start_master};
 
 /// Starts the binary for `master` and returns it with the address it listens on.
-fn start_agent(master: &str, data_dir: &std::path::Path) -> anyhow::Result<(Agent, String)> {
-    let mut child = Command::new(BIN)
-        .args(TestPki::shared().args(Role::Agent, "agent-1"))
-        .args(["--listen", "127.0.0.1:0", "--master", master, "--data-dir"])
-        .arg(data_dir)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("cannot run muster-agent")?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let agent = Agent(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line).map(|_| line);
-        let _ = tx.send(read);
-    });
-    let line = rx
-        .recv_timeout(WAIT)
-        .context("no line on stdout in time")??;
+/// It is SIGKILLed when the test ends, however it ends.
+fn start_agent(master: &str, data_dir: &std::path::Path) -> anyhow::Result<(Killed, String)> {
+    let (agent, line) = spawn_agent(master, data_dir, &[], Killed)?;
     let address = line
         .strip_prefix("muster-agent listening on ")
         .and_then(|rest| rest.split_once(' '))
@@ -94,9 +61,7 @@ async fn until_status(
 async fn the_agent_serves_once_registered() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     // The master's port, chosen now; the master starts on it later.
-    let master_address = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .to_string();
+    let master_address = free_address()?;
     let (_agent, address) = start_agent(&master_address, &dir.path().join("agent"))?;
     let mut health = health_of(&address).await?;
     let status = health
@@ -110,12 +75,7 @@ async fn the_agent_serves_once_registered() -> anyhow::Result<()> {
         "no master to register with yet"
     );
 
-    let master = muster_master::testing::start_leading(MasterConfig {
-        listen: master_address,
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
+    let master = start_master(&master_address, dir.path()).await?;
     until_status(&mut health, ServingStatus::Serving).await?;
     master.shutdown().await;
     Ok(())

@@ -18,6 +18,8 @@ use muster_transport::Node;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
+use crate::common::{AgentNode, agent_config};
+
 /// How long any one expected event may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(15);
 
@@ -108,8 +110,9 @@ impl Process for FakeMaster {
 
 /// A fake master and an agent, each on its own system and node.
 struct Setup {
-    systems: Vec<System>,
-    nodes: Vec<Node>,
+    master_system: System,
+    master_node: Node,
+    agent_node: AgentNode,
     beats: Arc<Mutex<Beats>>,
     got: mpsc::UnboundedReceiver<Got>,
     master: Upid,
@@ -144,24 +147,15 @@ impl Setup {
         let master = Upid::new("master", master_node.address())?;
 
         let dir = tempfile::tempdir()?;
-        let mut config = AgentConfig::new(vec![master_node.address().to_owned()], dir.path());
-        config.hostname = "test-host".into();
+        let mut config = agent_config(&[master_node.address().to_owned()], dir.path());
         config.resources = (1.0, 1024);
-        config.registration_backoff_initial = Duration::from_millis(20);
-        config.registration_backoff_max = Duration::from_millis(200);
-        config.ask_timeout = Duration::from_secs(2);
         tweak(&mut config);
-        let agent_system = System::new();
-        let agent_node = Node::bind(
-            &agent_system,
-            "127.0.0.1:0",
-            TestPki::shared().security(Role::Agent, "agent-1"),
-        )
-        .await?;
-        let agent = muster_agent::start(&agent_node, config).await?;
+        let agent_node = AgentNode::start(config).await?;
+        let agent = agent_node.handle.clone();
         Ok(Setup {
-            systems: vec![agent_system, master_system],
-            nodes: vec![agent_node, master_node],
+            master_system,
+            master_node,
+            agent_node,
             beats,
             got,
             master,
@@ -198,12 +192,10 @@ impl Setup {
 
     async fn stop(self) {
         self.agent.stop().await;
-        for node in &self.nodes {
-            node.shutdown();
-        }
-        for system in self.systems {
-            system.shutdown().await;
-        }
+        self.agent_node.node.shutdown();
+        self.master_node.shutdown();
+        self.agent_node.system.shutdown().await;
+        self.master_system.shutdown().await;
     }
 }
 

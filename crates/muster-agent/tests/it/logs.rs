@@ -1,7 +1,7 @@
 //! The `muster-agent` binary's logs to a pipe carry no colour escape codes, whatever the level.
 
 use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -10,27 +10,17 @@ use anyhow::{Context as _, bail, ensure};
 use muster_security::Role;
 use muster_security::testing::TestPki;
 
-const BIN: &str = env!("CARGO_BIN_EXE_muster-agent");
-
-/// Kills the child when the test ends.
-struct Running(Child);
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use crate::common::{BIN, Killed, free_address};
 
 #[test]
 fn logs_to_a_pipe_have_no_escape_codes() -> anyhow::Result<()> {
     // Nothing listens on a port just released: the agent logs its failed registrations.
-    let nobody = std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    let nobody = free_address()?;
     let dir = tempfile::tempdir()?;
-    let mut child = Running(
+    let mut child = Killed(
         Command::new(BIN)
             .args(TestPki::shared().args(Role::Agent, "agent-1"))
-            .args(["--listen", "127.0.0.1:0", "--master", &nobody.to_string()])
+            .args(["--listen", "127.0.0.1:0", "--master", &nobody])
             .arg("--data-dir")
             .arg(dir.path().join("agent"))
             .env_remove("RUST_LOG")

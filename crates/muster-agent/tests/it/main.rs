@@ -1,6 +1,8 @@
 //! The integration tests of `muster-agent`: one binary (`cargo test -p muster-agent --test it`),
 //! one module per area. Filter by module: `cargo test -p muster-agent --test it -- <module>::`.
 
+mod common;
+
 mod agent;
 mod cli;
 mod health;

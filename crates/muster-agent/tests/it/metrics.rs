@@ -9,19 +9,15 @@
 //! absence a failure.
 
 use std::collections::BTreeMap;
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::Write as _;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use muster_master::MasterConfig;
-use muster_master::requests::SubmitJob;
 use muster_proto::model as model_pb;
-use muster_security::Role;
 use muster_security::testing::TestPki;
 
-const BIN: &str = env!("CARGO_BIN_EXE_muster-agent");
-const WAIT: Duration = Duration::from_secs(30);
+use crate::common::{WAIT, free_address, spawn_agent, start_master};
 
 /// The families the agent serves, with their types. The per-task ones are left out while no
 /// task runs (a family with no series has no HELP or TYPE either).
@@ -72,30 +68,10 @@ impl Drop for Agent {
     }
 }
 
-/// Starts the binary for `master`; returns it with the `/metrics` URL its stdout line names.
+/// Starts the binary for `master` (its tasks stop with it: `--stop-tasks-on-exit`); returns
+/// it with the `/metrics` URL its stdout line names.
 fn start_agent(master: &str, data_dir: &std::path::Path) -> anyhow::Result<(Agent, String)> {
-    let mut child = Command::new(BIN)
-        .args(TestPki::shared().args(Role::Agent, "agent-1"))
-        .args(["--listen", "127.0.0.1:0", "--master", master])
-        .args(["--stop-tasks-on-exit", "--data-dir"])
-        .arg(data_dir)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("cannot run muster-agent")?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let agent = Agent(child);
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        let read = BufReader::new(stdout).read_line(&mut line).map(|_| line);
-        let _ = tx.send(read);
-    });
-    let line = rx
-        .recv_timeout(WAIT)
-        .context("no line on stdout in time")??;
+    let (agent, line) = spawn_agent(master, data_dir, &["--stop-tasks-on-exit"], Agent)?;
     ensure!(
         line.starts_with("muster-agent listening on "),
         "unexpected first line {line:?}"
@@ -249,9 +225,7 @@ async fn metrics_and_health_over_https_before_and_after_registering_and_running_
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     // The master's port, chosen now; the master starts on it later.
-    let master_address = std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .to_string();
+    let master_address = free_address()?;
     let (_agent, metrics_url) = start_agent(&master_address, &dir.path().join("agent"))?;
     let base = metrics_url.trim_end_matches("/metrics").to_owned();
 
@@ -286,12 +260,7 @@ async fn metrics_and_health_over_https_before_and_after_registering_and_running_
     ensure!(value(&samples, "muster_agent_heartbeats_sent_total")? == 0.0);
     promtool_check(&before)?;
 
-    let master = muster_master::testing::start_leading(MasterConfig {
-        listen: master_address,
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
+    let master = start_master(&master_address, dir.path()).await?;
     let url = metrics_url.clone();
     let registered = tokio::task::spawn_blocking(move || {
         metrics_when(&url, false, "registered 1 and a heartbeat", |s| {
@@ -338,17 +307,7 @@ async fn metrics_and_health_over_https_before_and_after_registering_and_running_
         }],
         ..model_pb::Job::default()
     };
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(job),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    muster_master::testing::submit(&master, job).await?;
     let url = metrics_url.clone();
     let running = tokio::task::spawn_blocking(move || {
         metrics_when(&url, true, "the task running, with its memory", |s| {

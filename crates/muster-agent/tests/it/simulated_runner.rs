@@ -4,35 +4,19 @@
 use std::time::Duration;
 
 use anyhow::Context as _;
-use muster_actor::System;
 use muster_agent::AgentConfig;
 use muster_agent::runner::CustomRunner;
 use muster_agent::simulated::SimulatedTasks;
-use muster_master::requests::SubmitJob;
-use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
-use muster_transport::Node;
 use tokio::time::Instant;
 
-/// How long any one expected event may take before the test fails.
-const DEADLINE: Duration = Duration::from_secs(30);
+use crate::common::{AgentNode, start_master};
 
 /// The simulated tasks' clock: the time since the first reading.
 fn clock() -> Duration {
     static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     START.get_or_init(Instant::now).elapsed()
-}
-
-async fn start_master(dir: &std::path::Path) -> anyhow::Result<MasterServer> {
-    muster_master::testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await
 }
 
 fn states(status: &pb::JobStatusReply) -> Vec<i32> {
@@ -46,23 +30,14 @@ fn states(status: &pb::JobStatusReply) -> Vec<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_real_master_s_task_runs_and_finishes_on_simulated_tasks() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = start_master(dir.path()).await?;
+    let master = start_master("127.0.0.1:0", dir.path()).await?;
     let machine = SimulatedTasks::new(clock);
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
     let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.path().join("agent"));
     config.hostname = "simulated".into();
     config.resources = (4.0, 4096);
     config.registration_backoff_initial = Duration::from_millis(20);
     config.task_runner = Some(CustomRunner::new(machine.clone()));
-    let agent = muster_agent::start(&node, config).await?;
-    tokio::time::timeout(DEADLINE, agent.registered())
-        .await
-        .context("the agent did not register")??;
+    let agent = AgentNode::start_registered(config).await?;
 
     // A batch task that sleeps for three seconds of the simulated tasks' clock.
     let job = model_pb::Job {
@@ -81,17 +56,7 @@ async fn a_real_master_s_task_runs_and_finishes_on_simulated_tasks() -> anyhow::
         }],
         ..model_pb::Job::default()
     };
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(job),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    muster_master::testing::submit(&master, job).await?;
     let running = model_pb::TaskState::Running as i32;
     let finished = model_pb::TaskState::Finished as i32;
     // RUNNING first (the master hears of it long before the task's sleep is over).

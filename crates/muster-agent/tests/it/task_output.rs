@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use muster_actor::{Context, Pid, Process, Reply, System, Upid};
-use muster_agent::{AgentConfig, AgentHandle};
+use muster_agent::AgentConfig;
 use muster_proto::cluster::{
     Framework, ReadTaskOutput, RegisterAgent, RegistrationReply, ReregisterAgent, RunTask,
     RunTaskReply, TaskOutputChunk, TaskStatusUpdate, registration_reply,
@@ -24,6 +24,8 @@ use muster_proto::model::{Task, TaskState};
 use muster_security::Role;
 use muster_security::testing::TestPki;
 use muster_transport::Node;
+
+use crate::common::{AgentNode, agent_config};
 
 mod reads;
 
@@ -194,37 +196,8 @@ impl MasterNode {
     }
 }
 
-/// An agent on its own system and node.
-struct AgentNode {
-    system: System,
-    node: Node,
-    handle: AgentHandle,
-}
-
+/// What these tests wait for of an agent.
 impl AgentNode {
-    async fn start(config: AgentConfig) -> anyhow::Result<Self> {
-        let system = System::new();
-        let node = Node::bind(
-            &system,
-            "127.0.0.1:0",
-            TestPki::shared().security(Role::Agent, "agent-1"),
-        )
-        .await?;
-        let handle = muster_agent::start(&node, config).await?;
-        tokio::time::timeout(PATIENCE, handle.registered())
-            .await
-            .context("the agent did not register in time")??;
-        Ok(AgentNode {
-            system,
-            node,
-            handle,
-        })
-    }
-
-    fn upid(&self) -> &Upid {
-        self.handle.upid()
-    }
-
     /// Waits until task `id` has ended, in state FINISHED.
     async fn finished(&self, id: &str) -> anyhow::Result<()> {
         self.finished_within(id, PATIENCE).await
@@ -251,22 +224,11 @@ impl AgentNode {
             );
         }
     }
-
-    async fn stop(&self) {
-        self.handle.stop().await;
-        self.node.shutdown();
-        self.system.shutdown().await;
-    }
 }
 
-/// An agent config for `master` with the tests' rotation settings, checking every 20 ms.
+/// [`agent_config`] for `master` with the tests' rotation settings, checking every 20 ms.
 fn config(master: &MasterNode, data_dir: &Path) -> AgentConfig {
-    let mut config = AgentConfig::new(vec![master.address()], data_dir);
-    config.hostname = "test-host".into();
-    config.resources = (4.0, 8192);
-    config.registration_backoff_initial = Duration::from_millis(20);
-    config.registration_backoff_max = Duration::from_millis(200);
-    config.ask_timeout = Duration::from_secs(2);
+    let mut config = agent_config(&[master.address()], data_dir);
     config.task_output_max_bytes = CAP;
     config.task_output_files = FILES;
     config.task_output_check_interval = Duration::from_millis(20);
@@ -405,7 +367,7 @@ async fn a_task_writing_past_the_cap_keeps_bounded_files_and_reads_cross_them() 
 {
     let dir = tempfile::tempdir()?;
     let master = MasterNode::start().await?;
-    let agent = AgentNode::start(config(&master, dir.path())).await?;
+    let agent = AgentNode::start_registered(config(&master, dir.path())).await?;
     let lines = 340_000; // 3.06 MB
     let script = format!("n=0; end={lines}; {WRITE_LINES}");
     master.run_task(agent.upid(), "writer", &script).await?;
@@ -525,7 +487,7 @@ async fn a_task_writing_ten_times_its_cap_keeps_at_most_the_cap_on_disk() -> any
     config.task_output_max_bytes = max_bytes;
     config.task_output_files = files;
     let cap = (u64::from(files) + 1) * max_bytes; // 128 KiB
-    let agent = AgentNode::start(config).await?;
+    let agent = AgentNode::start_registered(config).await?;
     let last = 210_000;
     let written = seq(last);
     ensure!(
@@ -598,7 +560,7 @@ async fn a_task_keeps_writing_bounded_output_while_its_agent_is_down() -> anyhow
     // The first run leaves its task running when it stops.
     let mut first_config = config(&master, dir.path());
     first_config.stop_tasks_on_exit = false;
-    let first = AgentNode::start(first_config).await?;
+    let first = AgentNode::start_registered(first_config).await?;
     // 1 000 lines, then (once the test says, the agent being down) 120 000 lines more: 1 MB,
     // past STREAM_CAP, so the oldest are rotated away while no agent runs.
     let (before, after) = (1_000, 120_000);
@@ -652,7 +614,7 @@ async fn a_task_keeps_writing_bounded_output_while_its_agent_is_down() -> anyhow
         );
     }
 
-    let second = AgentNode::start(config(&master, dir.path())).await?;
+    let second = AgentNode::start_registered(config(&master, dir.path())).await?;
     let (first_offset, data, end) = master.read_all(second.upid(), "kept", false, 0).await?;
     ensure!(end == written, "{end} != {written}");
     ensure!(first_offset > 0, "some was rotated away");
@@ -680,7 +642,7 @@ async fn a_task_that_leaves_a_child_holding_its_output_is_finished_promptly() ->
 {
     let dir = tempfile::tempdir()?;
     let master = MasterNode::start().await?;
-    let agent = AgentNode::start(config(&master, dir.path())).await?;
+    let agent = AgentNode::start_registered(config(&master, dir.path())).await?;
     master
         .run_task(agent.upid(), "leaver", "sleep 30 & echo hi")
         .await?;
@@ -703,7 +665,7 @@ async fn a_task_that_leaves_a_child_holding_its_output_is_finished_promptly() ->
 async fn a_task_that_closes_its_stdout_early_still_has_its_stderr_captured() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let master = MasterNode::start().await?;
-    let agent = AgentNode::start(config(&master, dir.path())).await?;
+    let agent = AgentNode::start_registered(config(&master, dir.path())).await?;
     master
         .run_task(agent.upid(), "closer", "exec 1>&-; sleep 0.2; echo x >&2")
         .await?;

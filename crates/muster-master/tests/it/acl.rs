@@ -15,12 +15,12 @@ use muster_security::testing::TestPki;
 use muster_security::{Role, Security, TokenSecret};
 use tonic::Code;
 
+use crate::common::master_config;
+
 async fn master(dir: &std::path::Path) -> anyhow::Result<MasterServer> {
     Ok(MasterServer::start(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.join("master"),
         workers: 0,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir)
     })
     .await?)
 }

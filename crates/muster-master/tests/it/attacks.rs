@@ -10,10 +10,10 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::{AskError, RemoteError, System, Upid};
+use muster_actor::{AskError, RemoteError, System};
 use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::requests::{GetMetrics, GetState, SubmitJob};
-use muster_master::{MasterConfig, MasterServer};
+use muster_master::requests::GetMetrics;
+use muster_master::{MasterServer, testing};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::testing::TestPki;
@@ -21,12 +21,13 @@ use muster_security::{Role, Security};
 use muster_transport::Node;
 use tokio::time::Instant;
 
+use crate::common::{master_config, master_upid, start_agent, state, state_when};
+
 const DEADLINE: Duration = Duration::from_secs(30);
 const ASK: Duration = Duration::from_secs(10);
 
 struct Cluster {
     master: MasterServer,
-    _agent_system: System,
     agent_node: Node,
     agent: AgentHandle,
     agent_id: String,
@@ -37,26 +38,11 @@ struct Cluster {
 /// A master with one agent (certificate `agent-a`) running one task of a job.
 async fn cluster() -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
-    let master = MasterServer::start(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
-    let agent_system = System::new();
-    let agent_node = Node::bind(
-        &agent_system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-a"),
-    )
-    .await?;
+    let master = MasterServer::start(master_config(dir.path())).await?;
     let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.path().join("agent"));
     config.registration_backoff_initial = Duration::from_millis(50);
     config.resources = (4.0, 4096);
-    let agent = muster_agent::start(&agent_node, config).await?;
-    let (agent_id, _) = tokio::time::timeout(DEADLINE, agent.registered())
-        .await
-        .context("the agent did not register")??;
+    let (agent_node, agent, agent_id) = start_agent("agent-a", config).await?;
 
     let job = model_pb::Job {
         name: "web".into(),
@@ -75,22 +61,11 @@ async fn cluster() -> anyhow::Result<Cluster> {
         }],
         ..model_pb::Job::default()
     };
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(job),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    testing::submit(&master, job).await?;
     let state = state_when(&master, "the task running", |s| running(s).len() == 1).await?;
     let task_id = running(&state)[0].clone();
     Ok(Cluster {
         master,
-        _agent_system: agent_system,
         agent_node,
         agent,
         agent_id,
@@ -110,28 +85,6 @@ fn running(state: &pb::ClusterState) -> Vec<String> {
         .collect()
 }
 
-async fn state(master: &MasterServer) -> anyhow::Result<pb::ClusterState> {
-    Ok(master.pid().ask(|reply| GetState { reply }.into()).await?)
-}
-
-async fn state_when(
-    master: &MasterServer,
-    what: &str,
-    check: impl Fn(&pb::ClusterState) -> bool,
-) -> anyhow::Result<pb::ClusterState> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let state = state(master).await?;
-        if check(&state) {
-            return Ok(state);
-        }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what}: {state:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn impersonations(master: &MasterServer) -> anyhow::Result<u64> {
     Ok(master
         .pid()
@@ -143,10 +96,6 @@ async fn impersonations(master: &MasterServer) -> anyhow::Result<u64> {
 /// A node of its own with `security`, as an attacker would run one.
 async fn attacker(system: &System, security: Security) -> anyhow::Result<Node> {
     Ok(Node::bind(system, "127.0.0.1:0", security).await?)
-}
-
-fn master_upid(master: &MasterServer) -> anyhow::Result<Upid> {
-    Ok(Upid::new("master", master.address())?)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -8,7 +8,7 @@ use anyhow::{Context as _, ensure};
 use muster_security::Role;
 use muster_security::testing::TestPki;
 
-const BIN: &str = env!("CARGO_BIN_EXE_muster-master");
+use crate::common::BIN;
 
 /// Runs the binary to its end (these are error paths: it must end by itself).
 fn run(args: &[&str]) -> anyhow::Result<Output> {

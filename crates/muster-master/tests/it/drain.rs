@@ -6,50 +6,22 @@
 //! drain's deadline stops what is left.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::System;
-use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::requests::{
-    DrainAgent, GetState, SetAgentEligibility, SubmitJob, SubscribeEvents,
-};
-use muster_master::{EventFeed, MasterConfig, MasterServer, ServiceError, testing};
+use muster_master::requests::{DrainAgent, GetState, SetAgentEligibility, SubscribeEvents};
+use muster_master::testing::{self, submit};
+use muster_master::{EventFeed, MasterServer, ServiceError};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
-use muster_transport::Node;
 use tokio::time::Instant;
+
+use crate::common::{start_master, start_pinnable_agent};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 /// The service job's count, and how many of its tasks may move at once.
 const COUNT: u32 = 4;
 const STEP: u32 = 2;
-
-async fn start_agent(
-    master: &MasterServer,
-    dir: &Path,
-    name: &str,
-) -> anyhow::Result<(Node, AgentHandle)> {
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
-    let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.join(name));
-    config.hostname = name.into();
-    config.resources = (6.0, 4096);
-    config.attributes = BTreeMap::from([("name".to_owned(), name.to_owned())]);
-    config.registration_backoff_initial = Duration::from_millis(20);
-    let agent = muster_agent::start(&node, config).await?;
-    tokio::time::timeout(DEADLINE, agent.registered())
-        .await
-        .context("the agent did not register")??;
-    Ok((node, agent))
-}
 
 fn job(
     name: &str,
@@ -83,21 +55,6 @@ fn job(
         }],
         ..model_pb::Job::default()
     }
-}
-
-async fn submit(master: &MasterServer, spec: model_pb::Job) -> anyhow::Result<()> {
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(spec),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
-    Ok(())
 }
 
 async fn drain(
@@ -208,15 +165,10 @@ impl TaskWatch {
 async fn a_drained_agents_service_tasks_move_a_step_at_a_time_and_never_below_the_count()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
+    let master = start_master(dir.path()).await?;
     let mut agents = Vec::new();
     for name in ["a1", "a2", "a3"] {
-        agents.push(start_agent(&master, dir.path(), name).await?);
+        agents.push(start_pinnable_agent(&master, dir.path(), name, (6.0, 4096)).await?);
     }
 
     // The service job, then a short batch task pinned where most of it runs.
@@ -433,7 +385,7 @@ async fn a_drained_agents_service_tasks_move_a_step_at_a_time_and_never_below_th
         "{unknown:?}"
     );
 
-    for (_node, agent) in &agents {
+    for (_node, agent, _) in &agents {
         agent.stop().await;
     }
     master.shutdown().await;

@@ -2,8 +2,9 @@
 //! redirects, failover rebuilt from re-registrations, the re-registration deadline and the
 //! removal limit (`rebuild`); a leader without its quorum and linearizable reads (`quorum`);
 //! jobs across a failover (`recovery`); and agents marked unreachable with tasks on them, settled
-//! by their groups' `disconnect` policies (`disconnect`). This file holds what they share: the
-//! masters and the agents the tests play.
+//! by their groups' `disconnect` policies (`disconnect`). This file holds what they share beside
+//! `crate::common` (the masters' settings, starting them, the cluster state): finding the
+//! leader, and the agents the tests play.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -14,15 +15,18 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use muster_actor::{System, Upid};
 use muster_agent::reregistration::group_by_shared_labels;
-use muster_master::requests::{GetMetrics, GetState, JobStatus, ListJobs, SubmitJob, SubmitPlan};
+use muster_master::requests::{GetMetrics, GetState, JobStatus, ListJobs, SubmitPlan};
+use muster_master::testing::{job_status, submit};
 use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::registration_reply::Result as Registration;
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use muster_transport::Node;
 use tokio::time::Instant;
+
+use crate::common::{
+    agent_node, free_addresses, member_config, start_retrying, state_when, trigger_of,
+};
 
 mod disconnect;
 mod quorum;
@@ -30,41 +34,6 @@ mod rebuild;
 mod recovery;
 
 const DEADLINE: Duration = Duration::from_secs(20);
-
-fn master_config(id: u64, members: &BTreeMap<u64, String>, dir: &Path) -> MasterConfig {
-    MasterConfig {
-        id,
-        listen: members[&id].clone(),
-        members: members.clone(),
-        data_dir: dir.join(format!("master-{id}")),
-        raft_heartbeat: Duration::from_millis(50),
-        raft_election_timeout: (Duration::from_millis(200), Duration::from_millis(400)),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, &format!("master-{id}")))
-    }
-}
-
-async fn free_addresses(n: u64) -> anyhow::Result<BTreeMap<u64, String>> {
-    let mut members = BTreeMap::new();
-    for id in 1..=n {
-        let listener = Node::listen("127.0.0.1:0").await?;
-        members.insert(id, listener.local_addr().to_string());
-    }
-    Ok(members)
-}
-
-/// Starts a master, retrying while its port or store is still held by a stopped predecessor.
-async fn start(config: MasterConfig) -> anyhow::Result<MasterServer> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        match MasterServer::start(config.clone()).await {
-            Ok(master) => return Ok(master),
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => return Err(e).context("starting a master"),
-        }
-    }
-}
 
 /// An agent played by the test: what it would send, sent from its own node.
 struct FakeAgent {
@@ -176,24 +145,6 @@ async fn leader(masters: &BTreeMap<u64, MasterServer>) -> anyhow::Result<u64> {
     }
 }
 
-async fn state_when(
-    master: &MasterServer,
-    what: &str,
-    done: impl Fn(&pb::ClusterState) -> bool,
-) -> anyhow::Result<pb::ClusterState> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
-        if done(&state) {
-            return Ok(state);
-        }
-        if Instant::now() > deadline {
-            bail!("{what} did not happen within {DEADLINE:?}: {state:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 async fn register_agents(
     node: &Node,
     addresses: &[String],
@@ -245,14 +196,7 @@ fn reregistration(agent: &FakeAgent, grouped: bool) -> pb::ReregisterAgent {
     }
 }
 
-/// An evaluation's trigger as operators read it (`AgentUpdate(AgentId("agent-1"))`).
-fn trigger_of(eval: &model_pb::Evaluation) -> String {
-    muster_model::Evaluation::try_from(eval.clone())
-        .map(|eval| format!("{:?}", eval.trigger))
-        .unwrap_or_default()
-}
-
-/// A group of `n` masters, each with its `master_config` changed by `adjust`.
+/// A group of `n` masters, each with its [`member_config`] changed by `adjust`.
 async fn start_group(
     n: u64,
     dir: &Path,
@@ -261,19 +205,12 @@ async fn start_group(
     let members = free_addresses(n).await?;
     let mut masters = BTreeMap::new();
     for id in members.keys() {
-        masters.insert(*id, start(adjust(master_config(*id, &members, dir))).await?);
+        masters.insert(
+            *id,
+            start_retrying(adjust(member_config(*id, &members, dir))).await?,
+        );
     }
     Ok((members, masters))
-}
-
-/// A node of the test's own, presenting agent certificate `name`.
-async fn agent_node(system: &System, name: &str) -> anyhow::Result<Node> {
-    Ok(Node::bind(
-        system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, name),
-    )
-    .await?)
 }
 
 /// A service job `name`: one group `main` of `count` `sleep 60` tasks (1 cpu, 64 MiB).
@@ -294,22 +231,6 @@ fn service_job(name: &str, count: u32) -> model_pb::Job {
         }],
         ..model_pb::Job::default()
     }
-}
-
-/// Submits `job` at `master`.
-async fn submit(master: &MasterServer, job: model_pb::Job) -> anyhow::Result<()> {
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(job),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
-    Ok(())
 }
 
 /// What the master sends a [`PlayedAgent`]'s process.

@@ -8,11 +8,13 @@
 
 use std::process::Stdio;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use muster_master::MasterConfig;
 use muster_master::testing::{bootstrap, start_leading};
 use muster_security::testing::TestPki;
 use muster_security::{Role, TokenSecret};
+
+use crate::common::{installed, master_config};
 
 /// Runs grpcurl with the test client's certificate against `address`: `flags` before the
 /// address, `verb` (`list`, `describe X`, a method) after it.
@@ -53,35 +55,15 @@ async fn grpcurl(
     Ok(stdout)
 }
 
-fn grpcurl_installed() -> anyhow::Result<bool> {
-    let found = std::process::Command::new("grpcurl")
-        .arg("-version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found && std::env::var("MUSTER_REQUIRE_GRPCURL").as_deref() == Ok("1") {
-        bail!("grpcurl is not on PATH and MUSTER_REQUIRE_GRPCURL=1");
-    }
-    if !found {
-        eprintln!(
-            "grpcurl is not on PATH: skipped (MUSTER_REQUIRE_GRPCURL=1 makes this a failure)"
-        );
-    }
-    Ok(found)
-}
-
 #[tokio::test]
 async fn grpcurl_lists_checks_health_and_calls_the_operator_api() -> anyhow::Result<()> {
-    if !grpcurl_installed()? {
+    if !installed("grpcurl", "-version", "MUSTER_REQUIRE_GRPCURL")? {
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
     let server = start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
         workers: 0,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir.path())
     })
     .await?;
     let address = server.address().to_owned();

@@ -6,8 +6,6 @@ use std::time::Duration;
 
 use muster_master::testing::{self, client_security};
 use muster_master::{MasterConfig, MasterServer};
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
@@ -16,13 +14,7 @@ use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
 use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
 use tonic_reflection::pb::v1::{ServerReflectionRequest, ServerReflectionResponse};
 
-fn config(dir: &std::path::Path) -> MasterConfig {
-    MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    }
-}
+use crate::common::{master_config, start_master};
 
 async fn status(
     health: &mut HealthClient<tonic::transport::Channel>,
@@ -59,7 +51,7 @@ async fn until_status(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leading_master_is_serving_and_lists_its_services() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = testing::start_leading(config(dir.path())).await?;
+    let master = start_master(dir.path()).await?;
     let channel = testing::channel(master.address(), &client_security()).await?;
 
     let mut health = HealthClient::new(channel.clone());
@@ -146,7 +138,7 @@ async fn a_master_without_a_leader_is_not_serving() -> anyhow::Result<()> {
     let master = MasterServer::start(MasterConfig {
         listen: members[&1].clone(),
         members,
-        ..config(dir.path())
+        ..master_config(dir.path())
     })
     .await?;
     let channel = testing::channel(master.address(), &client_security()).await?;

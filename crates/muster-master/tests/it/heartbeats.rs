@@ -10,67 +10,38 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use muster_actor::{System, Upid};
-use muster_master::requests::{GetMetrics, GetState, JobStatus, SubmitJob};
-use muster_master::{MasterConfig, MasterServer};
+use muster_master::MasterConfig;
+use muster_master::requests::{GetMetrics, GetState};
+use muster_master::testing::{job_status, submit};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::heartbeat_reply::Result as Beat;
 use muster_proto::cluster::registration_reply::Result as Registration;
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use muster_transport::Node;
 use tokio::time::Instant;
+
+use crate::common::{
+    agent_node, master_upid, member_config, register_played, start_leading_retrying, state_when,
+    trigger_of,
+};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 const ASK: Duration = Duration::from_secs(5);
 
-/// A single master at a free port with short heartbeat timings: TTL 200 ms (no scaling), grace
-/// 100 ms.
+/// A single master at a free port ([`member_config`] of a group of one, its data in
+/// `dir/master`) with short heartbeat timings: TTL 200 ms (no scaling), grace 100 ms.
 async fn config(dir: &Path) -> anyhow::Result<MasterConfig> {
     let listener = Node::listen("127.0.0.1:0").await?;
     let address = listener.local_addr().to_string();
     drop(listener);
     Ok(MasterConfig {
-        listen: address.clone(),
-        members: [(1, address)].into(),
         data_dir: dir.join("master"),
-        raft_heartbeat: Duration::from_millis(50),
-        raft_election_timeout: (Duration::from_millis(200), Duration::from_millis(400)),
         heartbeat_min_ttl: Duration::from_millis(200),
         heartbeat_grace: Duration::from_millis(100),
         heartbeats_per_second: 1e9,
         workers: 0,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..member_config(1, &[(1, address)].into(), dir)
     })
-}
-
-/// Starts a master and waits until it leads (retrying while a stopped predecessor still holds
-/// its port or store).
-async fn start(config: &MasterConfig) -> anyhow::Result<MasterServer> {
-    let deadline = Instant::now() + DEADLINE;
-    let master = loop {
-        match MasterServer::start(config.clone()).await {
-            Ok(master) => break master,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => return Err(e).context("starting a master"),
-        }
-    };
-    while !master
-        .pid()
-        .ask(|reply| GetMetrics { reply }.into())
-        .await?
-        .is_leader
-    {
-        ensure!(Instant::now() < deadline, "the master did not lead");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(master)
-}
-
-fn upid(master: &MasterServer) -> anyhow::Result<Upid> {
-    Ok(format!("master@{}", master.address()).parse()?)
 }
 
 fn info(n: usize, node: &Node) -> model_pb::AgentInfo {
@@ -85,21 +56,9 @@ fn info(n: usize, node: &Node) -> model_pb::AgentInfo {
     }
 }
 
+/// Registers agent `n` ([`info`]) from `node` with `master`; its id.
 async fn register(node: &Node, master: &Upid, n: usize) -> anyhow::Result<String> {
-    let reply = node
-        .remote(master.clone())
-        .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
-            ASK,
-            pb::RegisterAgent {
-                info: Some(info(n, node)),
-                ..Default::default()
-            },
-        )
-        .await?;
-    match reply.result {
-        Some(Registration::AgentId(id)) => Ok(id),
-        other => bail!("registration failed: {other:?}"),
-    }
+    register_played(node, master, info(n, node), ASK).await
 }
 
 async fn heartbeat(node: &Node, master: &Upid, agent_id: &str) -> anyhow::Result<Beat> {
@@ -122,25 +81,6 @@ async fn ttl(node: &Node, master: &Upid, agent_id: &str) -> anyhow::Result<Durat
     }
 }
 
-async fn state_when(
-    master: &MasterServer,
-    what: &str,
-    done: impl Fn(&pb::ClusterState) -> bool,
-) -> anyhow::Result<pb::ClusterState> {
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
-        if done(&state) {
-            return Ok(state);
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "{what} did not happen within {DEADLINE:?}: {state:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn is_unreachable(state: &pb::ClusterState, id: &str) -> bool {
     state.unreachable.iter().any(|a| a.id == id)
 }
@@ -154,15 +94,10 @@ async fn an_agent_that_stops_heartbeating_is_marked_unreachable_after_its_ttl_an
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = config(dir.path()).await?;
-    let master = start(&config).await?;
-    let to = upid(&master)?;
+    let master = start_leading_retrying(config.clone()).await?;
+    let to = master_upid(&master)?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     let healthy = register(&node, &to, 0).await?;
     let silent = register(&node, &to, 1).await?;
 
@@ -243,15 +178,10 @@ async fn the_ttl_grows_with_the_number_of_agents() -> anyhow::Result<()> {
         heartbeat_grace: Duration::from_secs(30),
         ..config(dir.path()).await?
     };
-    let master = start(&config).await?;
-    let to = upid(&master)?;
+    let master = start_leading_retrying(config.clone()).await?;
+    let to = master_upid(&master)?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     let first = register(&node, &to, 0).await?;
     // One agent: the minimum TTL (1 / 2 per second is 500 ms, above the 200 ms minimum).
     let alone = ttl(&node, &to, &first).await?;
@@ -279,15 +209,10 @@ async fn the_ttl_grows_with_the_number_of_agents() -> anyhow::Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_from_an_unknown_agent_is_refused() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = start(&config(dir.path()).await?).await?;
-    let to = upid(&master)?;
+    let master = start_leading_retrying(config(dir.path()).await?).await?;
+    let to = master_upid(&master)?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     let refused = heartbeat(&node, &to, "no-such-agent").await?;
     ensure!(
         matches!(&refused, Beat::Refused(why) if why.contains("no-such-agent")),
@@ -308,23 +233,18 @@ async fn after_a_failover_every_agent_gets_the_long_first_ttl() -> anyhow::Resul
         reregistration_timeout: Duration::from_secs(60),
         ..config(dir.path()).await?
     };
-    let master = start(&config).await?;
+    let master = start_leading_retrying(config.clone()).await?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
-    let back = register(&node, &upid(&master)?, 0).await?;
-    let away = register(&node, &upid(&master)?, 1).await?;
+    let node = agent_node(&system, "agent-1").await?;
+    let back = register(&node, &master_upid(&master)?, 0).await?;
+    let away = register(&node, &master_upid(&master)?, 1).await?;
     master.shutdown().await;
 
     // The new leader gives both the failover TTL, counted from when it took the lead (after
     // `restarted`).
     let restarted = Instant::now();
-    let master = start(&config).await?;
-    let to = upid(&master)?;
+    let master = start_leading_retrying(config.clone()).await?;
+    let to = master_upid(&master)?;
     let reply = node
         .remote(to.clone())
         .ask_timeout::<pb::ReregisterAgent, pb::RegistrationReply>(
@@ -372,15 +292,10 @@ async fn after_a_failover_every_agent_gets_the_long_first_ttl() -> anyhow::Resul
 async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = start(&config(dir.path()).await?).await?;
-    let to = upid(&master)?;
+    let master = start_leading_retrying(config(dir.path()).await?).await?;
+    let to = master_upid(&master)?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     let daemon = model_pb::Job {
         name: "daemon".into(),
         scheduler: model_pb::SchedulerType::System as i32,
@@ -395,17 +310,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
         }],
         ..model_pb::Job::default()
     };
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(daemon),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    submit(&master, daemon).await?;
     // It registers, heartbeats once, and goes silent: marked unreachable.
     let agent = register(&node, &to, 0).await?;
     ttl(&node, &to, &agent).await?;
@@ -438,18 +343,7 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     // Once its evaluation is there, only one entry was written (no worker runs here).
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let status = master
-            .pid()
-            .ask(|reply| {
-                JobStatus {
-                    name: "daemon".into(),
-                    stale: false,
-                    reply,
-                }
-                .into()
-            })
-            .await?
-            .map_err(anyhow::Error::msg)?;
+        let status = job_status(&master, "daemon").await?;
         let back = status
             .evals
             .iter()
@@ -479,11 +373,4 @@ async fn an_agent_coming_back_is_stored_with_its_jobs_evaluations_in_one_entry()
     node.shutdown();
     master.shutdown().await;
     Ok(())
-}
-
-/// An evaluation's trigger as operators read it (`AgentUpdate(AgentId("agent-1"))`).
-fn trigger_of(eval: &model_pb::Evaluation) -> String {
-    muster_model::Evaluation::try_from(eval.clone())
-        .map(|eval| format!("{:?}", eval.trigger))
-        .unwrap_or_default()
 }

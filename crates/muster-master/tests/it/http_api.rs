@@ -15,6 +15,8 @@ use muster_security::{Role, TokenSecret};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt as _;
 
+use crate::common::master_config;
+
 mod streams;
 
 /// One answer: its status and JSON body.
@@ -120,10 +122,8 @@ const JOB: &str = r#"{"name":"shop","type":"service","group":[{"name":"web","cou
 async fn curl_drives_jobs_through_the_http_api_with_tokens_and_json_errors() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let server = muster_master::testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
         workers: 0,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir.path())
     })
     .await?;
     let management = bootstrap(server.address()).await?;
@@ -445,11 +445,9 @@ async fn the_http_port_in_use_is_named_at_start() -> anyhow::Result<()> {
     let address = taken.local_addr()?.to_string();
     let dir = tempfile::tempdir()?;
     let error = MasterServer::start(MasterConfig {
-        listen: "127.0.0.1:0".into(),
         http_listen: Some(address.clone()),
-        data_dir: dir.path().join("master"),
         workers: 0,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir.path())
     })
     .await
     .err()
@@ -597,14 +595,12 @@ async fn a_job_over_the_size_cap_or_with_a_nul_is_refused_alike_on_http_and_grpc
     const CAP: usize = 64 * 1024;
     let dir = tempfile::tempdir()?;
     let server = muster_master::testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
         workers: 0,
         job_limits: muster_model::JobLimits {
             max_bytes: CAP,
             ..muster_model::JobLimits::default()
         },
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir.path())
     })
     .await?;
     let management = bootstrap(server.address()).await?;

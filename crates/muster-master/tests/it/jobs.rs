@@ -5,50 +5,26 @@
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::bail;
 use muster_broker::{BrokerMsg, BrokerStats};
-use muster_master::requests::{
-    GetMetrics, GetSchedulingPids, GetState, JobStatus, StopJob, SubmitJob,
-};
-use muster_master::{MasterConfig, MasterServer, ServiceError};
-use muster_proto::cluster as pb;
+use muster_master::requests::{GetSchedulingPids, GetState, StopJob};
+use muster_master::testing::{job_status, try_submit};
+use muster_master::{MasterConfig, MasterServer};
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use tokio::time::Instant;
+
+use crate::common::{master_config, start_leading_retrying};
 
 const DEADLINE: Duration = Duration::from_secs(20);
 
+/// A master of [`master_config`] with no workers (the broker's queues stay as the master
+/// filled them), once it leads; started again on the store of one just stopped.
 async fn start(dir: &Path) -> anyhow::Result<MasterServer> {
-    let config = MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.join("master"),
-        // No workers: the broker's queues stay as the master filled them.
+    start_leading_retrying(MasterConfig {
         workers: 0,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    };
-    let deadline = Instant::now() + DEADLINE;
-    let master = loop {
-        match MasterServer::start(config.clone()).await {
-            Ok(master) => break master,
-            Err(_) if Instant::now() < deadline => {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => return Err(e).context("starting the master"),
-        }
-    };
-    while !master
-        .pid()
-        .ask(|reply| GetMetrics { reply }.into())
-        .await?
-        .is_leader
-    {
-        if Instant::now() > deadline {
-            bail!("the master did not lead");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(master)
+        ..master_config(dir)
+    })
+    .await
 }
 
 fn spec(name: &str) -> model_pb::Job {
@@ -79,43 +55,16 @@ async fn broker_stats(master: &MasterServer) -> anyhow::Result<BrokerStats> {
     Ok(pids.broker.ask(BrokerMsg::Stats).await?)
 }
 
-async fn submit(
-    master: &MasterServer,
-    spec: model_pb::Job,
-) -> anyhow::Result<Result<pb::SubmitJobReply, ServiceError>> {
-    Ok(master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(spec),
-                reply,
-            }
-            .into()
-        })
-        .await?)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let master = start(dir.path()).await?;
 
-    let submitted = submit(&master, spec("shop"))
+    let submitted = try_submit(&master, spec("shop"))
         .await?
         .map_err(anyhow::Error::msg)?;
     assert_eq!(submitted.version, 1);
-    let status = master
-        .pid()
-        .ask(|reply| {
-            JobStatus {
-                name: "shop".into(),
-                stale: false,
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let status = job_status(&master, "shop").await?;
     assert_eq!(status.job.as_ref().map(|j| j.groups[0].count), Some(3));
     assert_eq!(status.evals.len(), 1);
     assert_eq!(status.evals[0].id, submitted.eval_id);
@@ -129,7 +78,7 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
         cpus: -1.0,
         mem_mb: 128,
     });
-    let refused = submit(&master, bad).await?;
+    let refused = try_submit(&master, bad).await?;
     match refused {
         Err(e) => assert!(e.to_string().contains("groups[0].resources.cpus"), "{e}"),
         Ok(reply) => bail!("accepted a negative cpu count: {reply:?}"),
@@ -179,18 +128,7 @@ async fn jobs_are_stored_with_their_evaluation_and_survive_a_restart() -> anyhow
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let status = master
-        .pid()
-        .ask(|reply| {
-            JobStatus {
-                name: "shop".into(),
-                stale: false,
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let status = job_status(&master, "shop").await?;
     assert!(status.stopped);
     assert_eq!(status.version, 2);
     master.shutdown().await;
@@ -211,7 +149,7 @@ async fn a_job_over_the_size_caps_is_refused_naming_the_cap() -> anyhow::Result<
             ..group.clone()
         })
         .collect();
-    match submit(&master, huge.clone()).await? {
+    match try_submit(&master, huge.clone()).await? {
         Err(e) => assert!(
             e.to_string().contains("300 task groups") && e.to_string().contains("cap of 100"),
             "{e}"
@@ -219,7 +157,7 @@ async fn a_job_over_the_size_caps_is_refused_naming_the_cap() -> anyhow::Result<
         Ok(reply) => bail!("accepted 300 groups: {reply:?}"),
     }
     huge.groups.truncate(6);
-    match submit(&master, huge).await? {
+    match try_submit(&master, huge).await? {
         Err(e) => assert!(
             e.to_string().contains("60000 tasks") && e.to_string().contains("cap of 50000"),
             "{e}"
@@ -229,7 +167,7 @@ async fn a_job_over_the_size_caps_is_refused_naming_the_cap() -> anyhow::Result<
     // Nothing was stored, and the master still takes a job within the caps.
     let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
     assert!(state.frameworks.iter().all(|f| f.id != "huge"));
-    assert!(submit(&master, spec("small")).await?.is_ok());
+    assert!(try_submit(&master, spec("small")).await?.is_ok());
     assert_eq!(broker_stats(&master).await?.total().ready, 1);
     master.shutdown().await;
     Ok(())

@@ -11,7 +11,7 @@ use anyhow::{Context as _, bail, ensure};
 use muster_security::Role;
 use muster_security::testing::TestPki;
 
-const BIN: &str = env!("CARGO_BIN_EXE_muster-master");
+use crate::common::BIN;
 
 /// The line the master logs once it leads and its broker serves.
 const LEADING: &str = "leading master: waiting for admitted agents to re-register";

@@ -1,6 +1,8 @@
 //! The integration tests of `muster-master`: one binary (`cargo test -p muster-master --test it`),
 //! one module per area. Filter by module: `cargo test -p muster-master --test it -- <module>::`.
 
+mod common;
+
 mod acl;
 mod agent_claims;
 mod attacks;

@@ -8,40 +8,43 @@
 //! absence a failure.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::System;
-use muster_agent::{AgentConfig, AgentHandle};
+use muster_agent::AgentHandle;
 use muster_master::metrics::{Format, render, render_as};
-use muster_master::requests::SubmitJob;
 use muster_master::testing::{self, WAIT};
 use muster_master::{MasterConfig, MasterServer};
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use muster_transport::Node;
 use tokio::io::AsyncWriteExt as _;
 use tokio::time::Instant;
 
+use crate::common::{
+    agent_config, free_addresses, installed, master_config, start_agent, start_master,
+};
+
 /// A leading master with one agent, which has run the batch job `once` to the end.
 struct Cluster {
     master: MasterServer,
-    _agent: (Node, AgentHandle),
+    _agent: (Node, AgentHandle, String),
     _dir: tempfile::TempDir,
 }
 
 async fn cluster_with_a_finished_job() -> anyhow::Result<Cluster> {
     let dir = tempfile::tempdir()?;
-    let master = testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
+    let master = start_master(dir.path()).await?;
+    let agent = start_agent(
+        "agent-1",
+        agent_config(
+            vec![master.address().to_owned()],
+            dir.path(),
+            "agent-1",
+            (2.0, 1024),
+        ),
+    )
     .await?;
-    let agent = start_agent(&master, dir.path()).await?;
     let job = model_pb::Job {
         name: "once".into(),
         scheduler: model_pb::SchedulerType::Batch as i32,
@@ -58,17 +61,7 @@ async fn cluster_with_a_finished_job() -> anyhow::Result<Cluster> {
         }],
         ..model_pb::Job::default()
     };
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(job),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    testing::submit(&master, job).await?;
     testing::job_when(&master, "once", "the batch task finishing", |status| {
         status.tasks.len() == 1
             && status.tasks.iter().all(|t| {
@@ -83,24 +76,6 @@ async fn cluster_with_a_finished_job() -> anyhow::Result<Cluster> {
         _agent: agent,
         _dir: dir,
     })
-}
-
-async fn start_agent(master: &MasterServer, dir: &Path) -> anyhow::Result<(Node, AgentHandle)> {
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
-    let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.join("agent"));
-    config.hostname = "agent-1".into();
-    config.resources = (2.0, 1024);
-    config.registration_backoff_initial = Duration::from_millis(20);
-    let agent = muster_agent::start(&node, config).await?;
-    tokio::time::timeout(WAIT, agent.registered())
-        .await
-        .context("the agent did not register")??;
-    Ok((node, agent))
 }
 
 /// Renders in `format` until `ready` holds for what it parses to (up to [`WAIT`]): the
@@ -261,19 +236,14 @@ async fn a_leading_master_renders_what_it_did_in_both_formats() -> anyhow::Resul
 #[tokio::test]
 async fn a_master_that_does_not_lead_answers_too() -> anyhow::Result<()> {
     // Two members, the other one never started: no quorum, so this master never leads.
-    let mut members = BTreeMap::new();
-    for id in [1, 2] {
-        let listener = Node::listen("127.0.0.1:0").await?;
-        members.insert(id, listener.local_addr().to_string());
-    }
+    let members = free_addresses(2).await?;
     let dir = tempfile::tempdir()?;
     let master = MasterServer::start(MasterConfig {
         id: 1,
         listen: members[&1].clone(),
         http_listen: Some("127.0.0.1:0".into()),
         members,
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir.path())
     })
     .await?;
     let text = render(master.pid()).await?;
@@ -294,25 +264,6 @@ async fn a_master_that_does_not_lead_answers_too() -> anyhow::Result<()> {
     );
     master.shutdown().await;
     Ok(())
-}
-
-/// Whether promtool is on PATH; its absence fails when `MUSTER_REQUIRE_PROMTOOL=1`.
-fn promtool_installed() -> anyhow::Result<bool> {
-    let found = std::process::Command::new("promtool")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found && std::env::var("MUSTER_REQUIRE_PROMTOOL").as_deref() == Ok("1") {
-        bail!("promtool is not on PATH and MUSTER_REQUIRE_PROMTOOL=1");
-    }
-    if !found {
-        eprintln!(
-            "promtool is not on PATH: skipped (MUSTER_REQUIRE_PROMTOOL=1 makes this a failure)"
-        );
-    }
-    Ok(found)
 }
 
 /// Pipes `text` into `promtool check metrics`: its exit status and what it printed.
@@ -341,7 +292,7 @@ async fn promtool_check(text: &str) -> anyhow::Result<(bool, String)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn promtool_finds_nothing_to_lint() -> anyhow::Result<()> {
-    if !promtool_installed()? {
+    if !installed("promtool", "--version", "MUSTER_REQUIRE_PROMTOOL")? {
         return Ok(());
     }
     let cluster = cluster_with_a_finished_job().await?;

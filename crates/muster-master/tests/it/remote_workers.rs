@@ -8,11 +8,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
-use muster_actor::System;
-use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::requests::{GetMetrics, GetState, JobStatus, SubmitJob};
-use muster_master::testing;
+use anyhow::bail;
+use muster_agent::AgentHandle;
+use muster_master::requests::{GetMetrics, GetState};
+use muster_master::testing::{self, job_when};
 use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
@@ -20,31 +19,22 @@ use muster_proto::scheduling as spb;
 use muster_proto::scheduling::scheduling_client::SchedulingClient;
 use muster_scheduler::protocol::leader_hint;
 use muster_scheduler::{RemoteBackend, Worker, WorkerConfig, WorkerStats};
-use muster_security::Role;
 use muster_security::TokenSecret;
 use muster_security::guard::WithToken;
-use muster_security::testing::TestPki;
 use muster_transport::Node;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::common::{self, agent_config, member_config};
+
 const DEADLINE: Duration = Duration::from_secs(30);
 
+/// [`member_config`] with no scheduler workers: scheduling is left to the workers in the test.
 fn config(dir: &Path, id: u64, members: &BTreeMap<u64, String>) -> MasterConfig {
     MasterConfig {
-        id,
-        listen: members
-            .get(&id)
-            .cloned()
-            .unwrap_or_else(|| "127.0.0.1:0".into()),
-        members: members.clone(),
-        data_dir: dir.join(format!("master-{id}")),
-        // Scheduling is left to the workers in the test.
         workers: 0,
-        raft_heartbeat: Duration::from_millis(50),
-        raft_election_timeout: (Duration::from_millis(200), Duration::from_millis(400)),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, &format!("master-{id}")))
+        ..member_config(id, members, dir)
     }
 }
 
@@ -60,39 +50,27 @@ async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
     testing::start_leading(config(dir, 1, &BTreeMap::new())).await
 }
 
-/// An address nothing listens on.
 /// Bootstraps the ACLs of the master at `address` and makes a `schedule` token for workers.
 async fn scheduler_token(address: &str) -> anyhow::Result<TokenSecret> {
     let root = testing::bootstrap(address).await?;
     testing::create_token(address, &root, "scheduler", "schedule").await
 }
 
+/// An address nothing listens on.
 fn closed_address() -> anyhow::Result<String> {
     let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
     Ok(listener.local_addr()?.to_string())
 }
 
+/// A real agent `name` of `masters` with `cpus` CPUs and 1 GiB ([`agent_config`]), presenting
+/// the certificate `name`, once registered.
 async fn start_agent(
     masters: Vec<String>,
     dir: &Path,
     name: &str,
     cpus: f64,
 ) -> anyhow::Result<(Node, AgentHandle, String)> {
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, name),
-    )
-    .await?;
-    let mut config = AgentConfig::new(masters, dir.join(name));
-    config.hostname = name.into();
-    config.resources = (cpus, 1024);
-    config.registration_backoff_initial = Duration::from_millis(20);
-    let agent = muster_agent::start(&node, config).await?;
-    let (id, _) = tokio::time::timeout(DEADLINE, agent.registered())
-        .await
-        .context("the agent did not register")??;
-    Ok((node, agent, id))
+    common::start_agent(name, agent_config(masters, dir, name, (cpus, 1024))).await
 }
 
 /// Scheduler workers of the test's own, each with its clone of one backend.
@@ -145,6 +123,7 @@ fn group(name: &str, count: u32, cpus: f64) -> model_pb::TaskGroup {
     }
 }
 
+/// Submits the service job `name` of the one `group`.
 async fn submit(
     master: &MasterServer,
     name: &str,
@@ -156,42 +135,7 @@ async fn submit(
         groups: vec![group],
         ..model_pb::Job::default()
     };
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(spec),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
-    Ok(())
-}
-
-async fn status(master: &MasterServer, name: &str) -> anyhow::Result<pb::JobStatusReply> {
-    master
-        .pid()
-        .ask(|reply| {
-            JobStatus {
-                name: name.to_owned(),
-                stale: false,
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)
-}
-
-async fn job_when(
-    master: &MasterServer,
-    name: &str,
-    what: &str,
-    done: impl Fn(&pb::JobStatusReply) -> bool,
-) -> anyhow::Result<pb::JobStatusReply> {
-    testing::job_when(master, name, what, done).await
+    testing::submit(master, spec).await
 }
 
 fn in_state(status: &pb::JobStatusReply, states: &[model_pb::TaskState]) -> Vec<pb::JobTask> {
@@ -245,7 +189,7 @@ async fn remote_workers_place_a_service_job_past_an_unreachable_master() -> anyh
 
     // No worker runs yet, and the master has none of its own: the job waits.
     submit(&master, "web", group("server", 2, 0.5)).await?;
-    let waiting = status(&master, "web").await?;
+    let waiting = testing::job_status(&master, "web").await?;
     assert!(waiting.tasks.is_empty(), "{waiting:#?}");
     assert!(
         waiting

@@ -5,61 +5,26 @@
 //!
 //! The master against a stand-in agent that only records what it is sent is in `stand_in`.
 
-use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use muster_actor::System;
-use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::requests::{
-    GetMetrics, GetState, JobStatus, ListEvaluations, ListJobs, StopJob, SubmitJob,
-};
-use muster_master::testing;
+use muster_master::requests::{GetMetrics, GetState, ListEvaluations, ListJobs, StopJob};
+use muster_master::testing::{self, job_when, submit};
 use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use muster_transport::Node;
 use tokio::time::Instant;
+
+use crate::common::{
+    agent_node, master_config, master_upid, register_played, start_master, start_pinnable_agent,
+    trigger_of,
+};
 
 mod stand_in;
 
 const DEADLINE: Duration = Duration::from_secs(30);
-
-async fn start_master(dir: &Path) -> anyhow::Result<MasterServer> {
-    testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await
-}
-
-async fn start_agent(
-    master: &MasterServer,
-    dir: &Path,
-    name: &str,
-    cpus: f64,
-) -> anyhow::Result<(Node, AgentHandle)> {
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
-    let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.join(name));
-    config.hostname = name.into();
-    config.resources = (cpus, 1024);
-    config.attributes = BTreeMap::from([("name".to_owned(), name.to_owned())]);
-    config.registration_backoff_initial = Duration::from_millis(20);
-    let agent = muster_agent::start(&node, config).await?;
-    tokio::time::timeout(DEADLINE, agent.registered())
-        .await
-        .context("the agent did not register")??;
-    Ok((node, agent))
-}
 
 fn group(name: &str, count: u32, cpus: f64, command: &str, args: &[&str]) -> model_pb::TaskGroup {
     model_pb::TaskGroup {
@@ -70,30 +35,6 @@ fn group(name: &str, count: u32, cpus: f64, command: &str, args: &[&str]) -> mod
         args: args.iter().map(|a| (*a).to_owned()).collect(),
         ..model_pb::TaskGroup::default()
     }
-}
-
-async fn submit(master: &MasterServer, spec: model_pb::Job) -> anyhow::Result<()> {
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(spec),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
-    Ok(())
-}
-
-async fn job_when(
-    master: &MasterServer,
-    name: &str,
-    what: &str,
-    done: impl Fn(&pb::JobStatusReply) -> bool,
-) -> anyhow::Result<pb::JobStatusReply> {
-    testing::job_when(master, name, what, done).await
 }
 
 fn live(status: &pb::JobStatusReply) -> Vec<&pb::JobTask> {
@@ -118,7 +59,8 @@ async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Resu
         .try_init();
     let dir = tempfile::tempdir()?;
     let master = start_master(dir.path()).await?;
-    let (_first_node, first) = start_agent(&master, dir.path(), "first", 2.0).await?;
+    let (_first_node, first, _) =
+        start_pinnable_agent(&master, dir.path(), "first", (2.0, 1024)).await?;
 
     submit(&master, three_servers()).await?;
     let blocked = job_when(
@@ -145,7 +87,8 @@ async fn a_job_too_big_blocks_and_an_agent_joining_unblocks_it() -> anyhow::Resu
     assert!(list_jobs(&master, "nomatch").await?.jobs.is_empty());
 
     // A second agent joins: the blocked evaluation is released and the third task placed there.
-    let (_second_node, second) = start_agent(&master, dir.path(), "second", 2.0).await?;
+    let (_second_node, second, _) =
+        start_pinnable_agent(&master, dir.path(), "second", (2.0, 1024)).await?;
     let (second_id, _) = second.registered().await?;
     let placed = job_when(&master, "web", "the third task placed", |s| {
         live(s).len() == 3
@@ -263,7 +206,7 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
 {
     let dir = tempfile::tempdir()?;
     let master = start_master(dir.path()).await?;
-    let (_node, agent) = start_agent(&master, dir.path(), "only", 4.0).await?;
+    let (_node, agent, _) = start_pinnable_agent(&master, dir.path(), "only", (4.0, 1024)).await?;
 
     // A batch task runs to completion, and the agent's report reaches the master.
     submit(
@@ -407,32 +350,20 @@ async fn batch_tasks_finish_failed_service_tasks_are_replaced_and_stop_kills() -
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_agents_tasks_are_rescheduled_elsewhere() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = MasterServer::start(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
+    let master = testing::start_leading(MasterConfig {
         // Agents stay connected by heartbeating (at half their TTL); short TTLs so that the
         // lost one is noticed quickly, with room for a loaded machine (at 500 ms each the
         // survivor was once marked lost too while the machine was busy).
         heartbeat_min_ttl: Duration::from_secs(2),
         heartbeat_grace: Duration::from_secs(2),
         placement: muster_master::Placement::Spread,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir.path())
     })
     .await?;
-    let deadline = Instant::now() + DEADLINE;
-    while !master
-        .pid()
-        .ask(|reply| GetMetrics { reply }.into())
-        .await?
-        .is_leader
-    {
-        if Instant::now() > deadline {
-            bail!("the master did not lead");
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    let (doomed_node, doomed) = start_agent(&master, dir.path(), "doomed", 2.0).await?;
-    let (_node, survivor) = start_agent(&master, dir.path(), "survivor", 2.0).await?;
+    let (doomed_node, doomed, _) =
+        start_pinnable_agent(&master, dir.path(), "doomed", (2.0, 1024)).await?;
+    let (_node, survivor, _) =
+        start_pinnable_agent(&master, dir.path(), "survivor", (2.0, 1024)).await?;
     let (doomed_id, _) = doomed.registered().await?;
     let (survivor_id, _) = survivor.registered().await?;
 
@@ -500,19 +431,7 @@ async fn register_stand_in(
         }),
         ..model_pb::AgentInfo::default()
     };
-    let registered = node
-        .remote(master.clone())
-        .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
-            DEADLINE,
-            pb::RegisterAgent {
-                info: Some(info.clone()),
-                ..Default::default()
-            },
-        )
-        .await?;
-    let Some(pb::registration_reply::Result::AgentId(agent_id)) = registered.result else {
-        bail!("registration failed: {registered:?}");
-    };
+    let agent_id = register_played(node, master, info.clone(), DEADLINE).await?;
     Ok((agent_id, info))
 }
 
@@ -532,15 +451,10 @@ fn one_sleeper() -> model_pb::Job {
 async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let master = start_master(dir.path()).await?;
-    let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
+    let master_upid = master_upid(&master)?;
     // A stand-in agent: a node with no process behind the agent's name, so every launch sent
     // to it is lost on arrival.
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&System::new(), "agent-1").await?;
     let (agent_id, info) = register_stand_in(&node, &master_upid, "forgetful").await?;
 
     submit(&master, one_sleeper()).await?;
@@ -611,7 +525,7 @@ async fn a_launched_task_the_agent_does_not_report_is_lost_and_replaced() -> any
 async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let master = start_master(dir.path()).await?;
-    let (_node, agent) = start_agent(&master, dir.path(), "only", 4.0).await?;
+    let (_node, agent, _) = start_pinnable_agent(&master, dir.path(), "only", (4.0, 1024)).await?;
     let spec = |a_count: u32, b_args: &[&str]| model_pb::Job {
         name: "site".into(),
         scheduler: model_pb::SchedulerType::Service as i32,
@@ -687,11 +601,4 @@ async fn an_updated_group_has_its_tasks_replaced_and_only_that_group() -> anyhow
     agent.stop().await;
     master.shutdown().await;
     Ok(())
-}
-
-/// An evaluation's trigger as operators read it (`AgentUpdate(AgentId("agent-1"))`).
-fn trigger_of(eval: &model_pb::Evaluation) -> String {
-    muster_model::Evaluation::try_from(eval.clone())
-        .map(|eval| format!("{:?}", eval.trigger))
-        .unwrap_or_default()
 }

@@ -11,7 +11,8 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 use tokio::process::Command;
 use tokio::time::Instant;
 
-const BIN: &str = env!("CARGO_BIN_EXE_muster-master");
+use crate::common::BIN;
+
 const DEADLINE: Duration = Duration::from_secs(30);
 
 /// Copies the test CA's certificate for `name` over `to`'s certificate and key.

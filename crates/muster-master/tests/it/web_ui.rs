@@ -14,14 +14,12 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::System;
 use muster_agent::AgentConfig;
-use muster_master::MasterConfig;
-use muster_master::testing::{bootstrap, start_leading};
-use muster_security::testing::TestPki;
-use muster_security::{Role, TokenSecret};
-use muster_transport::Node;
+use muster_master::testing::bootstrap;
+use muster_security::TokenSecret;
 use serde_json::{Value, json};
+
+use crate::common::{start_agent, start_master};
 
 /// How long the page has for each step.
 const STEP: Duration = Duration::from_secs(30);
@@ -212,27 +210,13 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let master = start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let master = start_master(dir.path()).await?;
     let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.path().join("agent"));
     config.hostname = "web-agent".into();
     config.resources = (2.0, 1024);
     config.attributes = BTreeMap::new();
     config.registration_backoff_initial = Duration::from_millis(20);
-    let agent = muster_agent::start(&node, config).await?;
-    tokio::time::timeout(STEP, agent.registered())
-        .await
-        .context("the agent did not register")??;
+    let (_node, _agent, _) = start_agent("agent-1", config).await?;
     let token = bootstrap(master.address()).await?;
     let base = format!("https://{}", master.http_address());
 

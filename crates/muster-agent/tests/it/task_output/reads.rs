@@ -12,7 +12,7 @@ use super::*;
 async fn reading_from_zero_returns_exactly_the_tail_of_what_the_task_wrote() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let master = MasterNode::start().await?;
-    let agent = AgentNode::start(config(&master, dir.path())).await?;
+    let agent = AgentNode::start_registered(config(&master, dir.path())).await?;
     let last = 400_000; // 2.7 MB
     master
         .run_task(agent.upid(), "seq", &format!("seq 1 {last}"))
@@ -69,7 +69,7 @@ async fn reads_refuse_unknown_and_escaping_ids_and_tell_the_streams_apart() -> a
     std::fs::write(dir.path().join("outside/stdout"), "secret\n")?;
     let data_dir = dir.path().join("agent");
     let master = MasterNode::start().await?;
-    let agent = AgentNode::start(config(&master, &data_dir)).await?;
+    let agent = AgentNode::start_registered(config(&master, &data_dir)).await?;
 
     let unknown = master
         .read(agent.upid(), "no-such-task", false, 0, 0)

@@ -93,21 +93,6 @@ fn live_tasks_of<'s>(
         .collect()
 }
 
-async fn job_status(master: &MasterServer, job: &str) -> anyhow::Result<pb::JobStatusReply> {
-    master
-        .pid()
-        .ask(|reply| {
-            JobStatus {
-                name: job.into(),
-                stale: false,
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)
-}
-
 async fn job_summary(master: &MasterServer, job: &str) -> anyhow::Result<pb::JobSummary> {
     let request = pb::ListJobsRequest {
         stale: false,

@@ -36,12 +36,7 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
     .await?;
     let leading = leader(&masters).await?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-q"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-q").await?;
     let agent = register_agents(&node, &[members[&leading].clone()], 1).await?;
     let agent_id = agent[0].id.clone();
     let submit = |master: &MasterServer, plan| {

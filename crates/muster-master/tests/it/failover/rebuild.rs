@@ -11,17 +11,15 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
     let addresses: Vec<String> = members.values().cloned().collect();
     let mut masters = BTreeMap::new();
     for id in members.keys() {
-        masters.insert(*id, start(master_config(*id, &members, dir.path())).await?);
+        masters.insert(
+            *id,
+            start_retrying(member_config(*id, &members, dir.path())).await?,
+        );
     }
     let first = leader(&masters).await?;
 
     let system = System::new();
-    let agents_node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let agents_node = agent_node(&system, "agent-1").await?;
     let agents = register_agents(&agents_node, &addresses, 5).await?;
     for agent in &agents {
         reregister(&agents_node, &addresses, agent).await?;
@@ -131,16 +129,11 @@ async fn restart_with_missing_agents(
     let config = MasterConfig {
         reregistration_timeout: Duration::from_millis(500),
         removal_limit,
-        ..master_config(1, &members, dir.path())
+        ..member_config(1, &members, dir.path())
     };
-    let master = start(config.clone()).await?;
+    let master = start_retrying(config.clone()).await?;
     let system = System::new();
-    let agents_node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let agents_node = agent_node(&system, "agent-1").await?;
     let agents = register_agents(&agents_node, &addresses, count).await?;
     // A service job: where its tasks ran dies with this master.
     let web = model_pb::Job {
@@ -158,20 +151,10 @@ async fn restart_with_missing_agents(
         }],
         ..model_pb::Job::default()
     };
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(web),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    submit(&master, web).await?;
     master.shutdown().await;
 
-    let master = start(config).await?;
+    let master = start_retrying(config).await?;
     for agent in &agents[..returning] {
         reregister(&agents_node, &addresses, agent).await?;
     }
@@ -183,18 +166,7 @@ async fn restart_with_missing_agents(
             && s.agents.len() == count - marked
     })
     .await?;
-    let web = master
-        .pid()
-        .ask(|reply| {
-            JobStatus {
-                name: "web".into(),
-                stale: false,
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let web = job_status(&master, "web").await?;
     agents_node.shutdown();
     master.shutdown().await;
     Ok((state, agents, web))
@@ -259,22 +231,17 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
     let dir = tempfile::tempdir()?;
     let members = free_addresses(1).await?;
     let addresses: Vec<String> = members.values().cloned().collect();
-    let master = start(MasterConfig {
+    let master = start_retrying(MasterConfig {
         // Pings are off by default (heartbeats keep agents connected); this test is about them.
         pings: true,
         ping_interval: Duration::from_millis(50),
         ping_timeout: Duration::from_millis(500),
         max_missed_pings: 3,
-        ..master_config(1, &members, dir.path())
+        ..member_config(1, &members, dir.path())
     })
     .await?;
     let system = System::new();
-    let node = Node::bind(
-        &system,
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let node = agent_node(&system, "agent-1").await?;
     node.register("agent", &system.spawn(Ponger))?
         .install_ask::<pb::Ping, pb::Pong>(|ping, reply| (ping, reply));
 

@@ -2,6 +2,7 @@
 //! an index, and a task's output followed until the task ends.
 
 use super::*;
+use crate::common::{start_agent, start_master};
 
 #[tokio::test]
 async fn the_event_stream_carries_changes_as_they_happen_and_resumes_from_an_index()
@@ -9,10 +10,8 @@ async fn the_event_stream_carries_changes_as_they_happen_and_resumes_from_an_ind
     use tokio::io::AsyncBufReadExt as _;
     let dir = tempfile::tempdir()?;
     let server = muster_master::testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
         workers: 0,
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+        ..master_config(dir.path())
     })
     .await?;
     let token = bootstrap(server.address()).await?;
@@ -104,25 +103,11 @@ async fn curl_stream(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tasks_output_is_followed_until_the_task_ends() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let server = muster_master::testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
-    let node = muster_transport::Node::bind(
-        &muster_actor::System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
+    let server = start_master(dir.path()).await?;
     let mut config =
         muster_agent::AgentConfig::new(vec![server.address().to_owned()], dir.path().join("agent"));
     config.registration_backoff_initial = std::time::Duration::from_millis(20);
-    let agent = muster_agent::start(&node, config).await?;
-    tokio::time::timeout(std::time::Duration::from_secs(30), agent.registered())
-        .await
-        .context("the agent did not register")??;
+    let (_node, agent, _) = start_agent("agent-1", config).await?;
     let token = bootstrap(server.address()).await?;
 
     // Two lines two seconds apart: the second is written while the stream is open.

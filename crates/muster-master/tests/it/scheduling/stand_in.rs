@@ -87,19 +87,9 @@ impl StandInCluster {
         hostname: &str,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let master = testing::start_leading(config(MasterConfig {
-            listen: "127.0.0.1:0".into(),
-            data_dir: dir.path().join("master"),
-            ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-        }))
-        .await?;
-        let master_upid: muster_actor::Upid = format!("master@{}", master.address()).parse()?;
-        let node = Node::bind(
-            &System::new(),
-            "127.0.0.1:0",
-            TestPki::shared().security(Role::Agent, "agent-1"),
-        )
-        .await?;
+        let master = testing::start_leading(config(master_config(dir.path()))).await?;
+        let master_upid = master_upid(&master)?;
+        let node = agent_node(&System::new(), "agent-1").await?;
         let (launches, launched) = tokio::sync::mpsc::unbounded_channel();
         let (kills, killed) = tokio::sync::mpsc::unbounded_channel();
         let recorder = node.system().spawn(Recorder {
@@ -207,19 +197,7 @@ async fn an_unconfirmed_launch_is_lost_and_a_late_report_of_it_is_killed() -> an
             },
         )
         .await?;
-    let status = cluster
-        .master
-        .pid()
-        .ask(|reply| {
-            JobStatus {
-                name: "web".into(),
-                stale: false,
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let status = testing::job_status(&cluster.master, "web").await?;
     let states: Vec<i32> = status
         .tasks
         .iter()
@@ -361,19 +339,7 @@ async fn a_kill_refused_for_its_term_does_not_end_the_task() -> anyhow::Result<(
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let status = cluster
-        .master
-        .pid()
-        .ask(|reply| {
-            JobStatus {
-                name: "web".into(),
-                stale: false,
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
+    let status = testing::job_status(&cluster.master, "web").await?;
     let kept = status
         .tasks
         .iter()
