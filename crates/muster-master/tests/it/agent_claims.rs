@@ -4,61 +4,35 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
 use muster_actor::{System, Upid};
-use muster_master::requests::GetState;
-use muster_master::testing;
-use muster_master::{MasterConfig, MasterServer};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use muster_transport::Node;
+
+use crate::common::{agent_node, master_upid, register_played, start_master, state};
 
 const ASK: Duration = Duration::from_secs(10);
 
 /// Registers an agent of `node` (with its own certificate) at `master`; its id.
 async fn register(node: &Node, master: &Upid) -> anyhow::Result<String> {
-    let registered = node
-        .remote(master.clone())
-        .ask_timeout::<pb::RegisterAgent, pb::RegistrationReply>(
-            ASK,
-            pb::RegisterAgent {
-                info: Some(model_pb::AgentInfo {
-                    hostname: "claimant".into(),
-                    address: format!("agent@{}", node.address()),
-                    resources: Some(model_pb::Resources {
-                        cpus: 4.0,
-                        mem_mb: 4096,
-                    }),
-                    ..model_pb::AgentInfo::default()
-                }),
-                ..pb::RegisterAgent::default()
-            },
-        )
-        .await?;
-    match registered.result {
-        Some(pb::registration_reply::Result::AgentId(id)) => Ok(id),
-        other => bail!("registration failed: {other:?}"),
-    }
+    let info = model_pb::AgentInfo {
+        hostname: "claimant".into(),
+        address: format!("agent@{}", node.address()),
+        resources: Some(model_pb::Resources {
+            cpus: 4.0,
+            mem_mb: 4096,
+        }),
+        ..model_pb::AgentInfo::default()
+    };
+    register_played(node, master, info, ASK).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_update_for_a_task_never_launched_there_is_refused() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master: MasterServer = testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
-    let master_upid: Upid = format!("master@{}", master.address()).parse()?;
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-a"),
-    )
-    .await?;
+    let master = start_master(dir.path()).await?;
+    let master_upid = master_upid(&master)?;
+    let node = agent_node(&System::new(), "agent-a").await?;
     let agent_id = register(&node, &master_upid).await?;
 
     // Its own agent id, its own certificate, a task nobody launched.
@@ -84,7 +58,7 @@ async fn an_update_for_a_task_never_launched_there_is_refused() -> anyhow::Resul
     // update has been handled.
     assert_eq!(register(&node, &master_upid).await?, agent_id);
 
-    let state = master.pid().ask(|reply| GetState { reply }.into()).await?;
+    let state = state(&master).await?;
     let planted: Vec<&model_pb::Task> = state
         .agents
         .iter()

@@ -6,16 +6,15 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use muster_actor::System;
-use muster_agent::AgentConfig;
-use muster_master::testing::{self, bootstrap, create_token, operator};
-use muster_master::{MasterConfig, REDACTED};
+use muster_master::REDACTED;
+use muster_master::testing::{bootstrap, create_token, operator};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
+use muster_security::TokenSecret;
 use muster_security::testing::TestPki;
-use muster_security::{Role, TokenSecret};
-use muster_transport::Node;
 use tokio::io::AsyncBufReadExt as _;
+
+use crate::common::{agent_config, start_agent, start_master};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const SECRET: &str = "hunter2-in-the-env";
@@ -74,24 +73,14 @@ async fn first_task_event(address: &str, token: &TokenSecret) -> anyhow::Result<
 async fn the_event_stream_redacts_environments_for_tokens_that_may_not_read_secrets()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = testing::start_leading(MasterConfig {
-        listen: "127.0.0.1:0".into(),
-        data_dir: dir.path().join("master"),
-        ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
-    })
-    .await?;
-    let node = Node::bind(
-        &System::new(),
-        "127.0.0.1:0",
-        TestPki::shared().security(Role::Agent, "agent-1"),
-    )
-    .await?;
-    let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.path().join("a"));
-    config.registration_backoff_initial = Duration::from_millis(20);
-    let agent = muster_agent::start(&node, config).await?;
-    tokio::time::timeout(DEADLINE, agent.registered())
-        .await
-        .context("the agent did not register")??;
+    let master = start_master(dir.path()).await?;
+    let config = agent_config(
+        vec![master.address().to_owned()],
+        dir.path(),
+        "agent-1",
+        (4.0, 4096),
+    );
+    let (_node, agent, _) = start_agent("agent-1", config).await?;
     let address = master.address().to_owned();
     let root = bootstrap(&address).await?;
     let reader = create_token(&address, &root, "viewer", "read").await?;

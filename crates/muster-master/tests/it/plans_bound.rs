@@ -8,18 +8,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use muster_actor::System;
-use muster_agent::{AgentConfig, AgentHandle};
-use muster_master::requests::SubmitJob;
+use muster_agent::AgentHandle;
 use muster_master::testing;
 use muster_master::{MasterConfig, MasterServer};
 use muster_model::{AgentId, EvalId, SchedulerType};
-use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_scheduler::{Assignment, Backend, Plan, RemoteBackend, Scheduler, Stop};
-use muster_security::Role;
-use muster_security::testing::TestPki;
 use muster_transport::Node;
+
+use crate::common::{agent_config, master_config, start_agent, state};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 
@@ -44,21 +41,6 @@ fn job_with_secret(name: &str) -> model_pb::Job {
     }
 }
 
-async fn submit(master: &MasterServer, job: model_pb::Job) -> anyhow::Result<()> {
-    master
-        .pid()
-        .ask(|reply| {
-            SubmitJob {
-                job: Some(job),
-                reply,
-            }
-            .into()
-        })
-        .await?
-        .map_err(anyhow::Error::msg)?;
-    Ok(())
-}
-
 /// A master that schedules nothing itself, one real agent, and a `RemoteBackend` holding a
 /// `schedule` token.
 struct Cluster {
@@ -74,25 +56,17 @@ impl Cluster {
     async fn start() -> anyhow::Result<Cluster> {
         let dir = tempfile::tempdir()?;
         let master = testing::start_leading(MasterConfig {
-            listen: "127.0.0.1:0".into(),
-            data_dir: dir.path().join("master"),
             workers: 0,
-            ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
+            ..master_config(dir.path())
         })
         .await?;
-        let node = Node::bind(
-            &System::new(),
-            "127.0.0.1:0",
-            TestPki::shared().security(Role::Agent, "agent-1"),
-        )
-        .await?;
-        let mut config = AgentConfig::new(vec![master.address().to_owned()], dir.path().join("a"));
-        config.resources = (4.0, 4096);
-        config.registration_backoff_initial = Duration::from_millis(20);
-        let agent = muster_agent::start(&node, config).await?;
-        let (agent_id, _) = tokio::time::timeout(DEADLINE, agent.registered())
-            .await
-            .context("the agent did not register")??;
+        let config = agent_config(
+            vec![master.address().to_owned()],
+            dir.path(),
+            "agent-1",
+            (4.0, 4096),
+        );
+        let (node, agent, agent_id) = start_agent("agent-1", config).await?;
         let root = testing::bootstrap(master.address()).await?;
         let schedule =
             testing::create_token(master.address(), &root, "scheduler", "schedule").await?;
@@ -140,18 +114,9 @@ impl Cluster {
         Ok(plan)
     }
 
-    async fn state(&self) -> anyhow::Result<pb::ClusterState> {
-        Ok(self
-            .master
-            .pid()
-            .ask(|reply| muster_master::requests::GetState { reply }.into())
-            .await?)
-    }
-
     /// The tasks of `job` the master counts as running (or about to), with their records.
     async fn live_tasks(&self, job: &str) -> anyhow::Result<Vec<model_pb::Task>> {
-        Ok(self
-            .state()
+        Ok(state(&self.master)
             .await?
             .agents
             .into_iter()
@@ -221,8 +186,8 @@ async fn a_schedule_token_plans_only_what_it_was_handed() -> anyhow::Result<()> 
     )?;
     ensure!(cluster.live_tasks("ghost").await?.is_empty());
 
-    submit(&cluster.master, job_with_secret("web")).await?;
-    submit(&cluster.master, job_with_secret("other")).await?;
+    testing::submit(&cluster.master, job_with_secret("web")).await?;
+    testing::submit(&cluster.master, job_with_secret("other")).await?;
 
     // The snapshot a scheduler plans against carries no environment.
     let snapshot = cluster.backend.snapshot(0).await?;
