@@ -19,13 +19,19 @@ pub fn client_security() -> Security {
     TestPki::shared().security(Role::Client, "test-client")
 }
 
+/// How long a call through [`channel`] may wait for its answer.
+pub const CALL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(20);
+
 /// A channel to `address` (`host:port`) with `security`, verified to reach a master.
 ///
 /// # Errors
 /// The address is malformed, the master unreachable or the handshake refused.
 pub async fn channel(address: &str, security: &Security) -> anyhow::Result<Channel> {
+    // A master paused or cut off mid-call must not hang a test: each call has its own limit
+    // (a stream's answer must begin within it; the stream then runs as long as it runs).
     let endpoint = Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(std::time::Duration::from_secs(5));
+        .connect_timeout(std::time::Duration::from_secs(5))
+        .timeout(CALL_TIMEOUT);
     let (channel, _) = security.channel(endpoint, &[Role::Master]).await?;
     Ok(channel)
 }

@@ -284,6 +284,9 @@ pub(crate) async fn leader_state_when(
     leader_state_within(addresses, token, what, DEADLINE, done).await
 }
 
+/// How long [`leader_state_within`] waits for one master's state before asking the next.
+const STATE_READ_LIMIT: Duration = Duration::from_secs(2);
+
 /// As [`leader_state_when`], failing if `done` does not hold within `limit`.
 pub(crate) async fn leader_state_within(
     addresses: &[String],
@@ -300,7 +303,9 @@ pub(crate) async fn leader_state_within(
             else {
                 continue;
             };
-            if let Ok(state) = client.get_state(pb::GetStateRequest::default()).await {
+            // A paused master answers nothing: ask the next one soon.
+            let read = client.get_state(pb::GetStateRequest::default());
+            if let Ok(Ok(state)) = tokio::time::timeout(STATE_READ_LIMIT, read).await {
                 let state = state.into_inner();
                 if state.is_leader && done(&state) {
                     return Ok((index, state));
