@@ -99,23 +99,8 @@ pub(crate) fn write(path: &SettingsPath, text: &str) -> anyhow::Result<()> {
     if let Some(dir) = &path.private_dir {
         check_private_dir(dir, true)?;
     }
-    let file = &path.file;
-    match std::fs::remove_file(file) {
-        Ok(()) => {}
-        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
-        Err(error) => {
-            return Err(error).with_context(|| format!("cannot replace {}", file.display()));
-        }
-    }
-    let mut out = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(file)
-        .with_context(|| format!("cannot create {}", file.display()))?;
-    out.write_all(text.as_bytes())
-        .with_context(|| format!("cannot write {}", file.display()))
+    muster_security::certs::write_private(&path.file, text)
+        .with_context(|| format!("cannot write {}", path.file.display()))
 }
 
 /// The settings file's text, if a dev cluster wrote one where only this user could.

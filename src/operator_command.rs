@@ -62,7 +62,7 @@ async fn save(connection: &Connection, file: &Path, format: Format) -> anyhow::R
     let (header, state) = snapshot_file::decode(&snapshot.data)
         .context("the master sent a snapshot that does not verify")?;
     let temporary = file.with_extension("partial");
-    std::fs::write(&temporary, &snapshot.data)
+    muster_security::certs::write_private(&temporary, &snapshot.data)
         .with_context(|| format!("cannot write {}", temporary.display()))?;
     std::fs::rename(&temporary, file)
         .with_context(|| format!("cannot move the snapshot into {}", file.display()))?;

@@ -28,6 +28,9 @@ async fn a_saved_registry_restores_over_later_changes_and_a_damaged_file_changes
     let (ok, out, err) = run(&cluster, &["operator", "snapshot", "save", path]).await?;
     ensure!(ok, "save: {err}");
     ensure!(out.contains("1 jobs"), "save said: {out}");
+    // It holds environments and token hashes: its user's alone.
+    let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&snapshot)?) & 0o777;
+    ensure!(mode == 0o600, "the snapshot file is {mode:o}");
 
     // Later changes: another job, and hello stopped.
     let later = cluster.dir().join("later.toml");

@@ -1,9 +1,10 @@
 //! Writing a file whole or not at all: through a temporary file beside it and a rename, for
 //! the agent's state files ([`crate::store`]) and its executors' records
-//! ([`crate::executor`]).
+//! ([`crate::executor`]), readable and writable by the agent alone (0600).
 
 use std::fs;
 use std::io::{self, Write as _};
+use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
 use std::path::Path;
 
 /// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
@@ -19,7 +20,15 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8], durable: bool) -> io::
     tmp_name.push(".tmp");
     let tmp = dir.join(tmp_name);
     {
-        let mut file = fs::File::create(&tmp)?;
+        // The agent's own state (ids, terms, checkpoints holding environments): its alone.
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        // A temporary file left by a crash keeps its mode through `create`: set it again.
+        file.set_permissions(fs::Permissions::from_mode(0o600))?;
         file.write_all(bytes)?;
         if durable {
             file.sync_all()?;

@@ -332,7 +332,13 @@ impl TaskCgroup {
 pub(crate) async fn open_sandbox(dir: &Path, owner: Option<Credentials>) -> io::Result<TaskFiles> {
     let dir = dir.to_owned();
     let opened = tokio::task::spawn_blocking(move || {
+        use std::os::unix::fs::PermissionsExt as _;
         std::fs::create_dir_all(&dir)?;
+        // The task's alone (and the agent's): no other task lists, reads or writes it.
+        std::fs::set_permissions(
+            &dir,
+            std::fs::Permissions::from_mode(crate::store::PRIVATE_DIR_MODE),
+        )?;
         let files = TaskFiles::create(&dir)?;
         if let Some(owner) = owner {
             for path in [dir.clone(), dir.join("stdout"), dir.join("stderr")] {

@@ -34,17 +34,30 @@ pub const AGENT_ID_FILE: &str = "agent_id";
 
 const PROBE_FILE: &str = ".muster-agent-probe";
 
-/// Creates the data directory if needed and checks that the agent can write in it, by writing
-/// and removing a probe file.
+/// The mode of the data directory: others may pass through it to their own task's
+/// directory, never list it.
+pub const DATA_DIR_MODE: u32 = 0o711;
+
+/// The mode of `meta/` (ids, terms, task checkpoints holding environments) and of each task's
+/// working directory: its owner's alone.
+pub const PRIVATE_DIR_MODE: u32 = 0o700;
+
+/// Creates the data directory if needed (0711, and `meta/` in it 0700, tightened if they were
+/// looser) and checks that the agent can write in it, by writing and removing a probe file.
 ///
 /// # Errors
 /// [`AgentError::DataDir`] naming the directory and what the operating system said.
 pub fn check_data_dir(path: &Path) -> Result<(), AgentError> {
+    use std::os::unix::fs::PermissionsExt as _;
     let fail = |source| AgentError::DataDir {
         path: path.to_owned(),
         source,
     };
     fs::create_dir_all(path).map_err(fail)?;
+    fs::set_permissions(path, fs::Permissions::from_mode(DATA_DIR_MODE)).map_err(fail)?;
+    let meta = path.join("meta");
+    fs::create_dir_all(&meta).map_err(fail)?;
+    fs::set_permissions(&meta, fs::Permissions::from_mode(PRIVATE_DIR_MODE)).map_err(fail)?;
     let probe = path.join(PROBE_FILE);
     fs::write(&probe, b"probe").map_err(fail)?;
     fs::remove_file(&probe).map_err(fail)?;

@@ -212,6 +212,10 @@ async fn run(flags: MasterSettings) -> anyhow::Result<()> {
 }
 
 fn main() -> ExitCode {
+    // Whatever the registry's store creates (it holds job environments and token hashes) is
+    // this user's alone; the store sets no modes of its own.
+    // SAFETY: umask has no preconditions and cannot fail.
+    unsafe { libc::umask(0o077) };
     let flags = muster_launch::settings::parse(MasterSettings::command(&defaults()));
     muster_launch::init_logging();
     match muster_launch::block_on(run(flags)) {

@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -176,6 +176,24 @@ async fn rejoin_empty(
     Ok((log, state_machine))
 }
 
+/// Makes `dir` and everything under it its owner's alone: directories 0700, files 0600
+/// (symlinks are left as they are, never followed). New files the store makes later are out of
+/// others' reach through the directory.
+fn make_private(dir: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        if kind.is_dir() {
+            make_private(&entry.path())?;
+        } else if kind.is_file() {
+            std::fs::set_permissions(entry.path(), std::fs::Permissions::from_mode(0o600))?;
+        }
+    }
+    Ok(())
+}
+
 impl RegistryNode {
     /// Opens the store and starts raft. On first start every member initializes the group
     /// with the same membership (openraft accepts this); later starts recover from disk.
@@ -224,6 +242,15 @@ impl RegistryNode {
             }
             opened => opened?,
         };
+        if let StoreLocation::Directory(dir) = &config.store {
+            // The registry holds job environments and token hashes: its owner's alone.
+            make_private(dir).map_err(|e| {
+                RegistryError::Config(format!(
+                    "cannot make the data dir {} private (0700, files 0600): {e}",
+                    dir.display()
+                ))
+            })?;
+        }
         let reader = state_machine.reader();
         let timing = ElectionTiming {
             tick: heartbeat_of(config.id, config.heartbeat_interval),

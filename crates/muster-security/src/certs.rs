@@ -206,21 +206,28 @@ pub fn write_pair(dir: &Path, stem: &str, pair: &PemPair) -> std::io::Result<(Pa
     Ok((cert, key))
 }
 
-/// Writes `text` to a file readable and writable by its owner only (created so, or
-/// truncated).
+/// Writes `contents` to `path` as a new file readable and writable by this user alone (0600):
+/// for keys, tokens and registry snapshots. A file already there is replaced, never written
+/// through: a symlink planted at `path` is removed, not followed (`O_EXCL`, `O_NOFOLLOW`).
 ///
 /// # Errors
-/// The operating system's error.
-pub fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
+/// The old file cannot be removed, or the new one created or written.
+pub fn write_private(path: &Path, contents: impl AsRef<[u8]>) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
     let mut file = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)?;
-    file.write_all(text.as_bytes())
+    file.write_all(contents.as_ref())?;
+    file.sync_all()
 }
 
 /// A throwaway CA and one certificate per role, written to `dir` (`muster dev` uses it):

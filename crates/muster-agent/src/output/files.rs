@@ -51,6 +51,7 @@ pub(crate) fn create_for_task(dir: &Path, stream: Stream) -> io::Result<File> {
         .write(true)
         .create(true)
         .truncate(true)
+        .mode(0o600)
         // `append(true)` cannot be combined with `truncate(true)`; the flag can.
         .custom_flags(libc::O_APPEND | libc::O_NOFOLLOW)
         .open(&path)
@@ -149,6 +150,7 @@ pub(super) fn create_new(path: &Path) -> io::Result<File> {
     OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .custom_flags(libc::O_NOFOLLOW)
         .open(path)
         .map_err(|e| at(path, e))

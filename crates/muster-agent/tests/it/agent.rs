@@ -24,6 +24,7 @@ use tokio::sync::mpsc;
 
 use crate::common::{AgentNode, agent_config};
 
+mod file_modes;
 mod launches;
 mod processes;
 mod recovery;

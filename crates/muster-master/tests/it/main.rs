@@ -20,5 +20,6 @@ mod metrics;
 mod plans_bound;
 mod remote_workers;
 mod scheduling;
+mod secrets_at_rest;
 mod tls_reload;
 mod web_ui;

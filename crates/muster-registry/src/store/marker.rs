@@ -11,6 +11,7 @@
 
 use std::fs;
 use std::io::{self, Write as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -143,7 +144,13 @@ impl MarkerPlace {
         };
         let tmp = path.with_extension("json.tmp");
         {
-            let mut file = fs::File::create(&tmp)?;
+            // Beside the registry, as private as it is.
+            let mut file = fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
             file.write_all(&bytes)?;
             file.sync_all()?;
         }
