@@ -514,7 +514,8 @@ unsafe fn write_number_file(tmp: &CString, path: &CString, value: i64) {
             libc::AT_FDCWD,
             tmp.as_ptr(),
             libc::O_WRONLY | libc::O_CREAT | libc::O_TRUNC | libc::O_CLOEXEC,
-            0o644,
+            // The agent's alone, as everything under `meta/`.
+            0o600,
         );
         if fd < 0 {
             return;

@@ -512,7 +512,8 @@ impl Captured {
                     | libc::O_NOFOLLOW
                     | libc::O_APPEND
                     | libc::O_CLOEXEC,
-                0o666,
+                // A task's output is its own (and the agent's), as when it was first made.
+                0o600,
             )
         };
         let Ok(fd) = RawFd::try_from(fd) else {
@@ -622,7 +623,7 @@ fn write_new_at(dir: RawFd, name: &Name, value: u64) -> bool {
             dir,
             name.as_ptr(),
             libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC,
-            0o644,
+            0o600,
         )
     };
     let Ok(fd) = RawFd::try_from(fd) else {

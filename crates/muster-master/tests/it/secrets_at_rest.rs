@@ -54,7 +54,12 @@ async fn a_masters_data_dir_and_its_files_are_its_own() -> anyhow::Result<()> {
     assert!(!entries.is_empty(), "nothing in {}", data.display());
     for (path, mode, is_dir) in entries {
         let private = if is_dir { 0o700 } else { 0o600 };
-        assert_eq!(mode & 0o077, 0, "{} is {mode:o}, not {private:o}", path.display());
+        assert_eq!(
+            mode & 0o077,
+            0,
+            "{} is {mode:o}, not {private:o}",
+            path.display()
+        );
     }
     master.shutdown().await;
     Ok(())

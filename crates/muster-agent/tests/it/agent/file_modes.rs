@@ -52,7 +52,8 @@ async fn the_data_dir_is_closed_and_each_tasks_directory_is_its_own() -> anyhow:
     assert_eq!(mode(&data.join("meta"))?, 0o700, "meta/");
     let kept = files_under(&data.join("meta"))?;
     assert!(
-        kept.iter().any(|f| f.to_string_lossy().contains("secretive")),
+        kept.iter()
+            .any(|f| f.to_string_lossy().contains("secretive")),
         "no checkpoint of the task in {kept:?}"
     );
     for file in &kept {
