@@ -8,6 +8,7 @@ mod cli_tls;
 mod cluster_failover;
 mod dev_cluster;
 mod fuzz_decoders;
+mod import_circles;
 mod layout;
 mod leader_pause;
 mod operator_snapshot;

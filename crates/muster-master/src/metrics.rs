@@ -23,12 +23,11 @@
 
 use std::time::Duration;
 
-use muster_actor::Pid;
+use muster_actor::{Pid, Process};
 use prometheus_client::encoding::prometheus_text;
 
 use crate::error::ServiceError;
-use crate::master::Master;
-use crate::master::requests::GetMetricsSnapshot;
+use snapshot::GetMetricsSnapshot;
 
 mod encode;
 pub(crate) mod instruments;
@@ -57,7 +56,11 @@ pub const ASK_TIMEOUT: Duration = Duration::from_secs(5);
 /// # Errors
 /// [`ServiceError::Unavailable`] if the master, its broker or its blocked-queue did not
 /// answer within [`ASK_TIMEOUT`] (they have ended, or are stuck).
-pub async fn render(master: &Pid<Master>) -> Result<String, ServiceError> {
+pub async fn render<P>(master: &Pid<P>) -> Result<String, ServiceError>
+where
+    P: Process,
+    P::Message: From<GetMetricsSnapshot>,
+{
     render_as(master, Format::OpenMetrics).await
 }
 
@@ -65,7 +68,11 @@ pub async fn render(master: &Pid<Master>) -> Result<String, ServiceError> {
 ///
 /// # Errors
 /// As [`render`].
-pub async fn render_as(master: &Pid<Master>, format: Format) -> Result<String, ServiceError> {
+pub async fn render_as<P>(master: &Pid<P>, format: Format) -> Result<String, ServiceError>
+where
+    P: Process,
+    P::Message: From<GetMetricsSnapshot>,
+{
     let snapshot = master
         .ask_timeout(ASK_TIMEOUT, |reply| GetMetricsSnapshot { reply }.into())
         .await?;

@@ -15,8 +15,9 @@ use super::leadership::Role;
 use super::registry_writes::now_ms;
 use super::{Master, Request, answered_request, notice};
 use crate::error::ServiceError;
-use crate::metrics::snapshot::MetricsSnapshot;
 use crate::task_record::TaskRecord;
+
+pub use crate::metrics::snapshot::GetMetricsSnapshot;
 
 /// The cluster as this master knows it, now (every master answers).
 #[derive(Debug)]
@@ -40,13 +41,6 @@ pub struct ReadState {
 pub struct GetMetrics {
     /// The counters.
     pub reply: Reply<pb::MasterMetrics>,
-}
-
-/// What a `/metrics` rendering needs of the master (every master answers).
-#[derive(Debug)]
-pub struct GetMetricsSnapshot {
-    /// The figures and handles.
-    pub reply: Reply<MetricsSnapshot>,
 }
 
 /// A copy of the whole registry (`muster operator snapshot save`): a linearizable read.

@@ -15,6 +15,15 @@ use super::ASK_TIMEOUT;
 use super::instruments::MasterInstruments;
 use crate::error::ServiceError;
 
+/// What a `/metrics` rendering asks the master process (every master answers): handled in
+/// the master's `cluster_state`, declared here so that rendering needs nothing of the master
+/// but its pid.
+#[derive(Debug)]
+pub struct GetMetricsSnapshot {
+    /// The figures and handles.
+    pub reply: muster_actor::Reply<MetricsSnapshot>,
+}
+
 /// What the master process answers a rendering with ([`GetMetricsSnapshot`](crate::requests::GetMetricsSnapshot)): its
 /// own figures at that moment, and the handles to read the rest beside it.
 #[derive(Debug)]
