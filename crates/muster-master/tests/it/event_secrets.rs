@@ -2,7 +2,6 @@
 //! other read does: through gRPC `StreamEvents`, and through `/v1/event/stream` as NDJSON and
 //! as server-sent events (what the web UI's live feed reads), driven by `curl`.
 
-use std::process::Stdio;
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
@@ -11,10 +10,8 @@ use muster_master::testing::{bootstrap, create_token, operator};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::TokenSecret;
-use muster_security::testing::TestPki;
-use tokio::io::AsyncBufReadExt as _;
 
-use crate::common::{agent_config, start_agent, start_master};
+use crate::common::{agent_config, follow_with_curl, start_agent, start_master};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const SECRET: &str = "hunter2-in-the-env";
@@ -26,20 +23,7 @@ async fn first_line_with(
     accept: &str,
     wanted: &str,
 ) -> anyhow::Result<String> {
-    let mut curl = tokio::process::Command::new("curl")
-        .args(["--silent", "--show-error", "--no-buffer"])
-        .arg("--cacert")
-        .arg(TestPki::shared().ca_file())
-        .args(["--header", &format!("X-Muster-Token: {}", token.expose())])
-        .args(["--header", &format!("Accept: {accept}")])
-        .arg(url)
-        .stdout(Stdio::piped())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .context("curl")?;
-    let stdout = curl.stdout.take().context("no stdout")?;
-    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let (_curl, mut lines) = follow_with_curl(url, token, Some(accept))?;
     let deadline = tokio::time::Instant::now() + DEADLINE;
     loop {
         let line = tokio::time::timeout_at(deadline, lines.next_line())

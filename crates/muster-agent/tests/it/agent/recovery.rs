@@ -3,6 +3,13 @@
 
 use super::*;
 
+/// A task that sleeps a minute, sent by a leader of `term`.
+fn in_term(id: &str, term: u64) -> RunTask {
+    let mut request = shell_task(id, "exec sleep 60");
+    request.term = term;
+    request
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_agent_takes_back_its_running_tasks_and_the_real_end_of_the_others()
 -> anyhow::Result<()> {
@@ -191,11 +198,6 @@ async fn commands_of_an_older_leader_term_are_refused_counted_and_remembered_acr
     agent
         .wait_until("the agent to follow term 5", |s| s.term == 5)
         .await?;
-    let in_term = |id: &str, term| {
-        let mut request = shell_task(id, "exec sleep 60");
-        request.term = term;
-        request
-    };
     // A deposed leader of term 4 cannot launch or kill.
     let refused = master.run_task(agent.upid(), in_term("old", 4)).await?;
     assert!(
@@ -263,11 +265,6 @@ async fn a_command_claiming_a_higher_term_does_not_fence_the_agent() -> anyhow::
     agent
         .wait_until("the agent to follow term 5", |s| s.term == 5)
         .await?;
-    let in_term = |id: &str, term| {
-        let mut request = shell_task(id, "exec sleep 60");
-        request.term = term;
-        request
-    };
     assert_eq!(
         master
             .run_task(agent.upid(), in_term("first", 5))

@@ -242,3 +242,34 @@ pub(crate) fn installed(tool: &str, version_flag: &str, require: &str) -> anyhow
     }
     Ok(found)
 }
+
+/// The lines a child process prints, as they come.
+pub(crate) type CurlLines = tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>;
+
+/// Starts `curl` following the stream at `url` with the test CA, `token`, and
+/// `Accept: accept` if given: the child (killed when dropped) and the lines it prints.
+pub(crate) fn follow_with_curl(
+    url: &str,
+    token: &muster_security::TokenSecret,
+    accept: Option<&str>,
+) -> anyhow::Result<(tokio::process::Child, CurlLines)> {
+    use tokio::io::AsyncBufReadExt as _;
+    let mut command = tokio::process::Command::new("curl");
+    command
+        .args(["--silent", "--show-error", "--no-buffer"])
+        .arg("--cacert")
+        .arg(TestPki::shared().ca_file())
+        .args(["--header", &format!("X-Muster-Token: {}", token.expose())]);
+    if let Some(accept) = accept {
+        command.args(["--header", &format!("Accept: {accept}")]);
+    }
+    let mut child = command
+        .arg(url)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .context("curl")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    Ok((child, tokio::io::BufReader::new(stdout).lines()))
+}

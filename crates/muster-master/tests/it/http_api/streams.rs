@@ -7,7 +7,6 @@ use crate::common::{start_agent, start_master};
 #[tokio::test]
 async fn the_event_stream_carries_changes_as_they_happen_and_resumes_from_an_index()
 -> anyhow::Result<()> {
-    use tokio::io::AsyncBufReadExt as _;
     let dir = tempfile::tempdir()?;
     let server = muster_master::testing::start_leading(MasterConfig {
         workers: 0,
@@ -15,24 +14,13 @@ async fn the_event_stream_carries_changes_as_they_happen_and_resumes_from_an_ind
     })
     .await?;
     let token = bootstrap(server.address()).await?;
-    let stream = |query: &str| -> anyhow::Result<tokio::process::Child> {
-        Ok(tokio::process::Command::new("curl")
-            .args(["--silent", "--show-error", "--no-buffer"])
-            .arg("--cacert")
-            .arg(TestPki::shared().ca_file())
-            .args(["--header", &format!("X-Muster-Token: {}", token.expose())])
-            .arg(format!(
-                "https://{}/v1/event/stream{query}",
-                server.http_address()
-            ))
-            .stdout(Stdio::piped())
-            .stdin(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()?)
+    let stream = |query: &str| {
+        let url = format!("https://{}/v1/event/stream{query}", server.http_address());
+        crate::common::follow_with_curl(&url, &token, None)
     };
     // Reads events (skipping heartbeats) until one matches `wanted`.
     async fn until(
-        lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+        lines: &mut crate::common::CurlLines,
         wanted: impl Fn(&Value) -> bool,
     ) -> anyhow::Result<Value> {
         let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
@@ -48,8 +36,7 @@ async fn the_event_stream_carries_changes_as_they_happen_and_resumes_from_an_ind
         }
     }
 
-    let mut follower = stream("?topic=job,evaluation")?;
-    let mut lines = tokio::io::BufReader::new(follower.stdout.take().context("no stdout")?).lines();
+    let (_follower, mut lines) = stream("?topic=job,evaluation")?;
     let submitted = curl(&server, "POST", "/v1/jobs", Some(("x", &token)), Some(JOB)).await?;
     ensure!(submitted.status == 200, "{submitted:?}");
     let registered = until(&mut lines, |e| e["kind"] == "job-registered").await?;
@@ -65,8 +52,7 @@ async fn the_event_stream_carries_changes_as_they_happen_and_resumes_from_an_ind
     let first = registered["index"].as_u64().context("no index")?;
 
     // Resuming after the first: the evaluation comes again, the job's registration does not.
-    let mut resumed = stream(&format!("?index={first}"))?;
-    let mut again = tokio::io::BufReader::new(resumed.stdout.take().context("no stdout")?).lines();
+    let (_resumed, mut again) = stream(&format!("?index={first}"))?;
     let next = until(&mut again, |e| e["index"].as_u64().is_some()).await?;
     ensure!(
         next["index"].as_u64() > Some(first) && next["topic"] == "evaluation",
