@@ -4,7 +4,7 @@
 //!
 //! - an agent SIGKILLed and restarted within the master's deadline takes its tasks back: the
 //!   service task keeps its id and its process, nothing replaces it, and a batch task that ended
-//!   while the agent was down arrives with its real exit code; tasks run as `nobody`;
+//!   while the agent was down arrives with its real exit code; tasks run as uids of their own;
 //! - an agent kept down past the master's deadline comes back to find its service task replaced
 //!   on another agent: its old copy is killed, and one process is left;
 //! - batch jobs submitted while their agent is SIGKILLed and restarted at the same address
@@ -275,14 +275,13 @@ async fn a_sigkilled_agent_takes_its_tasks_back_and_reports_what_ended_meanwhile
     let (web_id, batch_id) = (web.id.clone(), running_of(&state, "once")[0].1.id.clone());
     let service_pids = marked_become(&service_marker, 1, "the service task runs").await?;
     marked_become(&batch_marker, 1, "the batch task runs").await?;
-    if let Some(nobody) = nobody_uid()
-        // SAFETY: geteuid has no preconditions.
-        && unsafe { libc::geteuid() } == 0
-    {
-        assert_eq!(
-            uid_of(service_pids[0])?,
-            nobody,
-            "a root agent's task runs as nobody"
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let uid = uid_of(service_pids[0])?;
+        ensure!(
+            muster_agent::DEFAULT_TASK_UID_RANGE.contains(uid) && Some(uid) != nobody_uid(),
+            "a root agent's task runs as {uid}, not a uid of its own from {}",
+            muster_agent::DEFAULT_TASK_UID_RANGE
         );
     }
 
@@ -506,7 +505,9 @@ async fn batch_tasks_launched_around_agent_restarts_run_each_slot_exactly_once()
     const SLOTS: u32 = 6;
     const ROUNDS: usize = 4;
     let dir = tempfile::tempdir()?;
-    // Where each run appends its task id, one file per slot; the tasks run as `nobody`.
+    // Where each run appends its task id, one file per slot; the tasks run as uids of their
+    // own, so it and the files each makes (umask 0) are open to all: a slot's second run can
+    // append to its first's file.
     let runs = tempfile::Builder::new()
         .prefix("muster-runs")
         .tempdir_in("/tmp")?;
@@ -519,7 +520,7 @@ async fn batch_tasks_launched_around_agent_restarts_run_each_slot_exactly_once()
         .await?;
     let marker = format!("{}/once", dir.path().display());
     let script = format!(
-        "t=${{PWD##*/}}; echo \"$t\" >> '{}'/\"${{t%-*}}\"",
+        "umask 0; t=${{PWD##*/}}; echo \"$t\" >> '{}'/\"${{t%-*}}\"",
         runs.path().display()
     );
     for round in 0..ROUNDS {

@@ -23,6 +23,7 @@ use crate::isolation::TaskCgroup;
 use crate::metrics::CgroupPaths;
 use crate::output::{Capture, Limits, TaskFiles};
 use crate::runner::{BoxFuture, KillSwitch, RunnerTask, Stop, TaskEnd};
+use crate::task_uids::UidLease;
 use crate::task_user::Credentials;
 
 /// The task's executor, whose end says the task ended.
@@ -83,6 +84,10 @@ pub(crate) struct TaskProcess {
     executor: Executor,
     signaller: Signaller,
     files: Files,
+    /// The uid it runs as, where known.
+    uid: Option<libc::uid_t>,
+    /// Its hold on a dynamic uid, ended with it (see [`crate::task_uids`]).
+    lease: Option<UidLease>,
 }
 
 /// What a restarted agent found of a task an earlier run started.
@@ -180,8 +185,24 @@ impl TaskProcess {
                 cgroup: sandbox.cgroup,
             },
             files,
+            uid: Some(sandbox.credentials.map_or_else(
+                // SAFETY: geteuid has no preconditions.
+                || unsafe { libc::geteuid() },
+                |credentials| credentials.uid,
+            )),
+            lease: None,
         };
         Ok((process, record))
+    }
+
+    /// The task holds `lease` on its uid (if any) until it ends: the uid is free, and its
+    /// working directory goes back to root, once its processes are reaped.
+    pub(crate) fn holding(mut self, lease: Option<UidLease>) -> Self {
+        if let Some(lease) = &lease {
+            self.uid = Some(lease.uid());
+        }
+        self.lease = lease;
+        self
     }
 
     /// Finds a task an earlier run of the agent started, from its executor's `record`: still
@@ -233,6 +254,8 @@ impl TaskProcess {
                 cgroup: record.cgroup.as_ref().map(TaskCgroup::from_record),
             },
             files,
+            uid: None,
+            lease: None,
         }))
     }
 
@@ -266,7 +289,8 @@ impl TaskProcess {
         self.end(true).await
     }
 
-    /// The task has ended: kill what is left of it, read its status, and remove its cgroup.
+    /// The task has ended: kill what is left of it, read its status, remove its cgroup, and
+    /// end its hold on its uid.
     async fn end(self, killed: bool) -> TaskEnd {
         self.signaller.signal(libc::SIGKILL);
         let status = match self.files.read_status() {
@@ -283,6 +307,9 @@ impl TaskProcess {
             }
             None => false,
         };
+        if let Some(lease) = self.lease {
+            lease.end();
+        }
         TaskEnd {
             status,
             killed,
@@ -294,6 +321,10 @@ impl TaskProcess {
 impl RunnerTask for TaskProcess {
     fn pid(&self) -> Option<i32> {
         Some(self.signaller.group)
+    }
+
+    fn uid(&self) -> Option<u32> {
+        self.uid
     }
 
     fn cgroup(&self) -> Option<CgroupPaths> {
@@ -334,6 +365,13 @@ pub(crate) async fn open_sandbox(dir: &Path, owner: Option<Credentials>) -> io::
     let opened = tokio::task::spawn_blocking(move || {
         use std::os::unix::fs::PermissionsExt as _;
         std::fs::create_dir_all(&dir)?;
+        // `tasks/`: a task passes through it to its own directory, but lists no one's.
+        if let Some(tasks) = dir.parent() {
+            std::fs::set_permissions(
+                tasks,
+                std::fs::Permissions::from_mode(crate::store::DATA_DIR_MODE),
+            )?;
+        }
         // The task's alone (and the agent's): no other task lists, reads or writes it.
         std::fs::set_permissions(
             &dir,

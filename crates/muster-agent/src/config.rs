@@ -8,6 +8,7 @@ use std::time::Duration;
 use muster_actor::Upid;
 
 use crate::AgentError;
+use crate::task_uids::{DEFAULT_TASK_UID_RANGE, UidRange};
 
 /// How an agent finds its masters, where it keeps its state and what it offers.
 ///
@@ -48,9 +49,14 @@ pub struct AgentConfig {
     pub cgroups: bool,
     /// Most processes and threads one task may run at once, with cgroups (default 4096).
     pub task_pids_max: u64,
-    /// The user tasks run as when they name none. `None` (the default): `nobody` when the
-    /// agent runs as root, else the agent's own user.
+    /// The user tasks run as when they name none. `None` (the default): a uid of the task's
+    /// own from `task_uid_range` when the agent runs as root, else the agent's own user.
     pub task_user: Option<String>,
+    /// The uids a root agent runs its tasks as when neither their job nor `task_user` names a
+    /// user: each running task holds one of its own, its group the same number (default
+    /// [`DEFAULT_TASK_UID_RANGE`], systemd's 61184-65519). No user of the machine may have one
+    /// of these ids; two agents on one machine need ranges of their own.
+    pub task_uid_range: UidRange,
     /// Users a task (its job's group) may name to run as, besides `task_user`; none by default.
     pub allowed_task_users: Vec<String>,
     /// How long the agent may be down and still take its running tasks back when it starts
@@ -135,6 +141,7 @@ impl AgentConfig {
             cgroups: true,
             task_pids_max: DEFAULT_TASK_PIDS_MAX,
             task_user: None,
+            task_uid_range: DEFAULT_TASK_UID_RANGE,
             allowed_task_users: Vec::new(),
             recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
             stop_tasks_on_exit: true,

@@ -31,7 +31,10 @@
 //!   - `output`: a task's `stdout` and `stderr` files: rotation past a size, and reading them
 //!     back by absolute offset across rotations;
 //!   - [`isolation`]: cgroups (or process groups) bounding each task;
-//!   - `task_user`: whom tasks run as (`nobody` by default when the agent is root);
+//!   - `task_user`: whom tasks run as (a uid of their own by default when the agent is
+//!     root, the agent's user otherwise), and the users a job may name;
+//!   - `task_uids`: those dynamic uids ([`UidRange`]): one per running task, held from its
+//!     start (or re-attach) until its processes are reaped;
 //!   - `decimal`: numbers written without allocating, between fork and exec.
 //! - [`simulated`]: simulated tasks on the simulation's clock, for deterministic simulations.
 //! - `backoff`: registration delays (random start, capped exponential backoff with jitter).
@@ -62,6 +65,7 @@ pub mod reregistration;
 pub mod runner;
 pub mod simulated;
 pub mod store;
+mod task_uids;
 mod task_user;
 mod tasks;
 
@@ -76,4 +80,4 @@ pub use config::{
 };
 pub use error::AgentError;
 pub use isolation::Isolation;
-pub use task_user::DEFAULT_TASK_USER;
+pub use task_uids::{DEFAULT_TASK_UID_RANGE, UidRange, UidRangeError};

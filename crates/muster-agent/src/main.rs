@@ -21,7 +21,7 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 use muster_actor::System;
 use muster_agent::http::HTTP_PORT_OFFSET;
-use muster_agent::{AgentConfig, DEFAULT_TASK_USER};
+use muster_agent::{AgentConfig, DEFAULT_TASK_UID_RANGE, UidRange};
 use muster_launch::security::TlsFlags;
 use muster_launch::settings::{ByteSize, HumanDuration};
 use muster_security::{Role, Security};
@@ -100,9 +100,17 @@ muster_launch::settings! {
         /// The user tasks run as when their job names none
         #[arg(long, value_name = "USER")]
         #[serde(alias = "task-user")]
-        task_user: Option<String> => task_user [default: format!(
-            "{DEFAULT_TASK_USER} when the agent runs as root, else the agent's user"
-        )],
+        task_user: Option<String> => task_user [default:
+            "a uid of the task's own from --task-uid-range when the agent runs as root, else the \
+             agent's user"
+        ],
+        /// The uids a root agent runs tasks as when neither their job nor --task-user names a
+        /// user: each running task gets one of its own (its group the same number, no other
+        /// groups), free again once it has ended. No user of the machine may have one of them,
+        /// and each agent of a machine needs a range of its own
+        #[arg(long, value_name = "START-END")]
+        #[serde(alias = "task-uid-range")]
+        task_uid_range: Option<UidRange> => task_uid_range [default: DEFAULT_TASK_UID_RANGE],
         /// A user a job may name for its tasks to run as; repeat for each
         #[arg(long = "allow-task-user", value_name = "USER")]
         #[serde(alias = "allow-task-user", alias = "allowed-task-users")]
@@ -425,6 +433,55 @@ mod tests {
     }
 
     #[test]
+    fn the_task_uid_range_comes_from_the_file_or_a_flag_and_a_bad_one_is_named()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("agent.toml");
+        let base = "master = [\"127.0.0.1:5050\"]\ndata_dir = \"/tmp/a\"\n[tls]\ninsecure = true\n";
+        std::fs::write(&file, base)?;
+        let config_arg = file.to_string_lossy().into_owned();
+        let range = |extra: &[&str]| -> anyhow::Result<UidRange> {
+            let mut args = vec!["--config", &config_arg];
+            args.extend_from_slice(extra);
+            Ok(start(&args)?.config.task_uid_range)
+        };
+        assert_eq!(range(&[])?, DEFAULT_TASK_UID_RANGE);
+        assert_eq!(
+            range(&["--task-uid-range", "61000-61999"])?,
+            UidRange::new(61000, 61999)?
+        );
+        for (bad, why) in [
+            ("61000", "expected START-END"),
+            ("a-b", "expected START-END"),
+            ("0-10", "root"),
+            ("10-9", "ends before it starts"),
+        ] {
+            let Err(error) = range(&["--task-uid-range", bad]) else {
+                anyhow::bail!("--task-uid-range {bad} accepted");
+            };
+            let error = format!("{error:#}");
+            assert!(
+                error.contains("--task-uid-range") && error.contains(why),
+                "{bad}: {error}"
+            );
+        }
+
+        std::fs::write(&file, format!("task_uid_range = \"62000-62009\"\n{base}"))?;
+        assert_eq!(range(&[])?, UidRange::new(62000, 62009)?);
+        assert_eq!(range(&["--task-uid-range", "7-7"])?, UidRange::new(7, 7)?);
+        std::fs::write(&file, format!("task_uid_range = \"62009-62000\"\n{base}"))?;
+        let Err(error) = range(&[]) else {
+            anyhow::bail!("a reversed task_uid_range in the file was accepted");
+        };
+        let error = format!("{error:#}");
+        assert!(
+            error.contains("task_uid_range") && error.contains("ends before it starts"),
+            "{error}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn the_http_port_is_the_listen_port_plus_ten_unless_the_file_or_a_flag_says()
     -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
@@ -471,7 +528,9 @@ mod tests {
             "1GiB [default: 10MiB]",
             "one more would be made [default: 5]",
             "e.g. 1s [default: 1s]",
-            "[default: nobody when the agent runs as root, else the agent's user]",
+            "[default: a uid of the task's own from --task-uid-range when the agent runs as root, \
+             else the agent's user]",
+            "a range of its own [default: 61184-65519]",
             "Hostname to report [default: this machine's]",
         ] {
             assert!(help.contains(part), "--help lacks {part:?}:\n{help}");

@@ -1,7 +1,9 @@
 //! The agent's default [`TaskRunner`]: each task a process of this machine, started under its
 //! executor ([`TaskProcess`], see [`crate::executor`]) in its own working directory
 //! (`tasks/<id>` under the data directory), cgroup ([`Isolation`]) and user
-//! ([`Credentials`]), with its stdout and stderr in files there ([`crate::output`]).
+//! ([`Credentials`]), with its stdout and stderr in files there ([`crate::output`]). A task
+//! that names no user, of an agent running as root whose config names none either, runs as a
+//! uid of its own ([`TaskUids`]).
 //!
 //! - `reattach`: finding, after a restart of the agent, the tasks an earlier run started,
 //!   from their executors' records; settling what ended ones left in their cgroups.
@@ -25,7 +27,8 @@ use crate::runner::{
     TaskRunner,
 };
 use crate::store::{self, blocking};
-use crate::task_user::{self, Credentials, DEFAULT_TASK_USER, TaskUsers};
+use crate::task_uids::{TaskUids, UidLease};
+use crate::task_user::{self, Credentials};
 use crate::{AgentConfig, AgentError};
 
 /// Runs tasks as processes of this machine (see the module).
@@ -37,6 +40,8 @@ pub(crate) struct ProcessRunner {
     isolation: Isolation,
     /// Whether the agent runs as root, and so can (and must) run tasks as other users.
     root: bool,
+    /// The dynamic uids of tasks that name no user, when the agent runs as root.
+    uids: Option<TaskUids>,
     /// The machine's boot as the agent started: a task started in another boot is gone.
     boot_id: String,
     /// Most processes and threads one task may run at once, with cgroups.
@@ -74,16 +79,24 @@ impl ProcessRunner {
             other => tracing::info!(isolation = other.name(), "each task runs in its own cgroup"),
         }
         let root = task_user::agent_is_root();
-        let users = TaskUsers::new(
-            config.task_user.clone(),
-            Vec::new(),
-            root.then_some(DEFAULT_TASK_USER),
-        );
-        tracing::info!(user = %users.name_for(""), "tasks run as this user unless their job names another");
+        match (&config.task_user, root) {
+            (Some(user), _) => {
+                tracing::info!(%user, "tasks run as this user unless their job names another");
+            }
+            (None, true) => tracing::info!(
+                uids = %config.task_uid_range,
+                "each task runs as a uid of its own from this range unless its job names a user"
+            ),
+            (None, false) => tracing::info!(
+                user = %task_user::name_or_own(None),
+                "tasks run as the agent's user"
+            ),
+        }
         Ok(ProcessRunner {
             data_dir: config.data_dir.clone(),
             isolation,
             root,
+            uids: root.then(|| TaskUids::new(config.task_uid_range)),
             boot_id: crate::executor::boot_id().unwrap_or_default(),
             pids_max: config.task_pids_max,
             output_limits: OutputLimits {
@@ -95,14 +108,79 @@ impl ProcessRunner {
         })
     }
 
-    /// Starts `task`'s process as `credentials`: its working directory, its cgroup, its
-    /// executor, and the record a restarted agent finds it by (written before anyone hears it
-    /// runs).
+    /// Whom a task that runs as `user` (as the agent's rule says: `None` for the runner's
+    /// default) runs as here, with the lease on its uid if it is a dynamic one: a free uid of
+    /// the range for a task of a root agent that comes to no user, taken now if `take`, else
+    /// only checked for.
+    fn credentials(
+        &self,
+        task: &Task,
+        user: Option<&str>,
+        take: bool,
+    ) -> Result<(Option<Credentials>, Option<UidLease>), StartError> {
+        if user.is_none()
+            && let Some(uids) = &self.uids
+        {
+            if !take {
+                uids.check_free()
+                    .map_err(|e| StartError::User(Box::new(e)))?;
+                return Ok((None, None));
+            }
+            let lease = uids
+                .take(&store::task_dir(&self.data_dir, &task.id))
+                .map_err(|e| StartError::User(Box::new(e)))?;
+            return Ok((Some(Credentials::dynamic(lease.uid())), Some(lease)));
+        }
+        let credentials =
+            Credentials::for_task(user, self.root).map_err(|e| StartError::User(Box::new(e)))?;
+        Ok((credentials, None))
+    }
+
+    /// Starts `task`'s process as `credentials`, holding `lease` on its uid while it runs (a
+    /// start that fails gives the uid and the directory up at once): its working directory, its
+    /// cgroup, its executor, and the record a restarted agent finds it by (written before
+    /// anyone hears it runs).
     async fn spawn(
         &self,
         task: &Task,
         credentials: Option<Credentials>,
+        lease: Option<UidLease>,
     ) -> Result<TaskProcess, StartError> {
+        let (process, record) = match self.spawn_process(task, credentials).await {
+            Ok(spawned) => spawned,
+            Err(error) => {
+                if let Some(lease) = lease {
+                    lease.end();
+                }
+                return Err(error);
+            }
+        };
+        let process = process.holding(lease);
+        // What a restarted agent needs to find it again, before anyone hears it runs.
+        let files = store::executor_files(&self.data_dir, &task.id);
+        let written = blocking(move || {
+            record
+                .write(&files)
+                .map_err(|source| AgentError::StateFile {
+                    path: files.record.clone(),
+                    source,
+                })
+        })
+        .await;
+        if let Err(error) = written {
+            runner::kill_and_wait(Box::new(process)).await;
+            return Err(StartError::Record(error));
+        }
+        Ok(process)
+    }
+
+    /// [`spawn`](Self::spawn)'s working directory, cgroup and executor, with the executor's
+    /// record to write.
+    async fn spawn_process(
+        &self,
+        task: &Task,
+        credentials: Option<Credentials>,
+    ) -> Result<(TaskProcess, crate::executor::Record), StartError> {
         let id = &task.id;
         let dir = store::task_dir(&self.data_dir, id);
         let output = child_process::open_sandbox(&dir, credentials)
@@ -128,8 +206,8 @@ impl ProcessRunner {
             credentials,
         };
         let files = store::executor_files(&self.data_dir, id);
-        let (process, record) = match TaskProcess::spawn(task, &dir, files.clone(), sandbox) {
-            Ok(spawned) => spawned,
+        match TaskProcess::spawn(task, &dir, files, sandbox) {
+            Ok(spawned) => Ok(spawned),
             Err(e) => {
                 if let Some(cgroup) = cgroup {
                     cgroup.remove();
@@ -139,24 +217,9 @@ impl ProcessRunner {
                     Ok(())
                 })
                 .await;
-                return Err(StartError::command(&task.command, e));
+                Err(StartError::command(&task.command, e))
             }
-        };
-        // What a restarted agent needs to find it again, before anyone hears it runs.
-        let written = blocking(move || {
-            record
-                .write(&files)
-                .map_err(|source| AgentError::StateFile {
-                    path: files.record.clone(),
-                    source,
-                })
-        })
-        .await;
-        if let Err(error) = written {
-            runner::kill_and_wait(Box::new(process)).await;
-            return Err(StartError::Record(error));
         }
-        Ok(process)
     }
 }
 
@@ -165,17 +228,15 @@ impl TaskRunner for ProcessRunner {
         self.isolation.name()
     }
 
-    fn default_user(&self) -> Option<&str> {
-        self.root.then_some(DEFAULT_TASK_USER)
+    /// Checks that the named user can be looked up (and switched to), or, for a task that
+    /// names none of a root agent, that a uid of the range is free.
+    fn admit(&self, task: &Task, user: Option<&str>) -> Result<(), StartError> {
+        self.credentials(task, user, false).map(drop)
     }
 
-    fn admit(&self, _task: &Task, user: Option<&str>) -> Result<(), StartError> {
-        Credentials::for_task(user, self.root)
-            .map(drop)
-            .map_err(|e| StartError::User(Box::new(e)))
-    }
-
-    /// Looks the user up again (as [`admit`](TaskRunner::admit) did), then spawns the task.
+    /// Looks the user up again (as [`admit`](TaskRunner::admit) did) or takes a free uid of
+    /// the range, then spawns the task; the uid is free again once the task's processes are
+    /// reaped (or if it does not start).
     fn start<'a>(
         &'a self,
         task: &'a Task,
@@ -183,9 +244,8 @@ impl TaskRunner for ProcessRunner {
         _term: u64,
     ) -> BoxFuture<'a, Result<Box<dyn RunnerTask>, StartError>> {
         Box::pin(async move {
-            let credentials = Credentials::for_task(user, self.root)
-                .map_err(|e| StartError::User(Box::new(e)))?;
-            let process = self.spawn(task, credentials).await?;
+            let (credentials, lease) = self.credentials(task, user, true)?;
+            let process = self.spawn(task, credentials, lease).await?;
             Ok(Box::new(process) as Box<dyn RunnerTask>)
         })
     }

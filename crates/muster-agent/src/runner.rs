@@ -114,6 +114,12 @@ pub trait RunnerTask: Send + Sync + fmt::Debug {
         None
     }
 
+    /// The user id its processes run as, if it is a process of this machine: for the agent's
+    /// logs. `None` (the default) where there is none, or it is not known.
+    fn uid(&self) -> Option<u32> {
+        None
+    }
+
     /// Where its CPU and memory use is accounted (its cgroup), for the agent's metrics; `None`
     /// (the default) where nothing is.
     fn cgroup(&self) -> Option<CgroupPaths> {
@@ -260,14 +266,15 @@ pub trait TaskRunner: Send + Sync + fmt::Debug + 'static {
     }
 
     /// The user a task runs as when neither it nor the agent's config names one; `None` (the
-    /// default) for the agent's own user.
+    /// default): the runner chooses as it starts the task (see [`start`](TaskRunner::start)).
     fn default_user(&self) -> Option<&str> {
         None
     }
 
     /// Checks, before the agent accepts `task`, that it can run as `user` (the user the
-    /// agent's rule gives it; `None` for the agent's own user); the default admits it. A task
-    /// refused here is not checkpointed: it FAILED before it was STARTING.
+    /// agent's rule gives it; `None` for the runner's default, see
+    /// [`start`](TaskRunner::start)); the default admits it. A task refused here is not
+    /// checkpointed: it FAILED before it was STARTING.
     ///
     /// # Errors
     /// Why `task` cannot run here.
@@ -279,6 +286,9 @@ pub trait TaskRunner: Send + Sync + fmt::Debug + 'static {
     /// Starts `task` (its `command`, `args` and `env`) as `user`, which the agent admitted on
     /// the command of a leader of raft term `term` and checkpointed as STARTING; resolves to
     /// the running task, or why it could not start (the task FAILED, with that message).
+    /// `user` is `None` when neither the task, the agent's config nor
+    /// [`default_user`](TaskRunner::default_user) names one: the runner's choice (for
+    /// processes: the agent's own user, or a uid of the task's own when the agent is root).
     fn start<'a>(
         &'a self,
         task: &'a Task,

@@ -9,8 +9,9 @@
 //!   find the task's executor again, what the executor records (see `executor`), and the lock
 //!   between the executor's rotations of the task's output and the agent's reads (see
 //!   `output`);
-//! - `tasks/<task id>/`: each task's working directory, with its `stdout` and `stderr`, owned
-//!   by the task's user;
+//! - `tasks/<task id>/`: each task's working directory (0700), with its `stdout` and `stderr`
+//!   (0600), owned by the task's user while it runs (a task of a dynamic uid's goes back to
+//!   root once it has ended); `tasks/` itself is 0711, so a task cannot list the others' ids;
 //! - `meta/term`: the highest leader term the agent obeys; `meta/alive`: when it was last
 //!   alive.
 //!
@@ -34,8 +35,8 @@ pub const AGENT_ID_FILE: &str = "agent_id";
 
 const PROBE_FILE: &str = ".muster-agent-probe";
 
-/// The mode of the data directory: others may pass through it to their own task's
-/// directory, never list it.
+/// The mode of the data directory and of `tasks/` in it: others may pass through them to
+/// their own task's directory, never list them.
 pub const DATA_DIR_MODE: u32 = 0o711;
 
 /// The mode of `meta/` (ids, terms, task checkpoints holding environments) and of each task's

@@ -1,14 +1,12 @@
-//! Whom a task runs as. An agent running as root runs tasks as an unprivileged user (its
-//! `task_user`, `nobody` by default); a task may name another user only if the agent's
-//! `allowed_task_users` lists it. An agent that is not root runs tasks as itself and refuses a
-//! task that names another user: it could not switch to it.
+//! Whom a task runs as. An agent running as root runs tasks as unprivileged users: its
+//! `task_user` if its config names one, else each task as a uid of its own (see
+//! `crate::task_uids`); a task may name another user only if the agent's `allowed_task_users`
+//! lists it. An agent that is not root runs tasks as itself and refuses a task that names
+//! another user: it could not switch to it.
 
 use std::ffi::{CStr, CString};
 use std::io;
 use std::path::Path;
-
-/// The user tasks run as by default when the agent is root.
-pub const DEFAULT_TASK_USER: &str = "nobody";
 
 /// A user's ids, looked up before the fork, for the task to switch to before its exec.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -20,6 +18,11 @@ pub(crate) struct Credentials {
 }
 
 impl Credentials {
+    /// A dynamic task uid (see `crate::task_uids`): the group is the same number.
+    pub(crate) fn dynamic(uid: libc::uid_t) -> Credentials {
+        Credentials { uid, gid: uid }
+    }
+
     /// Looks `name` up in the user database.
     ///
     /// # Errors
@@ -166,7 +169,9 @@ fn allowed_list(allowed: &[String]) -> String {
 
 /// Whom the agent runs its tasks as, by its rule: the user a task runs as when it names none,
 /// and the users it may name. Whether and how the machine can run a task as that user is its
-/// runner's (see [`Credentials::for_task`]).
+/// runner's (see [`Credentials::for_task`]); a task that comes to no user here runs as its
+/// runner's default (the process runner's: a dynamic uid when the agent is root, else the
+/// agent's own user).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct TaskUsers {
     /// The user a task runs as when it names none (`None`: as the agent's user).
@@ -178,8 +183,7 @@ pub(crate) struct TaskUsers {
 impl TaskUsers {
     /// From the agent's config, `task_user` (a task's default) and `allowed` (the users a task
     /// may name), and its runner's `machine_default`, the user for a task when neither it nor
-    /// the config names one (`nobody` for an agent that runs processes as root; `None`: the
-    /// agent's own user).
+    /// the config names one (`None`: the runner's default).
     pub(crate) fn new(
         task_user: Option<String>,
         allowed: Vec<String>,
@@ -193,17 +197,8 @@ impl TaskUsers {
         }
     }
 
-    /// The name of the user a task that names `requested` (empty: none) runs as: for logs.
-    pub(crate) fn name_for(&self, requested: &str) -> String {
-        if requested.is_empty() {
-            name_or_own(self.default.as_deref())
-        } else {
-            requested.to_owned()
-        }
-    }
-
     /// The user a task that names `requested` (empty: none) runs as by the agent's rule:
-    /// `None` for the agent's own user.
+    /// `None` for its runner's default.
     ///
     /// # Errors
     /// [`UserError::NotAllowed`] if the task names a user the agent does not allow.
@@ -223,9 +218,11 @@ impl TaskUsers {
 }
 
 impl Credentials {
-    /// Whom a task that runs as `user` (`None`: the agent's own user, as [`TaskUsers::named`]
-    /// answers) runs as on this machine: `None` for the agent's own user; the user's ids,
-    /// looked up, if the agent is `root` and so can switch to them.
+    /// Whom a task that runs as the named `user` runs as on this machine: `None` for the
+    /// agent's own user; the user's ids, looked up, if the agent is `root` and so can switch
+    /// to them. A task that names no user (`None`, as [`TaskUsers::named`] answers) gets
+    /// `None` here: whom it runs as is the runner's to choose (a dynamic uid for a root agent,
+    /// see `crate::process_runner`).
     ///
     /// # Errors
     /// [`UserError::CannotSwitch`] for another user than the agent's when it is not root,
@@ -261,12 +258,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn root_defaults_to_nobody_and_only_allowed_users_may_be_named() {
-        let users = TaskUsers::new(None, vec!["root".into()], Some(DEFAULT_TASK_USER));
+    fn a_configured_user_is_the_default_and_only_allowed_users_may_be_named() {
+        let users = TaskUsers::new(Some("nobody".into()), vec!["root".into()], None);
         let nobody = users
             .named("")
             .and_then(|user| Credentials::for_task(user, true));
         assert!(matches!(nobody, Ok(Some(c)) if c.uid != 0), "{nobody:?}");
+        // Without one, the runner chooses (a root agent's process runner: a dynamic uid).
+        let dynamic = TaskUsers::new(None, vec!["root".into()], None);
+        assert_eq!(dynamic.named(""), Ok(None));
         let root = users
             .named("root")
             .and_then(|user| Credentials::for_task(user, true));

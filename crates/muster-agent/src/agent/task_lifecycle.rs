@@ -19,7 +19,7 @@ use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
 use crate::runner::{self, RunnerTask, StartError, Stop, TaskEnd};
 use crate::store::{self, TaskIdError, blocking};
-use crate::task_user::UserError;
+use crate::task_user::{self, UserError};
 use crate::tasks::{KillRequest, Stopper};
 
 /// Why the agent did not start a task: the task FAILED, with this as its message, and the
@@ -178,7 +178,8 @@ impl Agent {
         }
         match running.pid() {
             Some(pid) => {
-                tracing::info!(task = %id, framework = %framework.id, pid, user = %self.task_users.name_for(&task.user), command = %task.command, "task running");
+                let user = running.uid().map(task_user::name_of).unwrap_or_default();
+                tracing::info!(task = %id, framework = %framework.id, pid, %user, command = %task.command, "task running");
             }
             None => {
                 tracing::info!(task = %id, framework = %framework.id, command = %task.command, term = self.term, "task running");

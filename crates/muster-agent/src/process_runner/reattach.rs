@@ -2,6 +2,9 @@
 //! [`crate::executor`]): still running under the same executor (re-attached), ended with the
 //! status its executor wrote (what it left in its cgroup is killed), or gone (a start the
 //! earlier run did not see through is killed). And settling what a task that had ended left.
+//! A task found running holds its dynamic uid again (read back from the owner of its working
+//! directory), so that no new task is given it; the directory of one found ended goes back to
+//! root (see [`crate::task_uids`]).
 
 use super::ProcessRunner;
 use crate::child_process::{Recovered, TaskProcess};
@@ -13,18 +16,32 @@ use crate::store;
 impl ProcessRunner {
     /// Finds task `task_id`'s process from its executor's files, as the module says.
     pub(super) async fn find(&self, task_id: &str) -> Reattached {
+        let found = self.find_process(task_id).await;
+        if !matches!(found, Reattached::Running(_))
+            && let Some(uids) = &self.uids
+        {
+            uids.close_dir(&store::task_dir(&self.data_dir, task_id));
+        }
+        found
+    }
+
+    /// Finds task `task_id`'s process, as [`find`](Self::find) does, but for its uid.
+    async fn find_process(&self, task_id: &str) -> Reattached {
         let files = store::executor_files(&self.data_dir, task_id);
         let record = match Record::read(&files) {
             Ok(Some(record)) => record,
             Ok(None) => return self.started_without_record(task_id, files).await,
             Err(e) => return Reattached::Gone(format!("its executor record is unreadable: {e}")),
         };
-        self.reattach_to(files, &record).await
+        self.reattach_to(task_id, files, &record).await
     }
 
     /// Task `task_id` had ended (killed as the agent stopped): what it left in its cgroup is
     /// killed, and its executor's files go.
     pub(super) async fn settle_ended(&self, task_id: &str) {
+        if let Some(uids) = &self.uids {
+            uids.close_dir(&store::task_dir(&self.data_dir, task_id));
+        }
         let files = store::executor_files(&self.data_dir, task_id);
         if let Ok(Some(record)) = Record::read(&files) {
             settle_leftovers(&record).await;
@@ -34,11 +51,21 @@ impl ProcessRunner {
         }
     }
 
-    /// Re-attaches to the executor `record` names: running, or ended (what it left in its
-    /// cgroup is killed), or gone.
-    async fn reattach_to(&self, files: Files, record: &Record) -> Reattached {
+    /// Re-attaches to the executor `record` names: running (holding its uid again), or ended
+    /// (what it left in its cgroup is killed), or gone.
+    async fn reattach_to(&self, task_id: &str, files: Files, record: &Record) -> Reattached {
         match TaskProcess::reattach(files, record, &self.boot_id) {
-            Recovered::Running(process) => Reattached::Running(process),
+            Recovered::Running(process) => {
+                let dir = store::task_dir(&self.data_dir, task_id);
+                let lease = self.uids.as_ref().and_then(|uids| {
+                    uids.owner_in_range(&dir)
+                        .and_then(|uid| uids.hold(uid, &dir))
+                });
+                if let Some(lease) = &lease {
+                    tracing::info!(task = %task_id, uid = lease.uid(), "a re-attached task keeps its uid");
+                }
+                Reattached::Running(Box::new(process.holding(lease)))
+            }
             Recovered::Ended(status) => {
                 let out_of_memory = settle_leftovers(record).await;
                 Reattached::Ended(TaskEnd {
@@ -79,7 +106,7 @@ impl ProcessRunner {
                 tracing::warn!(task = %task_id, %error, "cannot write a rebuilt executor record");
             }
             tracing::info!(task = %task_id, executor = record.executor_pid, "a task started as the agent stopped runs: taken back");
-            return self.reattach_to(files, &record).await;
+            return self.reattach_to(task_id, files, &record).await;
         }
         self.abandon_start(task_id, &files).await;
         Reattached::Gone(

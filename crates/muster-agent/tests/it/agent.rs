@@ -1,7 +1,8 @@
 //! The agent against fake masters: processes registered as `master` on their own nodes in this
 //! test process, answering registrations as the test tells them and reporting what they got.
 //! This file holds the fake masters and the agents they face; the cases are by area:
-//! `registration`, `launches`, `processes`, `recovery` and `simulated`.
+//! `registration`, `launches`, `processes`, `recovery`, `simulated`, `file_modes` and
+//! `task_uids`.
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +31,7 @@ mod processes;
 mod recovery;
 mod registration;
 mod simulated;
+mod task_uids;
 
 /// How long any one expected event may take before the test fails.
 const PATIENCE: Duration = Duration::from_secs(60);

@@ -1,13 +1,14 @@
 //! What the agent keeps on disk is its own: the data directory lets others pass to their own
 //! task's directory but not list it, `meta/` (ids, terms, checkpoints holding environments)
-//! and every file in it are the agent's alone, and each task's directory and output are its
-//! task's alone.
+//! and every file in it are the agent's alone, `tasks/` lets a task pass to its own directory
+//! but not list the others, and each task's directory and output are its task's alone.
 
 use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 
 use super::*;
 
-fn mode(path: &Path) -> anyhow::Result<u32> {
+/// The permission bits of `path` (not followed if a link).
+pub(super) fn mode(path: &Path) -> anyhow::Result<u32> {
     Ok(std::fs::symlink_metadata(path)
         .with_context(|| format!("{}", path.display()))?
         .mode()
@@ -59,6 +60,7 @@ async fn the_data_dir_is_closed_and_each_tasks_directory_is_its_own() -> anyhow:
     for file in &kept {
         assert_eq!(mode(file)?, 0o600, "{}", file.display());
     }
+    assert_eq!(mode(&data.join("tasks"))?, 0o711, "tasks/");
     let task_dir = data.join("tasks/secretive");
     assert_eq!(mode(&task_dir)?, 0o700, "the task's directory");
     for output in ["stdout", "stderr"] {
