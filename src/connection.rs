@@ -48,6 +48,16 @@ pub(crate) struct Target {
     /// How long one call may take, e.g. 30s.
     #[arg(long, global = true, default_value = "30s", value_parser = humantime::parse_duration)]
     timeout: Duration,
+    /// The namespace of the jobs a command names or lists (`*` in lists and `events`: every
+    /// namespace the token may read).
+    #[arg(
+        long,
+        short = 'n',
+        global = true,
+        env = "MUSTER_NAMESPACE",
+        default_value = "default"
+    )]
+    namespace: String,
 }
 
 /// An operator client that sends the token with each call.
@@ -62,6 +72,8 @@ pub(crate) struct Connection {
     timeout: Duration,
     /// The dev cluster's file, when the settings came from it (for error messages).
     from_dev: Option<PathBuf>,
+    /// The namespace commands work in (`--namespace`).
+    pub(crate) namespace: String,
 }
 
 /// The `host:port` of each master in a comma-separated list (see [`authority`]).
@@ -125,6 +137,7 @@ impl Target {
                 token: flags.token(),
                 timeout: self.timeout,
                 from_dev: Some(dev.file),
+                namespace: self.namespace.clone(),
             });
         }
         Ok(Connection {
@@ -133,6 +146,7 @@ impl Target {
             token: client.token(),
             timeout: self.timeout,
             from_dev: None,
+            namespace: self.namespace.clone(),
         })
     }
 }

@@ -27,6 +27,7 @@ pub(crate) async fn run(
             let request = pb::StreamEventsRequest {
                 index,
                 topics: topics.clone(),
+                namespace: connection.namespace.clone(),
             };
             async move { client.stream_events(request).await }
         })
@@ -41,6 +42,7 @@ pub(crate) async fn run(
             topic: event.topic,
             kind: event.kind,
             key: event.key,
+            namespace: (!event.namespace.is_empty()).then_some(event.namespace),
             payload,
         };
         if format.is_json() {
@@ -96,6 +98,7 @@ mod tests {
             topic: topic.into(),
             kind: "TaskUpdated".into(),
             key: "web.main[0]".into(),
+            namespace: Some("default".into()),
             payload,
         }
     }

@@ -88,7 +88,7 @@ pub(crate) async fn run(
     let mut out = std::io::stdout().lock();
     match command {
         JobCommand::Run { file } => {
-            let spec = job_file::read(&file)?;
+            let spec = job_file::read(&file, &connection.namespace)?;
             let name = spec.name.clone();
             let reply = connection
                 .at_leader(|mut client| {
@@ -115,7 +115,7 @@ pub(crate) async fn run(
             return job_logs(connection, &name, task, stderr, follow, format).await;
         }
         JobCommand::Plan { file } => {
-            let spec = job_file::read(&file)?;
+            let spec = job_file::read(&file, &connection.namespace)?;
             let plan = connection
                 .at_leader(|mut client| {
                     let job = Some(spec.clone());
@@ -154,9 +154,14 @@ pub(crate) async fn run(
             let list = connection
                 .read(stale, |mut client| {
                     let name = name.clone();
+                    let namespace = connection.namespace.clone();
                     async move {
                         client
-                            .job_versions(pb::JobStatusRequest { name, stale })
+                            .job_versions(pb::JobStatusRequest {
+                                name,
+                                stale,
+                                namespace,
+                            })
                             .await
                     }
                 })
@@ -207,7 +212,12 @@ pub(crate) async fn run(
             let reply = connection
                 .at_leader(|mut client| {
                     let name = name.clone();
-                    async move { client.stop_job(pb::StopJobRequest { name }).await }
+                    let namespace = connection.namespace.clone();
+                    async move {
+                        client
+                            .stop_job(pb::StopJobRequest { name, namespace })
+                            .await
+                    }
                 })
                 .await?;
             if format.is_json() {
@@ -219,9 +229,14 @@ pub(crate) async fn run(
             let status = connection
                 .read(stale, |mut client| {
                     let name = name.clone();
+                    let namespace = connection.namespace.clone();
                     async move {
                         client
-                            .job_status(pb::JobStatusRequest { name, stale })
+                            .job_status(pb::JobStatusRequest {
+                                name,
+                                stale,
+                                namespace,
+                            })
                             .await
                     }
                 })
@@ -336,9 +351,14 @@ async fn job_logs(
     let status = connection
         .at_leader(|mut client| {
             let name = name.to_owned();
+            let namespace = connection.namespace.clone();
             async move {
                 client
-                    .job_status(pb::JobStatusRequest { name, stale: false })
+                    .job_status(pb::JobStatusRequest {
+                        name,
+                        stale: false,
+                        namespace,
+                    })
                     .await
             }
         })

@@ -8,12 +8,17 @@ use muster::proto::model as pb;
 use muster_api::JobSpec;
 
 /// Reads a job file (the TOML form of [`JobSpec`], the document `POST /v1/jobs` takes as
-/// JSON). The master validates the job; this only checks the file's shape and its words
-/// (`type`, `operator`), and its errors name the file and the key.
-pub(crate) fn read(path: &Path) -> anyhow::Result<pb::Job> {
+/// JSON), in the file's `namespace`, else in `namespace` (`--namespace`). The master validates
+/// the job; this only checks the file's shape and its words (`type`, `operator`), and its
+/// errors name the file and the key.
+pub(crate) fn read(path: &Path, namespace: &str) -> anyhow::Result<pb::Job> {
     let text = std::fs::read_to_string(path)
         .with_context(|| format!("cannot read the job file {}", path.display()))?;
-    parse(&text).with_context(|| format!("bad job file {}", path.display()))
+    let mut job = parse(&text).with_context(|| format!("bad job file {}", path.display()))?;
+    if job.namespace.is_empty() {
+        namespace.clone_into(&mut job.namespace);
+    }
+    Ok(job)
 }
 
 fn parse(text: &str) -> anyhow::Result<pb::Job> {
@@ -26,10 +31,13 @@ mod tests {
 
     #[test]
     fn the_example_job_parses() -> anyhow::Result<()> {
-        let spec = read(Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/examples/jobs/hello.toml"
-        )))?;
+        let spec = read(
+            Path::new(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/jobs/hello.toml"
+            )),
+            "default",
+        )?;
         assert_eq!(spec.name, "hello");
         assert_eq!(spec.scheduler, pb::SchedulerType::Batch as i32);
         assert_eq!(spec.groups[0].count, 1);

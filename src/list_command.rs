@@ -22,9 +22,14 @@ pub(crate) async fn jobs(
     let list = connection
         .read(stale, |mut client| {
             let prefix = prefix.clone();
+            let namespace = connection.namespace.clone();
             async move {
                 client
-                    .list_jobs(pb::ListJobsRequest { stale, prefix })
+                    .list_jobs(pb::ListJobsRequest {
+                        stale,
+                        prefix,
+                        namespace,
+                    })
                     .await
             }
         })
@@ -91,6 +96,7 @@ pub(crate) async fn evals(
     let list = connection
         .read(stale, |mut client| {
             let job = job.clone();
+            let namespace = connection.namespace.clone();
             async move {
                 client
                     .list_evaluations(pb::ListEvaluationsRequest {
@@ -98,6 +104,7 @@ pub(crate) async fn evals(
                         job,
                         limit,
                         id: String::new(),
+                        namespace,
                     })
                     .await
             }

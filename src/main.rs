@@ -1,14 +1,14 @@
 //! `muster`: a one-process dev cluster (`muster dev`), a cluster's state (`muster status`),
 //! jobs (`muster job run FILE`, `muster job status NAME`, `muster job stop NAME`,
 //! `muster job list`), evaluations (`muster eval list`), agents (`muster agent list`), TLS
-//! material (`muster tls`), ACL tokens (`muster acl`) and registry snapshots
-//! (`muster operator snapshot save|restore`).
+//! material (`muster tls`), ACL tokens and policies (`muster acl`), namespaces
+//! (`muster namespace`) and registry snapshots (`muster operator snapshot save|restore`).
 //!
 //! This file is the grammar (the clap types) and the dispatch; each command group is
 //! implemented in its own module: `dev`, `status_command`, `job_command`, `list_command`
 //! (`job list`, `eval list`, `agent list`), `agent_command`, `events_command`, `tls_command`,
-//! `acl_command` and `operator_command`. What they share: `connection` (reaching a master),
-//! `output` (text or JSON), `when` (times) and `job_file` (job files).
+//! `acl_command`, `namespace_command` and `operator_command`. What they share: `connection`
+//! (reaching a master), `output` (text or JSON), `when` (times) and `job_file` (job files).
 
 mod acl_command;
 mod agent_command;
@@ -19,6 +19,7 @@ mod events_command;
 mod job_command;
 mod job_file;
 mod list_command;
+mod namespace_command;
 mod operator_command;
 mod output;
 mod status_command;
@@ -34,6 +35,7 @@ use clap::{Parser, Subcommand};
 use connection::Target;
 use dev::DevOptions;
 use job_command::JobCommand;
+use namespace_command::NamespaceCommand;
 use operator_command::OperatorCommand;
 use output::Format;
 use tls_command::TlsCommand;
@@ -51,7 +53,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// Where and how to reach a master (MUSTER_ADDR, MUSTER_CACERT, MUSTER_CLIENT_CERT,
-    /// MUSTER_CLIENT_KEY, MUSTER_TOKEN).
+    /// MUSTER_CLIENT_KEY, MUSTER_TOKEN), and the namespace (MUSTER_NAMESPACE).
     #[command(flatten)]
     target: Target,
     /// Print the answer as JSON, one document per line: the same document the HTTP API
@@ -117,10 +119,15 @@ enum Command {
         #[command(subcommand)]
         command: TlsCommand,
     },
-    /// Bootstrap ACLs; create, list and delete tokens.
+    /// Bootstrap ACLs; create, list and delete tokens and policies.
     Acl {
         #[command(subcommand)]
         command: AclCommand,
+    },
+    /// Namespaces: create, change, list and delete them.
+    Namespace {
+        #[command(subcommand)]
+        command: NamespaceCommand,
     },
     /// Cluster operations: registry snapshots.
     Operator {
@@ -183,6 +190,9 @@ fn main() -> ExitCode {
                 agent_command::run(&target.resolve()?, command, format).await
             }
             Command::Acl { command } => acl_command::run(&target.resolve()?, command, format).await,
+            Command::Namespace { command } => {
+                namespace_command::run(&target.resolve()?, command, format).await
+            }
             Command::Operator { command } => {
                 operator_command::run(&target.resolve()?, command, format).await
             }

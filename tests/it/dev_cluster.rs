@@ -297,7 +297,7 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     ensure!(!refused.status.success(), "a read token submitted");
     let text = String::from_utf8_lossy(&refused.stderr);
     ensure!(
-        text.contains("token \"ci\" has policy read; submitting needs submit"),
+        text.contains("token \"ci\" (policies: read) may not make this call: it needs a policy granting submit-job in some namespace"),
         "{text}"
     );
     // No credentials at all: plaintext to a TLS port gets nowhere, and says where it went.

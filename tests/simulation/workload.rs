@@ -327,6 +327,7 @@ impl Client {
             let request = pb::JobStatusRequest {
                 name: job.to_owned(),
                 stale: false,
+                namespace: String::new(),
             };
             match tokio::time::timeout(CALL_DEADLINE, client.job_status(request)).await {
                 Ok(Ok(reply)) => return Some(Some(reply.into_inner())),
@@ -405,6 +406,7 @@ impl Client {
                 _ => {
                     let request = pb::StopJobRequest {
                         name: job.to_owned(),
+                        namespace: String::new(),
                     };
                     client.stop_job(request).await
                 }

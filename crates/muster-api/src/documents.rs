@@ -7,6 +7,7 @@ mod agents;
 mod cluster;
 mod evaluations;
 mod jobs;
+mod namespaces;
 mod tasks;
 
 use muster_proto::cluster as cluster_pb;
@@ -22,7 +23,20 @@ pub use jobs::{
     JobDetail, JobList, JobPlan, JobSummary, JobVersion, JobVersions, PlannedTask, Submitted,
     TaskCounts,
 };
+pub use namespaces::NamespaceInfo;
 pub use tasks::{TaskInfo, TaskLogs, task_state_name};
+
+/// A job's namespace and name as a document shows them, from a message's namespace (empty:
+/// `default`, or carried by the job's id, `team-a:web`) and job.
+pub(crate) fn namespace_and_job(namespace: String, job: String) -> (String, String) {
+    if !namespace.is_empty() {
+        return (namespace, job);
+    }
+    match job.split_once(':') {
+        Some((namespace, name)) => (namespace.to_owned(), name.to_owned()),
+        None => ("default".to_owned(), job),
+    }
+}
 
 /// Every error the API answers: a stable code and a message naming the problem.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -82,8 +96,12 @@ pub struct Event {
     /// `agent-registered`, `agent-reregistered`, `agent-updated`, `agent-unreachable`,
     /// `agent-scheduling` (its eligibility or drain changed).
     pub kind: String,
-    /// What it is about: the job's name, the evaluation's, task's or agent's id.
+    /// What it is about: the job's id (its name, `namespace:name` outside `default`), the
+    /// evaluation's, task's or agent's id.
     pub key: String,
+    /// The namespace of its job, evaluation or task; absent for an agent's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
     /// The thing as it is now: a [`JobSummary`]-like object for jobs (name, version,
     /// stopped), an [`EvaluationInfo`], a [`TaskInfo`], or an agent's id and status.
     #[schema(value_type = Object)]
@@ -134,6 +152,7 @@ mod tests {
             topic: "job".into(),
             kind: "job-registered".into(),
             key: "web".into(),
+            namespace: Some("default".into()),
             payload: serde_json::json!({
                 "name": "web",
                 "env": "not an object: left alone",

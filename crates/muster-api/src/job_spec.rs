@@ -13,8 +13,12 @@ use utoipa::ToSchema;
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
-    /// The job's name: letters, digits, `-` and `_`, at most 128.
+    /// The job's name: letters, digits, `-` and `_`, at most 128; unique in its namespace.
     pub name: String,
+    /// Its namespace (it must exist: `muster namespace apply`); absent: `default`. A
+    /// request's `?namespace=` (the CLI's `--namespace`) names it when the document does not.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub namespace: String,
     /// `service` (the default), `batch` or `system`.
     #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
     pub kind: String,
@@ -249,6 +253,7 @@ impl JobSpec {
         }
         Ok(pb::Job {
             name: self.name.clone(),
+            namespace: self.namespace.clone(),
             priority: self.priority,
             scheduler: scheduler(&self.kind)? as i32,
             groups,
@@ -261,6 +266,7 @@ impl JobSpec {
     pub fn from_proto(job: &pb::Job) -> JobSpec {
         JobSpec {
             name: job.name.clone(),
+            namespace: job.namespace.clone(),
             kind: scheduler_name(job.scheduler).to_owned(),
             priority: job.priority,
             groups: job

@@ -11,7 +11,7 @@ pub mod job_spec;
 pub use documents::{
     AgentDetail, AgentList, AgentScheduling, AgentSummary, ApiError, ClusterStatus, DrainRequest,
     EVENT_TOPICS, EligibilityRequest, EvaluationInfo, EvaluationList, Event, JobDetail, JobList,
-    JobPlan, JobSummary, JobVersion, JobVersions, Member, PlannedTask, REDACTED, ReadInfo,
-    Submitted, TaskCounts, TaskInfo, TaskLogs,
+    JobPlan, JobSummary, JobVersion, JobVersions, Member, NamespaceInfo, PlannedTask, REDACTED,
+    ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs,
 };
 pub use job_spec::{ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, SpecError};

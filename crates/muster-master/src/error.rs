@@ -3,7 +3,7 @@
 
 use muster_actor::AskError;
 use muster_model::FieldError;
-use muster_registry::WriteError;
+use muster_registry::{OpError, WriteError};
 use muster_scheduler::protocol;
 use tonic::Status;
 
@@ -22,6 +22,12 @@ pub enum ServiceError {
     /// No ACL token with that accessor: `NOT_FOUND`.
     #[error("no token with accessor {0:?}")]
     UnknownToken(String),
+    /// No namespace by that name: `NOT_FOUND`.
+    #[error("no namespace named {0:?}; create it with `muster namespace apply {0}`")]
+    UnknownNamespace(String),
+    /// No policy by that name: `NOT_FOUND`.
+    #[error("no policy named {0:?}")]
+    UnknownPolicy(String),
     /// No task by that id on any agent this master knows: `NOT_FOUND`.
     #[error("no task {0:?} on any agent this master knows")]
     UnknownTask(String),
@@ -78,6 +84,8 @@ impl From<ServiceError> for Status {
             ServiceError::UnknownJob(_)
             | ServiceError::UnknownAgent(_)
             | ServiceError::UnknownToken(_)
+            | ServiceError::UnknownNamespace(_)
+            | ServiceError::UnknownPolicy(_)
             | ServiceError::UnknownTask(_) => Status::not_found(error.to_string()),
             ServiceError::InvalidArgument { message, .. } => Status::invalid_argument(message),
             ServiceError::NotLeader { leader } => protocol::not_leader(leader.as_deref()),
@@ -117,6 +125,13 @@ impl From<WriteError> for ServiceError {
             WriteError::NotLeader { leader } => {
                 ServiceError::not_leader(leader.map(|(_, address)| address))
             }
+            WriteError::Rejected(OpError::UnknownNamespace(name)) => {
+                ServiceError::UnknownNamespace(name)
+            }
+            WriteError::Rejected(OpError::UnknownPolicy(name)) => ServiceError::UnknownPolicy(name),
+            WriteError::Rejected(
+                refusal @ (OpError::DefaultNamespace | OpError::NamespaceNotEmpty { .. }),
+            ) => ServiceError::FailedPrecondition(refusal.to_string()),
             WriteError::Rejected(_) => ServiceError::Aborted(e.to_string()),
             WriteError::Failed(_) => ServiceError::Unavailable(e.to_string()),
         }

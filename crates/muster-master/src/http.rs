@@ -15,7 +15,9 @@
 
 mod events;
 mod handlers;
+mod jobs;
 mod logs;
+mod namespaces;
 pub mod openapi;
 mod ui;
 
@@ -30,7 +32,7 @@ use axum::{Json, Router};
 use muster_actor::Pid;
 use muster_api::ApiError;
 use muster_security::net::Listener;
-use muster_security::{Caller, Permission, Security, TokenSource};
+use muster_security::{Caller, Permission, Requirement, Rules, Security, TokenSource};
 use tokio::sync::watch;
 use tonic::Code;
 
@@ -88,22 +90,26 @@ pub(crate) struct ApiState {
     pub(crate) operator: OperatorService,
     pub(crate) master: Pid<Master>,
     pub(crate) tokens: Arc<dyn TokenSource>,
+    /// The operator API's rules, which every endpoint checks as its gRPC twin.
+    pub(crate) rules: Arc<Rules>,
     pub(crate) secure: bool,
     pub(crate) serving: watch::Receiver<bool>,
     pub(crate) config: Arc<HttpConfig>,
 }
 
 impl ApiState {
-    /// Who the request's token speaks for, if it grants `permission` (anyone, on an insecure
-    /// cluster).
-    pub(crate) fn authorize(
-        &self,
-        headers: &HeaderMap,
-        permission: Permission,
-    ) -> Result<Caller, HttpError> {
+    /// Who the request's token speaks for, if it may call `rpc`, the gRPC method the
+    /// endpoint answers as: the same rule the gRPC guard applies
+    /// ([`operator_rules`](crate::authorization::operator_rules)). Anyone, on an insecure
+    /// cluster.
+    pub(crate) fn authorize(&self, headers: &HeaderMap, rpc: &str) -> Result<Caller, HttpError> {
         if !self.secure {
             return Ok(Caller::insecure());
         }
+        let permission = match self.rules.requirement(rpc) {
+            Requirement::Token(_, permission) => permission,
+            Requirement::Certificate(_) => Permission::Manage,
+        };
         muster_security::token_caller(self.tokens.as_ref(), headers, permission)
             .map_err(HttpError::Status)
     }
@@ -120,23 +126,19 @@ pub(crate) fn router(state: ApiState) -> axum::Router {
 /// Every route of the API.
 fn routes() -> Router<ApiState> {
     Router::new()
+        .route("/v1/jobs", get(jobs::list_jobs).post(jobs::submit_job))
+        .route("/v1/job/{name}", get(jobs::read_job).delete(jobs::stop_job))
+        .route("/v1/job/{name}/tasks", get(jobs::job_tasks))
+        .route("/v1/job/{name}/versions", get(jobs::job_versions))
+        .route("/v1/job/{name}/plan", axum::routing::post(jobs::plan_job))
+        .route("/v1/job/{name}/evaluations", get(jobs::job_evaluations))
+        .route("/v1/evaluations", get(jobs::list_evaluations))
+        .route("/v1/evaluation/{id}", get(jobs::read_evaluation))
+        .route("/v1/namespaces", get(namespaces::list_namespaces))
         .route(
-            "/v1/jobs",
-            get(handlers::list_jobs).post(handlers::submit_job),
+            "/v1/namespace/{name}",
+            axum::routing::put(namespaces::apply_namespace).delete(namespaces::delete_namespace),
         )
-        .route(
-            "/v1/job/{name}",
-            get(handlers::read_job).delete(handlers::stop_job),
-        )
-        .route("/v1/job/{name}/tasks", get(handlers::job_tasks))
-        .route("/v1/job/{name}/versions", get(handlers::job_versions))
-        .route(
-            "/v1/job/{name}/plan",
-            axum::routing::post(handlers::plan_job),
-        )
-        .route("/v1/job/{name}/evaluations", get(handlers::job_evaluations))
-        .route("/v1/evaluations", get(handlers::list_evaluations))
-        .route("/v1/evaluation/{id}", get(handlers::read_evaluation))
         .route("/v1/agents", get(handlers::list_agents))
         .route("/v1/agent/{id}", get(handlers::read_agent))
         .route(

@@ -22,6 +22,8 @@
 //! - [`http`]: the HTTP/JSON API on its own port, with its OpenAPI document.
 //! - [`metrics`]: the master's Prometheus metrics ([`metrics::render`]) and the instruments
 //!   observed where things happen ([`metrics::MasterInstruments`]).
+//! - [`visibility`]: what each caller may see and touch, namespace by namespace (the checks
+//!   and redaction every operator call and the event stream go through).
 //! - [`SchedulingService`]: the broker and plan applier over gRPC, for workers in other
 //!   programs (their side: [`muster_scheduler::RemoteBackend`]).
 
@@ -40,6 +42,7 @@ mod server;
 mod task_record;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod visibility;
 mod workers;
 
 pub use config::{HTTP_PORT_OFFSET, MasterConfig, Placement};

@@ -73,7 +73,10 @@ use leadership::Role;
 /// Every request a master handles, by resource: build one with its named fields and send it
 /// (`master.ask(|reply| JobStatus { name, stale: false, reply }.into())`).
 pub mod requests {
-    pub use super::acl::{BootstrapAcl, CreateToken, DeleteToken, ListTokens};
+    pub use super::acl::{
+        BootstrapAcl, ChangeAccess, CreateToken, DeleteToken, ListNamespaces, ListPolicies,
+        ListTokens,
+    };
     pub use super::agents::{
         CheckDrains, CheckHeartbeats, DrainAgent, Heartbeat, PingAgents, RegisterAgent,
         ReregisterAgent, SetAgentEligibility,
@@ -251,6 +254,12 @@ master_requests! {
     ListTokens(acl::ListTokens) => list_tokens,
     /// Delete a token.
     DeleteToken(acl::DeleteToken) => delete_token,
+    /// Store or delete a policy or a namespace.
+    ChangeAccess(acl::ChangeAccess) => change_access,
+    /// Every policy.
+    ListPolicies(acl::ListPolicies) => list_policies,
+    /// Every namespace.
+    ListNamespaces(acl::ListNamespaces) => list_namespaces,
     // the cluster's state
     /// The cluster as this master knows it, now.
     GetState(cluster_state::GetState) => get_state,

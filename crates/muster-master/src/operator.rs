@@ -9,48 +9,36 @@
 //! [`ServiceError`].
 //!
 //! Who may call what is declared once, in [`authorization`](crate::authorization), and checked
-//! by the guard before a call reaches this service. A caller whose token does not grant
-//! reading secrets (policy `read`, `operate`) gets every environment value redacted.
+//! by the guard before a call reaches this service; each call then checks the namespace it
+//! touches, and every answer keeps only what the caller may read, with environment values
+//! redacted where it may not read secrets ([`visibility`](crate::visibility)).
 
 use muster_actor::Pid;
+use muster_model::namespace::{check_namespace, job_id, namespace_of};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_server::{Operator, OperatorServer};
+use muster_registry::{Op, StoredPolicy};
+use muster_security::{Capability, Policy, TokenType};
 use tonic::{Request, Response, Status};
-
-use muster_proto::model as model_pb;
-use muster_security::{Caller, Permission};
 
 use crate::error::ServiceError;
 use crate::master::requests::{
-    BootstrapAcl, CreateToken, DeleteToken, DrainAgent, GetMetrics, JobStatus, JobVersions,
-    LaunchTask, ListEvaluations, ListJobs, ListTokens, PlanJob, ReadState, SetAgentEligibility,
-    SnapshotRestore, SnapshotSave, StopJob, SubmitJob, SubscribeEvents, TaskLogs,
+    BootstrapAcl, ChangeAccess, CreateToken, DeleteToken, DrainAgent, GetMetrics, JobStatus,
+    JobVersions, LaunchTask, ListEvaluations, ListJobs, ListNamespaces, ListPolicies, ListTokens,
+    PlanJob, ReadState, SetAgentEligibility, SnapshotRestore, SnapshotSave, StopJob, SubmitJob,
+    SubscribeEvents, TaskLogs,
 };
 use crate::master::{EventFeed, Master};
+use crate::visibility::{
+    NamespaceFilter, caller_of, namespace_or_default, require, show_job_status, show_job_versions,
+    show_state, task_namespace,
+};
 
 pub use muster_api::REDACTED;
 
-/// Whether the call's caller may read environment values (true without the guard: an
-/// in-process call, or an insecure cluster's caller).
-fn reveals_env<T>(request: &Request<T>) -> bool {
-    request
-        .extensions()
-        .get::<Caller>()
-        .is_none_or(|caller| caller.may(Permission::ReadSecrets))
-}
-
-fn redact_task(task: &mut model_pb::Task) {
-    for value in task.env.values_mut() {
-        REDACTED.clone_into(value);
-    }
-}
-
-fn redact_job(job: &mut model_pb::Job) {
-    for group in &mut job.groups {
-        for value in group.env.values_mut() {
-            REDACTED.clone_into(value);
-        }
-    }
+/// The namespace a submitted job names (empty: `default`).
+fn job_namespace(job: Option<&muster_proto::model::Job>) -> &str {
+    namespace_or_default(job.map_or("", |job| job.namespace.as_str()))
 }
 
 /// The wire form of an event.
@@ -63,6 +51,7 @@ fn event_message(event: &muster_api::Event) -> pb::EventMessage {
         kind: event.kind.clone(),
         key: event.key.clone(),
         payload_json: event.payload.to_string(),
+        namespace: event.namespace.clone().unwrap_or_default(),
     }
 }
 
@@ -97,21 +86,14 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::GetStateRequest>,
     ) -> Result<Response<pb::ClusterState>, Status> {
+        let caller = caller_of(&request);
         let stale = request.get_ref().stale;
         let mut state = self
             .master
             .ask(|reply| ReadState { stale, reply }.into())
             .await
             .map_err(ServiceError::from)??;
-        if !reveals_env(&request) {
-            for agent in &mut state.agents {
-                agent
-                    .tasks
-                    .iter_mut()
-                    .chain(agent.completed_tasks.iter_mut())
-                    .for_each(redact_task);
-            }
-        }
+        show_state(&caller, &mut state);
         Ok(Response::new(state))
     }
 
@@ -131,7 +113,23 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::LaunchTaskRequest>,
     ) -> Result<Response<pb::LaunchTaskReply>, Status> {
+        let caller = caller_of(&request);
         let request = Box::new(request.into_inner());
+        // A task launched by hand lives in its framework's namespace: its id, and its job if
+        // it names one, must say so (reads and logs decide by them).
+        let namespace = namespace_of(request.framework.as_ref().map_or("", |f| f.id.as_str()));
+        require(&caller, Capability::DispatchJob, namespace)?;
+        if let Some(task) = &request.task {
+            let task_namespace = task_namespace(task);
+            if task_namespace != namespace || namespace_of(&task.id) != namespace {
+                return Err(Status::invalid_argument(format!(
+                    "task {:?} is in namespace {task_namespace:?}, its framework in \
+                     {namespace:?}; a task launched by hand is named for its framework's \
+                     namespace (`{namespace}:...` outside default)",
+                    task.id
+                )));
+            }
+        }
         self.master
             .ask(|reply| LaunchTask { request, reply }.into())
             .await
@@ -143,7 +141,9 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::SubmitJobReply>, Status> {
+        let caller = caller_of(&request);
         let spec = request.into_inner().job;
+        require(&caller, Capability::SubmitJob, job_namespace(spec.as_ref()))?;
         let reply = self
             .master
             .ask(|reply| SubmitJob { job: spec, reply }.into())
@@ -156,7 +156,11 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::StopJobRequest>,
     ) -> Result<Response<pb::SubmitJobReply>, Status> {
-        let name = request.into_inner().name;
+        let caller = caller_of(&request);
+        let pb::StopJobRequest { name, namespace } = request.into_inner();
+        let namespace = namespace_or_default(&namespace);
+        require(&caller, Capability::StopJob, namespace)?;
+        let name = job_id(namespace, &name);
         let reply = self
             .master
             .ask(|reply| StopJob { name, reply }.into())
@@ -195,21 +199,21 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobStatusReply>, Status> {
-        let reveal = reveals_env(&request);
-        let pb::JobStatusRequest { name, stale } = request.into_inner();
+        let caller = caller_of(&request);
+        let pb::JobStatusRequest {
+            name,
+            stale,
+            namespace,
+        } = request.into_inner();
+        let namespace = namespace_or_default(&namespace).to_owned();
+        require(&caller, Capability::ReadJob, &namespace)?;
+        let name = job_id(&namespace, &name);
         let mut reply = self
             .master
             .ask(|reply| JobStatus { name, stale, reply }.into())
             .await
             .map_err(ServiceError::from)??;
-        if !reveal {
-            reply.job.iter_mut().for_each(redact_job);
-            reply
-                .tasks
-                .iter_mut()
-                .filter_map(|t| t.task.as_mut())
-                .for_each(redact_task);
-        }
+        show_job_status(&caller, &namespace, &mut reply);
         Ok(Response::new(reply))
     }
 
@@ -217,10 +221,19 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::JobList>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
+        let namespaces = NamespaceFilter::for_request(&caller, &request.namespace)?;
         let reply = self
             .master
-            .ask(|reply| ListJobs { request, reply }.into())
+            .ask(|reply| {
+                ListJobs {
+                    request,
+                    namespaces,
+                    reply,
+                }
+                .into()
+            })
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -230,10 +243,19 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::ListEvaluationsRequest>,
     ) -> Result<Response<pb::EvaluationList>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
+        let namespaces = NamespaceFilter::for_request(&caller, &request.namespace)?;
         let reply = self
             .master
-            .ask(|reply| ListEvaluations { request, reply }.into())
+            .ask(|reply| {
+                ListEvaluations {
+                    request,
+                    namespaces,
+                    reply,
+                }
+                .into()
+            })
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
@@ -247,8 +269,16 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::StreamEventsRequest>,
     ) -> Result<Response<Self::StreamEventsStream>, Status> {
-        let reveal = reveals_env(&request);
-        let pb::StreamEventsRequest { index, topics } = request.into_inner();
+        let caller = caller_of(&request);
+        let pb::StreamEventsRequest {
+            index,
+            topics,
+            namespace,
+        } = request.into_inner();
+        let namespaces = match namespace.as_str() {
+            "" => NamespaceFilter::for_request(&caller, "*")?,
+            named => NamespaceFilter::for_request(&caller, named)?,
+        };
         let subscription = self
             .master
             .ask(|reply| {
@@ -260,7 +290,7 @@ impl Operator for OperatorService {
             })
             .await
             .map_err(ServiceError::from)??;
-        let feed = EventFeed::new(subscription, index, topics, reveal);
+        let feed = EventFeed::new(subscription, index, topics, caller, namespaces);
         let stream = futures_util::stream::unfold(Some(feed), |feed| async move {
             let mut feed = feed?;
             match feed.next().await? {
@@ -282,7 +312,9 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::JobPlan>, Status> {
+        let caller = caller_of(&request);
         let job = request.into_inner().job;
+        require(&caller, Capability::ReadJob, job_namespace(job.as_ref()))?;
         let plan = self
             .master
             .ask(|reply| PlanJob { job, reply }.into())
@@ -295,16 +327,21 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::JobStatusRequest>,
     ) -> Result<Response<pb::JobVersionList>, Status> {
-        let reveal = reveals_env(&request);
-        let pb::JobStatusRequest { name, stale } = request.into_inner();
+        let caller = caller_of(&request);
+        let pb::JobStatusRequest {
+            name,
+            stale,
+            namespace,
+        } = request.into_inner();
+        let namespace = namespace_or_default(&namespace).to_owned();
+        require(&caller, Capability::ReadJob, &namespace)?;
+        let name = job_id(&namespace, &name);
         let mut list = self
             .master
             .ask(|reply| JobVersions { name, stale, reply }.into())
             .await
             .map_err(ServiceError::from)??;
-        if !reveal {
-            list.versions.iter_mut().for_each(redact_job);
-        }
+        show_job_versions(&caller, &namespace, &mut list);
         Ok(Response::new(list))
     }
 
@@ -312,7 +349,14 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::ReadTaskOutput>,
     ) -> Result<Response<pb::TaskOutputChunk>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
+        // A task's id begins with its job's id (the applier and LaunchTask see to it).
+        require(
+            &caller,
+            Capability::ReadLogs,
+            namespace_of(&request.task_id),
+        )?;
         let chunk = self
             .master
             .ask(|reply| TaskLogs { request, reply }.into())
@@ -337,13 +381,31 @@ impl Operator for OperatorService {
         &self,
         request: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::AclTokenSecret>, Status> {
-        let pb::CreateTokenRequest { name, policy } = request.into_inner();
+        let pb::CreateTokenRequest {
+            name,
+            policy,
+            mut policies,
+        } = request.into_inner();
+        let token_type = if policy == TokenType::Management.as_str() {
+            if !policies.is_empty() {
+                return Err(Status::invalid_argument(
+                    "a management token carries no policies: it may do everything",
+                ));
+            }
+            TokenType::Management
+        } else {
+            if !policy.is_empty() {
+                policies.insert(0, policy);
+            }
+            TokenType::Client
+        };
         let token = self
             .master
             .ask(|reply| {
                 CreateToken {
                     name,
-                    policy,
+                    token_type,
+                    policies,
                     reply,
                 }
                 .into()
@@ -401,5 +463,124 @@ impl Operator for OperatorService {
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
+    }
+
+    async fn apply_policy(
+        &self,
+        request: Request<pb::AclPolicy>,
+    ) -> Result<Response<pb::PolicyReply>, Status> {
+        let pb::AclPolicy { name, rules, .. } = request.into_inner();
+        Policy::check_name(&name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        let policy = Policy::parse(&rules)
+            .map_err(|e| Status::invalid_argument(format!("policy {name:?}: {e}")))?;
+        let op = Op::ApplyPolicy(StoredPolicy {
+            name,
+            rules,
+            policy,
+        });
+        self.change_access(op).await?;
+        Ok(Response::new(pb::PolicyReply {}))
+    }
+
+    async fn list_policies(
+        &self,
+        _request: Request<pb::ListPoliciesRequest>,
+    ) -> Result<Response<pb::PolicyList>, Status> {
+        let list = self
+            .master
+            .ask(|reply| ListPolicies { reply }.into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(list))
+    }
+
+    async fn delete_policy(
+        &self,
+        request: Request<pb::DeletePolicyRequest>,
+    ) -> Result<Response<pb::PolicyReply>, Status> {
+        let name = request.into_inner().name;
+        Policy::check_name(&name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.change_access(Op::DeletePolicy(name)).await?;
+        Ok(Response::new(pb::PolicyReply {}))
+    }
+
+    async fn apply_namespace(
+        &self,
+        request: Request<pb::Namespace>,
+    ) -> Result<Response<pb::NamespaceReply>, Status> {
+        let namespace = namespace_from_wire(request.into_inner())?;
+        self.change_access(Op::ApplyNamespace(namespace)).await?;
+        Ok(Response::new(pb::NamespaceReply {}))
+    }
+
+    async fn list_namespaces(
+        &self,
+        request: Request<pb::ListNamespacesRequest>,
+    ) -> Result<Response<pb::NamespaceList>, Status> {
+        let caller = caller_of(&request);
+        let namespaces = self
+            .master
+            .ask(|reply| ListNamespaces { reply }.into())
+            .await
+            .map_err(ServiceError::from)??;
+        let namespaces = namespaces
+            .into_iter()
+            .filter(|ns| caller.allows(Capability::ReadJob, &ns.name))
+            .map(namespace_to_wire)
+            .collect();
+        Ok(Response::new(pb::NamespaceList { namespaces }))
+    }
+
+    async fn delete_namespace(
+        &self,
+        request: Request<pb::DeleteNamespaceRequest>,
+    ) -> Result<Response<pb::NamespaceReply>, Status> {
+        let name = request.into_inner().name;
+        check_namespace(&name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.change_access(Op::DeleteNamespace(name)).await?;
+        Ok(Response::new(pb::NamespaceReply {}))
+    }
+}
+
+impl OperatorService {
+    /// Writes a change to the policies or namespaces through the leader.
+    async fn change_access(&self, op: Op) -> Result<(), Status> {
+        self.master
+            .ask(|reply| ChangeAccess { op, reply }.into())
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(())
+    }
+}
+
+/// A namespace as `ApplyNamespace` carries it, checked.
+fn namespace_from_wire(wire: pb::Namespace) -> Result<muster_model::Namespace, Status> {
+    check_namespace(&wire.name).map_err(|e| Status::invalid_argument(e.to_string()))?;
+    if let Some(cpus) = wire.quota_cpus
+        && !(cpus.is_finite() && cpus >= 0.0)
+    {
+        return Err(Status::invalid_argument(format!(
+            "quota_cpus: {cpus} is not a number of cpus (finite, 0 or more)"
+        )));
+    }
+    Ok(muster_model::Namespace {
+        name: wire.name,
+        description: wire.description,
+        quota: muster_model::Quota {
+            cpus: wire.quota_cpus,
+            mem_mb: wire.quota_mem_mb,
+            tasks: wire.quota_tasks,
+        },
+    })
+}
+
+/// A namespace as `ListNamespaces` shows it.
+fn namespace_to_wire(namespace: muster_model::Namespace) -> pb::Namespace {
+    pb::Namespace {
+        name: namespace.name,
+        description: namespace.description,
+        quota_cpus: namespace.quota.cpus,
+        quota_mem_mb: namespace.quota.mem_mb,
+        quota_tasks: namespace.quota.tasks,
     }
 }

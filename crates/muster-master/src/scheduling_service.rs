@@ -9,15 +9,17 @@
 use muster_broker::{BrokerError, BrokerMsg};
 use muster_model::FieldError;
 use muster_model::convert::{each, required};
-use muster_model::{EvalId, Evaluation, SchedulerType};
+use muster_model::{EvalId, Evaluation, SchedulerType, namespace_of};
 use muster_proto::scheduling as pb;
 use muster_proto::scheduling::scheduling_server::{Scheduling, SchedulingServer};
 use muster_scheduler::protocol::{DEFAULT_MAX_MESSAGE_SIZE, MAX_DEQUEUE_TIMEOUT};
 use muster_scheduler::{Backend, Demand, Plan, WorkerError};
+use muster_security::Caller;
 use tonic::{Request, Response, Status};
 
 use crate::error::ServiceError;
 use crate::master::requests::{GetMetrics, GetState};
+use crate::visibility::caller_of;
 use crate::workers::LocalBackend;
 
 /// The tonic service; each call is an ask to the master process or its broker.
@@ -72,7 +74,21 @@ impl SchedulingService {
     /// acked or nacked. A plan, a block or a completion is taken only from its holder, and
     /// only for its own job (`job`), so a `schedule` token cannot act for evaluations, or on
     /// jobs, it was never given.
-    async fn held(&self, eval: &EvalId, token: &str, job: &str) -> Result<Evaluation, Status> {
+    async fn held(
+        &self,
+        caller: &Caller,
+        eval: &EvalId,
+        token: &str,
+        job: &str,
+    ) -> Result<Evaluation, Status> {
+        let namespace = namespace_of(job);
+        if !caller.acl.may_schedule(namespace) {
+            return Err(Status::permission_denied(format!(
+                "token {} may not schedule namespace {namespace:?} (its policies' scheduler \
+                 rules do not name it)",
+                caller.described()
+            )));
+        }
         let (id, held_token) = (eval.clone(), token.to_owned());
         let answer = self
             .backend
@@ -169,6 +185,17 @@ impl Scheduling for SchedulingService {
         &self,
         request: Request<pb::DequeueRequest>,
     ) -> Result<Response<pb::DequeueReply>, Status> {
+        let caller = caller_of(&request);
+        // Evaluations are queued by scheduler type, not by namespace: a worker that may
+        // schedule only some namespaces would be handed others'.
+        if !caller.acl.may_schedule_everywhere() {
+            return Err(Status::permission_denied(format!(
+                "token {} may schedule only some namespaces; dequeuing needs a scheduler rule \
+                 for every namespace (`namespaces = [\"*\"]`), as evaluations are queued by \
+                 scheduler type",
+                caller.described()
+            )));
+        }
         let request = request.into_inner();
         if request.schedulers.is_empty() {
             return Err(invalid(FieldError::new(
@@ -191,11 +218,18 @@ impl Scheduling for SchedulingService {
         &self,
         request: Request<pb::SnapshotRequest>,
     ) -> Result<Response<pb::ClusterSnapshot>, Status> {
+        let caller = caller_of(&request);
         let min_index = request.into_inner().min_index;
         // A standby's snapshot is empty, not an error: ask who leads first.
         self.leading().await?;
         match self.backend.snapshot(min_index).await {
-            Ok(snapshot) => Ok(Response::new(without_secrets(snapshot.into()))),
+            Ok(snapshot) => {
+                let mut snapshot = without_secrets(snapshot.into());
+                snapshot
+                    .jobs
+                    .retain(|id, _| caller.acl.may_schedule(namespace_of(id)));
+                Ok(Response::new(snapshot))
+            }
             Err(error) => Err(self.refused(error).await),
         }
     }
@@ -204,8 +238,10 @@ impl Scheduling for SchedulingService {
         &self,
         request: Request<pb::SubmitPlanRequest>,
     ) -> Result<Response<pb::PlanResult>, Status> {
+        let caller = caller_of(&request);
         let plan: Plan = required(request.into_inner().plan, "plan").map_err(invalid)?;
-        self.held(&plan.eval, &plan.eval_token, &plan.job).await?;
+        self.held(&caller, &plan.eval, &plan.eval_token, &plan.job)
+            .await?;
         match self.backend.submit(plan).await {
             Ok(result) => Ok(Response::new(result.into())),
             Err(error) => Err(self.refused(error).await),
@@ -240,10 +276,12 @@ impl Scheduling for SchedulingService {
         &self,
         request: Request<pb::BlockRequest>,
     ) -> Result<Response<pb::BlockReply>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
         let eval: Evaluation = required(request.evaluation, "evaluation").map_err(invalid)?;
         let unplaced: Vec<Demand> = each(request.unplaced, "unplaced").map_err(invalid)?;
-        self.held(&eval.id, &request.token, &eval.job).await?;
+        self.held(&caller, &eval.id, &request.token, &eval.job)
+            .await?;
         match self.backend.block(eval, &request.token, unplaced).await {
             Ok(()) => Ok(Response::new(pb::BlockReply {})),
             Err(error) => Err(self.refused(error).await),
@@ -254,9 +292,11 @@ impl Scheduling for SchedulingService {
         &self,
         request: Request<pb::CompleteRequest>,
     ) -> Result<Response<pb::CompleteReply>, Status> {
+        let caller = caller_of(&request);
         let request = request.into_inner();
         let eval: Evaluation = required(request.evaluation, "evaluation").map_err(invalid)?;
-        self.held(&eval.id, &request.token, &eval.job).await?;
+        self.held(&caller, &eval.id, &request.token, &eval.job)
+            .await?;
         match self.backend.complete(&eval, &request.token).await {
             Ok(()) => Ok(Response::new(pb::CompleteReply {})),
             Err(error) => Err(self.refused(error).await),

@@ -147,6 +147,7 @@ impl MasterServer {
                 operator: OperatorService::new(master.clone()),
                 master: master.clone(),
                 tokens: Arc::clone(&tokens),
+                rules: Arc::new(crate::authorization::operator_rules()),
                 secure: !security.is_insecure(),
                 serving: serving.clone(),
                 config: Arc::new(http_config),

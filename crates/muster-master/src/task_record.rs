@@ -161,7 +161,10 @@ impl TaskRecord {
             args: detail.args.clone(),
             env: detail.env.iter().cloned().collect(),
             message: self.message.to_string(),
+            // The job's id, which carries its namespace (as agents and the master's own
+            // messages name jobs); documents for people show them apart.
             job: self.view.job().to_owned(),
+            namespace: String::new(),
             group: self.view.group().to_owned(),
             job_version: self.view.job_version,
             user: detail.user.clone(),
@@ -530,6 +533,7 @@ mod tests {
             ]
             .into(),
             message: "started".into(),
+            namespace: String::new(),
             job: "web".into(),
             group: "fe".into(),
             job_version: 3,

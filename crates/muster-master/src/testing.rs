@@ -107,6 +107,7 @@ pub async fn create_token(
         .create_token(muster_proto::cluster::CreateTokenRequest {
             name: name.into(),
             policy: policy.into(),
+            policies: Vec::new(),
         })
         .await?;
     Ok(TokenSecret::new(token.into_inner().secret))

@@ -23,6 +23,24 @@ mod job;
 mod resources;
 mod task;
 
+/// A job id as messages carry it: its namespace (empty for `default`) and its name apart.
+pub fn job_id_to_wire(id: String) -> (String, String) {
+    match id.split_once(':') {
+        Some((namespace, name)) => (namespace.to_owned(), name.to_owned()),
+        None => (String::new(), id),
+    }
+}
+
+/// A job id from a message's namespace and name (a name that already carries its namespace,
+/// as older messages did, is taken as it is).
+pub fn job_id_from_wire(namespace: &str, name: String) -> String {
+    if namespace.is_empty() || name.is_empty() {
+        name
+    } else {
+        crate::namespace::job_id(namespace, &name)
+    }
+}
+
 /// Reads `proto`, naming `field` in an error.
 ///
 /// # Errors

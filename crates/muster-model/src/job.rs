@@ -246,7 +246,8 @@ impl TaskGroup {
 /// What a user asked to run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Job {
-    /// The job's name, its id.
+    /// The job's id: its name, prefixed `namespace:` outside the `default` namespace
+    /// (see [`namespace`](crate::namespace)).
     pub name: String,
     /// 1 (lowest) to 100 (highest); orders evaluations in the broker.
     pub priority: u8,
@@ -258,6 +259,18 @@ pub struct Job {
     pub stopped: bool,
     /// Bumped by the registry on every change.
     pub version: u64,
+}
+
+impl Job {
+    /// Its namespace.
+    pub fn namespace(&self) -> &str {
+        crate::namespace::namespace_of(&self.name)
+    }
+
+    /// Its name within its namespace.
+    pub fn name_in_namespace(&self) -> &str {
+        crate::namespace::split_job_id(&self.name).1
+    }
 }
 
 fn valid_name(name: &str) -> bool {
@@ -456,13 +469,12 @@ impl Job {
     /// # Errors
     /// [`FieldError`] naming the first field that is wrong (`groups[0].resources.cpus`).
     pub fn validate(&self) -> Result<(), FieldError> {
-        if !valid_name(&self.name) {
+        let (namespace, name) = crate::namespace::split_job_id(&self.name);
+        crate::namespace::check_namespace(namespace)?;
+        if !valid_name(name) {
             return Err(invalid(
                 "name",
-                format!(
-                    "{:?} must be 1 to 128 letters, digits, '-' or '_'",
-                    self.name
-                ),
+                format!("{name:?} must be 1 to 128 letters, digits, '-' or '_'"),
             ));
         }
         if !(1..=100).contains(&self.priority) {

@@ -14,6 +14,8 @@
 //!   whose errors name the field.
 //! - [`eval`]: [`Evaluation`], [`EvalId`], [`EvalStatus`], [`Trigger`].
 //! - [`task`]: [`Task`] and [`TaskState`], where a task is in its life.
+//! - [`namespace`]: [`Namespace`], its [`Quota`], and job ids (`team-a:web`) that carry a
+//!   job's namespace.
 //! - [`demand`]: [`Demand`], what a task group could not place.
 //! - [`error`]: [`FieldError`], a value that is invalid, naming the field.
 //! - [`convert`]: `From`/`TryFrom` to and from the `muster.model.v1` messages, and helpers
@@ -26,6 +28,7 @@ pub mod demand;
 pub mod error;
 pub mod eval;
 pub mod job;
+pub mod namespace;
 pub mod resources;
 pub mod task;
 
@@ -38,5 +41,6 @@ pub use job::{
     Disconnect, DisconnectPolicy, Job, JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING,
     Reconcile, SchedulerType, TaskGroup,
 };
+pub use namespace::{DEFAULT_NAMESPACE, Namespace, Quota, job_id, namespace_of, split_job_id};
 pub use resources::{Resources, utilization};
 pub use task::{Task, TaskState};

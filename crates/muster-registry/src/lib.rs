@@ -36,5 +36,5 @@ pub use state::{
     next_version,
 };
 pub use store::{MemoryDisk, RegistryReader, StoreLocation};
-pub use types::{Op, OpError, Outcome};
+pub use types::{Op, OpError, Outcome, StoredPolicy};
 pub use write_error::WriteError;

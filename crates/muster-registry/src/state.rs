@@ -8,11 +8,14 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use muster_model::{
-    AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job, UnreachableAgent,
+    AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job, Namespace,
+    UnreachableAgent,
 };
-use muster_security::{AclToken, Policy, TokenTable};
+use muster_security::{AclToken, TokenTable};
 
-use crate::types::{Op, OpError, Outcome};
+use crate::types::{Op, OpError, Outcome, StoredPolicy};
+
+mod access;
 
 /// How many ended (complete, failed, canceled) evaluations the registry keeps per job, newest
 /// first; older ones are collected as soon as a newer one ends. Pending and blocked
@@ -61,6 +64,12 @@ pub struct RegistryState {
     /// The tokens by secret hash, for authenticating calls. Derived from `tokens`.
     #[serde(skip)]
     token_table: TokenTable,
+    /// Policies operators stored, by name (the built-in ones are not stored).
+    #[serde(default)]
+    pub policies: BTreeMap<String, StoredPolicy>,
+    /// Namespaces by name; `default` exists without being stored.
+    #[serde(default)]
+    pub namespaces: BTreeMap<String, Namespace>,
     /// Admitted and unreachable agents by the address they registered with, for finding an
     /// agent that registers again without a scan. Derived from `agents` and `unreachable`.
     #[serde(skip)]
@@ -178,6 +187,10 @@ struct Contents {
     acl_bootstrap_index: u64,
     #[serde(default)]
     tokens: BTreeMap<String, AclToken>,
+    #[serde(default)]
+    policies: BTreeMap<String, StoredPolicy>,
+    #[serde(default)]
+    namespaces: BTreeMap<String, Namespace>,
 }
 
 impl From<Contents> for RegistryState {
@@ -196,6 +209,8 @@ impl From<Contents> for RegistryState {
             acl_bootstrapped: contents.acl_bootstrapped,
             acl_bootstrap_index: contents.acl_bootstrap_index,
             tokens: contents.tokens,
+            policies: contents.policies,
+            namespaces: contents.namespaces,
             by_address: BTreeMap::new(),
         };
         state.index_ended();
@@ -349,13 +364,6 @@ impl RegistryState {
         }
     }
 
-    fn put_token(&mut self, token: AclToken) {
-        if let Some(old) = self.tokens.insert(token.accessor.clone(), token.clone()) {
-            self.token_table.remove(&old.secret_hash);
-        }
-        self.token_table.insert(token);
-    }
-
     #[cfg(test)]
     fn apply_at(&mut self, op: Op) -> Result<Outcome, OpError> {
         self.apply(op, 1)
@@ -424,6 +432,7 @@ impl RegistryState {
                 Ok(Outcome::Updated)
             }
             Op::UpsertJob(job) => {
+                self.check_job_namespace(&job.name)?;
                 let job = next_version(self.jobs.get(&job.name), job);
                 let version = job.version;
                 let name = job.name.clone();
@@ -520,22 +529,11 @@ impl RegistryState {
                 self.put_token(token);
                 Ok(Outcome::TokenStored)
             }
-            Op::DeleteToken { accessor } => {
-                let Some(token) = self.tokens.get(&accessor) else {
-                    return Err(OpError::UnknownToken(accessor));
-                };
-                let management = |t: &AclToken| t.policy == Policy::Management;
-                if management(token) && self.tokens.values().filter(|t| management(t)).count() == 1
-                {
-                    return Err(OpError::LastManagementToken(accessor));
-                }
-                let token = self
-                    .tokens
-                    .remove(&accessor)
-                    .ok_or(OpError::UnknownToken(accessor))?;
-                self.token_table.remove(&token.secret_hash);
-                Ok(Outcome::TokenDeleted)
-            }
+            Op::DeleteToken { accessor } => self.delete_token(accessor),
+            Op::ApplyPolicy(policy) => Ok(self.apply_policy(policy)),
+            Op::DeletePolicy(name) => self.delete_policy(name),
+            Op::ApplyNamespace(namespace) => Ok(self.apply_namespace(namespace)),
+            Op::DeleteNamespace(name) => self.delete_namespace(name),
         }
     }
 }

@@ -5,8 +5,10 @@ use std::io::Cursor; // `declare_raft_types!` names `Cursor` unqualified.
 
 use serde::{Deserialize, Serialize};
 
-use muster_model::{AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job};
-use muster_security::AclToken;
+use muster_model::{
+    AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job, Namespace,
+};
+use muster_security::{AclToken, Policy};
 
 openraft::declare_raft_types!(
     /// openraft's type configuration for the registry: a raft entry carries a [`Batch`] of
@@ -118,6 +120,26 @@ pub enum Op {
         /// The index of the bootstrap it replaces.
         reset_index: u64,
     },
+    /// Store a policy, new or changed.
+    ApplyPolicy(StoredPolicy),
+    /// Delete a stored policy; the tokens that carry it lose what it granted.
+    DeletePolicy(String),
+    /// Store a namespace, new or changed.
+    ApplyNamespace(Namespace),
+    /// Delete a namespace with its stopped jobs; refused for `default`, and while a job in it
+    /// is not stopped.
+    DeleteNamespace(String),
+}
+
+/// A policy an operator stored: its rules as written, and as read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoredPolicy {
+    /// Its name.
+    pub name: String,
+    /// Its rules, as the operator wrote them (TOML).
+    pub rules: String,
+    /// Its rules, read.
+    pub policy: Policy,
 }
 
 /// What one [`Op`] did.
@@ -148,6 +170,10 @@ pub enum Outcome {
     TokenDeleted,
     /// The registry now holds the restored copy.
     Restored,
+    /// The policy or namespace is stored.
+    Stored,
+    /// The policy or namespace is deleted.
+    Deleted,
 }
 
 /// Why an [`Op`] changed nothing.
@@ -176,6 +202,23 @@ pub enum OpError {
     /// No job has this name.
     #[error("no job named {0:?}")]
     UnknownJob(String),
+    /// No policy has this name.
+    #[error("no policy named {0:?}")]
+    UnknownPolicy(String),
+    /// No namespace has this name.
+    #[error("no namespace named {0:?}; create it with `muster namespace apply {0}`")]
+    UnknownNamespace(String),
+    /// The `default` namespace cannot be deleted.
+    #[error("the default namespace cannot be deleted")]
+    DefaultNamespace,
+    /// The namespace still holds jobs that are not stopped.
+    #[error("namespace {name:?} still holds {jobs} jobs that are not stopped; stop them first")]
+    NamespaceNotEmpty {
+        /// The namespace.
+        name: String,
+        /// How many jobs in it are not stopped.
+        jobs: usize,
+    },
 }
 
 /// The operations of one raft entry. Operations queued while a write is in flight travel

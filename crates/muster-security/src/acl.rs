@@ -1,4 +1,4 @@
-//! ACL tokens: a secret for each person or program, a policy saying what it may do.
+//! ACL tokens: a secret for each person or program, and the policies saying what it may do.
 //!
 //! Secrets are 256 random bits shown once, at creation. The registry stores only their
 //! SHA-256 hash; [`TokenTable::authenticate`] finds a presented secret by its hash and
@@ -6,120 +6,74 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::str::FromStr;
 
 use ring::rand::SecureRandom;
 use serde::{Deserialize, Serialize};
 use subtle::ConstantTimeEq;
 
-/// What a token may do, as Nomad's built-in policies name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+use crate::policy::{Access, Acl, Capability};
+
+/// A token's kind (Nomad's token type): a client token may do what its policies say; a
+/// management token may do everything, tokens and policies included.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
-pub enum Policy {
-    /// Read state, jobs and tasks; job environments are redacted.
-    Read,
-    /// Run and stop jobs, and read them with their environments.
-    Submit,
-    /// Operate agents and the registry (drain, eligibility), and read.
-    Operate,
-    /// Run remote scheduler workers.
-    Schedule,
-    /// Everything, tokens included.
+pub enum TokenType {
+    /// What its policies say.
+    #[default]
+    Client,
+    /// Everything.
     Management,
 }
 
-impl Policy {
-    /// Every policy, least to most.
-    pub const ALL: [Policy; 5] = [
-        Policy::Read,
-        Policy::Submit,
-        Policy::Operate,
-        Policy::Schedule,
-        Policy::Management,
-    ];
-
+impl TokenType {
     /// Its name in flags and messages.
     pub fn as_str(self) -> &'static str {
         match self {
-            Policy::Read => "read",
-            Policy::Submit => "submit",
-            Policy::Operate => "operate",
-            Policy::Schedule => "schedule",
-            Policy::Management => "management",
-        }
-    }
-
-    /// Whether a token of this policy may do what `permission` covers.
-    pub fn grants(self, permission: Permission) -> bool {
-        use Permission as P;
-        match self {
-            Policy::Management => true,
-            Policy::Read => permission == P::Read,
-            Policy::Submit => matches!(permission, P::Read | P::ReadSecrets | P::Submit),
-            Policy::Operate => matches!(permission, P::Read | P::Operate),
-            Policy::Schedule => permission == P::Schedule,
+            TokenType::Client => "client",
+            TokenType::Management => "management",
         }
     }
 }
 
-impl fmt::Display for Policy {
+impl fmt::Display for TokenType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-/// A policy name that is not one of Muster's.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown policy {0:?} (expected read, submit, operate, schedule or management)")]
-pub struct UnknownPolicy(pub String);
-
-impl FromStr for Policy {
-    type Err = UnknownPolicy;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| UnknownPolicy(s.to_owned()))
-    }
-}
-
-/// What one API call needs.
+/// What one API call needs before it runs. A call on one namespace's jobs needs its
+/// capability somewhere; the call itself then checks the namespace it touches with
+/// [`Acl::allows`], and a list keeps only what the caller may see.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Permission {
-    /// Read state, jobs, tasks, evaluations (environments redacted).
-    Read,
-    /// Read jobs with their environments.
-    ReadSecrets,
-    /// Run and stop jobs, launch tasks.
-    Submit,
-    /// Operate agents and the registry.
-    Operate,
-    /// Dequeue evaluations and submit plans.
+    /// Any known token: the call shows only what the caller may see (a list of namespaces,
+    /// the cluster's state).
+    AnyToken,
+    /// A namespace capability, in at least one namespace.
+    Namespaced(Capability),
+    /// At least this access to agents.
+    Agent(Access),
+    /// At least this access to the registry.
+    Operator(Access),
+    /// The scheduling API, for at least one namespace.
     Schedule,
-    /// Create, list and delete tokens.
+    /// A management token (tokens, policies, namespaces).
     Manage,
 }
 
 impl Permission {
-    /// What the call does, for error messages ("submitting needs submit").
-    pub fn doing(self) -> &'static str {
+    /// What a token needs for it, for refusals ("needs submit-job in some namespace").
+    pub fn needs(self) -> String {
         match self {
-            Permission::Read => "reading",
-            Permission::ReadSecrets => "reading job environments",
-            Permission::Submit => "submitting",
-            Permission::Operate => "operating",
-            Permission::Schedule => "scheduling",
-            Permission::Manage => "managing tokens",
+            Permission::AnyToken => "a token".to_owned(),
+            Permission::Namespaced(capability) => {
+                format!("a policy granting {capability} in some namespace")
+            }
+            Permission::Agent(access) => format!("a policy with agent {access}"),
+            Permission::Operator(access) => format!("a policy with operator {access}"),
+            Permission::Schedule => "a policy with a scheduler rule".to_owned(),
+            Permission::Manage => "a management token".to_owned(),
         }
-    }
-
-    /// The least policy that grants it.
-    pub fn least_policy(self) -> Policy {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.grants(self))
-            .unwrap_or(Policy::Management)
     }
 }
 
@@ -182,27 +136,76 @@ fn hex(bytes: &[u8]) -> String {
 
 /// A token as the registry stores it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "StoredToken")]
 pub struct AclToken {
     /// Its public id.
     pub accessor: String,
     /// A name for people (`ci`, `alice`).
     pub name: String,
-    /// What it may do.
-    pub policy: Policy,
+    /// Client or management.
+    #[serde(rename = "type")]
+    pub token_type: TokenType,
+    /// The policies a client token carries, by name (built-in or stored).
+    pub policies: Vec<String>,
     /// The SHA-256 of its secret, hex.
     pub secret_hash: String,
     /// When it was created, in milliseconds since the Unix epoch.
     pub created_ms: u64,
 }
 
+impl AclToken {
+    /// Whether it is a management token.
+    pub fn is_management(&self) -> bool {
+        self.token_type == TokenType::Management
+    }
+}
+
+/// A token as stored, by this version or by one before policies were rules: then it had one
+/// `policy` name, `management` for a management token.
+#[derive(Deserialize)]
+struct StoredToken {
+    accessor: String,
+    name: String,
+    #[serde(default, rename = "type")]
+    token_type: Option<TokenType>,
+    #[serde(default)]
+    policies: Vec<String>,
+    #[serde(default)]
+    policy: Option<String>,
+    secret_hash: String,
+    created_ms: u64,
+}
+
+impl From<StoredToken> for AclToken {
+    fn from(stored: StoredToken) -> AclToken {
+        let (token_type, policies) = match (stored.token_type, stored.policy) {
+            (Some(token_type), _) => (token_type, stored.policies),
+            (None, Some(policy)) if policy == "management" => (TokenType::Management, Vec::new()),
+            (None, Some(policy)) => (TokenType::Client, vec![policy]),
+            (None, None) => (TokenType::Client, stored.policies),
+        };
+        AclToken {
+            accessor: stored.accessor,
+            name: stored.name,
+            token_type,
+            policies,
+            secret_hash: stored.secret_hash,
+            created_ms: stored.created_ms,
+        }
+    }
+}
+
 /// Who made an API call, as the guard found it: put in the request's extensions for the
-/// handler (to redact environments for `read`, say).
+/// handler, which checks the namespaces the call touches and redacts what the caller may not
+/// see.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Caller {
     /// The token's name (`insecure` without TLS).
     pub name: String,
-    /// Its policy (`management` without TLS: an insecure cluster trusts everyone).
-    pub policy: Policy,
+    /// Its policies' names (`management` for a management token), for refusals.
+    pub policies: Vec<String>,
+    /// What it may do (everything without TLS: an insecure cluster trusts everyone).
+    pub acl: Acl,
 }
 
 impl Caller {
@@ -210,13 +213,39 @@ impl Caller {
     pub fn insecure() -> Caller {
         Caller {
             name: "insecure".into(),
-            policy: Policy::Management,
+            policies: vec![TokenType::Management.to_string()],
+            acl: Acl::management(),
         }
     }
 
-    /// Whether this caller may do what `permission` covers.
+    /// Whether this caller may make a call that needs `permission`.
     pub fn may(&self, permission: Permission) -> bool {
-        self.policy.grants(permission)
+        match permission {
+            Permission::AnyToken => true,
+            Permission::Namespaced(capability) => self.acl.allows_somewhere(capability),
+            Permission::Agent(access) => self.acl.agent() >= access,
+            Permission::Operator(access) => self.acl.operator() >= access,
+            Permission::Schedule => self.acl.may_schedule_somewhere(),
+            Permission::Manage => self.acl.is_management(),
+        }
+    }
+
+    /// Whether this caller may do `capability` in `namespace`.
+    pub fn allows(&self, capability: Capability, namespace: &str) -> bool {
+        self.acl.allows(capability, namespace)
+    }
+
+    /// The refusal of `capability` in `namespace`, naming both.
+    pub fn refusal(&self, capability: Capability, namespace: &str) -> tonic::Status {
+        tonic::Status::permission_denied(format!(
+            "token {} may not {capability} in namespace {namespace:?}",
+            self.described()
+        ))
+    }
+
+    /// The token for refusals: its name and its policies (`"ci" (policies: read)`).
+    pub fn described(&self) -> String {
+        format!("{:?} (policies: {})", self.name, self.policies.join(", "))
     }
 }
 
@@ -271,18 +300,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn each_policy_grants_what_its_name_says() {
-        assert!(Policy::Read.grants(Permission::Read));
-        assert!(!Policy::Read.grants(Permission::ReadSecrets));
-        assert!(!Policy::Read.grants(Permission::Submit));
-        assert!(Policy::Submit.grants(Permission::ReadSecrets));
-        assert!(!Policy::Submit.grants(Permission::Manage));
-        assert!(Policy::Operate.grants(Permission::Operate));
-        assert!(!Policy::Operate.grants(Permission::Submit));
-        assert!(!Policy::Schedule.grants(Permission::Read));
-        assert!(Policy::Management.grants(Permission::Manage));
-        assert_eq!(Permission::Submit.least_policy(), Policy::Submit);
-        assert_eq!(Permission::Manage.least_policy(), Policy::Management);
+    fn a_token_stored_with_one_policy_name_reads_as_a_token_carrying_it() {
+        let old =
+            r#"{"accessor":"a1","name":"ci","policy":"submit","secret_hash":"h","created_ms":1}"#;
+        let token: AclToken = serde_json::from_str(old).expect("reads");
+        assert_eq!(token.token_type, TokenType::Client);
+        assert_eq!(token.policies, ["submit"]);
+        let root = r#"{"accessor":"a2","name":"root","policy":"management","secret_hash":"h","created_ms":1}"#;
+        let root: AclToken = serde_json::from_str(root).expect("reads");
+        assert!(root.is_management());
+        let back: AclToken =
+            serde_json::from_str(&serde_json::to_string(&token).expect("writes")).expect("reads");
+        assert_eq!(back, token);
     }
 
     #[test]
@@ -291,7 +320,8 @@ mod tests {
         let token = AclToken {
             accessor: new_accessor().expect("random"),
             name: "ci".into(),
-            policy: Policy::Submit,
+            token_type: TokenType::Client,
+            policies: vec!["submit".into()],
             secret_hash: secret.hash(),
             created_ms: 1,
         };

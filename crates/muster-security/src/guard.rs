@@ -20,7 +20,7 @@ use tonic::codegen::http;
 use tonic::server::NamedService;
 use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
 
-use crate::acl::{AclToken, Caller, Permission, TokenSecret};
+use crate::acl::{Caller, Permission, TokenSecret};
 use crate::identity::{Peer, Role};
 use crate::tls::{Security, Tls};
 
@@ -66,11 +66,12 @@ impl Rules {
     }
 }
 
-/// Where the guard looks tokens up: the registry's applied token table, so a deleted token
-/// is refused as soon as its deletion applies.
+/// Where the guard looks tokens up: the registry's applied tokens and policies, so a deleted
+/// token is refused, and a changed policy applies, as soon as the change applies.
 pub trait TokenSource: Send + Sync + 'static {
-    /// The token whose secret is `secret`, if there is one.
-    fn authenticate(&self, secret: &TokenSecret) -> Option<AclToken>;
+    /// Who holds `secret`: its token's name and what its policies allow; `None` for a secret
+    /// no token has.
+    fn authenticate(&self, secret: &TokenSecret) -> Option<Caller>;
 }
 
 /// A tonic service behind a guard.
@@ -145,7 +146,8 @@ fn check<B>(
     let Some(permission) = permission else {
         let caller = Caller {
             name: peer.name.clone(),
-            policy: crate::acl::Policy::Management,
+            policies: Vec::new(),
+            acl: crate::policy::Acl::management(),
         };
         return Ok((peer, caller));
     };
@@ -155,7 +157,7 @@ fn check<B>(
 
 /// Who the token in `headers` speaks for, if it grants `permission`; else the status to
 /// refuse the request with (`UNAUTHENTICATED` for no token or an unknown one,
-/// `PERMISSION_DENIED` naming the policy needed). The gRPC guard and the HTTP API both use it.
+/// `PERMISSION_DENIED` naming what is needed). The gRPC guard and the HTTP API both use it.
 ///
 /// # Errors
 /// As above.
@@ -169,22 +171,17 @@ pub fn token_caller(
             "no token; set MUSTER_TOKEN or --token (HTTP: an X-Muster-Token or Authorization: Bearer header)",
         )
     })?;
-    let token = tokens.authenticate(&secret).ok_or_else(|| {
+    let caller = tokens.authenticate(&secret).ok_or_else(|| {
         Status::unauthenticated("the token is not known (deleted, or never issued by this cluster)")
     })?;
-    if !token.policy.grants(permission) {
+    if !caller.may(permission) {
         return Err(Status::permission_denied(format!(
-            "token {:?} has policy {}; {} needs {}",
-            token.name,
-            token.policy,
-            permission.doing(),
-            permission.least_policy()
+            "token {} may not make this call: it needs {}",
+            caller.described(),
+            permission.needs()
         )));
     }
-    Ok(Caller {
-        name: token.name,
-        policy: token.policy,
-    })
+    Ok(caller)
 }
 
 impl<S, B> tower_service::Service<http::Request<B>> for Guarded<S>
@@ -231,7 +228,7 @@ where
 pub struct NoTokens;
 
 impl TokenSource for NoTokens {
-    fn authenticate(&self, _secret: &TokenSecret) -> Option<AclToken> {
+    fn authenticate(&self, _secret: &TokenSecret) -> Option<Caller> {
         None
     }
 }

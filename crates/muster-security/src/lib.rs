@@ -8,8 +8,10 @@
 //! - [`net`]: the process's network (TCP, or a simulation's), under every listener and
 //!   client.
 //! - [`certs`]: a cluster CA and role certificates, as `muster tls` writes them.
-//! - [`acl`]: ACL tokens and their policies; [`guard`]: the tonic layer that checks a caller's
-//!   certificate role and token against a table declared where a service is installed.
+//! - [`acl`]: ACL tokens; [`policy`]: the policies they carry, rules per namespace, agents,
+//!   registry and scheduling, resolved into an [`Acl`]; [`guard`]: the tonic layer that checks
+//!   a caller's certificate role and token against a table declared where a service is
+//!   installed.
 //! - [`testing`] (feature `testing`): one throwaway CA and its certificates for tests.
 
 pub mod acl;
@@ -17,11 +19,13 @@ pub mod certs;
 pub mod guard;
 pub mod identity;
 pub mod net;
+pub mod policy;
 #[cfg(feature = "testing")]
 pub mod testing;
 pub mod tls;
 
-pub use acl::{AclToken, Caller, Permission, Policy, TokenSecret, TokenTable};
+pub use acl::{AclToken, Caller, Permission, TokenSecret, TokenTable, TokenType};
 pub use guard::{Guarded, Requirement, Rules, TokenSource, token_caller};
 pub use identity::{DEFAULT_CLUSTER, IdentityError, Peer, Role};
+pub use policy::{Access, Acl, Capability, Policy, PolicyError};
 pub use tls::{Security, Tls, TlsError, TlsFiles};

@@ -13,8 +13,10 @@ use crate::job_spec::scheduler_name;
 pub struct EvaluationInfo {
     /// Its id.
     pub id: String,
-    /// The job evaluated.
+    /// The job evaluated (its name in its namespace).
     pub job: String,
+    /// The job's namespace.
+    pub namespace: String,
     /// The job's priority when it was made.
     pub priority: u32,
     /// The scheduler that handles it: `service`, `batch` or `system`.
@@ -60,9 +62,11 @@ impl From<pb::Evaluation> for EvaluationInfo {
             Ok(pb::EvalStatus::Canceled) => "canceled",
             _ => "unknown",
         };
+        let (namespace, job) = super::namespace_and_job(eval.namespace, eval.job);
         EvaluationInfo {
             id: eval.id,
-            job: eval.job,
+            job,
+            namespace,
             priority: eval.priority,
             kind: scheduler_name(eval.scheduler).to_owned(),
             triggered_by: triggered_by.to_owned(),

@@ -32,8 +32,10 @@ pub struct TaskCounts {
 /// One job of a list: what it asks for and how its tasks stand.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct JobSummary {
-    /// Its name.
+    /// Its name, unique in its namespace.
     pub name: String,
+    /// Its namespace.
+    pub namespace: String,
     /// `service`, `batch` or `system`.
     #[serde(rename = "type")]
     pub kind: String,
@@ -67,6 +69,7 @@ impl From<cluster_pb::JobList> for JobList {
                 .jobs
                 .into_iter()
                 .map(|j| JobSummary {
+                    namespace: super::namespace_and_job(j.namespace, String::new()).0,
                     name: j.name,
                     kind: scheduler_name(j.scheduler).to_owned(),
                     priority: j.priority,

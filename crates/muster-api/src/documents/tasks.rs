@@ -12,10 +12,12 @@ use utoipa::ToSchema;
 pub struct TaskInfo {
     /// Its id, unique in the cluster.
     pub id: String,
-    /// Its slot: `<job>.<group>[<index>]`.
+    /// Its slot: `<job>.<group>[<index>]` (the job named `namespace:job` outside `default`).
     pub name: String,
     /// Its job (empty for a task launched directly).
     pub job: String,
+    /// Its job's namespace.
+    pub namespace: String,
     /// Its group.
     pub group: String,
     /// The job version it runs.
@@ -62,10 +64,17 @@ impl TaskInfo {
     /// The document for `task`, placed on `agent_id`.
     pub fn new(agent_id: &str, task: pb::Task) -> TaskInfo {
         let resources = task.resources.unwrap_or_default();
+        let (namespace, job) = if task.job.is_empty() {
+            let namespace = task.id.split_once(':').map_or("default", |(ns, _)| ns);
+            (namespace.to_owned(), String::new())
+        } else {
+            super::namespace_and_job(task.namespace, task.job)
+        };
         TaskInfo {
             id: task.id,
             name: task.name,
-            job: task.job,
+            job,
+            namespace,
             group: task.group,
             job_version: task.job_version,
             agent_id: agent_id.to_owned(),

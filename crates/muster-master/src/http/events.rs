@@ -8,6 +8,9 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use muster_api::{ApiError, Event};
 
+use muster_security::Caller;
+
+use crate::visibility::NamespaceFilter;
 use crate::{EventFeed, Subscription};
 
 /// The stream's state: the feed, its framing, and the idle heartbeat.
@@ -81,8 +84,10 @@ impl Stream {
 pub(super) struct Framing {
     /// Server-sent events, else NDJSON.
     pub(super) sse: bool,
-    /// Whether the reader may read environment values.
-    pub(super) reveal_secrets: bool,
+    /// Who reads: what it may see, and with which secrets.
+    pub(super) reader: Caller,
+    /// The namespaces it asked for.
+    pub(super) namespaces: NamespaceFilter,
     /// The idle heartbeat's period.
     pub(super) heartbeat: Duration,
 }
@@ -97,7 +102,8 @@ pub(super) fn body(
 ) -> Body {
     let Framing {
         sse,
-        reveal_secrets,
+        reader,
+        namespaces,
         heartbeat,
     } = framing;
     let mut ticks = tokio::time::interval(heartbeat);
@@ -105,7 +111,7 @@ pub(super) fn body(
     // The first tick is immediate: skip it, so a heartbeat comes only after a quiet interval.
     ticks.reset();
     let stream = Stream {
-        feed: EventFeed::new(subscription, after, topics, reveal_secrets),
+        feed: EventFeed::new(subscription, after, topics, reader, namespaces),
         sse,
         heartbeat: ticks,
         ended: false,

@@ -1,5 +1,7 @@
-//! The endpoints: each checks the token, calls the operator handler its gRPC twin calls, and
-//! answers the [`muster_api`] document made from the reply.
+//! The endpoints of the cluster (status, health, metrics), agents, events and task logs, and
+//! what every endpoint shares: each checks the token, calls the operator handler its gRPC twin
+//! calls, and answers the [`muster_api`] document made from the reply. Jobs and evaluations
+//! are in `jobs.rs`, namespaces in `namespaces.rs`.
 
 use axum::Json;
 use axum::body::Bytes;
@@ -9,36 +11,35 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use muster_api::{
     AgentDetail, AgentList, AgentScheduling, ApiError, ClusterStatus, DrainRequest,
-    EligibilityRequest, EvaluationInfo, EvaluationList, JobDetail, JobList, JobSpec, ReadInfo,
-    Submitted, TaskInfo,
+    EligibilityRequest, ReadInfo,
 };
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_server::Operator as _;
-use muster_security::{Caller, Permission};
+use muster_security::Caller;
 use serde::Deserialize;
 use utoipa::IntoParams;
 
 use super::{ApiState, HttpError, error_response};
 
 /// A query string that does not parse: a JSON error naming it, not axum's plain text.
-fn parsed<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, HttpError> {
+pub(super) fn parsed<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, HttpError> {
     query
         .map(|Query(query)| query)
         .map_err(|e| HttpError::BadRequest(format!("bad query string: {}", e.body_text())))
 }
 
-/// The operator handler's answer to `message`, asked through `method` (the gRPC twin's) as the
-/// caller `headers` carry, if they grant `permission`; a refusal becomes the HTTP error it
-/// maps to (a standby's, a redirect to the leader).
-async fn call<T, R>(
+/// The operator handler's answer to `message`, asked through `method` (the gRPC twin's, named
+/// `rpc`) as the caller `headers` carry, if they may call it; a refusal becomes the HTTP error
+/// it maps to (a standby's, a redirect to the leader).
+pub(super) async fn call<T, R>(
     state: &ApiState,
     uri: &OriginalUri,
     headers: &HeaderMap,
-    permission: Permission,
+    rpc: &'static str,
     message: T,
     method: impl for<'a> FnOnce(&'a crate::OperatorService, tonic::Request<T>) -> OperatorCall<'a, R>,
 ) -> Result<R, HttpError> {
-    let caller = state.authorize(headers, permission)?;
+    let caller = state.authorize(headers, rpc)?;
     method(&state.operator, request(message, caller))
         .await
         .map(tonic::Response::into_inner)
@@ -51,7 +52,7 @@ type OperatorCall<'a, R> = std::pin::Pin<
 >;
 
 /// A gRPC request carrying the HTTP caller, as the gRPC guard would have set it.
-fn request<T>(message: T, caller: Caller) -> tonic::Request<T> {
+pub(super) fn request<T>(message: T, caller: Caller) -> tonic::Request<T> {
     let mut request = tonic::Request::new(message);
     request.extensions_mut().insert(caller);
     request
@@ -59,7 +60,7 @@ fn request<T>(message: T, caller: Caller) -> tonic::Request<T> {
 
 /// A refusal as the API answers it: a standby's "not the leader, the leader is X" becomes a
 /// redirect to the same path and query on X's HTTP port.
-fn refused(state: &ApiState, uri: &OriginalUri, status: tonic::Status) -> HttpError {
+pub(super) fn refused(state: &ApiState, uri: &OriginalUri, status: tonic::Status) -> HttpError {
     if let Some(leader) = muster_scheduler::protocol::leader_hint(&status)
         && let Some(http) = state.config.leader_http(&leader)
     {
@@ -71,7 +72,7 @@ fn refused(state: &ApiState, uri: &OriginalUri, status: tonic::Status) -> HttpEr
 }
 
 /// `doc` with the read's headers (Nomad's `X-Nomad-Index`, `-KnownLeader`, `-LastContact`).
-fn read_response<T: serde::Serialize>(doc: T, read: &ReadInfo) -> Response {
+pub(super) fn read_response<T: serde::Serialize>(doc: T, read: &ReadInfo) -> Response {
     let mut response = Json(doc).into_response();
     let headers = response.headers_mut();
     headers.insert("x-muster-index", HeaderValue::from(read.applied_index));
@@ -96,33 +97,6 @@ pub(crate) struct ReadQuery {
     stale: bool,
 }
 
-/// `GET /v1/jobs` options.
-#[derive(Debug, Default, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct JobsQuery {
-    /// As in every read.
-    #[serde(default)]
-    stale: bool,
-    /// Only jobs whose name starts with this.
-    #[serde(default)]
-    prefix: String,
-}
-
-/// `GET /v1/evaluations` options.
-#[derive(Debug, Default, Deserialize, IntoParams)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct EvaluationsQuery {
-    /// As in every read.
-    #[serde(default)]
-    stale: bool,
-    /// Only this job's.
-    #[serde(default)]
-    job: String,
-    /// At most this many, newest first (default 50, at most 1000).
-    #[serde(default)]
-    limit: u32,
-}
-
 /// `GET /v1/event/stream` options.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[serde(deny_unknown_fields)]
@@ -133,6 +107,10 @@ pub(crate) struct EventsQuery {
     /// Only these topics, comma-separated: `job`, `evaluation`, `task`, `agent`.
     #[serde(default)]
     topic: String,
+    /// Only this namespace's events (default: every namespace the token may read; agent
+    /// events pass to a token that may read agents).
+    #[serde(default)]
+    namespace: String,
 }
 
 /// How often an idle event stream sends a heartbeat (`{}` in NDJSON, a comment in SSE), so
@@ -151,7 +129,12 @@ pub(crate) async fn event_stream(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
     let query = parsed(query)?;
-    let caller = state.authorize(&headers, Permission::Read)?;
+    let caller = state.authorize(&headers, "StreamEvents")?;
+    let namespaces = match query.namespace.as_str() {
+        "" => crate::visibility::NamespaceFilter::for_request(&caller, "*"),
+        named => crate::visibility::NamespaceFilter::for_request(&caller, named),
+    }
+    .map_err(HttpError::Status)?;
     let topics: Vec<String> = query
         .topic
         .split(',')
@@ -180,7 +163,8 @@ pub(crate) async fn event_stream(
         .is_some_and(|v| v.contains("text/event-stream"));
     let framing = super::events::Framing {
         sse,
-        reveal_secrets: caller.may(Permission::ReadSecrets),
+        reader: caller,
+        namespaces,
         heartbeat: EVENT_HEARTBEAT,
     };
     let body = super::events::body(subscription, after, topics, framing);
@@ -234,7 +218,7 @@ pub(crate) async fn task_logs(
     query: Result<Query<LogsQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
     let query = parsed(query)?;
-    let caller = state.authorize(&headers, Permission::Read)?;
+    let caller = state.authorize(&headers, "TaskLogs")?;
     let chunk = state
         .operator
         .task_logs(request(
@@ -271,276 +255,6 @@ pub(crate) async fn task_logs(
         .into_response())
 }
 
-/// Lists jobs with their tasks counted by state.
-#[utoipa::path(get, path = "/v1/jobs", params(JobsQuery), tag = "jobs",
-    responses((status = 200, body = JobList), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError), (status = 503, body = ApiError)))]
-pub(crate) async fn list_jobs(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    query: Result<Query<JobsQuery>, QueryRejection>,
-) -> Result<Response, HttpError> {
-    let query = parsed(query)?;
-    let list = call(
-        &state,
-        &uri,
-        &headers,
-        Permission::Read,
-        pb::ListJobsRequest {
-            stale: query.stale,
-            prefix: query.prefix,
-        },
-        |operator, request| operator.list_jobs(request),
-    )
-    .await?;
-    let doc = JobList::from(list);
-    let read = doc.read.clone();
-    Ok(read_response(doc, &read))
-}
-
-/// Submits a job (new, or a new version of one): the body is the job document, the JSON form
-/// of a job file.
-#[utoipa::path(post, path = "/v1/jobs", request_body = JobSpec, tag = "jobs",
-    responses((status = 200, body = Submitted), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError), (status = 503, body = ApiError)))]
-pub(crate) async fn submit_job(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, HttpError> {
-    let caller = state.authorize(&headers, Permission::Submit)?;
-    let spec = JobSpec::from_json(&body)
-        .map_err(|e| HttpError::BadRequest(format!("the body is not a job document: {e}")))?;
-    let job = spec
-        .to_proto()
-        .map_err(|e| HttpError::BadRequest(format!("job: {e}")))?;
-    let reply = state
-        .operator
-        .submit_job(request(pb::SubmitJobRequest { job: Some(job) }, caller))
-        .await
-        .map_err(|s| refused(&state, &uri, s))?
-        .into_inner();
-    Ok(Json(Submitted::from(reply)).into_response())
-}
-
-/// A job: its document, tasks and evaluations.
-#[utoipa::path(get, path = "/v1/job/{name}", params(("name" = String, Path, description = "The job's name"), ReadQuery), tag = "jobs",
-    responses((status = 200, body = JobDetail), (status = 404, body = ApiError), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
-pub(crate) async fn read_job(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    query: Result<Query<ReadQuery>, QueryRejection>,
-) -> Result<Response, HttpError> {
-    let query = parsed(query)?;
-    let doc = job_detail(&state, &uri, &headers, name, query.stale).await?;
-    let read = doc.read.clone();
-    Ok(read_response(doc, &read))
-}
-
-async fn job_detail(
-    state: &ApiState,
-    uri: &OriginalUri,
-    headers: &HeaderMap,
-    name: String,
-    stale: bool,
-) -> Result<JobDetail, HttpError> {
-    let reply = call(
-        state,
-        uri,
-        headers,
-        Permission::Read,
-        pb::JobStatusRequest { name, stale },
-        |operator, request| operator.job_status(request),
-    )
-    .await?;
-    Ok(JobDetail::from(reply))
-}
-
-/// A job's tasks, with their agents.
-#[utoipa::path(get, path = "/v1/job/{name}/tasks", params(("name" = String, Path, description = "The job's name"), ReadQuery), tag = "jobs",
-    responses((status = 200, body = Vec<TaskInfo>), (status = 404, body = ApiError), (status = 401, body = ApiError)))]
-pub(crate) async fn job_tasks(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    query: Result<Query<ReadQuery>, QueryRejection>,
-) -> Result<Response, HttpError> {
-    let query = parsed(query)?;
-    let doc = job_detail(&state, &uri, &headers, name, query.stale).await?;
-    Ok(read_response(doc.tasks, &doc.read))
-}
-
-/// A dry run: what submitting the job document in the body would place, stop and replace now.
-/// Nothing is written. The body's name must be the path's.
-#[utoipa::path(post, path = "/v1/job/{name}/plan", params(("name" = String, Path, description = "The job's name")), request_body = JobSpec, tag = "jobs",
-    responses((status = 200, body = muster_api::JobPlan), (status = 400, body = ApiError), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
-pub(crate) async fn plan_job(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    body: Bytes,
-) -> Result<Response, HttpError> {
-    let caller = state.authorize(&headers, Permission::Read)?;
-    let spec = JobSpec::from_json(&body)
-        .map_err(|e| HttpError::BadRequest(format!("the body is not a job document: {e}")))?;
-    if spec.name != name {
-        return Err(HttpError::BadRequest(format!(
-            "the body is job {:?}, the path {name:?}",
-            spec.name
-        )));
-    }
-    let job = spec
-        .to_proto()
-        .map_err(|e| HttpError::BadRequest(format!("job: {e}")))?;
-    let plan = state
-        .operator
-        .plan_job(request(pb::SubmitJobRequest { job: Some(job) }, caller))
-        .await
-        .map_err(|s| refused(&state, &uri, s))?
-        .into_inner();
-    Ok(Json(muster_api::JobPlan::from(plan)).into_response())
-}
-
-/// A job's versions, newest first (the current one and the earlier ones kept).
-#[utoipa::path(get, path = "/v1/job/{name}/versions", params(("name" = String, Path, description = "The job's name"), ReadQuery), tag = "jobs",
-    responses((status = 200, body = muster_api::JobVersions), (status = 404, body = ApiError), (status = 401, body = ApiError)))]
-pub(crate) async fn job_versions(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    query: Result<Query<ReadQuery>, QueryRejection>,
-) -> Result<Response, HttpError> {
-    let query = parsed(query)?;
-    let list = call(
-        &state,
-        &uri,
-        &headers,
-        Permission::Read,
-        pb::JobStatusRequest {
-            name,
-            stale: query.stale,
-        },
-        |operator, request| operator.job_versions(request),
-    )
-    .await?;
-    let doc = muster_api::JobVersions::from(list);
-    let read = doc.read.clone();
-    Ok(read_response(doc, &read))
-}
-
-/// A job's evaluations, newest first.
-#[utoipa::path(get, path = "/v1/job/{name}/evaluations", params(("name" = String, Path, description = "The job's name"), EvaluationsQuery), tag = "evaluations",
-    responses((status = 200, body = EvaluationList), (status = 401, body = ApiError)))]
-pub(crate) async fn job_evaluations(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-    query: Result<Query<EvaluationsQuery>, QueryRejection>,
-) -> Result<Response, HttpError> {
-    evaluations(&state, &uri, &headers, name, parsed(query)?).await
-}
-
-/// Evaluations, newest first, of every job or one.
-#[utoipa::path(get, path = "/v1/evaluations", params(EvaluationsQuery), tag = "evaluations",
-    responses((status = 200, body = EvaluationList), (status = 401, body = ApiError)))]
-pub(crate) async fn list_evaluations(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    query: Result<Query<EvaluationsQuery>, QueryRejection>,
-) -> Result<Response, HttpError> {
-    let query = parsed(query)?;
-    let job = query.job.clone();
-    evaluations(&state, &uri, &headers, job, query).await
-}
-
-async fn evaluations(
-    state: &ApiState,
-    uri: &OriginalUri,
-    headers: &HeaderMap,
-    job: String,
-    query: EvaluationsQuery,
-) -> Result<Response, HttpError> {
-    let list = call(
-        state,
-        uri,
-        headers,
-        Permission::Read,
-        pb::ListEvaluationsRequest {
-            stale: query.stale,
-            job,
-            limit: query.limit,
-            id: String::new(),
-        },
-        |operator, request| operator.list_evaluations(request),
-    )
-    .await?;
-    let doc = EvaluationList::from(list);
-    let read = doc.read.clone();
-    Ok(read_response(doc, &read))
-}
-
-/// One evaluation.
-#[utoipa::path(get, path = "/v1/evaluation/{id}", params(("id" = String, Path, description = "The evaluation's id"), ReadQuery), tag = "evaluations",
-    responses((status = 200, body = EvaluationInfo), (status = 404, body = ApiError), (status = 401, body = ApiError)))]
-pub(crate) async fn read_evaluation(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    query: Result<Query<ReadQuery>, QueryRejection>,
-) -> Result<Response, HttpError> {
-    let query = parsed(query)?;
-    let list = call(
-        &state,
-        &uri,
-        &headers,
-        Permission::Read,
-        pb::ListEvaluationsRequest {
-            stale: query.stale,
-            job: String::new(),
-            limit: 1,
-            id: id.clone(),
-        },
-        |operator, request| operator.list_evaluations(request),
-    )
-    .await?;
-    let doc = EvaluationList::from(list);
-    let eval = doc
-        .evaluations
-        .into_iter()
-        .next()
-        .ok_or_else(|| HttpError::NotFound(format!("no evaluation {id:?}")))?;
-    Ok(read_response(eval, &doc.read))
-}
-
-/// Stops a job: its tasks are stopped, its document kept.
-#[utoipa::path(delete, path = "/v1/job/{name}", params(("name" = String, Path, description = "The job's name")), tag = "jobs",
-    responses((status = 200, body = Submitted), (status = 404, body = ApiError), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
-pub(crate) async fn stop_job(
-    State(state): State<ApiState>,
-    uri: OriginalUri,
-    headers: HeaderMap,
-    Path(name): Path<String>,
-) -> Result<Response, HttpError> {
-    let reply = call(
-        &state,
-        &uri,
-        &headers,
-        Permission::Submit,
-        pb::StopJobRequest { name },
-        |operator, request| operator.stop_job(request),
-    )
-    .await?;
-    Ok(Json(Submitted::from(reply)).into_response())
-}
-
 async fn cluster_state(
     state: &ApiState,
     uri: &OriginalUri,
@@ -551,7 +265,7 @@ async fn cluster_state(
         state,
         uri,
         headers,
-        Permission::Read,
+        "GetState",
         pb::GetStateRequest { stale },
         |operator, request| operator.get_state(request),
     )
@@ -595,7 +309,7 @@ pub(crate) async fn read_agent(
 /// Starts, changes or cancels an agent's drain (Nomad's node drain): it takes no new tasks,
 /// its service tasks move elsewhere a few at a time (each replacement running before the task
 /// it replaces stops), batch tasks may run until the deadline, then whatever is left stops and
-/// the agent is marked drained. Needs a management token.
+/// the agent is marked drained. Needs a token with agent write.
 #[utoipa::path(post, path = "/v1/agent/{id}/drain", params(("id" = String, Path, description = "The agent's id")), request_body = DrainRequest, tag = "agents",
     responses((status = 200, body = AgentScheduling), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError)))]
 pub(crate) async fn drain_agent(
@@ -605,7 +319,7 @@ pub(crate) async fn drain_agent(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let caller = state.authorize(&headers, Permission::Manage)?;
+    let caller = state.authorize(&headers, "DrainAgent")?;
     let drain: DrainRequest = if body.is_empty() {
         DrainRequest::default()
     } else {
@@ -643,7 +357,7 @@ pub(crate) async fn drain_agent(
 }
 
 /// Sets whether new tasks may be placed on an agent; its tasks stay. Refused (409) while it
-/// drains. Needs a management token.
+/// drains. Needs a token with agent write.
 #[utoipa::path(post, path = "/v1/agent/{id}/eligibility", params(("id" = String, Path, description = "The agent's id")), request_body = EligibilityRequest, tag = "agents",
     responses((status = 200, body = AgentScheduling), (status = 400, body = ApiError), (status = 404, body = ApiError), (status = 409, body = ApiError), (status = 401, body = ApiError), (status = 403, body = ApiError), (status = 307, body = ApiError)))]
 pub(crate) async fn set_agent_eligibility(
@@ -653,7 +367,7 @@ pub(crate) async fn set_agent_eligibility(
     Path(id): Path<String>,
     body: Bytes,
 ) -> Result<Response, HttpError> {
-    let caller = state.authorize(&headers, Permission::Manage)?;
+    let caller = state.authorize(&headers, "SetAgentEligibility")?;
     let wanted: EligibilityRequest = serde_json::from_slice(&body).map_err(|e| {
         HttpError::BadRequest(format!("the body is not an eligibility request: {e}"))
     })?;
@@ -721,14 +435,14 @@ pub(crate) async fn ready(State(state): State<ApiState>) -> Response {
 }
 
 /// The master's metrics for Prometheus: the 0.0.4 text format, or OpenMetrics when the
-/// request's `Accept` asks for it. Needs a token with `read` once ACLs are on (Prometheus:
+/// request's `Accept` asks for it. Needs a token with operator read once ACLs are on (Prometheus:
 /// `authorization: { credentials: ... }`).
 #[utoipa::path(get, path = "/metrics", tag = "cluster", responses((status = 200, description = "Prometheus text"), (status = 401, body = ApiError)))]
 pub(crate) async fn metrics(
     State(state): State<ApiState>,
     headers: HeaderMap,
 ) -> Result<Response, HttpError> {
-    state.authorize(&headers, Permission::Read)?;
+    state.authorize(&headers, "GetMetrics")?;
     let format = crate::metrics::Format::from_accept(
         headers
             .get(axum::http::header::ACCEPT)

@@ -11,7 +11,7 @@ use muster_api::{
 use utoipa::OpenApi;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use super::handlers;
+use super::{handlers, jobs, namespaces};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -20,14 +20,14 @@ use super::handlers;
         description = "Jobs, evaluations, agents and cluster status of a Muster master. Every call but health and this document needs a token (X-Muster-Token, or Authorization: Bearer) once ACLs are on; a standby redirects leader-only calls (307) to the leader."
     ),
     paths(
-        handlers::list_jobs,
-        handlers::submit_job,
-        handlers::read_job,
-        handlers::stop_job,
-        handlers::job_tasks,
-        handlers::job_evaluations,
-        handlers::list_evaluations,
-        handlers::read_evaluation,
+        jobs::list_jobs,
+        jobs::submit_job,
+        jobs::read_job,
+        jobs::stop_job,
+        jobs::job_tasks,
+        jobs::job_evaluations,
+        jobs::list_evaluations,
+        jobs::read_evaluation,
         handlers::list_agents,
         handlers::read_agent,
         handlers::drain_agent,
@@ -38,15 +38,19 @@ use super::handlers;
         openapi_document,
         handlers::event_stream,
         handlers::task_logs,
-        handlers::job_versions,
-        handlers::plan_job,
+        jobs::job_versions,
+        jobs::plan_job,
         handlers::metrics,
+        namespaces::list_namespaces,
+        namespaces::apply_namespace,
+        namespaces::delete_namespace,
     ),
     components(schemas(
         AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, ConstraintSpec,
         muster_api::DisconnectSpec, EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
         ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member,
-        muster_api::AgentScheduling, muster_api::DrainRequest, muster_api::EligibilityRequest
+        muster_api::AgentScheduling, muster_api::DrainRequest, muster_api::EligibilityRequest,
+        muster_api::NamespaceInfo
     )),
     modifiers(&Tokens),
     security(("token" = []), ("bearer" = []))
@@ -97,6 +101,8 @@ mod tests {
             "/v1/agent/{id}/eligibility",
             "/v1/status",
             "/v1/health/ready",
+            "/v1/namespaces",
+            "/v1/namespace/{name}",
         ] {
             assert!(doc.paths.paths.contains_key(path), "{path} missing");
         }

@@ -1,11 +1,12 @@
-//! ACL tokens, as operators manage them: bootstrap, create, list, delete. Each change is a
-//! registry write; the guard in front of the APIs reads the applied tokens.
+//! ACL tokens, policies and namespaces, as operators manage them: bootstrap, create, list,
+//! delete. Each change is a registry write; the guard in front of the APIs reads the applied
+//! tokens and policies, and the namespaces bound what a policy grants.
 
 use muster_actor::{Context, Pid, Reply};
 use muster_proto::cluster as pb;
 use muster_registry::{Op, OpError, Outcome, Registrar};
 use muster_security::acl::new_accessor;
-use muster_security::{AclToken, Policy, TokenSecret};
+use muster_security::{AclToken, Policy, TokenSecret, TokenType};
 
 use super::leadership::Role;
 use super::registry_writes::now_ms;
@@ -19,13 +20,15 @@ pub struct BootstrapAcl {
     pub reply: Reply<Result<pb::AclTokenSecret, ServiceError>>,
 }
 
-/// A new token with a name and a policy.
+/// A new token with a name and its policies.
 #[derive(Debug)]
 pub struct CreateToken {
     /// The token's name.
     pub name: String,
-    /// Its policy (`read`, `submit`, `schedule`, `management`, ...).
-    pub policy: String,
+    /// Client or management.
+    pub token_type: TokenType,
+    /// The policies a client token carries (each built-in or stored).
+    pub policies: Vec<String>,
     /// The token, with its secret (shown once).
     pub reply: Reply<Result<pb::AclTokenSecret, ServiceError>>,
 }
@@ -46,7 +49,39 @@ pub struct DeleteToken {
     pub reply: Reply<Result<pb::DeleteTokenReply, ServiceError>>,
 }
 
-answered_request!(BootstrapAcl, CreateToken, ListTokens, DeleteToken);
+/// A change to the policies or namespaces ([`Op::ApplyPolicy`], [`Op::DeletePolicy`],
+/// [`Op::ApplyNamespace`], [`Op::DeleteNamespace`]), checked by the operator API before.
+#[derive(Debug)]
+pub struct ChangeAccess {
+    /// The change.
+    pub op: Op,
+    /// Done once written.
+    pub reply: Reply<Result<(), ServiceError>>,
+}
+
+/// Every policy, the built-in ones included, by name.
+#[derive(Debug)]
+pub struct ListPolicies {
+    /// The policies.
+    pub reply: Reply<Result<pb::PolicyList, ServiceError>>,
+}
+
+/// Every namespace, `default` included.
+#[derive(Debug)]
+pub struct ListNamespaces {
+    /// The namespaces, by name.
+    pub reply: Reply<Result<Vec<muster_model::Namespace>, ServiceError>>,
+}
+
+answered_request!(
+    BootstrapAcl,
+    CreateToken,
+    ListTokens,
+    DeleteToken,
+    ChangeAccess,
+    ListPolicies,
+    ListNamespaces,
+);
 
 /// The file in a master's data directory through which an operator who lost every management
 /// token bootstraps the ACL system again (as Nomad's `acl-bootstrap-reset`): it holds the reset
@@ -75,26 +110,42 @@ fn read_reset_index(file: &std::path::Path) -> Result<Option<u64>, ServiceError>
     })
 }
 
-/// A new token of `policy` named `name`, and its secret.
-fn new_token(name: String, policy: Policy) -> Result<(AclToken, TokenSecret), ServiceError> {
+/// A new token named `name`, and its secret.
+fn new_token(
+    name: String,
+    token_type: TokenType,
+    policies: Vec<String>,
+) -> Result<(AclToken, TokenSecret), ServiceError> {
     let unavailable = |_| ServiceError::Unavailable("the system's random source failed".into());
     let secret = TokenSecret::generate().map_err(unavailable)?;
     let token = AclToken {
         accessor: new_accessor().map_err(unavailable)?,
         name,
-        policy,
+        token_type,
+        policies,
         secret_hash: secret.hash(),
         created_ms: now_ms(),
     };
     Ok((token, secret))
 }
 
+/// What a token may do, in one word list: `management`, or its policies.
+fn policy_words(token: &AclToken) -> String {
+    if token.is_management() {
+        TokenType::Management.to_string()
+    } else {
+        token.policies.join(",")
+    }
+}
+
 fn shown(token: &AclToken, secret: &TokenSecret) -> pb::AclTokenSecret {
     pb::AclTokenSecret {
         accessor: token.accessor.clone(),
         name: token.name.clone(),
-        policy: token.policy.to_string(),
+        policy: policy_words(token),
         secret: secret.expose().to_owned(),
+        r#type: token.token_type.to_string(),
+        policies: token.policies.clone(),
     }
 }
 
@@ -152,7 +203,8 @@ impl Master {
             Ok(registrar) => registrar,
             Err(e) => return reply.send(Err(e)),
         };
-        let (token, secret) = match new_token("bootstrap".into(), Policy::Management) {
+        let (token, secret) = match new_token("bootstrap".into(), TokenType::Management, Vec::new())
+        {
             Ok(made) => made,
             Err(e) => return reply.send(Err(e)),
         };
@@ -185,7 +237,8 @@ impl Master {
         &mut self,
         CreateToken {
             name,
-            policy,
+            token_type,
+            policies,
             reply,
         }: CreateToken,
         ctx: &mut Context<Self>,
@@ -194,22 +247,36 @@ impl Master {
             Ok(registrar) => registrar,
             Err(e) => return reply.send(Err(e)),
         };
-        let policy = match policy.parse::<Policy>() {
-            Ok(policy) => policy,
-            Err(e) => {
-                return reply.send(Err(ServiceError::InvalidArgument {
-                    field: "policy".into(),
-                    message: e.to_string(),
-                }));
-            }
-        };
+        if token_type == TokenType::Client && policies.is_empty() {
+            return reply.send(Err(ServiceError::InvalidArgument {
+                field: "policies".into(),
+                message: "a client token needs at least one policy (built-in: read, submit, \
+                          operate, schedule; or one stored with `muster acl policy apply`)"
+                    .into(),
+            }));
+        }
+        let unknown = self.registry.reader().read(|state| {
+            policies
+                .iter()
+                .find(|name| state.policy(name).is_none())
+                .cloned()
+        });
+        if let Some(unknown) = unknown {
+            return reply.send(Err(ServiceError::InvalidArgument {
+                field: "policies".into(),
+                message: format!(
+                    "no policy named {unknown:?} (built-in: read, submit, operate, schedule; \
+                     stored ones: `muster acl policy list`)"
+                ),
+            }));
+        }
         if name.trim().is_empty() {
             return reply.send(Err(ServiceError::InvalidArgument {
                 field: "name".into(),
                 message: "a token needs a name".into(),
             }));
         }
-        let (token, secret) = match new_token(name, policy) {
+        let (token, secret) = match new_token(name, token_type, policies) {
             Ok(made) => made,
             Err(e) => return reply.send(Err(e)),
         };
@@ -218,7 +285,7 @@ impl Master {
             let answer = written(outcome).map(|_| shown(&token, &secret));
             if answer.is_ok() {
                 tracing::info!(accessor = %token.accessor, name = %token.name,
-                    policy = %token.policy, "token created");
+                    policies = %policy_words(&token), "token created");
             }
             reply.send(answer);
         });
@@ -240,8 +307,10 @@ impl Master {
                 .map(|t| pb::AclTokenInfo {
                     accessor: t.accessor.clone(),
                     name: t.name.clone(),
-                    policy: t.policy.to_string(),
+                    policy: policy_words(t),
                     created_ms: t.created_ms,
+                    r#type: t.token_type.to_string(),
+                    policies: t.policies.clone(),
                 })
                 .collect()
         });
@@ -262,5 +331,67 @@ impl Master {
         ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
             reply.send(written(outcome).map(|_| pb::DeleteTokenReply {}));
         });
+    }
+
+    /// [`ChangeAccess`].
+    pub(super) fn change_access(
+        &mut self,
+        ChangeAccess { op, reply }: ChangeAccess,
+        ctx: &mut Context<Self>,
+    ) {
+        let registrar = match self.acl_registrar() {
+            Ok(registrar) => registrar,
+            Err(e) => return reply.send(Err(e)),
+        };
+        tracing::info!(change = ?op, "access change");
+        let write = self.write_registry(&registrar, op);
+        ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
+            reply.send(match outcome {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(e.into()),
+                Err(e) => Err(e.into()),
+            });
+        });
+    }
+
+    /// [`ListPolicies`].
+    pub(super) fn list_policies(
+        &mut self,
+        ListPolicies { reply }: ListPolicies,
+        _ctx: &mut Context<Self>,
+    ) {
+        if let Err(e) = self.acl_registrar() {
+            return reply.send(Err(e));
+        }
+        let mut policies: Vec<pb::AclPolicy> = Policy::built_in_names()
+            .filter_map(|name| {
+                let policy = Policy::built_in(name)?;
+                Some(pb::AclPolicy {
+                    name: name.to_owned(),
+                    rules: Policy::built_in_text(name).unwrap_or_default().to_owned(),
+                    description: policy.description.clone(),
+                    built_in: true,
+                })
+            })
+            .collect();
+        self.registry.reader().read(|state| {
+            policies.extend(state.policies.values().map(|stored| pb::AclPolicy {
+                name: stored.name.clone(),
+                rules: stored.rules.clone(),
+                description: stored.policy.description.clone(),
+                built_in: false,
+            }));
+        });
+        policies.sort_by(|a, b| a.name.cmp(&b.name));
+        reply.send(Ok(pb::PolicyList { policies }));
+    }
+
+    /// [`ListNamespaces`], from this master's applied registry.
+    pub(super) fn list_namespaces(
+        &mut self,
+        ListNamespaces { reply }: ListNamespaces,
+        _ctx: &mut Context<Self>,
+    ) {
+        reply.send(Ok(self.registry.reader().read(|state| state.namespaces())));
     }
 }

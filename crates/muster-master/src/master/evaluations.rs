@@ -12,6 +12,7 @@ use muster_registry::Op;
 
 use super::{Master, Request, answered_request, notice};
 use crate::error::ServiceError;
+use crate::visibility::NamespaceFilter;
 
 pub(super) mod convergence;
 
@@ -25,6 +26,9 @@ pub(super) const MAX_EVAL_LIMIT: usize = 1_000;
 pub struct ListEvaluations {
     /// A job, an id, a limit, and whether a stale answer will do.
     pub request: pb::ListEvaluationsRequest,
+    /// The namespaces to list (the request's, checked against the caller's policies); the
+    /// request's job is a name in the request's namespace.
+    pub namespaces: NamespaceFilter,
     /// The evaluations and how many matched.
     pub reply: Reply<Result<pb::EvaluationList, ServiceError>>,
 }
@@ -86,12 +90,20 @@ impl Master {
     /// [`ListEvaluations`], as a read (see `cluster_state.rs`, `read`).
     pub(super) fn list_evaluations(
         &mut self,
-        ListEvaluations { request, reply }: ListEvaluations,
+        ListEvaluations {
+            request,
+            namespaces,
+            reply,
+        }: ListEvaluations,
         ctx: &mut Context<Self>,
     ) {
         let stale = request.stale;
+        let job = match request.job.as_str() {
+            "" => String::new(),
+            name => muster_model::job_id(&request.namespace, name),
+        };
         self.read(stale, ctx, reply, move |master| {
-            let (evals, total) = master.evaluations(&request.job, &request.id, request.limit);
+            let (evals, total) = master.evaluations(&job, &request.id, request.limit, &namespaces);
             Ok(pb::EvaluationList {
                 evals,
                 total,
@@ -101,8 +113,14 @@ impl Master {
     }
 
     /// Up to `limit` evaluations ([`DEFAULT_EVAL_LIMIT`] for 0, at most [`MAX_EVAL_LIMIT`])
-    /// of `job` (every job's if empty), newest first, and how many matched.
-    fn evaluations(&self, job: &str, id: &str, limit: u32) -> (Vec<model_pb::Evaluation>, u64) {
+    /// of `job` (every job's of `namespaces` if empty), newest first, and how many matched.
+    fn evaluations(
+        &self,
+        job: &str,
+        id: &str,
+        limit: u32,
+        namespaces: &NamespaceFilter,
+    ) -> (Vec<model_pb::Evaluation>, u64) {
         let limit = match limit {
             0 => DEFAULT_EVAL_LIMIT,
             n => (n as usize).min(MAX_EVAL_LIMIT),
@@ -112,6 +130,7 @@ impl Master {
                 .evals
                 .values()
                 .filter(|e| job.is_empty() || e.job == job)
+                .filter(|e| namespaces.admits_job(&e.job))
                 .filter(|e| id.is_empty() || e.id.0 == id)
                 .collect();
             matched.sort_by(|a, b| b.create_index.cmp(&a.create_index).then(a.id.cmp(&b.id)));

@@ -13,6 +13,7 @@ use muster_registry::{Op, Outcome, WriteError};
 
 use super::{Master, Request, answered_request};
 use crate::error::ServiceError;
+use crate::visibility::NamespaceFilter;
 
 /// Submit a job, or a new version of one (`muster job run`).
 #[derive(Debug)]
@@ -48,6 +49,8 @@ pub struct JobStatus {
 pub struct ListJobs {
     /// A name prefix, and whether a stale answer will do.
     pub request: pb::ListJobsRequest,
+    /// The namespaces to list (the request's, checked against the caller's policies).
+    pub namespaces: NamespaceFilter,
     /// The jobs, by name.
     pub reply: Reply<Result<pb::JobList, ServiceError>>,
 }
@@ -126,6 +129,14 @@ impl Master {
         };
         job.check_limits(&self.config.job_limits)
             .map_err(|e| e.within("job"))?;
+        let namespace = job.namespace();
+        if self
+            .registry
+            .reader()
+            .read(|state| state.namespace(namespace).is_none())
+        {
+            return Err(ServiceError::UnknownNamespace(namespace.to_owned()));
+        }
         Ok(job)
     }
 
@@ -200,13 +211,17 @@ impl Master {
     /// [`ListJobs`]: the jobs whose names start with the prefix, as a read.
     pub(super) fn list_jobs(
         &mut self,
-        ListJobs { request, reply }: ListJobs,
+        ListJobs {
+            request,
+            namespaces,
+            reply,
+        }: ListJobs,
         ctx: &mut Context<Self>,
     ) {
         let stale = request.stale;
         self.read(stale, ctx, reply, move |master| {
             Ok(pb::JobList {
-                jobs: master.job_summaries(&request.prefix),
+                jobs: master.job_summaries(&request.prefix, &namespaces),
                 read: Some(master.read_info(stale)),
             })
         });
@@ -250,8 +265,13 @@ impl Master {
         });
     }
 
-    /// A summary of every job whose name starts with `prefix`, by name.
-    pub(super) fn job_summaries(&self, prefix: &str) -> Vec<pb::JobSummary> {
+    /// A summary of every job of `namespaces` whose name starts with `prefix`, by namespace
+    /// and name.
+    pub(super) fn job_summaries(
+        &self,
+        prefix: &str,
+        namespaces: &NamespaceFilter,
+    ) -> Vec<pb::JobSummary> {
         let mut summaries: BTreeMap<String, pb::JobSummary> =
             self.registry.reader().read(|state| {
                 let mut in_flight: HashMap<&str, u64> = HashMap::new();
@@ -262,11 +282,15 @@ impl Master {
                 }
                 state
                     .jobs
-                    .range(prefix.to_owned()..)
-                    .take_while(|(name, _)| name.starts_with(prefix))
+                    .iter()
+                    .filter(|(_, job)| {
+                        namespaces.admits(job.namespace())
+                            && job.name_in_namespace().starts_with(prefix)
+                    })
                     .map(|(name, job)| {
                         let summary = pb::JobSummary {
-                            name: name.clone(),
+                            name: job.name_in_namespace().to_owned(),
+                            namespace: job.namespace().to_owned(),
                             scheduler: i32::from(job.scheduler),
                             priority: u32::from(job.priority),
                             version: job.version,

@@ -308,6 +308,21 @@ impl Master {
                 ),
             });
         }
+        // A task's name and id begin with its job's id, which carries its namespace: what
+        // reads, logs and the event stream decide visibility by.
+        let prefix = format!("{}.", plan.job);
+        if let Some((i, placement)) = plan.place.iter().enumerate().find(|(_, placement)| {
+            !placement.name.starts_with(&prefix) || !placement.task_id.starts_with(&placement.name)
+        }) {
+            return Err(ServiceError::InvalidArgument {
+                field: format!("place[{i}].task_id"),
+                message: format!(
+                    "place[{i}]: task {:?} in slot {:?} is not named for job {:?} (a slot is \
+                     `{prefix}GROUP[INDEX]`, a task id the slot and a suffix)",
+                    placement.task_id, placement.name, plan.job
+                ),
+            });
+        }
         for (i, stop) in plan.stop.iter().enumerate() {
             let owner = self
                 .cluster

@@ -110,7 +110,8 @@ async fn tokens_and_policies_decide_every_call() -> anyhow::Result<()> {
         .expect_err("read submits");
     ensure!(refused.code() == Code::PermissionDenied, "{refused:?}");
     ensure!(
-        refused.message() == "token \"ci\" has policy read; submitting needs submit",
+        refused.message()
+            == "token \"ci\" (policies: read) may not make this call: it needs a policy granting submit-job in some namespace",
         "{refused:?}"
     );
 
@@ -147,6 +148,7 @@ async fn tokens_and_policies_decide_every_call() -> anyhow::Result<()> {
         .create_token(pb::CreateTokenRequest {
             name: "x".into(),
             policy: "admin".into(),
+            policies: Vec::new(),
         })
         .await
         .expect_err("unknown policy");

@@ -232,7 +232,13 @@ async fn a_drained_agents_service_tasks_move_a_step_at_a_time_and_never_below_th
         .ask(|reply| SubscribeEvents { after: 0, reply }.into())
         .await?
         .map_err(anyhow::Error::msg)?;
-    let mut feed = EventFeed::new(subscription, 0, vec!["task".into(), "agent".into()], true);
+    let mut feed = EventFeed::new(
+        subscription,
+        0,
+        vec!["task".into(), "agent".into()],
+        muster_security::Caller::insecure(),
+        muster_master::visibility::NamespaceFilter::All,
+    );
     let mut web = TaskWatch::default();
     let mut crunch = TaskWatch::default();
 

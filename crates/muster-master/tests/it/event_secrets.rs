@@ -43,6 +43,7 @@ async fn first_task_event(address: &str, token: &TokenSecret) -> anyhow::Result<
         .stream_events(pb::StreamEventsRequest {
             index: 0,
             topics: vec!["task".into()],
+            namespace: String::new(),
         })
         .await?
         .into_inner();

@@ -21,15 +21,15 @@ mod streams;
 
 /// One answer: its status and JSON body.
 #[derive(Debug)]
-struct Answer {
-    status: u16,
-    body: Value,
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: Value,
     headers: String,
 }
 
 /// Calls the API with `curl`, trusting the test CA: `method` on `path` with `token` in
 /// `header` (`X-Muster-Token`, or `Authorization` as `Bearer`), and a JSON `body`.
-async fn curl(
+pub(crate) async fn curl(
     server: &MasterServer,
     method: &str,
     path: &str,
@@ -112,7 +112,7 @@ async fn curl_text(
 }
 
 /// The error code of an error answer.
-fn code(answer: &Answer) -> &str {
+pub(crate) fn code(answer: &Answer) -> &str {
     answer.body["code"].as_str().unwrap_or("")
 }
 

@@ -17,6 +17,7 @@ mod http_api;
 mod jobs;
 mod logs;
 mod metrics;
+mod namespaces;
 mod plans_bound;
 mod remote_workers;
 mod scheduling;

@@ -375,7 +375,10 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
             .await
             .expect_err("a standby answers no linearizable job status"),
         operator
-            .stop_job(pb::StopJobRequest { name: "web".into() })
+            .stop_job(pb::StopJobRequest {
+                name: "web".into(),
+                namespace: String::new(),
+            })
             .await
             .expect_err("a standby stops no job"),
         operator

@@ -171,10 +171,18 @@ async fn list_jobs(master: &MasterServer, prefix: &str) -> anyhow::Result<pb::Jo
     let request = pb::ListJobsRequest {
         stale: false,
         prefix: prefix.into(),
+        namespace: String::new(),
     };
     master
         .pid()
-        .ask(|reply| ListJobs { request, reply }.into())
+        .ask(|reply| {
+            ListJobs {
+                request,
+                namespaces: muster_master::visibility::NamespaceFilter::All,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)
 }
@@ -189,10 +197,18 @@ async fn list_evals(
         job: job.into(),
         limit,
         id: String::new(),
+        namespace: String::new(),
     };
     master
         .pid()
-        .ask(|reply| ListEvaluations { request, reply }.into())
+        .ask(|reply| {
+            ListEvaluations {
+                request,
+                namespaces: muster_master::visibility::NamespaceFilter::All,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)
 }

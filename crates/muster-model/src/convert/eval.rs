@@ -3,7 +3,7 @@
 use muster_proto::model as pb;
 
 use crate::agent::AgentId;
-use crate::convert::{bad_enum, priority, read, required};
+use crate::convert::{bad_enum, job_id_from_wire, job_id_to_wire, priority, read, required};
 use crate::error::FieldError;
 use crate::eval::{EvalId, EvalStatus, Evaluation, Trigger};
 
@@ -75,9 +75,11 @@ impl TryFrom<pb::Trigger> for Trigger {
 
 impl From<Evaluation> for pb::Evaluation {
     fn from(eval: Evaluation) -> Self {
+        let (namespace, job) = job_id_to_wire(eval.job);
         pb::Evaluation {
+            namespace,
             id: eval.id.0,
-            job: eval.job,
+            job,
             priority: eval.priority.into(),
             scheduler: eval.scheduler.into(),
             trigger: Some(eval.trigger.into()),
@@ -97,7 +99,7 @@ impl TryFrom<pb::Evaluation> for Evaluation {
     fn try_from(proto: pb::Evaluation) -> Result<Self, FieldError> {
         Ok(Evaluation {
             id: EvalId(proto.id),
-            job: proto.job,
+            job: job_id_from_wire(&proto.namespace, proto.job),
             priority: priority(proto.priority, "priority")?,
             scheduler: read(proto.scheduler, "scheduler")?,
             trigger: required(proto.trigger, "trigger")?,

@@ -3,7 +3,10 @@
 
 use muster_proto::model as pb;
 
-use crate::convert::{all, bad_enum, each, priority, read, required, sorted, unsorted};
+use crate::convert::{
+    all, bad_enum, each, job_id_from_wire, job_id_to_wire, priority, read, required, sorted,
+    unsorted,
+};
 use crate::error::FieldError;
 use crate::job::{
     Constraint, ConstraintOp, DEFAULT_PRIORITY, Disconnect, Job, Reconcile, SchedulerType,
@@ -158,8 +161,10 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
 
 impl From<Job> for pb::Job {
     fn from(job: Job) -> Self {
+        let (namespace, name) = job_id_to_wire(job.name);
         pb::Job {
-            name: job.name,
+            namespace,
+            name,
             priority: job.priority.into(),
             scheduler: job.scheduler.into(),
             groups: all(job.groups),
@@ -174,7 +179,7 @@ impl TryFrom<pb::Job> for Job {
 
     fn try_from(proto: pb::Job) -> Result<Self, FieldError> {
         Ok(Job {
-            name: proto.name,
+            name: job_id_from_wire(&proto.namespace, proto.name),
             priority: priority(proto.priority, "priority")?,
             scheduler: read(proto.scheduler, "scheduler")?,
             groups: each(proto.groups, "groups")?,
@@ -194,6 +199,19 @@ impl Job {
     /// # Errors
     /// [`FieldError`] naming the first field that is wrong (`groups[0].resources.cpus`).
     pub fn from_submitted(proto: pb::Job) -> Result<Job, FieldError> {
+        if !proto.namespace.is_empty() {
+            crate::namespace::check_namespace(&proto.namespace)?;
+        }
+        if proto.name.contains(':') {
+            return Err(FieldError::new(
+                "name",
+                format!(
+                    "{:?} must be 1 to 128 letters, digits, '-' or '_' (name the namespace in \
+                     `namespace`)",
+                    proto.name
+                ),
+            ));
+        }
         let priority = match proto.priority {
             0 => DEFAULT_PRIORITY,
             p @ 1..=100 => p as u8,
@@ -251,7 +269,7 @@ impl Job {
             });
         }
         let job = Job {
-            name: proto.name,
+            name: crate::namespace::job_id(&proto.namespace, &proto.name),
             priority,
             scheduler,
             groups,
@@ -270,6 +288,7 @@ mod tests {
     fn submitted() -> pb::Job {
         pb::Job {
             name: "hello".into(),
+            namespace: String::new(),
             priority: 0,
             scheduler: pb::SchedulerType::Unspecified as i32,
             groups: vec![pb::TaskGroup {

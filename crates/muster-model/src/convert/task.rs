@@ -2,13 +2,17 @@
 
 use muster_proto::model as pb;
 
-use crate::convert::{bad_enum, read, required, sorted, unsorted};
+use crate::convert::{
+    bad_enum, job_id_from_wire, job_id_to_wire, read, required, sorted, unsorted,
+};
 use crate::error::FieldError;
 use crate::task::{Task, TaskState};
 
 impl From<Task> for pb::Task {
     fn from(task: Task) -> Self {
+        let (namespace, job) = job_id_to_wire(task.job);
         pb::Task {
+            namespace,
             id: task.id,
             name: task.name,
             framework_id: task.framework_id,
@@ -24,7 +28,7 @@ impl From<Task> for pb::Task {
             args: task.args,
             env: unsorted(task.env),
             message: task.message,
-            job: task.job,
+            job,
             group: task.group,
             job_version: task.job_version,
             user: task.user,
@@ -39,7 +43,7 @@ impl TryFrom<pb::Task> for Task {
         Ok(Task {
             id: proto.id,
             name: proto.name,
-            job: proto.job,
+            job: job_id_from_wire(&proto.namespace, proto.job),
             group: proto.group,
             job_version: proto.job_version,
             framework_id: proto.framework_id,

@@ -451,7 +451,8 @@ fn token(name: &str, secret: &muster_security::TokenSecret) -> AclToken {
     AclToken {
         accessor: format!("acc-{name}"),
         name: name.into(),
-        policy: muster_security::Policy::Submit,
+        token_type: muster_security::TokenType::Client,
+        policies: vec!["submit".into()],
         secret_hash: secret.hash(),
         created_ms: 1,
     }
@@ -507,9 +508,10 @@ fn acl_bootstraps_once_and_tokens_authenticate_until_deleted() {
 
 #[test]
 fn the_last_management_token_stays_and_a_reset_must_name_the_last_bootstrap() {
-    use muster_security::{Policy, TokenSecret};
+    use muster_security::{TokenSecret, TokenType};
     let managing = |name: &str| AclToken {
-        policy: Policy::Management,
+        token_type: TokenType::Management,
+        policies: Vec::new(),
         ..token(name, &TokenSecret::new(format!("{name}-secret")))
     };
     let mut state = RegistryState::default();

@@ -349,14 +349,14 @@ impl RaftSnapshotBuilder<TypeConfig> for SnapshotBuilder {
     }
 }
 
-/// API calls are authenticated against the applied tokens: a token deleted is refused on a
-/// master as soon as the deletion applies there.
+/// API calls are authenticated against the applied tokens and policies: a token deleted is
+/// refused, and a changed policy applies, on a master as soon as the change applies there.
 impl muster_security::TokenSource for RegistryReader {
     fn authenticate(
         &self,
         secret: &muster_security::TokenSecret,
-    ) -> Option<muster_security::AclToken> {
-        self.read(|state| state.token_table().authenticate(secret).cloned())
+    ) -> Option<muster_security::Caller> {
+        self.read(|state| state.caller_of(secret))
     }
 }
 

@@ -12,14 +12,16 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 
 use muster_api::{EvaluationInfo, Event, TaskInfo};
-use muster_model::Evaluation;
+use muster_model::{Evaluation, namespace_of};
 use muster_proto::model as model_pb;
 use muster_registry::Op;
+use muster_security::Caller;
 use tokio::sync::broadcast;
 
 use crate::master::Master;
 use crate::master::registry_writes::now_ms;
 use crate::task_record::TaskRecord;
+use crate::visibility::{NamespaceFilter, event_visibility, task_namespace};
 
 /// Events the log keeps for subscribers resuming from an index.
 pub const KEPT_EVENTS: usize = 4096;
@@ -41,6 +43,8 @@ pub struct LoggedEvent {
     topic: &'static str,
     kind: &'static str,
     key: Box<str>,
+    /// The namespace of its job, evaluation or task; `None` for an agent's.
+    namespace: Option<Box<str>>,
     payload: Payload,
 }
 
@@ -74,6 +78,7 @@ impl LoggedEvent {
             topic: self.topic.to_owned(),
             kind: self.kind.to_owned(),
             key: self.key.to_string(),
+            namespace: self.namespace.as_deref().map(str::to_owned),
             payload,
         }
     }
@@ -88,8 +93,11 @@ pub struct EventFeed {
     topics: Vec<String>,
     /// The index of the last event read, wanted or not: where a lagged reader resumes.
     last: u64,
-    /// Whether the reader may read environment values; if not, each event comes redacted.
-    reveal_secrets: bool,
+    /// Who reads: events of namespaces it may not read are skipped, and environment values
+    /// are redacted where it may not read secrets.
+    reader: Caller,
+    /// The namespaces it asked for.
+    namespaces: NamespaceFilter,
 }
 
 /// A reader fell more than [`SUBSCRIBER_BUFFER`] events behind and missed some.
@@ -102,14 +110,15 @@ pub struct Lagged {
 }
 
 impl EventFeed {
-    /// The feed of `subscription` (made after index `after`), filtered to `topics` (every
-    /// topic if empty), with environment values redacted unless `reveal_secrets` (the
-    /// reader's token may read secrets).
+    /// The feed of `subscription` (made after index `after`) for `reader`, filtered to
+    /// `topics` (every topic if empty) and `namespaces` (agent events pass to a reader who
+    /// may read agents).
     pub fn new(
         subscription: Subscription,
         after: u64,
         topics: Vec<String>,
-        reveal_secrets: bool,
+        reader: Caller,
+        namespaces: NamespaceFilter,
     ) -> EventFeed {
         let (backlog, live) = subscription;
         EventFeed {
@@ -117,21 +126,26 @@ impl EventFeed {
             live,
             topics,
             last: after,
-            reveal_secrets,
+            reader,
+            namespaces,
         }
     }
 
-    /// `event` as this reader may see it.
-    fn shown(&self, event: &LoggedEvent) -> Event {
+    /// `event` as this reader may see it, if it wants it and may see it at all.
+    fn shown(&self, event: &LoggedEvent) -> Option<Event> {
+        if !(self.topics.is_empty() || self.topics.iter().any(|topic| topic == event.topic)) {
+            return None;
+        }
+        let namespace = event.namespace.as_deref();
+        if namespace.is_some_and(|namespace| !self.namespaces.admits(namespace)) {
+            return None;
+        }
+        let reveal = event_visibility(&self.reader, namespace)?;
         let mut shown = event.to_event();
-        if !self.reveal_secrets {
+        if !reveal {
             shown.redact_secrets();
         }
-        shown
-    }
-
-    fn wanted(&self, event: &LoggedEvent) -> bool {
-        self.topics.is_empty() || self.topics.iter().any(|topic| topic == event.topic)
+        Some(shown)
     }
 
     /// The next wanted event; `None` once the log is gone (the master stopped or stepped
@@ -139,16 +153,16 @@ impl EventFeed {
     pub async fn next(&mut self) -> Option<Result<Event, Lagged>> {
         while let Some(event) = self.backlog.next() {
             self.last = event.index;
-            if self.wanted(&event) {
-                return Some(Ok(self.shown(&event)));
+            if let Some(shown) = self.shown(&event) {
+                return Some(Ok(shown));
             }
         }
         loop {
             match self.live.recv().await {
                 Ok(event) => {
                     self.last = event.index;
-                    if self.wanted(&event) {
-                        return Some(Ok(self.shown(&event)));
+                    if let Some(shown) = self.shown(&event) {
+                        return Some(Ok(shown));
                     }
                 }
                 Err(broadcast::error::RecvError::Lagged(missed)) => {
@@ -189,6 +203,7 @@ impl EventLog {
         topic: &'static str,
         kind: &'static str,
         key: &str,
+        namespace: Option<&str>,
         payload: Payload,
     ) {
         let event = Arc::new(LoggedEvent {
@@ -198,6 +213,7 @@ impl EventLog {
             topic,
             kind,
             key: key.into(),
+            namespace: namespace.map(Into::into),
             payload,
         });
         self.next += 1;
@@ -223,17 +239,25 @@ impl EventLog {
 }
 
 impl Master {
-    /// Publishes an event on this master's stream, in its current term.
+    /// Publishes an event on this master's stream, in its current term: about something in
+    /// `namespace`, or (`None`) about an agent.
     fn publish(
         &mut self,
         topic: &'static str,
         kind: &'static str,
         key: &str,
+        namespace: Option<&str>,
         payload: serde_json::Value,
     ) {
         let term = self.term;
-        self.events
-            .publish(term, topic, kind, key, Payload::Document(payload));
+        self.events.publish(
+            term,
+            topic,
+            kind,
+            key,
+            namespace,
+            Payload::Document(payload),
+        );
     }
 
     /// Publishes what the registry write `ops` changed, once it is stored.
@@ -263,7 +287,7 @@ impl Master {
                         },
                     );
                     if let Ok(payload) = serde_json::to_value(doc) {
-                        self.publish("agent", "agent-scheduling", &id.0, payload);
+                        self.publish("agent", "agent-scheduling", &id.0, None, payload);
                     }
                 }
                 _ => {}
@@ -275,14 +299,15 @@ impl Master {
         let payload = self.registry.reader().read(|state| {
             state.jobs.get(name).map(|job| {
                 serde_json::json!({
-                    "name": job.name,
+                    "name": job.name_in_namespace(),
+                    "namespace": job.namespace(),
                     "version": job.version,
                     "stopped": job.stopped,
                 })
             })
         });
         if let Some(payload) = payload {
-            self.publish("job", kind, name, payload);
+            self.publish("job", kind, name, Some(namespace_of(name)), payload);
         }
     }
 
@@ -293,10 +318,17 @@ impl Master {
                 .collect()
         });
         for eval in stored {
+            let namespace = namespace_of(&eval.job).to_owned();
             let doc = EvaluationInfo::from(model_pb::Evaluation::from(eval));
             let key = doc.id.clone();
             if let Ok(payload) = serde_json::to_value(doc) {
-                self.publish("evaluation", "evaluation-updated", &key, payload);
+                self.publish(
+                    "evaluation",
+                    "evaluation-updated",
+                    &key,
+                    Some(&namespace),
+                    payload,
+                );
             }
         }
     }
@@ -310,15 +342,17 @@ impl Master {
         };
         let term = self.term;
         self.events
-            .publish(term, "agent", kind, id, Payload::AgentStatus(status));
+            .publish(term, "agent", kind, id, None, Payload::AgentStatus(status));
     }
 
     /// Publishes a task's new state on `agent_id`.
     pub(in crate::master) fn publish_task(&mut self, agent_id: &str, task: &TaskRecord) {
-        let doc = TaskInfo::new(agent_id, task.to_wire());
+        let wire = task.to_wire();
+        let namespace = task_namespace(&wire).to_owned();
+        let doc = TaskInfo::new(agent_id, wire);
         let key = doc.id.clone();
         if let Ok(payload) = serde_json::to_value(doc) {
-            self.publish("task", "task-updated", &key, payload);
+            self.publish("task", "task-updated", &key, Some(&namespace), payload);
         }
     }
 }
@@ -336,6 +370,7 @@ mod tests {
                 "job",
                 "job-registered",
                 &format!("j{n}"),
+                Some("default"),
                 Payload::Document(serde_json::Value::Null),
             );
         }
@@ -352,6 +387,7 @@ mod tests {
             "task",
             "task-updated",
             "t1",
+            Some("default"),
             Payload::Document(serde_json::Value::Null),
         );
         let next = live.try_recv().map(|e| (e.index, e.term, e.key.clone()));
@@ -366,6 +402,7 @@ mod tests {
             "agent",
             "agent-unreachable",
             "agent-7",
+            None,
             Payload::AgentStatus("unreachable"),
         );
         let (backlog, _) = log.subscribe(0);
@@ -379,6 +416,7 @@ mod tests {
                 topic: "agent".into(),
                 kind: "agent-unreachable".into(),
                 key: "agent-7".into(),
+                namespace: None,
                 payload: serde_json::json!({ "id": "agent-7", "status": "unreachable" }),
             }]
         );

@@ -97,10 +97,18 @@ async fn job_summary(master: &MasterServer, job: &str) -> anyhow::Result<pb::Job
     let request = pb::ListJobsRequest {
         stale: false,
         prefix: job.into(),
+        namespace: String::new(),
     };
     master
         .pid()
-        .ask(|reply| ListJobs { request, reply }.into())
+        .ask(|reply| {
+            ListJobs {
+                request,
+                namespaces: muster_master::visibility::NamespaceFilter::All,
+                reply,
+            }
+            .into()
+        })
         .await?
         .map_err(anyhow::Error::msg)?
         .jobs

@@ -47,7 +47,11 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
     // The plans place tasks of `web`, as it is stored (the applier runs what the job says).
     super::submit(&masters[&leading], service_job("web", 1)).await?;
     // With its quorum, the leader applies a plan.
-    let applied = submit(&masters[&leading], one_placement(&agent_id, "t-1")).await?;
+    let applied = submit(
+        &masters[&leading],
+        one_placement(&agent_id, "web.main[0]-t1"),
+    )
+    .await?;
     let applied = applied.map_err(anyhow::Error::msg)?;
     assert_eq!(applied.committed.len(), 1);
 
@@ -65,7 +69,11 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
     }
     let lease = Duration::from_millis(200) / 2;
     tokio::time::sleep(lease).await;
-    let refused = submit(&masters[&leading], one_placement(&agent_id, "t-2")).await?;
+    let refused = submit(
+        &masters[&leading],
+        one_placement(&agent_id, "web.main[0]-t2"),
+    )
+    .await?;
     match refused {
         Err(e) => assert!(e.to_string().contains("not the leading master"), "{e}"),
         Ok(result) => bail!("a plan applied without a quorum: {result:?}"),
@@ -81,7 +89,7 @@ async fn a_leader_cut_off_from_its_quorum_applies_no_plan() -> anyhow::Result<()
         .collect();
     assert_eq!(
         tasks,
-        ["t-1"],
+        ["web.main[0]-t1"],
         "only the plan applied with a quorum placed a task"
     );
     let metrics = masters[&leading]

@@ -68,7 +68,7 @@ async fn raft_is_served_to_master_certificates_only() -> anyhow::Result<()> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_token_authenticates_on_every_member_until_its_deletion_applies() -> anyhow::Result<()> {
-    use muster_security::{AclToken, Policy, TokenSecret, TokenSource as _};
+    use muster_security::{AclToken, TokenSecret, TokenSource as _, TokenType};
 
     let system = System::new();
     let dir = tempfile::tempdir()?;
@@ -78,7 +78,8 @@ async fn a_token_authenticates_on_every_member_until_its_deletion_applies() -> a
     let token = AclToken {
         accessor: "acc-ci".into(),
         name: "ci".into(),
-        policy: Policy::Submit,
+        token_type: TokenType::Client,
+        policies: vec!["submit".into()],
         secret_hash: secret.hash(),
         created_ms: 1,
     };
