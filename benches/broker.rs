@@ -180,6 +180,8 @@ impl Storm {
             heartbeat_min_ttl: Duration::from_secs(24 * 3600),
             // They never confirm a launch either: the placements stay staged.
             launch_timeout: Duration::from_secs(3600),
+            // Every stand-in agent presents the one certificate of their shared node.
+            agents_per_certificate: usize::MAX,
             ..MasterConfig::new(TestPki::shared().security(Role::Master, "master-1"))
         })
         .await

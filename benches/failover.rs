@@ -192,6 +192,8 @@ impl Fixture {
             ping_interval: Duration::from_secs(3600),
             // The stand-in agents do not heartbeat: no TTL runs out inside a run.
             heartbeat_min_ttl: Duration::from_secs(24 * 3600),
+            // Every stand-in agent presents the one certificate of their shared node.
+            agents_per_certificate: usize::MAX,
             ..MasterConfig::new(security)
         };
         let master = start(&config).await;

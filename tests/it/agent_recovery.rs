@@ -68,7 +68,7 @@ impl Cluster {
     /// its old address is where what its link queued for it goes.
     async fn start_agent_at(&mut self, n: usize, rack: &str, listen: &str) -> anyhow::Result<()> {
         let masters = [self.master_address.clone()];
-        let mut command = agent_command(&self.dir, n, &masters)?;
+        let mut command = agent_command(&self.dir, n, "127.0.0.1", &masters)?;
         command
             .args(["--listen", listen])
             .args(["--cpus", "2", "--mem-mb", "2048"])

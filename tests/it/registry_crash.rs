@@ -27,7 +27,9 @@ async fn start_master(address: &str, data_dir: &std::path::Path) -> anyhow::Resu
     // The port may still be held for a moment by the killed predecessor.
     let deadline = Instant::now() + DEADLINE;
     loop {
-        let command = master_command(1, address, data_dir)?;
+        let mut command = master_command(1, address, data_dir)?;
+        // The test plays its agents on one node, behind one certificate.
+        command.args(["--agents-per-certificate", "1000000"]);
         match spawn_listening(command, "muster-master").await {
             Ok(child) => return Ok(child),
             Err(_) if Instant::now() < deadline => {

@@ -165,7 +165,13 @@ pub(crate) async fn run_agent(
 ) -> Result<(), Box<dyn std::error::Error>> {
     let ip = turmoil::lookup(host.name.as_str());
     let system = System::new();
-    let mut node_config = NodeConfig::new(TestPki::shared().security(Role::Agent, &host.name));
+    // Its certificate names its address in the simulated network: an agent registers only an
+    // address its certificate proves.
+    let mut node_config = NodeConfig::new(TestPki::shared().security_naming(
+        Role::Agent,
+        &host.name,
+        &[ip.to_string()],
+    ));
     node_config.keepalive_interval = LINK_KEEPALIVE;
     node_config.keepalive_timeout = LINK_KEEPALIVE;
     let node = Node::bind_with(&system, &format!("{ip}:{AGENT_PORT}"), node_config).await?;

@@ -99,6 +99,11 @@ pub struct MasterConfig {
     pub reconcile_interval: Duration,
     /// Caps on one job's size: a submission over them is refused, naming the cap.
     pub job_limits: muster_model::JobLimits,
+    /// How many agent ids one agent certificate may hold (default 1: a certificate speaks
+    /// for one agent; a second agent presenting it is refused while the first is connected,
+    /// and takes its id over once it is not). More only for simulators and load tests that
+    /// run many agents behind one certificate.
+    pub agents_per_certificate: usize,
     /// raft heartbeat interval.
     pub raft_heartbeat: Duration,
     /// raft election timeout range.
@@ -172,6 +177,7 @@ impl MasterConfig {
             workers: 2,
             placement: Placement::Binpack,
             job_limits: muster_model::JobLimits::default(),
+            agents_per_certificate: 1,
             reconcile_interval: Duration::from_secs(30),
             raft_heartbeat: Duration::from_millis(100),
             raft_election_timeout: (Duration::from_millis(500), Duration::from_millis(1000)),

@@ -116,6 +116,10 @@ muster_launch::settings! {
         /// Most tasks one job may ask for, all its groups together.
         #[arg(long)]
         max_job_tasks: Option<u64> => job_limits.max_tasks,
+        /// How many agents one agent certificate may register (1: a certificate speaks for
+        /// one agent); more only for simulators that run many agents behind one certificate.
+        #[arg(long)]
+        agents_per_certificate: Option<usize> => agents_per_certificate,
         /// TLS: this master's certificate (role master), key and the cluster CA.
         #[command(flatten)]
         tls: TlsFlags,

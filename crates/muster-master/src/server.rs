@@ -67,6 +67,11 @@ impl MasterServer {
     /// [`MasterError`] naming the address, data dir or config problem.
     pub async fn start(config: MasterConfig) -> Result<Self, MasterError> {
         config.job_limits.validate().map_err(MasterError::Config)?;
+        if config.agents_per_certificate == 0 {
+            return Err(MasterError::Config(
+                "--agents-per-certificate must be at least 1".into(),
+            ));
+        }
         let listener = Node::listen(&config.listen).await?;
         let local = listener.local_addr().to_string();
         let members = if config.members.is_empty() {

@@ -74,6 +74,11 @@ pub struct RegistryState {
     /// agent that registers again without a scan. Derived from `agents` and `unreachable`.
     #[serde(skip)]
     by_address: BTreeMap<String, Vec<AgentId>>,
+    /// Admitted and unreachable agents by the certificate name they are bound to (one, but
+    /// for a master that allows more per certificate). Derived from `agents` and
+    /// `unreachable`.
+    #[serde(skip)]
+    by_identity: BTreeMap<String, Vec<AgentId>>,
 }
 
 /// `job` as the registry stores it over `old`: the next version number, and each group's spec
@@ -212,6 +217,7 @@ impl From<Contents> for RegistryState {
             policies: contents.policies,
             namespaces: contents.namespaces,
             by_address: BTreeMap::new(),
+            by_identity: BTreeMap::new(),
         };
         state.index_ended();
         state.index_addresses();
@@ -239,35 +245,52 @@ impl RegistryState {
             })
     }
 
-    /// Rebuilds the index of agents by address from `agents` and `unreachable`.
+    /// The admitted and unreachable agents bound to the certificate named `identity`, by id.
+    pub fn agents_of_certificate(&self, identity: &str) -> &[AgentId] {
+        self.by_identity.get(identity).map_or(&[], Vec::as_slice)
+    }
+
+    /// Rebuilds the indexes of agents by address and by certificate from `agents` and
+    /// `unreachable`.
     fn index_addresses(&mut self) {
         self.by_address = BTreeMap::new();
-        let infos: Vec<(AgentId, String)> = self
+        self.by_identity = BTreeMap::new();
+        let infos: Vec<(AgentId, AgentInfo)> = self
             .agents
             .iter()
             .chain(self.unreachable.iter().map(|(id, u)| (id, &u.info)))
-            .map(|(id, info)| (id.clone(), info.address.clone()))
+            .map(|(id, info)| (id.clone(), info.clone()))
             .collect();
-        for (id, address) in infos {
-            self.add_address(&id, &address);
+        for (id, info) in infos {
+            self.add_address(&id, &info);
         }
     }
 
-    /// Records that `id` registered from `address` (the ids of one address stay in order: one
-    /// address rarely has more than one).
-    fn add_address(&mut self, id: &AgentId, address: &str) {
-        let ids = self.by_address.entry(address.to_owned()).or_default();
-        if let Err(at) = ids.binary_search(id) {
-            ids.insert(at, id.clone());
+    /// Records that `id` registered from `info`'s address with its certificate (the ids of one
+    /// address, or one certificate, stay in order: there is rarely more than one).
+    fn add_address(&mut self, id: &AgentId, info: &AgentInfo) {
+        for (index, key) in [
+            (&mut self.by_address, &info.address),
+            (&mut self.by_identity, &info.identity),
+        ] {
+            let ids = index.entry(key.clone()).or_default();
+            if let Err(at) = ids.binary_search(id) {
+                ids.insert(at, id.clone());
+            }
         }
     }
 
-    /// Forgets that `id` registered from `address`.
-    fn remove_address(&mut self, id: &AgentId, address: &str) {
-        if let Some(ids) = self.by_address.get_mut(address) {
-            ids.retain(|known| known != id);
-            if ids.is_empty() {
-                self.by_address.remove(address);
+    /// Forgets that `id` registered from `info`'s address with its certificate.
+    fn remove_address(&mut self, id: &AgentId, info: &AgentInfo) {
+        for (index, key) in [
+            (&mut self.by_address, &info.address),
+            (&mut self.by_identity, &info.identity),
+        ] {
+            if let Some(ids) = index.get_mut(key) {
+                ids.retain(|known| known != id);
+                if ids.is_empty() {
+                    index.remove(key);
+                }
             }
         }
     }
@@ -375,21 +398,20 @@ impl RegistryState {
             Op::AdmitAgent(info) => {
                 self.last_agent_number += 1;
                 let id = AgentId(format!("agent-{}", self.last_agent_number));
-                self.add_address(&id, &info.address);
+                self.add_address(&id, &info);
                 self.agents.insert(id.clone(), info);
                 Ok(Outcome::Admitted(id))
             }
             Op::UpdateAgent { id, info } => {
-                let new_address = info.address.clone();
                 let old = match self.unreachable.remove(&id) {
                     Some(unreachable) => Some(unreachable.info),
                     None => None,
                 };
-                let old = self.agents.insert(id.clone(), info).or(old);
+                let old = self.agents.insert(id.clone(), info.clone()).or(old);
                 if let Some(old) = old {
-                    self.remove_address(&id, &old.address);
+                    self.remove_address(&id, &old);
                 }
-                self.add_address(&id, &new_address);
+                self.add_address(&id, &info);
                 Ok(Outcome::Updated)
             }
             Op::MarkUnreachable { id, at_ms, tasks } => {
@@ -415,7 +437,7 @@ impl RegistryState {
                     return Err(OpError::UnknownAgent(id));
                 }
                 for info in &removed {
-                    self.remove_address(&id, &info.address);
+                    self.remove_address(&id, info);
                 }
                 self.scheduling.remove(&id);
                 Ok(Outcome::Removed)

@@ -7,6 +7,7 @@
 
 use std::fmt;
 use std::str::FromStr;
+use std::sync::Arc;
 
 use x509_parser::extensions::GeneralName;
 use x509_parser::prelude::{FromDer, X509Certificate};
@@ -103,6 +104,10 @@ pub struct Peer {
     pub role: Role,
     /// The node its certificate was issued to (the subject common name), e.g. `node-7`.
     pub name: String,
+    /// The DNS names and IP addresses its certificate is valid for (its subject alternative
+    /// names, the role's name aside): the hosts it can prove it is (see
+    /// [`Peer::proves_host`]). Shared, as a peer is handed along with each message.
+    pub hosts: Arc<[String]>,
 }
 
 impl Peer {
@@ -116,15 +121,24 @@ impl Peer {
         let (_, cert) =
             X509Certificate::from_der(der).map_err(|e| IdentityError::Unparsable(e.to_string()))?;
         let mut role = None;
+        let mut hosts = Vec::new();
         if let Ok(Some(names)) = cert.subject_alternative_name() {
             for name in &names.value.general_names {
-                let GeneralName::DNSName(dns) = name else {
-                    continue;
+                let dns = match name {
+                    GeneralName::DNSName(dns) => dns,
+                    GeneralName::IPAddress(bytes) => {
+                        if let Some(ip) = ip_of(bytes) {
+                            hosts.push(ip.to_string());
+                        }
+                        continue;
+                    }
+                    _ => continue,
                 };
                 let Some(found) = Role::ALL
                     .into_iter()
                     .find(|r| dns.eq_ignore_ascii_case(&r.dns_name(cluster)))
                 else {
+                    hosts.push(dns.to_ascii_lowercase());
                     continue;
                 };
                 match role {
@@ -145,7 +159,37 @@ impl Peer {
             .and_then(|cn| cn.as_str().ok())
             .unwrap_or_default()
             .to_owned();
-        Ok(Peer { role, name })
+        Ok(Peer {
+            role,
+            name,
+            hosts: hosts.into(),
+        })
+    }
+
+    /// A peer of `role` named `name` whose certificate proves no host (a test's, or one
+    /// described without its certificate).
+    pub fn named(role: Role, name: impl Into<String>) -> Peer {
+        Peer {
+            role,
+            name: name.into(),
+            hosts: Arc::from(Vec::new()),
+        }
+    }
+
+    /// Whether its certificate is valid for `host` (an IP address or a DNS name, as in an
+    /// address `host:port`): an address it may claim as its own.
+    pub fn proves_host(&self, host: &str) -> bool {
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match host.parse::<std::net::IpAddr>() {
+            Ok(ip) => self
+                .hosts
+                .iter()
+                .any(|name| name.parse::<std::net::IpAddr>().is_ok_and(|n| n == ip)),
+            Err(_) => self
+                .hosts
+                .iter()
+                .any(|name| name.eq_ignore_ascii_case(host)),
+        }
     }
 
     /// This peer, if its role is one of `accepted`.
@@ -165,6 +209,15 @@ impl Peer {
             found: self.role,
             expected,
         })
+    }
+}
+
+/// The address in a certificate's IP address name (4 or 16 bytes).
+fn ip_of(bytes: &[u8]) -> Option<std::net::IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        _ => None,
     }
 }
 

@@ -190,7 +190,7 @@ impl Linked {
                 self.agent_links[n].push(link);
             }
         }
-        let mut command = agent_command(self.dir.path(), n, &self.agent_links[n])?;
+        let mut command = agent_command(self.dir.path(), n, &agent_host(n), &self.agent_links[n])?;
         command
             .args(["--listen", &address.listen])
             .args(["--advertise", &address.advertised])

@@ -93,13 +93,18 @@ pub(crate) fn master_command(id: usize, address: &str, data_dir: &Path) -> anyho
     Ok(command)
 }
 
-/// `muster-agent` as agent `n`: the certificate `agent-<n>` of the shared test CA, its data in
-/// `dir/agent-<n>`, reporting to each of `masters`; the caller adds where it listens and its
-/// other flags.
-pub(crate) fn agent_command(dir: &Path, n: usize, masters: &[String]) -> anyhow::Result<Command> {
+/// `muster-agent` as agent `n`: the certificate `agent-<n>` of the shared test CA (valid for
+/// `host`, where it listens, as well as loopback's usual names), its data in `dir/agent-<n>`,
+/// reporting to each of `masters`; the caller adds where it listens and its other flags.
+pub(crate) fn agent_command(
+    dir: &Path,
+    n: usize,
+    host: &str,
+    masters: &[String],
+) -> anyhow::Result<Command> {
     let mut command = Command::new(binary("muster-agent")?);
     command
-        .args(TestPki::shared().args(Role::Agent, &format!("agent-{n}")))
+        .args(TestPki::shared().args_naming(Role::Agent, &format!("agent-{n}"), &[host.to_owned()]))
         .arg("--data-dir")
         .arg(dir.join(format!("agent-{n}")));
     for master in masters {
@@ -119,7 +124,7 @@ pub(crate) async fn start_agents(
 ) -> anyhow::Result<Vec<Child>> {
     let mut agents = Vec::with_capacity(count);
     for n in 0..count {
-        let mut command = agent_command(dir, n, masters)?;
+        let mut command = agent_command(dir, n, "127.0.0.1", masters)?;
         command
             .args(["--listen", "127.0.0.1:0", "--stop-tasks-on-exit"])
             .args(extra(n));

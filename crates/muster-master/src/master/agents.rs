@@ -194,7 +194,7 @@ impl Master {
         }: RegisterAgent,
         ctx: &mut Context<Self>,
     ) {
-        self.register(request, reply, identity(sender.as_ref()), ctx);
+        self.register(request, reply, sender.as_ref(), ctx);
     }
 
     /// [`ReregisterAgent`].
@@ -207,7 +207,7 @@ impl Master {
         }: ReregisterAgent,
         ctx: &mut Context<Self>,
     ) {
-        self.reregister(request, reply, identity(sender.as_ref()), ctx);
+        self.reregister(request, reply, sender.as_ref(), ctx);
     }
 
     /// [`Heartbeat`].
@@ -238,22 +238,27 @@ impl Master {
         &mut self,
         request: pb::RegisterAgent,
         reply: Reply<pb::RegistrationReply>,
-        identity: Option<&str>,
+        sender: Option<&Peer>,
         ctx: &mut Context<Self>,
     ) {
-        let Role::Leading { registrar, .. } = &self.role else {
+        let identity = identity(sender);
+        if !matches!(self.role, Role::Leading { .. }) {
             return reply.send(not_leader(self.leader().as_ref()));
-        };
+        }
         let registration = request.registration;
         let Some(info) = request.info else {
             return reply.send(refused("RegisterAgent carries no agent info".into()));
         };
+        if let Err(why) = proves_address(sender, &info.address) {
+            self.metrics.impersonations += 1;
+            tracing::warn!(address = %info.address, %why, "registration refused");
+            return reply.send(refused(why));
+        }
         // The same agent asking again (its first answer was lost, say in a failover, after the
         // admission was written): taken back under the id it was given, never admitted twice.
-        let sender = identity.unwrap_or_default();
         let admitted_before = self.registry.reader().read(|state| {
             state
-                .registered_as(sender, &info.address, &info.hostname)
+                .registered_as(identity.unwrap_or_default(), &info.address, &info.hostname)
                 .map(|id| id.0.clone())
         });
         if let Some(agent_id) = admitted_before {
@@ -264,9 +269,32 @@ impl Master {
                 registration,
                 ..pb::ReregisterAgent::default()
             };
-            return self.reregister(again, reply, identity, ctx);
+            return self.reregister(again, reply, sender, ctx);
         }
-        let info = registry_info(&info, sender);
+        if let Some(identity) = identity {
+            match self.certificate_holds(identity, &info) {
+                Holds::Room => {}
+                Holds::TakeOver(agent_id) => {
+                    tracing::info!(agent = %agent_id, certificate = identity, address = %info.address, "the agent of this certificate registers from elsewhere: taken back under its id");
+                    let again = pb::ReregisterAgent {
+                        agent_id,
+                        info: Some(info),
+                        registration,
+                        ..pb::ReregisterAgent::default()
+                    };
+                    return self.reregister(again, reply, sender, ctx);
+                }
+                Holds::Full(why) => {
+                    self.metrics.impersonations += 1;
+                    tracing::warn!(certificate = identity, address = %info.address, %why, "registration refused");
+                    return reply.send(refused(why));
+                }
+            }
+        }
+        let info = registry_info(&info, identity.unwrap_or_default());
+        let Role::Leading { registrar, .. } = &self.role else {
+            return reply.send(not_leader(self.leader().as_ref()));
+        };
         let write = self.write_registry(registrar, Op::AdmitAgent(info.clone()));
         let term = self.term;
         ctx.defer(
@@ -304,15 +332,21 @@ impl Master {
         &mut self,
         request: pb::ReregisterAgent,
         reply: Reply<pb::RegistrationReply>,
-        identity: Option<&str>,
+        sender: Option<&Peer>,
         ctx: &mut Context<Self>,
     ) {
+        let identity = identity(sender);
         if self.leading_term().is_none() {
             return reply.send(not_leader(self.leader().as_ref()));
         }
         let Some(info) = request.info.as_ref() else {
             return reply.send(refused("ReregisterAgent carries no agent info".into()));
         };
+        if let Err(why) = proves_address(sender, &info.address) {
+            self.metrics.impersonations += 1;
+            tracing::warn!(agent = %request.agent_id, address = %info.address, %why, "re-registration refused");
+            return reply.send(refused(why));
+        }
         if request.agent_id.is_empty() {
             return reply.send(refused("ReregisterAgent carries no agent id".into()));
         }
@@ -414,6 +448,77 @@ impl Master {
             result: Some(Answer::TtlMs(ttl_ms)),
             term: self.term,
         });
+    }
+}
+
+/// Whether a registration from `sender` may claim `address` (`name@host:port`): the host must
+/// be one its certificate is valid for. A message from this process (`None`) may claim any.
+fn proves_address(sender: Option<&Peer>, address: &str) -> Result<(), String> {
+    let Some(peer) = sender else {
+        return Ok(());
+    };
+    let authority = address
+        .rsplit_once('@')
+        .map_or(address, |(_, authority)| authority);
+    let Some((host, _port)) = authority.rsplit_once(':') else {
+        return Err(format!(
+            "the agent address {address:?} is not NAME@HOST:PORT"
+        ));
+    };
+    if peer.proves_host(host) {
+        return Ok(());
+    }
+    Err(format!(
+        "the agent certificate {:?} is not valid for {host:?}, the host of the address it \
+         registers ({address}); an agent registers only an address its certificate names \
+         (muster tls cert create --additional-ipaddress or --additional-dnsname)",
+        peer.name
+    ))
+}
+
+/// What an agent certificate holds when a new agent registers with it.
+enum Holds {
+    /// Fewer agents than it may: a new one is admitted.
+    Room,
+    /// Its one agent, which is not connected: the new registration takes its id over.
+    TakeOver(String),
+    /// As many as it may, connected: refused, and why.
+    Full(String),
+}
+
+impl Master {
+    /// Whether the agent certificate `identity` may register another agent (described by
+    /// `info`): one certificate speaks for one agent id (or `agents_per_certificate`).
+    fn certificate_holds(&self, identity: &str, info: &model_pb::AgentInfo) -> Holds {
+        let limit = self.config.agents_per_certificate;
+        let held: Vec<AgentId> = self
+            .registry
+            .reader()
+            .read(|state| state.agents_of_certificate(identity).to_vec());
+        if held.len() < limit {
+            return Holds::Room;
+        }
+        let connected = |id: &AgentId| self.cluster.agents.get(&id.0).is_some_and(|a| a.connected);
+        if let [only] = held.as_slice()
+            && !connected(only)
+        {
+            return Holds::TakeOver(only.0.clone());
+        }
+        let holder = held
+            .iter()
+            .find(|id| connected(id))
+            .or(held.first())
+            .map_or_else(String::new, |id| id.0.clone());
+        Holds::Full(format!(
+            "the agent certificate {identity:?} already holds {} ({holder} among them, still \
+             connected); an agent at {} needs a certificate of its own",
+            if limit == 1 {
+                "an agent".to_owned()
+            } else {
+                format!("{limit} agents, as many as this master allows per certificate")
+            },
+            info.address
+        ))
     }
 }
 

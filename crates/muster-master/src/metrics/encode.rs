@@ -129,7 +129,7 @@ fn figures_registry(figures: &Figures) -> Registry {
         ),
         (
             "muster_impersonations_refused",
-            "Agent messages refused for speaking for an agent bound to another certificate",
+            "Agent messages refused for claiming what their certificate does not prove: another certificate's agent, a second agent on one certificate, an address it does not name",
             m.impersonations_refused,
         ),
         (

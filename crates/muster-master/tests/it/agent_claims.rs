@@ -74,3 +74,89 @@ async fn an_update_for_a_task_never_launched_there_is_refused() -> anyhow::Resul
     master.shutdown().await;
     Ok(())
 }
+
+/// What the master answers a registration of `info` from `node`.
+async fn registration(
+    node: &Node,
+    master: &Upid,
+    info: model_pb::AgentInfo,
+) -> anyhow::Result<Option<pb::registration_reply::Result>> {
+    let reply: pb::RegistrationReply = node
+        .remote(master.clone())
+        .ask_timeout(
+            ASK,
+            pb::RegisterAgent {
+                info: Some(info),
+                ..pb::RegisterAgent::default()
+            },
+        )
+        .await?;
+    Ok(reply.result)
+}
+
+fn info_at(address: String, hostname: &str) -> model_pb::AgentInfo {
+    model_pb::AgentInfo {
+        hostname: hostname.into(),
+        address,
+        resources: Some(model_pb::Resources {
+            cpus: 1e308,
+            mem_mb: 4096,
+        }),
+        ..model_pb::AgentInfo::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_certificate_holds_one_agent_at_an_address_it_names() -> anyhow::Result<()> {
+    use pb::registration_reply::Result as Answer;
+    let dir = tempfile::tempdir()?;
+    let master = start_master(dir.path()).await?;
+    let master_upid = master_upid(&master)?;
+    let system = System::new();
+    let node = agent_node(&system, "agent-a").await?;
+    let first = register(&node, &master_upid).await?;
+
+    // A second agent behind the same certificate, at another address: refused while the
+    // first is connected, naming the certificate.
+    let port = node
+        .address()
+        .rsplit_once(':')
+        .map_or("1", |(_, port)| port);
+    let second = registration(
+        &node,
+        &master_upid,
+        info_at(format!("agent-2@127.0.0.1:{port}"), "another-host"),
+    )
+    .await?;
+    match second {
+        Some(Answer::Refused(why)) => assert!(
+            why.contains("\"agent-a\"") && why.contains("certificate of its own"),
+            "{why}"
+        ),
+        other => anyhow::bail!("a second agent was admitted on one certificate: {other:?}"),
+    }
+
+    // An address whose host the certificate does not name (another machine's, say): refused.
+    let elsewhere = registration(
+        &node,
+        &master_upid,
+        info_at("agent@10.9.8.7:5051".into(), "claimant"),
+    )
+    .await?;
+    match elsewhere {
+        Some(Answer::Refused(why)) => {
+            assert!(
+                why.contains("\"10.9.8.7\"") && why.contains("agent-a"),
+                "{why}"
+            )
+        }
+        other => anyhow::bail!("an unproven address was admitted: {other:?}"),
+    }
+
+    let state = state(&master).await?;
+    let ids: Vec<&str> = state.agents.iter().map(|a| a.id.as_str()).collect();
+    assert_eq!(ids, [first.as_str()], "one agent only");
+    node.shutdown();
+    master.shutdown().await;
+    Ok(())
+}

@@ -25,7 +25,8 @@ use muster_transport::Node;
 use tokio::time::Instant;
 
 use crate::common::{
-    agent_node, free_addresses, member_config, start_retrying, state_when, trigger_of,
+    agent_node, free_addresses, member_config, playing_many_agents, start_retrying, state_when,
+    trigger_of,
 };
 
 mod disconnect;

@@ -21,8 +21,8 @@ use muster_transport::Node;
 use tokio::time::Instant;
 
 use crate::common::{
-    agent_node, master_upid, member_config, register_played, start_leading_retrying, state_when,
-    trigger_of,
+    agent_node, master_upid, member_config, playing_many_agents, register_played,
+    start_leading_retrying, state_when, trigger_of,
 };
 
 const DEADLINE: Duration = Duration::from_secs(20);
@@ -40,7 +40,7 @@ async fn config(dir: &Path) -> anyhow::Result<MasterConfig> {
         heartbeat_grace: Duration::from_millis(100),
         heartbeats_per_second: 1e9,
         workers: 0,
-        ..member_config(1, &[(1, address)].into(), dir)
+        ..playing_many_agents(member_config(1, &[(1, address)].into(), dir))
     })
 }
 

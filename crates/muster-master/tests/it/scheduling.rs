@@ -18,8 +18,8 @@ use muster_transport::Node;
 use tokio::time::Instant;
 
 use crate::common::{
-    agent_node, master_config, master_upid, register_played, start_master, start_pinnable_agent,
-    trigger_of,
+    agent_node, master_config, master_upid, playing_many_agents, register_played, start_master,
+    start_pinnable_agent, trigger_of,
 };
 
 mod stand_in;

@@ -19,8 +19,11 @@ use crate::tls::{Security, Tls, TlsFiles};
 pub struct TestPki {
     dir: PathBuf,
     ca: PemPair,
-    issued: Mutex<HashMap<(Role, String), TlsFiles>>,
+    issued: Mutex<HashMap<Issued, TlsFiles>>,
 }
+
+/// A certificate the test CA issued: its role, its name and the further hosts it names.
+type Issued = (Role, String, Vec<String>);
 
 impl TestPki {
     /// The test process's cluster CA (made on first use).
@@ -72,14 +75,24 @@ impl TestPki {
         &self.dir
     }
 
-    /// Files for a certificate of `role` issued to `name` (made on first use).
+    /// Files for a certificate of `role` issued to `name` (made on first use), valid for
+    /// `localhost` and `127.0.0.1`.
     ///
     /// # Panics
     /// If the certificate cannot be made or written.
     pub fn files(&self, role: Role, name: &str) -> TlsFiles {
+        self.files_naming(role, name, &[])
+    }
+
+    /// As [`files`](Self::files), valid for `hosts` too (another loopback address an agent
+    /// listens on: an agent registers only an address its certificate names).
+    ///
+    /// # Panics
+    /// If the certificate cannot be made or written.
+    pub fn files_naming(&self, role: Role, name: &str, hosts: &[String]) -> TlsFiles {
         let mut issued = self.issued.lock().unwrap_or_else(|p| p.into_inner());
         issued
-            .entry((role, name.to_owned()))
+            .entry((role, name.to_owned(), hosts.to_vec()))
             .or_insert_with(|| {
                 let pair = certs::issue(
                     &self.ca,
@@ -87,12 +100,16 @@ impl TestPki {
                         role,
                         name,
                         cluster: DEFAULT_CLUSTER,
-                        extra_names: &[],
+                        extra_names: hosts,
                         validity: Duration::from_secs(24 * 3600),
                     },
                 )
                 .expect("a test certificate");
-                self.write_pair(&format!("{role}-{name}"), &pair)
+                let stem = std::iter::once(format!("{role}-{name}"))
+                    .chain(hosts.iter().cloned())
+                    .collect::<Vec<_>>()
+                    .join("-");
+                self.write_pair(&stem, &pair)
             })
             .clone()
     }
@@ -114,7 +131,13 @@ impl TestPki {
     /// The flags that give a `muster-master`, `muster-agent` or example child process the
     /// certificate of `role` and `name`: `--tls-ca CA --tls-cert CERT --tls-key KEY`.
     pub fn args(&self, role: Role, name: &str) -> Vec<std::ffi::OsString> {
-        let files = self.files(role, name);
+        self.args_naming(role, name, &[])
+    }
+
+    /// As [`args`](Self::args), for a certificate valid for `hosts` too
+    /// ([`files_naming`](Self::files_naming)).
+    pub fn args_naming(&self, role: Role, name: &str, hosts: &[String]) -> Vec<std::ffi::OsString> {
+        let files = self.files_naming(role, name, hosts);
         vec![
             "--tls-ca".into(),
             files.ca.into_os_string(),
@@ -135,7 +158,19 @@ impl TestPki {
 
     /// [`Security::Tls`] for `role` and `name`.
     pub fn security(&self, role: Role, name: &str) -> Security {
-        Security::Tls(self.tls(role, name))
+        self.security_naming(role, name, &[])
+    }
+
+    /// [`Security::Tls`] for `role` and `name`, with a certificate valid for `hosts` too
+    /// ([`files_naming`](Self::files_naming)).
+    ///
+    /// # Panics
+    /// If the material does not load.
+    pub fn security_naming(&self, role: Role, name: &str, hosts: &[String]) -> Security {
+        Security::Tls(
+            Tls::load(self.files_naming(role, name, hosts), DEFAULT_CLUSTER)
+                .expect("test TLS material loads"),
+        )
     }
 }
 

@@ -29,13 +29,19 @@ fn an_issued_certificate_names_its_role_and_node() {
         )
         .expect("issued");
         let peer = Peer::from_certificate(&leaf(&pair.cert), DEFAULT_CLUSTER).expect("identity");
-        assert_eq!(
-            peer,
-            Peer {
-                role,
-                name: "node-7".into()
-            }
-        );
+        assert_eq!((peer.role, peer.name.as_str()), (role, "node-7"));
+        for host in [
+            "10.1.2.3",
+            "node-7.example",
+            "NODE-7.example",
+            "127.0.0.1",
+            "localhost",
+        ] {
+            assert!(peer.proves_host(host), "{host} in {:?}", peer.hosts);
+        }
+        for host in ["10.1.2.4", "node-8.example", "", "::1"] {
+            assert!(!peer.proves_host(host), "{host} in {:?}", peer.hosts);
+        }
         assert!(matches!(
             Peer::from_certificate(&leaf(&pair.cert), "other"),
             Err(IdentityError::NoRole { .. })
@@ -45,10 +51,7 @@ fn an_issued_certificate_names_its_role_and_node() {
 
 #[test]
 fn a_role_outside_the_accepted_ones_is_named_in_the_error() {
-    let peer = Peer {
-        role: Role::Agent,
-        name: "a".into(),
-    };
+    let peer = Peer::named(Role::Agent, "a");
     let error = peer.expect(&[Role::Master]).expect_err("wrong role");
     assert_eq!(
         error.to_string(),

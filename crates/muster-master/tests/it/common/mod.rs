@@ -55,6 +55,16 @@ pub(crate) fn member_config(id: u64, members: &BTreeMap<u64, String>, dir: &Path
     }
 }
 
+/// `config` for a test that plays several agents on one node of its own, behind one agent
+/// certificate (as the benches do): the master lets a certificate hold any number of agents.
+/// Everywhere else one certificate holds one agent (`agent_claims.rs` tests the rule).
+pub(crate) fn playing_many_agents(config: MasterConfig) -> MasterConfig {
+    MasterConfig {
+        agents_per_certificate: usize::MAX,
+        ..config
+    }
+}
+
 /// `n` free addresses of loopback for the masters of a group, by id (1 to `n`).
 pub(crate) async fn free_addresses(n: u64) -> anyhow::Result<BTreeMap<u64, String>> {
     let mut members = BTreeMap::new();
@@ -152,8 +162,9 @@ pub(crate) async fn start_agent(
     Ok((node, agent, id))
 }
 
-/// [`start_agent`] of `master` on [`agent_config`] (the certificate `agent-1`), with the
-/// attribute `name=<name>`: what constraints pin tasks to it by.
+/// [`start_agent`] of `master` on [`agent_config`] (presenting the certificate `name`: one
+/// certificate speaks for one agent), with the attribute `name=<name>`: what constraints pin
+/// tasks to it by.
 pub(crate) async fn start_pinnable_agent(
     master: &MasterServer,
     dir: &Path,
@@ -162,7 +173,7 @@ pub(crate) async fn start_pinnable_agent(
 ) -> anyhow::Result<(Node, AgentHandle, String)> {
     let mut config = agent_config(vec![master.address().to_owned()], dir, name, resources);
     config.attributes = BTreeMap::from([("name".to_owned(), name.to_owned())]);
-    start_agent("agent-1", config).await
+    start_agent(name, config).await
 }
 
 /// Registers an agent the test plays, described by `info`, from `node` with the master

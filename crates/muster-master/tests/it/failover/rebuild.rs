@@ -13,7 +13,12 @@ async fn a_standby_takes_over_and_rebuilds_from_reregistrations() -> anyhow::Res
     for id in members.keys() {
         masters.insert(
             *id,
-            start_retrying(member_config(*id, &members, dir.path())).await?,
+            start_retrying(playing_many_agents(member_config(
+                *id,
+                &members,
+                dir.path(),
+            )))
+            .await?,
         );
     }
     let first = leader(&masters).await?;
@@ -129,7 +134,7 @@ async fn restart_with_missing_agents(
     let config = MasterConfig {
         reregistration_timeout: Duration::from_millis(500),
         removal_limit,
-        ..member_config(1, &members, dir.path())
+        ..playing_many_agents(member_config(1, &members, dir.path()))
     };
     let master = start_retrying(config.clone()).await?;
     let system = System::new();
@@ -237,7 +242,7 @@ async fn an_agent_that_misses_its_pings_is_marked_unreachable() -> anyhow::Resul
         ping_interval: Duration::from_millis(50),
         ping_timeout: Duration::from_millis(500),
         max_missed_pings: 3,
-        ..member_config(1, &members, dir.path())
+        ..playing_many_agents(member_config(1, &members, dir.path()))
     })
     .await?;
     let system = System::new();

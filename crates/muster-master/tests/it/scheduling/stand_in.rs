@@ -87,7 +87,8 @@ impl StandInCluster {
         hostname: &str,
     ) -> anyhow::Result<Self> {
         let dir = tempfile::tempdir()?;
-        let master = testing::start_leading(config(master_config(dir.path()))).await?;
+        let master =
+            testing::start_leading(config(playing_many_agents(master_config(dir.path())))).await?;
         let master_upid = master_upid(&master)?;
         let node = agent_node(&System::new(), "agent-1").await?;
         let (launches, launched) = tokio::sync::mpsc::unbounded_channel();
