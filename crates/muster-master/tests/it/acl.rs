@@ -136,6 +136,48 @@ async fn tokens_and_policies_decide_every_call() -> anyhow::Result<()> {
         "{redacted:?}"
     );
 
+    // A read token reads no task output (read-logs); an operate token operates agents (the
+    // call passes the check and meets the unknown agent), a read token does not.
+    let logs = operator(&address, Some(&reader))
+        .await?
+        .task_logs(pb::ReadTaskOutput {
+            task_id: "shop.web[0]-00000000".into(),
+            ..pb::ReadTaskOutput::default()
+        })
+        .await
+        .expect_err("read reads logs");
+    ensure!(
+        logs.code() == Code::PermissionDenied && logs.message().contains("read-logs"),
+        "{logs:?}"
+    );
+    let operate = create_token(&address, &root, "ops", "operate").await?;
+    let eligibility = |token| {
+        let address = address.clone();
+        async move {
+            operator(&address, Some(token))
+                .await?
+                .set_agent_eligibility(pb::AgentEligibilityRequest {
+                    agent_id: "agent-404".into(),
+                    eligible: false,
+                })
+                .await
+                .map_err(anyhow::Error::from)
+        }
+    };
+    let as_operate = eligibility(&operate).await.expect_err("no such agent");
+    let as_operate = as_operate
+        .downcast_ref::<tonic::Status>()
+        .context("a status")?;
+    ensure!(as_operate.code() == Code::NotFound, "{as_operate:?}");
+    let as_reader = eligibility(&reader).await.expect_err("read operates");
+    let as_reader = as_reader
+        .downcast_ref::<tonic::Status>()
+        .context("a status")?;
+    ensure!(
+        as_reader.code() == Code::PermissionDenied && as_reader.message().contains("agent write"),
+        "{as_reader:?}"
+    );
+
     // Only management manages tokens; an unknown policy is named.
     let refused = operator(&address, Some(&submitter))
         .await?
@@ -161,9 +203,9 @@ async fn tokens_and_policies_decide_every_call() -> anyhow::Result<()> {
         .list_tokens(pb::ListTokensRequest {})
         .await?
         .into_inner();
-    ensure!(listed.tokens.len() == 3, "{listed:?}");
+    ensure!(listed.tokens.len() == 4, "{listed:?}");
     let text = format!("{listed:?}");
-    for secret in [&root, &reader, &submitter] {
+    for secret in [&root, &reader, &submitter, &operate] {
         ensure!(!text.contains(secret.expose()), "a secret is listed");
         ensure!(!text.contains(&secret.hash()), "a hash is listed");
     }
