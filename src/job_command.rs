@@ -250,8 +250,9 @@ pub(crate) async fn run(
             let spec = status.job.unwrap_or_default();
             writeln!(
                 out,
-                "job {} ({}, priority {}, version {}){}",
+                "job {} in namespace {} ({}, priority {}, version {}){}",
                 spec.name,
+                list_command::namespace_name(&spec.namespace),
                 SchedulerType::try_from(spec.scheduler).map_or("?", SchedulerType::name),
                 spec.priority,
                 status.version,

@@ -12,7 +12,8 @@ use crate::connection::Connection;
 use crate::output::{Format, print_json, staleness};
 use crate::status_command;
 
-/// `muster job list`: every job (or those whose name starts with `prefix`), one line each.
+/// `muster job list`: every job of the namespace (`-n '*'`: of every namespace the token may
+/// read), or those whose name starts with `prefix`, one line each with its namespace.
 pub(crate) async fn jobs(
     connection: &Connection,
     prefix: String,
@@ -47,8 +48,9 @@ pub(crate) async fn jobs(
     }
     writeln!(
         out,
-        "{:<24} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>7} {:>5}",
+        "{:<24} {:<16} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>7} {:>5}",
         "NAME",
+        "NAMESPACE",
         "TYPE",
         "PRIORITY",
         "VERSION",
@@ -65,8 +67,9 @@ pub(crate) async fn jobs(
     for job in &list.jobs {
         writeln!(
             out,
-            "{:<24} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>7} {:>5}",
+            "{:<24} {:<16} {:<8} {:>8} {:>7} {:<8} {:>7} {:>7} {:>8} {:>8} {:>6} {:>6} {:>7} {:>5}",
             job.name,
+            namespace_name(&job.namespace),
             SchedulerType::try_from(job.scheduler).map_or("?", SchedulerType::name),
             job.priority,
             job.version,
@@ -82,6 +85,15 @@ pub(crate) async fn jobs(
         )?;
     }
     Ok(())
+}
+
+/// A namespace as the lists show it: `default` for the empty name the wire uses for it.
+pub(crate) fn namespace_name(namespace: &str) -> &str {
+    if namespace.is_empty() {
+        "default"
+    } else {
+        namespace
+    }
 }
 
 /// `muster eval list`: evaluations, newest first, of `job` (all jobs' if empty), up to

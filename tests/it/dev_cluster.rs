@@ -85,7 +85,7 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         .with_context(|| format!("no hello in the job list: {text}"))?;
     let columns: Vec<&str> = row.split_whitespace().collect();
     ensure!(
-        columns.get(1..6) == Some(&["batch", "50", "1", "running", "1"][..]),
+        columns.get(1..7) == Some(&["default", "batch", "50", "1", "running", "1"][..]),
         "job list row: {row}"
     );
     let none = muster(&["job", "list", "--prefix", "nomatch"])?
@@ -265,17 +265,19 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     }
 
     // A read token cannot submit; the error says why.
-    let created = muster(&["acl", "token", "create", "--policy", "read", "--name", "ci"])?
-        .output()
-        .await?;
-    ensure!(created.status.success(), "token create: {created:?}");
-    let created = String::from_utf8_lossy(&created.stdout);
-    let secret = created
-        .lines()
-        .find_map(|l| l.strip_prefix("Secret"))
-        .map(str::trim)
-        .context("no secret printed")?
-        .to_owned();
+    let token = |name: &'static str, policy: &'static str| {
+        let command = muster(&["acl", "token", "create", "--policy", policy, "--name", name]);
+        async move {
+            let created = command?.output().await?;
+            ensure!(created.status.success(), "token create: {created:?}");
+            String::from_utf8_lossy(&created.stdout)
+                .lines()
+                .find_map(|l| l.strip_prefix("Secret"))
+                .map(|secret| secret.trim().to_owned())
+                .context("no secret printed")
+        }
+    };
+    let secret = token("ci", "read").await?;
     let vars = std::fs::read_to_string(&settings)?;
     let var = |key: &str| {
         vars.lines()
@@ -284,21 +286,105 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
             .map(str::to_owned)
             .with_context(|| format!("{key} not in the settings"))
     };
-    let refused = Command::new(BIN)
-        .args(["job", "run", job])
-        .env("MUSTER_DEV_ENV", cluster.dir().join("none"))
-        .env("MUSTER_ADDR", master)
-        .env("MUSTER_CACERT", var("MUSTER_CACERT")?)
-        .env("MUSTER_CLIENT_CERT", var("MUSTER_CLIENT_CERT")?)
-        .env("MUSTER_CLIENT_KEY", var("MUSTER_CLIENT_KEY")?)
-        .env("MUSTER_TOKEN", &secret)
-        .output()
-        .await?;
+    // The CLI with the dev cluster's address and certificates, and the token `secret`.
+    let as_token = |secret: &str, args: &[&str]| -> anyhow::Result<Command> {
+        let mut command = Command::new(BIN);
+        command
+            .args(args)
+            .env("MUSTER_DEV_ENV", cluster.dir().join("none"))
+            .env("MUSTER_ADDR", master)
+            .env("MUSTER_CACERT", var("MUSTER_CACERT")?)
+            .env("MUSTER_CLIENT_CERT", var("MUSTER_CLIENT_CERT")?)
+            .env("MUSTER_CLIENT_KEY", var("MUSTER_CLIENT_KEY")?)
+            .env("MUSTER_TOKEN", secret)
+            .env_remove("MUSTER_NAMESPACE");
+        Ok(command)
+    };
+    let refused = as_token(&secret, &["job", "run", job])?.output().await?;
     ensure!(!refused.status.success(), "a read token submitted");
     let text = String::from_utf8_lossy(&refused.stderr);
     ensure!(
         text.contains("token \"ci\" (policies: read) may not make this call: it needs a policy granting submit-job in some namespace"),
         "{text}"
+    );
+
+    // A team's namespace, policy and token: the token runs jobs there, is refused elsewhere
+    // with the namespace named, and `-n '*'` lists what it may read, namespace by namespace.
+    let applied = muster(&["namespace", "apply", "team-a"])?.output().await?;
+    ensure!(applied.status.success(), "namespace apply: {applied:?}");
+    let rules = cluster.dir().join("team-a-dev.toml");
+    std::fs::write(&rules, "[namespace.team-a]\npolicy = \"write\"\n")?;
+    let rules = rules.to_str().context("a policy path that is not UTF-8")?;
+    let applied = muster(&["acl", "policy", "apply", "team-a-dev", rules])?
+        .output()
+        .await?;
+    ensure!(applied.status.success(), "policy apply: {applied:?}");
+    let alice = token("alice", "team-a-dev").await?;
+    let run = as_token(&alice, &["-n", "team-a", "job", "run", job])?
+        .output()
+        .await?;
+    ensure!(
+        run.status.success()
+            && String::from_utf8_lossy(&run.stdout).starts_with("job hello submitted"),
+        "job run in team-a: {run:?}"
+    );
+    let status = as_token(&alice, &["-n", "team-a", "job", "status", "hello"])?
+        .output()
+        .await?;
+    ensure!(
+        String::from_utf8_lossy(&status.stdout).starts_with("job hello in namespace team-a ("),
+        "job status in team-a: {status:?}"
+    );
+    for args in [
+        &["job", "status", "hello"][..],
+        &["-n", "default", "job", "list"],
+    ] {
+        let refused = as_token(&alice, args)?.output().await?;
+        ensure!(
+            !refused.status.success()
+                && String::from_utf8_lossy(&refused.stderr)
+                    .contains("may not read-job in namespace \"default\""),
+            "{args:?} with team-a's token: {refused:?}"
+        );
+    }
+    let listed = |output: std::process::Output| -> anyhow::Result<Vec<(String, String)>> {
+        ensure!(output.status.success(), "job list: {output:?}");
+        let text = String::from_utf8_lossy(&output.stdout);
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        ensure!(
+            header.get(..2) == Some(&["NAME", "NAMESPACE"][..]),
+            "{text}"
+        );
+        Ok(lines
+            .filter_map(|l| {
+                let mut columns = l.split_whitespace();
+                Some((columns.next()?.to_owned(), columns.next()?.to_owned()))
+            })
+            .collect())
+    };
+    let own = listed(
+        as_token(&alice, &["-n", "*", "job", "list"])?
+            .output()
+            .await?,
+    )?;
+    ensure!(
+        own == [("hello".into(), "team-a".into())],
+        "alice's jobs: {own:?}"
+    );
+    let mut every = listed(muster(&["-n", "*", "job", "list"])?.output().await?)?;
+    every.sort();
+    ensure!(
+        every
+            == [
+                ("hello".into(), "default".into()),
+                ("hello".into(), "team-a".into())
+            ],
+        "every job: {every:?}"
     );
     // No credentials at all: plaintext to a TLS port gets nowhere, and says where it went.
     let anonymous = Command::new(BIN)

@@ -398,7 +398,8 @@ impl DevCluster {
             .env("RUST_LOG", "warn")
             .env("MUSTER_DEV_ENV", &self.settings)
             .env_remove("MUSTER_ADDR")
-            .env_remove("MUSTER_TOKEN");
+            .env_remove("MUSTER_TOKEN")
+            .env_remove("MUSTER_NAMESPACE");
         Ok(command)
     }
 

@@ -24,8 +24,9 @@ fn team_policy(team: &str) -> String {
     format!("description = \"{team}'s developers\"\n\n[namespace.{team}]\npolicy = \"write\"\n")
 }
 
-/// Job `web` of `team`, whose one task sleeps with `secret` in its environment.
-fn team_job(team: &str, secret: &str) -> model_pb::Job {
+/// Job `web` of `team`, whose one task prints `{team}-output` and sleeps with `secret` in
+/// its environment.
+pub(crate) fn team_job(team: &str, secret: &str) -> model_pb::Job {
     model_pb::Job {
         name: "web".into(),
         namespace: team.into(),
@@ -47,7 +48,7 @@ fn team_job(team: &str, secret: &str) -> model_pb::Job {
 }
 
 /// The id of the running task of job `web` in `team`, once it runs.
-async fn running_task(master: &MasterServer, team: &str) -> anyhow::Result<String> {
+pub(crate) async fn running_task(master: &MasterServer, team: &str) -> anyhow::Result<String> {
     let status = job_when(master, &format!("{team}:web"), "its task runs", |status| {
         status.tasks.iter().any(|t| {
             t.task
@@ -105,24 +106,8 @@ async fn two_teams_cannot_see_or_touch_each_others_jobs() -> anyhow::Result<()> 
     let address = master.address().to_owned();
     let root = bootstrap(&address).await?;
     let mut admin = operator(&address, Some(&root)).await?;
-    for team in ["team-a", "team-b"] {
-        admin
-            .apply_namespace(pb::Namespace {
-                name: team.into(),
-                description: format!("{team}'s services"),
-                ..pb::Namespace::default()
-            })
-            .await?;
-        admin
-            .apply_policy(pb::AclPolicy {
-                name: format!("{team}-dev"),
-                rules: team_policy(team),
-                ..pb::AclPolicy::default()
-            })
-            .await?;
-    }
-    let alice = create_policies_token(&mut admin, "alice", "team-a-dev").await?;
-    let bob = create_policies_token(&mut admin, "bob", "team-b-dev").await?;
+    let alice = team_with_token(&mut admin, "team-a", "alice").await?;
+    let bob = team_with_token(&mut admin, "team-b", "bob").await?;
     let mut as_alice = operator(&address, Some(&alice)).await?;
     let mut as_bob = operator(&address, Some(&bob)).await?;
 
@@ -395,6 +380,30 @@ async fn two_teams_cannot_see_or_touch_each_others_jobs() -> anyhow::Result<()> 
     agent.stop().await;
     master.shutdown().await;
     Ok(())
+}
+
+/// Namespace `team`, its policy `{team}-dev` (everything there, nothing elsewhere), and a
+/// token named `person` carrying that policy alone.
+pub(crate) async fn team_with_token(
+    admin: &mut muster_master::testing::TestOperator,
+    team: &str,
+    person: &str,
+) -> anyhow::Result<TokenSecret> {
+    admin
+        .apply_namespace(pb::Namespace {
+            name: team.into(),
+            description: format!("{team}'s services"),
+            ..pb::Namespace::default()
+        })
+        .await?;
+    admin
+        .apply_policy(pb::AclPolicy {
+            name: format!("{team}-dev"),
+            rules: team_policy(team),
+            ..pb::AclPolicy::default()
+        })
+        .await?;
+    create_policies_token(admin, person, &format!("{team}-dev")).await
 }
 
 /// A client token named `name` carrying `policy`.

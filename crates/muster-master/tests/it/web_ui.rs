@@ -1,8 +1,11 @@
 //! The web UI in a real browser: headless Chromium driven through WebDriver (chromedriver),
 //! against a real master and agent over TLS. The test signs in with a token, submits a job
 //! through the HTTP API, watches its task go to RUNNING and then FINISHED on the page without
-//! a reload, opens the task's logs, sees the job's versions, saves a screenshot
-//! (`target/web-ui.png`), and finds the agent listed as eligible.
+//! a reload, opens the task's logs, sees the job's versions, saves a screenshot (`web-ui.png`
+//! in the target directory), and finds the agent listed as eligible. The second signs in with
+//! a team's token on a cluster of two teams, one namespace each: the page shows that team's
+//! jobs, evaluations and events and nothing of the other's, stops its job, and says who may
+//! not do what where when asked for the other team's job or namespace.
 //!
 //! Needs `chromium` and `chromedriver` (Debian's `chromium` and `chromium-driver`; `.ci/run`
 //! installs them). Without them the test says so and passes, unless `MUSTER_REQUIRE_BROWSER=1`
@@ -15,11 +18,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail, ensure};
 use muster_agent::AgentConfig;
-use muster_master::testing::bootstrap;
+use muster_master::testing::{bootstrap, operator};
+use muster_proto::cluster as pb;
 use muster_security::TokenSecret;
 use serde_json::{Value, json};
 
-use crate::common::{start_agent, start_master};
+use crate::common::{agent_config, start_agent, start_master};
+use crate::namespaces::{running_task, team_job, team_with_token};
 
 /// How long the page has for each step.
 const STEP: Duration = Duration::from_secs(30);
@@ -162,6 +167,20 @@ impl Session {
         }
     }
 
+    /// Fails, naming `when`, if the page's text or markup holds any of `unwanted`.
+    fn lacks(&self, when: &str, unwanted: &[&str]) -> anyhow::Result<()> {
+        let text = self.run("return document.body.innerText")?;
+        let text = text.as_str().unwrap_or_default();
+        let html = self.run("return document.documentElement.outerHTML")?;
+        for word in unwanted {
+            ensure!(
+                !text.contains(word) && !html.as_str().unwrap_or_default().contains(word),
+                "{when}, the page shows {word:?}:\n{text}"
+            );
+        }
+        Ok(())
+    }
+
     fn element(&self, css: &str) -> anyhow::Result<String> {
         let found = self.post("/element", json!({ "using": "css selector", "value": css }))?;
         found
@@ -178,10 +197,27 @@ impl Session {
         Ok(())
     }
 
+    /// Clicks `css` once the page shows it: a page re-renders as events arrive, so an element
+    /// not there yet, or replaced between finding and clicking it, is looked for again.
     fn click(&self, css: &str) -> anyhow::Result<()> {
-        let id = self.element(css)?;
-        self.post(&format!("/element/{id}/click"), json!({}))?;
-        Ok(())
+        let deadline = Instant::now() + STEP;
+        loop {
+            let clicked = self
+                .element(css)
+                .and_then(|id| self.post(&format!("/element/{id}/click"), json!({})));
+            match clicked {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() < deadline => {
+                    let text = e.to_string();
+                    ensure!(
+                        text.contains("no such element") || text.contains("stale element"),
+                        "clicking {css}: {text}"
+                    );
+                }
+                Err(e) => return Err(e.context(format!("the page never let {css} be clicked"))),
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     fn screenshot(&self, path: &Path) -> anyhow::Result<()> {
@@ -199,9 +235,15 @@ impl Drop for Session {
     }
 }
 
-/// Where the screenshot goes: `target/web-ui.png` of the workspace.
+/// Where the screenshot goes: `web-ui.png` in the target directory this test was built in
+/// (`target/`, or `CARGO_TARGET_DIR`), found from the test binary's path
+/// (`<target>/debug/deps/it-...`).
 fn screenshot_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/web-ui.png")
+    let target = std::env::current_exe()
+        .ok()
+        .and_then(|exe| Some(exe.parent()?.parent()?.parent()?.to_path_buf()))
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("web-ui.png")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -255,9 +297,9 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
             ))?;
             page.until(
                 "the new job in the list",
-                "return !!document.querySelector('a[href=\"#/job/greeter\"]')",
+                "return !!document.querySelector('a[href=\"#/job/default/greeter\"]')",
             )?;
-            page.click("a[href=\"#/job/greeter\"]")?;
+            page.click("a[href=\"#/job/default/greeter\"]")?;
             page.run("window.__sameDocument = true; return true")?;
             page.until(
                 "the task running",
@@ -293,6 +335,177 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
     tokio::task::spawn_blocking(browse).await??;
     let shot = std::fs::metadata(screenshot_path())?;
     ensure!(shot.len() > 10_000, "a screenshot of {} bytes", shot.len());
+    master.shutdown().await;
+    Ok(())
+}
+
+/// Runs `steps` (WebDriver calls, which block) on a thread of their own.
+async fn in_browser<T: Send + 'static>(
+    steps: impl FnOnce() -> anyhow::Result<T> + Send + 'static,
+) -> anyhow::Result<T> {
+    tokio::task::spawn_blocking(steps).await?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_team_token_sees_its_namespace_alone_and_is_told_when_refused() -> anyhow::Result<()> {
+    if !tools_installed()? {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let master = start_master(dir.path()).await?;
+    let config = agent_config(
+        vec![master.address().to_owned()],
+        dir.path(),
+        "agent-1",
+        (4.0, 4096),
+    );
+    let (_node, agent, _) = start_agent("agent-1", config).await?;
+    let address = master.address().to_owned();
+    let root = bootstrap(&address).await?;
+    let mut admin = operator(&address, Some(&root)).await?;
+    let alice = team_with_token(&mut admin, "team-a", "alice").await?;
+    let bob = team_with_token(&mut admin, "team-b", "bob").await?;
+    let base = format!("https://{}", master.http_address());
+
+    // Bob signs in; the selector offers every namespace he may read, and his alone.
+    let (driver, page) = {
+        let bob = bob.clone();
+        in_browser(move || {
+            let driver = Driver::start()?;
+            let page = driver.session()?;
+            page.open(&format!("{base}/ui/#/jobs"))?;
+            page.until(
+                "the sign-in dialog",
+                "return document.getElementById('login').open === true",
+            )?;
+            page.type_into("#token", bob.expose())?;
+            page.click("#login-submit")?;
+            page.until(
+                "the selector with all of bob's namespaces, chosen, and team-b",
+                "const s = document.getElementById('namespace'); \
+                 return s.value === '*' && [...s.options].map(o => o.value).join() === '*,team-b'",
+            )?;
+            page.until(
+                "the live event stream",
+                "return document.getElementById('live').textContent === 'live'",
+            )?;
+            Ok((driver, page))
+        })
+        .await?
+    };
+
+    // Both teams' `web` start while the page follows the stream: team-a's first, so that
+    // every event of team-a's comes before team-b's task runs.
+    operator(&address, Some(&alice))
+        .await?
+        .submit_job(pb::SubmitJobRequest {
+            job: Some(team_job("team-a", "secret-of-a")),
+        })
+        .await?;
+    running_task(&master, "team-a").await?;
+    operator(&address, Some(&bob))
+        .await?
+        .submit_job(pb::SubmitJobRequest {
+            job: Some(team_job("team-b", "secret-of-b")),
+        })
+        .await?;
+
+    let team_a = ["team-a", "secret-of-a"];
+    in_browser(move || {
+        // Locals drop in reverse: the session ends before its driver does.
+        let _driver = driver;
+        let page = page;
+        page.until(
+            "team-b's web running in the jobs list",
+            "return document.querySelector('tr[data-job=\"team-b/web\"] td.job-status')?.textContent === 'running'",
+        )?;
+        page.lacks("in the jobs list of every namespace", &team_a)?;
+        ensure!(
+            page.run("return document.querySelectorAll('tr[data-job]').length")? == json!(1),
+            "the jobs list shows more than team-b's web"
+        );
+        // The overview's feed: team-b's task events, nothing of team-a's.
+        page.click("a[data-nav=overview]")?;
+        page.until(
+            "team-b's task running in the recent events",
+            "return [...document.querySelectorAll('tr[data-event]')].some(r => \
+             r.querySelector('td.namespace').textContent === 'team-b' && \
+             r.textContent.includes('team-b:web.'))",
+        )?;
+        page.lacks("in the recent events", &team_a)?;
+        page.click("a[data-nav=evaluations]")?;
+        page.until(
+            "team-b's evaluations",
+            "return [...document.querySelectorAll('td.namespace')].some(td => td.textContent === 'team-b')",
+        )?;
+        page.lacks("in the evaluations", &team_a)?;
+
+        // Its job's page, reached from the list, names the namespace; the logs and the stop
+        // reach team-b's job (a stop without its namespace would look for `default`'s).
+        page.click("a[data-nav=jobs]")?;
+        page.until(
+            "the link to team-b's web",
+            "return !!document.querySelector('a[href=\"#/job/team-b/web\"]')",
+        )?;
+        page.click("a[href=\"#/job/team-b/web\"]")?;
+        page.until(
+            "team-b's web with its namespace and running task",
+            "return document.getElementById('job-namespace')?.textContent === 'team-b' && \
+             [...document.querySelectorAll('td.task-state')].some(td => td.textContent === 'running')",
+        )?;
+        page.click("button[data-logs]")?;
+        page.until(
+            "team-b's task output",
+            "return (document.getElementById('logs-text')?.textContent || '').includes('team-b-output')",
+        )?;
+        page.lacks("on team-b's job page", &team_a)?;
+        page.click("#stop-job")?;
+        page.click("#stop-confirm")?;
+        page.until(
+            "team-b's web stopped",
+            "return [...document.querySelectorAll('main span.state')].some(s => s.textContent === 'stopped') && \
+             !document.getElementById('action-error')",
+        )?;
+
+        // Choosing team-b goes back to the list, remembered.
+        page.click("#namespace option[value=\"team-b\"]")?;
+        page.until(
+            "team-b's list, remembered",
+            "return document.querySelector('main h1')?.textContent === 'Jobs' && \
+             !!document.querySelector('tr[data-job=\"team-b/web\"]') && \
+             localStorage.getItem('muster-namespace') === 'team-b'",
+        )?;
+        page.lacks("in team-b's list", &team_a)?;
+
+        // Asked for team-a's job, or team-a chosen (remembered from another token, say), the
+        // page says who may not do what where, and shows nothing of team-a's.
+        page.run("location.hash = '#/job/team-a/web'; return true")?;
+        page.until(
+            "the refusal to read team-a's job",
+            "const e = document.getElementById('page-error')?.textContent || ''; \
+             return e.startsWith('permission_denied') && e.includes('\"bob\"') && e.includes('\"team-a\"')",
+        )?;
+        page.lacks("refused team-a's job", &["secret-of-a", "team-a-output"])?;
+        page.run(
+            "localStorage.setItem('muster-namespace', 'team-a'); location.hash = '#/jobs'; \
+             location.reload(); return true",
+        )?;
+        page.until(
+            "the refusal to list team-a's jobs, team-a chosen",
+            "const e = document.getElementById('page-error')?.textContent || ''; \
+             return document.getElementById('namespace').value === 'team-a' && \
+             e.startsWith('permission_denied') && e.includes('\"team-a\"')",
+        )?;
+        page.until(
+            "the event stream refused too",
+            "const live = document.getElementById('live'); \
+             return live.textContent === 'no events of team-a' && live.title.includes('\"team-a\"')",
+        )?;
+        page.lacks("refused team-a's list", &["secret-of-a", "team-a-output"])?;
+        Ok(())
+    })
+    .await?;
+    agent.stop().await;
     master.shutdown().await;
     Ok(())
 }

@@ -1,14 +1,28 @@
 // Muster's web UI: plain JavaScript over the HTTP API (/v1/...), no build step. Pages are
 // hash routes; every page re-renders when the event stream (/v1/event/stream, NDJSON over
-// fetch, so the token travels in a header) says something changed.
+// fetch, so the token travels in a header) says something changed. Jobs live in namespaces:
+// the header's selector picks the one whose jobs, evaluations and events the pages show
+// (`*`: every namespace the token may read), and a job's page names its own
+// (`#/job/{namespace}/{name}`).
 "use strict";
+
+// Every namespace the token may read, as the API spells it.
+const ALL = "*";
 
 const state = {
   token: sessionStorage.getItem("muster-token") || "",
+  namespace: localStorage.getItem("muster-namespace") || ALL,  // the selector's choice
+  namespaces: null,  // the namespaces the token may read, once known
   render: null,      // the current page's render function
   lastIndex: 0,      // the last event index seen, to resume the stream
+  events: [],        // the feed's latest events in the chosen namespace, newest first
   logs: null,        // the task whose logs are open: {id, stderr, offset, text}
+  confirmStop: null, // the job whose stop awaits a second click: "namespace/name"
+  actionError: "",   // why the last action on the page (a stop) failed
 };
+
+// How many of the feed's events the overview lists.
+const EVENTS_KEPT = 20;
 
 // --- DOM ------------------------------------------------------------------------------------
 
@@ -36,9 +50,10 @@ const table = (heads, rows) =>
 const when = (ms) => (ms ? new Date(ms).toISOString().replace(".000", "") : "—");
 
 // Puts a page on screen. Pages take the one they should use as an argument (see `route`).
+// Parts left out (`null`, as `cond ? part : null` gives) are skipped.
 function show(...nodes) {
   const main = document.getElementById("main");
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...nodes.filter((n) => n !== null && n !== undefined && n !== false));
 }
 
 // --- API ------------------------------------------------------------------------------------
@@ -55,11 +70,25 @@ async function api(path, options = {}) {
   return body;
 }
 
+// `namespace=...` for a query string: the selector's choice unless another is given.
+const inNamespace = (namespace = state.namespace) => `namespace=${encodeURIComponent(namespace)}`;
+// A job's API path (`rest`: `/versions`, ...) in its namespace.
+const jobApi = (namespace, name, rest = "") =>
+  `/v1/job/${encodeURIComponent(name)}${rest}?${inNamespace(namespace)}`;
+// A job's page.
+const jobHref = (namespace, name) =>
+  `#/job/${encodeURIComponent(namespace || "default")}/${encodeURIComponent(name)}`;
+const jobLink = (namespace, name) => link(jobHref(namespace, name), name);
+// What the lists show, in words.
+const scope = () => (state.namespace === ALL
+  ? "In every namespace this token may read."
+  : `In namespace ${state.namespace}.`);
+
 // --- pages ----------------------------------------------------------------------------------
 
 async function overview(_, show) {
   const [status, jobs, agents] = await Promise.all([
-    api("/v1/status"), api("/v1/jobs"), api("/v1/agents"),
+    api("/v1/status"), api(`/v1/jobs?${inNamespace()}`), api("/v1/agents"),
   ]);
   const count = (f) => jobs.jobs.reduce((n, j) => n + f(j), 0);
   const card = (label, value) => h("div", { class: "card" },
@@ -73,7 +102,7 @@ async function overview(_, show) {
       card("Commit index", status.commit_index),
       card("Applied index", status.read.applied_index),
       card("Agents ready", `${status.agents_ready} of ${status.agents_ready + status.agents_disconnected + status.agents_unreachable}`),
-      card("Jobs", jobs.jobs.length),
+      card(state.namespace === ALL ? "Jobs" : `Jobs in ${state.namespace}`, jobs.jobs.length),
       card("Tasks running", count((j) => j.tasks.running)),
       card("Evaluations in flight", count((j) => j.evaluations_in_flight)),
       ...figures.map(([label, value]) => card(label, value)),
@@ -84,6 +113,12 @@ async function overview(_, show) {
       h("td", {}, m.id), h("td", {}, h("code", {}, m.address)), h("td", {}, h("code", {}, m.http_address)),
       h("td", {}, badge(m.leader ? "leader" : "standby"))))),
     h("p", { class: "muted" }, status.insecure ? "INSECURE: no TLS, no tokens." : "Mutual TLS between members; ACL tokens on."),
+    h("h2", {}, "Recent events"),
+    h("p", { class: "muted" }, `${scope()} Agents' events are shown to tokens that may read agents.`),
+    table(["Index ", "Time", "Topic", "What", "Namespace", "About"], state.events.map((e) =>
+      h("tr", { "data-event": e.index },
+        num(e.index), h("td", {}, when(e.time_ms)), h("td", {}, e.topic), h("td", {}, e.kind),
+        h("td", { class: "namespace" }, e.namespace || "—"), h("td", {}, h("code", {}, e.key))))),
   );
 }
 
@@ -108,14 +143,15 @@ async function brokerFigures() {
 }
 
 async function jobsPage(_, show) {
-  const list = await api("/v1/jobs");
+  const list = await api(`/v1/jobs?${inNamespace()}`);
   show(
     h("h1", {}, "Jobs"),
-    table(["Name", "Type", "Version ", "Status", "Desired ", "Running ", "Pending ", "Finished ", "Failed ", "Lost ", "Unknown ", "Evals "],
-      list.jobs.map((j) => h("tr", {},
-        h("td", {}, link(`#/job/${encodeURIComponent(j.name)}`, j.name)),
+    h("p", { class: "muted" }, scope()),
+    table(["Name", "Namespace", "Type", "Version ", "Status", "Desired ", "Running ", "Pending ", "Finished ", "Failed ", "Lost ", "Unknown ", "Evals "],
+      list.jobs.map((j) => h("tr", { "data-job": `${j.namespace}/${j.name}` },
+        h("td", {}, jobLink(j.namespace, j.name)), h("td", { class: "namespace" }, j.namespace),
         h("td", {}, j.type), num(j.version),
-        h("td", {}, badge(j.stopped ? "stopped" : j.tasks.running > 0 ? "running" : "pending")),
+        h("td", { class: "job-status" }, badge(j.stopped ? "stopped" : j.tasks.running > 0 ? "running" : "pending")),
         num(j.desired), num(j.tasks.running), num(j.tasks.staging + j.tasks.starting),
         num(j.tasks.finished), num(j.tasks.failed), num(j.tasks.lost), num(j.tasks.unknown ?? 0), num(j.evaluations_in_flight),
       ))),
@@ -125,17 +161,20 @@ async function jobsPage(_, show) {
 // A job document's groups in a line each: `web × 3: sleep 600`.
 const groupLines = (spec) => (spec.group || []).map((g) => `${g.name} × ${g.count}: ${g.command} ${(g.args || []).join(" ")}`);
 
-async function jobPage(name, show) {
+async function jobPage([namespace, name], show) {
   const [job, history] = await Promise.all([
-    api(`/v1/job/${encodeURIComponent(name)}`),
-    api(`/v1/job/${encodeURIComponent(name)}/versions`),
+    api(jobApi(namespace, name)),
+    api(jobApi(namespace, name, "/versions")),
   ]);
   const spec = job.job;
   const groups = groupLines(spec);
   show(
     h("h1", {}, `Job ${spec.name}`),
-    h("p", {}, `${spec.type || "service"}, version ${job.version}, priority ${spec.priority || 50}`,
+    h("p", {}, "Namespace ", h("code", { id: "job-namespace" }, spec.namespace || namespace),
+      ` · ${spec.type || "service"}, version ${job.version}, priority ${spec.priority || 50}`,
       job.stopped ? [" — ", badge("stopped")] : null),
+    stopControls(namespace, name, job.stopped),
+    state.actionError ? h("p", { class: "error", id: "action-error" }, state.actionError) : null,
     h("ul", {}, groups.map((g) => h("li", {}, h("code", {}, g)))),
     h("h2", {}, "Tasks"),
     table(["Name", "Id", "Agent", "State", "Exit ", "Reason", ""],
@@ -155,28 +194,53 @@ async function jobPage(name, show) {
   );
 }
 
+// Stopping a job takes two clicks: "Stop job", then "Stop" beside what it will stop.
+function stopControls(namespace, name, stopped) {
+  if (stopped) return null;
+  const key = `${namespace}/${name}`;
+  if (state.confirmStop !== key) {
+    return h("p", {}, h("button", { id: "stop-job", class: "small danger",
+      onclick: () => { state.confirmStop = key; refresh(); } }, "Stop job"));
+  }
+  return h("p", {}, `Stop every task of ${name} in namespace ${namespace}? `,
+    h("button", { id: "stop-confirm", class: "small danger", onclick: () => stopJob(namespace, name) }, "Stop"),
+    " ", h("button", { class: "small", onclick: () => { state.confirmStop = null; refresh(); } }, "Cancel"));
+}
+
+async function stopJob(namespace, name) {
+  state.confirmStop = null;
+  try {
+    await api(jobApi(namespace, name), { method: "DELETE" });
+    state.actionError = "";
+  } catch (e) {
+    if (e instanceof Unauthorized) return signIn(e.message);
+    state.actionError = `Stopping ${name}: ${e.message || e}`;
+  }
+  return refresh();
+}
+
 function evaluationsTable(evals) {
-  return table(["Id", "Job", "Triggered by", "Status", "Description", "Index "],
+  return table(["Id", "Job", "Namespace", "Triggered by", "Status", "Description", "Index "],
     evals.map((e) => h("tr", {},
       h("td", {}, link(`#/evaluation/${e.id}`, e.id.slice(0, 8))),
-      h("td", {}, link(`#/job/${encodeURIComponent(e.job)}`, e.job)),
+      h("td", {}, jobLink(e.namespace, e.job)), h("td", { class: "namespace" }, e.namespace),
       h("td", {}, e.triggered_by, e.trigger_detail ? ` (${e.trigger_detail})` : ""),
       h("td", {}, badge(e.status)), h("td", {}, e.status_description), num(e.create_index),
     )));
 }
 
 async function evaluationsPage(_, show) {
-  const list = await api("/v1/evaluations?limit=100");
-  show(h("h1", {}, "Evaluations"), h("p", { class: "muted" }, `${list.total} in all, newest first`),
+  const list = await api(`/v1/evaluations?limit=100&${inNamespace()}`);
+  show(h("h1", {}, "Evaluations"), h("p", { class: "muted" }, `${scope()} ${list.total} in all, newest first.`),
     evaluationsTable(list.evaluations));
 }
 
-async function evaluationPage(id, show) {
+async function evaluationPage([id], show) {
   const e = await api(`/v1/evaluation/${encodeURIComponent(id)}`);
   const row = (k, v) => h("tr", {}, h("th", {}, k), h("td", {}, v));
   show(h("h1", {}, `Evaluation ${e.id}`),
     h("table", {}, h("tbody", {},
-      row("Job", link(`#/job/${encodeURIComponent(e.job)}`, e.job)), row("Type", e.type),
+      row("Job", jobLink(e.namespace, e.job)), row("Namespace", e.namespace), row("Type", e.type),
       row("Priority", e.priority), row("Triggered by", `${e.triggered_by} ${e.trigger_detail}`),
       row("Status", badge(e.status)), row("Description", e.status_description),
       row("Created at index", e.create_index), row("Modified at index", e.modify_index),
@@ -210,7 +274,7 @@ async function agentsPage(_, show) {
         num(a.tasks)))));
 }
 
-async function agentPage(id, show) {
+async function agentPage([id], show) {
   const detail = await api(`/v1/agent/${encodeURIComponent(id)}`);
   const a = detail.agent;
   show(h("h1", {}, `Agent ${a.id}`),
@@ -219,9 +283,11 @@ async function agentPage(id, show) {
       h("div", { class: "card" }, h("div", { class: "label" }, "CPU"), usage(a.cpus_used, a.cpus, "CPUs")),
       h("div", { class: "card" }, h("div", { class: "label" }, "Memory"), usage(a.mem_mb_used, a.mem_mb, "MiB"))),
     h("h2", {}, "Tasks"),
-    table(["Name", "Job", "State", "Exit "], detail.tasks.concat(detail.completed_tasks).map((t) => h("tr", {},
-      h("td", {}, t.name), h("td", {}, link(`#/job/${encodeURIComponent(t.job)}`, t.job)),
-      h("td", {}, badge(t.state)), num(t.exit_code)))),
+    // The tasks of the jobs this token may read, whatever the selector says: an agent runs
+    // every namespace's.
+    table(["Name", "Job", "Namespace", "State", "Exit "], detail.tasks.concat(detail.completed_tasks).map((t) => h("tr", {},
+      h("td", {}, t.name), h("td", {}, t.job ? jobLink(t.namespace, t.job) : "—"),
+      h("td", { class: "namespace" }, t.namespace), h("td", {}, badge(t.state)), num(t.exit_code)))),
     h("h2", {}, "Attributes"),
     table(["Name", "Value"], Object.entries(a.attributes).map(([k, v]) => h("tr", {}, h("td", {}, k), h("td", {}, v)))));
 }
@@ -265,10 +331,13 @@ async function pollLogs() {
 
 // --- routing, sign-in and live updates ------------------------------------------------------
 
+// Each page is given its route's parts, decoded. `#/job/{name}`, the old form of a job's
+// address, means the job of that name in `default`.
 const routes = [
   [/^#?\/?$/, overview, "overview"],
   [/^#\/jobs$/, jobsPage, "jobs"],
-  [/^#\/job\/(.+)$/, jobPage, "jobs"],
+  [/^#\/job\/([^/]+)\/([^/]+)$/, jobPage, "jobs"],
+  [/^#\/job\/([^/]+)$/, ([name], show) => jobPage(["default", name], show), "jobs"],
   [/^#\/agents$/, agentsPage, "agents"],
   [/^#\/agent\/(.+)$/, agentPage, "agents"],
   [/^#\/evaluations$/, evaluationsPage, "evaluations"],
@@ -277,15 +346,17 @@ const routes = [
 
 function route() {
   const hash = location.hash || "#/";
+  state.confirmStop = null;
+  state.actionError = "";
   for (const [pattern, page, nav] of routes) {
     const match = hash.match(pattern);
     if (match) {
-      const arg = match[1] ? decodeURIComponent(match[1]) : undefined;
+      const args = match.slice(1).map(decodeURIComponent);
       document.querySelectorAll("nav a").forEach((a) => a.classList.toggle("active", a.dataset.nav === nav));
       if (!hash.startsWith("#/job/")) state.logs = null;
       // A page shows what it rendered only while it is still the page routed to: a render
       // still waiting on the API when the user moves on must not cover the next page.
-      const render = () => page(arg, (...nodes) => {
+      const render = () => page(args, (...nodes) => {
         if (state.render === render) show(...nodes);
       });
       state.render = render;
@@ -304,11 +375,60 @@ async function refresh() {
       await render();
     } catch (e) {
       if (e instanceof Unauthorized) return signIn(e.message);
-      if (state.render === render) show(h("p", { class: "error" }, String(e.message || e)));
+      // A refusal (403 permission_denied names the namespace) is the page's content.
+      if (state.render === render) show(h("p", { class: "error", id: "page-error" }, String(e.message || e)));
     }
   })();
   return refreshing;
 }
+
+// --- namespaces -----------------------------------------------------------------------------
+
+// The namespaces the token may read, into the selector. A failure is shown beside it; the
+// pages still work in the namespace chosen.
+async function loadNamespaces() {
+  const error = document.getElementById("namespace-error");
+  try {
+    const list = await api("/v1/namespaces");
+    state.namespaces = list.map((n) => n.name);
+    error.textContent = "";
+  } catch (e) {
+    if (e instanceof Unauthorized) return;  // the page's own call asks for a token
+    state.namespaces = null;
+    error.textContent = `namespaces: ${e.message || e}`;
+  }
+  renderSelector();
+}
+
+function renderSelector() {
+  const select = document.getElementById("namespace");
+  const known = state.namespaces || [];
+  const options = [h("option", { value: ALL }, "All namespaces"), known.map((n) => h("option", { value: n }, n))];
+  // A remembered choice this token may not read stays chosen: its pages say why they are empty.
+  if (state.namespace !== ALL && !known.includes(state.namespace)) {
+    const note = state.namespaces ? " (no access)" : "";
+    options.push(h("option", { value: state.namespace }, state.namespace + note));
+  }
+  select.replaceChildren(...options.flat());
+  select.value = state.namespace;
+}
+
+// Shows `namespace`'s jobs, evaluations and events from now on, and remembers the choice.
+function chooseNamespace(namespace) {
+  state.namespace = namespace;
+  localStorage.setItem("muster-namespace", namespace);
+  renderSelector();
+  state.events = [];
+  state.lastIndex = 0;
+  follow();
+  // A job's page is about its own namespace's job: a new choice goes back to the list.
+  if (location.hash.startsWith("#/job/")) location.hash = "#/jobs";
+  else refresh();
+}
+
+document.getElementById("namespace").addEventListener("change", (e) => chooseNamespace(e.target.value));
+
+// --- sign-in --------------------------------------------------------------------------------
 
 function signIn(reason) {
   const dialog = document.getElementById("login");
@@ -320,7 +440,10 @@ document.getElementById("login-form").addEventListener("submit", () => {
   state.token = document.getElementById("token").value.trim();
   sessionStorage.setItem("muster-token", state.token);
   document.getElementById("signout").hidden = false;
+  state.events = [];
+  state.lastIndex = 0;
   follow();
+  loadNamespaces();
   refresh();
 });
 
@@ -330,6 +453,8 @@ document.getElementById("signout").addEventListener("click", () => {
   location.reload();
 });
 
+// --- the event feed -------------------------------------------------------------------------
+
 // Re-render at most every 250 ms while events arrive.
 let pending = null;
 function changed() {
@@ -337,17 +462,42 @@ function changed() {
   pending = setTimeout(() => { pending = null; refresh(); }, 250);
 }
 
+// Keeps an event of the chosen namespace (agents' have none) for the overview: what it is
+// about, never its payload, which may hold environment values.
+function keep(event) {
+  if (state.namespace !== ALL && event.namespace && event.namespace !== state.namespace) return;
+  const { index, time_ms, topic, kind, key, namespace } = event;
+  state.events.unshift({ index, time_ms, topic, kind, key, namespace });
+  state.events.length = Math.min(state.events.length, EVENTS_KEPT);
+}
+
+// Follows the event stream of the chosen namespace (all the token may read for `*`), from
+// the last index seen, reconnecting with backoff; a new call replaces the running one.
 let following = 0;
+let streaming = null;
+const LIVE_TITLE = document.getElementById("live").title;
 async function follow() {
   const me = ++following;
+  if (streaming) streaming.abort();
   const live = document.getElementById("live");
   for (let delay = 500; me === following; delay = Math.min(delay * 2, 10000)) {
+    const controller = new AbortController();
+    streaming = controller;
     try {
       const headers = state.token ? { "X-Muster-Token": state.token } : {};
-      const response = await fetch(`/v1/event/stream?index=${state.lastIndex}`, { headers });
+      const only = state.namespace === ALL ? "" : `&${inNamespace()}`;
+      const response = await fetch(`/v1/event/stream?index=${state.lastIndex}${only}`,
+        { headers, signal: controller.signal });
       if (response.status === 401) { live.textContent = "signed out"; return; }
+      if (response.status === 403) {
+        live.textContent = `no events of ${state.namespace}`;
+        live.title = (await response.json()).message;
+        live.classList.remove("on");
+        return;
+      }
       if (!response.ok) throw new Error(`event stream: ${response.status}`);
       live.textContent = "live";
+      live.title = LIVE_TITLE;
       live.classList.add("on");
       delay = 500;
       const reader = response.body.getReader();
@@ -363,12 +513,17 @@ async function follow() {
           buffered = buffered.slice(newline + 1);
           if (!line.trim()) continue;
           const event = JSON.parse(line);
-          if (event.index) { state.lastIndex = event.index; changed(); }
+          if (event.index) {
+            state.lastIndex = event.index;
+            keep(event);
+            changed();
+          }
         }
       }
     } catch (_) {
-      // Reconnect below.
+      // Reconnect below, unless replaced.
     }
+    if (me !== following) return;
     live.textContent = "reconnecting";
     live.classList.remove("on");
     await new Promise((resolve) => setTimeout(resolve, delay));
@@ -377,5 +532,7 @@ async function follow() {
 
 window.addEventListener("hashchange", route);
 document.getElementById("signout").hidden = !state.token;
+renderSelector();
+loadNamespaces();
 route();
 follow();
