@@ -6,12 +6,12 @@ use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
 use muster_master::REDACTED;
-use muster_master::testing::{bootstrap, create_token, operator};
+use muster_master::testing::{create_token, operator};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::TokenSecret;
 
-use crate::common::{agent_config, follow_with_curl, start_agent, start_master};
+use crate::common::{OneAgentCluster, follow_with_curl, one_agent_cluster};
 
 const DEADLINE: Duration = Duration::from_secs(30);
 const SECRET: &str = "hunter2-in-the-env";
@@ -58,16 +58,13 @@ async fn first_task_event(address: &str, token: &TokenSecret) -> anyhow::Result<
 async fn the_event_stream_redacts_environments_for_tokens_that_may_not_read_secrets()
 -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = start_master(dir.path()).await?;
-    let config = agent_config(
-        vec![master.address().to_owned()],
-        dir.path(),
-        "agent-1",
-        (4.0, 4096),
-    );
-    let (_node, agent, _) = start_agent("agent-1", config).await?;
+    let OneAgentCluster {
+        master,
+        agent,
+        root,
+        ..
+    } = one_agent_cluster(dir.path()).await?;
     let address = master.address().to_owned();
-    let root = bootstrap(&address).await?;
     let reader = create_token(&address, &root, "viewer", "read").await?;
     let submitter = create_token(&address, &root, "deploy", "submit").await?;
 

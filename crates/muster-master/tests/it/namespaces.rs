@@ -7,14 +7,14 @@
 use std::time::Duration;
 
 use anyhow::{Context as _, ensure};
-use muster_master::testing::{bootstrap, job_when, operator};
+use muster_master::testing::{job_when, operator};
 use muster_master::{MasterServer, REDACTED};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_security::TokenSecret;
 use tonic::Code;
 
-use crate::common::{agent_config, start_agent, start_master};
+use crate::common::{OneAgentCluster, one_agent_cluster};
 use crate::http_api::{code, curl};
 
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -95,16 +95,13 @@ fn denied<T: std::fmt::Debug>(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_teams_cannot_see_or_touch_each_others_jobs() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let master = start_master(dir.path()).await?;
-    let config = agent_config(
-        vec![master.address().to_owned()],
-        dir.path(),
-        "agent-1",
-        (4.0, 4096),
-    );
-    let (_node, agent, _) = start_agent("agent-1", config).await?;
+    let OneAgentCluster {
+        master,
+        agent,
+        root,
+        ..
+    } = one_agent_cluster(dir.path()).await?;
     let address = master.address().to_owned();
-    let root = bootstrap(&address).await?;
     let mut admin = operator(&address, Some(&root)).await?;
     let alice = team_with_token(&mut admin, "team-a", "alice").await?;
     let bob = team_with_token(&mut admin, "team-b", "bob").await?;

@@ -23,7 +23,7 @@ use muster_proto::cluster as pb;
 use muster_security::TokenSecret;
 use serde_json::{Value, json};
 
-use crate::common::{agent_config, start_agent, start_master};
+use crate::common::{OneAgentCluster, one_agent_cluster, start_agent, start_master};
 use crate::namespaces::{running_task, team_job, team_with_token};
 
 /// How long the page has for each step.
@@ -352,16 +352,13 @@ async fn a_team_token_sees_its_namespace_alone_and_is_told_when_refused() -> any
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
-    let master = start_master(dir.path()).await?;
-    let config = agent_config(
-        vec![master.address().to_owned()],
-        dir.path(),
-        "agent-1",
-        (4.0, 4096),
-    );
-    let (_node, agent, _) = start_agent("agent-1", config).await?;
+    let OneAgentCluster {
+        master,
+        agent,
+        root,
+        ..
+    } = one_agent_cluster(dir.path()).await?;
     let address = master.address().to_owned();
-    let root = bootstrap(&address).await?;
     let mut admin = operator(&address, Some(&root)).await?;
     let alice = team_with_token(&mut admin, "team-a", "alice").await?;
     let bob = team_with_token(&mut admin, "team-b", "bob").await?;

@@ -18,8 +18,8 @@ use muster_master::requests::GetState;
 use muster_master::{MasterConfig, MasterServer, testing};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
-use muster_security::Role;
 use muster_security::testing::TestPki;
+use muster_security::{Role, TokenSecret};
 use muster_transport::Node;
 use tokio::time::Instant;
 
@@ -160,6 +160,38 @@ pub(crate) async fn start_agent(
         .await
         .context("the agent did not register")??;
     Ok((node, agent, id))
+}
+
+/// A master and one real agent (the host and certificate `agent-1`, 4 CPUs and 4 GiB), with
+/// ACLs bootstrapped: what the tests of tokens, namespaces and the web UI start from.
+pub(crate) struct OneAgentCluster {
+    /// The master.
+    pub(crate) master: MasterServer,
+    /// The agent, to stop at the end.
+    pub(crate) agent: AgentHandle,
+    /// Its node, kept alive with it.
+    _node: Node,
+    /// The bootstrap management token.
+    pub(crate) root: TokenSecret,
+}
+
+/// Starts a [`OneAgentCluster`] with its data in `dir`.
+pub(crate) async fn one_agent_cluster(dir: &Path) -> anyhow::Result<OneAgentCluster> {
+    let master = start_master(dir).await?;
+    let config = agent_config(
+        vec![master.address().to_owned()],
+        dir,
+        "agent-1",
+        (4.0, 4096),
+    );
+    let (node, agent, _) = start_agent("agent-1", config).await?;
+    let root = testing::bootstrap(master.address()).await?;
+    Ok(OneAgentCluster {
+        master,
+        agent,
+        _node: node,
+        root,
+    })
 }
 
 /// [`start_agent`] of `master` on [`agent_config`] (presenting the certificate `name`: one
