@@ -129,6 +129,7 @@ fn snapshot(agents: usize) -> ClusterSnapshot {
         jobs,
         held: Default::default(),
         job_index,
+        quotas: Default::default(),
     }
 }
 

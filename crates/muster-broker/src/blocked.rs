@@ -1,24 +1,33 @@
-//! The blocked-queue: evaluations that found no capacity, released when capacity changes
-//! (Nomad's blocked evals).
+//! The blocked-queue: evaluations that found no capacity (or were held back by their
+//! namespace's quota), released when capacity changes (or their namespace does): Nomad's
+//! blocked evals.
 //!
 //! [`BlockedEvals`] is one process that owns all of the queue's state. Callers
 //! [`tell`](muster_actor::Pid::tell) it what happened and return at once: a scheduler that could
 //! not place everything sends [`BlockedMsg::Block`], the master sends
-//! [`BlockedMsg::CapacityChanged`] when an agent joins or tasks finish, and
-//! [`BlockedMsg::Untrack`] when a job stops. Nothing is shared with callers, so nothing contends
-//! on a lock. Nomad moved its blocked-evals queue onto one goroutine for the same reason
-//! (hashicorp/nomad pull request "blocked evals queue on a single goroutine", December 2025).
+//! [`BlockedMsg::CapacityChanged`] when an agent joins or tasks finish,
+//! [`BlockedMsg::QuotaFreed`] when a namespace with a quota may take more (a task of it ended,
+//! its quota changed), and [`BlockedMsg::Untrack`] when a job stops. Nothing is shared with
+//! callers, so nothing contends on a lock. Nomad moved its blocked-evals queue onto one
+//! goroutine for the same reason (hashicorp/nomad pull request "blocked evals queue on a single
+//! goroutine", December 2025).
 //!
 //! # Semantics
 //! - A capacity change releases exactly the blocked evaluations with at least one [`Demand`]
 //!   that fits the agent's free resources by the model's one rule
 //!   ([`Resources::fits_in`]: cpus and memory both) and whose constraints all admit the
 //!   agent's attributes.
+//! - A demand held back by its namespace's quota ([`Demand::over_quota`]) waits for the
+//!   namespace, not for capacity: a [`QuotaChange`] of the namespace releases it (a task of
+//!   the namespace ended, or its quota changed). A change of the quota itself releases every
+//!   blocked evaluation of the namespace's jobs, whatever held it back: a scheduler that
+//!   ignores quotas blocks on what the plan applier refused, not knowing why.
 //! - A change the scheduler did not see (its index is after the evaluation's
 //!   `snapshot_index`) and that would have released the evaluation releases it as soon as it
-//!   is blocked ("missed unblock"). The queue remembers the last
-//!   [`max_history`](BlockedConfig::max_history) changes; an evaluation planned before the
-//!   oldest one it remembers is released at once, conservatively.
+//!   is blocked ("missed unblock"); so does a namespace's change the scheduler did not see.
+//!   The queue remembers the last [`max_history`](BlockedConfig::max_history) changes; an
+//!   evaluation planned before the oldest one it remembers is released at once,
+//!   conservatively.
 //! - At most one evaluation per job is blocked: the newer (by `create_index`, then
 //!   `modify_index`; on a tie the one blocked last) stays and the other is canceled.
 //! - Released and canceled evaluations go to the [`BlockedSink`], in one call per kind per
@@ -39,6 +48,7 @@ use std::fmt;
 use muster_actor::{Context, Process, Reply};
 use muster_model::{
     AgentId, Constraint, Demand, EvalId, EvalStatus, Evaluation, Resources, SchedulerType,
+    namespace_of,
 };
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -48,9 +58,23 @@ pub struct BlockedEval {
     /// The evaluation; its `snapshot_index` is the registry index of the cluster snapshot the
     /// scheduler planned against.
     pub eval: Evaluation,
-    /// One per task group with unplaced tasks. An evaluation with none is released by the next
-    /// capacity change of any kind.
+    /// One per task group with unplaced tasks (and cause: room or quota). An evaluation with
+    /// none is released by the next capacity change of any kind.
     pub demands: Vec<Demand>,
+}
+
+/// A namespace's quota may allow more than it did: a task of the namespace ended, or its quota
+/// changed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaChange {
+    /// The namespace.
+    pub namespace: String,
+    /// Whether its quota itself changed: then every blocked evaluation of its jobs is
+    /// released. Otherwise (a task of it ended) only those its quota held back are.
+    pub quota_changed: bool,
+    /// The registry index as of which this is true. Evaluations planned against an earlier
+    /// snapshot did not see the change.
+    pub index: u64,
 }
 
 /// Capacity is now free on an agent (it joined, or tasks finished).
@@ -169,6 +193,10 @@ pub enum BlockedMsg {
     /// Capacity is free on an agent: release the evaluations it might now fit. Remembered for
     /// the missed-unblock check even while disabled.
     CapacityChanged(CapacityChange),
+    /// A namespace's quota may allow more: release the evaluations it held back (all of the
+    /// namespace's if the quota itself changed). Remembered for the missed-unblock check even
+    /// while disabled.
+    QuotaFreed(QuotaChange),
     /// The job (by name) stopped: its blocked evaluation, if any, is canceled.
     Untrack(String),
     /// Counters.
@@ -206,6 +234,8 @@ struct Slot {
 struct Entry {
     eval: Evaluation,
     slots: Vec<Slot>,
+    /// Its job's namespace, if that namespace's quota held some of its tasks back.
+    held_by_quota: Option<String>,
 }
 
 /// Demands that share one constraint set, by memory then cpus.
@@ -225,12 +255,20 @@ struct Shape {
     cpus: CpuKey,
 }
 
-/// A remembered capacity change.
+/// A remembered change.
 #[derive(Debug)]
-struct PastChange {
-    attributes: BTreeMap<String, String>,
-    mem_mb: u64,
-    cpus: CpuKey,
+enum PastChange {
+    /// Capacity freed on an agent.
+    Capacity {
+        attributes: BTreeMap<String, String>,
+        mem_mb: u64,
+        cpus: CpuKey,
+    },
+    /// A namespace's quota may allow more ([`QuotaChange`]).
+    Quota {
+        namespace: String,
+        quota_changed: bool,
+    },
 }
 
 /// Maps cpus to an ordered key. NaN and negative amounts count as zero, so a malformed demand
@@ -255,6 +293,18 @@ fn shape(demand: &Demand) -> Shape {
     }
 }
 
+/// What an evaluation released by capacity is told.
+const CAPACITY_CAME: &str = "capacity became available";
+
+/// What an evaluation released by a change of `namespace` is told.
+fn quota_freed(namespace: &str, quota_changed: bool) -> String {
+    if quota_changed {
+        format!("namespace {namespace:?}'s quota changed")
+    } else {
+        format!("a task of namespace {namespace:?} ended: its quota may allow more")
+    }
+}
+
 /// Whether `candidate` is newer than `current` (ties go to the candidate: it arrived last).
 fn newer_or_same(candidate: &Evaluation, current: &Evaluation) -> bool {
     (candidate.create_index, candidate.modify_index) >= (current.create_index, current.modify_index)
@@ -275,6 +325,8 @@ pub struct BlockedEvals {
     entries: HashMap<Key, Entry>,
     by_id: HashMap<EvalId, Key>,
     by_job: HashMap<String, Key>,
+    /// The evaluations each namespace's quota held back.
+    by_quota: HashMap<String, HashSet<Key>>,
     next_key: Key,
     group_ids: HashMap<Vec<Constraint>, GroupId>,
     groups: HashMap<GroupId, Group>,
@@ -316,6 +368,7 @@ impl BlockedEvals {
             entries: HashMap::new(),
             by_id: HashMap::new(),
             by_job: HashMap::new(),
+            by_quota: HashMap::new(),
             next_key: 0,
             group_ids: HashMap::new(),
             groups: HashMap::new(),
@@ -353,12 +406,24 @@ impl BlockedEvals {
             self.remove(key);
         }
 
+        // Demands held back by a quota wait for their namespace, the others for capacity.
         let shapes: Vec<Shape> = if demands.is_empty() {
             vec![shape(&Demand::default())]
         } else {
-            demands.iter().map(shape).collect()
+            let room = demands.iter().filter(|d| d.over_quota.is_none());
+            room.map(shape).collect()
         };
-        if self.missed_unblock(eval.snapshot_index, &shapes) {
+        let held_by_quota = demands
+            .iter()
+            .any(|d| d.over_quota.is_some())
+            .then(|| namespace_of(&eval.job).to_owned());
+        if let Some(why) = self.missed_unblock(
+            eval.snapshot_index,
+            &shapes,
+            namespace_of(&eval.job),
+            held_by_quota.is_some(),
+        ) {
+            eval.status_description = why;
             out.unblocked.push(eval);
             return;
         }
@@ -393,25 +458,56 @@ impl BlockedEvals {
         self.stats.total_blocked += 1;
         self.by_id.insert(eval.id.clone(), key);
         self.by_job.insert(eval.job.clone(), key);
-        self.entries.insert(key, Entry { eval, slots });
+        if let Some(namespace) = &held_by_quota {
+            self.by_quota
+                .entry(namespace.clone())
+                .or_default()
+                .insert(key);
+        }
+        let entry = Entry {
+            eval,
+            slots,
+            held_by_quota,
+        };
+        self.entries.insert(key, entry);
     }
 
-    /// Whether a remembered change after `snapshot_index` would have released demands of
-    /// `shapes`, or changes after it may have been forgotten.
-    fn missed_unblock(&self, snapshot_index: u64, shapes: &[Shape]) -> bool {
+    /// Why an evaluation of `namespace` planned against `snapshot_index` is released at once:
+    /// a remembered change after that index would have released demands of `shapes` (or,
+    /// `held_by_quota`, the namespace's quota-held demands), or changes after it may have been
+    /// forgotten. `None`: it waits.
+    fn missed_unblock(
+        &self,
+        snapshot_index: u64,
+        shapes: &[Shape],
+        namespace: &str,
+        held_by_quota: bool,
+    ) -> Option<String> {
         if snapshot_index < self.history_floor {
-            return true;
+            return Some("changes it did not see may have been forgotten".to_owned());
         }
-        let Some(after) = snapshot_index.checked_add(1) else {
-            return false;
-        };
-        self.history.range((after, 0)..).any(|(_, change)| {
-            shapes.iter().any(|s| {
-                s.mem_mb <= change.mem_mb
-                    && s.cpus <= change.cpus
-                    && Constraint::all_admit(&s.constraints, &change.attributes)
+        let after = snapshot_index.checked_add(1)?;
+        self.history
+            .range((after, 0)..)
+            .find_map(|(_, change)| match change {
+                PastChange::Capacity {
+                    attributes,
+                    mem_mb,
+                    cpus,
+                } => shapes
+                    .iter()
+                    .any(|s| {
+                        s.mem_mb <= *mem_mb
+                            && s.cpus <= *cpus
+                            && Constraint::all_admit(&s.constraints, attributes)
+                    })
+                    .then(|| CAPACITY_CAME.to_owned()),
+                PastChange::Quota {
+                    namespace: changed,
+                    quota_changed,
+                } => (changed == namespace && (*quota_changed || held_by_quota))
+                    .then(|| quota_freed(changed, *quota_changed)),
             })
-        })
     }
 
     fn group_for(&mut self, constraints: Vec<Constraint>) -> GroupId {
@@ -464,6 +560,14 @@ impl BlockedEvals {
         if self.by_job.get(&eval.job) == Some(&key) {
             self.by_job.remove(&eval.job);
         }
+        if let Some(namespace) = &entry.held_by_quota
+            && let Some(held) = self.by_quota.get_mut(namespace)
+        {
+            held.remove(&key);
+            if held.is_empty() {
+                self.by_quota.remove(namespace);
+            }
+        }
         if let Some(n) = self.stats.by_scheduler.get_mut(&eval.scheduler) {
             *n = n.saturating_sub(1);
             if *n == 0 {
@@ -492,31 +596,56 @@ impl BlockedEvals {
             // An evaluation with several fitting demands appears more than once; `remove`
             // returns it only the first time.
             for key in fitting {
-                if let Some(eval) = self.remove(key) {
+                if let Some(mut eval) = self.remove(key) {
+                    eval.status_description = CAPACITY_CAME.to_owned();
                     out.unblocked.push(eval);
                 }
             }
         }
-        self.remember(change.index, change.attributes, mem_mb, cpus);
+        let past = PastChange::Capacity {
+            attributes: change.attributes,
+            mem_mb,
+            cpus,
+        };
+        self.remember(change.index, past);
     }
 
-    fn remember(
-        &mut self,
-        index: u64,
-        attributes: BTreeMap<String, String>,
-        mem_mb: u64,
-        cpus: CpuKey,
-    ) {
+    fn quota_freed(&mut self, change: QuotaChange, out: &mut Outcome) {
+        let QuotaChange {
+            namespace,
+            quota_changed,
+            index,
+        } = change;
+        if self.enabled {
+            let released: Vec<Key> = if quota_changed {
+                // Rare (an operator's change): a look at every blocked evaluation will do.
+                self.entries
+                    .iter()
+                    .filter(|(_, entry)| namespace_of(&entry.eval.job) == namespace)
+                    .map(|(&key, _)| key)
+                    .collect()
+            } else {
+                let held = self.by_quota.get(&namespace);
+                held.into_iter().flatten().copied().collect()
+            };
+            for key in released {
+                if let Some(mut eval) = self.remove(key) {
+                    eval.status_description = quota_freed(&namespace, quota_changed);
+                    out.unblocked.push(eval);
+                }
+            }
+        }
+        let past = PastChange::Quota {
+            namespace,
+            quota_changed,
+        };
+        self.remember(index, past);
+    }
+
+    fn remember(&mut self, index: u64, change: PastChange) {
         let arrival = self.next_arrival;
         self.next_arrival += 1;
-        self.history.insert(
-            (index, arrival),
-            PastChange {
-                attributes,
-                mem_mb,
-                cpus,
-            },
-        );
+        self.history.insert((index, arrival), change);
         while self.history.len() > self.config.max_history.max(1) {
             match self.history.pop_first() {
                 Some(((forgotten, _), _)) => {
@@ -541,6 +670,7 @@ impl BlockedEvals {
         self.entries.clear();
         self.by_id.clear();
         self.by_job.clear();
+        self.by_quota.clear();
         self.group_ids.clear();
         self.groups.clear();
         self.stats.total_blocked = 0;
@@ -564,7 +694,6 @@ impl BlockedEvals {
         if !unblocked.is_empty() {
             for eval in &mut unblocked {
                 eval.status = EvalStatus::Pending;
-                eval.status_description = "capacity became available".to_owned();
             }
             self.stats.total_unblocked += unblocked.len() as u64;
             self.sink.unblocked(unblocked);
@@ -596,6 +725,7 @@ impl Process for BlockedEvals {
                 }
             }
             BlockedMsg::CapacityChanged(change) => self.capacity_changed(change, &mut out),
+            BlockedMsg::QuotaFreed(change) => self.quota_freed(change, &mut out),
             BlockedMsg::Untrack(job) => self.untrack(&job, &mut out),
             BlockedMsg::Stats(reply) => reply.send(self.stats.clone()),
             BlockedMsg::List(reply) => reply.send(self.list()),

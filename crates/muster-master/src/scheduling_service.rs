@@ -228,6 +228,9 @@ impl Scheduling for SchedulingService {
                 snapshot
                     .jobs
                     .retain(|id, _| caller.acl.may_schedule(namespace_of(id)));
+                snapshot
+                    .quotas
+                    .retain(|namespace, _| caller.acl.may_schedule(namespace));
                 Ok(Response::new(snapshot))
             }
             Err(error) => Err(self.refused(error).await),

@@ -1,8 +1,13 @@
 //! [`Demand`]: what a task group could not place, which the blocked-queue matches against
-//! capacity changes.
+//! capacity changes (or, held back by a quota, against its namespace's changes), and
+//! [`blocked_description`]: why an evaluation with such demands is blocked.
 
 use crate::job::Constraint;
 use crate::resources::Resources;
+
+/// The longest quota reason [`blocked_description`] repeats, in bytes: a remote scheduler
+/// writes its demands, and an evaluation's description is for people.
+const MAX_REASON: usize = 256;
 
 /// What one task group with unplaced tasks needs: the resources of one task and where it may
 /// run.
@@ -12,4 +17,78 @@ pub struct Demand {
     pub resources: Resources,
     /// Conditions on the agent's attributes; all must admit.
     pub constraints: Vec<Constraint>,
+    /// Why its tasks were held back by their namespace's quota rather than for want of room
+    /// (`namespace "team-a" is at its quota of 2 tasks (it would have 3)`); `None`: no agent
+    /// had room. A demand held back by a quota waits for its namespace (a task of it ending,
+    /// its quota changing), not for capacity.
+    pub over_quota: Option<String>,
+}
+
+/// Why an evaluation that left `demands` unplaced is blocked, for its `status_description`:
+/// each quota that held tasks back, then how many task groups found no room
+/// (`namespace "team-a" is at its quota of 2 tasks (it would have 3)`,
+/// `2 task groups did not fit`).
+pub fn blocked_description(demands: &[Demand]) -> String {
+    let mut reasons: Vec<&str> = Vec::new();
+    for demand in demands {
+        if let Some(reason) = demand.over_quota.as_deref() {
+            let reason = clipped(reason);
+            if !reasons.contains(&reason) {
+                reasons.push(reason);
+            }
+        }
+    }
+    let no_room = demands.iter().filter(|d| d.over_quota.is_none()).count();
+    let mut description = reasons.join("; ");
+    if no_room > 0 || reasons.is_empty() {
+        if !description.is_empty() {
+            description.push_str("; ");
+        }
+        let groups = if no_room == 1 { "group" } else { "groups" };
+        description.push_str(&format!("{no_room} task {groups} did not fit"));
+    }
+    description
+}
+
+/// `reason`, cut at a character boundary to at most [`MAX_REASON`] bytes.
+fn clipped(reason: &str) -> &str {
+    if reason.len() <= MAX_REASON {
+        return reason;
+    }
+    let mut end = MAX_REASON;
+    while !reason.is_char_boundary(end) {
+        end -= 1;
+    }
+    &reason[..end]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn demand(over_quota: Option<&str>) -> Demand {
+        Demand {
+            over_quota: over_quota.map(str::to_owned),
+            ..Demand::default()
+        }
+    }
+
+    #[test]
+    fn a_blocked_evaluation_names_its_quotas_then_what_did_not_fit() {
+        assert_eq!(
+            blocked_description(&[demand(None), demand(None)]),
+            "2 task groups did not fit"
+        );
+        let quota = "namespace \"team-a\" is at its quota of 2 tasks (it would have 3)";
+        assert_eq!(
+            blocked_description(&[demand(Some(quota)), demand(Some(quota))]),
+            quota
+        );
+        assert_eq!(
+            blocked_description(&[demand(None), demand(Some(quota))]),
+            format!("{quota}; 1 task group did not fit")
+        );
+        let long = "é".repeat(MAX_REASON);
+        assert!(blocked_description(&[demand(Some(&long))]).len() <= MAX_REASON);
+    }
 }

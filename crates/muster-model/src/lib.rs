@@ -14,9 +14,11 @@
 //!   whose errors name the field.
 //! - [`eval`]: [`Evaluation`], [`EvalId`], [`EvalStatus`], [`Trigger`].
 //! - [`task`]: [`Task`] and [`TaskState`], where a task is in its life.
-//! - [`namespace`]: [`Namespace`], its [`Quota`], and job ids (`team-a:web`) that carry a
+//! - [`namespace`]: [`Namespace`], its [`Quota`] (and [`QuotaUsage`], a namespace's tasks
+//!   counted against it), and job ids (`team-a:web`) that carry a
 //!   job's namespace.
-//! - [`demand`]: [`Demand`], what a task group could not place.
+//! - [`demand`]: [`Demand`], what a task group could not place, and
+//!   [`blocked_description`](demand::blocked_description), why an evaluation is blocked.
 //! - [`error`]: [`FieldError`], a value that is invalid, naming the field.
 //! - [`convert`]: `From`/`TryFrom` to and from the `muster.model.v1` messages, and helpers
 //!   for reading nested messages with errors that name the field path.
@@ -41,6 +43,9 @@ pub use job::{
     Disconnect, DisconnectPolicy, Job, JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING,
     Reconcile, SchedulerType, TaskGroup,
 };
-pub use namespace::{DEFAULT_NAMESPACE, Namespace, Quota, job_id, namespace_of, split_job_id};
+pub use namespace::{
+    DEFAULT_NAMESPACE, Namespace, Quota, QuotaUsage, job_id, namespace_of, split_job_id,
+    task_namespace,
+};
 pub use resources::{Resources, utilization};
 pub use task::{Task, TaskState};

@@ -129,6 +129,55 @@ impl Quota {
     }
 }
 
+/// The namespace a task counts against: its job's (`job` is its job's id), or for a task
+/// launched by hand, without a job, its name's.
+pub fn task_namespace<'a>(job: &'a str, name: &'a str) -> &'a str {
+    if job.is_empty() {
+        namespace_of(name)
+    } else {
+        namespace_of(job)
+    }
+}
+
+/// A namespace's live tasks counted against its quota, as a scheduler or the plan applier
+/// adds the tasks of one plan: what they hold and how many they are.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaUsage {
+    /// The namespace.
+    pub namespace: String,
+    /// Its quota.
+    pub quota: Quota,
+    /// What its live tasks hold.
+    pub used: Resources,
+    /// How many live tasks it has.
+    pub tasks: u64,
+}
+
+impl QuotaUsage {
+    /// `namespace`, limited by `quota`, with no task counted yet.
+    pub fn new(namespace: impl Into<String>, quota: Quota) -> Self {
+        QuotaUsage {
+            namespace: namespace.into(),
+            quota,
+            used: Resources::default(),
+            tasks: 0,
+        }
+    }
+
+    /// Counts a live task holding `resources` (one placed, or found running).
+    pub fn add(&mut self, resources: &Resources) {
+        self.used = self.used.saturating_add(resources);
+        self.tasks = self.tasks.saturating_add(1);
+    }
+
+    /// Why one more task needing `need` may not be added, naming the namespace and the limit
+    /// (`namespace "team-a" is at its quota of 2 tasks (it would have 3)`); `None` if it fits.
+    pub fn refusal(&self, need: &Resources) -> Option<String> {
+        let reason = self.quota.exceeded_by(&self.used, self.tasks, need, 1)?;
+        Some(format!("namespace {:?} is at {reason}", self.namespace))
+    }
+}
+
 /// A namespace, as the registry stores it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Namespace {
@@ -193,5 +242,28 @@ mod tests {
             .expect("over in cpus");
         assert!(cpus.contains("2 cpus"), "{cpus}");
         assert!(Quota::default().is_unlimited());
+    }
+
+    #[test]
+    fn a_usage_refuses_the_task_past_its_quota_naming_the_namespace() {
+        let quota = Quota {
+            tasks: Some(2),
+            ..Quota::default()
+        };
+        let mut usage = QuotaUsage::new("team-a", quota);
+        let one = Resources {
+            cpus: 1.0,
+            mem_mb: 1,
+        };
+        assert_eq!(usage.refusal(&one), None);
+        usage.add(&one);
+        usage.add(&one);
+        assert_eq!(
+            usage.refusal(&one).as_deref(),
+            Some("namespace \"team-a\" is at its quota of 2 tasks (it would have 3)")
+        );
+        assert_eq!(task_namespace("team-a:web", "x"), "team-a");
+        assert_eq!(task_namespace("", "team-b:adhoc"), "team-b");
+        assert_eq!(task_namespace("", "adhoc"), "default");
     }
 }

@@ -23,6 +23,7 @@
 //!   which tasks must stop; shared by every scheduler.
 //! - [`scheduler`]: the [`Scheduler`] and [`Placer`] traits, [`PlacingScheduler`], and the
 //!   built-in [`binpack()`] and [`spread()`].
+//! - `quota`: a namespace's tasks counted against its quota while a plan is built.
 //! - [`worker`]: the [`Backend`] a worker talks to (broker, snapshots, plan applier, registry)
 //!   and the [`Worker`] loop: dequeue, snapshot, schedule, submit, retry, block or complete,
 //!   ack.
@@ -34,6 +35,7 @@
 
 pub mod plan;
 pub mod protocol;
+mod quota;
 pub mod reconcile;
 pub mod remote;
 pub mod scheduler;

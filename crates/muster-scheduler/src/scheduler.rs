@@ -10,6 +10,12 @@
 //! candidate, or for which the placer chooses none, counts towards the plan's unplaced
 //! [`Demand`]s.
 //!
+//! A job whose namespace has a quota ([`ClusterSnapshot::quotas`]) is placed only within it:
+//! the namespace's live tasks in the snapshot (of every job, system jobs' too), less this
+//! plan's stops, plus its placements so far. A slot past the quota is left unplaced, its
+//! demand naming the namespace and the limit ([`Demand::over_quota`]), before any agent is
+//! looked at.
+//!
 //! A run's cost follows its job: its tasks, and the agents its slots consider. Only a placer
 //! without a limit looks at every agent for every slot.
 //!
@@ -435,9 +441,26 @@ fn build_plan<P: Placer + ?Sized>(
     };
     let limit = placer.candidate_limit(agents.len());
     let mut search = Search::new(&agents, &reconciled.job, with_job, eval, limit);
-    let mut unplaced_groups: HashSet<&str> = HashSet::new();
+    let mut quota = if reconciled.missing.is_empty() {
+        None
+    } else {
+        crate::quota::usage(&snapshot.quotas, &agents, &plan.job, &plan.stop)
+    };
+    // Per group, whether it has a slot left unplaced for want of room (false) or by its
+    // namespace's quota (true): one demand each.
+    let mut unplaced_groups: HashSet<(&str, bool)> = HashSet::new();
     for slot in &reconciled.missing {
         let need = slot.resources();
+        if let Some(over) = quota.as_ref().and_then(|usage| usage.refusal(need)) {
+            if unplaced_groups.insert((slot.group.name.as_str(), true)) {
+                plan.unplaced.push(Demand {
+                    resources: need.clone(),
+                    constraints: slot.constraints().to_vec(),
+                    over_quota: Some(over),
+                });
+            }
+            continue;
+        }
         let fitting = search.fitting(slot);
         let chosen = if fitting.is_empty() {
             None
@@ -460,13 +483,17 @@ fn build_plan<P: Placer + ?Sized>(
         match chosen {
             Some(at) => {
                 search.place(at, need, &slot.group.name);
+                if let Some(usage) = &mut quota {
+                    usage.add(need);
+                }
                 plan.place.push(slot.placement(agents[at].id.clone()));
             }
             None => {
-                if unplaced_groups.insert(slot.group.name.as_str()) {
+                if unplaced_groups.insert((slot.group.name.as_str(), false)) {
                     plan.unplaced.push(Demand {
                         resources: need.clone(),
                         constraints: slot.constraints().to_vec(),
+                        over_quota: None,
                     });
                 }
             }

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use muster_model::convert::{all, each, read, required, sorted, unsorted};
-use muster_model::{AgentId, EvalId, FieldError};
+use muster_model::{AgentId, EvalId, FieldError, Quota};
 use muster_proto::scheduling as pb;
 
 use crate::plan::{
@@ -101,8 +101,38 @@ impl From<ClusterSnapshot> for pb::ClusterSnapshot {
                 .map(|(name, job)| (name, job.into()))
                 .collect(),
             held: this.held.into_iter().collect(),
+            quotas: this
+                .quotas
+                .into_iter()
+                .map(|(namespace, quota)| (namespace, quota_to_wire(quota)))
+                .collect(),
         }
     }
+}
+
+fn quota_to_wire(quota: Quota) -> pb::Quota {
+    pb::Quota {
+        cpus: quota.cpus,
+        mem_mb: quota.mem_mb,
+        tasks: quota.tasks,
+    }
+}
+
+/// A quota from the wire: cpus, if limited, finite and not negative.
+fn quota_from_wire(proto: pb::Quota, field: &str) -> Result<Quota, FieldError> {
+    if let Some(cpus) = proto.cpus
+        && !(cpus.is_finite() && cpus >= 0.0)
+    {
+        return Err(FieldError::new(
+            format!("{field}.cpus"),
+            format!("{cpus} is not a number of cpus (finite, 0 or more)"),
+        ));
+    }
+    Ok(Quota {
+        cpus: proto.cpus,
+        mem_mb: proto.mem_mb,
+        tasks: proto.tasks,
+    })
 }
 
 impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
@@ -114,6 +144,11 @@ impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
             let job = read(job, &format!("jobs[{name:?}]"))?;
             jobs.insert(name, job);
         }
+        let mut quotas = BTreeMap::new();
+        for (namespace, quota) in proto.quotas {
+            let quota = quota_from_wire(quota, &format!("quotas[{namespace:?}]"))?;
+            quotas.insert(namespace, quota);
+        }
         Ok(ClusterSnapshot {
             index: proto.index,
             agents: each::<AgentView, _>(proto.agents, "agents")?
@@ -123,6 +158,7 @@ impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
             jobs,
             held: proto.held.into_iter().collect(),
             job_index: None,
+            quotas,
         })
     }
 }
@@ -224,6 +260,7 @@ impl From<PlanResult> for pb::PlanResult {
             rejected: all(this.rejected),
             stopped: all(this.stopped),
             index: this.index,
+            over_quota: this.over_quota.into_iter().collect(),
         }
     }
 }
@@ -237,6 +274,7 @@ impl TryFrom<pb::PlanResult> for PlanResult {
             rejected: each(proto.rejected, "rejected")?,
             stopped: each(proto.stopped, "stopped")?,
             index: proto.index,
+            over_quota: proto.over_quota.into_iter().collect(),
         })
     }
 }
@@ -380,6 +418,14 @@ mod tests {
             jobs: BTreeMap::from([("web".to_owned(), job())]),
             held: ["web.fe[0]".to_owned()].into(),
             job_index: None,
+            quotas: BTreeMap::from([(
+                "team-a".to_owned(),
+                Quota {
+                    cpus: Some(2.5),
+                    mem_mb: None,
+                    tasks: Some(3),
+                },
+            )]),
         }
     }
 
@@ -452,10 +498,18 @@ mod tests {
                 agent: AgentId("agent-2".into()),
                 task_id: "old".into(),
             }],
-            unplaced: vec![Demand {
-                resources: resources(2.0, 10),
-                constraints: vec![rack(ConstraintOp::Equal, "r9")],
-            }],
+            unplaced: vec![
+                Demand {
+                    resources: resources(2.0, 10),
+                    constraints: vec![rack(ConstraintOp::Equal, "r9")],
+                    over_quota: None,
+                },
+                Demand {
+                    resources: resources(1.0, 10),
+                    constraints: Vec::new(),
+                    over_quota: Some("namespace \"web\" is at its quota of 2 tasks".into()),
+                },
+            ],
             eval_token: "token-1".into(),
         };
         assert_eq!(round_trip::<pb::Plan, _>(plan.clone()), plan);
@@ -464,6 +518,10 @@ mod tests {
             rejected: vec![placement("web.fe[1]")],
             stopped: plan.stop.clone(),
             index: 43,
+            over_quota: BTreeMap::from([(
+                placement("web.fe[1]").task_id,
+                "namespace \"default\" is at its quota of 1 tasks (it would have 2)".to_owned(),
+            )]),
         };
         assert_eq!(round_trip::<pb::PlanResult, _>(result.clone()), result);
     }
@@ -590,8 +648,19 @@ mod tests {
                 op: 3,
                 ..model_pb::Constraint::default()
             }],
+            over_quota: String::new(),
         };
         assert_eq!(error_of::<Demand, _>(proto).field(), "constraints[0].op");
+
+        // A quota that is not a number of cpus.
+        let mut proto = pb::ClusterSnapshot::from(snapshot());
+        if let Some(quota) = proto.quotas.get_mut("team-a") {
+            quota.cpus = Some(f64::NAN);
+        }
+        assert_eq!(
+            error_of::<ClusterSnapshot, _>(proto).field(),
+            "quotas[\"team-a\"].cpus"
+        );
 
         // Request-level helpers name the request's field.
         let error = required::<Plan, pb::Plan>(None, "plan").expect_err("missing");

@@ -9,7 +9,8 @@
 //!    [`max_attempts`](WorkerConfig::max_attempts) plans in a row that commit nothing, as in
 //!    Nomad (a plan that commits anything starts the count over: its job is closer to done, and
 //!    blocking it would wait for a capacity change that may never come). Placements still
-//!    rejected by the last attempt count as unplaced;
+//!    rejected by the last attempt count as unplaced (held back by their namespace's quota
+//!    where the applier says so);
 //! 5. if demands remain unplaced, [`block`](Backend::block) the evaluation, otherwise
 //!    [`complete`](Backend::complete) it; then ack it.
 //!
@@ -151,8 +152,9 @@ pub trait Backend: Send + Sync {
         token: &str,
     ) -> impl Future<Output = Result<(), WorkerError>> + Send;
 
-    /// Some of the evaluation's tasks found no room: record it blocked and put it in the
-    /// blocked-queue with what did not fit. Its `snapshot_index` is the index of the last
+    /// Some of the evaluation's tasks found no room (or were held back by their namespace's
+    /// quota, [`Demand::over_quota`]): record it blocked and put it in the blocked-queue with
+    /// what was left unplaced. Its `snapshot_index` is the index of the last
     /// snapshot it was planned against; `token` is its delivery's.
     fn block(
         &self,
@@ -533,7 +535,8 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
             }
             if fruitless >= max_attempts {
                 for placement in &result.rejected {
-                    let demand = demand_of(placement, &snapshot);
+                    let mut demand = demand_of(placement, &snapshot);
+                    demand.over_quota = result.over_quota.get(&placement.task_id).cloned();
                     if !unplaced.contains(&demand) {
                         unplaced.push(demand);
                     }
@@ -560,10 +563,7 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
             }
         } else {
             eval.status = EvalStatus::Blocked;
-            eval.status_description = format!(
-                "{} task group(s) could not place all their tasks",
-                unplaced.len()
-            );
+            eval.status_description = muster_model::demand::blocked_description(&unplaced);
             Planned {
                 eval,
                 unplaced: unplaced.clone(),
@@ -655,6 +655,7 @@ fn demand_of(placement: &Placement, snapshot: &ClusterSnapshot) -> Demand {
     Demand {
         resources: placement.resources.clone(),
         constraints,
+        over_quota: None,
     }
 }
 
@@ -692,6 +693,7 @@ mod tests {
             jobs: BTreeMap::from([("web".to_owned(), job)]),
             held: Default::default(),
             job_index: None,
+            quotas: BTreeMap::new(),
         };
         let placement = |group: &str| Placement {
             agent: AgentId("a1".into()),

@@ -1,7 +1,8 @@
 //! The blocked-queue's semantics: exact release on a capacity change, one blocked evaluation
-//! per job, missed unblocks, untrack, disable and restore, a randomized comparison with a
-//! brute-force model (`model`), and the storm of Nomad's blocked-evals pull request (many callers blocking and unblocking while a probe
-//! times round trips).
+//! per job, missed unblocks, untrack, disable and restore, quota-held demands (`quota`), a
+//! randomized comparison with a brute-force model (`model`), and the storm of Nomad's
+//! blocked-evals pull request (many callers blocking and unblocking while a probe times round
+//! trips).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use muster_model::{
 };
 
 mod model;
+mod quota;
 
 fn eval(id: &str, job: &str, create_index: u64, snapshot_index: u64) -> Evaluation {
     Evaluation {
@@ -40,6 +42,7 @@ fn demand(cpus: f64, mem_mb: u64, constraints: Vec<Constraint>) -> Demand {
     Demand {
         resources: Resources { cpus, mem_mb },
         constraints,
+        over_quota: None,
     }
 }
 

@@ -1,6 +1,7 @@
 //! ACL tokens, policies and namespaces, as operators manage them: bootstrap, create, list,
 //! delete. Each change is a registry write; the guard in front of the APIs reads the applied
-//! tokens and policies, and the namespaces bound what a policy grants.
+//! tokens and policies, and the namespaces bound what a policy grants. A namespace's changed
+//! quota releases its blocked evaluations.
 
 use muster_actor::{Context, Pid, Reply};
 use muster_proto::cluster as pb;
@@ -344,8 +345,23 @@ impl Master {
             Err(e) => return reply.send(Err(e)),
         };
         tracing::info!(change = ?op, "access change");
+        // A namespace whose quota changes: its blocked evaluations may now place more.
+        let requota = match &op {
+            Op::ApplyNamespace(namespace) => {
+                let was = self.registry.reader().read(|state| {
+                    let stored = state.namespaces.get(&namespace.name);
+                    stored.map(|ns| ns.quota.clone()).unwrap_or_default()
+                });
+                (was != namespace.quota).then(|| namespace.name.clone())
+            }
+            _ => None,
+        };
         let write = self.write_registry(&registrar, op);
-        ctx.defer(write, move |_master: &mut Master, _ctx, outcome| {
+        ctx.defer(write, move |master: &mut Master, _ctx, outcome| {
+            if let (Ok(Ok(_)), Some(namespace)) = (&outcome, requota) {
+                let index = master.next_index();
+                master.quota_freed(&namespace, true, index);
+            }
             reply.send(match outcome {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(e.into()),

@@ -1,10 +1,12 @@
 //! Evaluations: listing them, what scheduler workers report of them (blocked, complete),
-//! what the blocked-queue releases or cancels, and the leader's periodic convergence check
+//! what the blocked-queue releases or cancels (and the namespaces' news it waits on besides
+//! capacity: a quota may allow more), and the leader's periodic convergence check
 //! (`evaluations/convergence.rs`), which makes an evaluation for each job whose tasks differ
 //! from what it asks.
 
 use muster_actor::{Context, Reply};
-use muster_broker::blocked::{BlockedEval, BlockedMsg};
+use muster_broker::blocked::{BlockedEval, BlockedMsg, QuotaChange};
+use muster_model::demand::blocked_description;
 use muster_model::{Demand, EvalStatus, Evaluation};
 use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
@@ -33,8 +35,9 @@ pub struct ListEvaluations {
     pub reply: Reply<Result<pb::EvaluationList, ServiceError>>,
 }
 
-/// A worker could not place everything the evaluation asks for: it is recorded blocked and
-/// waits in the blocked-queue for capacity.
+/// A worker could not place everything the evaluation asks for: it is recorded blocked, its
+/// description saying why (the quotas that held tasks back, how many groups found no room),
+/// and waits in the blocked-queue for capacity (or its namespace).
 #[derive(Debug)]
 pub struct BlockEval {
     /// The evaluation.
@@ -146,7 +149,7 @@ impl Master {
     }
 
     /// A worker could not place everything: the evaluation is recorded blocked and waits in
-    /// the blocked-queue for capacity.
+    /// the blocked-queue for capacity, or for its namespace where its quota held tasks back.
     pub(super) fn block_eval(
         &mut self,
         BlockEval {
@@ -158,7 +161,7 @@ impl Master {
         ctx: &mut Context<Self>,
     ) {
         eval.status = EvalStatus::Blocked;
-        eval.status_description = format!("{} task groups did not fit", unplaced.len());
+        eval.status_description = blocked_description(&unplaced);
         eval.snapshot_index = snapshot_index;
         let demands = unplaced;
         self.write_status(eval.clone(), ctx, move |master, written| {
@@ -216,7 +219,11 @@ impl Master {
             .into_iter()
             .map(|mut e| {
                 e.status = EvalStatus::Pending;
-                e.status_description = "unblocked: capacity changed".into();
+                e.status_description = if e.status_description.is_empty() {
+                    "unblocked: capacity changed".into()
+                } else {
+                    format!("unblocked: {}", e.status_description)
+                };
                 e
             })
             .collect();
@@ -225,6 +232,28 @@ impl Master {
                 tracing::warn!(error = %e, "could not record unblocked evaluations");
             }
         });
+    }
+
+    /// Tells the blocked-queue that `namespace`'s quota may allow more as of `index`: a task
+    /// of it ended (news only if the namespace has a quota setting a limit), or
+    /// (`quota_changed`) its quota changed.
+    pub(super) fn quota_freed(&self, namespace: &str, quota_changed: bool, index: u64) {
+        let limited = || {
+            self.registry.reader().read(|state| {
+                state
+                    .namespaces
+                    .get(namespace)
+                    .is_some_and(|ns| !ns.quota.is_unlimited())
+            })
+        };
+        if quota_changed || limited() {
+            let change = QuotaChange {
+                namespace: namespace.to_owned(),
+                quota_changed,
+                index,
+            };
+            let _ = self.blocked.tell(BlockedMsg::QuotaFreed(change));
+        }
     }
 
     /// The blocked-queue replaced these with newer ones of the same job.

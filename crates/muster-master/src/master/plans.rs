@@ -5,19 +5,24 @@
 //! Schedulers plan optimistically and concurrently against a [`ClusterSnapshot`]; the master
 //! applies their plans one at a time (it is one process), checking each placement against the
 //! agents as they are now: what fits is committed and launched, what no longer fits goes back
-//! rejected so the scheduler can refresh and try again (Nomad's plan applier).
+//! rejected so the scheduler can refresh and try again (Nomad's plan applier). So does what
+//! would take the job's namespace over its quota, counted here against the tasks the master
+//! knows (`quota_usage`), whatever the scheduler counted: a custom scheduler may ignore quotas.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_actor::{Context, Pid, Reply};
 use muster_broker::EvalBroker;
 use muster_broker::blocked::BlockedEvals;
-use muster_model::{AgentId, DrainPhase, Resources, TaskGroup, TaskState};
+use muster_model::{
+    AgentId, DrainPhase, Quota, QuotaUsage, Resources, TaskGroup, TaskState, namespace_of,
+    task_namespace,
+};
 use muster_proto::cluster as pb;
 
 use muster_scheduler::{
-    AgentView, ClusterSnapshot, JobGroup, JobIndex, Plan, PlanResult, TaskView,
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Plan, PlanResult, Stop, TaskView,
 };
 
 use super::Master;
@@ -103,10 +108,14 @@ impl Master {
         });
     }
 
-    /// The cluster as schedulers see it: connected agents with their tasks, and the jobs.
-    /// Agents whose tasks did not change since the last snapshot share their views with it.
+    /// The cluster as schedulers see it: connected agents with their tasks, the jobs, and the
+    /// namespaces' quotas. Agents whose tasks did not change since the last snapshot share
+    /// their views with it.
     pub(super) fn snapshot(&mut self) -> ClusterSnapshot {
-        let jobs = self.registry.reader().read(|state| state.jobs.clone());
+        let (jobs, quotas) = self
+            .registry
+            .reader()
+            .read(|state| (state.jobs.clone(), limited_quotas(&state.namespaces)));
         let scheduling = self.agent_scheduling();
         let agents: Vec<Arc<AgentView>> = self
             .cluster
@@ -158,6 +167,7 @@ impl Master {
                 held
             },
             job_index: Some(job_index),
+            quotas,
         }
     }
 
@@ -174,10 +184,11 @@ impl Master {
             return reply.send(Err(self.not_leading()));
         }
         // What a task runs comes from the stored job, never from the plan.
-        let job = self
-            .registry
-            .reader()
-            .read(|s| s.jobs.get(&plan.job).cloned());
+        let namespace = namespace_of(&plan.job);
+        let (job, quota) = self.registry.reader().read(|s| {
+            let quota = s.namespaces.get(namespace).map(|ns| ns.quota.clone());
+            (s.jobs.get(&plan.job).cloned(), quota)
+        });
         if let Err(refusal) = self.plan_in_bounds(&plan) {
             return reply.send(Err(refusal));
         }
@@ -190,6 +201,11 @@ impl Master {
                 result.stopped.push(stop);
             }
         }
+        // The namespace's live tasks, less those this plan stops, then each placement
+        // committed: a placement past the quota is rejected.
+        let mut quota = quota
+            .filter(|quota| !plan.place.is_empty() && !quota.is_unlimited())
+            .map(|quota| self.quota_usage(namespace, quota, &result.stopped));
         // A plan made before an agent was drained or made ineligible places nothing there.
         let scheduling = self.agent_scheduling();
         // Per agent the plan places on: what is free there (worked out once, then reduced by
@@ -219,6 +235,11 @@ impl Master {
                 result.rejected.push(placement);
                 continue;
             };
+            if let Some(over) = quota.as_ref().and_then(|q| q.refusal(&group.resources)) {
+                result.over_quota.insert(placement.task_id.clone(), over);
+                result.rejected.push(placement);
+                continue;
+            }
             let eligible = scheduling
                 .get(&placement.agent.0)
                 .is_none_or(|s| s.eligible);
@@ -245,6 +266,9 @@ impl Master {
             };
             if let Some(left) = &mut launch.free {
                 *left = left.saturating_sub(&group.resources);
+            }
+            if let Some(usage) = &mut quota {
+                usage.add(&group.resources);
             }
             let resources = group.resources.clone();
             let group = GroupShared::of(&plan.job, group, &mut shared, interner, frameworks);
@@ -286,6 +310,25 @@ impl Master {
             result.rejected.len(),
         );
         reply.send(Ok(result));
+    }
+
+    /// What `namespace`'s live tasks hold, counted against `quota`, as this master knows
+    /// them: on every agent it holds (one marked unreachable is not held: its tasks count no
+    /// more, so that their replacements may be placed), staging ones and this plan's earlier
+    /// placements included, this plan's stops (`stopped`, killed as they were applied) not.
+    fn quota_usage(&self, namespace: &str, quota: Quota, stopped: &[Stop]) -> QuotaUsage {
+        let stopped: HashSet<&str> = stopped.iter().map(|s| s.task_id.as_str()).collect();
+        let mut usage = QuotaUsage::new(namespace, quota);
+        let tasks = self.cluster.agents.values().flat_map(|agent| &agent.tasks);
+        for task in tasks {
+            if !task.is_terminal()
+                && task_namespace(task.job(), task.name()) == namespace
+                && !stopped.contains(task.id())
+            {
+                usage.add(task.resources());
+            }
+        }
+        usage
     }
 
     /// Whether `plan` keeps to its own job: it places only that job's tasks and stops only
@@ -391,6 +434,17 @@ impl Master {
             self.record_updated(agent_id.clone(), record, ctx);
         }
     }
+}
+
+/// The quotas of `namespaces` that set a limit, by namespace: what schedulers count against.
+fn limited_quotas(
+    namespaces: &BTreeMap<String, muster_model::Namespace>,
+) -> BTreeMap<String, Quota> {
+    namespaces
+        .iter()
+        .filter(|(_, ns)| !ns.quota.is_unlimited())
+        .map(|(name, ns)| (name.clone(), ns.quota.clone()))
+        .collect()
 }
 
 /// What the tasks one plan places of one group share: interned once per plan.

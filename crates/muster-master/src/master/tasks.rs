@@ -1,12 +1,13 @@
-//! Tasks: the states agents report (ended tasks to the history, their capacity to the
-//! blocked-queue, a replacement evaluation with crash-loop back-off, `tasks/crash_loops.rs`),
-//! killing tasks, launch deadlines, operators' manual launches, and task output.
+//! Tasks: the states agents report (ended tasks to the history, their capacity and their
+//! namespace's quota to the blocked-queue, a replacement evaluation with crash-loop back-off,
+//! `tasks/crash_loops.rs`), killing tasks, launch deadlines, operators' manual launches, and
+//! task output.
 
 use std::time::Duration;
 
 use muster_actor::{Context, Reply, Upid};
 use muster_broker::blocked::{BlockedMsg, CapacityChange};
-use muster_model::{AgentId, Evaluation, SchedulerType, TaskState, Trigger};
+use muster_model::{AgentId, Evaluation, SchedulerType, TaskState, Trigger, task_namespace};
 use muster_proto::cluster as pb;
 use muster_proto::model::{self as model_pb, Task};
 use muster_registry::Op;
@@ -372,6 +373,8 @@ impl Master {
             index,
         };
         let _ = self.blocked.tell(BlockedMsg::CapacityChanged(change));
+        // So may its namespace's quota.
+        self.quota_freed(task_namespace(task.job(), task.name()), false, index);
         // A batch slot stopped for an update (or a resubmission) is placed once its task has
         // stopped, if it did not finish first.
         let replace = stopped_batch_slot

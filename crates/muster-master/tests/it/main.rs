@@ -19,6 +19,7 @@ mod logs;
 mod metrics;
 mod namespaces;
 mod plans_bound;
+mod quotas;
 mod remote_workers;
 mod scheduling;
 mod secrets_at_rest;

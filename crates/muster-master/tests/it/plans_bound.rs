@@ -41,19 +41,21 @@ fn job_with_secret(name: &str) -> model_pb::Job {
     }
 }
 
-/// A master that schedules nothing itself, one real agent, and a `RemoteBackend` holding a
-/// `schedule` token.
-struct Cluster {
-    master: MasterServer,
+/// A master that schedules nothing itself, one real agent (4 cpus, 4 GiB), and a
+/// `RemoteBackend` holding a `schedule` token (`quotas.rs` plans through it too).
+pub(crate) struct Cluster {
+    pub(crate) master: MasterServer,
     _node: Node,
     agent: AgentHandle,
-    agent_id: String,
-    backend: RemoteBackend,
+    pub(crate) agent_id: String,
+    pub(crate) backend: RemoteBackend,
+    /// The management token.
+    pub(crate) root: muster_security::TokenSecret,
     dir: tempfile::TempDir,
 }
 
 impl Cluster {
-    async fn start() -> anyhow::Result<Cluster> {
+    pub(crate) async fn start() -> anyhow::Result<Cluster> {
         let dir = tempfile::tempdir()?;
         let master = testing::start_leading(MasterConfig {
             workers: 0,
@@ -81,12 +83,16 @@ impl Cluster {
             agent,
             agent_id,
             backend,
+            root,
             dir,
         })
     }
 
     /// The pending evaluations of `jobs`, dequeued through the scheduling API, by job.
-    async fn dequeue(&self, jobs: &[&str]) -> anyhow::Result<BTreeMap<String, Assignment>> {
+    pub(crate) async fn dequeue(
+        &self,
+        jobs: &[&str],
+    ) -> anyhow::Result<BTreeMap<String, Assignment>> {
         let mut held = BTreeMap::new();
         let deadline = tokio::time::Instant::now() + DEADLINE;
         while held.len() < jobs.len() {
@@ -107,7 +113,7 @@ impl Cluster {
     }
 
     /// The plan the built-in spread scheduler makes for `assignment`, as its holder sends it.
-    async fn plan(&self, assignment: &Assignment) -> anyhow::Result<Plan> {
+    pub(crate) async fn plan(&self, assignment: &Assignment) -> anyhow::Result<Plan> {
         let snapshot = self.backend.snapshot(assignment.eval.modify_index).await?;
         let mut plan = muster_scheduler::spread().schedule(&assignment.eval, &snapshot);
         plan.eval_token.clone_from(&assignment.token);
@@ -115,7 +121,7 @@ impl Cluster {
     }
 
     /// The tasks of `job` the master counts as running (or about to), with their records.
-    async fn live_tasks(&self, job: &str) -> anyhow::Result<Vec<model_pb::Task>> {
+    pub(crate) async fn live_tasks(&self, job: &str) -> anyhow::Result<Vec<model_pb::Task>> {
         Ok(state(&self.master)
             .await?
             .agents
@@ -133,7 +139,7 @@ impl Cluster {
             .collect())
     }
 
-    async fn shutdown(self) {
+    pub(crate) async fn shutdown(self) {
         self.agent.stop().await;
         self.master.shutdown().await;
     }

@@ -11,6 +11,7 @@ impl From<Demand> for pb::Demand {
         pb::Demand {
             resources: Some(demand.resources.into()),
             constraints: all(demand.constraints),
+            over_quota: demand.over_quota.unwrap_or_default(),
         }
     }
 }
@@ -22,6 +23,7 @@ impl TryFrom<pb::Demand> for Demand {
         Ok(Demand {
             resources: required(proto.resources, "resources")?,
             constraints: each(proto.constraints, "constraints")?,
+            over_quota: Some(proto.over_quota).filter(|reason| !reason.is_empty()),
         })
     }
 }

@@ -139,6 +139,15 @@ impl AgentView {
             .map(|tasks| tasks[0].job())
     }
 
+    /// Its tasks, one slice per job (by the job directory, in no particular order): a caller
+    /// looking for some jobs' tasks skips each other job at the cost of a look at its first
+    /// task.
+    pub(crate) fn tasks_by_job(&self) -> impl Iterator<Item = &[Arc<TaskView>]> {
+        self.jobs
+            .iter()
+            .map(|entry| &self.tasks[entry.start as usize..entry.end as usize])
+    }
+
     /// Its tasks of `job`, found by a binary search of the job's name hash.
     pub fn tasks_of(&self, job: &str) -> &[Arc<TaskView>] {
         self.tasks_of_hashed(job, job_hash(job))

@@ -4,13 +4,14 @@
 //! turns it and an [`Evaluation`](muster_model::Evaluation) into a [`Plan`]: tasks to
 //! place, tasks to stop, and [`Demand`]s it could not place. The leading master applies plans
 //! one at a time and answers each with a [`PlanResult`]; placements that no longer fit (another
-//! scheduler got there first) come back rejected.
+//! scheduler got there first), or would take their namespace over its quota, come back
+//! rejected.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use muster_model::{AgentId, Demand, EvalId, Job, Resources, TaskState};
+use muster_model::{AgentId, Demand, EvalId, Job, Quota, Resources, TaskState};
 
 mod agent_view;
 mod job_index;
@@ -40,6 +41,10 @@ pub struct ClusterSnapshot {
     /// ([`JobIndex`]). Optional: without it, or if `agents` changed since it was built, a run
     /// looks at every agent.
     pub job_index: Option<Arc<JobIndex>>,
+    /// The quotas of the namespaces that have one setting a limit, by namespace: a
+    /// namespace's live tasks in this snapshot, with a plan's placements and less its stops,
+    /// stay within its quota ([`Quota`]). A namespace not listed has no limit.
+    pub quotas: BTreeMap<String, Quota>,
 }
 
 impl ClusterSnapshot {
@@ -147,7 +152,8 @@ pub struct Plan {
     pub place: Vec<Placement>,
     /// Tasks to stop.
     pub stop: Vec<Stop>,
-    /// What did not fit: one demand per task group that had tasks left unplaced.
+    /// What was left unplaced: one demand per task group that had tasks left so, and per
+    /// cause (no room; its namespace's quota, [`Demand::over_quota`]).
     pub unplaced: Vec<Demand>,
     /// The token its evaluation was handed out with ([`Assignment::token`](crate::Assignment));
     /// the scheduling API applies a plan only for an evaluation its caller holds. The
@@ -183,6 +189,10 @@ pub struct PlanResult {
     pub committed: Vec<Placement>,
     /// Placements that no longer fit (or were otherwise refused).
     pub rejected: Vec<Placement>,
+    /// Why placements among `rejected` that would have taken their namespace over its quota
+    /// were refused, by task id (`namespace "team-a" is at its quota of 2 tasks (it would
+    /// have 3)`).
+    pub over_quota: BTreeMap<String, String>,
     /// Stops it committed.
     pub stopped: Vec<Stop>,
     /// The state index after applying; a scheduler that plans again refreshes its snapshot to

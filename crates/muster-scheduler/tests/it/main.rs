@@ -5,5 +5,6 @@ mod common;
 
 mod drain;
 mod placement;
+mod quota;
 mod reconcile;
 mod worker;

@@ -220,11 +220,13 @@ fn the_cluster_full_reports_one_demand_per_short_group() {
             [
                 Demand {
                     resources: res(1.0, 256),
-                    constraints: fe.constraints.clone()
+                    constraints: fe.constraints.clone(),
+                    over_quota: None,
                 },
                 Demand {
                     resources: res(64.0, 64),
-                    constraints: vec![]
+                    constraints: vec![],
+                    over_quota: None,
                 },
             ],
             "{}",

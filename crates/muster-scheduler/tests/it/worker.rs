@@ -54,6 +54,8 @@ struct State {
     before_submit: VecDeque<Hook>,
     /// The applier rejects every placement.
     reject_all: bool,
+    /// The applier rejects every placement as over a quota, for this reason.
+    over_quota: Option<String>,
     /// The applier commits at most this many placements of each plan and rejects the rest
     /// (another scheduler's plans keep taking the room).
     commit_at_most: Option<usize>,
@@ -165,7 +167,8 @@ impl Backend for Fake {
         }
         // The serial applier: stops first, then each placement against what is free now.
         let mut result = PlanResult::default();
-        let reject_all = state.reject_all;
+        let reject_all = state.reject_all || state.over_quota.is_some();
+        let over_quota = state.over_quota.clone();
         let mut room = state.commit_at_most.unwrap_or(usize::MAX);
         for stop in plan.stop {
             for agent in state
@@ -200,7 +203,13 @@ impl Backend for Fake {
                     Arc::make_mut(agent).update_tasks(|tasks| tasks.push(Arc::new(task)));
                     result.committed.push(placement);
                 }
-                _ => result.rejected.push(placement),
+                _ => {
+                    if let Some(reason) = &over_quota {
+                        let id = placement.task_id.clone();
+                        result.over_quota.insert(id, reason.clone());
+                    }
+                    result.rejected.push(placement);
+                }
             }
         }
         state.cluster.index += 1;
@@ -402,6 +411,7 @@ async fn a_lack_of_capacity_blocks_the_evaluation() {
     let demand = Demand {
         resources: res(1.0, 256),
         constraints: vec![],
+        over_quota: None,
     };
     assert_eq!(
         outcome,
@@ -443,6 +453,25 @@ async fn a_lack_of_capacity_blocks_the_evaluation() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn placements_the_applier_refuses_over_a_quota_block_waiting_for_it() {
+    let (fake, _) = setup(2, 2);
+    let reason = "namespace \"default\" is at its quota of 0 tasks (it would have 1)";
+    fake.lock().over_quota = Some(reason.to_owned());
+    let mut worker = Worker::new(Arc::clone(&fake), spread(), config());
+    let outcome = worker.run_once().await.expect("step");
+    let Some(Outcome::Blocked { unplaced, .. }) = outcome else {
+        panic!("expected a block, got {outcome:?}");
+    };
+    assert_eq!(unplaced.len(), 1, "{unplaced:?}");
+    assert_eq!(unplaced[0].over_quota.as_deref(), Some(reason));
+    let calls = fake.calls();
+    let Some(Call::Block(blocked, _)) = calls.iter().find(|c| matches!(c, Call::Block(..))) else {
+        panic!("expected a block, got {calls:?}");
+    };
+    assert_eq!(blocked.status_description, reason);
+}
+
+#[tokio::test(start_paused = true)]
 async fn placements_rejected_on_every_attempt_block_after_three() {
     let (fake, eval) = setup(2, 2);
     fake.lock().reject_all = true;
@@ -457,7 +486,8 @@ async fn placements_rejected_on_every_attempt_block_after_three() {
             stopped: 0,
             unplaced: vec![Demand {
                 resources: res(1.0, 256),
-                constraints: vec![]
+                constraints: vec![],
+                over_quota: None,
             }],
         })
     );

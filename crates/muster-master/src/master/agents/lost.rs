@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use muster_actor::Context;
 use muster_model::{
-    AgentId, DisconnectPolicy, Evaluation, SchedulerType, Task, TaskState, Trigger,
+    AgentId, DisconnectPolicy, Evaluation, SchedulerType, Task, TaskState, Trigger, task_namespace,
 };
 use muster_registry::{Op, RegistryState};
 
@@ -43,13 +43,23 @@ impl Master {
             .collect();
         self.write_with_evals(ops, evals, ctx, move |master, ctx, written| match written {
             Ok(_) => {
+                // Their tasks no longer count against their namespaces' quotas.
+                let freed: BTreeSet<String> = ids
+                    .iter()
+                    .filter_map(|id| master.cluster.agents.get(id))
+                    .flat_map(|agent| agent.tasks.iter().filter(|task| !task.is_terminal()))
+                    .map(|task| task_namespace(task.job(), task.name()).to_owned())
+                    .collect();
                 for id in &ids {
                     master.metrics.unreachable += 1;
                     master.cluster.agents.remove(id);
                     master.heartbeats.remove(id);
                     tracing::warn!(agent = %id, "agent marked unreachable");
                 }
-                master.next_index();
+                let index = master.next_index();
+                for namespace in &freed {
+                    master.quota_freed(namespace, false, index);
+                }
                 master.check_when_kept_slots_go(ctx);
             }
             Err(e) => {

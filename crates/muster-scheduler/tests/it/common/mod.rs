@@ -85,6 +85,7 @@ pub(crate) fn snapshot(index: u64, agents: Vec<AgentView>, jobs: Vec<Job>) -> Cl
             .collect(),
         held: Default::default(),
         job_index: None,
+        quotas: Default::default(),
     }
 }
 
