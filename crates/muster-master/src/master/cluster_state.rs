@@ -204,8 +204,10 @@ impl Master {
 
     /// Answers a read with `compute`: at once from this master's own state if `stale`; else
     /// only on the leader, once a quorum has confirmed (within the lease) that it leads, and
-    /// only if that confirmation still holds when the answer has been computed (a master
-    /// paused in between answers "unavailable, retry" rather than a stale answer).
+    /// only if its leadership still holds when the answer has been computed. If the lease ran
+    /// out meanwhile (a loaded master, or one paused), a second round, begun after the answer
+    /// was computed, must confirm that it still leads in the same term: then no other leader
+    /// can have been elected since, and the answer stands; if not, the read is refused.
     pub(super) fn read<T: Send + 'static>(
         &mut self,
         stale: bool,
@@ -216,18 +218,25 @@ impl Master {
         if stale {
             return reply.send(compute(self));
         }
-        self.with_quorum_leadership(ctx, move |master, _ctx, confirmed| {
+        self.with_quorum_leadership(ctx, move |master, ctx, confirmed| {
             if let Err(refusal) = confirmed {
                 return reply.send(Err(refusal));
             }
+            let term = master.leading_term();
             let answer = compute(master);
             if master.lease_holds() {
-                reply.send(answer);
-            } else {
-                reply.send(Err(ServiceError::Unavailable(
-                    "this master's leadership could not be confirmed in time; retry".into(),
-                )));
+                return reply.send(answer);
             }
+            master.with_quorum_leadership(ctx, move |master, _ctx, confirmed| {
+                reply.send(match confirmed {
+                    Ok(()) if master.leading_term() == term => answer,
+                    Ok(()) => Err(ServiceError::Unavailable(
+                        "this master's leadership changed while the read was answered; retry"
+                            .into(),
+                    )),
+                    Err(refusal) => Err(refusal),
+                });
+            });
         });
     }
 

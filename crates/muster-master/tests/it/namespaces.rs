@@ -300,7 +300,9 @@ async fn two_teams_cannot_see_or_touch_each_others_jobs() -> anyhow::Result<()> 
     .await?;
     ensure!(logs_a.status == 403, "{logs_a:?}");
     let all = curl(&master, "GET", "/v1/jobs?namespace=*", bob_header, None).await?;
-    let listed = all.body["jobs"].as_array().context("jobs")?;
+    let listed = all.body["jobs"]
+        .as_array()
+        .with_context(|| format!("no jobs listed: {all:?}"))?;
     ensure!(
         listed.len() == 1 && listed[0]["namespace"] == "team-b",
         "{all:?}"
