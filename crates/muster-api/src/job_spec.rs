@@ -54,7 +54,8 @@ pub struct GroupSpec {
     /// Agent attributes a task's agent must (not) have.
     #[serde(rename = "constraint", default, skip_serializing_if = "Vec::is_empty")]
     pub constraints: Vec<ConstraintSpec>,
-    /// The user its tasks run as (the agent must allow it); empty: the agent's task user.
+    /// The user its tasks run as (the agent must allow it); empty: the agent's `--task-user`, or
+    /// on a root agent a uid of each task's own.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub user: String,
     /// How many of its tasks may move at once off a draining agent (Nomad's

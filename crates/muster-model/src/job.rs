@@ -107,7 +107,8 @@ pub struct TaskGroup {
     /// stores the job (0 in jobs stored before it existed: their tasks are never outdated).
     #[serde(default)]
     pub spec_version: u64,
-    /// The user its tasks run as; empty for the agent's task user. An agent runs a task as a
+    /// The user its tasks run as; empty for the agent's choice (its `--task-user`, or for a
+    /// root agent a uid of the task's own from its `--task-uid-range`). An agent runs a task as a
     /// named user only if its config allows that user.
     #[serde(default)]
     pub user: String,
