@@ -135,8 +135,8 @@ pub(crate) async fn evals(
     }
     writeln!(
         out,
-        "{:<32} {:<24} {:<9} {:>6} {:<28} DESCRIPTION",
-        "ID", "JOB", "STATUS", "INDEX", "TRIGGER"
+        "{:<32} {:<16} {:<24} {:<9} {:>6} {:<28} DESCRIPTION",
+        "ID", "NAMESPACE", "JOB", "STATUS", "INDEX", "TRIGGER"
     )?;
     let shown = list.evals.len();
     for eval in list.evals {
@@ -158,10 +158,12 @@ fn eval_line(eval: model_pb::Evaluation) -> String {
     match Evaluation::try_from(eval) {
         Ok(eval) => {
             let trigger = format!("{:?}", eval.trigger);
+            let (namespace, job) = muster::model::split_job_id(&eval.job);
             format!(
-                "{:<32} {:<24} {:<9} {:>6} {:<28} {}",
+                "{:<32} {:<16} {:<24} {:<9} {:>6} {:<28} {}",
                 eval.id,
-                eval.job,
+                namespace,
+                job,
                 eval.status.name(),
                 eval.create_index,
                 trigger,

@@ -335,6 +335,17 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
         String::from_utf8_lossy(&status.stdout).starts_with("job hello in namespace team-a ("),
         "job status in team-a: {status:?}"
     );
+    let evals = as_token(&alice, &["-n", "team-a", "eval", "list"])?
+        .output()
+        .await?;
+    let evals = String::from_utf8_lossy(&evals.stdout);
+    ensure!(
+        evals.lines().any(|l| {
+            let columns: Vec<&str> = l.split_whitespace().collect();
+            columns.get(1..3) == Some(&["team-a", "hello"][..])
+        }),
+        "eval list in team-a: {evals}"
+    );
     for args in [
         &["job", "status", "hello"][..],
         &["-n", "default", "job", "list"],
