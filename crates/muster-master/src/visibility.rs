@@ -93,12 +93,10 @@ impl NamespaceFilter {
 /// A task's namespace: its job's (named apart, or carried by the job's id), or, for a task
 /// launched by hand without a job, its id's (`LaunchTask` sees that it is its framework's).
 pub(crate) fn task_namespace(task: &model_pb::Task) -> &str {
-    if !task.namespace.is_empty() {
-        &task.namespace
-    } else if task.job.is_empty() {
-        namespace_of(&task.id)
+    if task.namespace.is_empty() {
+        muster_model::task_namespace(&task.job, &task.id)
     } else {
-        namespace_of(&task.job)
+        &task.namespace
     }
 }
 
