@@ -11,7 +11,9 @@
 //! asked for are placed. The clock starts at the first submission and stops when the agents
 //! have been told to launch the last task.
 //!
-//! It runs twice, once with binpack and once with spread placement, and prints for each: a
+//! It runs three times: with binpack placement, with spread placement, and with binpack and
+//! every job's group spread evenly over three zones (each agent in one of them, a `spread`
+//! block on `zone`: the ranking that counts the job's tasks per zone), and prints for each: a
 //! line per 100,000 placements (the time and the rate since the previous line), the time to
 //! the last placement and the rate over the whole run, the raft entries written, and the
 //! process's heap growth from before the first submission to after the last placement,
@@ -29,7 +31,7 @@
 //!
 //! `cargo bench --bench c2m` places 200,000 tasks (200 jobs) per run, which takes well under a
 //! minute; `MUSTER_C2M_TASKS=2000000 cargo bench --bench c2m` is the full challenge, and
-//! `MUSTER_C2M_PLACEMENT=binpack` (or `spread`) runs one placer only. This bench
+//! `MUSTER_C2M_PLACEMENT=binpack` (or `spread`, or `zones`) runs one of the three only. This bench
 //! is a plain program rather than a criterion group: one run of the full size takes minutes,
 //! and its figure is a rate over the run, printed as it goes.
 
@@ -186,7 +188,26 @@ fn agent_name(n: usize) -> String {
 // ---------------------------------------------------------------------------------------------
 // The jobs.
 
-fn job(j: usize) -> model_pb::Job {
+/// How a run places: the master's placer, and whether jobs spread over zones.
+#[derive(Clone, Copy, Debug)]
+struct Variant {
+    placement: Placement,
+    zones: bool,
+}
+
+/// The zones agents are dealt out over in a run with zones.
+const ZONES: usize = 3;
+
+fn job(j: usize, zones: bool) -> model_pb::Job {
+    let spreads = if zones {
+        vec![model_pb::Spread {
+            attribute: "zone".into(),
+            weight: 50,
+            targets: Vec::new(),
+        }]
+    } else {
+        Vec::new()
+    };
     model_pb::Job {
         name: format!("c2m-{j:04}"),
         priority: 50,
@@ -205,6 +226,7 @@ fn job(j: usize) -> model_pb::Job {
                 ("ENVIRONMENT".to_owned(), "c2m".to_owned()),
             ]
             .into(),
+            spreads,
             ..model_pb::TaskGroup::default()
         }],
         ..model_pb::Job::default()
@@ -254,7 +276,8 @@ async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
         .expect("the master answers")
 }
 
-async fn run(placement: Placement, tasks: usize) -> Figures {
+async fn run(variant: Variant, tasks: usize) -> Figures {
+    let Variant { placement, zones } = variant;
     let dir = tempfile::tempdir().expect("a temp dir");
     let master = master_testing::start_leading(MasterConfig {
         listen: "127.0.0.1:0".into(),
@@ -289,7 +312,11 @@ async fn run(placement: Placement, tasks: usize) -> Figures {
                     cpus: AGENT_CPUS,
                     mem_mb: AGENT_MEM_MB,
                 }),
-                attributes: Default::default(),
+                attributes: if zones {
+                    [("zone".to_owned(), format!("zone-{}", n % ZONES))].into()
+                } else {
+                    Default::default()
+                },
             };
             async move {
                 let reply = pid
@@ -328,7 +355,9 @@ async fn run(placement: Placement, tasks: usize) -> Figures {
         let mut client = client.clone();
         async move {
             client
-                .submit_job(pb::SubmitJobRequest { job: Some(job(j)) })
+                .submit_job(pb::SubmitJobRequest {
+                    job: Some(job(j, zones)),
+                })
                 .await
                 .expect("the job is accepted");
         }
@@ -406,7 +435,7 @@ async fn transport_floor(tasks: usize) -> Duration {
     let started = Instant::now();
     let send = async {
         for j in 0..jobs {
-            let spec = job(j);
+            let spec = job(j, false);
             for slot in 0..TASKS_PER_JOB {
                 let agent = (j * TASKS_PER_JOB + slot) % AGENTS;
                 // A full queue for the agents' node is waited out, as a sender would.
@@ -451,11 +480,26 @@ fn main() {
             .unwrap_or_else(|| panic!("MUSTER_C2M_TASKS={value:?} is not a positive number")),
         Err(_) => DEFAULT_TASKS,
     };
-    let placements = match std::env::var("MUSTER_C2M_PLACEMENT").as_deref() {
-        Err(_) => vec![Placement::Binpack, Placement::Spread],
-        Ok("binpack") => vec![Placement::Binpack],
-        Ok("spread") => vec![Placement::Spread],
-        Ok(other) => panic!("MUSTER_C2M_PLACEMENT={other:?} is not binpack or spread"),
+    let (binpack, spread, zones) = (
+        Variant {
+            placement: Placement::Binpack,
+            zones: false,
+        },
+        Variant {
+            placement: Placement::Spread,
+            zones: false,
+        },
+        Variant {
+            placement: Placement::Binpack,
+            zones: true,
+        },
+    );
+    let variants = match std::env::var("MUSTER_C2M_PLACEMENT").as_deref() {
+        Err(_) => vec![binpack, spread, zones],
+        Ok("binpack") => vec![binpack],
+        Ok("spread") => vec![spread],
+        Ok("zones") => vec![zones],
+        Ok(other) => panic!("MUSTER_C2M_PLACEMENT={other:?} is not binpack, spread or zones"),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -466,11 +510,15 @@ fn main() {
         eprintln!(
             "c2m: {tasks} tasks in jobs of {TASKS_PER_JOB} on {AGENTS} agents (mutual TLS, ACLs)"
         );
-        for placement in placements {
-            eprintln!("{placement:?}:");
-            let figures = run(placement, tasks).await;
+        for variant in variants {
+            let name = match variant {
+                Variant { zones: true, .. } => "Binpack+zones".to_owned(),
+                Variant { placement, .. } => format!("{placement:?}"),
+            };
+            eprintln!("{name}:");
+            let figures = run(variant, tasks).await;
             eprintln!(
-                "c2m {placement:?}: {tasks} placed in {:.2} s = {:.0} placements/s; {} raft \
+                "c2m {name}: {tasks} placed in {:.2} s = {:.0} placements/s; {} raft \
                  entries; heap {:.0} B per task",
                 figures.took.as_secs_f64(),
                 tasks as f64 / figures.took.as_secs_f64(),

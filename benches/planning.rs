@@ -11,6 +11,9 @@
 //! - `service_lost`: the same job after the first tenth of the agents left the snapshot: 100
 //!   of its slots to place again.
 //! - `system_in_place`: a system job with its task on every agent: nothing to do.
+//! - `service_lost_zones`: `service_lost` in the same cluster with each agent in one of three
+//!   zones and every service job spread evenly over them (a `spread` block on `zone`): the
+//!   ranking counts the job's tasks per zone.
 //!
 //! The job is the same size at every cluster size, so a run whose cost follows the job, not
 //! the cluster, takes about as long at 20,000 agents as at 1,000.
@@ -25,7 +28,7 @@ use std::time::Duration;
 
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use muster::model::{
-    AgentId, Evaluation, Job, Resources, SchedulerType, TaskGroup, TaskState, Trigger,
+    AgentId, Evaluation, Job, Resources, SchedulerType, Spread, TaskGroup, TaskState, Trigger,
 };
 use muster_scheduler::{AgentView, ClusterSnapshot, JobGroup, JobIndex, TaskView, binpack};
 
@@ -41,7 +44,19 @@ const TASK: Resources = Resources {
     mem_mb: 1,
 };
 
-fn job(name: &str, scheduler: SchedulerType, count: u32) -> Job {
+/// The zones agents are dealt out over in the zoned cluster.
+const ZONES: usize = 3;
+
+fn job(name: &str, scheduler: SchedulerType, count: u32, zoned: bool) -> Job {
+    let spreads = if zoned && scheduler == SchedulerType::Service {
+        vec![Spread {
+            attribute: "zone".into(),
+            weight: 50,
+            targets: Vec::new(),
+        }]
+    } else {
+        Vec::new()
+    };
     Job {
         name: name.into(),
         scheduler,
@@ -53,6 +68,7 @@ fn job(name: &str, scheduler: SchedulerType, count: u32) -> Job {
             count,
             resources: TASK,
             command: "run".into(),
+            spreads,
             ..TaskGroup::default()
         }],
     }
@@ -78,20 +94,21 @@ fn system_name(j: usize) -> String {
     format!("system-{j:03}")
 }
 
-/// The cluster of `agents` agents as described in the module docs.
-fn snapshot(agents: usize) -> ClusterSnapshot {
+/// The cluster of `agents` agents as described in the module docs; `zoned`, with each agent
+/// in a zone and the service jobs spread over them.
+fn snapshot(agents: usize, zoned: bool) -> ClusterSnapshot {
     let service_jobs = agents * SERVICE_PER_AGENT / SERVICE_COUNT;
     let mut jobs = BTreeMap::new();
     for j in 0..service_jobs {
         let name = service_name(j);
         jobs.insert(
             name.clone(),
-            job(&name, SchedulerType::Service, SERVICE_COUNT as u32),
+            job(&name, SchedulerType::Service, SERVICE_COUNT as u32, zoned),
         );
     }
     for j in 0..SYSTEM_JOBS {
         let name = system_name(j);
-        jobs.insert(name.clone(), job(&name, SchedulerType::System, 1));
+        jobs.insert(name.clone(), job(&name, SchedulerType::System, 1, zoned));
     }
     let groups: HashMap<String, Arc<JobGroup>> = jobs
         .keys()
@@ -111,9 +128,14 @@ fn snapshot(agents: usize) -> ClusterSnapshot {
                 let job = system_name(j);
                 tasks.push(task(&groups[&job], format!("{job}.g[{id}]"), n));
             }
+            let attributes = if zoned {
+                BTreeMap::from([("zone".to_owned(), format!("zone-{}", n % ZONES))])
+            } else {
+                BTreeMap::new()
+            };
             Arc::new(AgentView::new(
                 AgentId(id),
-                BTreeMap::new(),
+                attributes,
                 Resources {
                     cpus: 16.0,
                     mem_mb: 65_536,
@@ -133,6 +155,14 @@ fn snapshot(agents: usize) -> ClusterSnapshot {
     }
 }
 
+/// `full` after the first tenth of its agents left.
+fn without_first_tenth(full: &ClusterSnapshot) -> ClusterSnapshot {
+    let mut lost = full.clone();
+    lost.agents.drain(..full.agents.len() / 10);
+    lost.job_index = Some(JobIndex::update(full.job_index.as_ref(), &lost.agents));
+    lost
+}
+
 fn eval(snapshot: &ClusterSnapshot, job: &str) -> Evaluation {
     Evaluation::new(&snapshot.jobs[job], Trigger::JobRegister)
 }
@@ -145,16 +175,19 @@ fn planning(c: &mut Criterion) {
         .measurement_time(Duration::from_secs(2));
     let mut scheduler = binpack();
     for &agents in SIZES {
-        let full = snapshot(agents);
-        let mut lost = full.clone();
-        lost.agents.drain(..agents / 10);
-        lost.job_index = Some(JobIndex::update(full.job_index.as_ref(), &lost.agents));
+        let full = snapshot(agents, false);
+        let lost = without_first_tenth(&full);
+        let lost_zones = without_first_tenth(&snapshot(agents, true));
         let service = eval(&full, &service_name(0));
         let system = eval(&full, &system_name(0));
         assert!(scheduler.plan(&service, &full).is_noop());
         assert!(scheduler.plan(&system, &full).is_noop());
         assert_eq!(
             scheduler.plan(&service, &lost).place.len(),
+            SERVICE_COUNT / 10
+        );
+        assert_eq!(
+            scheduler.plan(&service, &lost_zones).place.len(),
             SERVICE_COUNT / 10
         );
 
@@ -176,6 +209,9 @@ fn planning(c: &mut Criterion) {
         });
         group.bench_function(BenchmarkId::new("service_lost", agents), |b| {
             b.iter(|| black_box(scheduler.plan(&service, &lost)))
+        });
+        group.bench_function(BenchmarkId::new("service_lost_zones", agents), |b| {
+            b.iter(|| black_box(scheduler.plan(&service, &lost_zones)))
         });
         group.bench_function(BenchmarkId::new("system_in_place", agents), |b| {
             b.iter(|| black_box(scheduler.plan(&system, &full)))

@@ -185,6 +185,8 @@ fn task_group(rng: &mut fastrand::Rng, job: usize, group: usize) -> TaskGroup {
         user: "svc".into(),
         migrate_max_parallel: 1,
         disconnect: Default::default(),
+        affinities: Vec::new(),
+        spreads: Vec::new(),
     }
 }
 

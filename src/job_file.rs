@@ -46,6 +46,25 @@ mod tests {
     }
 
     #[test]
+    fn the_placement_example_parses() -> anyhow::Result<()> {
+        let spec = read(
+            Path::new(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/jobs/web.toml"
+            )),
+            "default",
+        )?;
+        let group = &spec.groups[0];
+        assert_eq!(
+            group.constraints[0].op,
+            pb::ConstraintOp::DistinctHosts as i32
+        );
+        assert_eq!(group.spreads[0].attribute, "zone");
+        assert_eq!(group.spreads[0].weight, 100);
+        Ok(())
+    }
+
+    #[test]
     fn a_group_may_name_its_user() -> anyhow::Result<()> {
         let spec = parse(
             "name = \"web\"\n[[group]]\nname = \"g\"\ncommand = \"sleep\"\ncpus = 0.1\nmem_mb = 8\nuser = \"daemon\"\n",

@@ -5,6 +5,7 @@
 
 use std::collections::BTreeMap;
 
+use muster_model::ConstraintOp;
 use muster_proto::model as pb;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
@@ -66,6 +67,12 @@ pub struct GroupSpec {
     /// (`[group.disconnect]`); absent: the defaults.
     #[serde(default, skip_serializing_if = "DisconnectSpec::is_default")]
     pub disconnect: DisconnectSpec,
+    /// Agents its tasks would rather run on, or avoid (`[[group.affinity]]`).
+    #[serde(rename = "affinity", default, skip_serializing_if = "Vec::is_empty")]
+    pub affinities: Vec<AffinitySpec>,
+    /// Attributes its tasks spread over (`[[group.spread]]`).
+    #[serde(rename = "spread", default, skip_serializing_if = "Vec::is_empty")]
+    pub spreads: Vec<SpreadSpec>,
 }
 
 /// What becomes of a group's tasks while their agent is unreachable (they are `UNKNOWN`
@@ -160,17 +167,63 @@ impl DisconnectSpec {
     }
 }
 
-/// A placement constraint on an agent attribute.
+/// A placement constraint on an agent attribute (or, `distinct_hosts`, on its tasks).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ConstraintSpec {
-    /// The attribute (`rack`, `muster.isolation`, ...).
+    /// The attribute (`rack`, `muster.isolation`, ...); none for `distinct_hosts`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub attribute: String,
-    /// `=` (the default) or `!=`.
+    /// `=` (the default), `!=`, `regexp`, `version`, `set_contains`, `is_set`, `is_not_set`,
+    /// or `distinct_hosts` (no two of the group's tasks on one agent).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub operator: String,
+    /// The value compared: a pattern for `regexp`, a requirement (`>= 1.2, < 2`) for
+    /// `version`, a comma-separated list for `set_contains`; none for `is_set`,
+    /// `is_not_set` and `distinct_hosts`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub value: String,
+}
+
+/// A soft placement preference on an agent attribute (Nomad's `affinity`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AffinitySpec {
+    /// The attribute (`zone`).
+    pub attribute: String,
+    /// Any constraint operator but `distinct_hosts`; absent: `=`.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub operator: String,
     /// The value compared.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub value: String,
+    /// -100 to 100, not 0: how much a matching agent is preferred (negative: avoided).
+    pub weight: i32,
+}
+
+/// Spreads a group's tasks over the values of an attribute (Nomad's `spread`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpreadSpec {
+    /// The attribute (`zone`).
+    pub attribute: String,
+    /// 1 to 100, against the group's other spreads and affinities; 0 or absent: 50.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub weight: u32,
+    /// Each value's share (`[[group.spread.target]]`); values not listed share what is left
+    /// of 100 %. None: even shares over the values seen.
+    #[serde(rename = "target", default, skip_serializing_if = "Vec::is_empty")]
+    pub targets: Vec<SpreadTargetSpec>,
+}
+
+/// One value's share of a spread.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SpreadTargetSpec {
+    /// The attribute's value (`eu-1`).
+    pub value: String,
+    /// Its share of the group's tasks, in percent.
+    pub percent: u32,
 }
 
 fn one() -> u32 {
@@ -231,7 +284,7 @@ impl JobSpec {
                 )?;
                 constraints.push(pb::Constraint {
                     attribute: constraint.attribute.clone(),
-                    op: op as i32,
+                    op,
                     value: constraint.value.clone(),
                 });
             }
@@ -250,6 +303,38 @@ impl JobSpec {
                 user: g.user.clone(),
                 migrate_max_parallel: g.migrate_max_parallel,
                 disconnect: Some(g.disconnect.to_proto(&format!("group[{i}].disconnect"))?),
+                affinities: g
+                    .affinities
+                    .iter()
+                    .enumerate()
+                    .map(|(a, affinity)| {
+                        Ok(pb::Affinity {
+                            attribute: affinity.attribute.clone(),
+                            op: operator(
+                                &affinity.operator,
+                                &format!("group[{i}].affinity[{a}].operator"),
+                            )?,
+                            value: affinity.value.clone(),
+                            weight: affinity.weight,
+                        })
+                    })
+                    .collect::<Result<_, SpecError>>()?,
+                spreads: g
+                    .spreads
+                    .iter()
+                    .map(|spread| pb::Spread {
+                        attribute: spread.attribute.clone(),
+                        weight: spread.weight,
+                        targets: spread
+                            .targets
+                            .iter()
+                            .map(|t| pb::SpreadTarget {
+                                value: t.value.clone(),
+                                percent: t.percent,
+                            })
+                            .collect(),
+                    })
+                    .collect(),
             });
         }
         Ok(pb::Job {
@@ -286,16 +371,39 @@ impl JobSpec {
                         .iter()
                         .map(|c| ConstraintSpec {
                             attribute: c.attribute.clone(),
-                            operator: match pb::ConstraintOp::try_from(c.op) {
-                                Ok(pb::ConstraintOp::NotEqual) => "!=".into(),
-                                _ => "=".into(),
-                            },
+                            operator: operator_name(c.op).into(),
                             value: c.value.clone(),
                         })
                         .collect(),
                     user: g.user.clone(),
                     migrate_max_parallel: g.migrate_max_parallel,
                     disconnect: DisconnectSpec::from_proto(g.disconnect.as_ref()),
+                    affinities: g
+                        .affinities
+                        .iter()
+                        .map(|a| AffinitySpec {
+                            attribute: a.attribute.clone(),
+                            operator: operator_name(a.op).into(),
+                            value: a.value.clone(),
+                            weight: a.weight,
+                        })
+                        .collect(),
+                    spreads: g
+                        .spreads
+                        .iter()
+                        .map(|s| SpreadSpec {
+                            attribute: s.attribute.clone(),
+                            weight: s.weight,
+                            targets: s
+                                .targets
+                                .iter()
+                                .map(|t| SpreadTargetSpec {
+                                    value: t.value.clone(),
+                                    percent: t.percent,
+                                })
+                                .collect(),
+                        })
+                        .collect(),
                 })
                 .collect(),
         }
@@ -327,18 +435,25 @@ fn scheduler(kind: &str) -> Result<pb::SchedulerType, SpecError> {
     })
 }
 
-fn operator(word: &str, key: &str) -> Result<pb::ConstraintOp, SpecError> {
-    Ok(match word {
-        "" => pb::ConstraintOp::Unspecified,
-        "=" | "==" => pb::ConstraintOp::Equal,
-        "!=" => pb::ConstraintOp::NotEqual,
-        other => {
-            return Err(SpecError::Value {
-                key: key.into(),
-                message: format!("{other:?} is not = or !="),
-            });
-        }
-    })
+/// The wire's operator for a document's word; empty is unspecified (`=`).
+fn operator(word: &str, key: &str) -> Result<i32, SpecError> {
+    if word.is_empty() {
+        return Ok(pb::ConstraintOp::Unspecified as i32);
+    }
+    ConstraintOp::from_name(word)
+        .map(i32::from)
+        .ok_or_else(|| SpecError::Value {
+            key: key.into(),
+            message: format!(
+                "{word:?} is not one of {}",
+                ConstraintOp::ALL.map(ConstraintOp::name).join(", ")
+            ),
+        })
+}
+
+/// The document's word for the wire's operator (`=` if unspecified or unknown).
+fn operator_name(op: i32) -> &'static str {
+    ConstraintOp::try_from(op).map_or("=", ConstraintOp::name)
 }
 
 #[cfg(test)]
@@ -394,6 +509,41 @@ mod tests {
                 .is_err_and(|e| e.to_string().starts_with("group[0].constraint[0].operator")),
             "{op:?}"
         );
+    }
+
+    #[test]
+    fn placement_blocks_read_into_the_wire_form_and_back() -> Result<(), SpecError> {
+        let text = format!(
+            "{WEB}[[group.constraint]]\noperator = \"distinct_hosts\"\n\
+             [[group.constraint]]\nattribute = \"kernel\"\noperator = \"version\"\nvalue = \">= 5\"\n\
+             [[group.affinity]]\nattribute = \"zone\"\nvalue = \"eu-1\"\nweight = -30\n\
+             [[group.spread]]\nattribute = \"zone\"\n\
+             [[group.spread.target]]\nvalue = \"eu-1\"\npercent = 50\n\
+             [[group.spread.target]]\nvalue = \"eu-2\"\npercent = 50\n"
+        );
+        let spec = JobSpec::from_toml(&text)?;
+        let job = spec.to_proto()?;
+        let group = &job.groups[0];
+        assert_eq!(
+            group.constraints[1].op,
+            pb::ConstraintOp::DistinctHosts as i32
+        );
+        assert_eq!(group.constraints[2].op, pb::ConstraintOp::Version as i32);
+        assert_eq!(group.affinities[0].weight, -30);
+        assert_eq!(group.affinities[0].op, pb::ConstraintOp::Unspecified as i32);
+        assert_eq!(group.spreads[0].targets[1].value, "eu-2");
+        // Read back, the affinity names its operator.
+        let mut back = spec.clone();
+        back.groups[0].affinities[0].operator = "=".into();
+        assert_eq!(JobSpec::from_proto(&job), back);
+        let bad = JobSpec::from_toml(&text.replace("\"version\"", "\"semver\""))
+            .and_then(|s| s.to_proto());
+        assert!(
+            bad.as_ref()
+                .is_err_and(|e| e.to_string().contains("regexp")),
+            "{bad:?}"
+        );
+        Ok(())
     }
 
     #[test]

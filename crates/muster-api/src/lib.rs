@@ -14,4 +14,7 @@ pub use documents::{
     JobPlan, JobSummary, JobVersion, JobVersions, Member, NamespaceInfo, PlannedTask, REDACTED,
     ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs,
 };
-pub use job_spec::{ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, SpecError};
+pub use job_spec::{
+    AffinitySpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, SpecError, SpreadSpec,
+    SpreadTargetSpec,
+};

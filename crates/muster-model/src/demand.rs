@@ -2,7 +2,7 @@
 //! capacity changes (or, held back by a quota, against its namespace's changes), and
 //! [`blocked_description`]: why an evaluation with such demands is blocked.
 
-use crate::job::Constraint;
+use crate::placement::Constraint;
 use crate::resources::Resources;
 
 /// The longest quota reason [`blocked_description`] repeats, in bytes: a remote scheduler

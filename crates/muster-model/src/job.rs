@@ -6,6 +6,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 
 use crate::error::FieldError;
+use crate::placement::{Affinity, Constraint, Spread};
 use crate::resources::Resources;
 
 /// The priority of a job that names none (Nomad's default).
@@ -49,42 +50,6 @@ impl fmt::Display for SchedulerType {
     }
 }
 
-/// How a constraint compares an agent attribute with its value.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub enum ConstraintOp {
-    /// The attribute equals the value.
-    Equal,
-    /// The attribute is absent or differs from the value.
-    NotEqual,
-}
-
-/// A condition on an agent's attributes that a task group's agents must meet.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-pub struct Constraint {
-    /// The attribute's name (`rack`).
-    pub attribute: String,
-    /// How to compare.
-    pub op: ConstraintOp,
-    /// The value to compare with.
-    pub value: String,
-}
-
-impl Constraint {
-    /// Whether an agent with `attributes` meets this constraint.
-    pub fn admits(&self, attributes: &BTreeMap<String, String>) -> bool {
-        let actual = attributes.get(&self.attribute);
-        match self.op {
-            ConstraintOp::Equal => actual == Some(&self.value),
-            ConstraintOp::NotEqual => actual != Some(&self.value),
-        }
-    }
-
-    /// Whether every one of `constraints` admits `attributes`.
-    pub fn all_admit(constraints: &[Constraint], attributes: &BTreeMap<String, String>) -> bool {
-        constraints.iter().all(|c| c.admits(attributes))
-    }
-}
-
 /// A set of identical tasks within a job.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct TaskGroup {
@@ -120,6 +85,13 @@ pub struct TaskGroup {
     /// What becomes of its tasks while their agent is unreachable, and when it comes back.
     #[serde(default)]
     pub disconnect: Disconnect,
+    /// Agents its tasks would rather run on (or avoid), by weight. Soft: a change places new
+    /// tasks by it and replaces none.
+    #[serde(default)]
+    pub affinities: Vec<Affinity>,
+    /// Attributes its tasks spread over. Soft, as affinities are.
+    #[serde(default)]
+    pub spreads: Vec<Spread>,
 }
 
 /// What becomes of a group's tasks while their agent is unreachable, and when it comes back
@@ -234,6 +206,8 @@ impl TaskGroup {
             user,
             migrate_max_parallel: _,
             disconnect: _,
+            affinities: _,
+            spreads: _,
         } = self;
         *resources == other.resources
             && *command == other.command
@@ -384,6 +358,21 @@ impl Job {
                         .iter()
                         .map(|c| text(&c.attribute) + text(&c.value) + FIELD)
                         .sum::<usize>()
+                    + g.affinities
+                        .iter()
+                        .map(|a| text(&a.attribute) + text(&a.value) + 2 * FIELD)
+                        .sum::<usize>()
+                    + g.spreads
+                        .iter()
+                        .map(|s| {
+                            text(&s.attribute)
+                                + FIELD
+                                + s.targets
+                                    .iter()
+                                    .map(|t| text(&t.value) + FIELD)
+                                    .sum::<usize>()
+                        })
+                        .sum::<usize>()
                     + 8 * FIELD
             })
             .sum();
@@ -463,8 +452,8 @@ impl Job {
     /// `_` (the job's and each group's, groups' unique); a priority in `1..=100`; at least one
     /// group; a count of 1 to 10,000 (any for system jobs, which run one task per agent);
     /// positive, finite cpus and at least 1 MiB of memory; a command; at most [`MAX_ARGS`]
-    /// arguments and [`MAX_ENV`] variables, each variable named without `=`; constraints that
-    /// name an attribute. No text holds NUL or another control character, but for tab,
+    /// arguments and [`MAX_ENV`] variables, each variable named without `=`; constraints,
+    /// affinities and spreads whose values suit their operators ([`Constraint::check`]). No text holds NUL or another control character, but for tab,
     /// newline and carriage return in arguments and variables' values.
     ///
     /// # Errors
@@ -557,15 +546,37 @@ impl Job {
             }
             for (c, constraint) in group.constraints.iter().enumerate() {
                 let at = format!("groups[{i}].constraints[{c}]");
-                if constraint.attribute.is_empty() {
-                    return Err(invalid(format!("{at}.attribute"), "must name an attribute"));
-                }
                 check_text(
                     &format!("{at}.attribute"),
                     &constraint.attribute,
                     Text::Name,
                 )?;
                 check_text(&format!("{at}.value"), &constraint.value, Text::Name)?;
+                constraint
+                    .check()
+                    .map_err(|(part, problem)| invalid(format!("{at}.{part}"), problem))?;
+            }
+            for (a, affinity) in group.affinities.iter().enumerate() {
+                let at = format!("groups[{i}].affinities[{a}]");
+                check_text(&format!("{at}.attribute"), &affinity.attribute, Text::Name)?;
+                check_text(&format!("{at}.value"), &affinity.value, Text::Name)?;
+                affinity
+                    .check()
+                    .map_err(|(part, problem)| invalid(format!("{at}.{part}"), problem))?;
+            }
+            for (s, spread) in group.spreads.iter().enumerate() {
+                let at = format!("groups[{i}].spreads[{s}]");
+                check_text(&format!("{at}.attribute"), &spread.attribute, Text::Name)?;
+                for (t, target) in spread.targets.iter().enumerate() {
+                    check_text(
+                        &format!("{at}.targets[{t}].value"),
+                        &target.value,
+                        Text::Name,
+                    )?;
+                }
+                spread
+                    .check()
+                    .map_err(|(part, problem)| invalid(format!("{at}.{part}"), problem))?;
             }
         }
         Ok(())
@@ -710,17 +721,31 @@ mod tests {
     }
 
     #[test]
-    fn constraints_compare_attributes() {
-        let attributes = BTreeMap::from([("rack".to_owned(), "r1".to_owned())]);
-        let on = |op, value: &str| Constraint {
-            attribute: "rack".into(),
-            op,
-            value: value.into(),
+    fn placement_rules_are_checked_where_they_are() {
+        let regexp = TaskGroup {
+            command: "true".into(),
+            constraints: vec![Constraint {
+                attribute: "rack".into(),
+                op: crate::ConstraintOp::Regexp,
+                value: "(r1".into(),
+            }],
+            ..TaskGroup::default()
         };
-        assert!(on(ConstraintOp::Equal, "r1").admits(&attributes));
-        assert!(!on(ConstraintOp::Equal, "r2").admits(&attributes));
-        assert!(on(ConstraintOp::NotEqual, "r2").admits(&attributes));
-        assert!(!on(ConstraintOp::NotEqual, "r1").admits(&attributes));
-        assert!(on(ConstraintOp::NotEqual, "r1").admits(&BTreeMap::new()));
+        let error = one_group_job(regexp).validate().unwrap_err();
+        assert_eq!(error.field(), "groups[0].constraints[0].value", "{error}");
+        let spread = TaskGroup {
+            command: "true".into(),
+            spreads: vec![Spread {
+                attribute: "zone".into(),
+                weight: 50,
+                targets: vec![crate::SpreadTarget {
+                    value: "a".into(),
+                    percent: 101,
+                }],
+            }],
+            ..TaskGroup::default()
+        };
+        let error = one_group_job(spread).validate().unwrap_err();
+        assert_eq!(error.field(), "groups[0].spreads[0].targets", "{error}");
     }
 }

@@ -10,8 +10,10 @@
 //! - [`clock`]: the wall clock records are stamped with (a simulation installs its own).
 //! - [`resources`]: [`Resources`] and the one rule for whether a task fits
 //!   ([`Resources::fits_in`]), used by schedulers, the blocked-queue and the plan applier alike.
-//! - [`job`]: [`Job`], [`TaskGroup`], [`Constraint`], [`SchedulerType`], and [`Job::validate`],
-//!   whose errors name the field.
+//! - [`job`]: [`Job`], [`TaskGroup`], [`SchedulerType`], and [`Job::validate`], whose errors
+//!   name the field.
+//! - [`placement`]: where a group's tasks may run and would rather run: [`Constraint`]s,
+//!   [`Affinity`]s and [`Spread`]s, and the one set of matching rules for them.
 //! - [`eval`]: [`Evaluation`], [`EvalId`], [`EvalStatus`], [`Trigger`].
 //! - [`task`]: [`Task`] and [`TaskState`], where a task is in its life.
 //! - [`namespace`]: [`Namespace`], its [`Quota`] (and [`QuotaUsage`], a namespace's tasks
@@ -31,6 +33,7 @@ pub mod error;
 pub mod eval;
 pub mod job;
 pub mod namespace;
+pub mod placement;
 pub mod resources;
 pub mod task;
 
@@ -39,13 +42,15 @@ pub use demand::Demand;
 pub use error::FieldError;
 pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};
 pub use job::{
-    BATCH_LOST_AFTER, Constraint, ConstraintOp, DEFAULT_MAX_JOB_BYTES, DEFAULT_PRIORITY,
-    Disconnect, DisconnectPolicy, Job, JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING,
-    Reconcile, SchedulerType, TaskGroup,
+    BATCH_LOST_AFTER, DEFAULT_MAX_JOB_BYTES, DEFAULT_PRIORITY, Disconnect, DisconnectPolicy, Job,
+    JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING, Reconcile, SchedulerType, TaskGroup,
 };
 pub use namespace::{
     DEFAULT_NAMESPACE, Namespace, Quota, QuotaUsage, job_id, namespace_of, split_job_id,
     task_namespace,
+};
+pub use placement::{
+    Affinity, Constraint, ConstraintOp, DEFAULT_SPREAD_WEIGHT, Spread, SpreadTarget,
 };
 pub use resources::{Resources, utilization};
 pub use task::{Task, TaskState};

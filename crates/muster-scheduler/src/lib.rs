@@ -23,6 +23,10 @@
 //!   which tasks must stop; shared by every scheduler.
 //! - [`scheduler`]: the [`Scheduler`] and [`Placer`] traits, [`PlacingScheduler`], and the
 //!   built-in [`binpack()`] and [`spread()`].
+//! - `search`: the search for a slot's candidates while a plan is built: the agents as the
+//!   plan leaves them, and what each is to the slot's group.
+//! - [`ranking`]: how candidates rank beyond fit: the job's anti-affinity, the group's
+//!   affinities and spreads.
 //! - `quota`: a namespace's tasks counted against its quota while a plan is built.
 //! - [`worker`]: the [`Backend`] a worker talks to (broker, snapshots, plan applier, registry)
 //!   and the [`Worker`] loop: dequeue, snapshot, schedule, submit, retry, block or complete,
@@ -33,12 +37,15 @@
 //! - [`remote`]: workers in their own program: [`RemoteBackend`] reaches the leading master
 //!   over gRPC, following the leader.
 
+mod candidate;
 pub mod plan;
 pub mod protocol;
 mod quota;
+pub mod ranking;
 pub mod reconcile;
 pub mod remote;
 pub mod scheduler;
+mod search;
 pub mod wire;
 pub mod worker;
 

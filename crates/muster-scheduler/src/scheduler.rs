@@ -24,17 +24,18 @@
 //! the agents hold now.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
-use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
-use muster_model::{AgentId, Evaluation, Resources, utilization};
+use muster_model::{AgentId, Evaluation};
 
 use muster_model::Demand;
 
-use crate::plan::{AgentView, ClusterSnapshot, Plan};
+use crate::plan::{ClusterSnapshot, Plan};
 use crate::reconcile::{SlotRequest, reconcile};
+use crate::search::Search;
+
+pub use crate::candidate::Candidate;
 
 /// Turns an evaluation and a snapshot into a plan. Schedulers plan optimistically against a
 /// snapshot that may be stale; the plan applier has the last word.
@@ -53,38 +54,6 @@ impl<S: Scheduler + ?Sized> Scheduler for Box<S> {
 
     fn schedule(&mut self, eval: &Evaluation, snapshot: &ClusterSnapshot) -> Plan {
         (**self).schedule(eval, snapshot)
-    }
-}
-
-/// An agent a task fits on, as it stands with this plan's placements so far.
-#[derive(Clone, Debug)]
-pub struct Candidate<'a> {
-    /// The agent as the snapshot has it.
-    pub agent: &'a AgentView,
-    /// What its non-terminal tasks and this plan's placements on it hold.
-    pub used: Resources,
-    /// What is left: its total minus `used`.
-    pub free: Resources,
-    /// Its non-terminal tasks, this plan's placements included.
-    pub tasks: usize,
-    /// Those of them that belong to the job being planned.
-    pub job_tasks: usize,
-}
-
-impl Candidate<'_> {
-    /// The agent's id.
-    pub fn id(&self) -> &AgentId {
-        &self.agent.id
-    }
-
-    /// How full it is now (see [`utilization`](crate::utilization)).
-    pub fn utilization(&self) -> f64 {
-        utilization(&self.used, &self.agent.total)
-    }
-
-    /// How full it would be with a task needing `need` added.
-    pub fn utilization_with(&self, need: &Resources) -> f64 {
-        utilization(&self.used.saturating_add(need), &self.agent.total)
     }
 }
 
@@ -191,224 +160,6 @@ impl<P: Placer + Send> Scheduler for PlacingScheduler<P> {
     }
 }
 
-/// What a plan placed on one agent so far.
-#[derive(Debug, Default)]
-struct Added {
-    used: Resources,
-    tasks: usize,
-}
-
-/// One group's search for agents while a plan is built.
-#[derive(Debug)]
-struct GroupSearch {
-    /// The order it looks at agents in.
-    walk: Walk,
-    /// How far along `walk` the next slot's search starts.
-    cursor: usize,
-    /// Nothing fits any agent any more: free capacity only shrinks while planning, so its
-    /// later (unpinned) slots need no search.
-    exhausted: bool,
-    /// The agent its last slot went to, offered again while the task fits there (so that a
-    /// bin-packing placer fills it before the next one).
-    last: Option<usize>,
-}
-
-/// A walk over agent positions `0..len` that visits each once per round: step `k` is
-/// `(start + k * step) mod len`, with `step` coprime to `len`. In id order (start 0, step 1)
-/// for a placer that sees every candidate; from a random start with a random step for one
-/// with a limit, so that a search looks at a random-looking sample without shuffling (or even
-/// reading) every agent first.
-#[derive(Debug)]
-struct Walk {
-    start: usize,
-    step: usize,
-    len: usize,
-}
-
-impl Walk {
-    fn in_order(len: usize) -> Self {
-        Walk {
-            start: 0,
-            step: 1,
-            len,
-        }
-    }
-
-    fn random(len: usize, rng: &mut fastrand::Rng) -> Self {
-        if len < 2 {
-            return Walk::in_order(len);
-        }
-        let mut step = rng.usize(1..len);
-        while gcd(step, len) != 1 {
-            step = step % (len - 1) + 1;
-        }
-        Walk {
-            start: rng.usize(0..len),
-            step,
-            len,
-        }
-    }
-
-    /// The position visited at step `k`.
-    fn at(&self, k: usize) -> usize {
-        let offset = (k % self.len) as u128 * self.step as u128;
-        ((self.start as u128 + offset) % self.len as u128) as usize
-    }
-}
-
-fn gcd(mut a: usize, mut b: usize) -> usize {
-    while b != 0 {
-        (a, b) = (b, a % b);
-    }
-    a
-}
-
-/// The agents as a plan in progress leaves them: the snapshot's figures plus what the plan
-/// placed so far. Only the agents a slot considers are looked at.
-struct Search<'a> {
-    agents: &'a [Arc<AgentView>],
-    job: &'a str,
-    /// The job name's hash, for finding its tasks on each agent looked at.
-    job_hash: u64,
-    /// The positions of the agents with a task of the job, from the snapshot's job index
-    /// when it holds: an agent not listed has none, with nothing of it read.
-    with_job: Option<&'a [u32]>,
-    added: HashMap<usize, Added>,
-    groups: HashMap<String, GroupSearch>,
-    /// How many candidates a slot's search stops at (`None`: every fitting agent).
-    limit: Option<usize>,
-    rng: fastrand::Rng,
-}
-
-impl<'a> Search<'a> {
-    fn new(
-        agents: &'a [Arc<AgentView>],
-        job: &'a str,
-        with_job: Option<&'a [u32]>,
-        eval: &Evaluation,
-        limit: Option<usize>,
-    ) -> Self {
-        let mut seed = std::hash::DefaultHasher::new();
-        eval.id.hash(&mut seed);
-        Search {
-            agents,
-            job,
-            job_hash: crate::plan::job_hash(job),
-            with_job,
-            added: HashMap::new(),
-            groups: HashMap::new(),
-            limit,
-            rng: fastrand::Rng::with_seed(seed.finish()),
-        }
-    }
-
-    fn used(&self, at: usize) -> Resources {
-        let used = self.agents[at].used();
-        match self.added.get(&at) {
-            Some(added) => used.saturating_add(&added.used),
-            None => used.clone(),
-        }
-    }
-
-    fn fits(&self, at: usize, need: &Resources) -> bool {
-        need.fits_in(&self.agents[at].total.saturating_sub(&self.used(at)))
-    }
-
-    fn candidate(&self, at: usize) -> Candidate<'a> {
-        let agent: &'a AgentView = &self.agents[at];
-        let used = self.used(at);
-        let added = self.added.get(&at).map_or(0, |added| added.tasks);
-        let listed = self
-            .with_job
-            .is_none_or(|with_job| with_job.binary_search(&(at as u32)).is_ok());
-        let job_live = if listed {
-            agent
-                .tasks_of_hashed(self.job, self.job_hash)
-                .iter()
-                .filter(|task| !task.state.is_terminal())
-                .count()
-        } else {
-            0
-        };
-        Candidate {
-            agent,
-            free: agent.total.saturating_sub(&used),
-            used,
-            tasks: agent.live_tasks() + added,
-            job_tasks: job_live + added,
-        }
-    }
-
-    fn place(&mut self, at: usize, need: &Resources, group: &str) {
-        let added = self.added.entry(at).or_default();
-        added.used = added.used.saturating_add(need);
-        added.tasks += 1;
-        if let Some(search) = self.groups.get_mut(group) {
-            search.last = Some(at);
-        }
-    }
-
-    /// The agents (positions) `slot` may go to: its own agent for a pinned slot; otherwise
-    /// every fitting admitted agent, or with a limit, that many found from where the group's
-    /// last search stopped, and the group's last agent if it still fits. In id order.
-    fn fitting(&mut self, slot: &SlotRequest) -> Vec<usize> {
-        let need = slot.resources();
-        let admits = |agent: &AgentView| agent.eligible && agent.admits(slot.constraints());
-        if let Some(pinned) = &slot.agent {
-            return self
-                .agents
-                .binary_search_by(|agent| agent.id.cmp(pinned))
-                .ok()
-                .filter(|&at| admits(&self.agents[at]) && self.fits(at, need))
-                .into_iter()
-                .collect();
-        }
-        let group = slot.group.name.as_str();
-        if !self.groups.contains_key(group) {
-            let walk = match self.limit {
-                Some(_) => Walk::random(self.agents.len(), &mut self.rng),
-                None => Walk::in_order(self.agents.len()),
-            };
-            let search = GroupSearch {
-                walk,
-                cursor: 0,
-                exhausted: false,
-                last: None,
-            };
-            self.groups.insert(group.to_owned(), search);
-        }
-        let Some(search) = self.groups.get(group) else {
-            return Vec::new();
-        };
-        if search.exhausted {
-            return Vec::new();
-        }
-        let mut fitting = Vec::new();
-        let mut looked = 0;
-        let wanted = self.limit.unwrap_or(usize::MAX);
-        let len = self.agents.len();
-        while looked < len && fitting.len() < wanted {
-            let at = search.walk.at(search.cursor + looked);
-            looked += 1;
-            if admits(&self.agents[at]) && self.fits(at, need) {
-                fitting.push(at);
-            }
-        }
-        if let Some(last) = search.last.filter(|last| !fitting.contains(last))
-            && self.fits(last, need)
-        {
-            fitting.push(last);
-        }
-        let (cursor, exhausted) = ((search.cursor + looked) % len.max(1), fitting.is_empty());
-        if let Some(search) = self.groups.get_mut(group) {
-            search.cursor = cursor;
-            search.exhausted = exhausted;
-        }
-        fitting.sort_unstable();
-        fitting
-    }
-}
-
 /// Builds the plan for the evaluation's job, asking `placer` for each missing slot.
 fn build_plan<P: Placer + ?Sized>(
     placer: &mut P,
@@ -440,7 +191,8 @@ fn build_plan<P: Placer + ?Sized>(
         _ => None,
     };
     let limit = placer.candidate_limit(agents.len());
-    let mut search = Search::new(&agents, &reconciled.job, with_job, eval, limit);
+    let stopping = plan.stop.iter().map(|stop| stop.task_id.as_str()).collect();
+    let mut search = Search::new(&agents, &reconciled.job, with_job, stopping, eval, limit);
     let mut quota = if reconciled.missing.is_empty() {
         None
     } else {
@@ -465,8 +217,10 @@ fn build_plan<P: Placer + ?Sized>(
         let chosen = if fitting.is_empty() {
             None
         } else {
-            let candidates: Vec<Candidate<'_>> =
-                fitting.iter().map(|&at| search.candidate(at)).collect();
+            let candidates: Vec<Candidate<'_>> = fitting
+                .iter()
+                .map(|&at| search.candidate(at, slot))
+                .collect();
             let choice = placer.choose(slot, &candidates);
             let found = choice.as_ref().and_then(|id| {
                 candidates
@@ -482,7 +236,7 @@ fn build_plan<P: Placer + ?Sized>(
 
         match chosen {
             Some(at) => {
-                search.place(at, need, &slot.group.name);
+                search.place(at, slot);
                 if let Some(usage) = &mut quota {
                     usage.add(need);
                 }
@@ -511,9 +265,11 @@ fn build_plan<P: Placer + ?Sized>(
 }
 
 /// Chooses the candidate that ends up most utilized, so that agents fill one after another and
-/// whole agents stay free for large tasks. Ties go to the lowest agent id. It is shown a
-/// sample of the fitting agents ([`sampled_candidates`]), among them the one the group's last
-/// slot went to: a plan fills that agent before it moves on.
+/// whole agents stay free for large tasks, ranked with the job's anti-affinity and the group's
+/// affinities and spreads ([`Candidate::score`]): a job's replicas go to agents that run none
+/// of them while such agents are among the candidates. Ties go to the lowest agent id. It is
+/// shown a sample of the fitting agents ([`sampled_candidates`]), among them the one the
+/// group's last slot went to.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BinPack;
 
@@ -526,9 +282,9 @@ impl Placer for BinPack {
         let need = slot.resources();
         candidates
             .iter()
-            .map(|c| (c.utilization_with(need), c.id()))
+            .map(|c| (c.score(c.utilization_with(need), slot), c.id()))
             .reduce(|best, next| {
-                // Higher utilization wins; on a tie the lower id (the earlier one) stays.
+                // The higher score wins; on a tie the lower id (the earlier one) stays.
                 if next.0.total_cmp(&best.0).is_gt() || (next.0 == best.0 && next.1 < best.1) {
                     next
                 } else {
@@ -539,10 +295,11 @@ impl Placer for BinPack {
     }
 }
 
-/// Chooses the candidate with the fewest tasks of the job, then the lowest utilization, so
-/// that a job evens out over the cluster and concurrent schedulers rarely pick the same agent
-/// (as in HashiCorp's "Nomad 2 million container challenge"). Ties go to the lowest agent id.
-/// It is shown a sample of the fitting agents ([`sampled_candidates`]).
+/// Chooses the candidate the group's affinities and spreads prefer ([`Candidate::preference`]),
+/// then the one with the fewest tasks of the job, then the lowest utilization, so that a job
+/// evens out over the cluster and concurrent schedulers rarely pick the same agent (as in
+/// HashiCorp's "Nomad 2 million container challenge"). Ties go to the lowest agent id. It is
+/// shown a sample of the fitting agents ([`sampled_candidates`]).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spread;
 
@@ -556,8 +313,10 @@ impl Placer for Spread {
         candidates
             .iter()
             .min_by(|a, b| {
-                a.job_tasks
-                    .cmp(&b.job_tasks)
+                let preference = |c: &Candidate<'_>| c.preference().unwrap_or(0.0);
+                preference(b)
+                    .total_cmp(&preference(a))
+                    .then_with(|| a.job_tasks.cmp(&b.job_tasks))
                     .then_with(|| {
                         a.utilization_with(need)
                             .total_cmp(&b.utilization_with(need))
@@ -583,9 +342,10 @@ mod tests {
     use std::collections::BTreeMap;
     use std::sync::Arc;
 
-    use muster_model::TaskGroup;
+    use muster_model::{Resources, TaskGroup};
 
     use super::*;
+    use crate::plan::AgentView;
 
     fn view(id: &str, cpus: f64) -> AgentView {
         AgentView::new(
@@ -625,6 +385,9 @@ mod tests {
             used,
             tasks: job_tasks,
             job_tasks,
+            group_tasks: job_tasks,
+            affinity: None,
+            spread: None,
         }
     }
 
@@ -673,25 +436,5 @@ mod tests {
         // cpu 1/4 and mem 0/1024, then cpu 2/4.
         assert_eq!(c.utilization(), 0.125);
         assert_eq!(c.utilization_with(slot().resources()), 0.25);
-    }
-
-    #[test]
-    fn a_random_walk_visits_every_agent_once_a_round() {
-        let mut rng = fastrand::Rng::with_seed(3);
-        for len in [1, 2, 3, 4, 12, 97, 100, 1_000, 1_024] {
-            for _ in 0..20 {
-                let walk = Walk::random(len, &mut rng);
-                for round in [0, 1, 5] {
-                    let mut seen: Vec<usize> = (0..len).map(|k| walk.at(round * len + k)).collect();
-                    seen.sort_unstable();
-                    assert_eq!(seen, (0..len).collect::<Vec<_>>(), "len {len}");
-                }
-            }
-        }
-        let walk = Walk::in_order(5);
-        assert_eq!(
-            (0..7).map(|k| walk.at(k)).collect::<Vec<_>>(),
-            [0, 1, 2, 3, 4, 0, 1]
-        );
     }
 }

@@ -341,9 +341,24 @@ mod tests {
                 constraints: vec![
                     rack(ConstraintOp::Equal, "r1"),
                     rack(ConstraintOp::NotEqual, "r2"),
+                    rack(ConstraintOp::Regexp, "^r[0-9]+$"),
                 ],
                 spec_version: 7,
                 user: String::new(),
+                affinities: vec![muster_model::Affinity {
+                    attribute: "zone".into(),
+                    op: ConstraintOp::SetContains,
+                    value: "a,b".into(),
+                    weight: -25,
+                }],
+                spreads: vec![muster_model::Spread {
+                    attribute: "zone".into(),
+                    weight: 80,
+                    targets: vec![muster_model::SpreadTarget {
+                        value: "a".into(),
+                        percent: 40,
+                    }],
+                }],
             }],
             stopped: true,
             version: 9,
@@ -645,7 +660,7 @@ mod tests {
         let proto = model_pb::Demand {
             resources: Some(model_pb::Resources::default()),
             constraints: vec![model_pb::Constraint {
-                op: 3,
+                op: 99,
                 ..model_pb::Constraint::default()
             }],
             over_quota: String::new(),

@@ -289,7 +289,10 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
                 "name": "greeter", "type": "batch",
                 "group": [{ "name": "hello", "count": 1, "command": "sh",
                             "args": ["-c", "echo hello-from-the-task; sleep 3"],
-                            "cpus": 0.1, "mem_mb": 32 }]
+                            "cpus": 0.1, "mem_mb": 32,
+                            "constraint": [{ "operator": "distinct_hosts" }],
+                            "spread": [{ "attribute": "zone",
+                                         "target": [{ "value": "eu-1", "percent": 50 }] }] }]
             });
             page.run(&format!(
                 "fetch('/v1/jobs', {{method: 'POST', headers: {{'X-Muster-Token': '{}'}}, body: JSON.stringify({job})}}); return true",
@@ -301,6 +304,10 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
             )?;
             page.click("a[href=\"#/job/default/greeter\"]")?;
             page.run("window.__sameDocument = true; return true")?;
+            page.until(
+                "the group's placement rules",
+                "return (document.querySelector('.placement[data-group=\"hello\"]')?.textContent || '') === 'placement: distinct_hosts · spread zone (eu-1 50%) weight 50'",
+            )?;
             page.until(
                 "the task running",
                 "return [...document.querySelectorAll('td.task-state')].some(td => td.textContent === 'running')",

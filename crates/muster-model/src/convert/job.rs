@@ -8,9 +8,9 @@ use crate::convert::{
     unsorted,
 };
 use crate::error::FieldError;
-use crate::job::{
-    Constraint, ConstraintOp, DEFAULT_PRIORITY, Disconnect, Job, Reconcile, SchedulerType,
-    TaskGroup,
+use crate::job::{DEFAULT_PRIORITY, Disconnect, Job, Reconcile, SchedulerType, TaskGroup};
+use crate::placement::{
+    Affinity, Constraint, ConstraintOp, DEFAULT_SPREAD_WEIGHT, Spread, SpreadTarget,
 };
 use crate::resources::Resources;
 
@@ -43,6 +43,12 @@ impl From<ConstraintOp> for i32 {
         let proto = match op {
             ConstraintOp::Equal => pb::ConstraintOp::Equal,
             ConstraintOp::NotEqual => pb::ConstraintOp::NotEqual,
+            ConstraintOp::Regexp => pb::ConstraintOp::Regexp,
+            ConstraintOp::Version => pb::ConstraintOp::Version,
+            ConstraintOp::SetContains => pb::ConstraintOp::SetContains,
+            ConstraintOp::IsSet => pb::ConstraintOp::IsSet,
+            ConstraintOp::IsNotSet => pb::ConstraintOp::IsNotSet,
+            ConstraintOp::DistinctHosts => pb::ConstraintOp::DistinctHosts,
         };
         proto as i32
     }
@@ -55,6 +61,12 @@ impl TryFrom<i32> for ConstraintOp {
         match pb::ConstraintOp::try_from(proto) {
             Ok(pb::ConstraintOp::Equal) => Ok(ConstraintOp::Equal),
             Ok(pb::ConstraintOp::NotEqual) => Ok(ConstraintOp::NotEqual),
+            Ok(pb::ConstraintOp::Regexp) => Ok(ConstraintOp::Regexp),
+            Ok(pb::ConstraintOp::Version) => Ok(ConstraintOp::Version),
+            Ok(pb::ConstraintOp::SetContains) => Ok(ConstraintOp::SetContains),
+            Ok(pb::ConstraintOp::IsSet) => Ok(ConstraintOp::IsSet),
+            Ok(pb::ConstraintOp::IsNotSet) => Ok(ConstraintOp::IsNotSet),
+            Ok(pb::ConstraintOp::DistinctHosts) => Ok(ConstraintOp::DistinctHosts),
             Ok(pb::ConstraintOp::Unspecified) | Err(_) => Err(bad_enum(proto)),
         }
     }
@@ -82,6 +94,95 @@ impl TryFrom<pb::Constraint> for Constraint {
     }
 }
 
+impl From<Affinity> for pb::Affinity {
+    fn from(affinity: Affinity) -> Self {
+        pb::Affinity {
+            attribute: affinity.attribute,
+            op: affinity.op.into(),
+            value: affinity.value,
+            weight: affinity.weight.into(),
+        }
+    }
+}
+
+impl TryFrom<pb::Affinity> for Affinity {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::Affinity) -> Result<Self, FieldError> {
+        let op = match proto.op {
+            0 => ConstraintOp::Equal,
+            other => read(other, "op")?,
+        };
+        let weight = i8::try_from(proto.weight)
+            .ok()
+            .filter(|w| (-100..=100).contains(w))
+            .ok_or_else(|| {
+                FieldError::new(
+                    "weight",
+                    format!("{} is not within -100..=100", proto.weight),
+                )
+            })?;
+        Ok(Affinity {
+            attribute: proto.attribute,
+            op,
+            value: proto.value,
+            weight,
+        })
+    }
+}
+
+impl From<Spread> for pb::Spread {
+    fn from(spread: Spread) -> Self {
+        pb::Spread {
+            attribute: spread.attribute,
+            weight: spread.weight.into(),
+            targets: spread
+                .targets
+                .into_iter()
+                .map(|t| pb::SpreadTarget {
+                    value: t.value,
+                    percent: t.percent.into(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl TryFrom<pb::Spread> for Spread {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::Spread) -> Result<Self, FieldError> {
+        let weight = match proto.weight {
+            0 => DEFAULT_SPREAD_WEIGHT,
+            w => u8::try_from(w)
+                .ok()
+                .filter(|w| *w <= 100)
+                .ok_or_else(|| FieldError::new("weight", format!("{w} is not within 1..=100")))?,
+        };
+        let mut targets = Vec::with_capacity(proto.targets.len());
+        for (t, target) in proto.targets.into_iter().enumerate() {
+            let percent = u8::try_from(target.percent)
+                .ok()
+                .filter(|p| *p <= 100)
+                .ok_or_else(|| {
+                    FieldError::new(
+                        format!("targets[{t}].percent"),
+                        format!("{} is not within 0..=100", target.percent),
+                    )
+                })?;
+            targets.push(SpreadTarget {
+                value: target.value,
+                percent,
+            });
+        }
+        Ok(Spread {
+            attribute: proto.attribute,
+            weight,
+            targets,
+        })
+    }
+}
+
 impl From<TaskGroup> for pb::TaskGroup {
     fn from(group: TaskGroup) -> Self {
         pb::TaskGroup {
@@ -96,6 +197,8 @@ impl From<TaskGroup> for pb::TaskGroup {
             user: group.user,
             migrate_max_parallel: group.migrate_max_parallel,
             disconnect: Some(group.disconnect.into()),
+            affinities: all(group.affinities),
+            spreads: all(group.spreads),
         }
     }
 }
@@ -155,6 +258,8 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
                 Some(disconnect) => read(disconnect, "disconnect")?,
                 None => Disconnect::default(),
             },
+            affinities: each(proto.affinities, "affinities")?,
+            spreads: each(proto.spreads, "spreads")?,
         })
     }
 }
@@ -266,6 +371,8 @@ impl Job {
                 user: group.user,
                 migrate_max_parallel: group.migrate_max_parallel,
                 disconnect,
+                affinities: each(group.affinities, &format!("{field}.affinities"))?,
+                spreads: each(group.spreads, &format!("{field}.spreads"))?,
             });
         }
         let job = Job {
@@ -310,6 +417,20 @@ mod tests {
                 user: String::new(),
                 migrate_max_parallel: 0,
                 disconnect: None,
+                affinities: vec![pb::Affinity {
+                    attribute: "zone".into(),
+                    op: pb::ConstraintOp::Regexp as i32,
+                    value: "^eu-".into(),
+                    weight: -40,
+                }],
+                spreads: vec![pb::Spread {
+                    attribute: "zone".into(),
+                    weight: 70,
+                    targets: vec![pb::SpreadTarget {
+                        value: "eu-1".into(),
+                        percent: 60,
+                    }],
+                }],
             }],
             stopped: false,
             version: 0,
@@ -322,6 +443,8 @@ mod tests {
         assert_eq!(job.priority, DEFAULT_PRIORITY);
         assert_eq!(job.scheduler, SchedulerType::Service);
         assert_eq!(job.groups[0].constraints[0].op, ConstraintOp::NotEqual);
+        assert_eq!(job.groups[0].affinities[0].weight, -40);
+        assert_eq!(job.groups[0].spreads[0].targets[0].percent, 60);
         let mut back = submitted();
         back.priority = 50;
         back.scheduler = pb::SchedulerType::Service as i32;
@@ -373,12 +496,28 @@ mod tests {
             ),
             (|s| s.groups[0].command = " ".into(), "groups[0].command"),
             (
-                |s| s.groups[0].constraints[0].op = 7,
+                |s| s.groups[0].constraints[0].op = 99,
                 "groups[0].constraints[0].op",
             ),
             (
                 |s| s.groups[0].constraints[0].attribute = String::new(),
                 "groups[0].constraints[0].attribute",
+            ),
+            (
+                |s| s.groups[0].affinities[0].weight = 0,
+                "groups[0].affinities[0].weight",
+            ),
+            (
+                |s| s.groups[0].affinities[0].weight = 1000,
+                "groups[0].affinities[0].weight",
+            ),
+            (
+                |s| s.groups[0].spreads[0].targets[0].percent = 101,
+                "groups[0].spreads[0].targets[0].percent",
+            ),
+            (
+                |s| s.groups[0].spreads[0].attribute = String::new(),
+                "groups[0].spreads[0].attribute",
             ),
             (
                 |s| {

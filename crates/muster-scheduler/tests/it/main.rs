@@ -5,6 +5,7 @@ mod common;
 
 mod drain;
 mod placement;
+mod preferences;
 mod quota;
 mod reconcile;
 mod worker;

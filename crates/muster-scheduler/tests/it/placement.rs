@@ -16,28 +16,59 @@ fn schedulers() -> Vec<Box<dyn Scheduler>> {
     vec![Box::new(binpack()), Box::new(spread())]
 }
 
+/// Agents a1, a2 and a3 of 4 CPUs and 4 GiB, listed out of order.
+fn three_agents_of_4_cpus() -> Vec<AgentView> {
+    vec![
+        agent("a3", 4.0, 4096),
+        agent("a1", 4.0, 4096),
+        agent("a2", 4.0, 4096),
+    ]
+}
+
 #[test]
 fn binpack_fills_one_agent_before_the_next() {
+    // Six groups of one task each: no task of a group meets another of its group.
     let web = job(
         "web",
         SchedulerType::Service,
-        vec![group("fe", 6, 1.0, 256)],
+        (0..6)
+            .map(|i| group(&format!("fe{i}"), 1, 1.0, 256))
+            .collect(),
     );
-    let snap = snapshot(
-        3,
-        vec![
-            agent("a3", 4.0, 4096),
-            agent("a1", 4.0, 4096),
-            agent("a2", 4.0, 4096),
-        ],
-        vec![web.clone()],
-    );
+    let snap = snapshot(3, three_agents_of_4_cpus(), vec![web.clone()]);
     let plan = binpack().schedule(&eval_for(&web), &snap);
     assert_eq!(
         per_agent(&plan),
         BTreeMap::from([("a1".into(), 4), ("a2".into(), 2)])
     );
     assert!(plan.unplaced.is_empty());
+}
+
+#[test]
+fn binpack_spreads_a_groups_replicas_over_agents_by_default() {
+    // Nomad's job anti-affinity: one agent's loss takes one replica, not the service.
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![group("fe", 6, 1.0, 256)],
+    );
+    let snap = snapshot(3, three_agents_of_4_cpus(), vec![web.clone()]);
+    let plan = binpack().schedule(&eval_for(&web), &snap);
+    assert_eq!(
+        per_agent(&plan),
+        BTreeMap::from([("a1".into(), 2), ("a2".into(), 2), ("a3".into(), 2)])
+    );
+    // With room for only two of them, replicas share an agent rather than stay unplaced.
+    let snap = snapshot(
+        3,
+        vec![agent("a1", 4.0, 4096), agent("a2", 4.0, 4096)],
+        vec![web.clone()],
+    );
+    let plan = binpack().schedule(&eval_for(&web), &snap);
+    assert_eq!(
+        per_agent(&plan),
+        BTreeMap::from([("a1".into(), 3), ("a2".into(), 3)])
+    );
 }
 
 #[test]
@@ -71,9 +102,9 @@ fn binpack_prefers_the_agent_that_ends_up_fullest() {
         per_agent(&plan),
         BTreeMap::from([("a1".into(), 1), ("a2".into(), 2)])
     );
-    // The first placements went to a2.
+    // The first placement went to a2; the second to a1, which ran no replica yet.
     assert_eq!(plan.place[0].agent, id("a2"));
-    assert_eq!(plan.place[1].agent, id("a2"));
+    assert_eq!(plan.place[1].agent, id("a1"));
 }
 
 #[test]
@@ -650,12 +681,11 @@ fn web_in_a_large_cluster(count: u32, cpus: f64) -> (Job, ClusterSnapshot) {
 }
 
 #[test]
-fn binpack_in_a_large_cluster_still_fills_one_agent_before_the_next() {
+fn binpack_in_a_large_cluster_puts_each_replica_on_its_own_agent() {
     let (web, snap) = web_in_a_large_cluster(10, 1.0);
     let plan = binpack().schedule(&eval_for(&web), &snap);
-    let mut loads: Vec<usize> = per_agent(&plan).into_values().collect();
-    loads.sort_unstable();
-    assert_eq!(loads, [2, 4, 4], "three agents, two of them full");
+    assert_eq!(plan.place.len(), 10);
+    assert!(per_agent(&plan).values().all(|&n| n == 1));
 }
 
 #[test]

@@ -345,8 +345,9 @@ async fn the_success_path_places_completes_and_acks() {
 
 #[tokio::test(start_paused = true)]
 async fn a_partial_rejection_refreshes_and_places_the_rest() {
-    // Binpack plans 4 tasks on a1 and 2 on a2; meanwhile another scheduler's task lands on a1,
-    // so one of this plan's a1 placements no longer fits.
+    // Binpack plans 2 tasks on each agent (the job's anti-affinity spreads them); meanwhile
+    // another scheduler's task of 3 CPUs lands on a1, so one of this plan's a1 placements no
+    // longer fits.
     let (fake, eval) = setup(3, 6);
     fake.lock()
         .before_submit
@@ -356,7 +357,7 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
                     "other.x[0]",
                     "other",
                     "x",
-                    1.0,
+                    3.0,
                     256,
                     TaskState::Staging,
                 )));
@@ -374,7 +375,7 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
         })
     );
     let calls = fake.calls();
-    // The first plan (4 on a1, 2 on a2) lost one a1 placement; the applier's index was 12
+    // The first plan (2 on each agent) lost one a1 placement; the applier's index was 12
     // (the other scheduler's commit, then this plan), and the retry planned against it.
     assert_eq!(calls[1], Call::Snapshot(10));
     assert_eq!(calls[2], Call::Submit { place: 6, stop: 0 });
@@ -390,7 +391,7 @@ async fn a_partial_rejection_refreshes_and_places_the_rest() {
     names.sort();
     names.dedup();
     assert_eq!(names.len(), 6, "every slot filled once: {names:?}");
-    assert_eq!(live.iter().filter(|(a, _)| a == "a1").count(), 3);
+    assert_eq!(live.iter().filter(|(a, _)| a == "a1").count(), 1);
     let stats = worker.stats();
     assert_eq!(
         (

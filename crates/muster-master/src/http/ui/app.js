@@ -161,6 +161,18 @@ async function jobsPage(_, show) {
 // A job document's groups in a line each: `web × 3: sleep 600`.
 const groupLines = (spec) => (spec.group || []).map((g) => `${g.name} × ${g.count}: ${g.command} ${(g.args || []).join(" ")}`);
 
+// Where a group's tasks may and would rather go, in words: `distinct_hosts · rack != r1 ·
+// spread zone (eu-1 50%) weight 50 · affinity disk = ssd weight 40`; empty without rules.
+const placementRules = (g) => [
+  ...(g.constraint || []).map((c) => c.operator === "distinct_hosts"
+    ? "distinct_hosts" : `${c.attribute} ${c.operator || "="} ${c.value || ""}`.trim()),
+  ...(g.spread || []).map((s) => {
+    const targets = (s.target || []).map((t) => `${t.value} ${t.percent}%`).join(", ");
+    return `spread ${s.attribute}${targets ? ` (${targets})` : ""} weight ${s.weight || 50}`;
+  }),
+  ...(g.affinity || []).map((a) => `affinity ${a.attribute} ${a.operator || "="} ${a.value || ""} weight ${a.weight}`),
+].join(" · ");
+
 async function jobPage([namespace, name], show) {
   const [job, history] = await Promise.all([
     api(jobApi(namespace, name)),
@@ -175,7 +187,11 @@ async function jobPage([namespace, name], show) {
       job.stopped ? [" — ", badge("stopped")] : null),
     stopControls(namespace, name, job.stopped),
     state.actionError ? h("p", { class: "error", id: "action-error" }, state.actionError) : null,
-    h("ul", {}, groups.map((g) => h("li", {}, h("code", {}, g)))),
+    h("ul", {}, groups.map((g, i) => {
+      const rules = placementRules(spec.group[i]);
+      return h("li", {}, h("code", {}, g),
+        rules ? h("div", { class: "placement", "data-group": spec.group[i].name }, "placement: ", h("code", {}, rules)) : null);
+    })),
     h("h2", {}, "Tasks"),
     table(["Name", "Id", "Agent", "State", "Exit ", "Reason", ""],
       job.tasks.map((t) => h("tr", { "data-task": t.id },

@@ -43,6 +43,7 @@ pub(crate) fn group(name: &str, count: u32, cpus: f64, mem_mb: u64) -> TaskGroup
         constraints: Vec::new(),
         spec_version: 0,
         user: String::new(),
+        ..TaskGroup::default()
     }
 }
 

@@ -1,0 +1,369 @@
+//! The search for a slot's candidates while a plan is built ([`Search`]): the agents as the
+//! plan in progress leaves them (the snapshot's figures plus its placements so far), walked
+//! from a random start for a placer with a candidate limit, and what each candidate is to the
+//! slot's group: how many of its tasks run there, and how the group's affinities and spreads
+//! rank it ([`crate::ranking`]).
+//!
+//! Only the agents a slot considers are looked at, and a group's spreads count only the
+//! agents that hold the job's tasks (the snapshot's job index): a run's cost follows its job.
+
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
+use std::sync::Arc;
+
+use muster_model::{Constraint, Evaluation, Resources};
+
+use crate::candidate::Candidate;
+use crate::plan::AgentView;
+use crate::ranking::{self, SpreadCounts};
+use crate::reconcile::SlotRequest;
+
+/// What a plan placed on one agent so far.
+#[derive(Debug, Default)]
+struct Added {
+    used: Resources,
+    tasks: usize,
+    /// Of `tasks`, how many of each group.
+    by_group: Vec<(Box<str>, usize)>,
+}
+
+impl Added {
+    fn of_group(&self, group: &str) -> usize {
+        self.by_group
+            .iter()
+            .find(|(name, _)| &**name == group)
+            .map_or(0, |(_, n)| *n)
+    }
+}
+
+/// One group's search for agents while a plan is built.
+#[derive(Debug)]
+struct GroupSearch {
+    /// The order it looks at agents in.
+    walk: Walk,
+    /// How far along `walk` the next slot's search starts.
+    cursor: usize,
+    /// Nothing fits any agent any more: free capacity only shrinks while planning, so its
+    /// later (unpinned) slots need no search.
+    exhausted: bool,
+    /// The agent its last slot went to, offered again while the task fits there (so that a
+    /// bin-packing placer fills it before the next one).
+    last: Option<usize>,
+    /// Its tasks per value of each of its spreads' attributes, this plan's placements
+    /// included (empty for a group without spreads).
+    spreads: Vec<SpreadCounts>,
+}
+
+/// A walk over agent positions `0..len` that visits each once per round. In id order for a
+/// placer that sees every candidate. For one with a limit, step `k` visits `p(start + k)` for a
+/// permutation `p` of `0..len` keyed from the evaluation (a four-round Feistel network on the
+/// next even power of two, walked until it lands inside `0..len`), so that a search looks at a
+/// well-mixed sample without shuffling (or even reading) every agent first: agents whose ids
+/// sort together (`zone-a-…`, `rack-7-…`) are not looked at together.
+#[derive(Debug)]
+struct Walk {
+    start: u64,
+    len: u64,
+    /// Bits in each half of the Feistel network's blocks; 0 for the walk in id order.
+    half_bits: u32,
+    keys: [u64; 4],
+}
+
+impl Walk {
+    fn in_order(len: usize) -> Self {
+        Walk {
+            start: 0,
+            len: len as u64,
+            half_bits: 0,
+            keys: [0; 4],
+        }
+    }
+
+    fn random(len: usize, rng: &mut fastrand::Rng) -> Self {
+        if len < 2 {
+            return Walk::in_order(len);
+        }
+        let bits = u64::BITS - (len as u64 - 1).leading_zeros();
+        Walk {
+            start: rng.u64(0..len as u64),
+            len: len as u64,
+            half_bits: bits.div_ceil(2),
+            keys: [rng.u64(..), rng.u64(..), rng.u64(..), rng.u64(..)],
+        }
+    }
+
+    /// The position visited at step `k`.
+    fn at(&self, k: usize) -> usize {
+        let mut x = (self.start + k as u64 % self.len) % self.len;
+        if self.half_bits == 0 {
+            return x as usize;
+        }
+        // Cycle walking: the network permutes 0..4^half_bits, a superset of 0..len (at most
+        // four times as large), so a few rounds at most land back inside it.
+        loop {
+            x = self.feistel(x);
+            if x < self.len {
+                return x as usize;
+            }
+        }
+    }
+
+    fn feistel(&self, x: u64) -> u64 {
+        let mask = (1u64 << self.half_bits) - 1;
+        let (mut left, mut right) = (x >> self.half_bits, x & mask);
+        for key in self.keys {
+            let mixed = (right ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let round = (mixed ^ (mixed >> 29)) & mask;
+            (left, right) = (right, left ^ round);
+        }
+        (left << self.half_bits) | right
+    }
+}
+
+/// The agents as a plan in progress leaves them: the snapshot's figures plus what the plan
+/// placed so far. Only the agents a slot considers are looked at.
+pub(crate) struct Search<'a> {
+    agents: &'a [Arc<AgentView>],
+    job: &'a str,
+    /// The job name's hash, for finding its tasks on each agent looked at.
+    job_hash: u64,
+    /// The positions of the agents with a task of the job, from the snapshot's job index
+    /// when it holds: an agent not listed has none, with nothing of it read.
+    with_job: Option<&'a [u32]>,
+    /// The tasks this plan stops: they count towards no group's tasks on their agents (the
+    /// agents still run them, so their resources still count).
+    stopping: HashSet<&'a str>,
+    added: HashMap<usize, Added>,
+    groups: HashMap<String, GroupSearch>,
+    /// How many candidates a slot's search stops at (`None`: every fitting agent).
+    limit: Option<usize>,
+    rng: fastrand::Rng,
+}
+
+impl<'a> Search<'a> {
+    /// A search over `agents` for the slots of `job`, of which this plan stops `stopping`.
+    pub(crate) fn new(
+        agents: &'a [Arc<AgentView>],
+        job: &'a str,
+        with_job: Option<&'a [u32]>,
+        stopping: HashSet<&'a str>,
+        eval: &Evaluation,
+        limit: Option<usize>,
+    ) -> Self {
+        let mut seed = std::hash::DefaultHasher::new();
+        eval.id.hash(&mut seed);
+        Search {
+            agents,
+            job,
+            job_hash: crate::plan::job_hash(job),
+            with_job,
+            stopping,
+            added: HashMap::new(),
+            groups: HashMap::new(),
+            limit,
+            rng: fastrand::Rng::with_seed(seed.finish()),
+        }
+    }
+
+    fn used(&self, at: usize) -> Resources {
+        let used = self.agents[at].used();
+        match self.added.get(&at) {
+            Some(added) => used.saturating_add(&added.used),
+            None => used.clone(),
+        }
+    }
+
+    fn fits(&self, at: usize, need: &Resources) -> bool {
+        need.fits_in(&self.agents[at].total.saturating_sub(&self.used(at)))
+    }
+
+    /// Whether the snapshot may hold tasks of the job on the agent at `at`.
+    fn may_hold_job(&self, at: usize) -> bool {
+        self.with_job
+            .is_none_or(|with_job| with_job.binary_search(&(at as u32)).is_ok())
+    }
+
+    /// The job's live tasks on the agent at `at` in the snapshot: all of them, and those of
+    /// `group` this plan does not stop.
+    fn job_and_group_tasks(&self, at: usize, group: &str) -> (usize, usize) {
+        if !self.may_hold_job(at) {
+            return (0, 0);
+        }
+        let (mut job, mut of_group) = (0, 0);
+        for task in self.agents[at].tasks_of_hashed(self.job, self.job_hash) {
+            if task.state.is_terminal() {
+                continue;
+            }
+            job += 1;
+            if task.group() == group && !self.stopping.contains(task.id()) {
+                of_group += 1;
+            }
+        }
+        (job, of_group)
+    }
+
+    /// The group's tasks on the agent at `at`, this plan's placements included.
+    fn group_tasks(&self, at: usize, group: &str) -> usize {
+        let placed = self.added.get(&at).map_or(0, |added| added.of_group(group));
+        self.job_and_group_tasks(at, group).1 + placed
+    }
+
+    /// Whether the slot may go to the agent at `at`: eligible, admitted by the constraints,
+    /// with room, and (for a group kept on distinct agents) none of the group's tasks there.
+    fn takes(&self, at: usize, slot: &SlotRequest, distinct: bool) -> bool {
+        let agent = &self.agents[at];
+        agent.eligible
+            && agent.admits(slot.constraints())
+            && self.fits(at, slot.resources())
+            && !(distinct && self.group_tasks(at, &slot.group.name) > 0)
+    }
+
+    /// The agent at `at` as a candidate for `slot`.
+    pub(crate) fn candidate(&self, at: usize, slot: &SlotRequest) -> Candidate<'a> {
+        let agent: &'a AgentView = &self.agents[at];
+        let group = slot.group.name.as_str();
+        let used = self.used(at);
+        let added = self.added.get(&at);
+        let (job_live, group_live) = self.job_and_group_tasks(at, group);
+        let spreads = self
+            .groups
+            .get(group)
+            .map_or(&[][..], |search| &search.spreads[..]);
+        Candidate {
+            agent,
+            free: agent.total.saturating_sub(&used),
+            used,
+            tasks: agent.live_tasks() + added.map_or(0, |a| a.tasks),
+            job_tasks: job_live + added.map_or(0, |a| a.tasks),
+            group_tasks: group_live + added.map_or(0, |a| a.of_group(group)),
+            affinity: ranking::affinity(&slot.group.affinities, &agent.attributes),
+            spread: ranking::spread(&slot.group, spreads, &agent.attributes),
+        }
+    }
+
+    /// Records a placement of `slot` on the agent at `at`.
+    pub(crate) fn place(&mut self, at: usize, slot: &SlotRequest) {
+        let group = slot.group.name.as_str();
+        let added = self.added.entry(at).or_default();
+        added.used = added.used.saturating_add(slot.resources());
+        added.tasks += 1;
+        match added.by_group.iter_mut().find(|(name, _)| &**name == group) {
+            Some((_, n)) => *n += 1,
+            None => added.by_group.push((group.into(), 1)),
+        }
+        if let Some(search) = self.groups.get_mut(group) {
+            search.last = Some(at);
+            for counts in &mut search.spreads {
+                counts.add(&self.agents[at].attributes, 1);
+            }
+        }
+    }
+
+    /// The group's tasks per value of each of its spreads' attributes, from the agents that
+    /// may hold the job's tasks.
+    fn spread_counts(&self, slot: &SlotRequest) -> Vec<SpreadCounts> {
+        let group = &slot.group;
+        if group.spreads.is_empty() {
+            return Vec::new();
+        }
+        let mut counts: Vec<SpreadCounts> = group.spreads.iter().map(SpreadCounts::new).collect();
+        let mut count_at = |at: usize| {
+            let n = self.job_and_group_tasks(at, &group.name).1;
+            if n > 0 {
+                for spread in &mut counts {
+                    spread.add(&self.agents[at].attributes, n);
+                }
+            }
+        };
+        match self.with_job {
+            Some(with_job) => with_job.iter().for_each(|&at| count_at(at as usize)),
+            None => (0..self.agents.len()).for_each(&mut count_at),
+        }
+        counts
+    }
+
+    /// The agents (positions) `slot` may go to: its own agent for a pinned slot; otherwise
+    /// every agent that takes it, or with a limit, that many found from where the group's
+    /// last search stopped, and the group's last agent if it still takes it. In id order.
+    pub(crate) fn fitting(&mut self, slot: &SlotRequest) -> Vec<usize> {
+        let distinct = Constraint::any_distinct_hosts(slot.constraints());
+        if let Some(pinned) = &slot.agent {
+            return self
+                .agents
+                .binary_search_by(|agent| agent.id.cmp(pinned))
+                .ok()
+                .filter(|&at| self.takes(at, slot, distinct))
+                .into_iter()
+                .collect();
+        }
+        let group = slot.group.name.as_str();
+        if !self.groups.contains_key(group) {
+            let walk = match self.limit {
+                Some(_) => Walk::random(self.agents.len(), &mut self.rng),
+                None => Walk::in_order(self.agents.len()),
+            };
+            let search = GroupSearch {
+                walk,
+                cursor: 0,
+                exhausted: false,
+                last: None,
+                spreads: self.spread_counts(slot),
+            };
+            self.groups.insert(group.to_owned(), search);
+        }
+        let Some(search) = self.groups.get(group) else {
+            return Vec::new();
+        };
+        if search.exhausted {
+            return Vec::new();
+        }
+        let mut fitting = Vec::new();
+        let mut looked = 0;
+        let wanted = self.limit.unwrap_or(usize::MAX);
+        let len = self.agents.len();
+        while looked < len && fitting.len() < wanted {
+            let at = search.walk.at(search.cursor + looked);
+            looked += 1;
+            if self.takes(at, slot, distinct) {
+                fitting.push(at);
+            }
+        }
+        if let Some(last) = search.last.filter(|last| !fitting.contains(last))
+            && self.takes(last, slot, distinct)
+        {
+            fitting.push(last);
+        }
+        let (cursor, exhausted) = ((search.cursor + looked) % len.max(1), fitting.is_empty());
+        if let Some(search) = self.groups.get_mut(group) {
+            search.cursor = cursor;
+            search.exhausted = exhausted;
+        }
+        fitting.sort_unstable();
+        fitting
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_random_walk_visits_every_agent_once_a_round() {
+        let mut rng = fastrand::Rng::with_seed(3);
+        for len in [1, 2, 3, 4, 12, 97, 100, 1_000, 1_024] {
+            for _ in 0..20 {
+                let walk = Walk::random(len, &mut rng);
+                for round in [0, 1, 5] {
+                    let mut seen: Vec<usize> = (0..len).map(|k| walk.at(round * len + k)).collect();
+                    seen.sort_unstable();
+                    assert_eq!(seen, (0..len).collect::<Vec<_>>(), "len {len}");
+                }
+            }
+        }
+        let walk = Walk::in_order(5);
+        assert_eq!(
+            (0..7).map(|k| walk.at(k)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4, 0, 1]
+        );
+    }
+}
