@@ -217,6 +217,7 @@ impl Storm {
         join_all((0..AGENTS).map(|n| {
             let pid = pid.clone();
             let info = model_pb::AgentInfo {
+                dynamic_ports: Default::default(),
                 hostname: format!("host-{n}"),
                 address: format!("agent-{n}@{address}"),
                 resources: Some(model_pb::Resources {

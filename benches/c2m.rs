@@ -306,6 +306,7 @@ async fn run(variant: Variant, tasks: usize) -> Figures {
         .for_each_concurrent(64, |n| {
             let pid = master.pid().clone();
             let info = model_pb::AgentInfo {
+                dynamic_ports: Default::default(),
                 hostname: format!("host-{n}"),
                 address: format!("{}@{address}", agent_name(n)),
                 resources: Some(model_pb::Resources {

@@ -90,6 +90,7 @@ fn sizes() -> Vec<usize> {
 /// connect timed out, and 100,000 of them run out of file descriptors).
 fn info(n: usize) -> model_pb::AgentInfo {
     model_pb::AgentInfo {
+        dynamic_ports: Default::default(),
         hostname: format!("agent-host-{n}"),
         address: format!("agent-{n}@127.0.0.1:1"),
         resources: Some(model_pb::Resources {

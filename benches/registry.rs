@@ -159,6 +159,7 @@ fn task_group(rng: &mut fastrand::Rng, job: usize, group: usize) -> TaskGroup {
         env.insert(format!("SETTING_{n}"), text(rng, 32));
     }
     TaskGroup {
+        ports: Default::default(),
         name: format!("group-{group}"),
         count: 3 + group as u32,
         resources: Resources {
@@ -256,6 +257,7 @@ fn job_submissions() -> AppendEntriesRequest<TypeConfig> {
 /// Agent `n`, as an agent registers.
 fn agent(n: usize) -> AgentInfo {
     AgentInfo {
+        dynamic_ports: Default::default(),
         hostname: format!("agent-host-{n}.dc1.internal"),
         address: format!("agent@10.0.{}.{}:5051", (n / 250) % 250, n % 250),
         resources: Resources {

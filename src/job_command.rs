@@ -266,15 +266,23 @@ pub(crate) async fn run(
                 let Some(t) = &task.task else { continue };
                 writeln!(
                     out,
-                    "  {:<28} {:<10} exit {:<4} on {}  (id {})",
+                    "  {:<28} {:<10} {:<9} on {}  (id {})",
                     t.name,
                     state_name(t.state),
-                    t.exit_code,
+                    exit_words(t),
                     task.agent_id,
                     t.id
                 )?;
                 if !t.message.is_empty() {
                     writeln!(out, "    {}", t.message)?;
+                }
+                if !t.ports.is_empty() {
+                    let ports: Vec<String> = t
+                        .ports
+                        .iter()
+                        .map(|p| format!("{}={}", p.label, p.port))
+                        .collect();
+                    writeln!(out, "    ports: {}", ports.join(" "))?;
                 }
             }
             writeln!(out, "evaluations (newest first):")?;
@@ -424,9 +432,35 @@ fn task_to_read(tasks: &[&model_pb::Task]) -> Option<String> {
         .map(|t| t.id.clone())
 }
 
+/// A task's exit in words (`exit 3`), or nothing while it has not ended: a running task has no
+/// exit code to show.
+fn exit_words(task: &muster_proto::model::Task) -> String {
+    let ended = muster_model::TaskState::try_from(task.state).is_ok_and(|s| s.is_terminal());
+    if ended {
+        format!("exit {}", task.exit_code)
+    } else {
+        String::new()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_ended_task_shows_an_exit_code() {
+        let task = |state: model_pb::TaskState, exit_code| model_pb::Task {
+            state: state as i32,
+            exit_code,
+            ..model_pb::Task::default()
+        };
+        assert_eq!(exit_words(&task(model_pb::TaskState::Running, 0)), "");
+        assert_eq!(
+            exit_words(&task(model_pb::TaskState::Finished, 0)),
+            "exit 0"
+        );
+        assert_eq!(exit_words(&task(model_pb::TaskState::Failed, 3)), "exit 3");
+    }
 
     #[test]
     fn logs_read_a_running_task_before_the_last_listed() {

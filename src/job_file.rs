@@ -61,6 +61,7 @@ mod tests {
         );
         assert_eq!(group.spreads[0].attribute, "zone");
         assert_eq!(group.spreads[0].weight, 100);
+        assert_eq!(group.ports[0].label, "http");
         Ok(())
     }
 

@@ -45,6 +45,7 @@ pub(super) fn service_slot(n: usize, s: usize) -> (usize, usize) {
 
 pub(super) fn agent_info(n: usize, agents_address: &str) -> model_pb::AgentInfo {
     model_pb::AgentInfo {
+        dynamic_ports: Default::default(),
         hostname: format!("host-{n}"),
         address: format!("agent-{n}@{agents_address}"),
         resources: Some(model_pb::Resources {

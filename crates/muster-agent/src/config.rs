@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use muster_actor::Upid;
+use muster_model::PortRange;
 
 use crate::AgentError;
 use crate::task_uids::{DEFAULT_TASK_UID_RANGE, UidRange};
@@ -59,6 +60,9 @@ pub struct AgentConfig {
     pub task_uid_range: UidRange,
     /// Users a task (its job's group) may name to run as, besides `task_user`; none by default.
     pub allowed_task_users: Vec<String>,
+    /// The ports the agent hands out to tasks that ask for a dynamic one (default
+    /// 20000-32000, as Nomad's): no other program of the machine should listen in it.
+    pub dynamic_ports: PortRange,
     /// How long the agent may be down and still take its running tasks back when it starts
     /// again (default 15 min, as Mesos's `--recovery_timeout`). An agent down longer kills
     /// what it finds still running before it does anything else: by then the cluster has
@@ -143,6 +147,7 @@ impl AgentConfig {
             task_user: None,
             task_uid_range: DEFAULT_TASK_UID_RANGE,
             allowed_task_users: Vec::new(),
+            dynamic_ports: PortRange::default(),
             recovery_timeout: DEFAULT_RECOVERY_TIMEOUT,
             stop_tasks_on_exit: true,
             task_runner: None,
@@ -312,5 +317,37 @@ mod tests {
         config.task_output_check_interval = Duration::ZERO;
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("task_output_check_interval"), "{err}");
+    }
+}
+
+/// A port range as the flag and the config file write it, `MIN-MAX` (`20000-32000`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DynamicPorts(pub PortRange);
+
+impl std::str::FromStr for DynamicPorts {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, String> {
+        PortRange::parse(text).map(DynamicPorts)
+    }
+}
+
+impl std::fmt::Display for DynamicPorts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}-{}", self.0.min, self.0.max)
+    }
+}
+
+/// From the same text as the flag, `"20000-32000"`.
+impl<'de> serde::Deserialize<'de> for DynamicPorts {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl From<DynamicPorts> for PortRange {
+    fn from(ports: DynamicPorts) -> Self {
+        ports.0
     }
 }

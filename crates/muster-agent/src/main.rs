@@ -21,7 +21,7 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 use muster_actor::System;
 use muster_agent::http::HTTP_PORT_OFFSET;
-use muster_agent::{AgentConfig, DEFAULT_TASK_UID_RANGE, UidRange};
+use muster_agent::{AgentConfig, DEFAULT_TASK_UID_RANGE, DynamicPorts, UidRange};
 use muster_launch::security::TlsFlags;
 use muster_launch::settings::{ByteSize, HumanDuration};
 use muster_security::{Role, Security};
@@ -111,6 +111,11 @@ muster_launch::settings! {
         #[arg(long, value_name = "START-END")]
         #[serde(alias = "task-uid-range")]
         task_uid_range: Option<UidRange> => task_uid_range [default: DEFAULT_TASK_UID_RANGE],
+        /// The ports handed out to tasks that ask for a dynamic one; no other program of the
+        /// machine should listen in the range
+        #[arg(long, value_name = "MIN-MAX")]
+        #[serde(alias = "dynamic-ports")]
+        dynamic_ports: Option<DynamicPorts> => dynamic_ports [default: "20000-32000"],
         /// A user a job may name for its tasks to run as; repeat for each
         #[arg(long = "allow-task-user", value_name = "USER")]
         #[serde(alias = "allow-task-user", alias = "allowed-task-users")]
@@ -478,6 +483,41 @@ mod tests {
             error.contains("task_uid_range") && error.contains("ends before it starts"),
             "{error}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn the_dynamic_port_range_comes_from_the_file_or_a_flag_and_a_bad_one_is_named()
+    -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = dir.path().join("agent.toml");
+        let base = "master = [\"127.0.0.1:5050\"]\ndata_dir = \"/tmp/a\"\n[tls]\ninsecure = true\n";
+        std::fs::write(&file, format!("dynamic_ports = \"40000-40099\"\n{base}"))?;
+        let config_arg = file.to_string_lossy().into_owned();
+        let range = |extra: &[&str]| -> anyhow::Result<muster_model::PortRange> {
+            let mut args = vec!["--config", &config_arg];
+            args.extend_from_slice(extra);
+            Ok(start(&args)?.config.dynamic_ports)
+        };
+        assert_eq!(
+            range(&[])?,
+            muster_model::PortRange::parse("40000-40099").map_err(anyhow::Error::msg)?
+        );
+        assert_eq!(range(&["--dynamic-ports", "50000-50009"])?.len(), 10);
+        for (bad, why) in [
+            ("50000", "port range"),
+            ("0-10", "not a port"),
+            ("10-9", "ends before it starts"),
+        ] {
+            let Err(error) = range(&["--dynamic-ports", bad]) else {
+                anyhow::bail!("--dynamic-ports {bad} accepted");
+            };
+            let error = format!("{error:#}");
+            assert!(
+                error.contains("--dynamic-ports") && error.contains(why),
+                "{bad}: {error}"
+            );
+        }
         Ok(())
     }
 

@@ -73,6 +73,22 @@ pub struct GroupSpec {
     /// Attributes its tasks spread over (`[[group.spread]]`).
     #[serde(rename = "spread", default, skip_serializing_if = "Vec::is_empty")]
     pub spreads: Vec<SpreadSpec>,
+    /// The ports each task is given (`[[group.port]]`): it finds them in
+    /// `MUSTER_PORT_<LABEL>` and `MUSTER_ADDR_<LABEL>`.
+    #[serde(rename = "port", default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortSpec>,
+}
+
+/// A port a group's tasks are given.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PortSpec {
+    /// Its name (`http`): letters, digits and `_`, unique in the group.
+    pub label: String,
+    /// This port on every agent (two tasks holding it never share an agent); absent or 0: one
+    /// the scheduler picks from the agent's dynamic range.
+    #[serde(rename = "static", default, skip_serializing_if = "is_zero")]
+    pub static_port: u32,
 }
 
 /// What becomes of a group's tasks while their agent is unreachable (they are `UNKNOWN`
@@ -335,6 +351,14 @@ impl JobSpec {
                             .collect(),
                     })
                     .collect(),
+                ports: g
+                    .ports
+                    .iter()
+                    .map(|p| pb::PortRequest {
+                        label: p.label.clone(),
+                        static_port: p.static_port,
+                    })
+                    .collect(),
             });
         }
         Ok(pb::Job {
@@ -402,6 +426,14 @@ impl JobSpec {
                                     percent: t.percent,
                                 })
                                 .collect(),
+                        })
+                        .collect(),
+                    ports: g
+                        .ports
+                        .iter()
+                        .map(|p| PortSpec {
+                            label: p.label.clone(),
+                            static_port: p.static_port,
                         })
                         .collect(),
                 })
@@ -519,7 +551,8 @@ mod tests {
              [[group.affinity]]\nattribute = \"zone\"\nvalue = \"eu-1\"\nweight = -30\n\
              [[group.spread]]\nattribute = \"zone\"\n\
              [[group.spread.target]]\nvalue = \"eu-1\"\npercent = 50\n\
-             [[group.spread.target]]\nvalue = \"eu-2\"\npercent = 50\n"
+             [[group.spread.target]]\nvalue = \"eu-2\"\npercent = 50\n\
+             [[group.port]]\nlabel = \"http\"\n[[group.port]]\nlabel = \"admin\"\nstatic = 9000\n"
         );
         let spec = JobSpec::from_toml(&text)?;
         let job = spec.to_proto()?;
@@ -532,6 +565,8 @@ mod tests {
         assert_eq!(group.affinities[0].weight, -30);
         assert_eq!(group.affinities[0].op, pb::ConstraintOp::Unspecified as i32);
         assert_eq!(group.spreads[0].targets[1].value, "eu-2");
+        assert_eq!(group.ports[0].static_port, 0);
+        assert_eq!(group.ports[1].static_port, 9000);
         // Read back, the affinity names its operator.
         let mut back = spec.clone();
         back.groups[0].affinities[0].operator = "=".into();

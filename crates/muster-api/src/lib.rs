@@ -15,6 +15,6 @@ pub use documents::{
     ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs,
 };
 pub use job_spec::{
-    AffinitySpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, SpecError, SpreadSpec,
-    SpreadTargetSpec,
+    AffinitySpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, PortSpec, SpecError,
+    SpreadSpec, SpreadTargetSpec,
 };

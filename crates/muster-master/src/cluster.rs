@@ -113,6 +113,15 @@ impl AgentEntry {
         self.tasks.push(task);
     }
 
+    /// The ports its live tasks hold.
+    pub(crate) fn ports_in_use(&self) -> std::collections::BTreeSet<u16> {
+        self.tasks
+            .iter()
+            .filter(|t| !t.is_terminal())
+            .flat_map(|t| t.view.ports().iter().copied())
+            .collect()
+    }
+
     /// What is left for new tasks: its resources less what its non-terminal tasks hold, never
     /// below zero.
     pub(crate) fn free(&self) -> Resources {
@@ -174,6 +183,7 @@ pub(crate) fn registry_info(info: &model_pb::AgentInfo, identity: &str) -> Agent
         address: info.address.clone(),
         resources: info.resources.map(resources).unwrap_or_default(),
         attributes: sorted(info.attributes.clone()),
+        dynamic_ports: registry_info_ports(info),
         identity: identity.to_owned(),
     }
 }
@@ -230,6 +240,15 @@ pub(crate) fn same_info(wire: &model_pb::AgentInfo, stored: &AgentInfo) -> bool 
             .attributes
             .iter()
             .all(|(k, v)| stored.attributes.get(k) == Some(v))
+        && registry_info_ports(wire) == stored.dynamic_ports
+}
+
+/// The dynamic port range an agent's info names, as the registry keeps it: one that does not
+/// read (zero, or backwards), or none, is the default range.
+fn registry_info_ports(info: &model_pb::AgentInfo) -> muster_model::PortRange {
+    info.dynamic_ports
+        .and_then(|range| muster_model::PortRange::try_from(range).ok())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -239,6 +258,10 @@ mod tests {
     #[test]
     fn info_round_trips_and_compares_equal() {
         let wire = model_pb::AgentInfo {
+            dynamic_ports: Some(model_pb::PortRange {
+                min: 40_000,
+                max: 40_999,
+            }),
             hostname: "h".into(),
             address: "agent@127.0.0.1:1".into(),
             resources: Some(model_pb::Resources {
@@ -253,6 +276,9 @@ mod tests {
         let mut moved = wire.clone();
         moved.attributes.insert("rack".into(), "r2".into());
         assert!(!same_info(&moved, &stored));
+        let mut ranged = wire.clone();
+        ranged.dynamic_ports = None;
+        assert!(!same_info(&ranged, &stored), "a new range is a new info");
     }
 
     #[tokio::test]

@@ -30,7 +30,8 @@ const LAUNCH_DEADLINE: u32 = 4;
 const RUN_FRAMEWORK: u32 = 1;
 const RUN_TASK: u32 = 2;
 const RUN_TERM: u32 = 3;
-/// `Task` field numbers of a task's own fields (its group's are in [`GroupWire`]).
+/// `Task` field numbers of a task's own fields (its group's are in [`GroupWire`]; its ports'
+/// labels are its group's, but each number its own, so the ports are a task's).
 const TASK_ID: u32 = 1;
 const TASK_NAME: u32 = 2;
 const TASK_RESOURCES: u32 = 4;
@@ -38,6 +39,7 @@ const TASK_STATE: u32 = 6;
 const TASK_EXIT_CODE: u32 = 7;
 const TASK_MESSAGE: u32 = 11;
 const TASK_JOB_VERSION: u32 = 14;
+const TASK_PORTS: u32 = 17;
 
 /// What a plan's tasks of one group share on the wire, encoded once.
 #[derive(Debug)]
@@ -167,6 +169,7 @@ impl RunWire {
             + int32_len(TASK_EXIT_CODE, self.task.exit_code)
             + string_len(TASK_MESSAGE, &self.task.message)
             + uint64_len(TASK_JOB_VERSION, view.job_version)
+            + encoding::message::encoded_len_repeated(TASK_PORTS, &self.task.wire_ports())
             + self.group.task_fields.len()
     }
 
@@ -192,6 +195,9 @@ impl RunWire {
         put_int32(TASK_EXIT_CODE, self.task.exit_code, buf);
         put_string(TASK_MESSAGE, &self.task.message, buf);
         put_uint64(TASK_JOB_VERSION, view.job_version, buf);
+        for port in self.task.wire_ports() {
+            encoding::message::encode(TASK_PORTS, &port, buf);
+        }
         buf.put_slice(&self.group.task_fields);
         put_uint64(RUN_TERM, term, buf);
     }
@@ -314,6 +320,7 @@ mod tests {
 
     fn detail() -> TaskDetail {
         TaskDetail {
+            port_labels: Default::default(),
             framework_id: "web".into(),
             command: "/bin/server".into(),
             args: vec!["--port".into(), "8080".into()],

@@ -36,6 +36,9 @@ pub(crate) struct TaskDetail {
     /// In order, as given; interned on their own (tasks of many groups carry the same ones),
     /// so two details with the same labels point to the same copy.
     pub(crate) labels: Arc<Labels>,
+    /// The labels of the ports each task holds, in its group's order (the numbers are each
+    /// task's own, in its view).
+    pub(crate) port_labels: Vec<String>,
 }
 
 impl TaskDetail {
@@ -168,7 +171,21 @@ impl TaskRecord {
             group: self.view.group().to_owned(),
             job_version: self.view.job_version,
             user: detail.user.clone(),
+            ports: self.wire_ports(),
         }
+    }
+
+    /// The ports it holds, labelled, as the wire has them.
+    pub(crate) fn wire_ports(&self) -> Vec<model_pb::AssignedPort> {
+        self.detail
+            .port_labels
+            .iter()
+            .zip(self.view.ports())
+            .map(|(label, &port)| model_pb::AssignedPort {
+                label: label.clone(),
+                port: port.into(),
+            })
+            .collect()
     }
 }
 
@@ -229,6 +246,30 @@ struct DetailKey<'a> {
     args: &'a [String],
     user: &'a str,
     labels: &'a Arc<Labels>,
+    port_labels: PortLabels<'a>,
+}
+
+/// The labels of a task's ports, as a detail keeps them or as the wire carries them.
+#[derive(Clone, Copy)]
+enum PortLabels<'a> {
+    Kept(&'a [String]),
+    Wire(&'a [model_pb::AssignedPort]),
+}
+
+impl<'a> PortLabels<'a> {
+    fn len(self) -> usize {
+        match self {
+            PortLabels::Kept(kept) => kept.len(),
+            PortLabels::Wire(wire) => wire.len(),
+        }
+    }
+
+    fn get(self, i: usize) -> &'a str {
+        match self {
+            PortLabels::Kept(kept) => kept.get(i).map_or("", String::as_str),
+            PortLabels::Wire(wire) => wire.get(i).map_or("", |port| port.label.as_str()),
+        }
+    }
 }
 
 /// Interned entries below which the interner never sweeps.
@@ -264,6 +305,9 @@ fn detail_hash<'a>(
     }
     key.user.hash(&mut state);
     Arc::as_ptr(key.labels).hash(&mut state);
+    for i in 0..key.port_labels.len() {
+        key.port_labels.get(i).hash(&mut state);
+    }
     state.finish()
 }
 
@@ -293,6 +337,7 @@ impl TaskDetail {
             args: &self.args,
             user: &self.user,
             labels: &self.labels,
+            port_labels: PortLabels::Kept(&self.port_labels),
         }
     }
 
@@ -309,6 +354,12 @@ impl TaskDetail {
             && same_pairs(pairs(&self.env), env.iter().copied())
             && same_text(&self.user, key.user)
             && Arc::ptr_eq(&self.labels, key.labels)
+            && self.port_labels.len() == key.port_labels.len()
+            && self
+                .port_labels
+                .iter()
+                .enumerate()
+                .all(|(i, label)| same_text(label, key.port_labels.get(i)))
     }
 }
 
@@ -449,6 +500,7 @@ impl TaskInterner {
             args: &wire.args,
             user: &wire.user,
             labels: &labels,
+            port_labels: PortLabels::Wire(&wire.ports),
         };
         let detail = match self.find_detail(&key, &env) {
             Some(detail) => detail,
@@ -463,19 +515,28 @@ impl TaskInterner {
                         .collect(),
                     user: wire.user.clone(),
                     labels: Arc::clone(&labels),
+                    port_labels: wire.ports.iter().map(|p| p.label.clone()).collect(),
                 };
                 self.add_detail(detail)
             }
         };
         TaskRecord {
-            view: Arc::new(TaskView::new(
-                &wire.id,
-                &wire.name,
-                self.job_group(&wire.job, &wire.group),
-                resources,
-                state,
-                wire.job_version,
-            )),
+            view: Arc::new(
+                TaskView::new(
+                    &wire.id,
+                    &wire.name,
+                    self.job_group(&wire.job, &wire.group),
+                    resources,
+                    state,
+                    wire.job_version,
+                )
+                .with_ports(
+                    wire.ports
+                        .iter()
+                        .filter_map(|p| u16::try_from(p.port).ok())
+                        .collect::<Vec<_>>(),
+                ),
+            ),
             detail,
             exit_code: wire.exit_code,
             launch_deadline: None,
@@ -512,6 +573,7 @@ mod tests {
 
     fn wire(id: &str, slot: usize) -> model_pb::Task {
         model_pb::Task {
+            ports: Default::default(),
             id: id.into(),
             name: format!("web.fe[{slot}]"),
             framework_id: "web".into(),

@@ -28,6 +28,9 @@ pub struct AgentInfo {
     pub resources: Resources,
     /// Attributes schedulers constrain on (`rack = "r1"`).
     pub attributes: BTreeMap<String, String>,
+    /// The ports it hands out to tasks that ask for a dynamic one.
+    #[serde(default)]
+    pub dynamic_ports: crate::PortRange,
     /// The name in the certificate the agent registered with (empty without TLS). Only an
     /// agent presenting a certificate of this name may speak for the agent afterwards. Set
     /// by the master from the verified connection, never from what the agent sends.

@@ -20,6 +20,7 @@ mod agent;
 mod demand;
 mod eval;
 mod job;
+mod ports;
 mod resources;
 mod task;
 

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::FieldError;
 use crate::placement::{Affinity, Constraint, Spread};
+use crate::ports::PortRequest;
 use crate::resources::Resources;
 
 /// The priority of a job that names none (Nomad's default).
@@ -92,6 +93,9 @@ pub struct TaskGroup {
     /// Attributes its tasks spread over. Soft, as affinities are.
     #[serde(default)]
     pub spreads: Vec<Spread>,
+    /// The ports each task is given (see [`ports`](crate::ports)).
+    #[serde(default)]
+    pub ports: Vec<PortRequest>,
 }
 
 /// What becomes of a group's tasks while their agent is unreachable, and when it comes back
@@ -208,6 +212,7 @@ impl TaskGroup {
             disconnect: _,
             affinities: _,
             spreads: _,
+            ports,
         } = self;
         *resources == other.resources
             && *command == other.command
@@ -215,6 +220,7 @@ impl TaskGroup {
             && *env == other.env
             && *constraints == other.constraints
             && *user == other.user
+            && *ports == other.ports
     }
 }
 
@@ -372,6 +378,10 @@ impl Job {
                                     .map(|t| text(&t.value) + FIELD)
                                     .sum::<usize>()
                         })
+                        .sum::<usize>()
+                    + g.ports
+                        .iter()
+                        .map(|p| text(&p.label) + FIELD)
                         .sum::<usize>()
                     + 8 * FIELD
             })
@@ -564,6 +574,10 @@ impl Job {
                     .check()
                     .map_err(|(part, problem)| invalid(format!("{at}.{part}"), problem))?;
             }
+            crate::ports::check_requests(&group.ports).map_err(|(at, problem)| match at {
+                Some(p) => invalid(format!("groups[{i}].ports[{p}]"), problem),
+                None => invalid(field("ports"), problem),
+            })?;
             for (s, spread) in group.spreads.iter().enumerate() {
                 let at = format!("groups[{i}].spreads[{s}]");
                 check_text(&format!("{at}.attribute"), &spread.attribute, Text::Name)?;

@@ -14,6 +14,8 @@
 //!   name the field.
 //! - [`placement`]: where a group's tasks may run and would rather run: [`Constraint`]s,
 //!   [`Affinity`]s and [`Spread`]s, and the one set of matching rules for them.
+//! - [`ports`]: ports as resources: [`PortRequest`], [`AssignedPort`], an agent's
+//!   [`PortRange`], and the environment a task finds its ports in.
 //! - [`eval`]: [`Evaluation`], [`EvalId`], [`EvalStatus`], [`Trigger`].
 //! - [`task`]: [`Task`] and [`TaskState`], where a task is in its life.
 //! - [`namespace`]: [`Namespace`], its [`Quota`] (and [`QuotaUsage`], a namespace's tasks
@@ -34,6 +36,7 @@ pub mod eval;
 pub mod job;
 pub mod namespace;
 pub mod placement;
+pub mod ports;
 pub mod resources;
 pub mod task;
 
@@ -52,5 +55,6 @@ pub use namespace::{
 pub use placement::{
     Affinity, Constraint, ConstraintOp, DEFAULT_SPREAD_WEIGHT, Spread, SpreadTarget,
 };
+pub use ports::{AssignedPort, PortRange, PortRequest};
 pub use resources::{Resources, utilization};
 pub use task::{Task, TaskState};

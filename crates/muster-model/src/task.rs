@@ -39,6 +39,9 @@ pub struct Task {
     pub message: String,
     /// The user it runs as; empty for its agent's task user.
     pub user: String,
+    /// The ports it was given, in its group's order.
+    #[serde(default)]
+    pub ports: Vec<crate::AssignedPort>,
 }
 
 /// Where a task is in its life (Mesos's task states).

@@ -252,6 +252,7 @@ mod tests {
         let batch = Batch {
             ops: vec![
                 Op::AdmitAgent(AgentInfo {
+                    dynamic_ports: Default::default(),
                     hostname: "h1".into(),
                     address: "agent@127.0.0.1:1".into(),
                     resources: Resources {

@@ -87,6 +87,7 @@ impl SlotRequest {
             env: self.group.env.clone(),
             user: self.group.user.clone(),
             job_version: self.job_version,
+            ports: Vec::new(),
         }
     }
 }

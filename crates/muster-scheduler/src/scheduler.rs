@@ -234,13 +234,16 @@ fn build_plan<P: Placer + ?Sized>(
             found
         };
 
+        let chosen = chosen.and_then(|at| Some((at, search.assign_ports(at, slot)?)));
         match chosen {
-            Some(at) => {
-                search.place(at, slot);
+            Some((at, ports)) => {
+                search.place(at, slot, &ports);
                 if let Some(usage) = &mut quota {
                     usage.add(need);
                 }
-                plan.place.push(slot.placement(agents[at].id.clone()));
+                let mut placement = slot.placement(agents[at].id.clone());
+                placement.ports = ports;
+                plan.place.push(placement);
             }
             None => {
                 if unplaced_groups.insert((slot.group.name.as_str(), false)) {

@@ -7,11 +7,11 @@
 //! Only the agents a slot considers are looked at, and a group's spreads count only the
 //! agents that hold the job's tasks (the snapshot's job index): a run's cost follows its job.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
-use muster_model::{Constraint, Evaluation, Resources};
+use muster_model::{AssignedPort, Constraint, Evaluation, Resources};
 
 use crate::candidate::Candidate;
 use crate::plan::AgentView;
@@ -25,6 +25,8 @@ struct Added {
     tasks: usize,
     /// Of `tasks`, how many of each group.
     by_group: Vec<(Box<str>, usize)>,
+    /// The ports its placements hold.
+    ports: Vec<u16>,
 }
 
 impl Added {
@@ -209,13 +211,76 @@ impl<'a> Search<'a> {
     }
 
     /// Whether the slot may go to the agent at `at`: eligible, admitted by the constraints,
-    /// with room, and (for a group kept on distinct agents) none of the group's tasks there.
+    /// with room, (for a group kept on distinct agents) none of the group's tasks there, and
+    /// the ports the group asks for free there.
     fn takes(&self, at: usize, slot: &SlotRequest, distinct: bool) -> bool {
         let agent = &self.agents[at];
         agent.eligible
             && agent.admits(slot.constraints())
             && self.fits(at, slot.resources())
             && !(distinct && self.group_tasks(at, &slot.group.name) > 0)
+            && (slot.group.ports.is_empty() || self.ports_free(at, slot))
+    }
+
+    /// The ports taken on the agent at `at`: its live tasks' and this plan's placements'.
+    fn ports_taken(&self, at: usize) -> BTreeSet<u16> {
+        let mut taken = self.agents[at].ports_in_use();
+        if let Some(added) = self.added.get(&at) {
+            taken.extend(added.ports.iter().copied());
+        }
+        taken
+    }
+
+    /// Whether the group's static ports are free on the agent at `at`, and enough of its
+    /// dynamic range for the rest.
+    fn ports_free(&self, at: usize, slot: &SlotRequest) -> bool {
+        let taken = self.ports_taken(at);
+        let range = self.agents[at].dynamic_ports;
+        let mut dynamic = 0;
+        for request in &slot.group.ports {
+            if request.static_port == 0 {
+                dynamic += 1;
+            } else if taken.contains(&request.static_port) {
+                return false;
+            }
+        }
+        let taken_in_range = taken.range(range.min..=range.max).count();
+        dynamic <= range.len().saturating_sub(taken_in_range)
+    }
+
+    /// The ports a task of `slot` gets on the agent at `at`, in its group's order: each static
+    /// one, and for each dynamic one a free port of the agent's range, picked at random (as
+    /// Nomad picks them, so that plans from stale snapshots rarely collide). `None` if the
+    /// range has too few left.
+    pub(crate) fn assign_ports(
+        &mut self,
+        at: usize,
+        slot: &SlotRequest,
+    ) -> Option<Vec<AssignedPort>> {
+        let requests = &slot.group.ports;
+        if requests.is_empty() {
+            return Some(Vec::new());
+        }
+        let mut taken = self.ports_taken(at);
+        taken.extend(requests.iter().map(|r| r.static_port).filter(|&p| p != 0));
+        let dynamic = requests.iter().filter(|r| r.static_port == 0).count();
+        let mut picked = self.agents[at]
+            .dynamic_ports
+            .pick(dynamic, &taken, &mut self.rng)?
+            .into_iter();
+        requests
+            .iter()
+            .map(|request| {
+                let port = match request.static_port {
+                    0 => picked.next()?,
+                    port => port,
+                };
+                Some(AssignedPort {
+                    label: request.label.clone(),
+                    port,
+                })
+            })
+            .collect()
     }
 
     /// The agent at `at` as a candidate for `slot`.
@@ -241,12 +306,13 @@ impl<'a> Search<'a> {
         }
     }
 
-    /// Records a placement of `slot` on the agent at `at`.
-    pub(crate) fn place(&mut self, at: usize, slot: &SlotRequest) {
+    /// Records a placement of `slot` on the agent at `at`, holding `ports`.
+    pub(crate) fn place(&mut self, at: usize, slot: &SlotRequest, ports: &[AssignedPort]) {
         let group = slot.group.name.as_str();
         let added = self.added.entry(at).or_default();
         added.used = added.used.saturating_add(slot.resources());
         added.tasks += 1;
+        added.ports.extend(ports.iter().map(|p| p.port));
         match added.by_group.iter_mut().find(|(name, _)| &**name == group) {
             Some((_, n)) => *n += 1,
             None => added.by_group.push((group.into(), 1)),

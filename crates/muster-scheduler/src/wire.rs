@@ -19,6 +19,7 @@ use crate::worker::Assignment;
 
 impl From<TaskView> for pb::TaskView {
     fn from(this: TaskView) -> Self {
+        let ports = this.ports().iter().map(|&p| u32::from(p)).collect();
         pb::TaskView {
             id: this.id().to_string(),
             name: this.name().to_string(),
@@ -27,6 +28,7 @@ impl From<TaskView> for pb::TaskView {
             resources: Some(this.resources.into()),
             state: this.state.into(),
             job_version: this.job_version,
+            ports,
         }
     }
 }
@@ -35,6 +37,16 @@ impl TryFrom<pb::TaskView> for TaskView {
     type Error = FieldError;
 
     fn try_from(proto: pb::TaskView) -> Result<Self, FieldError> {
+        let ports = proto
+            .ports
+            .iter()
+            .enumerate()
+            .map(|(i, &port)| {
+                u16::try_from(port).ok().filter(|&p| p > 0).ok_or_else(|| {
+                    FieldError::new(format!("ports[{i}]"), format!("{port} is not a port"))
+                })
+            })
+            .collect::<Result<Vec<u16>, FieldError>>()?;
         Ok(TaskView::new(
             &proto.id,
             &proto.name,
@@ -42,7 +54,8 @@ impl TryFrom<pb::TaskView> for TaskView {
             required(proto.resources, "resources")?,
             read(proto.state, "state")?,
             proto.job_version,
-        ))
+        )
+        .with_ports(ports))
     }
 }
 
@@ -53,10 +66,12 @@ impl From<AgentView> for pb::AgentView {
         let total = Some(this.total.clone().into());
         let ineligible = !this.eligible;
         let drain = muster_proto::model::DrainPhase::from(this.drain).into();
+        let dynamic_ports = Some(this.dynamic_ports.into());
         pb::AgentView {
             id,
             attributes,
             total,
+            dynamic_ports,
             tasks: this
                 .into_tasks()
                 .into_iter()
@@ -79,6 +94,9 @@ impl TryFrom<pb::AgentView> for AgentView {
             each::<TaskView, _>(proto.tasks, "tasks")?,
         );
         view.eligible = !proto.ineligible;
+        if let Some(range) = proto.dynamic_ports {
+            view.dynamic_ports = read(range, "dynamic_ports")?;
+        }
         view.drain = muster_proto::model::DrainPhase::try_from(proto.drain)
             .map_err(|_| FieldError::new("drain", format!("unknown drain phase {}", proto.drain)))?
             .into();
@@ -177,6 +195,7 @@ impl From<Placement> for pb::Placement {
             env: unsorted(this.env),
             job_version: this.job_version,
             user: this.user,
+            ports: all(this.ports),
         }
     }
 }
@@ -197,6 +216,7 @@ impl TryFrom<pb::Placement> for Placement {
             env: sorted(proto.env),
             job_version: proto.job_version,
             user: proto.user,
+            ports: each(proto.ports, "ports")?,
         })
     }
 }
@@ -359,6 +379,10 @@ mod tests {
                         percent: 40,
                     }],
                 }],
+                ports: vec![muster_model::PortRequest {
+                    label: "http".into(),
+                    static_port: 8080,
+                }],
             }],
             stopped: true,
             version: 9,
@@ -394,6 +418,10 @@ mod tests {
             env: BTreeMap::from([("B".to_owned(), "2".to_owned())]),
             job_version: 9,
             user: String::new(),
+            ports: vec![muster_model::AssignedPort {
+                label: "http".into(),
+                port: 20_400,
+            }],
         }
     }
 
@@ -427,6 +455,7 @@ mod tests {
                             // 0 (unknown) included.
                             i as u64,
                         )
+                        .with_ports(vec![20_000 + i as u16; i % 2])
                     })
                     .collect::<Vec<_>>(),
             ))],

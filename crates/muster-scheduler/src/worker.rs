@@ -710,6 +710,7 @@ mod tests {
             env: BTreeMap::new(),
             job_version: 1,
             user: String::new(),
+            ports: Vec::new(),
         };
         assert_eq!(demand_of(&placement("fe"), &snapshot).constraints, [rack]);
         // A group the snapshot no longer has: no constraints to report.

@@ -298,6 +298,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         address: upid.to_string(),
         resources: Some(Resources { cpus, mem_mb }),
         attributes,
+        dynamic_ports: Some(config.dynamic_ports.into()),
     };
     let (status_tx, status_rx) = watch::channel(AgentStatus::Registering);
     let agent = Agent {

@@ -165,7 +165,9 @@ impl Agent {
             .map_err(Refused::Starting)?;
         self.report(task.clone());
 
-        let running = match runner.start(&task, user.as_deref(), self.term).await {
+        // Its ports reach it in its environment, not in what the agent keeps and reports.
+        let started = with_port_variables(&task, &self.info.address);
+        let running = match runner.start(&started, user.as_deref(), self.term).await {
             Ok(running) => running,
             Err(error) => return Err(Refused::Runner { id, error }),
         };
@@ -406,4 +408,68 @@ fn exit_code(status: &ExitStatus) -> i32 {
         return 128 + signal;
     }
     -1
+}
+
+/// `task` with its ports in its environment (see [`muster_model::ports::port_variables`]):
+/// borrowed as it is when it has none. The host is the one in the agent's own address
+/// (`agent@host:port`), where masters and other agents reach it.
+fn with_port_variables<'a>(task: &'a Task, agent_address: &str) -> std::borrow::Cow<'a, Task> {
+    if task.ports.is_empty() {
+        return std::borrow::Cow::Borrowed(task);
+    }
+    let ports: Vec<muster_model::AssignedPort> = task
+        .ports
+        .iter()
+        .filter_map(|port| {
+            Some(muster_model::AssignedPort {
+                label: port.label.clone(),
+                port: u16::try_from(port.port).ok()?,
+            })
+        })
+        .collect();
+    let mut started = task.clone();
+    started.env.extend(muster_model::ports::port_variables(
+        host_of(agent_address),
+        &ports,
+    ));
+    std::borrow::Cow::Owned(started)
+}
+
+/// The host of a process address, `name@host:port` (`[::1]` as `::1`).
+fn host_of(address: &str) -> &str {
+    let authority = address.rsplit_once('@').map_or(address, |(_, at)| at);
+    let host = authority
+        .rsplit_once(':')
+        .map_or(authority, |(host, _)| host);
+    host.trim_start_matches('[').trim_end_matches(']')
+}
+
+#[cfg(test)]
+mod port_tests {
+    use super::*;
+
+    #[test]
+    fn a_task_finds_its_ports_at_the_agents_host() {
+        assert_eq!(host_of("agent@10.0.0.7:5051"), "10.0.0.7");
+        assert_eq!(host_of("agent@[::1]:5051"), "::1");
+        let mut task = Task {
+            env: [("A".to_owned(), "1".to_owned())].into(),
+            ..Task::default()
+        };
+        assert!(matches!(
+            with_port_variables(&task, "agent@h:1"),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        task.ports.push(muster_proto::model::AssignedPort {
+            label: "http".into(),
+            port: 20_123,
+        });
+        let started = with_port_variables(&task, "agent@127.0.0.9:5051");
+        assert_eq!(started.env["MUSTER_ADDR_HTTP"], "127.0.0.9:20123");
+        assert_eq!(started.env["A"], "1");
+        assert!(
+            !task.env.contains_key("MUSTER_PORT_HTTP"),
+            "the kept task is unchanged"
+        );
+    }
 }

@@ -43,6 +43,9 @@ pub struct TaskInfo {
     pub mem_mb: u64,
     /// The user it runs as (empty: the agent's task user).
     pub user: String,
+    /// The ports it holds on its agent, by label (`{"http": 20417}`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub ports: BTreeMap<String, u32>,
 }
 
 /// The API's word for a task state.
@@ -87,6 +90,7 @@ impl TaskInfo {
             cpus: resources.cpus,
             mem_mb: resources.mem_mb,
             user: task.user,
+            ports: task.ports.into_iter().map(|p| (p.label, p.port)).collect(),
         }
     }
 }

@@ -9,7 +9,7 @@
 //! would take the job's namespace over its quota, counted here against the tasks the master
 //! knows (`quota_usage`), whatever the scheduler counted: a custom scheduler may ignore quotas.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_actor::{Context, Pid, Reply};
@@ -22,7 +22,7 @@ use muster_model::{
 use muster_proto::cluster as pb;
 
 use muster_scheduler::{
-    AgentView, ClusterSnapshot, JobGroup, JobIndex, Plan, PlanResult, Stop, TaskView,
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Stop, TaskView,
 };
 
 use super::Master;
@@ -147,6 +147,7 @@ impl Master {
                     );
                     built.eligible = eligible;
                     built.drain = drain;
+                    built.dynamic_ports = agent.info.dynamic_ports;
                     Arc::new(built)
                 });
                 Arc::clone(view)
@@ -252,6 +253,7 @@ impl Master {
                     .entry(placement.agent.0.clone())
                     .or_insert_with(|| AgentLaunch {
                         free: agent.as_ref().map(|agent| agent.free()),
+                        ports: None,
                         runs: Vec::with_capacity(1),
                     }),
             };
@@ -264,6 +266,15 @@ impl Master {
                 result.rejected.push(placement);
                 continue;
             };
+            // No two live tasks on one agent with one port, whatever the scheduler did.
+            if !(group.ports.is_empty() && placement.ports.is_empty()) {
+                let taken = launch.ports.get_or_insert_with(|| agent.ports_in_use());
+                if !ports_right(group, &placement, agent.info.dynamic_ports, taken) {
+                    result.rejected.push(placement);
+                    continue;
+                }
+                taken.extend(placement.ports.iter().map(|p| p.port));
+            }
             if let Some(left) = &mut launch.free {
                 *left = left.saturating_sub(&group.resources);
             }
@@ -273,14 +284,17 @@ impl Master {
             let resources = group.resources.clone();
             let group = GroupShared::of(&plan.job, group, &mut shared, interner, frameworks);
             let task = TaskRecord {
-                view: Arc::new(TaskView::new(
-                    &placement.task_id,
-                    &placement.name,
-                    group.job_group,
-                    resources,
-                    TaskState::Staging,
-                    placement.job_version,
-                )),
+                view: Arc::new(
+                    TaskView::new(
+                        &placement.task_id,
+                        &placement.name,
+                        group.job_group,
+                        resources,
+                        TaskState::Staging,
+                        placement.job_version,
+                    )
+                    .with_ports(placement.ports.iter().map(|p| p.port).collect::<Vec<_>>()),
+                ),
                 detail: group.detail,
                 exit_code: 0,
                 launch_deadline,
@@ -460,7 +474,35 @@ struct GroupShared {
 /// for an agent that is gone or not connected), and the tasks to launch.
 struct AgentLaunch {
     free: Option<Resources>,
+    /// The ports its live tasks and this plan's placements hold, worked out when the first
+    /// placement with ports comes.
+    ports: Option<BTreeSet<u16>>,
     runs: Vec<RunWire>,
+}
+
+/// Whether `placement` holds the ports its group asks for, in order (each static one as
+/// asked, each dynamic one from the agent's range `range`), none of them in `taken`.
+fn ports_right(
+    group: &TaskGroup,
+    placement: &Placement,
+    range: muster_model::PortRange,
+    taken: &BTreeSet<u16>,
+) -> bool {
+    let mut seen = BTreeSet::new();
+    group.ports.len() == placement.ports.len()
+        && group
+            .ports
+            .iter()
+            .zip(&placement.ports)
+            .all(|(asked, given)| {
+                asked.label == given.label
+                    && match asked.static_port {
+                        0 => range.contains(given.port),
+                        port => given.port == port,
+                    }
+                    && !taken.contains(&given.port)
+                    && seen.insert(given.port)
+            })
 }
 
 impl GroupShared {
@@ -500,6 +542,7 @@ impl GroupShared {
             env,
             user: group.user.clone(),
             labels: no_labels,
+            port_labels: group.ports.iter().map(|p| p.label.clone()).collect(),
         });
         let wire = GroupShared {
             wire: Arc::new(GroupWire::new(&job_group, &detail)),

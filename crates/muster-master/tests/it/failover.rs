@@ -45,6 +45,7 @@ struct FakeAgent {
 
 fn agent_info(n: usize, node: &Node) -> model_pb::AgentInfo {
     model_pb::AgentInfo {
+        dynamic_ports: Default::default(),
         hostname: format!("host-{n}"),
         address: format!("agent@{}", node.address()),
         resources: Some(model_pb::Resources {

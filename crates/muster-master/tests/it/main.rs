@@ -19,6 +19,7 @@ mod logs;
 mod metrics;
 mod namespaces;
 mod plans_bound;
+mod ports;
 mod quotas;
 mod remote_workers;
 mod scheduling;

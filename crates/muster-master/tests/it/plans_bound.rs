@@ -165,6 +165,7 @@ async fn a_schedule_token_plans_only_what_it_was_handed() -> anyhow::Result<()> 
     let cluster = Cluster::start().await?;
     let marker = cluster.dir.path().join("MARKER");
     let planted = |job: &str, group: &str, version: u64| muster_scheduler::Placement {
+        ports: Default::default(),
         agent: AgentId(cluster.agent_id.clone()),
         task_id: format!("{job}.{group}[0]-0badf00d"),
         name: format!("{job}.{group}[0]"),

@@ -292,7 +292,8 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
                             "cpus": 0.1, "mem_mb": 32,
                             "constraint": [{ "operator": "distinct_hosts" }],
                             "spread": [{ "attribute": "zone",
-                                         "target": [{ "value": "eu-1", "percent": 50 }] }] }]
+                                         "target": [{ "value": "eu-1", "percent": 50 }] }],
+                            "port": [{ "label": "http" }] }]
             });
             page.run(&format!(
                 "fetch('/v1/jobs', {{method: 'POST', headers: {{'X-Muster-Token': '{}'}}, body: JSON.stringify({job})}}); return true",
@@ -311,6 +312,10 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
             page.until(
                 "the task running",
                 "return [...document.querySelectorAll('td.task-state')].some(td => td.textContent === 'running')",
+            )?;
+            page.until(
+                "the task's port, and no exit code while it runs",
+                "const row = document.querySelector('tr[data-task]'); const ports = row?.querySelector('td.task-ports')?.textContent || ''; const running = row?.querySelector('td.task-state')?.textContent === 'running'; return /^http=[0-9]+$/.test(ports) && (!running || row.children[5].textContent === '')",
             )?;
             page.click("button[data-logs]")?;
             page.until(

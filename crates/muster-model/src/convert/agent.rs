@@ -14,6 +14,7 @@ impl From<AgentInfo> for pb::AgentInfo {
             address: info.address,
             resources: Some(info.resources.into()),
             attributes: unsorted(info.attributes),
+            dynamic_ports: Some(info.dynamic_ports.into()),
         }
     }
 }
@@ -27,6 +28,10 @@ impl TryFrom<pb::AgentInfo> for AgentInfo {
             address: proto.address,
             resources: required(proto.resources, "resources")?,
             attributes: sorted(proto.attributes),
+            dynamic_ports: crate::convert::ports::range_or_default(
+                proto.dynamic_ports,
+                "dynamic_ports",
+            )?,
             // Never taken from the wire: the master sets it from the verified connection.
             identity: String::new(),
         })

@@ -199,6 +199,7 @@ impl From<TaskGroup> for pb::TaskGroup {
             disconnect: Some(group.disconnect.into()),
             affinities: all(group.affinities),
             spreads: all(group.spreads),
+            ports: all(group.ports),
         }
     }
 }
@@ -260,6 +261,7 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
             },
             affinities: each(proto.affinities, "affinities")?,
             spreads: each(proto.spreads, "spreads")?,
+            ports: each(proto.ports, "ports")?,
         })
     }
 }
@@ -373,6 +375,7 @@ impl Job {
                 disconnect,
                 affinities: each(group.affinities, &format!("{field}.affinities"))?,
                 spreads: each(group.spreads, &format!("{field}.spreads"))?,
+                ports: each(group.ports, &format!("{field}.ports"))?,
             });
         }
         let job = Job {
@@ -430,6 +433,10 @@ mod tests {
                         value: "eu-1".into(),
                         percent: 60,
                     }],
+                }],
+                ports: vec![pb::PortRequest {
+                    label: "http".into(),
+                    static_port: 0,
                 }],
             }],
             stopped: false,

@@ -32,6 +32,7 @@ impl From<Task> for pb::Task {
             group: task.group,
             job_version: task.job_version,
             user: task.user,
+            ports: crate::convert::all(task.ports),
         }
     }
 }
@@ -60,6 +61,7 @@ impl TryFrom<pb::Task> for Task {
             env: sorted(proto.env),
             message: proto.message,
             user: proto.user,
+            ports: crate::convert::each(proto.ports, "ports")?,
         })
     }
 }
@@ -124,6 +126,10 @@ mod tests {
             env: [("K".to_owned(), "V".to_owned())].into(),
             message: "exited with 2".into(),
             user: String::new(),
+            ports: vec![crate::AssignedPort {
+                label: "http".into(),
+                port: 20_017,
+            }],
         };
         assert_eq!(
             Task::try_from(pb::Task::from(task.clone())),

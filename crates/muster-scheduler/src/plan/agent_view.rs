@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use muster_model::{AgentId, Constraint, DrainPhase, Resources, TaskState};
+use std::collections::BTreeSet;
+
+use muster_model::{AgentId, Constraint, DrainPhase, PortRange, Resources, TaskState};
 
 /// One agent as a scheduler sees it. Its tasks are kept grouped by job, with what its live
 /// tasks hold worked out once: a scheduler run finds a job's tasks on an agent by a binary
@@ -26,6 +28,8 @@ pub struct AgentView {
     pub eligible: bool,
     /// Where its drain is: its tasks move or stop (see [`reconcile`](crate::reconcile)).
     pub drain: DrainPhase,
+    /// The ports it hands out to tasks that ask for a dynamic one.
+    pub dynamic_ports: PortRange,
     /// Its tasks, running and recently ended, ordered by job. Each is shared (`Arc`) with
     /// whoever built the view: a master rebuilding the view of an agent whose tasks changed
     /// copies a pointer per task.
@@ -70,6 +74,7 @@ impl Clone for AgentView {
             total: self.total.clone(),
             eligible: self.eligible,
             drain: self.drain,
+            dynamic_ports: self.dynamic_ports,
             tasks: self.tasks.clone(),
             jobs: self.jobs.clone(),
             used: self.used.clone(),
@@ -90,6 +95,7 @@ impl PartialEq for AgentView {
             && self.total == other.total
             && self.eligible == other.eligible
             && self.drain == other.drain
+            && self.dynamic_ports == other.dynamic_ports
             && self.tasks == other.tasks
             && self.jobs == other.jobs
             && self.used == other.used
@@ -111,6 +117,7 @@ impl AgentView {
             total,
             eligible: true,
             drain: DrainPhase::None,
+            dynamic_ports: PortRange::default(),
             tasks: tasks.into_iter().map(Into::into).collect(),
             jobs: Vec::new(),
             used: Resources::default(),
@@ -290,6 +297,15 @@ impl AgentView {
     pub fn admits(&self, constraints: &[Constraint]) -> bool {
         Constraint::all_admit(constraints, &self.attributes)
     }
+
+    /// The ports its live tasks hold.
+    pub fn ports_in_use(&self) -> BTreeSet<u16> {
+        self.tasks
+            .iter()
+            .filter(|task| !task.state.is_terminal())
+            .flat_map(|task| task.ports().iter().copied())
+            .collect()
+    }
 }
 
 /// The jobs `was` has tasks of and `now` has not (gone), and those `now` has and `was` has not
@@ -407,7 +423,14 @@ pub struct TaskView {
     /// The job version it was placed at; 0 if unknown (launched by an operator, or before
     /// tasks carried it): such a task is never outdated.
     pub job_version: u64,
+    /// The ports it holds on its agent, in its group's order; `None` for none (most tasks:
+    /// a pointer's width, not a slice's, in every task a master holds).
+    ports: Option<Box<TaskPorts>>,
 }
+
+/// The ports one task holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct TaskPorts(Box<[u16]>);
 
 impl TaskView {
     /// The task `id` filling slot `name` of `job_group`.
@@ -440,7 +463,21 @@ impl TaskView {
             resources,
             state,
             job_version,
+            ports: None,
         }
+    }
+
+    /// The same task, holding `ports` (in its group's order).
+    #[must_use]
+    pub fn with_ports(mut self, ports: impl Into<Box<[u16]>>) -> TaskView {
+        let ports: Box<[u16]> = ports.into();
+        self.ports = (!ports.is_empty()).then(|| Box::new(TaskPorts(ports)));
+        self
+    }
+
+    /// The ports it holds on its agent, in its group's order.
+    pub fn ports(&self) -> &[u16] {
+        self.ports.as_deref().map_or(&[], |ports| &ports.0)
     }
 
     /// Its unique id (`web.frontend[0]-1a2b3c4d`).

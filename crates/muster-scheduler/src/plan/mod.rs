@@ -111,6 +111,8 @@ pub struct Placement {
     /// its group's [`spec_version`](muster_model::TaskGroup::spec_version) is
     /// outdated and replaced.
     pub job_version: u64,
+    /// The ports it is given, in its group's order.
+    pub ports: Vec<muster_model::AssignedPort>,
 }
 
 impl Placement {
@@ -125,6 +127,7 @@ impl Placement {
             TaskState::Staging,
             self.job_version,
         )
+        .with_ports(self.ports.iter().map(|p| p.port).collect::<Vec<_>>())
     }
 }
 

@@ -5,6 +5,7 @@ mod common;
 
 mod drain;
 mod placement;
+mod ports;
 mod preferences;
 mod quota;
 mod reconcile;

@@ -158,6 +158,9 @@ async function jobsPage(_, show) {
   );
 }
 
+// The states a task has ended in: only those have an exit code to show.
+const ENDED = new Set(["finished", "failed", "killed", "lost"]);
+
 // A job document's groups in a line each: `web × 3: sleep 600`.
 const groupLines = (spec) => (spec.group || []).map((g) => `${g.name} × ${g.count}: ${g.command} ${(g.args || []).join(" ")}`);
 
@@ -193,11 +196,13 @@ async function jobPage([namespace, name], show) {
         rules ? h("div", { class: "placement", "data-group": spec.group[i].name }, "placement: ", h("code", {}, rules)) : null);
     })),
     h("h2", {}, "Tasks"),
-    table(["Name", "Id", "Agent", "State", "Exit ", "Reason", ""],
+    table(["Name", "Id", "Agent", "State", "Ports", "Exit ", "Reason", ""],
       job.tasks.map((t) => h("tr", { "data-task": t.id },
         h("td", {}, t.name), h("td", {}, h("code", {}, t.id)),
         h("td", {}, link(`#/agent/${encodeURIComponent(t.agent_id)}`, t.agent_id)),
-        h("td", { class: "task-state" }, badge(t.state)), num(t.exit_code), h("td", {}, t.message),
+        h("td", { class: "task-state" }, badge(t.state)),
+        h("td", { class: "task-ports" }, Object.entries(t.ports || {}).map(([label, port]) => `${label}=${port}`).join(" ")),
+        ENDED.has(t.state) ? num(t.exit_code) : h("td", {}), h("td", {}, t.message),
         h("td", {}, h("button", { class: "small", "data-logs": t.id, onclick: () => openLogs(t.id, false) }, "logs")),
       ))),
     logsPanel(),

@@ -8,6 +8,7 @@ fn one_placement(agent: &str, task_id: &str) -> muster_scheduler::Plan {
     let mut plan =
         muster_scheduler::Plan::empty(muster_model::EvalId(format!("eval-{task_id}")), "web", 0);
     plan.place.push(muster_scheduler::Placement {
+        ports: Default::default(),
         agent: muster_model::AgentId(agent.into()),
         task_id: task_id.into(),
         name: "web.main[0]".into(),
