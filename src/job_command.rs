@@ -1,6 +1,7 @@
 //! `muster job`: submit a job file (`run`) or see what it would change (`plan`), list jobs
 //! (`list`), show one (`status`) and its versions (`history`), print a task's output (`logs`),
-//! and stop a job (`stop`).
+//! stop a job (`stop`), and make a new version of one it holds (`scale`, `revert`: see
+//! `job_edit_command`).
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,7 +14,7 @@ use muster::proto::model as model_pb;
 
 use crate::connection::Connection;
 use crate::output::{Format, print_json, staleness, state_name};
-use crate::{job_file, list_command};
+use crate::{job_edit_command, job_file, list_command};
 
 /// `muster job ...`
 #[derive(Debug, Subcommand)]
@@ -76,6 +77,24 @@ pub(crate) enum JobCommand {
     Stop {
         /// The job's name.
         name: String,
+    },
+    /// Set one group's count (Nomad's `job scale`): the job as it is now, with that count,
+    /// submitted as a new version.
+    Scale {
+        /// The job's name.
+        name: String,
+        /// The group to scale.
+        group: String,
+        /// Its new count.
+        count: u32,
+    },
+    /// Submit an earlier version of a job again, as a new version (Nomad's `job revert`;
+    /// `job history NAME` lists the versions kept).
+    Revert {
+        /// The job's name.
+        name: String,
+        /// The version to go back to.
+        version: u64,
     },
 }
 
@@ -203,6 +222,14 @@ pub(crate) async fn run(
                     }
                 }
             }
+        }
+        JobCommand::Scale { name, group, count } => {
+            drop(out);
+            return job_edit_command::scale(connection, &name, &group, count, format).await;
+        }
+        JobCommand::Revert { name, version } => {
+            drop(out);
+            return job_edit_command::revert(connection, &name, version, format).await;
         }
         JobCommand::List { prefix, stale } => {
             drop(out);

@@ -73,7 +73,7 @@ pub(crate) async fn jobs(
             SchedulerType::try_from(job.scheduler).map_or("?", SchedulerType::name),
             job.priority,
             job.version,
-            if job.stopped { "stopped" } else { "running" },
+            muster_api::job_status(job),
             job.desired,
             job.running,
             job.staging + job.starting,

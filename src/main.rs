@@ -17,6 +17,7 @@ mod dev;
 mod dev_settings;
 mod events_command;
 mod job_command;
+mod job_edit_command;
 mod job_file;
 mod list_command;
 mod namespace_command;

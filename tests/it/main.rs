@@ -9,6 +9,7 @@ mod cluster_failover;
 mod dev_cluster;
 mod fuzz_decoders;
 mod import_circles;
+mod job_edits;
 mod layout;
 mod leader_pause;
 mod operator_snapshot;

@@ -21,7 +21,7 @@ pub use cluster::{ClusterStatus, Member};
 pub use evaluations::{EvaluationInfo, EvaluationList};
 pub use jobs::{
     JobDetail, JobList, JobPlan, JobSummary, JobVersion, JobVersions, PlannedTask, Submitted,
-    TaskCounts,
+    TaskCounts, job_status,
 };
 pub use namespaces::NamespaceInfo;
 pub use tasks::{TaskInfo, TaskLogs, task_state_name};

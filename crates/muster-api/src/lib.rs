@@ -12,7 +12,7 @@ pub use documents::{
     AgentDetail, AgentList, AgentScheduling, AgentSummary, ApiError, ClusterStatus, DrainRequest,
     EVENT_TOPICS, EligibilityRequest, EvaluationInfo, EvaluationList, Event, JobDetail, JobList,
     JobPlan, JobSummary, JobVersion, JobVersions, Member, NamespaceInfo, PlannedTask, REDACTED,
-    ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs,
+    ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs, job_status,
 };
 pub use job_spec::{
     AffinitySpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, PortSpec, SpecError,

@@ -51,7 +51,13 @@ impl SpreadCounts {
     /// Counts `n` more tasks on an agent with `attributes` (none if it lacks the attribute).
     pub fn add(&mut self, attributes: &BTreeMap<String, String>, n: usize) {
         if let Some(value) = attributes.get(&self.attribute) {
-            *self.by_value.entry(value.clone()).or_default() += n;
+            // The value is copied only the first time it is seen.
+            match self.by_value.get_mut(value.as_str()) {
+                Some(count) => *count += n,
+                None => {
+                    self.by_value.insert(value.clone(), n);
+                }
+            }
         }
     }
 

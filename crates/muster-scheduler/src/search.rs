@@ -58,17 +58,20 @@ struct GroupSearch {
 
 /// A walk over agent positions `0..len` that visits each once per round. In id order for a
 /// placer that sees every candidate. For one with a limit, step `k` visits `p(start + k)` for a
-/// permutation `p` of `0..len` keyed from the evaluation (a four-round Feistel network on the
-/// next even power of two, walked until it lands inside `0..len`), so that a search looks at a
+/// permutation `p` of `0..len` keyed from the evaluation, so that a search looks at a
 /// well-mixed sample without shuffling (or even reading) every agent first: agents whose ids
-/// sort together (`zone-a-…`, `rack-7-…`) are not looked at together.
+/// sort together (`zone-a-…`, `rack-7-…`) are not looked at together. `p` mixes the bits of a
+/// position within the next power of two (a keyed sequence of invertible steps: adding a
+/// constant, multiplying by an odd one, folding the high bits into the low), walked until it
+/// lands inside `0..len` (fewer than two steps on average).
 #[derive(Debug)]
 struct Walk {
     start: u64,
     len: u64,
-    /// Bits in each half of the Feistel network's blocks; 0 for the walk in id order.
-    half_bits: u32,
-    keys: [u64; 4],
+    /// Bits of the power of two the mixing works in; 0 for the walk in id order.
+    bits: u32,
+    /// The added constant and the two odd multipliers.
+    keys: [u64; 3],
 }
 
 impl Walk {
@@ -76,8 +79,8 @@ impl Walk {
         Walk {
             start: 0,
             len: len as u64,
-            half_bits: 0,
-            keys: [0; 4],
+            bits: 0,
+            keys: [0; 3],
         }
     }
 
@@ -85,40 +88,42 @@ impl Walk {
         if len < 2 {
             return Walk::in_order(len);
         }
-        let bits = u64::BITS - (len as u64 - 1).leading_zeros();
         Walk {
             start: rng.u64(0..len as u64),
             len: len as u64,
-            half_bits: bits.div_ceil(2),
-            keys: [rng.u64(..), rng.u64(..), rng.u64(..), rng.u64(..)],
+            bits: u64::BITS - (len as u64 - 1).leading_zeros(),
+            keys: [rng.u64(..), rng.u64(..) | 1, rng.u64(..) | 1],
         }
     }
 
     /// The position visited at step `k`.
     fn at(&self, k: usize) -> usize {
         let mut x = (self.start + k as u64 % self.len) % self.len;
-        if self.half_bits == 0 {
+        if self.bits == 0 {
             return x as usize;
         }
-        // Cycle walking: the network permutes 0..4^half_bits, a superset of 0..len (at most
-        // four times as large), so a few rounds at most land back inside it.
         loop {
-            x = self.feistel(x);
+            x = self.mix(x);
             if x < self.len {
                 return x as usize;
             }
         }
     }
 
-    fn feistel(&self, x: u64) -> u64 {
-        let mask = (1u64 << self.half_bits) - 1;
-        let (mut left, mut right) = (x >> self.half_bits, x & mask);
-        for key in self.keys {
-            let mixed = (right ^ key).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            let round = (mixed ^ (mixed >> 29)) & mask;
-            (left, right) = (right, left ^ round);
-        }
-        (left << self.half_bits) | right
+    /// A bijection of `0..2^bits`: each step is invertible modulo `2^bits`.
+    fn mix(&self, x: u64) -> u64 {
+        let mask = if self.bits == 64 {
+            u64::MAX
+        } else {
+            (1u64 << self.bits) - 1
+        };
+        let fold = self.bits.div_ceil(2);
+        let mut x = x.wrapping_add(self.keys[0]) & mask;
+        x = x.wrapping_mul(self.keys[1]) & mask;
+        x ^= x >> fold;
+        x = x.wrapping_mul(self.keys[2]) & mask;
+        x ^= x >> fold;
+        x
     }
 }
 
@@ -197,7 +202,9 @@ impl<'a> Search<'a> {
                 continue;
             }
             job += 1;
-            if task.group() == group && !self.stopping.contains(task.id()) {
+            if task.group() == group
+                && (self.stopping.is_empty() || !self.stopping.contains(task.id()))
+            {
                 of_group += 1;
             }
         }
@@ -290,10 +297,15 @@ impl<'a> Search<'a> {
         let used = self.used(at);
         let added = self.added.get(&at);
         let (job_live, group_live) = self.job_and_group_tasks(at, group);
-        let spreads = self
-            .groups
-            .get(group)
-            .map_or(&[][..], |search| &search.spreads[..]);
+        // Looked up only for a group with spreads: a candidate is built for every agent a
+        // slot is shown, and most groups have none.
+        let spreads = if slot.group.spreads.is_empty() {
+            &[][..]
+        } else {
+            self.groups
+                .get(group)
+                .map_or(&[][..], |search| &search.spreads[..])
+        };
         Candidate {
             agent,
             free: agent.total.saturating_sub(&used),

@@ -1,6 +1,7 @@
 //! The documents of jobs: lists, details, submissions, versions and plans.
 
 use muster_proto::cluster as cluster_pb;
+use muster_proto::model as model_pb;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -51,6 +52,31 @@ pub struct JobSummary {
     pub tasks: TaskCounts,
     /// Its evaluations pending or blocked.
     pub evaluations_in_flight: u64,
+    /// Where it is, as Nomad says it: `pending` (nothing runs yet), `running`, `complete` (a
+    /// batch job whose every task finished), or `dead` (stopped). See [`job_status`].
+    pub status: String,
+}
+
+/// A job's status in one word, from its summary, as Nomad's: `dead` once stopped; `complete`
+/// for a batch job with nothing live, nothing to evaluate and at least as many tasks finished
+/// as it asks for; `running` while a task runs (or is unknown on an agent that is away);
+/// `pending` otherwise (placing, starting, or waiting for room).
+pub fn job_status(summary: &cluster_pb::JobSummary) -> &'static str {
+    let live = summary.staging + summary.starting + summary.running + summary.unknown;
+    let batch = summary.scheduler == model_pb::SchedulerType::Batch as i32;
+    if summary.stopped {
+        "dead"
+    } else if batch
+        && live == 0
+        && summary.evals_in_flight == 0
+        && summary.finished >= summary.desired
+    {
+        "complete"
+    } else if summary.running + summary.unknown > 0 {
+        "running"
+    } else {
+        "pending"
+    }
 }
 
 /// `GET /v1/jobs`.
@@ -69,6 +95,7 @@ impl From<cluster_pb::JobList> for JobList {
                 .jobs
                 .into_iter()
                 .map(|j| JobSummary {
+                    status: job_status(&j).to_owned(),
                     namespace: super::namespace_and_job(j.namespace, String::new()).0,
                     name: j.name,
                     kind: scheduler_name(j.scheduler).to_owned(),
@@ -224,5 +251,47 @@ impl From<cluster_pb::JobPlan> for JobPlan {
             replaced: plan.replaced,
             unplaced: plan.unplaced,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_jobs_status_follows_nomads_words() {
+        let batch = |finished, running, evals| cluster_pb::JobSummary {
+            scheduler: model_pb::SchedulerType::Batch as i32,
+            desired: 3,
+            finished,
+            running,
+            evals_in_flight: evals,
+            ..cluster_pb::JobSummary::default()
+        };
+        assert_eq!(job_status(&batch(0, 0, 1)), "pending");
+        assert_eq!(job_status(&batch(1, 2, 0)), "running");
+        assert_eq!(job_status(&batch(3, 0, 0)), "complete");
+        assert_eq!(
+            job_status(&batch(3, 0, 1)),
+            "pending",
+            "still being evaluated"
+        );
+        let service = cluster_pb::JobSummary {
+            scheduler: model_pb::SchedulerType::Service as i32,
+            desired: 2,
+            finished: 2,
+            ..cluster_pb::JobSummary::default()
+        };
+        assert_eq!(
+            job_status(&service),
+            "pending",
+            "a service is never complete"
+        );
+        let stopped = cluster_pb::JobSummary {
+            stopped: true,
+            running: 1,
+            ..service
+        };
+        assert_eq!(job_status(&stopped), "dead");
     }
 }

@@ -151,7 +151,7 @@ async function jobsPage(_, show) {
       list.jobs.map((j) => h("tr", { "data-job": `${j.namespace}/${j.name}` },
         h("td", {}, jobLink(j.namespace, j.name)), h("td", { class: "namespace" }, j.namespace),
         h("td", {}, j.type), num(j.version),
-        h("td", { class: "job-status" }, badge(j.stopped ? "stopped" : j.tasks.running > 0 ? "running" : "pending")),
+        h("td", { class: "job-status" }, badge(j.status)),
         num(j.desired), num(j.tasks.running), num(j.tasks.staging + j.tasks.starting),
         num(j.tasks.finished), num(j.tasks.failed), num(j.tasks.lost), num(j.tasks.unknown ?? 0), num(j.evaluations_in_flight),
       ))),
