@@ -31,6 +31,13 @@ pub(crate) fn scaled(
             job.name
         );
     }
+    if job.stopped {
+        bail!(
+            "job {} is stopped: scaling it would start it again (run it, or revert to a \
+             version, to start it)",
+            job.name
+        );
+    }
     let names: Vec<String> = job.groups.iter().map(|g| g.name.clone()).collect();
     let Some(found) = job.groups.iter_mut().find(|g| g.name == group) else {
         bail!(
@@ -91,9 +98,10 @@ pub(crate) async fn scale(
             async move { client.job_status(request).await }
         })
         .await?;
-    let job = status
+    let mut job = status
         .job
         .with_context(|| format!("the master sent job {name} without its definition"))?;
+    job.stopped |= status.stopped;
     if SchedulerType::try_from(job.scheduler).is_err() {
         bail!("job {name} has a scheduler type this CLI does not know");
     }
@@ -189,6 +197,10 @@ mod tests {
         );
         let system = scaled(job(model_pb::SchedulerType::System), "fe", 5).unwrap_err();
         assert!(system.to_string().contains("system job"), "{system}");
+        let mut stopped = job(model_pb::SchedulerType::Service);
+        stopped.stopped = true;
+        let stopped = scaled(stopped, "fe", 5).unwrap_err();
+        assert!(stopped.to_string().contains("is stopped"), "{stopped}");
         Ok(())
     }
 

@@ -256,6 +256,23 @@ enum PortLabels<'a> {
     Wire(&'a [model_pb::AssignedPort]),
 }
 
+impl DetailKey<'_> {
+    /// Its port labels, copied.
+    fn port_labels_owned(&self) -> Vec<String> {
+        (0..self.port_labels.len())
+            .map(|i| self.port_labels.get(i).to_owned())
+            .collect()
+    }
+}
+
+/// A wire task's port numbers, or `None` if one is not a port (0, or past 65535).
+fn wire_port_numbers(wire: &model_pb::Task) -> Option<Vec<u16>> {
+    wire.ports
+        .iter()
+        .map(|p| u16::try_from(p.port).ok().filter(|&port| port > 0))
+        .collect()
+}
+
 impl<'a> PortLabels<'a> {
     fn len(self) -> usize {
         match self {
@@ -500,7 +517,12 @@ impl TaskInterner {
             args: &wire.args,
             user: &wire.user,
             labels: &labels,
-            port_labels: PortLabels::Wire(&wire.ports),
+            // Labels and numbers stay aligned: a report with a port that is not one holds none.
+            port_labels: PortLabels::Wire(if wire_port_numbers(wire).is_some() {
+                &wire.ports
+            } else {
+                &[]
+            }),
         };
         let detail = match self.find_detail(&key, &env) {
             Some(detail) => detail,
@@ -515,7 +537,7 @@ impl TaskInterner {
                         .collect(),
                     user: wire.user.clone(),
                     labels: Arc::clone(&labels),
-                    port_labels: wire.ports.iter().map(|p| p.label.clone()).collect(),
+                    port_labels: key.port_labels_owned(),
                 };
                 self.add_detail(detail)
             }
@@ -530,12 +552,7 @@ impl TaskInterner {
                     state,
                     wire.job_version,
                 )
-                .with_ports(
-                    wire.ports
-                        .iter()
-                        .filter_map(|p| u16::try_from(p.port).ok())
-                        .collect::<Vec<_>>(),
-                ),
+                .with_ports(wire_port_numbers(wire).unwrap_or_default()),
             ),
             detail,
             exit_code: wire.exit_code,

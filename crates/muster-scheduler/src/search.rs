@@ -241,16 +241,17 @@ impl<'a> Search<'a> {
     /// Whether the group's static ports are free on the agent at `at`, and enough of its
     /// dynamic range for the rest.
     fn ports_free(&self, at: usize, slot: &SlotRequest) -> bool {
-        let taken = self.ports_taken(at);
+        let mut taken = self.ports_taken(at);
         let range = self.agents[at].dynamic_ports;
         let mut dynamic = 0;
         for request in &slot.group.ports {
             if request.static_port == 0 {
                 dynamic += 1;
-            } else if taken.contains(&request.static_port) {
+            } else if !taken.insert(request.static_port) {
                 return false;
             }
         }
+        // The group's own static ports inside the range are not for its dynamic ones either.
         let taken_in_range = taken.range(range.min..=range.max).count();
         dynamic <= range.len().saturating_sub(taken_in_range)
     }

@@ -298,7 +298,7 @@ impl Master {
             // Being killed: only its end counts (a RUNNING sent before the kill arrived must
             // not bring it back).
             (Some(_), false) if was_killed => return,
-            (Some(i), false) => agent.tasks[i] = task.clone(),
+            (Some(i), false) => agent.tasks[i] = keeping_ports(&agent.tasks[i], &task),
             (Some(i), true) => {
                 agent.tasks.swap_remove(i);
                 agent.completed_tasks.push(task.clone());
@@ -646,5 +646,71 @@ impl Master {
                 reply.send(Err(refused));
             },
         );
+    }
+}
+
+/// `reported`, an agent's word on a task the master holds as `held`, with the ports the master
+/// gave it when the report carries none (an agent of a build before ports drops them): a task
+/// keeps its ports for its life, and a report must not free them for another task.
+fn keeping_ports(held: &TaskRecord, reported: &TaskRecord) -> TaskRecord {
+    if !reported.view.ports().is_empty() || held.view.ports().is_empty() {
+        return reported.clone();
+    }
+    let view = (*reported.view)
+        .clone()
+        .with_ports(held.view.ports().to_vec());
+    TaskRecord {
+        view: std::sync::Arc::new(view),
+        detail: std::sync::Arc::clone(&held.detail),
+        ..reported.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::task_record::TaskInterner;
+
+    fn wire(state: model_pb::TaskState, ports: &[(&str, u32)]) -> Task {
+        Task {
+            id: "web.fe[0]-00000001".into(),
+            name: "web.fe[0]".into(),
+            job: "web".into(),
+            group: "fe".into(),
+            state: state as i32,
+            ports: ports
+                .iter()
+                .map(|(label, port)| model_pb::AssignedPort {
+                    label: (*label).into(),
+                    port: *port,
+                })
+                .collect(),
+            ..Task::default()
+        }
+    }
+
+    #[test]
+    fn a_report_without_ports_keeps_those_the_task_was_given() {
+        let mut interner = TaskInterner::default();
+        let held = interner.task(&wire(model_pb::TaskState::Staging, &[("http", 20_001)]));
+        let reported = interner.task(&wire(model_pb::TaskState::Running, &[]));
+        let kept = keeping_ports(&held, &reported);
+        assert_eq!(kept.state(), TaskState::Running);
+        assert_eq!(kept.view.ports(), [20_001]);
+        assert_eq!(kept.wire_ports()[0].label, "http");
+        // A report that carries ports is taken as it is.
+        let moved = interner.task(&wire(model_pb::TaskState::Running, &[("http", 20_002)]));
+        assert_eq!(keeping_ports(&held, &moved).view.ports(), [20_002]);
+    }
+
+    #[test]
+    fn a_report_with_a_port_that_is_not_one_holds_none_and_keeps_labels_aligned() {
+        let mut interner = TaskInterner::default();
+        let bad = interner.task(&wire(
+            model_pb::TaskState::Running,
+            &[("a", 70_000), ("b", 8_080)],
+        ));
+        assert!(bad.view.ports().is_empty());
+        assert!(bad.wire_ports().is_empty());
     }
 }

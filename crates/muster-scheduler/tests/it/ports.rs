@@ -150,3 +150,27 @@ fn a_full_range_leaves_the_task_unplaced_and_says_so() {
     assert_eq!(plan.place.len(), 1);
     assert_eq!(plan.unplaced.len(), 1);
 }
+
+#[test]
+fn a_groups_own_static_port_inside_the_range_counts_against_its_dynamic_ones() {
+    // a1's range holds two ports, one of them the group's static one: no room for two dynamic
+    // ports there, so the task goes to a2.
+    let mut a1 = agent("a1", 8.0, 8192);
+    a1.dynamic_ports = PortRange { min: 100, max: 101 };
+    let mut a2 = agent("a2", 8.0, 8192);
+    a2.dynamic_ports = PortRange { min: 200, max: 210 };
+    let web = job(
+        "web",
+        SchedulerType::Service,
+        vec![with_ports(
+            group("fe", 1, 0.1, 16),
+            &[("s", 101), ("a", 0), ("b", 0)],
+        )],
+    );
+    let plan = binpack().schedule(
+        &eval_for(&web),
+        &snapshot(3, vec![a1, a2], vec![web.clone()]),
+    );
+    assert_eq!(per_agent(&plan), BTreeMap::from([("a2".into(), 1)]));
+    assert!(plan.unplaced.is_empty());
+}
