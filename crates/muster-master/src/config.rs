@@ -128,7 +128,8 @@ pub const HTTP_PORT_OFFSET: u16 = 10;
 
 impl MasterConfig {
     /// Where the HTTP API listens: `http_listen`, or the gRPC address `listen` with its port
-    /// plus [`HTTP_PORT_OFFSET`] (0 stays 0).
+    /// plus [`HTTP_PORT_OFFSET`] (0 stays 0: a master listening on any free port serves HTTP
+    /// on any free port too).
     ///
     /// # Errors
     /// A message naming `listen` if it has no port.

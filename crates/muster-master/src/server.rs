@@ -97,7 +97,15 @@ impl MasterServer {
         }
         // The HTTP API's port is bound before anything starts, so a port in use is named at
         // once.
-        let http_listen = config.http_address(&local).map_err(MasterError::Config)?;
+        // A master told to take any free port (`:0`) takes any free port for HTTP too: its
+        // gRPC port plus ten may be another program's.
+        let any_port = config
+            .listen
+            .rsplit_once(':')
+            .is_some_and(|(_, port)| port == "0");
+        let http_listen = config
+            .http_address(if any_port { &config.listen } else { &local })
+            .map_err(MasterError::Config)?;
         let http_listener = Node::listen(&http_listen).await?;
         let http_config = crate::http::HttpConfig {
             members: members.clone(),
