@@ -511,18 +511,15 @@ impl TaskInterner {
             .map(|(name, value)| (name.as_str(), value.as_str()))
             .collect();
         env.sort_unstable();
+        // Labels and numbers stay aligned: a report with a port that is not one holds none.
+        let ports = wire_port_numbers(wire);
         let key = DetailKey {
             framework_id: &wire.framework_id,
             command: &wire.command,
             args: &wire.args,
             user: &wire.user,
             labels: &labels,
-            // Labels and numbers stay aligned: a report with a port that is not one holds none.
-            port_labels: PortLabels::Wire(if wire_port_numbers(wire).is_some() {
-                &wire.ports
-            } else {
-                &[]
-            }),
+            port_labels: PortLabels::Wire(if ports.is_some() { &wire.ports } else { &[] }),
         };
         let detail = match self.find_detail(&key, &env) {
             Some(detail) => detail,
@@ -552,7 +549,7 @@ impl TaskInterner {
                     state,
                     wire.job_version,
                 )
-                .with_ports(wire_port_numbers(wire).unwrap_or_default()),
+                .with_ports(ports.unwrap_or_default()),
             ),
             detail,
             exit_code: wire.exit_code,

@@ -299,13 +299,11 @@ fn matches(op: ConstraintOp, actual: Option<&str>, value: &str) -> bool {
         ConstraintOp::IsSet => actual.is_some(),
         ConstraintOp::IsNotSet => actual.is_none(),
         ConstraintOp::DistinctHosts => true,
-        ConstraintOp::Regexp => actual.is_some_and(|actual| {
-            compiled(value)
-                .is_some_and(|c| matches!(&*c, Compiled::Regex(re) if re.is_match(actual)))
-        }),
+        ConstraintOp::Regexp => {
+            actual.is_some_and(|actual| compiled_regex(value).is_some_and(|re| re.is_match(actual)))
+        }
         ConstraintOp::Version => actual.and_then(leading_version).is_some_and(|version| {
-            compiled_version(value)
-                .is_some_and(|c| matches!(&*c, Compiled::Version(req) if req.matches(&version)))
+            compiled_version(value).is_some_and(|req| req.matches(&version))
         }),
         ConstraintOp::SetContains => actual.is_some_and(|actual| {
             let held: BTreeSet<&str> = set_items(actual).collect();
@@ -364,51 +362,43 @@ fn compile_regex(pattern: &str) -> Result<regex::Regex, String> {
         .map_err(|e| format!("{pattern:?} is not a regular expression this cluster takes: {e}"))
 }
 
-/// A pattern or a requirement, compiled.
-#[derive(Debug)]
-enum Compiled {
-    Regex(regex::Regex),
-    Version(semver::VersionReq),
-}
-
-/// How many compiled values the cache keeps before it starts again.
+/// How many compiled values each cache keeps before it starts again.
 const CACHE_ENTRIES: usize = 512;
 
-type Cache = Mutex<HashMap<(bool, String), Option<Arc<Compiled>>>>;
+/// Compiled values by their text; `None` for a text that does not compile.
+type Cache<T> = Mutex<HashMap<String, Option<Arc<T>>>>;
 
-fn cache() -> &'static Cache {
-    static CACHE: OnceLock<Cache> = OnceLock::new();
-    CACHE.get_or_init(|| Mutex::new(HashMap::new()))
-}
-
-fn cached(
-    key: (bool, String),
-    compile: impl FnOnce(&str) -> Option<Compiled>,
-) -> Option<Arc<Compiled>> {
-    let mut cache = cache()
+/// The compiled form of `text` from `cache`, compiled by `compile` the first time: a lookup
+/// by the text itself, which allocates only on a miss.
+fn cached<T>(
+    cache: &Cache<T>,
+    text: &str,
+    compile: impl FnOnce(&str) -> Option<T>,
+) -> Option<Arc<T>> {
+    let mut cache = cache
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some(found) = cache.get(&key) {
+    if let Some(found) = cache.get(text) {
         return found.clone();
     }
     if cache.len() >= CACHE_ENTRIES {
         cache.clear();
     }
-    let made = compile(&key.1).map(Arc::new);
-    cache.insert(key, made.clone());
+    let made = compile(text).map(Arc::new);
+    cache.insert(text.to_owned(), made.clone());
     made
 }
 
-fn compiled(pattern: &str) -> Option<Arc<Compiled>> {
-    cached((true, pattern.to_owned()), |p| {
-        compile_regex(p).ok().map(Compiled::Regex)
-    })
+fn compiled_regex(pattern: &str) -> Option<Arc<regex::Regex>> {
+    static REGEXES: OnceLock<Cache<regex::Regex>> = OnceLock::new();
+    let cache = REGEXES.get_or_init(|| Mutex::new(HashMap::new()));
+    cached(cache, pattern, |p| compile_regex(p).ok())
 }
 
-fn compiled_version(requirement: &str) -> Option<Arc<Compiled>> {
-    cached((false, requirement.to_owned()), |r| {
-        version_requirement(r).ok().map(Compiled::Version)
-    })
+fn compiled_version(requirement: &str) -> Option<Arc<semver::VersionReq>> {
+    static VERSIONS: OnceLock<Cache<semver::VersionReq>> = OnceLock::new();
+    let cache = VERSIONS.get_or_init(|| Mutex::new(HashMap::new()));
+    cached(cache, requirement, |r| version_requirement(r).ok())
 }
 
 #[cfg(test)]
