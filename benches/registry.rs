@@ -159,6 +159,12 @@ fn task_group(rng: &mut fastrand::Rng, job: usize, group: usize) -> TaskGroup {
         env.insert(format!("SETTING_{n}"), text(rng, 32));
     }
     TaskGroup {
+        restart: None,
+        reschedule: None,
+        checks: Vec::new(),
+        kill_signal: None,
+        kill_timeout_ms: None,
+        max_run_duration_ms: None,
         ports: Default::default(),
         name: format!("group-{group}"),
         count: 3 + group as u32,

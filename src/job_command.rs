@@ -293,12 +293,13 @@ pub(crate) async fn run(
                 let Some(t) = &task.task else { continue };
                 writeln!(
                     out,
-                    "  {:<28} {:<10} {:<9} on {}  (id {})",
+                    "  {:<28} {:<10} {:<9} on {}  (id {}){}",
                     t.name,
                     state_name(t.state),
                     exit_words(t),
                     task.agent_id,
-                    t.id
+                    t.id,
+                    health_words(t)
                 )?;
                 if !t.message.is_empty() {
                     writeln!(out, "    {}", t.message)?;
@@ -461,6 +462,26 @@ fn task_to_read(tasks: &[&model_pb::Task]) -> Option<String> {
 
 /// A task's exit in words (`exit 3`), or nothing while it has not ended: a running task has no
 /// exit code to show.
+/// What a task's checks and restarts say, for `job status`: `  healthy, 2 restarts`, or
+/// nothing for a task without checks that never restarted.
+fn health_words(task: &muster_proto::model::Task) -> String {
+    let mut words = Vec::new();
+    let health = muster_model::TaskHealth::from_wire(task.health);
+    if health != muster_model::TaskHealth::None {
+        words.push(health.as_str().to_owned());
+    }
+    match task.restarts {
+        0 => {}
+        1 => words.push("1 restart".to_owned()),
+        n => words.push(format!("{n} restarts")),
+    }
+    if words.is_empty() {
+        String::new()
+    } else {
+        format!("  {}", words.join(", "))
+    }
+}
+
 fn exit_words(task: &muster_proto::model::Task) -> String {
     let ended = muster_model::TaskState::try_from(task.state).is_ok_and(|s| s.is_terminal());
     if ended {
@@ -482,6 +503,11 @@ mod tests {
             ..model_pb::Task::default()
         };
         assert_eq!(exit_words(&task(model_pb::TaskState::Running, 0)), "");
+        let mut checked = task(model_pb::TaskState::Running, 0);
+        assert_eq!(health_words(&checked), "");
+        checked.health = model_pb::TaskHealth::Healthy as i32;
+        checked.restarts = 2;
+        assert_eq!(health_words(&checked), "  healthy, 2 restarts");
         assert_eq!(
             exit_words(&task(model_pb::TaskState::Finished, 0)),
             "exit 0"

@@ -62,6 +62,11 @@ mod tests {
         assert_eq!(group.spreads[0].attribute, "zone");
         assert_eq!(group.spreads[0].weight, 100);
         assert_eq!(group.ports[0].label, "http");
+        assert_eq!(group.kill_timeout_ms, Some(10_000));
+        assert_eq!(group.restart.as_ref().map(|r| r.attempts), Some(2));
+        assert_eq!(group.reschedule.as_ref().map(|r| r.unlimited), Some(true));
+        // And the master would take it.
+        muster::model::Job::from_submitted(spec.clone())?;
         Ok(())
     }
 

@@ -31,6 +31,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .protoc_executable(protoc)
         .file_descriptor_set_path(descriptors)
         .bytes(["."])
+        // Launches carry it, reports do not: a pointer in every task a message holds.
+        .boxed(".muster.model.v1.Task.lifecycle")
         .enable_type_names();
     tonic_prost_build::configure().compile_with_config(config, &protos, &[root])?;
     Ok(())

@@ -15,3 +15,4 @@ mod leader_pause;
 mod operator_snapshot;
 mod registry_crash;
 mod remote_process;
+mod task_lifecycle;

@@ -8,6 +8,8 @@
 //!   following `NotLeader` hints, heartbeats, and noticing the master is gone;
 //! - [`task_lifecycle`]: launching and killing tasks, recording how they ended, and reporting
 //!   their states to the master;
+//! - [`supervision`]: what the agent does for a running task beyond waiting for its end:
+//!   health checks, restarts in place, its longest run, its kill signal and timeout;
 //! - [`recovery`]: taking back the tasks an earlier run of the agent left (re-attaching to
 //!   those still running, recording the real end of the others);
 //! - [`task_output`]: answering the masters' reads of a task's output, and having the runner
@@ -21,6 +23,7 @@ mod fencing;
 mod handle;
 mod master_link;
 mod recovery;
+mod supervision;
 mod task_lifecycle;
 mod task_output;
 
@@ -114,6 +117,9 @@ impl fmt::Debug for AgentMsg {
             Msg::CheckSilence { .. } => "CheckSilence",
             Msg::SendHeartbeat { .. } => "SendHeartbeat",
             Msg::TaskExited { .. } => "TaskExited",
+            Msg::TaskHealth { .. } => "TaskHealth",
+            Msg::RestartTask { .. } => "RestartTask",
+            Msg::RunTooLong { .. } => "RunTooLong",
             Msg::Alive => "Alive",
             Msg::LeaderAnnounced(_) => "LeaderAnnounced",
             Msg::AgentId(_) => "AgentId",
@@ -156,6 +162,23 @@ enum Msg {
     TaskExited {
         task_id: String,
         ended: TaskEnd,
+    },
+    /// A run of a task has a new health (see `supervision`).
+    TaskHealth {
+        task_id: String,
+        run: u64,
+        health: muster_model::TaskHealth,
+        why: String,
+    },
+    /// Time to restart a task that failed in run `run`.
+    RestartTask {
+        task_id: String,
+        run: u64,
+    },
+    /// Run `run` of a task reached its longest run.
+    RunTooLong {
+        task_id: String,
+        run: u64,
     },
     /// Time to record that the agent is alive (see `store::touch_alive`).
     Alive,
@@ -286,7 +309,7 @@ impl Process for Agent {
                         ..KillTaskReply::default()
                     });
                 }
-                let answer = self.kill_task(&request.task_id, request.term);
+                let answer = self.kill_task(&request.task_id, request.term, ctx);
                 if !answer.error.is_empty() {
                     tracing::warn!(error = %answer.error, "cannot kill a task");
                 }
@@ -339,7 +362,15 @@ impl Process for Agent {
                     self.send_heartbeat(ctx);
                 }
             }
-            Msg::TaskExited { task_id, ended } => self.task_exited(&task_id, ended).await,
+            Msg::TaskExited { task_id, ended } => self.task_exited(&task_id, ended, ctx).await,
+            Msg::TaskHealth {
+                task_id,
+                run,
+                health,
+                why,
+            } => self.task_health(&task_id, run, health, why),
+            Msg::RestartTask { task_id, run } => self.restart_task(&task_id, run, ctx).await,
+            Msg::RunTooLong { task_id, run } => self.run_too_long(&task_id, run),
             Msg::Alive => self.keep_alive(ctx).await,
             Msg::LeaderAnnounced(announcement) => self.on_announcement(&announcement, ctx),
             Msg::AgentId(reply) => reply.send(self.agent_id.clone()),

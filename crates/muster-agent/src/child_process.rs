@@ -260,20 +260,20 @@ impl TaskProcess {
     }
 
     /// Waits for the task to end, then kills whatever it left behind in its group and cgroup.
-    /// A [`Stop`] arriving on `kill` first stops the task: SIGTERM, then SIGKILL if it is
-    /// still there when its grace period is over (a zero grace period: SIGKILL at once).
+    /// A [`Stop`] arriving on `kill` first stops the task: its kill signal, then SIGKILL if it
+    /// is still there when its grace period is over (a zero grace period: SIGKILL at once).
     async fn wait_for_end(mut self, mut kill: oneshot::Receiver<Stop>) -> TaskEnd {
-        let grace = tokio::select! {
+        let (grace, signal) = tokio::select! {
             biased;
             () = self.executor.ended() => return self.end(false).await,
-            Ok(stop) = &mut kill => stop.grace,
+            Ok(stop) = &mut kill => (stop.grace, stop.signal),
         };
         if grace.is_zero() {
             self.signaller.signal(libc::SIGKILL);
             self.executor.ended().await;
             return self.end(true).await;
         }
-        self.signaller.signal(libc::SIGTERM);
+        self.signaller.signal(signal);
         if tokio::time::timeout(grace, self.executor.ended())
             .await
             .is_err()

@@ -17,8 +17,13 @@
 //!   - `agent::handle`: [`start`] and [`AgentHandle`] ([`AgentStatus`], [`AgentSnapshot`]);
 //!   - `agent::master_link`: registration, re-registration, leader following, heartbeats,
 //!     noticing a lost master;
-//!   - `agent::task_lifecycle`: launching and killing tasks, their ends, status reports.
-//! - `tasks`: the task table (running tasks, bounded completed history).
+//!   - `agent::task_lifecycle`: launching and killing tasks, their ends, status reports;
+//!   - `agent::supervision`: health checks, restarts in place, a task's longest run and its
+//!     kill signal.
+//! - `tasks`: the task table (running tasks with their supervision, bounded completed
+//!   history).
+//! - `health`: health checks (HTTP, TCP, command) and what their streaks make of a task.
+//! - `restarts`: what a restart policy says of a task that failed.
 //! - [`runner`]: what runs a task, the one [`runner::TaskRunner`] the agent holds: processes
 //!   by default, or one its config gives, such as [`simulated::SimulatedTasks`]
 //!   (deterministic simulation tests), with the agent's logic (launches, kills, checkpoints,
@@ -56,12 +61,14 @@ mod config;
 mod decimal;
 mod error;
 mod executor;
+mod health;
 pub mod http;
 pub mod isolation;
 pub mod metrics;
 mod output;
 mod process_runner;
 pub mod reregistration;
+mod restarts;
 pub mod runner;
 pub mod simulated;
 pub mod store;

@@ -10,7 +10,7 @@
 //! to start it, to find one an earlier run of the agent started, and how it ended; and to look
 //! after what its tasks leave on the machine (cgroups, output files). The trait mirrors what
 //! the process runner does: [`TaskRunner::start`] is its spawn, [`RunnerTask::wait`] its wait
-//! (with the [`Stop`] that SIGTERMs, then SIGKILLs), [`RunnerTask::kill_switch`] its SIGKILL to
+//! (with the [`Stop`] that sends the task's kill signal, then SIGKILL), [`RunnerTask::kill_switch`] its SIGKILL to
 //! every process, and [`TaskRunner::reattach`] with [`Reattached`] its re-attach.
 //!
 //! A runner other than the processes touches none of the machine's processes: no fork, no
@@ -41,8 +41,10 @@ pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 /// The agent asks a running task to stop: what a `KillTask` (or the agent itself) asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Stop {
-    /// How long the task has between SIGTERM and SIGKILL; zero sends SIGKILL at once.
+    /// How long the task has between its kill signal and SIGKILL; zero sends SIGKILL at once.
     pub grace: Duration,
+    /// The signal that asks it to stop (`libc::SIGTERM` unless its group names another).
+    pub signal: i32,
     /// The raft term of the leader whose command stops it (the term the agent follows as it
     /// obeys); `None` when the agent stops it on its own: it could not checkpoint the task it
     /// just started, or it was down longer than its recovery timeout.
@@ -144,6 +146,7 @@ pub(crate) async fn kill_and_wait(task: Box<dyn RunnerTask>) -> TaskEnd {
     let (stop, stopped) = oneshot::channel();
     let _ = stop.send(Stop {
         grace: Duration::ZERO,
+        signal: libc::SIGKILL,
         term: None,
     });
     task.wait(stopped).await

@@ -477,9 +477,10 @@ impl RunnerTask for SimulatedTask {
                     asked = &mut stop, if !stop_answered => {
                         stop_answered = true;
                         // A dropped sender asks nothing.
-                        if let Ok(Stop { grace, term }) = asked {
-                            // It honours SIGTERM at once; a zero grace period is SIGKILL.
-                            let signal = if grace.is_zero() { libc::SIGKILL } else { libc::SIGTERM };
+                        if let Ok(Stop { grace, term, signal }) = asked {
+                            // It honours its kill signal at once; a zero grace period is
+                            // SIGKILL.
+                            let signal = if grace.is_zero() { libc::SIGKILL } else { signal };
                             let killed = TaskEnd::signalled(signal, true);
                             if let Some(end) = tasks.end(&task_id, killed, Some(term)) {
                                 return end;
@@ -522,6 +523,7 @@ mod tests {
         let (sender, receiver) = oneshot::channel();
         let _ = sender.send(Stop {
             grace,
+            signal: libc::SIGTERM,
             term: Some(term),
         });
         receiver

@@ -1,15 +1,19 @@
-//! The agent's book of tasks: the running ones with their frameworks, and a bounded history of
-//! completed tasks and frameworks.
+//! The agent's book of tasks: the running ones with their frameworks and what the agent keeps
+//! of each one's life ([`Supervision`]), and a bounded history of completed tasks and
+//! frameworks.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
 
 use muster_actor::TimerHandle;
+use muster_model::convert::Lifecycle;
 use muster_proto::cluster::Framework;
 use muster_proto::model::{Task, TaskState};
 use tokio::sync::oneshot;
 
 use crate::metrics::{CgroupPaths, RunningTask};
-use crate::runner::{KillSwitch, RunnerTask, Stop};
+use crate::restarts::RestartCount;
+use crate::runner::{KillSwitch, RunnerTask, Stop, TaskEnd};
 
 /// What ends a running task at once when the agent stops, and where its usage is read.
 #[derive(Clone, Debug)]
@@ -42,10 +46,69 @@ impl Stopper {
     }
 }
 
+/// What the agent keeps of a running task's life beyond its current process: how its group
+/// wants it restarted, checked and stopped, its restarts so far, and the checks and timers of
+/// its current run.
+#[derive(Debug, Default)]
+pub(crate) struct Supervision {
+    /// Its restart policy, checks and stop, as its launch carried them.
+    pub(crate) lifecycle: Arc<Lifecycle>,
+    /// Its restarts in the current window.
+    pub(crate) restarts: RestartCount,
+    /// The number of its current run (each restart is a new one): what its checks and timers
+    /// say they are about.
+    pub(crate) run: u64,
+    /// The current run's health checks and longest-run timer, or the wait before a restart:
+    /// cancelled when the run ends or the task is stopped.
+    timers: Vec<TimerHandle>,
+    /// It ended and waits to be started again.
+    pub(crate) waiting_to_restart: bool,
+    /// Why the agent itself is stopping it, if it is: it turned unhealthy (restarted by its
+    /// policy), or ran past its longest run (FAILED).
+    pub(crate) stopping_for: Option<AgentStop>,
+    /// A master asked for it to be killed: it is not restarted.
+    pub(crate) killed: bool,
+    /// How its last run ended, while it waits to start again.
+    pub(crate) last_end: Option<TaskEnd>,
+}
+
+/// Why the agent stops a task of its own accord.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum AgentStop {
+    /// A health check failed, as this says: a failure its restart policy answers.
+    Unhealthy(String),
+    /// It ran past its group's longest run, as this says: FAILED, not restarted.
+    RanTooLong(String),
+}
+
+impl Supervision {
+    /// The supervision of a task launched with `lifecycle`.
+    pub(crate) fn new(lifecycle: Lifecycle) -> Self {
+        Supervision {
+            lifecycle: Arc::new(lifecycle),
+            ..Supervision::default()
+        }
+    }
+
+    /// Keeps `timer` until the current run ends.
+    pub(crate) fn hold(&mut self, timer: TimerHandle) {
+        self.timers.retain(|t| !t.is_finished());
+        self.timers.push(timer);
+    }
+
+    /// Cancels the current run's checks and timers.
+    pub(crate) fn cancel_timers(&mut self) {
+        for timer in self.timers.drain(..) {
+            timer.cancel();
+        }
+    }
+}
+
 /// A task that runs.
 #[derive(Debug)]
 struct Active {
     task: Task,
+    supervision: Supervision,
     /// The future that waits for the task's end; cancelling it leaves the task running.
     waiter: Option<TimerHandle>,
     /// Ends the task at once (to kill it when the agent stops, if it should).
@@ -56,13 +119,15 @@ struct Active {
 }
 
 /// What became of a request to kill a task.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum KillRequest {
     /// The task runs: its process is being stopped (or was already, or has just ended and
     /// its end is on its way).
     Stopping,
     /// The task has already ended, in this state.
     Ended(TaskState),
+    /// The task waits to be restarted: nothing runs, so it ends now, as it last ended.
+    Waiting(TaskEnd),
     /// No such task.
     Unknown,
 }
@@ -125,15 +190,62 @@ impl Tasks {
     ) {
         self.completed_frameworks.retain(|f| f.id != framework.id);
         self.frameworks.insert(framework.id.clone(), framework);
+        // Checked when it was launched; what a checkpoint of an older agent holds may be none.
+        let lifecycle = task
+            .lifecycle
+            .clone()
+            .and_then(|l| Lifecycle::try_from(*l).ok())
+            .unwrap_or_default();
         self.active.insert(
             task.id.clone(),
             Active {
                 task,
+                supervision: Supervision::new(lifecycle),
                 waiter,
                 kill,
                 stopper,
             },
         );
+    }
+
+    /// A task that runs, and what the agent keeps of its life.
+    pub(crate) fn supervised(&mut self, task_id: &str) -> Option<(&mut Task, &mut Supervision)> {
+        self.active
+            .get_mut(task_id)
+            .map(|active| (&mut active.task, &mut active.supervision))
+    }
+
+    /// A task restarted in place runs again: `waiter` waits for it, `kill` asks the waiter to
+    /// stop it, `stopper` ends it at once.
+    pub(crate) fn resume(
+        &mut self,
+        task_id: &str,
+        waiter: TimerHandle,
+        kill: oneshot::Sender<Stop>,
+        stopper: Stopper,
+    ) {
+        if let Some(active) = self.active.get_mut(task_id) {
+            active.waiter = Some(waiter);
+            active.kill = Some(kill);
+            active.stopper = Some(stopper);
+            active.supervision.waiting_to_restart = false;
+            active.supervision.last_end = None;
+        }
+    }
+
+    /// The agent stops a running task of its own accord, for `why`; false if it does not run
+    /// (or is already being stopped).
+    pub(crate) fn stop_for(&mut self, task_id: &str, why: AgentStop, stop: Stop) -> bool {
+        let Some(active) = self.active.get_mut(task_id) else {
+            return false;
+        };
+        let Some(kill) = active.kill.take() else {
+            return false;
+        };
+        active.supervision.cancel_timers();
+        active.supervision.stopping_for = Some(why);
+        let _ = kill.send(stop);
+        true
     }
 
     /// Adds a task that had already completed (found so by a restarted agent); returns the ids
@@ -152,6 +264,18 @@ impl Tasks {
     /// period). A second request for the same task changes nothing (the first one stands).
     pub(crate) fn kill(&mut self, task_id: &str, stop: Stop) -> KillRequest {
         if let Some(active) = self.active.get_mut(task_id) {
+            let supervision = &mut active.supervision;
+            supervision.killed = true;
+            supervision.cancel_timers();
+            if supervision.waiting_to_restart {
+                let mut ended = supervision.last_end.take().unwrap_or(TaskEnd {
+                    status: Err("killed while waiting to restart".into()),
+                    killed: true,
+                    out_of_memory: false,
+                });
+                ended.killed = true;
+                return KillRequest::Waiting(ended);
+            }
             if let Some(kill) = active.kill.take() {
                 // An error means the waiter is done: the task ended by itself just now, and
                 // its end is already on its way to the agent.
@@ -181,7 +305,12 @@ impl Tasks {
         exit_code: i32,
         message: Option<String>,
     ) -> Option<Finished> {
-        let Active { mut task, .. } = self.active.remove(task_id)?;
+        let Active {
+            mut task,
+            mut supervision,
+            ..
+        } = self.active.remove(task_id)?;
+        supervision.cancel_timers();
         task.state = state as i32;
         task.exit_code = exit_code;
         if let Some(message) = message {
@@ -298,6 +427,7 @@ impl Tasks {
             if let Some(waiter) = active.waiter.take() {
                 waiter.cancel();
             }
+            active.supervision.cancel_timers();
             let mut task = active.task.clone();
             if kill && let Some(stopper) = &active.stopper {
                 stopper.kill_now();
@@ -336,6 +466,7 @@ mod tests {
     fn stop(grace: Duration) -> Stop {
         Stop {
             grace,
+            signal: libc::SIGTERM,
             term: Some(1),
         }
     }

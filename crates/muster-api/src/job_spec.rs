@@ -10,6 +10,10 @@ use muster_proto::model as pb;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
+mod lifecycle;
+
+pub use lifecycle::{CheckSpec, RescheduleSpec, RestartSpec};
+
 /// A job: its name, type and priority, and its task groups.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -77,6 +81,29 @@ pub struct GroupSpec {
     /// `MUSTER_PORT_<LABEL>` and `MUSTER_ADDR_<LABEL>`.
     #[serde(rename = "port", default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<PortSpec>,
+    /// How its agent restarts a failed or unhealthy task in place (`[group.restart]`);
+    /// absent: never.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartSpec>,
+    /// How a failed task is placed again (`[group.reschedule]`); absent: the master's own
+    /// back-off for service and system jobs, never for batch jobs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reschedule: Option<RescheduleSpec>,
+    /// Health checks its agent runs against each task (`[[group.check]]`).
+    #[serde(rename = "check", default, skip_serializing_if = "Vec::is_empty")]
+    pub checks: Vec<CheckSpec>,
+    /// The signal that asks a task to stop: `SIGTERM` (the default), `SIGINT`, `SIGQUIT`,
+    /// `SIGHUP`, `SIGUSR1` or `SIGUSR2`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kill_signal: String,
+    /// How long a task has after its kill signal before SIGKILL (`30s`); absent: the agent's
+    /// `--kill-grace`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kill_timeout: String,
+    /// Batch jobs: how long a task may run before it is stopped and FAILED (`2h`); absent:
+    /// no limit.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub max_run_duration: String,
 }
 
 /// A port a group's tasks are given.
@@ -359,6 +386,34 @@ impl JobSpec {
                         static_port: p.static_port,
                     })
                     .collect(),
+                restart: g
+                    .restart
+                    .as_ref()
+                    .map(|r| r.to_proto(&format!("group[{i}].restart")))
+                    .transpose()?,
+                reschedule: g
+                    .reschedule
+                    .as_ref()
+                    .map(|r| r.to_proto(&format!("group[{i}].reschedule")))
+                    .transpose()?,
+                checks: g
+                    .checks
+                    .iter()
+                    .enumerate()
+                    .map(|(c, check)| check.to_proto(&format!("group[{i}].check[{c}]")))
+                    .collect::<Result<_, SpecError>>()?,
+                kill_signal: g.kill_signal.clone(),
+                kill_timeout_ms: lifecycle::duration_ms(
+                    &g.kill_timeout,
+                    &format!("group[{i}]"),
+                    "kill_timeout",
+                )?,
+                max_run_duration_ms: lifecycle::duration_ms(
+                    &g.max_run_duration,
+                    &format!("group[{i}]"),
+                    "max_run_duration",
+                )?
+                .unwrap_or(0),
             });
         }
         Ok(pb::Job {
@@ -436,6 +491,19 @@ impl JobSpec {
                             static_port: p.static_port,
                         })
                         .collect(),
+                    restart: g.restart.as_ref().map(RestartSpec::from_proto),
+                    reschedule: g.reschedule.as_ref().map(RescheduleSpec::from_proto),
+                    checks: g.checks.iter().map(CheckSpec::from_proto).collect(),
+                    kill_signal: g.kill_signal.clone(),
+                    kill_timeout: g
+                        .kill_timeout_ms
+                        .map(lifecycle::format_ms)
+                        .unwrap_or_default(),
+                    max_run_duration: if g.max_run_duration_ms == 0 {
+                        String::new()
+                    } else {
+                        lifecycle::format_ms(g.max_run_duration_ms)
+                    },
                 })
                 .collect(),
         }
@@ -507,6 +575,55 @@ mod tests {
             pb::ConstraintOp::NotEqual as i32
         );
         assert_eq!(JobSpec::from_proto(&job), spec);
+        Ok(())
+    }
+
+    #[test]
+    fn lifecycle_blocks_take_defaults_and_read_back() -> Result<(), SpecError> {
+        let text = format!(
+            "{WEB}[[group.port]]\nlabel = \"http\"\n[group.restart]\nattempts = 3\ndelay = \"1s\"\n\
+             [group.reschedule]\ndelay_function = \"fibonacci\"\nunlimited = true\n\
+             [[group.check]]\nname = \"alive\"\ntype = \"http\"\nport = \"http\"\npath = \"/health\"\n\
+             interval = \"5s\"\n"
+        );
+        let mut spec = JobSpec::from_toml(&text)?;
+        spec.groups[0].kill_signal = "SIGINT".into();
+        spec.groups[0].kill_timeout = "45s".into();
+        let job = spec.to_proto()?;
+        let group = &job.groups[0];
+        let restart = group
+            .restart
+            .as_ref()
+            .map(|r| (r.attempts, r.delay_ms, r.interval_ms));
+        assert_eq!(restart, Some((3, 1_000, 30 * 60 * 1_000)));
+        let reschedule = group.reschedule.as_ref().map(|r| (r.delay_ms, r.unlimited));
+        assert_eq!(reschedule, Some((30_000, true)));
+        let check = &group.checks[0];
+        assert_eq!(
+            (
+                check.interval_ms,
+                check.timeout_ms,
+                check.unhealthy_threshold
+            ),
+            (5_000, 2_000, 3)
+        );
+        assert_eq!(group.kill_timeout_ms, Some(45_000));
+        // Read back, every default is written out; read again, the same job.
+        let back = JobSpec::from_proto(&job);
+        assert_eq!(
+            back.groups[0].restart.as_ref().map(|r| r.interval.as_str()),
+            Some("30m")
+        );
+        assert_eq!(back.to_proto()?, job);
+        // A word it does not know is named with its key.
+        let mut bad = spec.clone();
+        bad.groups[0].checks[0].kind = "grpc".into();
+        let error = bad.to_proto().unwrap_err().to_string();
+        assert!(error.starts_with("group[0].check[0].type"), "{error}");
+        let mut bad = spec;
+        bad.groups[0].kill_timeout = "soon".into();
+        let error = bad.to_proto().unwrap_err().to_string();
+        assert!(error.starts_with("group[0].kill_timeout"), "{error}");
         Ok(())
     }
 

@@ -15,6 +15,6 @@ pub use documents::{
     ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs, job_status,
 };
 pub use job_spec::{
-    AffinitySpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, PortSpec, SpecError,
-    SpreadSpec, SpreadTargetSpec,
+    AffinitySpec, CheckSpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, PortSpec,
+    RescheduleSpec, RestartSpec, SpecError, SpreadSpec, SpreadTargetSpec,
 };

@@ -47,13 +47,18 @@ pub(crate) struct GroupWire {
     /// `RunTask.framework`, key and length included: the job, as its framework.
     framework: Box<[u8]>,
     /// The `Task` fields every task of the group has alike: framework id, labels, command,
-    /// arguments, environment, job, group and user.
+    /// arguments, environment, job, group, user and lifecycle.
     task_fields: Box<[u8]>,
 }
 
 impl GroupWire {
-    /// The shared fields of `job_group`'s tasks that run `detail`.
-    pub(crate) fn new(job_group: &JobGroup, detail: &TaskDetail) -> Self {
+    /// The shared fields of `job_group`'s tasks that run `detail`, restarted, checked and
+    /// stopped as `lifecycle` says.
+    pub(crate) fn new(
+        job_group: &JobGroup,
+        detail: &TaskDetail,
+        lifecycle: Option<model_pb::TaskLifecycle>,
+    ) -> Self {
         let framework = pb::Framework {
             id: job_group.job.to_string(),
             name: job_group.job.to_string(),
@@ -70,6 +75,7 @@ impl GroupWire {
             job: job_group.job.to_string(),
             group: job_group.group.to_string(),
             user: detail.user.clone(),
+            lifecycle: lifecycle.map(Box::new),
             ..model_pb::Task::default()
         };
         GroupWire {
@@ -382,7 +388,7 @@ mod tests {
     fn a_launch_decodes_as_the_generated_launch_tasks_and_is_as_long() {
         let job_group = JobGroup::new("web", "frontend");
         let detail = Arc::new(detail());
-        let group = Arc::new(GroupWire::new(&job_group, &detail));
+        let group = Arc::new(GroupWire::new(&job_group, &detail, None));
         let mut failed = record(&job_group, &detail, 2, TaskState::Failed, 0);
         failed.exit_code = -1;
         failed.message = "could not start".into();
@@ -417,6 +423,27 @@ mod tests {
             );
             assert_eq!(bytes.len(), expected.encoded_len(), "term {term}");
         }
+        // A group's lifecycle reaches every task of it.
+        let lifecycle = model_pb::TaskLifecycle {
+            kill_signal: "SIGINT".into(),
+            kill_timeout_ms: Some(2_500),
+            ..model_pb::TaskLifecycle::default()
+        };
+        let checked = Arc::new(GroupWire::new(&job_group, &detail, Some(lifecycle.clone())));
+        let launch = LaunchWire {
+            runs: vec![RunWire {
+                task: runs[0].clone(),
+                group: checked,
+            }],
+            term: 1,
+            fence: LaunchFence {
+                registration: 1,
+                deadline_unix_ms: 1,
+            },
+        };
+        let decoded = pb::LaunchTasks::decode(launch.encode_to_vec().as_slice()).expect("decodes");
+        let task = decoded.tasks[0].task.as_ref().expect("a task");
+        assert_eq!(task.lifecycle.as_deref(), Some(&lifecycle));
     }
 
     #[test]
@@ -425,7 +452,7 @@ mod tests {
         let mut big = detail();
         big.env = vec![("BLOB".into(), "x".repeat(40_000))];
         let detail = Arc::new(big);
-        let group = Arc::new(GroupWire::new(&job_group, &detail));
+        let group = Arc::new(GroupWire::new(&job_group, &detail, None));
         let runs: Vec<RunWire> = (0..10)
             .map(|slot| RunWire {
                 task: record(&job_group, &detail, slot, TaskState::Staging, 1),

@@ -172,6 +172,9 @@ impl TaskRecord {
             job_version: self.view.job_version,
             user: detail.user.clone(),
             ports: self.wire_ports(),
+            lifecycle: None,
+            health: self.view.health.into(),
+            restarts: self.view.restarts,
         }
     }
 
@@ -539,18 +542,19 @@ impl TaskInterner {
                 self.add_detail(detail)
             }
         };
+        let mut view = TaskView::new(
+            &wire.id,
+            &wire.name,
+            self.job_group(&wire.job, &wire.group),
+            resources,
+            state,
+            wire.job_version,
+        )
+        .with_ports(ports.unwrap_or_default());
+        view.health = muster_model::TaskHealth::from_wire(wire.health);
+        view.restarts = wire.restarts;
         TaskRecord {
-            view: Arc::new(
-                TaskView::new(
-                    &wire.id,
-                    &wire.name,
-                    self.job_group(&wire.job, &wire.group),
-                    resources,
-                    state,
-                    wire.job_version,
-                )
-                .with_ports(ports.unwrap_or_default()),
-            ),
+            view: Arc::new(view),
             detail,
             exit_code: wire.exit_code,
             launch_deadline: None,
@@ -588,6 +592,9 @@ mod tests {
     fn wire(id: &str, slot: usize) -> model_pb::Task {
         model_pb::Task {
             ports: Default::default(),
+            lifecycle: None,
+            health: 0,
+            restarts: 0,
             id: id.into(),
             name: format!("web.fe[{slot}]"),
             framework_id: "web".into(),

@@ -16,10 +16,13 @@ use std::collections::{BTreeMap, HashMap};
 
 use crate::error::FieldError;
 
+pub use lifecycle::{Lifecycle, task_lifecycle};
+
 mod agent;
 mod demand;
 mod eval;
 mod job;
+mod lifecycle;
 mod ports;
 mod resources;
 mod task;

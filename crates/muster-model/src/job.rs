@@ -1,11 +1,13 @@
 //! Jobs: what users ask to run (Nomad's model), and the rules a submitted job must meet.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::FieldError;
+use crate::lifecycle::{Check, KillSignal, ReschedulePolicy, RestartPolicy};
+use crate::names::invalid;
 use crate::placement::{Affinity, Constraint, Spread};
 use crate::ports::PortRequest;
 use crate::resources::Resources;
@@ -96,6 +98,27 @@ pub struct TaskGroup {
     /// The ports each task is given (see [`ports`](crate::ports)).
     #[serde(default)]
     pub ports: Vec<PortRequest>,
+    /// How its agent restarts a failed task in place; `None`: never.
+    #[serde(default)]
+    pub restart: Option<RestartPolicy>,
+    /// How the master places a failed task again; `None`: the master's own back-off for
+    /// service and system jobs, never for batch jobs (see [`ReschedulePolicy`]).
+    #[serde(default)]
+    pub reschedule: Option<ReschedulePolicy>,
+    /// The health checks its agent runs against each task.
+    #[serde(default)]
+    pub checks: Vec<Check>,
+    /// The signal that asks a task to stop; `None`: SIGTERM.
+    #[serde(default)]
+    pub kill_signal: Option<KillSignal>,
+    /// How long a task has after its kill signal before SIGKILL, in milliseconds; `None`: the
+    /// agent's `--kill-grace`.
+    #[serde(default)]
+    pub kill_timeout_ms: Option<u64>,
+    /// Batch jobs only: how long a task may run before it is stopped and FAILED, in
+    /// milliseconds; `None`: no limit.
+    #[serde(default)]
+    pub max_run_duration_ms: Option<u64>,
 }
 
 /// What becomes of a group's tasks while their agent is unreachable, and when it comes back
@@ -213,6 +236,13 @@ impl TaskGroup {
             affinities: _,
             spreads: _,
             ports,
+            restart,
+            // The master's alone: no task needs to be told.
+            reschedule: _,
+            checks,
+            kill_signal,
+            kill_timeout_ms,
+            max_run_duration_ms,
         } = self;
         *resources == other.resources
             && *command == other.command
@@ -221,6 +251,11 @@ impl TaskGroup {
             && *constraints == other.constraints
             && *user == other.user
             && *ports == other.ports
+            && *restart == other.restart
+            && *checks == other.checks
+            && *kill_signal == other.kill_signal
+            && *kill_timeout_ms == other.kill_timeout_ms
+            && *max_run_duration_ms == other.max_run_duration_ms
     }
 }
 
@@ -252,14 +287,6 @@ impl Job {
     pub fn name_in_namespace(&self) -> &str {
         crate::namespace::split_job_id(&self.name).1
     }
-}
-
-fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 128
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'))
 }
 
 /// The most arguments one group's program may take.
@@ -415,183 +442,6 @@ impl Job {
                     limits.max_tasks
                 ),
             ));
-        }
-        Ok(())
-    }
-}
-
-fn invalid(field: impl Into<String>, problem: impl Into<String>) -> FieldError {
-    FieldError::new(field, problem)
-}
-
-/// Which characters a text field of a job may hold.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Text {
-    /// A program, a user, a variable's name, an attribute: no control character at all.
-    Name,
-    /// An argument or a variable's value: tab, newline and carriage return, but no other
-    /// control character (NUL cannot reach a program through `execve` at all).
-    Value,
-}
-
-/// Refuses a control character in `text` that `kind` does not allow, naming the first one and
-/// where it is.
-fn check_text(field: &str, text: &str, kind: Text) -> Result<(), FieldError> {
-    let allowed = |c: char| kind == Text::Value && matches!(c, '\t' | '\n' | '\r');
-    match text
-        .char_indices()
-        .find(|&(_, c)| c.is_control() && !allowed(c))
-    {
-        None => Ok(()),
-        Some((at, c)) => Err(invalid(
-            field,
-            format!(
-                "holds the control character U+{:04X} at byte {at}{}",
-                c as u32,
-                match kind {
-                    Text::Name => "; none is allowed here",
-                    Text::Value => "; only tab, newline and carriage return are allowed",
-                }
-            ),
-        )),
-    }
-}
-
-impl Job {
-    /// Checks the rules a submitted job must meet: a name of 1 to 128 letters, digits, `-` or
-    /// `_` (the job's and each group's, groups' unique); a priority in `1..=100`; at least one
-    /// group; a count of 1 to 10,000 (any for system jobs, which run one task per agent);
-    /// positive, finite cpus and at least 1 MiB of memory; a command; at most [`MAX_ARGS`]
-    /// arguments and [`MAX_ENV`] variables, each variable named without `=`; constraints,
-    /// affinities and spreads whose values suit their operators ([`Constraint::check`]). No text holds NUL or another control character, but for tab,
-    /// newline and carriage return in arguments and variables' values.
-    ///
-    /// # Errors
-    /// [`FieldError`] naming the first field that is wrong (`groups[0].resources.cpus`).
-    pub fn validate(&self) -> Result<(), FieldError> {
-        let (namespace, name) = crate::namespace::split_job_id(&self.name);
-        crate::namespace::check_namespace(namespace)?;
-        if !valid_name(name) {
-            return Err(invalid(
-                "name",
-                format!("{name:?} must be 1 to 128 letters, digits, '-' or '_'"),
-            ));
-        }
-        if !(1..=100).contains(&self.priority) {
-            return Err(invalid(
-                "priority",
-                format!("{} is not within 1..=100", self.priority),
-            ));
-        }
-        if self.groups.is_empty() {
-            return Err(invalid("groups", "a job needs at least one task group"));
-        }
-        let mut names = BTreeSet::new();
-        for (i, group) in self.groups.iter().enumerate() {
-            let field = |name: &str| format!("groups[{i}].{name}");
-            if !valid_name(&group.name) {
-                return Err(invalid(
-                    field("name"),
-                    format!(
-                        "{:?} must be 1 to 128 letters, digits, '-' or '_'",
-                        group.name
-                    ),
-                ));
-            }
-            if !names.insert(group.name.as_str()) {
-                return Err(invalid(
-                    field("name"),
-                    format!("{:?} is used by another group", group.name),
-                ));
-            }
-            if self.scheduler != SchedulerType::System && group.count == 0 {
-                return Err(invalid(field("count"), "must be at least 1"));
-            }
-            if group.count > MAX_GROUP_COUNT {
-                return Err(invalid(
-                    field("count"),
-                    format!("{} is more than {MAX_GROUP_COUNT}", group.count),
-                ));
-            }
-            let cpus = group.resources.cpus;
-            if !cpus.is_finite() || cpus <= 0.0 {
-                return Err(invalid(
-                    field("resources.cpus"),
-                    format!("{cpus} must be a positive number"),
-                ));
-            }
-            if group.resources.mem_mb == 0 {
-                return Err(invalid(field("resources.mem_mb"), "must be at least 1"));
-            }
-            if group.command.trim().is_empty() {
-                return Err(invalid(field("command"), "must name a program"));
-            }
-            check_text(&field("command"), &group.command, Text::Name)?;
-            check_text(&field("user"), &group.user, Text::Name)?;
-            if group.args.len() > MAX_ARGS {
-                return Err(invalid(
-                    field("args"),
-                    format!("{} arguments is more than {MAX_ARGS}", group.args.len()),
-                ));
-            }
-            for (a, arg) in group.args.iter().enumerate() {
-                check_text(&format!("groups[{i}].args[{a}]"), arg, Text::Value)?;
-            }
-            if group.env.len() > MAX_ENV {
-                return Err(invalid(
-                    field("env"),
-                    format!("{} variables is more than {MAX_ENV}", group.env.len()),
-                ));
-            }
-            for (key, value) in &group.env {
-                let at = format!("groups[{i}].env[{key:?}]");
-                if key.is_empty() || key.contains('=') {
-                    return Err(invalid(
-                        at,
-                        "a variable's name must be non-empty, without '='",
-                    ));
-                }
-                check_text(&at, key, Text::Name)?;
-                check_text(&at, value, Text::Value)?;
-            }
-            for (c, constraint) in group.constraints.iter().enumerate() {
-                let at = format!("groups[{i}].constraints[{c}]");
-                check_text(
-                    &format!("{at}.attribute"),
-                    &constraint.attribute,
-                    Text::Name,
-                )?;
-                check_text(&format!("{at}.value"), &constraint.value, Text::Name)?;
-                constraint
-                    .check()
-                    .map_err(|(part, problem)| invalid(format!("{at}.{part}"), problem))?;
-            }
-            for (a, affinity) in group.affinities.iter().enumerate() {
-                let at = format!("groups[{i}].affinities[{a}]");
-                check_text(&format!("{at}.attribute"), &affinity.attribute, Text::Name)?;
-                check_text(&format!("{at}.value"), &affinity.value, Text::Name)?;
-                affinity
-                    .check()
-                    .map_err(|(part, problem)| invalid(format!("{at}.{part}"), problem))?;
-            }
-            crate::ports::check_requests(&group.ports).map_err(|(at, problem)| match at {
-                Some(p) => invalid(format!("groups[{i}].ports[{p}]"), problem),
-                None => invalid(field("ports"), problem),
-            })?;
-            for (s, spread) in group.spreads.iter().enumerate() {
-                let at = format!("groups[{i}].spreads[{s}]");
-                check_text(&format!("{at}.attribute"), &spread.attribute, Text::Name)?;
-                for (t, target) in spread.targets.iter().enumerate() {
-                    check_text(
-                        &format!("{at}.targets[{t}].value"),
-                        &target.value,
-                        Text::Name,
-                    )?;
-                }
-                spread
-                    .check()
-                    .map_err(|(part, problem)| invalid(format!("{at}.{part}"), problem))?;
-            }
         }
         Ok(())
     }

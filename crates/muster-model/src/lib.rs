@@ -16,6 +16,9 @@
 //!   [`Affinity`]s and [`Spread`]s, and the one set of matching rules for them.
 //! - [`ports`]: ports as resources: [`PortRequest`], [`AssignedPort`], an agent's
 //!   [`PortRange`], and the environment a task finds its ports in.
+//! - [`lifecycle`]: how a group's tasks are restarted in place ([`RestartPolicy`]), placed
+//!   again ([`ReschedulePolicy`]), checked ([`Check`], [`TaskHealth`]) and stopped
+//!   ([`KillSignal`]).
 //! - [`eval`]: [`Evaluation`], [`EvalId`], [`EvalStatus`], [`Trigger`].
 //! - [`task`]: [`Task`] and [`TaskState`], where a task is in its life.
 //! - [`namespace`]: [`Namespace`], its [`Quota`] (and [`QuotaUsage`], a namespace's tasks
@@ -34,11 +37,14 @@ pub mod demand;
 pub mod error;
 pub mod eval;
 pub mod job;
+pub mod lifecycle;
+mod names;
 pub mod namespace;
 pub mod placement;
 pub mod ports;
 pub mod resources;
 pub mod task;
+mod validate;
 
 pub use agent::{AgentId, AgentInfo, AgentScheduling, Drain, DrainPhase, UnreachableAgent};
 pub use demand::Demand;
@@ -47,6 +53,10 @@ pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};
 pub use job::{
     BATCH_LOST_AFTER, DEFAULT_MAX_JOB_BYTES, DEFAULT_PRIORITY, Disconnect, DisconnectPolicy, Job,
     JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING, Reconcile, SchedulerType, TaskGroup,
+};
+pub use lifecycle::{
+    Check, CheckKind, DelayFunction, KillSignal, ReschedulePolicy, RestartMode, RestartPolicy,
+    TaskHealth,
 };
 pub use namespace::{
     DEFAULT_NAMESPACE, Namespace, Quota, QuotaUsage, job_id, namespace_of, split_job_id,

@@ -42,6 +42,12 @@ pub struct Task {
     /// The ports it was given, in its group's order.
     #[serde(default)]
     pub ports: Vec<crate::AssignedPort>,
+    /// What its checks say of it.
+    #[serde(default)]
+    pub health: crate::TaskHealth,
+    /// How many times its agent restarted it in place.
+    #[serde(default)]
+    pub restarts: u32,
 }
 
 /// Where a task is in its life (Mesos's task states).

@@ -352,6 +352,12 @@ mod tests {
             groups: vec![TaskGroup {
                 migrate_max_parallel: 0,
                 disconnect: Default::default(),
+                restart: None,
+                reschedule: None,
+                checks: Vec::new(),
+                kill_signal: None,
+                kill_timeout_ms: None,
+                max_run_duration_ms: None,
                 name: "fe".into(),
                 count: 3,
                 resources: resources(0.25, 128),

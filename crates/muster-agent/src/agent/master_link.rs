@@ -363,6 +363,7 @@ impl Agent {
             // The agent's own decision: the answer's term proves nothing.
             let stop = Stop {
                 grace: Duration::ZERO,
+                signal: libc::SIGKILL,
                 term: None,
             };
             self.tasks.kill(task_id, stop);
@@ -400,6 +401,7 @@ impl Agent {
             tracing::warn!(%master, task = %task_id, "the cluster replaced this task while the agent was away: killing it");
             let stop = Stop {
                 grace: Duration::ZERO,
+                signal: libc::SIGKILL,
                 term: Some(term),
             };
             self.tasks.kill(task_id, stop);

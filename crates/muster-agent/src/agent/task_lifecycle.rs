@@ -12,7 +12,6 @@ use std::process::ExitStatus;
 use muster_actor::Context;
 use muster_proto::cluster::{Framework, KillTaskReply, RunTask, TaskStatusUpdate};
 use muster_proto::model::{Task, TaskState};
-use tokio::sync::oneshot;
 
 use super::master_link::Connection;
 use super::{Agent, AgentMsg, Msg};
@@ -20,7 +19,7 @@ use crate::AgentError;
 use crate::runner::{self, RunnerTask, StartError, Stop, TaskEnd};
 use crate::store::{self, TaskIdError, blocking};
 use crate::task_user::{self, UserError};
-use crate::tasks::{KillRequest, Stopper};
+use crate::tasks::KillRequest;
 
 /// Why the agent did not start a task: the task FAILED, with this as its message, and the
 /// master that asked hears it as the answer's error.
@@ -51,6 +50,14 @@ pub(super) enum Refused {
     /// The task has no command.
     #[error("task {0:?} has no command")]
     NoCommand(String),
+    /// How it is to be restarted, checked or stopped cannot be read.
+    #[error("task {id:?}: lifecycle.{error}")]
+    Lifecycle {
+        /// The task.
+        id: String,
+        /// What is wrong.
+        error: muster_model::FieldError,
+    },
     /// The task names a user the agent does not allow.
     #[error("task {id:?}: {error}")]
     User {
@@ -147,6 +154,11 @@ impl Agent {
         if task.command.trim().is_empty() {
             return Err(Refused::NoCommand(id));
         }
+        if let Some(lifecycle) = task.lifecycle.clone()
+            && let Err(error) = muster_model::convert::Lifecycle::try_from(*lifecycle)
+        {
+            return Err(Refused::Lifecycle { id, error });
+        }
         // Whom it may run as is the agent's rule; whether the machine can run it so, its
         // runner's.
         let user = match self.task_users.named(&task.user) {
@@ -193,7 +205,11 @@ impl Agent {
     }
 
     /// Records `task` of `framework` (its latest state) in its checkpoint.
-    async fn checkpoint(&self, framework: &Framework, task: &Task) -> Result<(), CheckpointError> {
+    pub(super) async fn checkpoint(
+        &self,
+        framework: &Framework,
+        task: &Task,
+    ) -> Result<(), CheckpointError> {
         let data_dir = self.config.data_dir.clone();
         let (framework, task) = (framework.clone(), task.clone());
         blocking(move || {
@@ -208,7 +224,8 @@ impl Agent {
         .map_err(CheckpointError)
     }
 
-    /// Watches a running task until it ends, and records it as running.
+    /// Watches a running task until it ends, and records it as running; its health checks and
+    /// longest-run timer start.
     pub(super) fn watch(
         &mut self,
         framework: Framework,
@@ -217,29 +234,46 @@ impl Agent {
         ctx: &mut Context<Self>,
     ) {
         let task_id = task.id.clone();
-        let stopper = Stopper::of(running.as_ref());
-        let (kill, killed) = oneshot::channel();
-        let waiter = ctx.defer(
-            running.wait(killed),
-            move |_agent: &mut Agent, ctx, ended| {
-                let _ = ctx.pid().tell(AgentMsg(Msg::TaskExited { task_id, ended }));
-            },
-        );
+        let pid = running.pid();
+        let (waiter, kill, stopper) = Self::wait_for(&task_id, running, ctx);
         self.tasks
             .add_running(framework, task, Some(waiter), Some(kill), Some(stopper));
+        self.supervise_run(&task_id, pid, ctx);
     }
 
-    /// Starts stopping a running task, as a leader of `term` commands. The answer's error is
-    /// empty if it runs, else says why not; a task that already ended by itself says how.
-    pub(super) fn kill_task(&mut self, task_id: &str, term: u64) -> KillTaskReply {
-        let grace = self.config.kill_grace;
-        let stop = Stop {
-            grace,
-            term: Some(term),
+    /// Starts stopping a running task, as a leader of `term` commands: its group's kill signal,
+    /// then SIGKILL after its kill timeout (the agent's `kill_grace` if it names none). The
+    /// answer's error is empty if it runs, else says why not; a task that already ended by
+    /// itself says how. A task waiting to restart ends at once.
+    pub(super) fn kill_task(
+        &mut self,
+        task_id: &str,
+        term: u64,
+        ctx: &mut Context<Self>,
+    ) -> KillTaskReply {
+        let default_grace = self.config.kill_grace;
+        let stop = match self.tasks.supervised(task_id) {
+            Some((_, supervision)) => {
+                super::supervision::stop_of(&supervision.lifecycle, default_grace, Some(term))
+            }
+            None => Stop {
+                grace: default_grace,
+                signal: libc::SIGTERM,
+                term: Some(term),
+            },
         };
         let (error, ended_as) = match self.tasks.kill(task_id, stop) {
             KillRequest::Stopping => {
-                tracing::info!(task = %task_id, ?grace, "killing the task");
+                tracing::info!(task = %task_id, grace = ?stop.grace, signal = stop.signal, "killing the task");
+                (String::new(), TaskState::Unspecified)
+            }
+            KillRequest::Waiting(ended) => {
+                tracing::info!(task = %task_id, "killing a task that waits to restart");
+                let exited = Msg::TaskExited {
+                    task_id: task_id.to_owned(),
+                    ended,
+                };
+                let _ = ctx.pid().tell(AgentMsg(exited));
                 (String::new(), TaskState::Unspecified)
             }
             KillRequest::Ended(state) => (
@@ -294,13 +328,21 @@ impl Agent {
         }
     }
 
-    /// A task ended: move the task to the completed history in its final state,
-    /// report it and checkpoint it; its executor's files go.
-    pub(super) async fn task_exited(&mut self, task_id: &str, ended: TaskEnd) {
+    /// A task ended: unless its restart policy starts it again in place, move the task to the
+    /// completed history in its final state, report it and checkpoint it; its executor's files
+    /// go.
+    pub(super) async fn task_exited(
+        &mut self,
+        task_id: &str,
+        ended: TaskEnd,
+        ctx: &mut Context<Self>,
+    ) {
         if let Err(error) = &ended.status {
             tracing::warn!(task = %task_id, %error, "the task's exit status is not known");
         }
-        let (state, exit_code, message) = final_state(&ended);
+        let Some((state, exit_code, message)) = self.settle_end(task_id, &ended, ctx).await else {
+            return;
+        };
         let Some(finished) = self.tasks.finish(task_id, state, exit_code, message) else {
             return;
         };
@@ -331,7 +373,9 @@ impl Agent {
     /// the agent is registered, else after its next registration. Kept updates are bounded:
     /// one per task, at most as many as the agent has running tasks plus completed history;
     /// beyond that the oldest go (the master rebuilds from the re-registration anyway).
-    pub(super) fn report(&mut self, task: Task) {
+    pub(super) fn report(&mut self, mut task: Task) {
+        // The master has it from the job: the agent's word on it is not needed.
+        task.lifecycle = None;
         self.unsent_updates.retain(|t| t.id != task.id);
         self.unsent_updates.push_back(task);
         let bound = self
@@ -413,7 +457,10 @@ fn exit_code(status: &ExitStatus) -> i32 {
 /// `task` with its ports in its environment (see [`muster_model::ports::port_variables`]):
 /// borrowed as it is when it has none. The host is the one in the agent's own address
 /// (`agent@host:port`), where masters and other agents reach it.
-fn with_port_variables<'a>(task: &'a Task, agent_address: &str) -> std::borrow::Cow<'a, Task> {
+pub(super) fn with_port_variables<'a>(
+    task: &'a Task,
+    agent_address: &str,
+) -> std::borrow::Cow<'a, Task> {
     if task.ports.is_empty() {
         return std::borrow::Cow::Borrowed(task);
     }
@@ -436,7 +483,7 @@ fn with_port_variables<'a>(task: &'a Task, agent_address: &str) -> std::borrow::
 }
 
 /// The host of a process address, `name@host:port` (`[::1]` as `::1`).
-fn host_of(address: &str) -> &str {
+pub(super) fn host_of(address: &str) -> &str {
     let authority = address.rsplit_once('@').map_or(address, |(_, at)| at);
     let host = authority
         .rsplit_once(':')

@@ -46,6 +46,17 @@ pub struct TaskInfo {
     /// The ports it holds on its agent, by label (`{"http": 20417}`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub ports: BTreeMap<String, u32>,
+    /// What its health checks say: `starting`, `healthy` or `unhealthy`; absent for a task
+    /// without checks (or not running).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub health: String,
+    /// How many times its agent restarted it in place.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub restarts: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// The API's word for a task state.
@@ -91,6 +102,10 @@ impl TaskInfo {
             mem_mb: resources.mem_mb,
             user: task.user,
             ports: task.ports.into_iter().map(|p| (p.label, p.port)).collect(),
+            health: muster_model::TaskHealth::from_wire(task.health)
+                .as_str()
+                .to_owned(),
+            restarts: task.restarts,
         }
     }
 }

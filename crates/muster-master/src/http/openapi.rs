@@ -47,7 +47,7 @@ use super::{handlers, jobs, namespaces};
     ),
     components(schemas(
         AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, ConstraintSpec,
-        muster_api::DisconnectSpec, muster_api::AffinitySpec, muster_api::SpreadSpec, muster_api::SpreadTargetSpec, muster_api::PortSpec, EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
+        muster_api::DisconnectSpec, muster_api::AffinitySpec, muster_api::SpreadSpec, muster_api::SpreadTargetSpec, muster_api::PortSpec, muster_api::RestartSpec, muster_api::RescheduleSpec, muster_api::CheckSpec, EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
         ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member,
         muster_api::AgentScheduling, muster_api::DrainRequest, muster_api::EligibilityRequest,
         muster_api::NamespaceInfo

@@ -157,6 +157,8 @@ impl Master {
         let eval = Evaluation::new(&job, Trigger::JobRegister);
         let eval_id = eval.id.0.clone();
         tracing::info!(job = %job.name, eval = %eval_id, "job submitted");
+        // A new version starts its slots' failures over, those given up on included.
+        self.crash_loops.forget_job(&job.name);
         self.write_with_evals(
             vec![Op::UpsertJob(job)],
             vec![eval],
@@ -185,6 +187,7 @@ impl Master {
             let eval = Evaluation::new(&job, Trigger::JobDeregister);
             let eval_id = eval.id.0.clone();
             let _ = master.blocked.tell(BlockedMsg::Untrack(name.clone()));
+            master.crash_loops.forget_job(&name);
             tracing::info!(job = %name, eval = %eval_id, "job stopped");
             master.write_with_evals(
                 vec![Op::StopJob(name)],

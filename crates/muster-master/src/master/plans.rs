@@ -545,7 +545,11 @@ impl GroupShared {
             port_labels: group.ports.iter().map(|p| p.label.clone()).collect(),
         });
         let wire = GroupShared {
-            wire: Arc::new(GroupWire::new(&job_group, &detail)),
+            wire: Arc::new(GroupWire::new(
+                &job_group,
+                &detail,
+                muster_model::convert::task_lifecycle(group),
+            )),
             job_group,
             detail,
         };

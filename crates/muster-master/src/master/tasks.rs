@@ -17,6 +17,8 @@ use tokio::time::Instant;
 
 pub(super) mod crash_loops;
 
+use crash_loops::Reschedule;
+
 use super::agents::identity;
 use super::registry_writes::now_ms;
 use super::{Master, Request, answered_request, notice};
@@ -383,10 +385,16 @@ impl Master {
                 && task.job_name().is_some_and(|job| {
                     self.registry.reader().read(|s| {
                         s.jobs.get(job).is_some_and(|j| {
-                            // A batch task that failed has run; one lost never did.
+                            // A batch task that failed has run (unless its group asks for it
+                            // to be placed again); one lost never did.
+                            let rescheduled = j
+                                .groups
+                                .iter()
+                                .any(|g| g.name == task.view.group() && g.reschedule.is_some());
                             !j.stopped
                                 && (j.scheduler != SchedulerType::Batch
-                                    || task.state() == TaskState::Lost)
+                                    || task.state() == TaskState::Lost
+                                    || rescheduled)
                         })
                     })
                 }));
@@ -399,12 +407,24 @@ impl Master {
             let (failures, wait) = if task.state() == TaskState::Lost || stopped_batch_slot {
                 (0, Duration::ZERO)
             } else {
-                self.crash_loops.failed(
+                let policy = job
+                    .groups
+                    .iter()
+                    .find(|g| g.name == task.view.group())
+                    .and_then(|g| g.reschedule);
+                match self.crash_loops.rescheduled(
                     task.name(),
                     tokio::time::Instant::now(),
+                    policy.as_ref(),
                     self.config.reschedule_delay,
                     self.config.reschedule_max_delay,
-                )
+                ) {
+                    Reschedule::After { failures, wait } => (failures, wait),
+                    Reschedule::GiveUp(why) => {
+                        tracing::warn!(slot = %task.name(), %why, "task failed: not placed again");
+                        return;
+                    }
+                }
             };
             if !wait.is_zero() {
                 let wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);

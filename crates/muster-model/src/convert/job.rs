@@ -200,6 +200,12 @@ impl From<TaskGroup> for pb::TaskGroup {
             affinities: all(group.affinities),
             spreads: all(group.spreads),
             ports: all(group.ports),
+            restart: group.restart.map(Into::into),
+            reschedule: group.reschedule.map(Into::into),
+            checks: all(group.checks),
+            kill_signal: super::lifecycle::kill_signal_to_wire(group.kill_signal),
+            kill_timeout_ms: group.kill_timeout_ms,
+            max_run_duration_ms: group.max_run_duration_ms.unwrap_or(0),
         }
     }
 }
@@ -262,6 +268,16 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
             affinities: each(proto.affinities, "affinities")?,
             spreads: each(proto.spreads, "spreads")?,
             ports: each(proto.ports, "ports")?,
+            restart: proto.restart.map(|r| read(r, "restart")).transpose()?,
+            reschedule: proto
+                .reschedule
+                .map(|r| read(r, "reschedule"))
+                .transpose()?,
+            checks: each(proto.checks, "checks")?,
+            kill_signal: super::lifecycle::kill_signal_from_wire(&proto.kill_signal)?,
+            kill_timeout_ms: proto.kill_timeout_ms,
+            max_run_duration_ms: (proto.max_run_duration_ms > 0)
+                .then_some(proto.max_run_duration_ms),
         })
     }
 }
@@ -376,6 +392,20 @@ impl Job {
                 affinities: each(group.affinities, &format!("{field}.affinities"))?,
                 spreads: each(group.spreads, &format!("{field}.spreads"))?,
                 ports: each(group.ports, &format!("{field}.ports"))?,
+                restart: group
+                    .restart
+                    .map(|r| read(r, &format!("{field}.restart")))
+                    .transpose()?,
+                reschedule: group
+                    .reschedule
+                    .map(|r| read(r, &format!("{field}.reschedule")))
+                    .transpose()?,
+                checks: each(group.checks, &format!("{field}.checks"))?,
+                kill_signal: super::lifecycle::kill_signal_from_wire(&group.kill_signal)
+                    .map_err(|e| e.within(&field))?,
+                kill_timeout_ms: group.kill_timeout_ms,
+                max_run_duration_ms: (group.max_run_duration_ms > 0)
+                    .then_some(group.max_run_duration_ms),
             });
         }
         let job = Job {
@@ -438,6 +468,30 @@ mod tests {
                     label: "http".into(),
                     static_port: 0,
                 }],
+                restart: Some(pb::RestartPolicy {
+                    attempts: 2,
+                    interval_ms: 60_000,
+                    delay_ms: 1_000,
+                    mode: pb::RestartMode::Delay as i32,
+                }),
+                reschedule: Some(pb::ReschedulePolicy {
+                    attempts: 3,
+                    interval_ms: 3_600_000,
+                    delay_ms: 5_000,
+                    delay_function: pb::DelayFunction::Fibonacci as i32,
+                    max_delay_ms: 60_000,
+                    unlimited: false,
+                }),
+                checks: vec![pb::Check {
+                    name: "alive".into(),
+                    kind: pb::CheckKind::Http as i32,
+                    port: "http".into(),
+                    path: "/health".into(),
+                    ..pb::Check::default()
+                }],
+                kill_signal: "SIGINT".into(),
+                kill_timeout_ms: Some(3_000),
+                max_run_duration_ms: 0,
             }],
             stopped: false,
             version: 0,
@@ -457,6 +511,21 @@ mod tests {
         back.scheduler = pb::SchedulerType::Service as i32;
         // An absent disconnect block reads as the defaults, written out on the way back.
         assert_eq!(job.groups[0].disconnect, Disconnect::default());
+        // A check's zero fields read as the defaults, written out on the way back.
+        let check = &job.groups[0].checks[0];
+        assert_eq!(
+            (
+                check.interval_ms,
+                check.timeout_ms,
+                check.unhealthy_threshold
+            ),
+            (10_000, 2_000, 3)
+        );
+        assert_eq!(
+            job.groups[0].kill_signal,
+            Some(crate::lifecycle::KillSignal::Int)
+        );
+        back.groups[0].checks = vec![check.clone().into()];
         back.groups[0].disconnect = Some(Disconnect::default().into());
         assert_eq!(pb::Job::from(job.clone()), back);
         assert_eq!(Job::try_from(back), Ok(job));

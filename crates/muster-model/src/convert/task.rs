@@ -33,6 +33,9 @@ impl From<Task> for pb::Task {
             job_version: task.job_version,
             user: task.user,
             ports: crate::convert::all(task.ports),
+            health: task.health.into(),
+            restarts: task.restarts,
+            lifecycle: None,
         }
     }
 }
@@ -62,6 +65,8 @@ impl TryFrom<pb::Task> for Task {
             message: proto.message,
             user: proto.user,
             ports: crate::convert::each(proto.ports, "ports")?,
+            health: crate::TaskHealth::from_wire(proto.health),
+            restarts: proto.restarts,
         })
     }
 }
@@ -130,6 +135,8 @@ mod tests {
                 label: "http".into(),
                 port: 20_017,
             }],
+            health: crate::TaskHealth::Healthy,
+            restarts: 2,
         };
         assert_eq!(
             Task::try_from(pb::Task::from(task.clone())),

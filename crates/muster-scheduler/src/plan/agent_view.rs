@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use std::collections::BTreeSet;
 
-use muster_model::{AgentId, Constraint, DrainPhase, PortRange, Resources, TaskState};
+use muster_model::{AgentId, Constraint, DrainPhase, PortRange, Resources, TaskHealth, TaskState};
 
 /// One agent as a scheduler sees it. Its tasks are kept grouped by job, with what its live
 /// tasks hold worked out once: a scheduler run finds a job's tasks on an agent by a binary
@@ -420,6 +420,10 @@ pub struct TaskView {
     pub resources: Resources,
     /// Where it is.
     pub state: TaskState,
+    /// What its health checks say (kept beside its state, in what would be padding).
+    pub health: TaskHealth,
+    /// How many times its agent restarted it in place.
+    pub restarts: u32,
     /// The job version it was placed at; 0 if unknown (launched by an operator, or before
     /// tasks carried it): such a task is never outdated.
     pub job_version: u64,
@@ -462,6 +466,8 @@ impl TaskView {
             job_group,
             resources,
             state,
+            health: TaskHealth::None,
+            restarts: 0,
             job_version,
             ports: None,
         }
