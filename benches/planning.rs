@@ -146,6 +146,7 @@ fn snapshot(agents: usize, zoned: bool) -> ClusterSnapshot {
         .collect();
     let job_index = Some(JobIndex::update(None, &views));
     ClusterSnapshot {
+        deployments: Default::default(),
         index: 1,
         agents: views,
         jobs,

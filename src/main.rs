@@ -13,6 +13,7 @@
 mod acl_command;
 mod agent_command;
 mod connection;
+mod deployment_command;
 mod dev;
 mod dev_settings;
 mod events_command;
@@ -94,6 +95,11 @@ enum Command {
     Job {
         #[command(subcommand)]
         command: JobCommand,
+    },
+    /// Deployments: list them, show one, promote its canaries, pause, resume or fail it.
+    Deployment {
+        #[command(subcommand)]
+        command: deployment_command::DeploymentCommand,
     },
     /// List evaluations.
     Eval {
@@ -184,6 +190,9 @@ fn main() -> ExitCode {
                 events_command::run(&target.resolve()?, index, topics, format).await
             }
             Command::Job { command } => job_command::run(&target.resolve()?, command, format).await,
+            Command::Deployment { command } => {
+                deployment_command::run(&target.resolve()?, command, format).await
+            }
             Command::Eval {
                 command: EvalCommand::List { job, limit, stale },
             } => list_command::evals(&target.resolve()?, job, limit, stale, format).await,

@@ -6,6 +6,7 @@ mod common;
 mod agent_recovery;
 mod cli_tls;
 mod cluster_failover;
+mod deployments;
 mod dev_cluster;
 mod fuzz_decoders;
 mod import_circles;

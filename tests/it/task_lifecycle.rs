@@ -9,82 +9,10 @@
 
 use crate::common;
 
-use std::time::Duration;
-
-use anyhow::{Context as _, ensure};
+use anyhow::ensure;
 use common::DevCluster;
+use common::dev_jobs::{http_service_command, run_job, status_until, tasks_of};
 use serde_json::Value;
-
-/// Runs `muster job run` on `toml`, written to a file in the cluster's directory.
-async fn run_job(cluster: &DevCluster, name: &str, toml: &str) -> anyhow::Result<()> {
-    let file = cluster.dir().join(format!("{name}.toml"));
-    std::fs::write(&file, toml)?;
-    let output = cluster
-        .cli(&["job", "run", file.to_str().context("path")?])?
-        .output()
-        .await?;
-    ensure!(
-        output.status.success(),
-        "job run {name}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    Ok(())
-}
-
-/// `muster job status NAME --json`.
-async fn job_status(cluster: &DevCluster, name: &str) -> anyhow::Result<Value> {
-    let output = cluster
-        .cli(&["job", "status", name, "--json"])?
-        .output()
-        .await?;
-    ensure!(
-        output.status.success(),
-        "job status {name}: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).context("job status --json")
-}
-
-/// Polls `job status NAME --json` until `found` picks something out of it (`Err`: what it
-/// saw), for at most a minute.
-async fn status_until<T>(
-    cluster: &DevCluster,
-    name: &str,
-    what: &str,
-    mut found: impl FnMut(&Value) -> Result<T, String>,
-) -> anyhow::Result<T> {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let status = job_status(cluster, name).await?;
-        match found(&status) {
-            Ok(found) => return Ok(found),
-            Err(last) => ensure!(
-                tokio::time::Instant::now() < deadline,
-                "{what}: not within a minute; last: {last}"
-            ),
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
-/// The job's tasks of group `group`.
-fn tasks_of<'a>(status: &'a Value, group: &str) -> Vec<&'a Value> {
-    status["tasks"]
-        .as_array()
-        .map(|tasks| tasks.iter().filter(|t| t["group"] == group).collect())
-        .unwrap_or_default()
-}
-
-/// The command and arguments that run this test binary as [`http_service_task`].
-fn http_service_command() -> anyhow::Result<String> {
-    let exe = std::env::current_exe()?;
-    let exe = exe
-        .to_str()
-        .context("the test binary's path is not UTF-8")?;
-    Ok(format!(
-        "command = {exe:?}\nargs = [\"task_lifecycle::http_service_task\", \"--exact\", \"--ignored\", \"--test-threads\", \"1\", \"--nocapture\"]\n"
-    ))
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashing_task_restarts_in_place_then_is_placed_again_with_growing_delays()
@@ -256,9 +184,9 @@ async fn a_groups_kill_signal_reaches_its_task_and_a_batch_task_past_its_longest
     cluster.stop().await
 }
 
-/// Not a test: the HTTP service the health-check test runs as its task (this binary, run with
-/// `MUSTER_TEST_SERVE=1`). It listens on `MUSTER_PORT_HTTP` and answers `GET /health` 200, or
-/// 500 with `HEALTH=fail`; anything else 200.
+/// Not a test: the HTTP service the health-check and deployment tests run as their task (this
+/// binary, run with `MUSTER_TEST_SERVE=1`). It listens on `MUSTER_PORT_HTTP` and answers
+/// `GET /health` 200, or 500 with `HEALTH=fail`; anything else 200 with `version $VERSION`.
 #[test]
 #[ignore = "run as a task by the health-check test"]
 fn http_service_task() -> anyhow::Result<()> {
@@ -268,6 +196,7 @@ fn http_service_task() -> anyhow::Result<()> {
     use std::io::{Read as _, Write as _};
     let port: u16 = std::env::var("MUSTER_PORT_HTTP")?.parse()?;
     let healthy = std::env::var("HEALTH").map_or(true, |h| h != "fail");
+    let version = std::env::var("VERSION").unwrap_or_default();
     let listener = std::net::TcpListener::bind(("0.0.0.0", port))?;
     for stream in listener.incoming() {
         let Ok(mut stream) = stream else { continue };
@@ -279,9 +208,13 @@ fn http_service_task() -> anyhow::Result<()> {
         } else {
             "200 OK"
         };
+        let body = format!("version {version}");
         let _ = stream.write_all(
-            format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
-                .as_bytes(),
+            format!(
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            )
+            .as_bytes(),
         );
     }
     Ok(())

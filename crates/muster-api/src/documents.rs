@@ -5,6 +5,7 @@
 
 mod agents;
 mod cluster;
+mod deployments;
 mod evaluations;
 mod jobs;
 mod namespaces;
@@ -18,6 +19,9 @@ pub use agents::{
     AgentDetail, AgentList, AgentScheduling, AgentSummary, DrainRequest, EligibilityRequest,
 };
 pub use cluster::{ClusterStatus, Member};
+pub use deployments::{
+    DeploymentGroupInfo, DeploymentInfo, DeploymentList, deployment_status_name,
+};
 pub use evaluations::{EvaluationInfo, EvaluationList};
 pub use jobs::{
     JobDetail, JobList, JobPlan, JobSummary, JobVersion, JobVersions, PlannedTask, Submitted,

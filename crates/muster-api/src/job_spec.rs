@@ -11,8 +11,10 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 mod lifecycle;
+mod update;
 
 pub use lifecycle::{CheckSpec, RescheduleSpec, RestartSpec};
+pub use update::UpdateSpec;
 
 /// A job: its name, type and priority, and its task groups.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, ToSchema)]
@@ -104,6 +106,10 @@ pub struct GroupSpec {
     /// no limit.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub max_run_duration: String,
+    /// How its tasks are replaced when the job changes (`[group.update]`): a deployment,
+    /// rolling and with canaries; absent: all at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update: Option<UpdateSpec>,
 }
 
 /// A port a group's tasks are given.
@@ -414,6 +420,11 @@ impl JobSpec {
                     "max_run_duration",
                 )?
                 .unwrap_or(0),
+                update: g
+                    .update
+                    .as_ref()
+                    .map(|u| u.to_proto(&format!("group[{i}].update")))
+                    .transpose()?,
             });
         }
         Ok(pb::Job {
@@ -504,6 +515,7 @@ impl JobSpec {
                     } else {
                         lifecycle::format_ms(g.max_run_duration_ms)
                     },
+                    update: g.update.as_ref().map(UpdateSpec::from_proto),
                 })
                 .collect(),
         }
@@ -586,7 +598,9 @@ mod tests {
              [[group.check]]\nname = \"alive\"\ntype = \"http\"\nport = \"http\"\npath = \"/health\"\n\
              interval = \"5s\"\n"
         );
-        let mut spec = JobSpec::from_toml(&text)?;
+        let mut spec = JobSpec::from_toml(&format!(
+            "{text}[group.update]\nmax_parallel = 2\ncanary = 1\nmin_healthy_time = \"2s\"\nauto_revert = true\n"
+        ))?;
         spec.groups[0].kill_signal = "SIGINT".into();
         spec.groups[0].kill_timeout = "45s".into();
         let job = spec.to_proto()?;
@@ -608,6 +622,16 @@ mod tests {
             (5_000, 2_000, 3)
         );
         assert_eq!(group.kill_timeout_ms, Some(45_000));
+        let update = group.update.as_ref().map(|u| {
+            (
+                u.max_parallel,
+                u.canary,
+                u.min_healthy_time_ms,
+                u.healthy_deadline_ms,
+                u.auto_revert,
+            )
+        });
+        assert_eq!(update, Some((2, 1, 2_000, 300_000, true)));
         // Read back, every default is written out; read again, the same job.
         let back = JobSpec::from_proto(&job);
         assert_eq!(

@@ -9,12 +9,13 @@ pub mod documents;
 pub mod job_spec;
 
 pub use documents::{
-    AgentDetail, AgentList, AgentScheduling, AgentSummary, ApiError, ClusterStatus, DrainRequest,
-    EVENT_TOPICS, EligibilityRequest, EvaluationInfo, EvaluationList, Event, JobDetail, JobList,
-    JobPlan, JobSummary, JobVersion, JobVersions, Member, NamespaceInfo, PlannedTask, REDACTED,
-    ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs, job_status,
+    AgentDetail, AgentList, AgentScheduling, AgentSummary, ApiError, ClusterStatus,
+    DeploymentGroupInfo, DeploymentInfo, DeploymentList, DrainRequest, EVENT_TOPICS,
+    EligibilityRequest, EvaluationInfo, EvaluationList, Event, JobDetail, JobList, JobPlan,
+    JobSummary, JobVersion, JobVersions, Member, NamespaceInfo, PlannedTask, REDACTED, ReadInfo,
+    Submitted, TaskCounts, TaskInfo, TaskLogs, job_status,
 };
 pub use job_spec::{
     AffinitySpec, CheckSpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, PortSpec,
-    RescheduleSpec, RestartSpec, SpecError, SpreadSpec, SpreadTargetSpec,
+    RescheduleSpec, RestartSpec, SpecError, SpreadSpec, SpreadTargetSpec, UpdateSpec,
 };

@@ -7,7 +7,8 @@
 //! | `Operator` | `GetState`, `ListNamespaces` | client certificate, any token (the answer holds only what it may see) |
 //! | `Operator` | `JobStatus`, `ListJobs`, `ListEvaluations`, `StreamEvents`, `JobVersions`, `PlanJob` | client certificate, `read-job` somewhere (checked per namespace by the call) |
 //! | `Operator` | `TaskLogs` | `read-logs` somewhere (per namespace by the call) |
-//! | `Operator` | `SubmitJob`, `StopJob`, `LaunchTask` | `submit-job`, `stop-job`, `dispatch-job` somewhere (per namespace by the call) |
+//! | `Operator` | `ListDeployments` | client certificate, `read-job` somewhere (checked per namespace by the call) |
+//! | `Operator` | `SubmitJob`, `ChangeDeployment`, `StopJob`, `LaunchTask` | `submit-job`, `submit-job`, `stop-job`, `dispatch-job` somewhere (per namespace by the call) |
 //! | `Operator` | `DrainAgent`, `SetAgentEligibility` | agent `write` |
 //! | `Operator` | `GetMetrics` | operator `read` |
 //! | `Operator` | `SnapshotSave` | operator `write` |
@@ -48,6 +49,10 @@ pub fn operator_rules() -> Rules {
             token(Permission::Namespaced(Capability::SubmitJob)),
         )
         .method(
+            "ChangeDeployment",
+            token(Permission::Namespaced(Capability::SubmitJob)),
+        )
+        .method(
             "StopJob",
             token(Permission::Namespaced(Capability::StopJob)),
         )
@@ -69,6 +74,7 @@ pub fn operator_rules() -> Rules {
         "StreamEvents",
         "JobVersions",
         "PlanJob",
+        "ListDeployments",
     ] {
         rules = rules.method(method, read_job);
     }
@@ -108,6 +114,14 @@ mod tests {
         assert_eq!(
             rules.requirement("StopJob"),
             namespaced(Capability::StopJob)
+        );
+        assert_eq!(
+            rules.requirement("ListDeployments"),
+            namespaced(Capability::ReadJob)
+        );
+        assert_eq!(
+            rules.requirement("ChangeDeployment"),
+            namespaced(Capability::SubmitJob)
         );
         assert_eq!(rules.requirement("ListTokens"), token(Permission::Manage));
         assert_eq!(rules.requirement("ApplyPolicy"), token(Permission::Manage));

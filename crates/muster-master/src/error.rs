@@ -31,6 +31,9 @@ pub enum ServiceError {
     /// No task by that id on any agent this master knows: `NOT_FOUND`.
     #[error("no task {0:?} on any agent this master knows")]
     UnknownTask(String),
+    /// No deployment by that id (among the few each job keeps): `NOT_FOUND`.
+    #[error("no deployment {0:?}")]
+    UnknownDeployment(String),
     /// A request field is missing or wrong: `INVALID_ARGUMENT`.
     #[error("{message}")]
     InvalidArgument {
@@ -86,7 +89,8 @@ impl From<ServiceError> for Status {
             | ServiceError::UnknownToken(_)
             | ServiceError::UnknownNamespace(_)
             | ServiceError::UnknownPolicy(_)
-            | ServiceError::UnknownTask(_) => Status::not_found(error.to_string()),
+            | ServiceError::UnknownTask(_)
+            | ServiceError::UnknownDeployment(_) => Status::not_found(error.to_string()),
             ServiceError::InvalidArgument { message, .. } => Status::invalid_argument(message),
             ServiceError::NotLeader { leader } => protocol::not_leader(leader.as_deref()),
             ServiceError::FailedPrecondition(why) => Status::failed_precondition(why),
@@ -129,8 +133,15 @@ impl From<WriteError> for ServiceError {
                 ServiceError::UnknownNamespace(name)
             }
             WriteError::Rejected(OpError::UnknownPolicy(name)) => ServiceError::UnknownPolicy(name),
+            WriteError::Rejected(OpError::UnknownDeployment(id)) => {
+                ServiceError::UnknownDeployment(id)
+            }
             WriteError::Rejected(
-                refusal @ (OpError::DefaultNamespace | OpError::NamespaceNotEmpty { .. }),
+                refusal @ (OpError::DefaultNamespace
+                | OpError::NamespaceNotEmpty { .. }
+                | OpError::DeploymentEnded { .. }
+                | OpError::NothingToPromote(_)
+                | OpError::DeploymentNotPaused(_)),
             ) => ServiceError::FailedPrecondition(refusal.to_string()),
             WriteError::Rejected(_) => ServiceError::Aborted(e.to_string()),
             WriteError::Failed(_) => ServiceError::Unavailable(e.to_string()),
@@ -148,6 +159,10 @@ mod tests {
         let cases = [
             (ServiceError::UnknownJob("web".into()), Code::NotFound),
             (ServiceError::UnknownAgent("a1".into()), Code::NotFound),
+            (
+                ServiceError::UnknownDeployment("web.v2".into()),
+                Code::NotFound,
+            ),
             (
                 ServiceError::InvalidArgument {
                     field: "job.name".into(),

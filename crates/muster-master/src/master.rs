@@ -30,6 +30,8 @@
 //! - `jobs`: submissions, stops, status, versions, dry runs.
 //! - `evaluations`: listing, what workers report (blocked, complete), what the blocked-queue
 //!   releases, and the convergence check (`evaluations/convergence.rs`).
+//! - `deployments`: the deployment watcher (new tasks healthy, canaries, deadlines,
+//!   auto-revert) and what operators ask of deployments.
 //! - `plans`: the plan applier: snapshots for schedulers and plans applied one at a time.
 //! - `acl`: ACL tokens.
 //! - `cluster_state`: reads of the whole cluster, metrics, snapshots of the registry, and the
@@ -54,6 +56,7 @@ use crate::metrics::instruments::MasterInstruments;
 mod acl;
 mod agents;
 mod cluster_state;
+mod deployments;
 mod evaluations;
 mod jobs;
 mod leadership;
@@ -85,6 +88,7 @@ pub mod requests {
         GetMetrics, GetMetricsSnapshot, GetState, ReadState, SnapshotRestore, SnapshotSave,
         SubscribeEvents,
     };
+    pub use super::deployments::{ChangeDeployment, CheckDeployments, ListDeployments};
     pub use super::evaluations::{
         BlockEval, CheckConvergence, CompleteEval, EvalsCanceled, EvalsUnblocked, ListEvaluations,
     };
@@ -238,6 +242,13 @@ master_requests! {
     EvalsCanceled(evaluations::EvalsCanceled) => evals_canceled,
     /// Timer: check that every job runs what it asks for.
     CheckConvergence(evaluations::CheckConvergence) => check_convergence,
+    // deployments
+    /// Timer: look at the running deployments.
+    CheckDeployments(deployments::CheckDeployments) => check_deployments,
+    /// Deployments, newest first.
+    ListDeployments(deployments::ListDeployments) => list_deployments,
+    /// Promote, pause, resume or fail a deployment.
+    ChangeDeployment(deployments::ChangeDeployment) => change_deployment,
     // the plan applier
     /// The master's eval broker and blocked-queue, for workers.
     GetSchedulingPids(plans::GetSchedulingPids) => get_scheduling_pids,
@@ -337,6 +348,9 @@ pub struct Master {
     heartbeats: HeartbeatDeadlines,
     /// Task slots that failed in a row, for the back-off of their replacements.
     crash_loops: tasks::crash_loops::CrashLoops,
+    /// What the deployment watcher remembers of each running deployment, by id (leading
+    /// only; see `deployments.rs`).
+    deployment_watch: std::collections::HashMap<String, deployments::Watch>,
     /// The term and the moment until which a quorum's last confirmation of this master's
     /// leadership holds (see `leadership::with_quorum_leadership`).
     leadership_lease: Option<(u64, tokio::time::Instant)>,
@@ -386,6 +400,7 @@ impl Master {
             events: cluster_state::events::EventLog::default(),
             heartbeats: HeartbeatDeadlines::default(),
             crash_loops: tasks::crash_loops::CrashLoops::default(),
+            deployment_watch: std::collections::HashMap::new(),
             leadership_lease: None,
             serving: tokio::sync::watch::Sender::new(false),
             instruments: Arc::new(MasterInstruments::new()),
@@ -479,6 +494,9 @@ impl Process for Master {
             evaluations::CheckConvergence.into()
         });
         ctx.interval(agents::drains::DRAIN_CHECK, || agents::CheckDrains.into());
+        ctx.interval(deployments::DEPLOYMENT_CHECK, || {
+            deployments::CheckDeployments.into()
+        });
         // What the blocked-queue releases or cancels comes back here to be recorded.
         if let Some(SinkReceivers {
             mut unblocked,

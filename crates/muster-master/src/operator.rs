@@ -23,10 +23,10 @@ use tonic::{Request, Response, Status};
 
 use crate::error::ServiceError;
 use crate::master::requests::{
-    BootstrapAcl, ChangeAccess, CreateToken, DeleteToken, DrainAgent, GetMetrics, JobStatus,
-    JobVersions, LaunchTask, ListEvaluations, ListJobs, ListNamespaces, ListPolicies, ListTokens,
-    PlanJob, ReadState, SetAgentEligibility, SnapshotRestore, SnapshotSave, StopJob, SubmitJob,
-    SubscribeEvents, TaskLogs,
+    BootstrapAcl, ChangeAccess, ChangeDeployment, CreateToken, DeleteToken, DrainAgent, GetMetrics,
+    JobStatus, JobVersions, LaunchTask, ListDeployments, ListEvaluations, ListJobs, ListNamespaces,
+    ListPolicies, ListTokens, PlanJob, ReadState, SetAgentEligibility, SnapshotRestore,
+    SnapshotSave, StopJob, SubmitJob, SubscribeEvents, TaskLogs,
 };
 use crate::master::{EventFeed, Master};
 use crate::visibility::{
@@ -343,6 +343,86 @@ impl Operator for OperatorService {
             .map_err(ServiceError::from)??;
         show_job_versions(&caller, &namespace, &mut list);
         Ok(Response::new(list))
+    }
+
+    async fn list_deployments(
+        &self,
+        request: Request<pb::ListDeploymentsRequest>,
+    ) -> Result<Response<pb::DeploymentList>, Status> {
+        let caller = caller_of(&request);
+        let pb::ListDeploymentsRequest {
+            namespace,
+            job,
+            id,
+            stale,
+        } = request.into_inner();
+        let namespaces = NamespaceFilter::for_request(&caller, &namespace)?;
+        let named = |name: &str| {
+            if namespace == "*" {
+                return Err(Status::invalid_argument(
+                    "name the job's namespace, not `*`, to list one job's deployments",
+                ));
+            }
+            let namespace = namespace_or_default(&namespace);
+            require(&caller, Capability::ReadJob, namespace)?;
+            Ok(job_id(namespace, name))
+        };
+        let (job, id) = match (job.is_empty(), id.is_empty()) {
+            (true, true) => (None, None),
+            (false, true) => (Some(named(&job)?), None),
+            (_, false) => {
+                let id = named(&id)?;
+                let job = id.rsplit_once(".v").map(|(job, _)| job.to_owned());
+                (job, Some(id))
+            }
+        };
+        let list = self
+            .master
+            .ask(|reply| {
+                ListDeployments {
+                    job,
+                    namespaces,
+                    id,
+                    stale,
+                    reply,
+                }
+                .into()
+            })
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(list))
+    }
+
+    async fn change_deployment(
+        &self,
+        request: Request<pb::ChangeDeploymentRequest>,
+    ) -> Result<Response<pb::ChangeDeploymentReply>, Status> {
+        let caller = caller_of(&request);
+        let request = request.into_inner();
+        let action = pb::DeploymentAction::try_from(request.action).map_err(|_| {
+            Status::invalid_argument(format!(
+                "action: {} is not promote, pause, resume or fail",
+                request.action
+            ))
+        })?;
+        let namespace = namespace_or_default(&request.namespace).to_owned();
+        require(&caller, Capability::SubmitJob, &namespace)?;
+        let id = job_id(&namespace, &request.id);
+        let groups = request.groups;
+        let reply = self
+            .master
+            .ask(|reply| {
+                ChangeDeployment {
+                    id,
+                    action,
+                    groups,
+                    reply,
+                }
+                .into()
+            })
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(reply))
     }
 
     async fn task_logs(

@@ -20,6 +20,7 @@ pub use lifecycle::{Lifecycle, task_lifecycle};
 
 mod agent;
 mod demand;
+mod deployment;
 mod eval;
 mod job;
 mod lifecycle;

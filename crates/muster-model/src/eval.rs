@@ -75,6 +75,9 @@ pub enum Trigger {
     Reconcile,
     /// This agent drains: the job's tasks there move or stop.
     AgentDrain(AgentId),
+    /// This deployment of the job moved on: new tasks turned healthy, canaries were promoted,
+    /// or it was paused, resumed or failed.
+    Deployment(String),
 }
 
 /// A unit of scheduling work for one job.

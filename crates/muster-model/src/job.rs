@@ -11,6 +11,7 @@ use crate::names::invalid;
 use crate::placement::{Affinity, Constraint, Spread};
 use crate::ports::PortRequest;
 use crate::resources::Resources;
+use crate::update::UpdatePolicy;
 
 /// The priority of a job that names none (Nomad's default).
 pub const DEFAULT_PRIORITY: u8 = 50;
@@ -119,6 +120,10 @@ pub struct TaskGroup {
     /// milliseconds; `None`: no limit.
     #[serde(default)]
     pub max_run_duration_ms: Option<u64>,
+    /// How its tasks are replaced when the job changes (service and system jobs); `None`: all
+    /// at once, with no deployment.
+    #[serde(default)]
+    pub update: Option<UpdatePolicy>,
 }
 
 /// What becomes of a group's tasks while their agent is unreachable, and when it comes back
@@ -243,6 +248,8 @@ impl TaskGroup {
             kill_signal,
             kill_timeout_ms,
             max_run_duration_ms,
+            // How tasks are replaced, not what they are.
+            update: _,
         } = self;
         *resources == other.resources
             && *command == other.command

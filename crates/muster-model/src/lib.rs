@@ -19,6 +19,9 @@
 //! - [`lifecycle`]: how a group's tasks are restarted in place ([`RestartPolicy`]), placed
 //!   again ([`ReschedulePolicy`]), checked ([`Check`], [`TaskHealth`]) and stopped
 //!   ([`KillSignal`]).
+//! - [`update`]: a group's [`UpdatePolicy`] (how its tasks are replaced when its job changes).
+//! - [`deployment`]: the [`Deployment`] of each version of a job with update policies: how
+//!   many tasks a scheduler may replace now, canaries.
 //! - [`eval`]: [`Evaluation`], [`EvalId`], [`EvalStatus`], [`Trigger`].
 //! - [`task`]: [`Task`] and [`TaskState`], where a task is in its life.
 //! - [`namespace`]: [`Namespace`], its [`Quota`] (and [`QuotaUsage`], a namespace's tasks
@@ -34,6 +37,7 @@ pub mod agent;
 pub mod clock;
 pub mod convert;
 pub mod demand;
+pub mod deployment;
 pub mod error;
 pub mod eval;
 pub mod job;
@@ -44,10 +48,14 @@ pub mod placement;
 pub mod ports;
 pub mod resources;
 pub mod task;
+pub mod update;
 mod validate;
 
 pub use agent::{AgentId, AgentInfo, AgentScheduling, Drain, DrainPhase, UnreachableAgent};
 pub use demand::Demand;
+pub use deployment::{
+    Deployment, DeploymentGroup, DeploymentStatus, HealthCriteria, UpdatePolicy, deployment_id,
+};
 pub use error::FieldError;
 pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};
 pub use job::{

@@ -198,6 +198,17 @@ impl Job {
             crate::lifecycle::check_duration("kill_timeout", ms)
                 .map_err(|(part, problem)| invalid(field(part), problem))?;
         }
+        if let Some(update) = &group.update {
+            if self.scheduler == SchedulerType::Batch {
+                return Err(invalid(
+                    field("update"),
+                    "a batch job's tasks are not rolled: it has no update policy",
+                ));
+            }
+            update
+                .check()
+                .map_err(|(part, problem)| invalid(field(&format!("update.{part}")), problem))?;
+        }
         if let Some(ms) = group.max_run_duration_ms {
             if self.scheduler != SchedulerType::Batch {
                 return Err(invalid(

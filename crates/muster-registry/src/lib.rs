@@ -32,9 +32,9 @@ pub use network::LeaderContact;
 pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
 pub use registrar::{MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteResult};
 pub use state::{
-    ENDED_EVALS_KEPT_PER_JOB, JOB_VERSION_BYTES_KEPT, JOB_VERSIONS_KEPT, RegistryState,
-    next_version,
+    DEPLOYMENTS_KEPT, ENDED_EVALS_KEPT_PER_JOB, JOB_VERSION_BYTES_KEPT, JOB_VERSIONS_KEPT,
+    RegistryState, next_version,
 };
 pub use store::{MemoryDisk, RegistryReader, StoreLocation};
-pub use types::{Op, OpError, Outcome, StoredPolicy};
+pub use types::{DeploymentChange, Op, OpError, Outcome, StoredPolicy};
 pub use write_error::WriteError;

@@ -8,14 +8,17 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use serde::{Deserialize, Serialize};
 
 use muster_model::{
-    AgentId, AgentInfo, AgentScheduling, EvalId, EvalStatus, Evaluation, Job, Namespace,
-    UnreachableAgent,
+    AgentId, AgentInfo, AgentScheduling, Deployment, EvalId, EvalStatus, Evaluation, Job,
+    Namespace, UnreachableAgent,
 };
 use muster_security::{AclToken, TokenTable};
 
 use crate::types::{Op, OpError, Outcome, StoredPolicy};
 
 mod access;
+mod deployments;
+
+pub use deployments::DEPLOYMENTS_KEPT;
 
 /// How many ended (complete, failed, canceled) evaluations the registry keeps per job, newest
 /// first; older ones are collected as soon as a newer one ends. Pending and blocked
@@ -70,6 +73,10 @@ pub struct RegistryState {
     /// Namespaces by name; `default` exists without being stored.
     #[serde(default)]
     pub namespaces: BTreeMap<String, Namespace>,
+    /// Each job's newest deployments, oldest first, at most
+    /// [`DEPLOYMENTS_KEPT`].
+    #[serde(default)]
+    pub deployments: BTreeMap<String, VecDeque<Deployment>>,
     /// Admitted and unreachable agents by the address they registered with, for finding an
     /// agent that registers again without a scan. Derived from `agents` and `unreachable`.
     #[serde(skip)]
@@ -196,6 +203,8 @@ struct Contents {
     policies: BTreeMap<String, StoredPolicy>,
     #[serde(default)]
     namespaces: BTreeMap<String, Namespace>,
+    #[serde(default)]
+    deployments: BTreeMap<String, VecDeque<Deployment>>,
 }
 
 impl From<Contents> for RegistryState {
@@ -216,6 +225,7 @@ impl From<Contents> for RegistryState {
             tokens: contents.tokens,
             policies: contents.policies,
             namespaces: contents.namespaces,
+            deployments: contents.deployments,
             by_address: BTreeMap::new(),
             by_identity: BTreeMap::new(),
         };
@@ -517,6 +527,7 @@ impl RegistryState {
                 job.stopped = true;
                 let version = job.version;
                 self.keep_version(old);
+                self.cancel_deployments(&name, "the job was stopped", index);
                 Ok(Outcome::JobStored { version })
             }
             Op::Restore(restored) => {
@@ -556,6 +567,8 @@ impl RegistryState {
             Op::DeletePolicy(name) => self.delete_policy(name),
             Op::ApplyNamespace(namespace) => Ok(self.apply_namespace(namespace)),
             Op::DeleteNamespace(name) => self.delete_namespace(name),
+            Op::StartDeployment { job, at_ms } => self.start_deployment(&job, at_ms, index),
+            Op::ChangeDeployment { id, change } => self.change_deployment(&id, change, index),
         }
     }
 }

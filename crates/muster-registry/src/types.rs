@@ -129,6 +129,58 @@ pub enum Op {
     /// Delete a namespace with its stopped jobs; refused for `default`, and while a job in it
     /// is not stopped.
     DeleteNamespace(String),
+    /// Start the deployment of a job's stored version (written with the job itself, after
+    /// it), begun at `at_ms` (the leader's clock, so every member stores the same); the
+    /// running one it supersedes is cancelled. A job without update policies starts none.
+    StartDeployment {
+        /// The job.
+        job: String,
+        /// When, in milliseconds since the Unix epoch.
+        at_ms: u64,
+    },
+    /// Change a running or paused deployment; refused once it ended.
+    ChangeDeployment {
+        /// The deployment (`{job}.v{version}`).
+        id: String,
+        /// What changes.
+        change: DeploymentChange,
+    },
+}
+
+/// A change to a deployment ([`Op::ChangeDeployment`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum DeploymentChange {
+    /// New tasks counted healthy or unhealthy (each with its group), and the new progress
+    /// deadline, if it moved.
+    Progress {
+        /// `(group, task id)` of each task now counted healthy.
+        healthy: Vec<(String, String)>,
+        /// `(group, task id)` of each task now counted unhealthy.
+        unhealthy: Vec<(String, String)>,
+        /// When it fails without further progress, in milliseconds since the Unix epoch.
+        progress_by_ms: Option<u64>,
+    },
+    /// Promote the canaries of these groups (none named: every group); refused if none
+    /// awaited promotion.
+    Promote {
+        /// The groups.
+        groups: Vec<String>,
+    },
+    /// Say anew where it is, its status unchanged (`canaries await promotion`).
+    Describe {
+        /// Why it is where it is, for people.
+        description: String,
+    },
+    /// Set its status (paused, resumed as running, successful, failed), saying why; running
+    /// again only from paused.
+    Status {
+        /// The new status.
+        status: muster_model::DeploymentStatus,
+        /// Why, for people.
+        description: String,
+        /// The version a failed deployment went back to.
+        reverted_to: Option<u64>,
+    },
 }
 
 /// A policy an operator stored: its rules as written, and as read.
@@ -202,6 +254,23 @@ pub enum OpError {
     /// No job has this name.
     #[error("no job named {0:?}")]
     UnknownJob(String),
+    /// No deployment has this id.
+    #[error("no deployment {0:?}")]
+    UnknownDeployment(String),
+    /// The deployment ended: it changes no more.
+    #[error("deployment {id:?} is {status}: it changes no more")]
+    DeploymentEnded {
+        /// The deployment.
+        id: String,
+        /// Its final status.
+        status: String,
+    },
+    /// The deployment has no canaries waiting for promotion.
+    #[error("deployment {0:?} has no canaries awaiting promotion")]
+    NothingToPromote(String),
+    /// Only a paused deployment can be resumed.
+    #[error("deployment {0:?} is not paused")]
+    DeploymentNotPaused(String),
     /// No policy has this name.
     #[error("no policy named {0:?}")]
     UnknownPolicy(String),

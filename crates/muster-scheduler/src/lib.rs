@@ -55,7 +55,9 @@ pub use muster_model::{Demand, TaskState, utilization};
 pub use plan::{
     AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Stop, TaskView,
 };
-pub use reconcile::{Reconciled, SlotRequest, counted_slot_index, reconcile, wants_counted_slot};
+pub use reconcile::{
+    CANARY_PREFIX, Reconciled, SlotRequest, counted_slot_index, reconcile, wants_counted_slot,
+};
 pub use remote::{RemoteBackend, RemoteConfig, RemoteError};
 pub use scheduler::{
     BinPack, Candidate, FnPlacer, MIN_CANDIDATES, Placer, PlacingScheduler, Scheduler, Spread,

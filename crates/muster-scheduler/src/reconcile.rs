@@ -33,11 +33,18 @@
 //! - Terminal tasks are never stopped.
 //! - A slot the snapshot lists as [`held`](ClusterSnapshot::held) (its task keeps failing and
 //!   its replacement backs off) is not missing: it is placed by a later evaluation.
+//! - A group with an update policy, whose job's version has a deployment in the snapshot
+//!   ([`ClusterSnapshot::deployments`]), is rolled: only as many outdated tasks stop as the
+//!   deployment allows now ([`Deployment::may_replace`]: `max_parallel` less the slots already
+//!   being replaced, that is new tasks not yet counted healthy and empty slots); the others
+//!   keep their slots for a later evaluation. While its canaries await promotion, a counted
+//!   group also wants canary slots (`{job}.{group}[canary-N]`) beside its own, and replaces
+//!   nothing; a system group's canaries are its first replacements.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use muster_model::{AgentId, DrainPhase, Resources, TaskState};
+use muster_model::{AgentId, Deployment, DrainPhase, Resources, TaskState};
 use muster_model::{Constraint, Evaluation, Job, SchedulerType, TaskGroup};
 
 use crate::plan::{AgentView, ClusterSnapshot, Placement, Stop, TaskView};
@@ -121,12 +128,22 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     let job_name = eval.job.as_str();
     let agents = snapshot.agents_by_id();
     let stored = snapshot.jobs.get(job_name);
+    // The deployment of the stored version, if it rolls some of its groups.
+    let deployment = stored.and_then(|job| {
+        snapshot
+            .deployments
+            .get(job_name)
+            .filter(|d| d.job_version == job.version)
+    });
     let layout = match stored {
-        Some(job) if !job.stopped => SlotLayout::of(job, &agents),
+        Some(job) if !job.stopped => SlotLayout::of(job, &agents, deployment),
         _ => SlotLayout::default(),
     };
     let scheduler = stored.map(|job| job.scheduler);
     let batch = scheduler == Some(SchedulerType::Batch);
+    // Outdated tasks of rolled groups: which of them stop now is the deployment's to say,
+    // once every slot's filler is known.
+    let mut outdated: Vec<(usize, Filler<'_>)> = Vec::new();
 
     // The live tasks filling each slot, as (slot, filler).
     let mut fillers: Vec<(usize, Filler<'_>)> = Vec::new();
@@ -159,7 +176,8 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
                 stop.push(stop_of(&agent.id, task));
                 continue;
             };
-            if is_outdated(task, group) {
+            let rolled = deployment.is_some_and(|d| d.groups.contains_key(&group.name));
+            if is_outdated(task, group) && !(rolled && departure != Departure::Stops) {
                 // Never a holder: the slot stays missing and is placed anew (a batch slot
                 // once the task has stopped).
                 stop.push(stop_of(&agent.id, task));
@@ -174,15 +192,27 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
                     continue;
                 }
             };
-            fillers.push((
-                i,
-                Filler {
-                    agent: &agent.id,
-                    task,
-                    leaving,
-                },
-            ));
+            let filler = Filler {
+                agent: &agent.id,
+                task,
+                leaving,
+            };
+            if is_outdated(task, group) {
+                outdated.push((i, filler));
+            } else {
+                fillers.push((i, filler));
+            }
         }
+    }
+    if let Some(deployment) = deployment {
+        roll(
+            deployment,
+            &layout,
+            scheduler == Some(SchedulerType::System),
+            outdated,
+            &mut fillers,
+            &mut stop,
+        );
     }
     // Stable: a slot's fillers stay in agent order.
     fillers.sort_by_key(|(i, _)| *i);
@@ -238,6 +268,10 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
         let slots = layout.group_of(i);
         let offset = i - slots.first;
         let (key, agent) = match &slots.per_agent {
+            None if offset >= slots.group.count as usize => (
+                format!("{CANARY_PREFIX}{}", offset - slots.group.count as usize),
+                None,
+            ),
             None => (offset.to_string(), None),
             Some(on) => {
                 let agent = &agents[on[offset]];
@@ -322,7 +356,7 @@ struct GroupSlots {
 }
 
 impl SlotLayout {
-    fn of(job: &Job, agents: &[Arc<AgentView>]) -> SlotLayout {
+    fn of(job: &Job, agents: &[Arc<AgentView>], deployment: Option<&Deployment>) -> SlotLayout {
         let mut seen = HashSet::new();
         let mut layout = SlotLayout::default();
         for group in &job.groups {
@@ -332,7 +366,8 @@ impl SlotLayout {
             let first = layout.len;
             let (per_agent, slot_at) = match job.scheduler {
                 SchedulerType::Service | SchedulerType::Batch => {
-                    layout.len += group.count as usize;
+                    let canaries = deployment.map_or(0, |d| d.canary_slots(&group.name, false));
+                    layout.len += group.count as usize + canaries;
                     (None, Vec::new())
                 }
                 SchedulerType::System => {
@@ -357,6 +392,17 @@ impl SlotLayout {
         layout
     }
 
+    /// How many slots `slots`' group has (its canary slots included).
+    fn len_of(&self, slots: &GroupSlots) -> usize {
+        let next = self
+            .groups
+            .iter()
+            .map(|g| g.first)
+            .find(|first| *first > slots.first)
+            .unwrap_or(self.len);
+        next - slots.first
+    }
+
     /// The group slot `i` belongs to.
     fn group_of(&self, i: usize) -> &GroupSlots {
         let at = self.groups.partition_point(|slots| slots.first <= i) - 1;
@@ -379,15 +425,95 @@ impl SlotLayout {
             .find(|s| *s.group.name == *task.group())?;
         let key = slot_key(job, &slots.group.name, task.name())?;
         let slot = match &slots.per_agent {
-            None => {
-                let index = canonical_index(key)?;
-                (index < slots.group.count as usize).then_some(slots.first + index)?
-            }
+            None => match key.strip_prefix(CANARY_PREFIX) {
+                Some(canary) => {
+                    let k = canonical_index(canary)?;
+                    let count = slots.group.count as usize;
+                    let canaries = self.len_of(slots) - count;
+                    (k < canaries).then_some(slots.first + count + k)?
+                }
+                None => {
+                    let index = canonical_index(key)?;
+                    (index < slots.group.count as usize).then_some(slots.first + index)?
+                }
+            },
             Some(_) if key == agent.0 => slots.slot_at[position]?,
             Some(_) => return None,
         };
         Some((slot, &slots.group))
     }
+}
+
+/// What a canary slot's key begins with: `web.fe[canary-0]`.
+pub const CANARY_PREFIX: &str = "canary-";
+
+/// Rolls the outdated tasks of `deployment`'s groups: as many stop (their slots placed anew)
+/// as the deployment allows now, in slot order; the others keep their slots, as fillers. A
+/// group's slots being replaced already are its new tasks not yet counted healthy, and its
+/// slots with no task at all.
+fn roll<'a>(
+    deployment: &Deployment,
+    layout: &SlotLayout,
+    system: bool,
+    mut outdated: Vec<(usize, Filler<'a>)>,
+    fillers: &mut Vec<(usize, Filler<'a>)>,
+    stop: &mut Vec<Stop>,
+) {
+    outdated.sort_by_key(|(i, f)| (*i, f.rank()));
+    for slots in &layout.groups {
+        let Some(group) = deployment.groups.get(&slots.group.name) else {
+            continue;
+        };
+        // Its own slots, canaries aside (a system group's are all its own).
+        let own = match slots.per_agent {
+            Some(_) => layout.len_of(slots),
+            None => slots.group.count as usize,
+        };
+        let mine = slots.first..slots.first + own;
+        let mut filled = vec![false; own];
+        let mut in_flight = 0;
+        let mut current = 0;
+        for (i, filler) in fillers.iter().filter(|(i, _)| mine.contains(i)) {
+            filled[i - slots.first] = true;
+            current += 1;
+            if !group.healthy.contains(filler.task.id()) {
+                in_flight += 1;
+            }
+        }
+        for (i, _) in outdated.iter().filter(|(i, _)| mine.contains(i)) {
+            filled[i - slots.first] = true;
+        }
+        in_flight += filled.iter().filter(|f| !**f).count();
+        let mut budget = deployment
+            .may_replace(&slots.group.name, system, in_flight, current)
+            .unwrap_or(usize::MAX);
+        for (i, filler) in outdated.iter().filter(|(i, _)| mine.contains(i)) {
+            // A slot whose new task is placed already is being replaced: its old task goes.
+            let replaced = fillers
+                .iter()
+                .any(|(j, f)| j == i && !is_outdated_in(f, slots));
+            if replaced || budget > 0 {
+                budget -= usize::from(!replaced);
+                stop.push(stop_of(filler.agent, filler.task));
+            } else {
+                fillers.push((*i, *filler));
+            }
+        }
+    }
+    // Outdated tasks of groups the deployment does not roll stop, as ever.
+    for (i, filler) in outdated {
+        if !deployment
+            .groups
+            .contains_key(&layout.group_of(i).group.name)
+        {
+            stop.push(stop_of(filler.agent, filler.task));
+        }
+    }
+}
+
+/// Whether `filler`'s task is outdated in its group `slots`.
+fn is_outdated_in(filler: &Filler<'_>, slots: &GroupSlots) -> bool {
+    is_outdated(filler.task, &slots.group)
 }
 
 /// `key` as a slot index, if it is one written as slot names write it (decimal, no sign, no

@@ -124,6 +124,7 @@ impl From<ClusterSnapshot> for pb::ClusterSnapshot {
                 .into_iter()
                 .map(|(namespace, quota)| (namespace, quota_to_wire(quota)))
                 .collect(),
+            deployments: this.deployments.into_values().map(Into::into).collect(),
         }
     }
 }
@@ -177,6 +178,10 @@ impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
             held: proto.held.into_iter().collect(),
             job_index: None,
             quotas,
+            deployments: each::<muster_model::Deployment, _>(proto.deployments, "deployments")?
+                .into_iter()
+                .map(|d| (d.job.clone(), d))
+                .collect(),
         })
     }
 }
@@ -350,6 +355,7 @@ mod tests {
             priority: 70,
             scheduler: SchedulerType::System,
             groups: vec![TaskGroup {
+                update: None,
                 migrate_max_parallel: 0,
                 disconnect: Default::default(),
                 restart: None,
@@ -442,6 +448,7 @@ mod tests {
             TaskState::Lost,
         ];
         ClusterSnapshot {
+            deployments: Default::default(),
             index: 42,
             agents: vec![Arc::new(AgentView::new(
                 AgentId("agent-1".into()),

@@ -688,6 +688,7 @@ mod tests {
             version: 1,
         };
         let snapshot = ClusterSnapshot {
+            deployments: Default::default(),
             index: 1,
             agents: Vec::new(),
             jobs: BTreeMap::from([("web".to_owned(), job)]),

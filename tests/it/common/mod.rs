@@ -15,6 +15,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 use tokio::time::Instant;
 
+pub(crate) mod dev_jobs;
+
 /// How long a child may take to do what a test waits for.
 pub(crate) const DEADLINE: Duration = Duration::from_secs(60);
 

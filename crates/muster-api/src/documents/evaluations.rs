@@ -52,6 +52,7 @@ impl From<pb::Evaluation> for EvaluationInfo {
             Some(Kind::FailedFollowUp(eval)) => ("failed-follow-up", eval),
             Some(Kind::Reconcile(_)) => ("reconcile", String::new()),
             Some(Kind::AgentDrain(agent)) => ("agent-drain", agent),
+            Some(Kind::Deployment(id)) => ("deployment", id),
             None => ("unknown", String::new()),
         };
         let status = match pb::EvalStatus::try_from(eval.status) {

@@ -11,6 +11,7 @@ use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_registry::{Op, Outcome, WriteError};
 
+use super::registry_writes::now_ms;
 use super::{Master, Request, answered_request};
 use crate::error::ServiceError;
 use crate::visibility::NamespaceFilter;
@@ -159,8 +160,12 @@ impl Master {
         tracing::info!(job = %job.name, eval = %eval_id, "job submitted");
         // A new version starts its slots' failures over, those given up on included.
         self.crash_loops.forget_job(&job.name);
+        let deploy = Op::StartDeployment {
+            job: job.name.clone(),
+            at_ms: now_ms(),
+        };
         self.write_with_evals(
-            vec![Op::UpsertJob(job)],
+            vec![Op::UpsertJob(job), deploy],
             vec![eval],
             ctx,
             move |_master, _ctx, written| reply.send(job_written(written, eval_id)),

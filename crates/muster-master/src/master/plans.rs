@@ -112,10 +112,13 @@ impl Master {
     /// namespaces' quotas. Agents whose tasks did not change since the last snapshot share
     /// their views with it.
     pub(super) fn snapshot(&mut self) -> ClusterSnapshot {
-        let (jobs, quotas) = self
-            .registry
-            .reader()
-            .read(|state| (state.jobs.clone(), limited_quotas(&state.namespaces)));
+        let (jobs, quotas, deployments) = self.registry.reader().read(|state| {
+            (
+                state.jobs.clone(),
+                limited_quotas(&state.namespaces),
+                current_deployments(state),
+            )
+        });
         let scheduling = self.agent_scheduling();
         let agents: Vec<Arc<AgentView>> = self
             .cluster
@@ -169,6 +172,7 @@ impl Master {
             },
             job_index: Some(job_index),
             quotas,
+            deployments,
         }
     }
 
@@ -556,6 +560,22 @@ impl GroupShared {
         shared.insert(group.name.clone(), wire.clone());
         wire
     }
+}
+
+/// The newest deployment of each job, if it deploys the job's current version: what
+/// schedulers roll its groups by.
+fn current_deployments(
+    state: &muster_registry::RegistryState,
+) -> std::collections::BTreeMap<String, muster_model::Deployment> {
+    state
+        .deployments
+        .iter()
+        .filter_map(|(job, kept)| {
+            let newest = kept.back()?;
+            let current = state.jobs.get(job)?.version == newest.job_version;
+            current.then(|| (job.clone(), newest.clone()))
+        })
+        .collect()
 }
 
 /// How much later than a launch's deadline (on the agent's clock) the master counts a task

@@ -48,6 +48,7 @@ impl From<Trigger> for pb::Trigger {
             Trigger::FailedFollowUp(eval) => Kind::FailedFollowUp(eval.0),
             Trigger::Reconcile => Kind::Reconcile(pb::trigger::Reconcile {}),
             Trigger::AgentDrain(agent) => Kind::AgentDrain(agent.0),
+            Trigger::Deployment(id) => Kind::Deployment(id),
         };
         pb::Trigger { kind: Some(kind) }
     }
@@ -68,6 +69,7 @@ impl TryFrom<pb::Trigger> for Trigger {
             Some(Kind::FailedFollowUp(eval)) => Ok(Trigger::FailedFollowUp(EvalId(eval))),
             Some(Kind::Reconcile(_)) => Ok(Trigger::Reconcile),
             Some(Kind::AgentDrain(agent)) => Ok(Trigger::AgentDrain(AgentId(agent))),
+            Some(Kind::Deployment(id)) => Ok(Trigger::Deployment(id)),
             None => Err(FieldError::new("", "none of its kinds is set")),
         }
     }

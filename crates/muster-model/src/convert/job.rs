@@ -206,6 +206,7 @@ impl From<TaskGroup> for pb::TaskGroup {
             kill_signal: super::lifecycle::kill_signal_to_wire(group.kill_signal),
             kill_timeout_ms: group.kill_timeout_ms,
             max_run_duration_ms: group.max_run_duration_ms.unwrap_or(0),
+            update: group.update.map(Into::into),
         }
     }
 }
@@ -278,6 +279,7 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
             kill_timeout_ms: proto.kill_timeout_ms,
             max_run_duration_ms: (proto.max_run_duration_ms > 0)
                 .then_some(proto.max_run_duration_ms),
+            update: proto.update.map(|u| read(u, "update")).transpose()?,
         })
     }
 }
@@ -406,6 +408,10 @@ impl Job {
                 kill_timeout_ms: group.kill_timeout_ms,
                 max_run_duration_ms: (group.max_run_duration_ms > 0)
                     .then_some(group.max_run_duration_ms),
+                update: group
+                    .update
+                    .map(|u| read(u, &format!("{field}.update")))
+                    .transpose()?,
             });
         }
         let job = Job {
@@ -492,6 +498,14 @@ mod tests {
                 kill_signal: "SIGINT".into(),
                 kill_timeout_ms: Some(3_000),
                 max_run_duration_ms: 0,
+                update: Some(pb::UpdatePolicy {
+                    max_parallel: 2,
+                    min_healthy_time_ms: 1_000,
+                    healthy_deadline_ms: 60_000,
+                    progress_deadline_ms: 120_000,
+                    health: pb::HealthCriteria::Checks as i32,
+                    ..pb::UpdatePolicy::default()
+                }),
             }],
             stopped: false,
             version: 0,

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use muster_model::{AgentId, Demand, EvalId, Job, Quota, Resources, TaskState};
+use muster_model::{AgentId, Demand, Deployment, EvalId, Job, Quota, Resources, TaskState};
 
 mod agent_view;
 mod job_index;
@@ -45,6 +45,10 @@ pub struct ClusterSnapshot {
     /// namespace's live tasks in this snapshot, with a plan's placements and less its stops,
     /// stay within its quota ([`Quota`]). A namespace not listed has no limit.
     pub quotas: BTreeMap<String, Quota>,
+    /// The deployment of each job's current version, by job, for the jobs whose groups roll
+    /// ([`Deployment`]): how many outdated tasks a scheduler may replace now, and canaries.
+    /// A job not listed replaces all of its outdated tasks at once.
+    pub deployments: BTreeMap<String, Deployment>,
 }
 
 impl ClusterSnapshot {

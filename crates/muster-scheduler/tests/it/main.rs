@@ -9,4 +9,5 @@ mod ports;
 mod preferences;
 mod quota;
 mod reconcile;
+mod rolling;
 mod worker;

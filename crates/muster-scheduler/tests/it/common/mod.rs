@@ -78,6 +78,7 @@ pub(crate) fn eval_for(job: &Job) -> Evaluation {
 
 pub(crate) fn snapshot(index: u64, agents: Vec<AgentView>, jobs: Vec<Job>) -> ClusterSnapshot {
     ClusterSnapshot {
+        deployments: Default::default(),
         index,
         agents: agents.into_iter().map(Arc::new).collect(),
         jobs: jobs
