@@ -268,8 +268,11 @@ pub(crate) async fn run(
                     }
                 })
                 .await?;
+            let deployment = latest_deployment(connection, &name, stale).await?;
             if format.is_json() {
-                return print_json(&muster_api::JobDetail::from(status));
+                let mut doc = muster_api::JobDetail::from(status);
+                doc.deployment = deployment;
+                return print_json(&doc);
             }
             if let Some(line) = staleness(status.read.as_ref()) {
                 writeln!(out, "{line}")?;
@@ -285,6 +288,9 @@ pub(crate) async fn run(
                 status.version,
                 if status.stopped { ", stopped" } else { "" }
             )?;
+            if let Some(d) = &deployment {
+                writeln!(out, "{}", deployment_line(d))?;
+            }
             writeln!(out, "tasks:")?;
             if status.tasks.is_empty() {
                 writeln!(out, "  (none yet)")?;
@@ -331,6 +337,40 @@ pub(crate) async fn run(
         }
     }
     Ok(())
+}
+
+/// The newest deployment of job `name` (in the connection's namespace), if it has one.
+async fn latest_deployment(
+    connection: &Connection,
+    name: &str,
+    stale: bool,
+) -> anyhow::Result<Option<muster_api::DeploymentInfo>> {
+    let list = connection
+        .read(stale, |mut client| {
+            let request = pb::ListDeploymentsRequest {
+                namespace: connection.namespace.clone(),
+                job: name.to_owned(),
+                id: String::new(),
+                stale,
+            };
+            async move { client.list_deployments(request).await }
+        })
+        .await?;
+    Ok(list
+        .deployments
+        .into_iter()
+        .next()
+        .map(muster_api::DeploymentInfo::from))
+}
+
+/// `job status`'s line of the job's latest deployment: `deployment web.v3: running
+/// (replacing tasks)`.
+fn deployment_line(d: &muster_api::DeploymentInfo) -> String {
+    if d.description.is_empty() {
+        format!("deployment {}: {}", d.id, d.status)
+    } else {
+        format!("deployment {}: {} ({})", d.id, d.status, d.description)
+    }
 }
 
 /// What changed from `older` to `newer`, one line each (`group web: count 2 -> 3`).
@@ -574,5 +614,27 @@ mod tests {
             ]
         );
         assert!(job_changes(&older, &older).is_empty());
+    }
+
+    #[test]
+    fn a_jobs_latest_deployment_is_one_line() {
+        let mut d = muster_api::DeploymentInfo {
+            id: "web.v3".into(),
+            job: "web".into(),
+            namespace: "default".into(),
+            job_version: 3,
+            status: "running".into(),
+            description: "replacing tasks".into(),
+            groups: Vec::new(),
+            created_ms: 0,
+            progress_by_ms: 0,
+            reverted_to: None,
+        };
+        assert_eq!(
+            deployment_line(&d),
+            "deployment web.v3: running (replacing tasks)"
+        );
+        d.description.clear();
+        assert_eq!(deployment_line(&d), "deployment web.v3: running");
     }
 }

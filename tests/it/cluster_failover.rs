@@ -13,6 +13,9 @@
 //! copied out and printed if the test fails (kept in any case with `MUSTER_TEST_KEEP_LOGS`
 //! set).
 //!
+//! And a rolling deployment (one task replaced a second) whose leader is SIGKILLed part-way:
+//! the new leader carries it on to the end.
+//!
 //! The binaries come from the same target directory as this test: `cargo test --workspace`
 //! builds them.
 
@@ -228,6 +231,143 @@ async fn a_master_back_from_a_stop_catches_up_on_jobs_at_the_size_cap_without_an
         "the catch-up cost an election"
     );
     for child in masters.children.iter_mut().flatten() {
+        terminate(child).await?;
+    }
+    Ok(())
+}
+
+/// `web`: four `sleep` tasks of version `version` (its environment), rolled one at a time,
+/// each new task running for a second before the next is replaced.
+fn rolled_web(version: u32) -> model_pb::Job {
+    model_pb::Job {
+        name: "web".into(),
+        groups: vec![model_pb::TaskGroup {
+            name: "fe".into(),
+            count: 4,
+            resources: Some(model_pb::Resources {
+                cpus: 0.05,
+                mem_mb: 16,
+            }),
+            command: "sleep".into(),
+            args: vec!["600".into()],
+            env: [("VERSION".to_owned(), version.to_string())].into(),
+            update: Some(model_pb::UpdatePolicy {
+                max_parallel: 1,
+                min_healthy_time_ms: 1_000,
+                healthy_deadline_ms: 30_000,
+                progress_deadline_ms: 60_000,
+                health: model_pb::HealthCriteria::TaskStates.into(),
+                ..model_pb::UpdatePolicy::default()
+            }),
+            ..model_pb::TaskGroup::default()
+        }],
+        ..model_pb::Job::default()
+    }
+}
+
+/// Deployment `id` as the master at `address` has it (stale: any master answers).
+async fn deployment_at(
+    address: &str,
+    root: &TokenSecret,
+    id: &str,
+) -> anyhow::Result<Option<model_pb::Deployment>> {
+    let mut client = muster_master::testing::operator(address, Some(root)).await?;
+    let request = pb::ListDeploymentsRequest {
+        id: id.into(),
+        stale: true,
+        ..pb::ListDeploymentsRequest::default()
+    };
+    Ok(match client.list_deployments(request).await {
+        Ok(list) => list.into_inner().deployments.into_iter().next(),
+        Err(status) if status.code() == tonic::Code::NotFound => None,
+        Err(status) => return Err(status).context("listing deployments"),
+    })
+}
+
+/// Polls the masters until one has deployment `id` where `done` says.
+async fn deployment_when(
+    masters: &Masters,
+    root: &TokenSecret,
+    id: &str,
+    what: &str,
+    done: impl Fn(&model_pb::Deployment) -> bool,
+) -> anyhow::Result<model_pb::Deployment> {
+    let deadline = Instant::now() + DEADLINE;
+    loop {
+        for (index, address) in masters.addresses.iter().enumerate() {
+            if masters.children[index].is_none() {
+                continue;
+            }
+            if let Ok(Some(found)) = deployment_at(address, root, id).await
+                && done(&found)
+            {
+                return Ok(found);
+            }
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "deployment {id}: not {what} in time"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_deployment_goes_on_after_its_leader_is_killed_mid_roll() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut masters = Masters::new(dir.path(), 3).await?;
+    masters.start_all().await?;
+    let root = muster_master::testing::bootstrap(&masters.addresses[0]).await?;
+    let mut agents = start_agents(dir.path(), &masters.addresses, 2, |_| Vec::new()).await?;
+    let (leader, _) = leader_state_when(&masters.addresses, &root, "2 agents", |s| {
+        s.agents.len() == 2 && s.agents.iter().all(|a| a.connected)
+    })
+    .await?;
+    common::submit(&masters.addresses[leader], &root, rolled_web(1)).await?;
+    let successful = model_pb::DeploymentStatus::Successful as i32;
+    deployment_when(&masters, &root, "web.v1", "successful", |d| {
+        d.status == successful
+    })
+    .await?;
+
+    // Version 2 rolls one task a second; the leader dies once the first new task counts.
+    let (leader, _) = leader_state_when(&masters.addresses, &root, "a leader", |_| true).await?;
+    common::submit(&masters.addresses[leader], &root, rolled_web(2)).await?;
+    let running = model_pb::DeploymentStatus::Running as i32;
+    let mid = deployment_when(&masters, &root, "web.v2", "part-way", |d| {
+        d.status == running && d.groups.iter().any(|g| !g.healthy.is_empty())
+    })
+    .await?;
+    let healthy_before = mid.groups[0].healthy.len();
+    ensure!(
+        healthy_before < 4,
+        "the roll was over before the kill: {mid:?}"
+    );
+    let mut killed = masters.children[leader].take().context("leader process")?;
+    killed.start_kill()?;
+    killed.wait().await?;
+
+    // A new leader carries it on to the end: every task is version 2.
+    let done = deployment_when(&masters, &root, "web.v2", "successful", |d| {
+        d.status == successful
+    })
+    .await?;
+    ensure!(done.groups[0].healthy.len() >= 4, "{done:?}");
+    let (_, state) = leader_state_when(&masters.addresses, &root, "four version-2 tasks", |s| {
+        let live: Vec<&model_pb::Task> = s
+            .agents
+            .iter()
+            .flat_map(|a| &a.tasks)
+            .filter(|t| t.job == "web" && t.state == model_pb::TaskState::Running as i32)
+            .collect();
+        live.len() == 4 && live.iter().all(|t| t.job_version == 2)
+    })
+    .await?;
+    ensure!(!state.recovering, "recovered");
+    for child in agents
+        .iter_mut()
+        .chain(masters.children.iter_mut().flatten())
+    {
         terminate(child).await?;
     }
     Ok(())

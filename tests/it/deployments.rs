@@ -3,7 +3,7 @@
 //! healthy keeps at least `count - max_parallel` of its tasks serving throughout (probed over
 //! HTTP during the roll), its deployment fails at the healthy deadline and rolls back to the
 //! last version that deployed well; a canary runs beside the old tasks until an operator
-//! promotes it.
+//! promotes it; a system job rolls with a canary too, and an operator's fail rolls it back.
 
 use crate::common;
 
@@ -242,6 +242,57 @@ async fn a_canary_runs_beside_the_old_tasks_until_it_is_promoted() -> anyhow::Re
     ensure!(
         !output.status.success() && said.contains("successful"),
         "promoting an ended deployment: {said}"
+    );
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_system_job_rolls_with_a_canary_and_rolls_back_when_failed() -> anyhow::Result<()> {
+    let cluster = DevCluster::start().await?;
+    let system = |version: u32| {
+        format!(
+            "name = \"node-exporter\"\ntype = \"system\"\n[[group]]\nname = \"x\"\n\
+             command = \"sleep\"\nargs = [\"600\"]\ncpus = 0.05\nmem_mb = 16\n\
+             env = {{ VERSION = \"{version}\" }}\n\
+             [group.update]\ncanary = 1\nmin_healthy_time = \"200ms\"\nhealthy_deadline = \"20s\"\n\
+             progress_deadline = \"0s\"\nauto_revert = true\nhealth = \"task_states\"\n"
+        )
+    };
+    run_job(&cluster, "node-exporter", &system(1)).await?;
+    deployment_becomes(&cluster, "node-exporter.v1", "successful").await?;
+    // Version 2: the one agent's task is the canary; it waits for promotion.
+    run_job(&cluster, "node-exporter", &system(2)).await?;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let d = deployment(&cluster, &["status", "node-exporter.v2"]).await?;
+        if d["description"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("promote")
+        {
+            break;
+        }
+        ensure!(
+            tokio::time::Instant::now() < deadline,
+            "the system canary never waited for promotion: {d}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Failed by an operator: back to version 1 (Nomad still lacks this for system jobs).
+    let failed = deployment(&cluster, &["fail", "node-exporter.v2"]).await?;
+    ensure!(
+        failed["status"] == "failed" && failed["reverted_to"] == 1,
+        "{failed}"
+    );
+    deployment_becomes(&cluster, "node-exporter.v3", "successful").await?;
+    let status = job_status(&cluster, "node-exporter").await?;
+    let running: Vec<&Value> = tasks_of(&status, "x")
+        .into_iter()
+        .filter(|t| t["state"] == "running")
+        .collect();
+    ensure!(
+        running.len() == 1 && running[0]["job_version"] == 3,
+        "one task, of version 3 (version 1 again): {running:?}"
     );
     cluster.stop().await
 }

@@ -8,7 +8,7 @@ use stateright::semantics::{ConsistencyTester, LinearizabilityTester};
 
 use crate::faults::{QUIET_AFTER, QUIET_BEFORE};
 use crate::record::{FaultSpan, OpEvent, Record, Standing, Write};
-use crate::workload::{JobOp, JobRegister, JobRet, is_batch, slot};
+use crate::workload::{JobOp, JobRegister, JobRet, ROLLED_MAX_PARALLEL, is_batch, is_rolled, slot};
 
 /// Reads linearizable and no acknowledged write lost: every job's history of operations, as
 /// the clients invoked them and the cluster answered, must be explainable by one order of the
@@ -422,6 +422,110 @@ pub(crate) fn kills_replaced(
                     kill.at.as_secs_f64()
                 ));
             }
+        }
+    }
+    problems
+}
+
+/// How long around a fault a roll is not held to [`rolls_replace_a_few_at_a_time`]: a lost
+/// agent or leader makes slots empty that no roll emptied.
+const ROLL_FAULT_MARGIN: Duration = Duration::from_secs(1);
+
+/// How long a rolled job's new task must run before it counts as healthy (its
+/// `min_healthy_time`).
+const ROLLED_HEALTHY_AFTER: Duration = Duration::from_millis(200);
+
+/// How long after a write that raised a rolled job's count its kills are not watched.
+const RAISED_WITHIN: Duration = Duration::from_secs(1);
+
+/// The count of `job` as the writes acknowledged by `at` leave it (0 once stopped): that of
+/// the one answered with the highest version; `None` if a write of unknown effect was
+/// invoked after that one (it may have changed the count since).
+fn count_at(writes: &[Write], job: &str, at: Duration) -> Option<u32> {
+    let of_job = || writes.iter().filter(|w| w.job == job && w.at <= at);
+    let latest = of_job()
+        .filter_map(|w| match (&w.op, &w.ret) {
+            (JobOp::Submit(n, _), Some(JobRet::Written(v))) => Some((*v, w.at, *n)),
+            (JobOp::Stop, Some(JobRet::Written(v))) => Some((*v, w.at, 0)),
+            _ => None,
+        })
+        .max_by_key(|(version, ..)| *version);
+    let (_, since, count) = latest.unwrap_or((0, Duration::ZERO, 0));
+    let unknown_since = of_job().any(|w| w.ret.is_none() && w.at >= since);
+    (!unknown_since).then_some(count)
+}
+
+/// Whether write `w` raised its job's count: a submission answered with version `v` whose
+/// count is above that of the write answered with `v - 1` (or that one is not known).
+fn raises_count(writes: &[Write], w: &Write) -> bool {
+    let (JobOp::Submit(count, _), Some(JobRet::Written(version))) = (&w.op, &w.ret) else {
+        return matches!(w.op, JobOp::Submit(..));
+    };
+    let before = writes.iter().find_map(|b| match (&b.op, &b.ret) {
+        (op, Some(JobRet::Written(v))) if b.job == w.job && *v + 1 == *version => match op {
+            JobOp::Submit(n, _) => Some(*n),
+            _ => Some(0),
+        },
+        _ => None,
+    });
+    before.is_none_or(|before| before < *count)
+}
+
+/// The deployment invariant: a rolled job (see [`is_rolled`]) never has more than
+/// [`ROLLED_MAX_PARALLEL`] of its wanted slots being replaced at once, with no fault in force,
+/// so that at least `count - max_parallel` of its tasks are healthy. At every master's kill of
+/// one of its tasks (a kill with a term) at least [`ROLL_FAULT_MARGIN`] away from every fault,
+/// the slots of the job still wanted (below its count) that run no task, or one started less
+/// than [`ROLLED_HEALTHY_AFTER`] before (not healthy yet), are counted; more than
+/// `max_parallel` is a roll that replaced too many at once.
+pub(crate) fn rolls_replace_a_few_at_a_time(
+    kills: &[(String, Vec<Kill>)],
+    runs: &BTreeMap<String, Vec<Run>>,
+    writes: &[Write],
+    faults: &[FaultSpan],
+) -> Vec<String> {
+    let quiet = |at: Duration| {
+        faults.iter().all(|f| {
+            let until = f.until.unwrap_or(Duration::MAX);
+            at + ROLL_FAULT_MARGIN < f.from || at > until.saturating_add(ROLL_FAULT_MARGIN)
+        })
+    };
+    let mut problems = Vec::new();
+    for kill in kills.iter().flat_map(|(_, kills)| kills) {
+        let job = job_of(&kill.name);
+        if kill.term.is_none() || !is_rolled(job) || !quiet(kill.at) {
+            continue;
+        }
+        let Some(count) = count_at(writes, job, kill.at) else {
+            continue;
+        };
+        let at = kill.at;
+        // New slots of a count just raised are placements, not replacements.
+        let raised = writes.iter().any(|w| {
+            w.job == job
+                && w.at <= at
+                && at.saturating_sub(w.at) <= RAISED_WITHIN
+                && raises_count(writes, w)
+        });
+        if raised {
+            continue;
+        }
+        let replacing: Vec<String> = (0..count)
+            .map(|i| slot(job, i))
+            .filter(|name| {
+                let healthy = |run: &Run| {
+                    run.runs_at(at) && at.saturating_sub(run.start) >= ROLLED_HEALTHY_AFTER
+                };
+                !runs.get(name).is_some_and(|r| r.iter().any(healthy))
+            })
+            .collect();
+        if replacing.len() > ROLLED_MAX_PARALLEL {
+            problems.push(format!(
+                "{job}: at {:.3}s (a kill of {}), with no fault near, {} of its {count} slots were being replaced at once (max_parallel {ROLLED_MAX_PARALLEL}): {replacing:?}",
+                at.as_secs_f64(),
+                kill.task_id,
+                replacing.len()
+            ));
         }
     }
     problems

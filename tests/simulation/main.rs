@@ -506,6 +506,12 @@ fn run(seed: u64) -> Outcome {
     problems.extend(check::batch_slots_ran_once(&runs));
     problems.extend(check::batch_jobs_ran(&runs, &record.finals(), &writes));
     problems.extend(check::kills_replaced(&kills, &runs, &writes));
+    problems.extend(check::rolls_replace_a_few_at_a_time(
+        &kills,
+        &runs,
+        &writes,
+        &record.faults(),
+    ));
     problems.extend(check::rejoin_deposes_no_leader(
         &record.standings(),
         &record.faults(),
@@ -539,6 +545,10 @@ async fn desired(client: &mut Client) -> Option<(BTreeMap<String, u32>, Vec<Stri
                 .and_then(|j| j.groups.first())
                 .map_or(0, |g| g.count),
         };
+        // A roll under way is work not done yet.
+        if workload::is_rolled(&job) && client.deploying(&job).await? {
+            unended.push(format!("the deployment of {job}"));
+        }
         if let Some(reply) = &status {
             unended.extend(
                 reply
@@ -576,6 +586,36 @@ const STAYS_CONVERGED: Duration = Duration::from_secs(10);
 /// heartbeat, waited for no longer than the TTL, fails, and its re-registration is answered
 /// with the tasks to kill.
 const TWICE_AT_MOST: Duration = Duration::from_secs(4);
+
+/// The task definitions the final roll gives the rolled job: ones the workload never submits.
+const FINAL_DEFINITIONS: [u64; 2] = [6, 7];
+
+/// How many tasks the rolled job runs for the final roll.
+const FINAL_COUNT: u32 = 3;
+
+/// Rolls the first rolled service job (`wanted` gives each job's count) to a new task
+/// definition, as a client thread of its own, with no fault in force, for
+/// [`check::rolls_replace_a_few_at_a_time`]: first, if it runs fewer than [`FINAL_COUNT`]
+/// tasks, to that count (`step` 0, not watched: new slots are not replacements); then at the
+/// same count. Whether a submission was made (the caller then waits for the cluster to
+/// converge again, and calls again with the next step).
+async fn roll_once(client: &mut Client, wanted: &BTreeMap<String, u32>, step: &mut usize) -> bool {
+    let Some(job) = wanted.keys().find(|job| workload::is_rolled(job)).cloned() else {
+        return false;
+    };
+    let count = wanted.get(&job).copied().unwrap_or(0);
+    if *step == 0 && count >= FINAL_COUNT {
+        *step = 1;
+    }
+    let Some(&definition) = FINAL_DEFINITIONS.get(*step) else {
+        return false;
+    };
+    *step += 1;
+    let op = workload::JobOp::Submit(count.max(FINAL_COUNT), definition);
+    client
+        .perform(2_000_000, &job, op, workload::Shape::default())
+        .await
+}
 
 /// Once converged, with no fault and no client left: watches for [`STAYS_CONVERGED`] that no
 /// slot runs twice for longer than [`TWICE_AT_MOST`], and records a problem if one does. Tasks
@@ -630,6 +670,7 @@ async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Reco
     let mut deadline = HEAL_AT + CONVERGE_WITHIN;
     let mut last;
     let mut watched = false;
+    let mut roll_step = 0;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         // What the agents run is sampled after the reads, which take simulated time: a
@@ -683,6 +724,12 @@ async fn converge(masters: Vec<MasterHost>, agents: Vec<AgentHost>, record: Reco
                         "converged {:.1}s after the heal",
                         now.saturating_sub(HEAL_AT).as_secs_f64()
                     ));
+                    // Once, with no fault left: a new definition of the rolled job, whose
+                    // roll the deployment invariant then watches; then converged again.
+                    if !watched && roll_once(&mut client, &wanted, &mut roll_step).await {
+                        deadline = deadline.max(record::now() + RECONVERGE_WITHIN);
+                        continue;
+                    }
                     if watched {
                         break;
                     }

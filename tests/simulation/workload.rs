@@ -106,6 +106,31 @@ pub(crate) fn is_batch(job: &str) -> bool {
         .is_some_and(|n| n % 4 == 3)
 }
 
+/// Whether `job` rolls its updates (`job-0`, `job-8`, ...): a service replaced one task at a
+/// time, each new task running for a while before the next (see [`ROLLED_MAX_PARALLEL`]).
+pub(crate) fn is_rolled(job: &str) -> bool {
+    job.strip_prefix("job-")
+        .and_then(|n| n.parse::<usize>().ok())
+        .is_some_and(|n| n % 8 == 0)
+}
+
+/// How many tasks of a rolled job are replaced at a time.
+pub(crate) const ROLLED_MAX_PARALLEL: usize = 1;
+
+/// A rolled job's update policy: one task at a time, each running for 200 ms first; a task
+/// not running within 5 s fails the deployment, which then replaces nothing more until the
+/// next version.
+fn rolled_update() -> model_pb::UpdatePolicy {
+    model_pb::UpdatePolicy {
+        max_parallel: ROLLED_MAX_PARALLEL as u32,
+        min_healthy_time_ms: 200,
+        healthy_deadline_ms: 5_000,
+        progress_deadline_ms: 0,
+        health: model_pb::HealthCriteria::TaskStates as i32,
+        ..model_pb::UpdatePolicy::default()
+    }
+}
+
 /// The name of slot `index` of `job`'s group.
 pub(crate) fn slot(job: &str, index: u32) -> String {
     format!("{job}.{GROUP}[{index}]")
@@ -192,6 +217,7 @@ pub(crate) fn job(name: &str, count: u32, definition: u64, shape: Shape) -> mode
             args,
             env,
             disconnect: disconnect(name),
+            update: is_rolled(name).then(rolled_update),
             ..model_pb::TaskGroup::default()
         }],
         ..model_pb::Job::default()
@@ -332,6 +358,45 @@ impl Client {
             match tokio::time::timeout(CALL_DEADLINE, client.job_status(request)).await {
                 Ok(Ok(reply)) => return Some(Some(reply.into_inner())),
                 Ok(Err(status)) if status.code() == Code::NotFound => return Some(None),
+                Ok(Err(status)) => {
+                    self.last_error = format!("{address}: {}", status.message());
+                    self.follow(&status);
+                }
+                Err(_) => {
+                    self.last_error = format!("{address}: no answer within {CALL_DEADLINE:?}");
+                    self.forget(&address);
+                    self.target = (self.target + 1) % self.masters.len();
+                }
+            }
+        }
+        None
+    }
+
+    /// Whether `job`'s newest deployment still runs (read linearizably, following leader
+    /// hints): `None` if no master answered.
+    pub(crate) async fn deploying(&mut self, job: &str) -> Option<bool> {
+        for _ in 0..self.masters.len() + 1 {
+            let address = self.masters[self.target].clone();
+            let Some(mut client) = self.connection(&address).await else {
+                self.last_error = format!("{address}: cannot connect");
+                self.target = (self.target + 1) % self.masters.len();
+                continue;
+            };
+            let request = pb::ListDeploymentsRequest {
+                job: job.to_owned(),
+                ..pb::ListDeploymentsRequest::default()
+            };
+            match tokio::time::timeout(CALL_DEADLINE, client.list_deployments(request)).await {
+                Ok(Ok(reply)) => {
+                    let running = |d: &model_pb::Deployment| {
+                        matches!(
+                            model_pb::DeploymentStatus::try_from(d.status),
+                            Ok(model_pb::DeploymentStatus::Running
+                                | model_pb::DeploymentStatus::Paused)
+                        )
+                    };
+                    return Some(reply.into_inner().deployments.first().is_some_and(running));
+                }
                 Ok(Err(status)) => {
                     self.last_error = format!("{address}: {}", status.message());
                     self.follow(&status);

@@ -13,6 +13,7 @@
 //! `GET /v1/openapi.json` is the OpenAPI document, generated from the handlers ([`openapi`]).
 //! `/ui/` serves the web UI, whose assets are embedded in the binary.
 
+mod deployments;
 mod events;
 mod handlers;
 mod jobs;
@@ -132,6 +133,24 @@ fn routes() -> Router<ApiState> {
         .route("/v1/job/{name}/versions", get(jobs::job_versions))
         .route("/v1/job/{name}/plan", axum::routing::post(jobs::plan_job))
         .route("/v1/job/{name}/evaluations", get(jobs::job_evaluations))
+        .route("/v1/deployments", get(deployments::list_deployments))
+        .route("/v1/deployment/{id}", get(deployments::read_deployment))
+        .route(
+            "/v1/deployment/{id}/promote",
+            axum::routing::post(deployments::promote_deployment),
+        )
+        .route(
+            "/v1/deployment/{id}/pause",
+            axum::routing::post(deployments::pause_deployment),
+        )
+        .route(
+            "/v1/deployment/{id}/resume",
+            axum::routing::post(deployments::resume_deployment),
+        )
+        .route(
+            "/v1/deployment/{id}/fail",
+            axum::routing::post(deployments::fail_deployment),
+        )
         .route("/v1/evaluations", get(jobs::list_evaluations))
         .route("/v1/evaluation/{id}", get(jobs::read_evaluation))
         .route("/v1/namespaces", get(namespaces::list_namespaces))

@@ -167,6 +167,16 @@ impl Deployment {
         })
     }
 
+    /// Drops its canaries (a revert to a version that deployed well needs none): every group
+    /// counts as promoted.
+    pub fn skip_canaries(&mut self) {
+        for group in self.groups.values_mut() {
+            group.desired_canaries = 0;
+            group.promoted = true;
+        }
+        self.description = "replacing tasks".into();
+    }
+
     /// How many of `group`'s outdated tasks a scheduler may replace now, with `in_flight` of
     /// its slots already being replaced (a new task placed and not yet counted healthy, or no
     /// task at all), and `current` of its tasks already at the new definition: `None` when the

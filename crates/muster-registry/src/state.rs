@@ -567,7 +567,9 @@ impl RegistryState {
             Op::DeletePolicy(name) => self.delete_policy(name),
             Op::ApplyNamespace(namespace) => Ok(self.apply_namespace(namespace)),
             Op::DeleteNamespace(name) => self.delete_namespace(name),
-            Op::StartDeployment { job, at_ms } => self.start_deployment(&job, at_ms, index),
+            Op::StartDeployment { job, at_ms, revert } => {
+                self.start_deployment(&job, at_ms, revert, index)
+            }
             Op::ChangeDeployment { id, change } => self.change_deployment(&id, change, index),
         }
     }

@@ -137,6 +137,9 @@ pub enum Op {
         job: String,
         /// When, in milliseconds since the Unix epoch.
         at_ms: u64,
+        /// It goes back to a version that deployed well (an automatic revert): no canaries.
+        #[serde(default)]
+        revert: bool,
     },
     /// Change a running or paused deployment; refused once it ended.
     ChangeDeployment {

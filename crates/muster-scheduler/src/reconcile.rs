@@ -24,7 +24,8 @@
 //! - Draining agents (Nomad's node drain), by [`DrainPhase`]: while it migrates, a service
 //!   task there moves. Its slot is placed again elsewhere, at most the group's
 //!   [`migration_step`](TaskGroup::migration_step) slots at a time, and the task runs until
-//!   its replacement runs, then stops: the job never runs fewer than its count for a move. A
+//!   its replacement runs (and, in a group with health checks, passes them), then stops: the
+//!   job never runs fewer than its count for a move. A
 //!   batch task stays to run to its end; a system task stays while a task of another type
 //!   runs on the agent, then stops. Past the deadline every task there stops, and its slot
 //!   is placed elsewhere.
@@ -44,7 +45,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
-use muster_model::{AgentId, Deployment, DrainPhase, Resources, TaskState};
+use muster_model::{AgentId, Deployment, DrainPhase, Resources, TaskHealth, TaskState};
 use muster_model::{Constraint, Evaluation, Job, SchedulerType, TaskGroup};
 
 use crate::plan::{AgentView, ClusterSnapshot, Placement, Stop, TaskView};
@@ -235,7 +236,10 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
             continue;
         };
         held[i] = true;
-        let replacement_runs = holder.task.state == TaskState::Running;
+        // A group with health checks waits for its replacement to pass them.
+        let checked = !layout.group_of(i).group.checks.is_empty();
+        let replacement_runs = holder.task.state == TaskState::Running
+            && (!checked || holder.task.health == TaskHealth::Healthy);
         for other in fill.clone().filter(|f| !std::ptr::eq(*f, holder)) {
             if other.leaving && !holder.leaving && !replacement_runs {
                 // Moving: it runs until its replacement does.

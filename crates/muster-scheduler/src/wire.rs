@@ -29,6 +29,7 @@ impl From<TaskView> for pb::TaskView {
             state: this.state.into(),
             job_version: this.job_version,
             ports,
+            health: this.health.into(),
         }
     }
 }
@@ -47,7 +48,7 @@ impl TryFrom<pb::TaskView> for TaskView {
                 })
             })
             .collect::<Result<Vec<u16>, FieldError>>()?;
-        Ok(TaskView::new(
+        let mut view = TaskView::new(
             &proto.id,
             &proto.name,
             JobGroup::new(&proto.job, &proto.group),
@@ -55,7 +56,9 @@ impl TryFrom<pb::TaskView> for TaskView {
             read(proto.state, "state")?,
             proto.job_version,
         )
-        .with_ports(ports))
+        .with_ports(ports);
+        view.health = muster_model::TaskHealth::from_wire(proto.health);
+        Ok(view)
     }
 }
 

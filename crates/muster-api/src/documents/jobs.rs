@@ -5,7 +5,7 @@ use muster_proto::model as model_pb;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::{EvaluationInfo, ReadInfo, TaskInfo};
+use super::{DeploymentInfo, EvaluationInfo, ReadInfo, TaskInfo};
 use crate::job_spec::{JobSpec, scheduler_name};
 
 /// Tasks counted by state.
@@ -121,7 +121,8 @@ impl From<cluster_pb::JobList> for JobList {
     }
 }
 
-/// `GET /v1/job/{name}`: the job as submitted, its tasks and its evaluations.
+/// `GET /v1/job/{name}`: the job as submitted, its tasks, its evaluations and its latest
+/// deployment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct JobDetail {
     /// The job document of its current version.
@@ -134,6 +135,11 @@ pub struct JobDetail {
     pub tasks: Vec<TaskInfo>,
     /// Its evaluations.
     pub evaluations: Vec<EvaluationInfo>,
+    /// Its newest deployment, if it has one (a version of a job with an update policy). Not
+    /// part of the `JobStatus` reply: whoever builds the document from one fills it in
+    /// (`GET /v1/job/{name}` and `muster job status` do).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deployment: Option<DeploymentInfo>,
     /// How the read was answered.
     pub read: ReadInfo,
 }
@@ -151,6 +157,7 @@ impl From<cluster_pb::JobStatusReply> for JobDetail {
                 .filter_map(|t| t.task.map(|task| TaskInfo::new(&t.agent_id, task)))
                 .collect(),
             evaluations: reply.evals.into_iter().map(EvaluationInfo::from).collect(),
+            deployment: None,
             read: reply.read.into(),
         }
     }

@@ -1,5 +1,6 @@
 //! The endpoints of jobs and evaluations: list, submit, read, plan, version history and stop
-//! jobs; list and read evaluations. Each checks the token, calls the operator handler its
+//! jobs; list and read evaluations (a job's deployments are in `deployments.rs`; reading a job
+//! names its latest). Each checks the token, calls the operator handler its
 //! gRPC twin calls, and answers the [`muster_api`] document made from the reply.
 
 use axum::Json;
@@ -145,7 +146,7 @@ fn job_document(body: &[u8], namespace: &str) -> Result<JobSpec, HttpError> {
     Ok(spec)
 }
 
-/// A job: its document, tasks and evaluations.
+/// A job: its document, tasks, evaluations and latest deployment.
 #[utoipa::path(get, path = "/v1/job/{name}", params(("name" = String, Path, description = "The job's name"), JobReadQuery), tag = "jobs",
     responses((status = 200, body = JobDetail), (status = 404, body = ApiError), (status = 401, body = ApiError), (status = 307, body = ApiError)))]
 pub(crate) async fn read_job(
@@ -156,7 +157,11 @@ pub(crate) async fn read_job(
     query: Result<Query<JobReadQuery>, QueryRejection>,
 ) -> Result<Response, HttpError> {
     let query = parsed(query)?;
-    let doc = job_detail(&state, &uri, &headers, name, query).await?;
+    let (stale, namespace) = (query.stale, query.namespace.clone());
+    let mut doc = job_detail(&state, &uri, &headers, name.clone(), query).await?;
+    doc.deployment =
+        super::deployments::latest_deployment(&state, &uri, &headers, name, namespace, stale)
+            .await?;
     let read = doc.read.clone();
     Ok(read_response(doc, &read))
 }

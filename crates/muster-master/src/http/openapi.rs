@@ -11,13 +11,13 @@ use muster_api::{
 use utoipa::OpenApi;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 
-use super::{handlers, jobs, namespaces};
+use super::{deployments, handlers, jobs, namespaces};
 
 #[derive(OpenApi)]
 #[openapi(
     info(
         title = "Muster HTTP API",
-        description = "Jobs, evaluations, agents and cluster status of a Muster master. Every call but health and this document needs a token (X-Muster-Token, or Authorization: Bearer) once ACLs are on; a standby redirects leader-only calls (307) to the leader."
+        description = "Jobs, deployments, evaluations, agents and cluster status of a Muster master. Every call but health and this document needs a token (X-Muster-Token, or Authorization: Bearer) once ACLs are on; a standby redirects leader-only calls (307) to the leader."
     ),
     paths(
         jobs::list_jobs,
@@ -44,13 +44,20 @@ use super::{handlers, jobs, namespaces};
         namespaces::list_namespaces,
         namespaces::apply_namespace,
         namespaces::delete_namespace,
+        deployments::list_deployments,
+        deployments::read_deployment,
+        deployments::promote_deployment,
+        deployments::pause_deployment,
+        deployments::resume_deployment,
+        deployments::fail_deployment,
     ),
     components(schemas(
         AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, ConstraintSpec,
-        muster_api::DisconnectSpec, muster_api::AffinitySpec, muster_api::SpreadSpec, muster_api::SpreadTargetSpec, muster_api::PortSpec, muster_api::RestartSpec, muster_api::RescheduleSpec, muster_api::CheckSpec, EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
+        muster_api::DisconnectSpec, muster_api::AffinitySpec, muster_api::SpreadSpec, muster_api::SpreadTargetSpec, muster_api::PortSpec, muster_api::RestartSpec, muster_api::RescheduleSpec, muster_api::CheckSpec, muster_api::UpdateSpec, EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
         ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member,
         muster_api::AgentScheduling, muster_api::DrainRequest, muster_api::EligibilityRequest,
-        muster_api::NamespaceInfo
+        muster_api::NamespaceInfo, muster_api::DeploymentInfo, muster_api::DeploymentGroupInfo,
+        muster_api::DeploymentList, deployments::PromoteRequest
     )),
     modifiers(&Tokens),
     security(("token" = []), ("bearer" = []))
@@ -103,11 +110,26 @@ mod tests {
             "/v1/health/ready",
             "/v1/namespaces",
             "/v1/namespace/{name}",
+            "/v1/deployments",
+            "/v1/deployment/{id}",
+            "/v1/deployment/{id}/promote",
+            "/v1/deployment/{id}/pause",
+            "/v1/deployment/{id}/resume",
+            "/v1/deployment/{id}/fail",
         ] {
             assert!(doc.paths.paths.contains_key(path), "{path} missing");
         }
         let schemas = doc.components.map(|c| c.schemas).unwrap_or_default();
-        for schema in ["JobSpec", "ApiError", "DrainRequest", "AgentScheduling"] {
+        for schema in [
+            "JobSpec",
+            "ApiError",
+            "DrainRequest",
+            "AgentScheduling",
+            "DeploymentInfo",
+            "DeploymentGroupInfo",
+            "DeploymentList",
+            "PromoteRequest",
+        ] {
             assert!(schemas.contains_key(schema), "{schema} missing");
         }
     }

@@ -28,7 +28,7 @@ use muster_model::{
     TaskState, Trigger,
 };
 use muster_proto::cluster as pb;
-use muster_registry::{DeploymentChange, Op};
+use muster_registry::{DeploymentChange, Op, OpError, Outcome, WriteError};
 use tokio::time::Instant;
 
 use super::registry_writes::now_ms;
@@ -165,7 +165,7 @@ impl Master {
             changes.push((deployment.clone(), job.clone(), findings));
         }
         for (deployment, job, findings) in changes {
-            self.record_findings(deployment, job, findings, now_ms, ctx);
+            self.record_findings(deployment, job, findings, now_ms, ctx, |_, _, _| {});
         }
     }
 
@@ -178,6 +178,9 @@ impl Master {
         findings: Findings,
         now_ms: u64,
         ctx: &mut Context<Self>,
+        done: impl FnOnce(&mut Master, &mut Context<Master>, Result<Outcome, WriteError>)
+        + Send
+        + 'static,
     ) {
         let id = deployment.id.clone();
         let mut ops = Vec::new();
@@ -261,16 +264,18 @@ impl Master {
             ));
         }
         if ops.is_empty() {
-            return;
+            return done(self, ctx, Ok(Outcome::Updated));
         }
         let mut evals = Vec::new();
         if let Some(old) = resubmit {
             let name = old.name.clone();
             self.crash_loops.forget_job(&name);
             ops.push(Op::UpsertJob(old));
+            // A version that deployed well before needs no canaries to try it.
             ops.push(Op::StartDeployment {
                 job: name,
                 at_ms: now_ms,
+                revert: true,
             });
             evals.push(Evaluation::new(&job, Trigger::JobRegister));
         } else if progressed || promoting || ops.len() > 1 {
@@ -280,13 +285,14 @@ impl Master {
         if let Some(watch) = self.deployment_watch.get_mut(&id) {
             watch.writing = true;
         }
-        self.write_with_evals(ops, evals, ctx, move |master, _ctx, written| {
+        self.write_with_evals(ops, evals, ctx, move |master, ctx, written| {
             if let Some(watch) = master.deployment_watch.get_mut(&id) {
                 watch.writing = false;
             }
-            if let Err(error) = written {
+            if let Err(error) = &written {
                 tracing::warn!(deployment = %id, %error, "could not record the deployment's progress");
             }
+            done(master, ctx, written);
         });
     }
 }
@@ -378,8 +384,14 @@ impl Master {
                         ..Findings::default()
                     };
                     let now_ms = now_ms();
-                    master.record_findings(deployment, job, findings, now_ms, ctx);
-                    return master.answer_change(id, reply, ctx);
+                    // Answered once the failure is written, as it is then.
+                    let answer = move |master: &mut Master, ctx: &mut Context<Master>, written| {
+                        match refusal(written) {
+                            Some(error) => reply.send(Err(error)),
+                            None => master.answer_change(id, reply, ctx),
+                        }
+                    };
+                    return master.record_findings(deployment, job, findings, now_ms, ctx, answer);
                 }
                 pb::DeploymentAction::Unspecified => {
                     return reply.send(Err(ServiceError::InvalidArgument {
@@ -391,8 +403,8 @@ impl Master {
             let evals = vec![Evaluation::new(&job, Trigger::Deployment(id.clone()))];
             let ops = vec![change(&id, op_change)];
             master.write_with_evals(ops, evals, ctx, move |master, ctx, written| {
-                if let Err(error) = written {
-                    return reply.send(Err(error.into()));
+                if let Some(error) = refusal(written) {
+                    return reply.send(Err(error));
                 }
                 master.answer_change(id, reply, ctx);
             });
@@ -435,6 +447,20 @@ fn progress_deadline(deployment: &Deployment) -> Option<u64> {
         .map(|g| g.update.progress_deadline_ms)
         .filter(|ms| *ms > 0)
         .min()
+}
+
+/// Why a write of deployment changes (with evaluations) did not go through, if it did not:
+/// the ops are written together, so the registry's refusal of one (not paused, nothing to
+/// promote, ended) is inside the outcome.
+fn refusal(written: Result<Outcome, WriteError>) -> Option<ServiceError> {
+    match written {
+        Err(error) => Some(error.into()),
+        Ok(Outcome::Together(results)) => results
+            .into_iter()
+            .find_map(Result::err)
+            .map(|e: OpError| WriteError::Rejected(e).into()),
+        Ok(_) => None,
+    }
 }
 
 fn change(id: &str, change: DeploymentChange) -> Op {

@@ -163,6 +163,7 @@ impl Master {
         let deploy = Op::StartDeployment {
             job: job.name.clone(),
             at_ms: now_ms(),
+            revert: false,
         };
         self.write_with_evals(
             vec![Op::UpsertJob(job), deploy],

@@ -2,7 +2,8 @@
 //! in either header, JSON errors with a code for every refusal, jobs submitted, read, listed
 //! and stopped, the health endpoints without a token, and the OpenAPI document; a job over the
 //! size cap, or with a NUL, refused alike on HTTP and gRPC.
-//! What the API streams (events, a task's output) is in `streams`.
+//! What the API streams (events, a task's output) is in `streams`; deployments (list, read,
+//! promote, pause, resume, fail) in `deployments`.
 
 use std::process::Stdio;
 
@@ -17,6 +18,7 @@ use tokio::io::AsyncWriteExt as _;
 
 use crate::common::master_config;
 
+mod deployments;
 mod streams;
 
 /// One answer: its status and JSON body.

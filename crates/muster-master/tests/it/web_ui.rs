@@ -5,7 +5,9 @@
 //! in the target directory), and finds the agent listed as eligible. The second signs in with
 //! a team's token on a cluster of two teams, one namespace each: the page shows that team's
 //! jobs, evaluations and events and nothing of the other's, stops its job, and says who may
-//! not do what where when asked for the other team's job or namespace.
+//! not do what where when asked for the other team's job or namespace. The third submits a
+//! job with an update block: its job page lists its deployments, the first successful, and the
+//! second's buttons pause and resume it until it is successful too.
 //!
 //! Needs `chromium` and `chromedriver` (Debian's `chromium` and `chromium-driver`; `.ci/run`
 //! installs them). Without them the test says so and passes, unless `MUSTER_REQUIRE_BROWSER=1`
@@ -511,6 +513,119 @@ async fn a_team_token_sees_its_namespace_alone_and_is_told_when_refused() -> any
              return live.textContent === 'no events of team-a' && live.title.includes('\"team-a\"')",
         )?;
         page.lacks("refused team-a's list", &["secret-of-a", "team-a-output"])?;
+        Ok(())
+    })
+    .await?;
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+/// The `rolling` job of the deployments test, as the HTTP API's document: a service whose one
+/// task is replaced one at a time, healthy once running for `min_healthy_time`.
+fn rolling_job(args: &str, min_healthy_time: &str) -> Value {
+    json!({
+        "name": "rolling", "type": "service",
+        "group": [{ "name": "fe", "count": 1, "command": "sleep", "args": [args],
+                    "cpus": 0.1, "mem_mb": 32,
+                    "update": { "max_parallel": 1, "min_healthy_time": min_healthy_time,
+                                "healthy_deadline": "30s", "progress_deadline": "0s" } }]
+    })
+}
+
+/// Submits `job` from the page (the token in its header), failing unless the API takes it.
+fn submit_from_page(page: &Session, token: &TokenSecret, job: &Value) -> anyhow::Result<()> {
+    let status = page.run(&format!(
+        "return fetch('/v1/jobs', {{method: 'POST', headers: {{'X-Muster-Token': '{}'}}, \
+         body: JSON.stringify({job})}}).then(r => r.status)",
+        token.expose()
+    ))?;
+    ensure!(status == json!(200), "submitting {job}: {status}");
+    Ok(())
+}
+
+/// The script that is true once deployment `id`'s row shows `status`.
+fn deployment_shows(id: &str, status: &str) -> String {
+    format!(
+        "return document.querySelector('tr[data-deployment=\"{id}\"] td.deployment-status')\
+         ?.textContent === '{status}'"
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_deployments_show_on_its_page_and_its_buttons_pause_and_resume_one()
+-> anyhow::Result<()> {
+    if !tools_installed()? {
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let OneAgentCluster {
+        master,
+        agent,
+        root,
+        ..
+    } = one_agent_cluster(dir.path()).await?;
+    let base = format!("https://{}", master.http_address());
+    in_browser(move || {
+        let driver = Driver::start()?;
+        let page = driver.session()?;
+        page.open(&format!("{base}/ui/#/jobs"))?;
+        page.until(
+            "the sign-in dialog",
+            "return document.getElementById('login').open === true",
+        )?;
+        page.type_into("#token", root.expose())?;
+        page.click("#login-submit")?;
+        page.until(
+            "the jobs table",
+            "return document.querySelector('main h1')?.textContent === 'Jobs'",
+        )?;
+        submit_from_page(&page, &root, &rolling_job("600", "100ms"))?;
+        page.open(&format!("{base}/ui/#/job/default/rolling"))?;
+        page.until(
+            "the first deployment successful",
+            &deployment_shows("rolling.v1", "successful"),
+        )?;
+        page.until(
+            "the task table's Health column",
+            "return [...document.querySelectorAll('th')].some(th => th.textContent === 'Health')",
+        )?;
+        ensure!(
+            page.run("return document.querySelectorAll('[data-deployment-action]').length")?
+                == json!(0),
+            "a successful deployment offers buttons"
+        );
+
+        // A second version, healthy only after 5 s: paused from the page, it stays paused
+        // (no promote button: it has no canaries); resumed, it goes on to success.
+        submit_from_page(&page, &root, &rolling_job("601", "5s"))?;
+        page.until("the second deployment running", &deployment_shows("rolling.v2", "running"))?;
+        let v2 = "tr[data-deployment=\"rolling.v2\"]";
+        ensure!(
+            page.run(&format!(
+                "return !document.querySelector('{v2} [data-deployment-action=\"promote\"]')"
+            ))? == json!(true),
+            "a deployment without canaries offers promote"
+        );
+        page.click(&format!("{v2} [data-deployment-action=\"pause\"]"))?;
+        page.until(
+            "the second deployment paused, with a resume button",
+            &format!(
+                "return document.querySelector('{v2} td.deployment-status')?.textContent === 'paused' \
+                 && !!document.querySelector('{v2} [data-deployment-action=\"resume\"]')"
+            ),
+        )?;
+        page.click(&format!("{v2} [data-deployment-action=\"resume\"]"))?;
+        page.until(
+            "the second deployment successful",
+            &deployment_shows("rolling.v2", "successful"),
+        )?;
+        page.screenshot(&screenshot_path().with_file_name("web-ui-deployments.png"))?;
+        ensure!(
+            page.run("return !document.getElementById('action-error')")? == json!(true),
+            "an action failed: {}",
+            page.run("return document.getElementById('action-error').textContent")?
+        );
         Ok(())
     })
     .await?;

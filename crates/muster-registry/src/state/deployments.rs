@@ -58,11 +58,12 @@ impl RegistryState {
     }
 
     /// Starts the deployment of `job`'s stored version, begun at `at_ms`, if the job has
-    /// update policies; the one it supersedes is cancelled.
+    /// update policies (without canaries for a `revert`); the one it supersedes is cancelled.
     pub(super) fn start_deployment(
         &mut self,
         job: &str,
         at_ms: u64,
+        revert: bool,
         index: u64,
     ) -> Result<Outcome, OpError> {
         let stored = self
@@ -75,6 +76,9 @@ impl RegistryState {
         let Some(mut deployment) = started else {
             return Ok(Outcome::Updated);
         };
+        if revert {
+            deployment.skip_canaries();
+        }
         deployment.modify_index = index;
         let kept = self.deployments.entry(job.to_owned()).or_default();
         kept.retain(|d| d.job_version != version);
@@ -199,6 +203,7 @@ mod tests {
             Op::StartDeployment {
                 job: name,
                 at_ms: 1_000,
+                revert: false,
             },
         ];
         assert!(state.apply(Op::Together(ops), index).is_ok());
@@ -284,8 +289,20 @@ mod tests {
         assert_eq!(state.stable_version("web", 3), Some(2));
         assert_eq!(state.stable_version("web", 2), None);
         assert_eq!(state.active_deployments().count(), 0);
+        // A revert starts without canaries.
+        let revert = vec![
+            Op::UpsertJob(job("v2")),
+            Op::StartDeployment {
+                job: "web".into(),
+                at_ms: 2_000,
+                revert: true,
+            },
+        ];
+        assert!(state.apply(Op::Together(revert), 11).is_ok());
+        let reverted = state.latest_deployment("web");
+        assert_eq!(reverted.map(|d| d.canary_slots("fe", false)), Some(0));
         // At most a few are kept.
-        for (n, index) in (4..12).zip(11..) {
+        for (n, index) in (4..12).zip(12..) {
             submit(&mut state, job(&format!("v{n}")), index);
         }
         assert_eq!(state.deployments_of("web").count(), DEPLOYMENTS_KEPT);

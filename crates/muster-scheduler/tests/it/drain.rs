@@ -282,3 +282,54 @@ fn nothing_is_placed_on_an_ineligible_agent() {
     let agents: Vec<&str> = plan.place.iter().map(|p| p.agent.0.as_str()).collect();
     assert_eq!(agents, ["a2"], "one fits on a2, none on a1");
 }
+
+#[test]
+fn a_checked_service_task_moves_only_once_its_replacement_is_healthy() {
+    let mut fe = group("fe", 1, 1.0, 64);
+    fe.ports = vec![muster_model::PortRequest {
+        label: "http".into(),
+        static_port: 0,
+    }];
+    fe.checks = vec![muster_model::Check {
+        name: "alive".into(),
+        port: "http".into(),
+        ..muster_model::Check::default()
+    }];
+    let web = job("web", SchedulerType::Service, vec![fe]);
+    let mut snap = snapshot(
+        1,
+        vec![
+            draining(
+                on(
+                    agent("a1", 8.0, 8192),
+                    vec![running("web.fe[0]", "web", "fe")],
+                ),
+                DrainPhase::Migrating,
+            ),
+            agent("a2", 8.0, 8192),
+        ],
+        vec![web.clone()],
+    );
+    let plan = binpack().plan(&eval_for(&web), &snap);
+    apply(&mut snap, &plan);
+    let replacement = plan.place[0].task_id.clone();
+    let set_health = |snap: &mut ClusterSnapshot, health| {
+        for agent in &mut snap.agents {
+            Arc::make_mut(agent).update_tasks(|tasks| {
+                for task in tasks.iter_mut().filter(|t| *t.id() == *replacement) {
+                    let task = Arc::make_mut(task);
+                    task.state = TaskState::Running;
+                    task.health = health;
+                }
+            });
+        }
+    };
+    // Running, its checks not passed yet: the old task runs on.
+    set_health(&mut snap, muster_model::TaskHealth::Starting);
+    let r = reconcile(&eval_for(&web), &snap);
+    assert!(r.stop.is_empty() && r.missing.is_empty(), "{r:?}");
+    // Healthy: the old task stops.
+    set_health(&mut snap, muster_model::TaskHealth::Healthy);
+    let r = reconcile(&eval_for(&web), &snap);
+    assert_eq!(stopped_ids(&r), ["web.fe[0]-t"]);
+}

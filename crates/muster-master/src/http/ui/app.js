@@ -18,11 +18,15 @@ const state = {
   events: [],        // the feed's latest events in the chosen namespace, newest first
   logs: null,        // the task whose logs are open: {id, stderr, offset, text}
   confirmStop: null, // the job whose stop awaits a second click: "namespace/name"
-  actionError: "",   // why the last action on the page (a stop) failed
+  actionError: "",   // why the last action on the page (a stop, a deployment's change) failed
 };
 
 // How many of the feed's events the overview lists.
 const EVENTS_KEPT = 20;
+
+// How often a job's page with a deployment under way looks again: the event stream carries
+// jobs, evaluations and tasks, not a deployment's own progress.
+const DEPLOYMENT_POLL_MS = 1000;
 
 // --- DOM ------------------------------------------------------------------------------------
 
@@ -177,10 +181,13 @@ const placementRules = (g) => [
 ].join(" · ");
 
 async function jobPage([namespace, name], show) {
-  const [job, history] = await Promise.all([
+  const render = state.render;
+  const [job, history, deployments] = await Promise.all([
     api(jobApi(namespace, name)),
     api(jobApi(namespace, name, "/versions")),
+    api(`/v1/deployments?job=${encodeURIComponent(name)}&${inNamespace(namespace)}`),
   ]);
+  if (deployments.deployments.some((d) => ACTIVE.has(d.status))) pollDeployments(render);
   const spec = job.job;
   const groups = groupLines(spec);
   show(
@@ -208,6 +215,8 @@ async function jobPage([namespace, name], show) {
         h("td", {}, h("button", { class: "small", "data-logs": t.id, onclick: () => openLogs(t.id, false) }, "logs")),
       ))),
     logsPanel(),
+    h("h2", {}, "Deployments"),
+    deploymentsTable(namespace, deployments.deployments),
     h("h2", {}, "Evaluations"),
     evaluationsTable(job.evaluations),
     h("h2", {}, "Versions"),
@@ -238,6 +247,70 @@ async function stopJob(namespace, name) {
   } catch (e) {
     if (e instanceof Unauthorized) return signIn(e.message);
     state.actionError = `Stopping ${name}: ${e.message || e}`;
+  }
+  return refresh();
+}
+
+// --- deployments ----------------------------------------------------------------------------
+
+// The states in which a deployment still changes (and takes promote, pause, resume, fail).
+const ACTIVE = new Set(["running", "paused"]);
+
+// Looks at the page again soon, while it is still `render`'s: one timer at a time.
+let deploymentPoll = null;
+function pollDeployments(render) {
+  clearTimeout(deploymentPoll);
+  deploymentPoll = setTimeout(() => {
+    deploymentPoll = null;
+    if (state.render === render) changed();
+  }, DEPLOYMENT_POLL_MS);
+}
+
+// A deployment's group in words: `fe 2/3 (1 canary, awaiting promotion)`, healthy of desired.
+function deploymentGroup(g) {
+  const notes = [];
+  if (g.desired_canaries) {
+    notes.push(`${g.desired_canaries} ${g.desired_canaries === 1 ? "canary" : "canaries"}`,
+      g.promoted ? "promoted" : "awaiting promotion");
+  }
+  if (g.unhealthy) notes.push(`${g.unhealthy} unhealthy`);
+  return h("div", { "data-deployment-group": g.name },
+    `${g.name} ${g.healthy}/${g.desired_total}`, notes.length ? ` (${notes.join(", ")})` : "");
+}
+
+// The buttons of a deployment that still changes: promote (while a group's canaries wait),
+// pause or resume, fail.
+function deploymentActions(namespace, d) {
+  if (!ACTIVE.has(d.status)) return null;
+  const button = (action, cls = "small") => h("button", { class: cls, "data-deployment-action": action,
+    onclick: () => changeDeployment(namespace, d.id, action) }, action);
+  return [
+    d.groups.some((g) => !g.promoted) ? button("promote") : null,
+    d.status === "paused" ? button("resume") : button("pause"),
+    button("fail", "small danger"),
+  ].filter(Boolean).flatMap((b, i) => (i ? [" ", b] : [b]));
+}
+
+function deploymentsTable(namespace, deployments) {
+  return table(["Id", "Version ", "Status", "Description", "Groups (healthy/desired)", ""],
+    deployments.map((d) => h("tr", { "data-deployment": d.id },
+      h("td", {}, h("code", {}, d.id)), num(d.job_version),
+      h("td", { class: "deployment-status" }, badge(d.status)),
+      h("td", {}, d.description),
+      h("td", {}, d.groups.map(deploymentGroup)),
+      h("td", { class: "deployment-actions" }, deploymentActions(namespace, d)),
+    )));
+}
+
+// Promotes, pauses, resumes or fails a deployment; the page shows it as it is after.
+async function changeDeployment(namespace, id, action) {
+  try {
+    await api(`/v1/deployment/${encodeURIComponent(id)}/${action}?${inNamespace(namespace)}`,
+      { method: "POST" });
+    state.actionError = "";
+  } catch (e) {
+    if (e instanceof Unauthorized) return signIn(e.message);
+    state.actionError = `${action} ${id}: ${e.message || e}`;
   }
   return refresh();
 }
