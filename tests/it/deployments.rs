@@ -3,7 +3,8 @@
 //! healthy keeps at least `count - max_parallel` of its tasks serving throughout (probed over
 //! HTTP during the roll), its deployment fails at the healthy deadline and rolls back to the
 //! last version that deployed well; a canary runs beside the old tasks until an operator
-//! promotes it; a system job rolls with a canary too, and an operator's fail rolls it back.
+//! promotes it (or, with `auto_promote`, until it is healthy); a system job rolls with a
+//! canary too, and an operator's `fail` rolls it back.
 
 use crate::common;
 
@@ -293,6 +294,34 @@ async fn a_system_job_rolls_with_a_canary_and_rolls_back_when_failed() -> anyhow
     ensure!(
         running.len() == 1 && running[0]["job_version"] == 3,
         "one task, of version 3 (version 1 again): {running:?}"
+    );
+    cluster.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthy_canaries_promote_themselves_with_auto_promote() -> anyhow::Result<()> {
+    let cluster = DevCluster::start().await?;
+    let update = "max_parallel = 3\ncanary = 1\nauto_promote = true\nmin_healthy_time = \"200ms\"\n\
+                  healthy_deadline = \"20s\"\nprogress_deadline = \"0s\"\n";
+    run_job(&cluster, "web", &web(1, true, update)?).await?;
+    deployment_becomes(&cluster, "web.v1", "successful").await?;
+    run_job(&cluster, "web", &web(2, true, update)?).await?;
+    // No operator: the canary is promoted once healthy, and the roll ends.
+    let done = deployment_becomes(&cluster, "web.v2", "successful").await?;
+    ensure!(done["groups"][0]["promoted"] == true, "{done}");
+    status_until(&cluster, "web", "three version-2 tasks", |s| {
+        let running: Vec<&Value> = tasks_of(s, "fe")
+            .into_iter()
+            .filter(|t| t["state"] == "running")
+            .collect();
+        (running.len() == 3 && running.iter().all(|t| t["job_version"] == 2))
+            .then_some(())
+            .ok_or_else(|| format!("{running:?}"))
+    })
+    .await?;
+    ensure!(
+        serving_version_1(&cluster).await? == 0,
+        "no task answers with version 1 any more"
     );
     cluster.stop().await
 }

@@ -80,7 +80,8 @@ impl AgentMsg {
         AgentMsg(Msg::LaunchTasks(launch))
     }
 
-    /// A master's request to stop a running task (SIGTERM to its process group, SIGKILL after
+    /// A master's request to stop a running task (its group's kill signal to its process
+    /// group, SIGTERM by default, then SIGKILL after its kill timeout or the agent's
     /// [`kill_grace`](AgentConfig::kill_grace)); answered at once, with an empty error if the
     /// task runs. Its end follows as a `TaskStatusUpdate` in state KILLED.
     pub fn kill_task(request: KillTask, reply: Reply<KillTaskReply>) -> Self {

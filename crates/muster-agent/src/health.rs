@@ -34,6 +34,9 @@ pub(crate) struct Target {
     /// Command checks: the user and group to run as (the task's), if the agent switches
     /// users.
     pub(crate) credentials: Option<(u32, u32)>,
+    /// Command checks: why none may run (a root agent that cannot tell whom the task runs
+    /// as runs no program for it as root), if so.
+    pub(crate) no_command: Option<String>,
 }
 
 /// Where one check stands.
@@ -208,6 +211,9 @@ async fn http_get(check: &Check, target: &Target) -> Result<(), String> {
 /// Runs the check's command in the task's directory and environment, as its user; exit 0
 /// passes. The process is killed if the probe times out.
 async fn command(check: &Check, target: &Target) -> Result<(), String> {
+    if let Some(why) = &target.no_command {
+        return Err(why.clone());
+    }
     let mut command = tokio::process::Command::new(&check.command);
     command
         .args(&check.args)

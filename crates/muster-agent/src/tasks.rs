@@ -233,6 +233,16 @@ impl Tasks {
         }
     }
 
+    /// The run of a task that waits to restart is over: nothing of it (its waiter, its stop,
+    /// its kill switch, its process for the metrics) is kept.
+    pub(crate) fn forget_run(&mut self, task_id: &str) {
+        if let Some(active) = self.active.get_mut(task_id) {
+            active.waiter = None;
+            active.kill = None;
+            active.stopper = None;
+        }
+    }
+
     /// The agent stops a running task of its own accord, for `why`; false if it does not run
     /// (or is already being stopped).
     pub(crate) fn stop_for(&mut self, task_id: &str, why: AgentStop, stop: Stop) -> bool {
@@ -260,8 +270,9 @@ impl Tasks {
         self.push_completed(task)
     }
 
-    /// Asks a running task's waiter to stop it (SIGTERM, SIGKILL after the stop's grace
-    /// period). A second request for the same task changes nothing (the first one stands).
+    /// Asks a running task's waiter to stop it (its kill signal, SIGKILL after the stop's
+    /// grace period). A second request for the same task changes nothing (the first one
+    /// stands). A task that waits to restart ends at once ([`KillRequest::Waiting`], once).
     pub(crate) fn kill(&mut self, task_id: &str, stop: Stop) -> KillRequest {
         if let Some(active) = self.active.get_mut(task_id) {
             let supervision = &mut active.supervision;
@@ -273,7 +284,10 @@ impl Tasks {
                     killed: true,
                     out_of_memory: false,
                 });
+                // Killed, whatever ended its last run.
                 ended.killed = true;
+                ended.out_of_memory = false;
+                supervision.waiting_to_restart = false;
                 return KillRequest::Waiting(ended);
             }
             if let Some(kill) = active.kill.take() {

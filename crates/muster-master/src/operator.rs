@@ -14,7 +14,7 @@
 //! redacted where it may not read secrets ([`visibility`](crate::visibility)).
 
 use muster_actor::Pid;
-use muster_model::namespace::{check_namespace, job_id, namespace_of};
+use muster_model::namespace::{check_namespace, namespace_of};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_server::{Operator, OperatorServer};
 use muster_registry::{Op, StoredPolicy};
@@ -30,8 +30,8 @@ use crate::master::requests::{
 };
 use crate::master::{EventFeed, Master};
 use crate::visibility::{
-    NamespaceFilter, caller_of, namespace_or_default, require, show_job_status, show_job_versions,
-    show_state, task_namespace,
+    NamespaceFilter, caller_of, job_in, namespace_or_default, require, show_job_status,
+    show_job_versions, show_state, task_namespace,
 };
 
 pub use muster_api::REDACTED;
@@ -160,7 +160,7 @@ impl Operator for OperatorService {
         let pb::StopJobRequest { name, namespace } = request.into_inner();
         let namespace = namespace_or_default(&namespace);
         require(&caller, Capability::StopJob, namespace)?;
-        let name = job_id(namespace, &name);
+        let name = job_in(namespace, &name)?;
         let reply = self
             .master
             .ask(|reply| StopJob { name, reply }.into())
@@ -207,7 +207,7 @@ impl Operator for OperatorService {
         } = request.into_inner();
         let namespace = namespace_or_default(&namespace).to_owned();
         require(&caller, Capability::ReadJob, &namespace)?;
-        let name = job_id(&namespace, &name);
+        let name = job_in(&namespace, &name)?;
         let mut reply = self
             .master
             .ask(|reply| JobStatus { name, stale, reply }.into())
@@ -335,7 +335,7 @@ impl Operator for OperatorService {
         } = request.into_inner();
         let namespace = namespace_or_default(&namespace).to_owned();
         require(&caller, Capability::ReadJob, &namespace)?;
-        let name = job_id(&namespace, &name);
+        let name = job_in(&namespace, &name)?;
         let mut list = self
             .master
             .ask(|reply| JobVersions { name, stale, reply }.into())
@@ -365,7 +365,7 @@ impl Operator for OperatorService {
             }
             let namespace = namespace_or_default(&namespace);
             require(&caller, Capability::ReadJob, namespace)?;
-            Ok(job_id(namespace, name))
+            job_in(namespace, name)
         };
         let (job, id) = match (job.is_empty(), id.is_empty()) {
             (true, true) => (None, None),
@@ -407,7 +407,7 @@ impl Operator for OperatorService {
         })?;
         let namespace = namespace_or_default(&request.namespace).to_owned();
         require(&caller, Capability::SubmitJob, &namespace)?;
-        let id = job_id(&namespace, &request.id);
+        let id = job_in(&namespace, &request.id)?;
         let groups = request.groups;
         let reply = self
             .master

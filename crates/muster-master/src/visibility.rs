@@ -90,6 +90,18 @@ impl NamespaceFilter {
     }
 }
 
+/// The id of job `name` (or of a deployment of it, `name.vN`) in `namespace`: refused if
+/// the name carries a namespace of its own (`team-a:web`), which would reach past the one the
+/// caller's rights were checked in.
+pub(crate) fn job_in(namespace: &str, name: &str) -> Result<String, Status> {
+    if name.contains(muster_model::namespace::SEPARATOR) {
+        return Err(Status::invalid_argument(format!(
+            "{name:?}: name the namespace with `namespace` (--namespace), not in the name"
+        )));
+    }
+    Ok(muster_model::namespace::job_id(namespace, name))
+}
+
 /// A task's namespace: its job's (named apart, or carried by the job's id), or, for a task
 /// launched by hand without a job, its id's (`LaunchTask` sees that it is its framework's).
 pub(crate) fn task_namespace(task: &model_pb::Task) -> &str {

@@ -78,6 +78,10 @@ pub struct Deployment {
     /// The version it went back to, if it failed and reverted.
     #[serde(default)]
     pub reverted_to: Option<u64>,
+    /// It rolls back to a version that deployed well, after a failed deployment: it has no
+    /// canaries, and is not rolled back in turn.
+    #[serde(default)]
+    pub rollback: bool,
     /// The registry index of its last change.
     pub modify_index: u64,
 }
@@ -163,6 +167,7 @@ impl Deployment {
                 now_ms.saturating_add(progress)
             },
             reverted_to: None,
+            rollback: false,
             modify_index: 0,
         })
     }

@@ -19,7 +19,7 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub const MAX_NAMESPACE_NAME: usize = 64;
 
 /// What separates a namespace from a job's name in a job id.
-const SEPARATOR: char = ':';
+pub const SEPARATOR: char = ':';
 
 /// The id of the job `name` in `namespace` (empty: `default`).
 pub fn job_id(namespace: &str, name: &str) -> String {

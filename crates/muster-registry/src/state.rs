@@ -463,17 +463,9 @@ impl RegistryState {
                 }
                 Ok(Outcome::Updated)
             }
-            Op::UpsertJob(job) => {
-                self.check_job_namespace(&job.name)?;
-                let job = next_version(self.jobs.get(&job.name), job);
-                let version = job.version;
-                let name = job.name.clone();
-                if let Some(old) = self.jobs.insert(job.name.clone(), job) {
-                    self.keep_version(old);
-                }
-                self.drop_outdated_finished(&name);
-                Ok(Outcome::JobStored { version })
-            }
+            Op::UpsertJob(job) => self
+                .upsert_job(job)
+                .map(|version| Outcome::JobStored { version }),
             Op::BatchSlotsFinished { job, slots } => {
                 if !self.jobs.contains_key(&job) {
                     return Err(OpError::UnknownJob(job));
@@ -571,7 +563,29 @@ impl RegistryState {
                 self.start_deployment(&job, at_ms, revert, index)
             }
             Op::ChangeDeployment { id, change } => self.change_deployment(&id, change, index),
+            Op::FailDeployment {
+                id,
+                description,
+                revert,
+                at_ms,
+            } => self.fail_deployment(&id, description, revert, at_ms, index),
         }
+    }
+}
+
+impl RegistryState {
+    /// Stores `job`, new or changed, at its next version (kept earlier versions, finished
+    /// batch slots of groups it no longer has dropped); its version.
+    pub(crate) fn upsert_job(&mut self, job: Job) -> Result<u64, OpError> {
+        self.check_job_namespace(&job.name)?;
+        let job = next_version(self.jobs.get(&job.name), job);
+        let version = job.version;
+        let name = job.name.clone();
+        if let Some(old) = self.jobs.insert(job.name.clone(), job) {
+            self.keep_version(old);
+        }
+        self.drop_outdated_finished(&name);
+        Ok(version)
     }
 }
 

@@ -141,6 +141,20 @@ pub enum Op {
         #[serde(default)]
         revert: bool,
     },
+    /// Fail a running or paused deployment, saying why, and with `revert` store that job (an
+    /// earlier version that deployed well) as the job's next version with its own deployment,
+    /// which rolls back without canaries and is not rolled back in turn: all or nothing,
+    /// refused (with nothing stored) once the deployment ended.
+    FailDeployment {
+        /// The deployment.
+        id: String,
+        /// Why it failed.
+        description: String,
+        /// The version to go back to, as the registry keeps it.
+        revert: Option<Job>,
+        /// When the rollback's deployment begins, in milliseconds since the Unix epoch.
+        at_ms: u64,
+    },
     /// Change a running or paused deployment; refused once it ended.
     ChangeDeployment {
         /// The deployment (`{job}.v{version}`).

@@ -206,10 +206,21 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
         }
     }
     if let Some(deployment) = deployment {
+        let placeable = |i: usize| {
+            let slots = layout.group_of(i);
+            let offset = i - slots.first;
+            match &slots.per_agent {
+                Some(on) => agents[on[offset]].eligible,
+                None => !snapshot
+                    .held
+                    .contains(&format!("{job_name}.{}[{offset}]", slots.group.name)),
+            }
+        };
         roll(
             deployment,
             &layout,
             scheduler == Some(SchedulerType::System),
+            placeable,
             outdated,
             &mut fillers,
             &mut stop,
@@ -237,9 +248,7 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
         };
         held[i] = true;
         // A group with health checks waits for its replacement to pass them.
-        let checked = !layout.group_of(i).group.checks.is_empty();
-        let replacement_runs = holder.task.state == TaskState::Running
-            && (!checked || holder.task.health == TaskHealth::Healthy);
+        let replacement_runs = replacement_ready(holder.task, &layout.group_of(i).group);
         for other in fill.clone().filter(|f| !std::ptr::eq(*f, holder)) {
             if other.leaving && !holder.leaving && !replacement_runs {
                 // Moving: it runs until its replacement does.
@@ -459,6 +468,7 @@ fn roll<'a>(
     deployment: &Deployment,
     layout: &SlotLayout,
     system: bool,
+    placeable: impl Fn(usize) -> bool,
     mut outdated: Vec<(usize, Filler<'a>)>,
     fillers: &mut Vec<(usize, Filler<'a>)>,
     stop: &mut Vec<Stop>,
@@ -487,15 +497,33 @@ fn roll<'a>(
         for (i, _) in outdated.iter().filter(|(i, _)| mine.contains(i)) {
             filled[i - slots.first] = true;
         }
-        in_flight += filled.iter().filter(|f| !**f).count();
+        // An empty slot is being replaced if it is placed now (not one on an agent that takes
+        // no task, nor one whose crash-looping task's replacement waits).
+        in_flight += filled
+            .iter()
+            .enumerate()
+            .filter(|(k, f)| !**f && placeable(slots.first + k))
+            .count();
         let mut budget = deployment
             .may_replace(&slots.group.name, system, in_flight, current)
             .unwrap_or(usize::MAX);
         for (i, filler) in outdated.iter().filter(|(i, _)| mine.contains(i)) {
-            // A slot whose new task is placed already is being replaced: its old task goes.
-            let replaced = fillers
-                .iter()
-                .any(|(j, f)| j == i && !is_outdated_in(f, slots));
+            // A slot whose new task is placed already is being replaced: its old task goes,
+            // but for one leaving a draining agent, which runs on until its replacement runs
+            // (and passes its checks), as every move does.
+            let replaced = fillers.iter().any(|(j, f)| {
+                j == i
+                    && !is_outdated_in(f, slots)
+                    && (!filler.leaving || replacement_ready(f.task, &slots.group))
+            });
+            let moving = filler.leaving
+                && fillers
+                    .iter()
+                    .any(|(j, f)| j == i && !is_outdated_in(f, slots));
+            if moving && !replaced {
+                fillers.push((*i, *filler));
+                continue;
+            }
             if replaced || budget > 0 {
                 budget -= usize::from(!replaced);
                 stop.push(stop_of(filler.agent, filler.task));
@@ -513,6 +541,13 @@ fn roll<'a>(
             stop.push(stop_of(filler.agent, filler.task));
         }
     }
+}
+
+/// Whether `task`, the replacement of a task leaving a draining agent, runs (and, in a group
+/// with health checks, passes them): then the task it replaces may stop.
+fn replacement_ready(task: &TaskView, group: &TaskGroup) -> bool {
+    task.state == TaskState::Running
+        && (group.checks.is_empty() || task.health == TaskHealth::Healthy)
 }
 
 /// Whether `filler`'s task is outdated in its group `slots`.

@@ -107,10 +107,19 @@ impl Agent {
                 .collect(),
             // A process's checks run where it runs, as whom it runs.
             dir: pid.map(|_| store::task_dir(&data_dir, task_id)),
-            credentials: pid
-                .filter(|_| crate::task_user::agent_is_root())
-                .and_then(health::process_credentials),
+            credentials: None,
+            no_command: None,
         };
+        let mut target = target;
+        if crate::task_user::agent_is_root() {
+            target.credentials = pid.and_then(health::process_credentials);
+            if target.credentials.is_none() {
+                target.no_command = Some(
+                    "the task's user is not known: a root agent runs no check command as root"
+                        .into(),
+                );
+            }
+        }
         let me = ctx.pid().clone();
         let id = task_id.to_owned();
         let watching = health::watch(
@@ -137,7 +146,11 @@ impl Agent {
         let Some((task, supervision)) = self.tasks.supervised(task_id) else {
             return;
         };
-        if supervision.run != run || supervision.killed || supervision.stopping_for.is_some() {
+        if supervision.run != run
+            || supervision.killed
+            || supervision.waiting_to_restart
+            || supervision.stopping_for.is_some()
+        {
             return;
         }
         let stop = stop_of(&supervision.lifecycle, default_grace, None);
@@ -166,7 +179,7 @@ impl Agent {
         let Some((_, supervision)) = self.tasks.supervised(task_id) else {
             return;
         };
-        if supervision.run != run || supervision.killed {
+        if supervision.run != run || supervision.killed || supervision.waiting_to_restart {
             return;
         }
         let limit = Duration::from_millis(supervision.lifecycle.max_run_duration_ms.unwrap_or(0));
@@ -226,6 +239,8 @@ impl Agent {
         supervision.waiting_to_restart = true;
         supervision.last_end = Some(ended.clone());
         supervision.cancel_timers();
+        // What the ended run's checks and timers still say is about a run that is over.
+        supervision.run += 1;
         let attempts = policy.map_or(0, |p| p.attempts);
         task.state = TaskState::Starting.into();
         task.exit_code = exit_code;
@@ -236,8 +251,13 @@ impl Agent {
             TaskHealth::Starting
         }
         .into();
+        let which = if attempt <= attempts {
+            format!("restart {attempt} of {attempts}")
+        } else {
+            "its restart interval waited out".to_owned()
+        };
         task.message = format!(
-            "{how}: restarting in {} (restart {attempt} of {attempts})",
+            "{how}: restarting in {} ({which})",
             humantime::format_duration(wait)
         );
         let restart = Msg::RestartTask {
@@ -246,6 +266,8 @@ impl Agent {
         };
         supervision.hold(ctx.delay(wait, AgentMsg(restart)));
         let task = task.clone();
+        // Nothing of the ended run is left to stop or watch.
+        self.tasks.forget_run(task_id);
         tracing::warn!(task = %task_id, message = %task.message, "task failed: restarting it in place");
         self.checkpoint_restarting(&task).await;
         self.report(task);

@@ -185,8 +185,10 @@ impl Master {
         let id = deployment.id.clone();
         let mut ops = Vec::new();
         let progressed = !findings.healthy.is_empty();
-        if progressed || !findings.unhealthy.is_empty() {
-            let progress_by_ms = progressed
+        let promoting = !findings.promote.is_empty();
+        // New tasks healthy, or canaries promoted: the progress deadline starts over.
+        if progressed || promoting || !findings.unhealthy.is_empty() {
+            let progress_by_ms = (progressed || promoting)
                 .then(|| progress_deadline(&deployment))
                 .flatten()
                 .map(|ms| now_ms.saturating_add(ms));
@@ -199,7 +201,6 @@ impl Master {
                 },
             ));
         }
-        let promoting = !findings.promote.is_empty();
         if promoting {
             ops.push(change(
                 &id,
@@ -208,43 +209,48 @@ impl Master {
                 },
             ));
         }
-        let mut resubmit = None;
+        let mut failed = None;
         if let Some(why) = findings.failure {
-            let revert = deployment.groups.values().any(|g| g.update.auto_revert);
+            // A rollback is not rolled back in turn: it would go back to the same version.
+            let revert =
+                !deployment.rollback && deployment.groups.values().any(|g| g.update.auto_revert);
             let stable = self.registry.reader().read(|state| {
                 let version = state.stable_version(&job.name, deployment.job_version)?;
-                state
+                let kept = state
                     .job_versions
                     .get(&job.name)?
                     .iter()
                     .find(|old| old.version == version)
-                    .cloned()
+                    .cloned();
+                Some((version, kept))
             });
-            let (description, reverted_to) = match (revert, stable) {
-                (true, Some(old)) => {
-                    let version = old.version;
-                    let description = format!("{why}; rolling back to version {version}");
-                    resubmit = Some(Job {
+            let (description, revert_to) = match (revert, stable) {
+                (true, Some((version, Some(old)))) => (
+                    format!("{why}; rolling back to version {version}"),
+                    Some(Job {
                         stopped: false,
                         ..old
-                    });
-                    (description, Some(version))
-                }
+                    }),
+                ),
+                (true, Some((version, None))) => (
+                    format!(
+                        "{why}; version {version} deployed well, but the registry no longer keeps it: not rolled back"
+                    ),
+                    None,
+                ),
                 (true, None) => (
-                    format!("{why}; no earlier version deployed well: not rolled back"),
+                    format!("{why}; no kept version deployed well: not rolled back"),
                     None,
                 ),
                 (false, _) => (why, None),
             };
             tracing::warn!(deployment = %id, %description, "deployment failed");
-            ops.push(change(
-                &id,
-                DeploymentChange::Status {
-                    status: DeploymentStatus::Failed,
-                    description,
-                    reverted_to,
-                },
-            ));
+            failed = Some(Op::FailDeployment {
+                id: id.clone(),
+                description,
+                revert: revert_to,
+                at_ms: now_ms,
+            });
         } else if findings.done {
             tracing::info!(deployment = %id, "deployment successful");
             ops.push(change(
@@ -263,20 +269,22 @@ impl Master {
                 },
             ));
         }
-        if ops.is_empty() {
+        if ops.is_empty() && failed.is_none() {
             return done(self, ctx, Ok(Outcome::Updated));
         }
         let mut evals = Vec::new();
-        if let Some(old) = resubmit {
-            let name = old.name.clone();
-            self.crash_loops.forget_job(&name);
-            ops.push(Op::UpsertJob(old));
-            // A version that deployed well before needs no canaries to try it.
-            ops.push(Op::StartDeployment {
-                job: name,
-                at_ms: now_ms,
-                revert: true,
-            });
+        let reverting = matches!(
+            &failed,
+            Some(Op::FailDeployment {
+                revert: Some(_),
+                ..
+            })
+        );
+        if let Some(fail) = failed {
+            ops.push(fail);
+        }
+        if reverting {
+            self.crash_loops.forget_job(&job.name);
             evals.push(Evaluation::new(&job, Trigger::JobRegister));
         } else if progressed || promoting || ops.len() > 1 {
             evals.push(Evaluation::new(&job, Trigger::Deployment(id.clone())));
@@ -401,7 +409,22 @@ impl Master {
                 }
             };
             let evals = vec![Evaluation::new(&job, Trigger::Deployment(id.clone()))];
-            let ops = vec![change(&id, op_change)];
+            let mut ops = vec![change(&id, op_change)];
+            // Promoted or resumed: the roll goes on, and its progress deadline starts over.
+            if matches!(
+                action,
+                pb::DeploymentAction::Promote | pb::DeploymentAction::Resume
+            ) && let Some(ms) = progress_deadline(&deployment)
+            {
+                ops.push(change(
+                    &id,
+                    DeploymentChange::Progress {
+                        healthy: Vec::new(),
+                        unhealthy: Vec::new(),
+                        progress_by_ms: Some(now_ms().saturating_add(ms)),
+                    },
+                ));
+            }
             master.write_with_evals(ops, evals, ctx, move |master, ctx, written| {
                 if let Some(error) = refusal(written) {
                     return reply.send(Err(error));
@@ -527,7 +550,11 @@ fn examine(
                 healthy_since: None,
             });
             let state = task.state();
+            // Only a task placed for this deployment can fail it (one of an earlier version
+            // of the same definition, after a change of count alone, is judged healthy only).
+            let judged = task.view.job_version >= deployment.job_version;
             let unhealthy = match state {
+                _ if !judged => None,
                 TaskState::Failed | TaskState::Lost => Some(format!(
                     "task {id} {}{}",
                     if state == TaskState::Lost {
@@ -569,7 +596,9 @@ fn examine(
                 }
             } else {
                 seen.healthy_since = None;
-                if now.saturating_duration_since(seen.first) >= group.update.healthy_deadline() {
+                if judged
+                    && now.saturating_duration_since(seen.first) >= group.update.healthy_deadline()
+                {
                     findings.unhealthy.push((name.clone(), id.to_owned()));
                     findings.failure.get_or_insert(format!(
                         "task {id} was not healthy within its healthy_deadline of {}",

@@ -359,6 +359,49 @@ async fn two_teams_cannot_see_or_touch_each_others_jobs() -> anyhow::Result<()> 
         busy.code() == Code::FailedPrecondition && busy.message().contains("not stopped"),
         "{busy:?}"
     );
+    // A name that carries a namespace of its own reaches no other one: a token that may do
+    // everything in `default` neither reads, stops nor changes the deployments of team-a's
+    // `web` by naming it `team-a:web`.
+    admin
+        .apply_policy(pb::AclPolicy {
+            name: "default-dev".into(),
+            rules: team_policy("default"),
+            ..pb::AclPolicy::default()
+        })
+        .await?;
+    let carol = create_policies_token(&mut admin, "carol", "default-dev").await?;
+    let mut as_carol = operator(&address, Some(&carol)).await?;
+    let stop = as_carol
+        .stop_job(pb::StopJobRequest {
+            name: "team-a:web".into(),
+            namespace: String::new(),
+        })
+        .await
+        .expect_err("a name with a namespace");
+    ensure!(
+        stop.code() == Code::InvalidArgument && stop.message().contains("namespace"),
+        "{stop:?}"
+    );
+    let peek = as_carol
+        .job_status(pb::JobStatusRequest {
+            name: "team-a:web".into(),
+            stale: false,
+            namespace: String::new(),
+        })
+        .await
+        .expect_err("a name with a namespace");
+    ensure!(peek.code() == Code::InvalidArgument, "{peek:?}");
+    let promote = as_carol
+        .change_deployment(pb::ChangeDeploymentRequest {
+            namespace: String::new(),
+            id: "team-a:web.v1".into(),
+            action: pb::DeploymentAction::Fail as i32,
+            groups: Vec::new(),
+        })
+        .await
+        .expect_err("an id with a namespace");
+    ensure!(promote.code() == Code::InvalidArgument, "{promote:?}");
+
     as_alice
         .stop_job(pb::StopJobRequest {
             name: "web".into(),

@@ -107,6 +107,7 @@ impl From<Deployment> for pb::Deployment {
             created_ms: deployment.created_ms,
             progress_by_ms: deployment.progress_by_ms,
             reverted_to: deployment.reverted_to,
+            rollback: deployment.rollback,
             modify_index: deployment.modify_index,
         }
     }
@@ -146,6 +147,7 @@ impl TryFrom<pb::Deployment> for Deployment {
             created_ms: proto.created_ms,
             progress_by_ms: proto.progress_by_ms,
             reverted_to: proto.reverted_to,
+            rollback: proto.rollback,
             modify_index: proto.modify_index,
         })
     }
@@ -183,6 +185,7 @@ mod tests {
             .get_mut("fe")
             .map(|g| g.healthy.insert("t1".into()));
         deployment.reverted_to = Some(1);
+        deployment.rollback = true;
         let wire = pb::Deployment::from(deployment.clone());
         assert_eq!(
             (wire.namespace.as_str(), wire.job.as_str()),

@@ -78,6 +78,7 @@ impl RegistryState {
         };
         if revert {
             deployment.skip_canaries();
+            deployment.rollback = true;
         }
         deployment.modify_index = index;
         let kept = self.deployments.entry(job.to_owned()).or_default();
@@ -85,6 +86,32 @@ impl RegistryState {
         kept.push_back(deployment);
         while kept.len() > DEPLOYMENTS_KEPT {
             kept.pop_front();
+        }
+        Ok(Outcome::Updated)
+    }
+
+    /// Fails deployment `id` (see `Op::FailDeployment`), rolling back to `revert` if given.
+    pub(super) fn fail_deployment(
+        &mut self,
+        id: &str,
+        description: String,
+        revert: Option<muster_model::Job>,
+        at_ms: u64,
+        index: u64,
+    ) -> Result<Outcome, OpError> {
+        let reverted_to = revert.as_ref().map(|old| old.version);
+        let change = DeploymentChange::Status {
+            status: DeploymentStatus::Failed,
+            description,
+            reverted_to,
+        };
+        // Only an active deployment fails: it deploys the job's current version, which is
+        // not stopped (a newer version or a stop would have cancelled it).
+        self.change_deployment(id, change, index)?;
+        if let Some(old) = revert {
+            let job = old.name.clone();
+            self.upsert_job(old)?;
+            self.start_deployment(&job, at_ms, true, index)?;
         }
         Ok(Outcome::Updated)
     }

@@ -165,3 +165,28 @@ fn a_system_groups_canaries_are_its_first_replacements() {
     assert_eq!(stopped(&r.stop), ["web.fe[a1]-v1"]);
     assert_eq!(r.missing.len(), 1);
 }
+
+#[test]
+fn an_agent_that_takes_no_tasks_does_not_stall_a_system_roll() {
+    let web = web(SchedulerType::System, UpdatePolicy::default());
+    let mut agents: Vec<_> = (1..=2)
+        .map(|n| {
+            let name = format!("a{n}");
+            let slot = format!("web.fe[{name}]");
+            on(
+                agent(&name, 8.0, 8192),
+                vec![fe_task(&slot, 1, TaskState::Running)],
+            )
+        })
+        .collect();
+    // A third agent takes no tasks (drained, say): its empty slot is placed by nobody.
+    let mut idle = agent("a3", 8.0, 8192);
+    idle.eligible = false;
+    agents.push(idle);
+    let snap = snapshot(1, agents, vec![web.clone()]);
+    let Some(deployment) = Deployment::of(&web, 0) else {
+        panic!("web deploys")
+    };
+    let r = reconcile(&eval_for(&web), &with(snap, &deployment));
+    assert_eq!(stopped(&r.stop), ["web.fe[a1]-v1"]);
+}
