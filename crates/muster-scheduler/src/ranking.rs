@@ -4,7 +4,9 @@
 //! for each [`Candidate`](crate::Candidate); the built-in placers take the mean of those that
 //! apply and their own score ([`Candidate::score`](crate::Candidate::score)).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+
+use foldhash::HashMap;
 
 use muster_model::{Affinity, Spread, TaskGroup};
 
@@ -44,7 +46,7 @@ impl SpreadCounts {
     pub fn new(spread: &Spread) -> Self {
         SpreadCounts {
             attribute: spread.attribute.clone(),
-            by_value: HashMap::new(),
+            by_value: HashMap::default(),
         }
     }
 
@@ -105,9 +107,10 @@ pub fn spread(
                 (count * f64::from(percent) / 100.0, unlisted)
             }
             None => {
-                let values =
-                    counts.by_value.len() + usize::from(!counts.by_value.contains_key(value));
-                (count / values as f64, counts.on(value))
+                // One lookup: the value's tasks, and whether it is among the values seen.
+                let held = counts.by_value.get(value.as_str()).copied();
+                let values = counts.by_value.len() + usize::from(held.is_none());
+                (count / values as f64, held.unwrap_or(0))
             }
         };
         weighted += weight * boost(desired, used as f64);

@@ -42,7 +42,7 @@
 //!   group also wants canary slots (`{job}.{group}[canary-N]`) beside its own, and replaces
 //!   nothing; a system group's canaries are its first replacements.
 
-use std::collections::{HashMap, HashSet};
+use foldhash::{HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_model::{AgentId, Deployment, DrainPhase, Resources, TaskHealth, TaskState};
@@ -233,7 +233,7 @@ pub fn reconcile(eval: &Evaluation, snapshot: &ClusterSnapshot) -> Reconciled {
     // elsewhere does, and stops once one elsewhere runs.
     let mut held = vec![false; layout.len];
     // Per group, the moves under way: replacements placed and not running yet.
-    let mut moving: HashMap<&str, u32> = HashMap::new();
+    let mut moving: HashMap<&str, u32> = HashMap::default();
     let mut to_move: Vec<usize> = Vec::new();
     for fill in fillers.chunk_by(|a, b| a.0 == b.0) {
         let i = fill[0].0;
@@ -370,7 +370,7 @@ struct GroupSlots {
 
 impl SlotLayout {
     fn of(job: &Job, agents: &[Arc<AgentView>], deployment: Option<&Deployment>) -> SlotLayout {
-        let mut seen = HashSet::new();
+        let mut seen = HashSet::default();
         let mut layout = SlotLayout::default();
         for group in &job.groups {
             if !seen.insert(group.name.as_str()) {

@@ -217,10 +217,7 @@ fn build_plan<P: Placer + ?Sized>(
         let chosen = if fitting.is_empty() {
             None
         } else {
-            let candidates: Vec<Candidate<'_>> = fitting
-                .iter()
-                .map(|&at| search.candidate(at, slot))
-                .collect();
+            let candidates: Vec<Candidate<'_>> = search.candidates(&fitting, slot);
             let choice = placer.choose(slot, &candidates);
             let found = choice.as_ref().and_then(|id| {
                 candidates

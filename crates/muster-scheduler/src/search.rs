@@ -7,16 +7,21 @@
 //! Only the agents a slot considers are looked at, and a group's spreads count only the
 //! agents that hold the job's tasks (the snapshot's job index): a run's cost follows its job.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::BTreeSet;
 use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
+use foldhash::{HashMap, HashSet};
 use muster_model::{AssignedPort, Constraint, Evaluation, Resources};
 
 use crate::candidate::Candidate;
 use crate::plan::AgentView;
 use crate::ranking::{self, SpreadCounts};
 use crate::reconcile::SlotRequest;
+
+/// How many of a group's recent agents a group with spreads is offered again (see
+/// `GroupSearch::recent`): enough for one per value of a spread over a few zones.
+const RECENT_WITH_SPREADS: usize = 4;
 
 /// What a plan placed on one agent so far.
 #[derive(Debug, Default)]
@@ -48,9 +53,11 @@ struct GroupSearch {
     /// Nothing fits any agent any more: free capacity only shrinks while planning, so its
     /// later (unpinned) slots need no search.
     exhausted: bool,
-    /// The agent its last slot went to, offered again while the task fits there (so that a
-    /// bin-packing placer fills it before the next one).
-    last: Option<usize>,
+    /// The agents its last slots went to, newest first, offered again while the task fits
+    /// there (so that a bin-packing placer fills them before the next ones): the last one, or
+    /// for a group with spreads the last few (one per value it spreads over, so that it packs
+    /// within each zone instead of opening a new agent at every turn of the spread).
+    recent: Vec<usize>,
     /// Its tasks per value of each of its spreads' attributes, this plan's placements
     /// included (empty for a group without spreads).
     spreads: Vec<SpreadCounts>,
@@ -165,8 +172,8 @@ impl<'a> Search<'a> {
             job_hash: crate::plan::job_hash(job),
             with_job,
             stopping,
-            added: HashMap::new(),
-            groups: HashMap::new(),
+            added: HashMap::default(),
+            groups: HashMap::default(),
             limit,
             rng: fastrand::Rng::with_seed(seed.finish()),
         }
@@ -291,22 +298,29 @@ impl<'a> Search<'a> {
             .collect()
     }
 
-    /// The agent at `at` as a candidate for `slot`.
-    pub(crate) fn candidate(&self, at: usize, slot: &SlotRequest) -> Candidate<'a> {
+    /// The agents at `at` as candidates for `slot`, in that order.
+    pub(crate) fn candidates(&self, at: &[usize], slot: &SlotRequest) -> Vec<Candidate<'a>> {
+        // Looked up once per slot, and only for a group with spreads (most have none).
+        let spreads = if slot.group.spreads.is_empty() {
+            &[][..]
+        } else {
+            self.groups
+                .get(slot.group.name.as_str())
+                .map_or(&[][..], |search| &search.spreads[..])
+        };
+        at.iter()
+            .map(|&at| self.candidate(at, slot, spreads))
+            .collect()
+    }
+
+    /// The agent at `at` as a candidate for `slot`, whose group's spread counts are
+    /// `spreads`.
+    fn candidate(&self, at: usize, slot: &SlotRequest, spreads: &[SpreadCounts]) -> Candidate<'a> {
         let agent: &'a AgentView = &self.agents[at];
         let group = slot.group.name.as_str();
         let used = self.used(at);
         let added = self.added.get(&at);
         let (job_live, group_live) = self.job_and_group_tasks(at, group);
-        // Looked up only for a group with spreads: a candidate is built for every agent a
-        // slot is shown, and most groups have none.
-        let spreads = if slot.group.spreads.is_empty() {
-            &[][..]
-        } else {
-            self.groups
-                .get(group)
-                .map_or(&[][..], |search| &search.spreads[..])
-        };
         Candidate {
             agent,
             free: agent.total.saturating_sub(&used),
@@ -331,7 +345,14 @@ impl<'a> Search<'a> {
             None => added.by_group.push((group.into(), 1)),
         }
         if let Some(search) = self.groups.get_mut(group) {
-            search.last = Some(at);
+            let keep = if slot.group.spreads.is_empty() {
+                1
+            } else {
+                RECENT_WITH_SPREADS
+            };
+            search.recent.retain(|&r| r != at);
+            search.recent.insert(0, at);
+            search.recent.truncate(keep);
             for counts in &mut search.spreads {
                 counts.add(&self.agents[at].attributes, 1);
             }
@@ -363,7 +384,7 @@ impl<'a> Search<'a> {
 
     /// The agents (positions) `slot` may go to: its own agent for a pinned slot; otherwise
     /// every agent that takes it, or with a limit, that many found from where the group's
-    /// last search stopped, and the group's last agent if it still takes it. In id order.
+    /// last search stopped, and the group's recent agents that still take it. In id order.
     pub(crate) fn fitting(&mut self, slot: &SlotRequest) -> Vec<usize> {
         let distinct = Constraint::any_distinct_hosts(slot.constraints());
         if let Some(pinned) = &slot.agent {
@@ -385,7 +406,7 @@ impl<'a> Search<'a> {
                 walk,
                 cursor: 0,
                 exhausted: false,
-                last: None,
+                recent: Vec::new(),
                 spreads: self.spread_counts(slot),
             };
             self.groups.insert(group.to_owned(), search);
@@ -407,10 +428,10 @@ impl<'a> Search<'a> {
                 fitting.push(at);
             }
         }
-        if let Some(last) = search.last.filter(|last| !fitting.contains(last))
-            && self.takes(last, slot, distinct)
-        {
-            fitting.push(last);
+        for &recent in &search.recent {
+            if !fitting.contains(&recent) && self.takes(recent, slot, distinct) {
+                fitting.push(recent);
+            }
         }
         let (cursor, exhausted) = ((search.cursor + looked) % len.max(1), fitting.is_empty());
         if let Some(search) = self.groups.get_mut(group) {

@@ -1,6 +1,6 @@
 //! Which agents run tasks of each job ([`JobIndex`]), kept from snapshot to snapshot.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use super::agent_view::{AgentView, job_changes};
