@@ -68,8 +68,8 @@ pub trait Placer {
     /// a look at every agent for every slot. With a limit, as Nomad's schedulers do, each
     /// group's search walks the agents from a random start by a random step (seeded by the
     /// evaluation's id), each slot's search going on where the last one stopped, and stops at
-    /// that many fitting agents; the agent the group's last slot went to is offered too, while
-    /// the task fits there.
+    /// that many fitting agents; the agent the group's last slot went to (for a group with
+    /// spreads, its last few) is offered too, while the task fits there.
     fn candidate_limit(&self, agents: usize) -> Option<usize> {
         let _ = agents;
         None
@@ -268,8 +268,8 @@ fn build_plan<P: Placer + ?Sized>(
 /// whole agents stay free for large tasks, ranked with the job's anti-affinity and the group's
 /// affinities and spreads ([`Candidate::score`]): a job's replicas go to agents that run none
 /// of them while such agents are among the candidates. Ties go to the lowest agent id. It is
-/// shown a sample of the fitting agents ([`sampled_candidates`]), among them the one the
-/// group's last slot went to.
+/// shown a sample of the fitting agents ([`sampled_candidates`]), among them the ones the
+/// group's last slots went to.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct BinPack;
 

@@ -521,6 +521,16 @@ impl TaskView {
 pub(super) mod tests {
     use super::*;
 
+    #[test]
+    fn a_view_of_a_task_stays_small() {
+        // Health and restarts sit beside the state, in what was padding.
+        assert_eq!(
+            std::mem::size_of::<TaskView>(),
+            72,
+            "a view as small as before"
+        );
+    }
+
     fn task(id: &str, cpus: f64, mem_mb: u64, state: TaskState) -> TaskView {
         task_of("j", id, cpus, mem_mb, state)
     }
