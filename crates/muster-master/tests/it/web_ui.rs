@@ -590,6 +590,10 @@ async fn a_jobs_deployments_show_on_its_page_and_its_buttons_pause_and_resume_on
             "the task table's Health column",
             "return [...document.querySelectorAll('th')].some(th => th.textContent === 'Health')",
         )?;
+        page.until(
+            "the group's update rules",
+            "return document.querySelector('.lifecycle[data-group]')?.textContent.includes('update 1 at a time')",
+        )?;
         ensure!(
             page.run("return document.querySelectorAll('[data-deployment-action]').length")?
                 == json!(0),

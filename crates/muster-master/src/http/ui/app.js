@@ -180,6 +180,16 @@ const placementRules = (g) => [
   ...(g.affinity || []).map((a) => `affinity ${a.attribute} ${a.operator || "="} ${a.value || ""} weight ${a.weight}`),
 ].join(" · ");
 
+// A group's health checks, restart, reschedule, stop and update rules, as one line.
+const lifecycleRules = (g) => [
+  ...(g.check || []).map((c) => `check ${c.name}: ${c.type}${c.port ? ` ${c.port}` : ""}${c.path ? ` ${c.path}` : ""}${c.command ? ` ${c.command}` : ""} every ${c.interval || "10s"}`),
+  g.restart ? `restart ${g.restart.attempts ?? 2} in ${g.restart.interval || "30m"}, ${g.restart.delay || "15s"} apart, then ${g.restart.mode || "fail"}` : null,
+  g.reschedule ? `reschedule ${g.reschedule.unlimited ? "without limit" : `${g.reschedule.attempts ?? 1} in ${g.reschedule.interval || "1h"}`}, ${g.reschedule.delay_function || "exponential"} from ${g.reschedule.delay || "30s"}` : null,
+  g.kill_signal || g.kill_timeout ? `stop ${g.kill_signal || "SIGTERM"}${g.kill_timeout ? ` then SIGKILL after ${g.kill_timeout}` : ""}` : null,
+  g.max_run_duration ? `runs at most ${g.max_run_duration}` : null,
+  g.update ? `update ${g.update.max_parallel ?? 1} at a time${g.update.canary ? `, ${g.update.canary} canary` : ""}, healthy ${g.update.min_healthy_time || "10s"}${g.update.auto_revert ? ", auto-revert" : ""}${g.update.auto_promote ? ", auto-promote" : ""}` : null,
+].filter(Boolean).join(" · ");
+
 async function jobPage([namespace, name], show) {
   const render = state.render;
   const [job, history, deployments] = await Promise.all([
@@ -199,8 +209,10 @@ async function jobPage([namespace, name], show) {
     state.actionError ? h("p", { class: "error", id: "action-error" }, state.actionError) : null,
     h("ul", {}, groups.map((g, i) => {
       const rules = placementRules(spec.group[i]);
+      const lifecycle = lifecycleRules(spec.group[i]);
       return h("li", {}, h("code", {}, g),
-        rules ? h("div", { class: "placement", "data-group": spec.group[i].name }, "placement: ", h("code", {}, rules)) : null);
+        rules ? h("div", { class: "placement", "data-group": spec.group[i].name }, "placement: ", h("code", {}, rules)) : null,
+        lifecycle ? h("div", { class: "lifecycle", "data-group": spec.group[i].name }, "lifecycle: ", h("code", {}, lifecycle)) : null);
     })),
     h("h2", {}, "Tasks"),
     table(["Name", "Id", "Agent", "State", "Health", "Restarts ", "Ports", "Exit ", "Reason", ""],
