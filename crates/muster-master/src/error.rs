@@ -141,6 +141,7 @@ impl From<WriteError> for ServiceError {
                 | OpError::NamespaceNotEmpty { .. }
                 | OpError::DeploymentEnded { .. }
                 | OpError::NothingToPromote(_)
+                | OpError::UnknownDeploymentGroup { .. }
                 | OpError::DeploymentNotPaused(_)),
             ) => ServiceError::FailedPrecondition(refusal.to_string()),
             WriteError::Rejected(_) => ServiceError::Aborted(e.to_string()),

@@ -285,6 +285,14 @@ pub enum OpError {
     /// The deployment has no canaries waiting for promotion.
     #[error("deployment {0:?} has no canaries awaiting promotion")]
     NothingToPromote(String),
+    /// The deployment has no group of that name.
+    #[error("deployment {id:?} has no group {group:?}")]
+    UnknownDeploymentGroup {
+        /// The deployment.
+        id: String,
+        /// The group named.
+        group: String,
+    },
     /// Only a paused deployment can be resumed.
     #[error("deployment {0:?} is not paused")]
     DeploymentNotPaused(String),

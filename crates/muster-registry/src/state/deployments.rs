@@ -157,6 +157,12 @@ impl RegistryState {
                 }
             }
             DeploymentChange::Promote { groups } => {
+                if let Some(group) = groups.iter().find(|g| !deployment.groups.contains_key(*g)) {
+                    return Err(OpError::UnknownDeploymentGroup {
+                        id: id.to_owned(),
+                        group: group.clone(),
+                    });
+                }
                 let mut promoted = false;
                 for (name, g) in &mut deployment.groups {
                     if (groups.is_empty() || groups.contains(name)) && !g.promoted {
@@ -275,6 +281,16 @@ mod tests {
             progress_by_ms: Some(9_000),
         };
         assert!(state.apply(change("web.v2", progress), 4).is_ok());
+        let elsewhere = DeploymentChange::Promote {
+            groups: vec!["be".into()],
+        };
+        assert_eq!(
+            state.apply(change("web.v2", elsewhere), 5),
+            Err(OpError::UnknownDeploymentGroup {
+                id: "web.v2".into(),
+                group: "be".into()
+            })
+        );
         let promote = DeploymentChange::Promote { groups: Vec::new() };
         assert!(state.apply(change("web.v2", promote.clone()), 5).is_ok());
         assert_eq!(
