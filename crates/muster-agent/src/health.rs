@@ -171,11 +171,7 @@ fn address(check: &Check, target: &Target) -> Result<String, String> {
         .ports
         .get(&check.port)
         .ok_or_else(|| format!("the task holds no port {:?}", check.port))?;
-    Ok(if target.host.contains(':') {
-        format!("[{}]:{port}", target.host)
-    } else {
-        format!("{}:{port}", target.host)
-    })
+    Ok(muster_model::ports::host_port(&target.host, *port))
 }
 
 /// GETs the check's path; a 2xx status passes.

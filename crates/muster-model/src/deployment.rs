@@ -142,14 +142,8 @@ impl Deployment {
         if groups.is_empty() {
             return None;
         }
-        let progress = groups
-            .values()
-            .map(|g| g.update.progress_deadline_ms)
-            .filter(|ms| *ms > 0)
-            .min()
-            .unwrap_or(0);
         let awaiting = groups.values().any(|g| !g.promoted);
-        Some(Deployment {
+        let mut deployment = Deployment {
             id: deployment_id(&job.name, job.version),
             job: job.name.clone(),
             job_version: job.version,
@@ -161,15 +155,24 @@ impl Deployment {
             },
             groups,
             created_ms: now_ms,
-            progress_by_ms: if progress == 0 {
-                0
-            } else {
-                now_ms.saturating_add(progress)
-            },
+            progress_by_ms: 0,
             reverted_to: None,
             rollback: false,
             modify_index: 0,
-        })
+        };
+        deployment.progress_by_ms = deployment
+            .progress_deadline_ms()
+            .map_or(0, |ms| now_ms.saturating_add(ms));
+        Some(deployment)
+    }
+
+    /// The shortest progress deadline of its groups, in milliseconds, if any has one.
+    pub fn progress_deadline_ms(&self) -> Option<u64> {
+        self.groups
+            .values()
+            .map(|g| g.update.progress_deadline_ms)
+            .filter(|ms| *ms > 0)
+            .min()
     }
 
     /// Drops its canaries (a revert to a version that deployed well needs none): every group

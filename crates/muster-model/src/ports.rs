@@ -182,14 +182,18 @@ pub fn port_variables(host: &str, ports: &[AssignedPort]) -> BTreeMap<String, St
     for port in ports {
         let label = port.label.to_ascii_uppercase();
         variables.insert(format!("MUSTER_PORT_{label}"), port.port.to_string());
-        let address = if host.contains(':') {
-            format!("[{host}]:{}", port.port)
-        } else {
-            format!("{host}:{}", port.port)
-        };
-        variables.insert(format!("MUSTER_ADDR_{label}"), address);
+        variables.insert(format!("MUSTER_ADDR_{label}"), host_port(host, port.port));
     }
     variables
+}
+
+/// `host:port`, an IPv6 host in brackets (`[::1]:8080`).
+pub fn host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
 }
 
 #[cfg(test)]

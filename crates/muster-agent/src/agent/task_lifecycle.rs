@@ -16,7 +16,7 @@ use muster_proto::model::{Task, TaskState};
 use super::master_link::Connection;
 use super::{Agent, AgentMsg, Msg};
 use crate::AgentError;
-use crate::runner::{self, RunnerTask, StartError, Stop, TaskEnd};
+use crate::runner::{self, RunnerTask, StartError, TaskEnd};
 use crate::store::{self, TaskIdError, blocking};
 use crate::task_user::{self, UserError};
 use crate::tasks::KillRequest;
@@ -256,11 +256,7 @@ impl Agent {
             Some((_, supervision)) => {
                 super::supervision::stop_of(&supervision.lifecycle, default_grace, Some(term))
             }
-            None => Stop {
-                grace: default_grace,
-                signal: libc::SIGTERM,
-                term: Some(term),
-            },
+            None => super::supervision::stop_of(&Default::default(), default_grace, Some(term)),
         };
         let (error, ended_as) = match self.tasks.kill(task_id, stop) {
             KillRequest::Stopping => {

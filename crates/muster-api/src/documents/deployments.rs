@@ -65,14 +65,8 @@ pub struct DeploymentList {
 
 /// The API's word for a deployment status.
 pub fn deployment_status_name(status: i32) -> &'static str {
-    match pb::DeploymentStatus::try_from(status) {
-        Ok(pb::DeploymentStatus::Running) => "running",
-        Ok(pb::DeploymentStatus::Paused) => "paused",
-        Ok(pb::DeploymentStatus::Successful) => "successful",
-        Ok(pb::DeploymentStatus::Failed) => "failed",
-        Ok(pb::DeploymentStatus::Cancelled) => "cancelled",
-        _ => "unspecified",
-    }
+    muster_model::DeploymentStatus::try_from(status)
+        .map_or("unspecified", muster_model::DeploymentStatus::as_str)
 }
 
 impl From<pb::Deployment> for DeploymentInfo {

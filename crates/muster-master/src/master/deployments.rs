@@ -189,7 +189,7 @@ impl Master {
         // New tasks healthy, or canaries promoted: the progress deadline starts over.
         if progressed || promoting || !findings.unhealthy.is_empty() {
             let progress_by_ms = (progressed || promoting)
-                .then(|| progress_deadline(&deployment))
+                .then(|| deployment.progress_deadline_ms())
                 .flatten()
                 .map(|ms| now_ms.saturating_add(ms));
             ops.push(change(
@@ -414,7 +414,7 @@ impl Master {
             if matches!(
                 action,
                 pb::DeploymentAction::Promote | pb::DeploymentAction::Resume
-            ) && let Some(ms) = progress_deadline(&deployment)
+            ) && let Some(ms) = deployment.progress_deadline_ms()
             {
                 ops.push(change(
                     &id,
@@ -461,16 +461,6 @@ impl Master {
 
 /// The description of a deployment whose canaries are healthy and wait for an operator.
 const AWAITING: &str = "canaries are healthy: promote them to go on (`muster deployment promote`)";
-
-/// The shortest progress deadline of the deployment's groups, if any has one.
-fn progress_deadline(deployment: &Deployment) -> Option<u64> {
-    deployment
-        .groups
-        .values()
-        .map(|g| g.update.progress_deadline_ms)
-        .filter(|ms| *ms > 0)
-        .min()
-}
 
 /// Why a write of deployment changes (with evaluations) did not go through, if it did not:
 /// the ops are written together, so the registry's refusal of one (not paused, nothing to
