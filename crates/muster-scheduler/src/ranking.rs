@@ -5,10 +5,11 @@
 //! apply and their own score ([`Candidate::score`](crate::Candidate::score)).
 
 use std::collections::BTreeMap;
-
-use foldhash::HashMap;
+use std::sync::Arc;
 
 use muster_model::{Affinity, Spread, TaskGroup};
+
+use crate::plan::AttributeColumn;
 
 /// The job anti-affinity of an agent that already runs `group_tasks` of a group of `count`
 /// tasks: none on an agent without any, and otherwise `-(group_tasks + 1) / count` (Nomad's
@@ -32,57 +33,66 @@ pub fn affinity(affinities: &[Affinity], attributes: &BTreeMap<String, String>) 
     Some(if total > 0.0 { matched / total } else { 0.0 })
 }
 
-/// A group's tasks per value of one spread's attribute.
+/// A group's tasks per value of one spread's attribute, over the agents of one list (the
+/// attribute read from its [`AttributeColumn`]).
 #[derive(Clone, Debug)]
 pub struct SpreadCounts {
-    /// The spread.
-    attribute: String,
-    /// Tasks on agents with each value.
-    by_value: HashMap<String, usize>,
+    /// The agents' values.
+    column: Arc<AttributeColumn>,
+    /// Tasks on agents with each value, by the value's number in `column`.
+    by_value: Vec<usize>,
+    /// How many values hold a task.
+    held: usize,
+    /// Tasks on agents whose value the spread's targets do not list.
+    unlisted: usize,
 }
 
 impl SpreadCounts {
-    /// No task counted yet, for `spread`.
-    pub fn new(spread: &Spread) -> Self {
+    /// No task counted yet, on agents whose values are `column`'s.
+    pub fn new(column: Arc<AttributeColumn>) -> Self {
         SpreadCounts {
-            attribute: spread.attribute.clone(),
-            by_value: HashMap::default(),
+            by_value: vec![0; column.values()],
+            column,
+            held: 0,
+            unlisted: 0,
         }
     }
 
-    /// Counts `n` more tasks on an agent with `attributes` (none if it lacks the attribute).
-    pub fn add(&mut self, attributes: &BTreeMap<String, String>, n: usize) {
-        if let Some(value) = attributes.get(&self.attribute) {
-            // The value is copied only the first time it is seen.
-            match self.by_value.get_mut(value.as_str()) {
-                Some(count) => *count += n,
-                None => {
-                    self.by_value.insert(value.clone(), n);
-                }
-            }
+    /// Counts `n` more tasks of `spread` on the agent at `at` (none if it lacks the
+    /// attribute).
+    pub fn add(&mut self, spread: &Spread, at: usize, n: usize) {
+        let Some(number) = self.column.number_at(at) else {
+            return;
+        };
+        let Some(count) = self.by_value.get_mut(number as usize) else {
+            return;
+        };
+        if *count == 0 && n > 0 {
+            self.held += 1;
+        }
+        *count += n;
+        let value = self.column.value(number).unwrap_or_default();
+        if let Some((_, false)) = spread.target_percent(value) {
+            self.unlisted += n;
         }
     }
 
-    /// The tasks on agents with `value`.
-    fn on(&self, value: &str) -> usize {
-        self.by_value.get(value).copied().unwrap_or(0)
+    /// The tasks on agents with the value numbered `number`.
+    fn on(&self, number: u32) -> usize {
+        self.by_value.get(number as usize).copied().unwrap_or(0)
     }
 }
 
-/// The spreads' score of an agent with `attributes` for a task of `group`, given the group's
-/// tasks so far (`counts`, one per spread in order), from -1 to 1: each spread's, weighted.
-/// `None` for a group without spreads.
+/// The spreads' score of the agent at `at` for a task of `group`, given the group's tasks so
+/// far (`counts`, one per spread in order), from -1 to 1: each spread's, weighted. `None` for
+/// a group without spreads.
 ///
 /// One spread's score: an agent without the attribute scores -1. Otherwise its value's share
 /// of the group's count is its target's percentage (values the targets do not list share
 /// what is left of 100 %, together), or with no targets an even share of the values that
 /// hold tasks and this one. Below its share the score is how far below, as a fraction of the
 /// share (1 when it holds none); at or above it, the score is negative, -1 at worst.
-pub fn spread(
-    group: &TaskGroup,
-    counts: &[SpreadCounts],
-    attributes: &BTreeMap<String, String>,
-) -> Option<f64> {
+pub fn spread(group: &TaskGroup, counts: &[SpreadCounts], at: usize) -> Option<f64> {
     if group.spreads.is_empty() {
         return None;
     }
@@ -91,26 +101,18 @@ pub fn spread(
     for (spread, counts) in group.spreads.iter().zip(counts) {
         let weight = f64::from(spread.weight);
         weights += weight;
-        let Some(value) = attributes.get(&spread.attribute) else {
+        let Some(number) = counts.column.number_at(at) else {
             weighted -= weight;
             continue;
         };
+        let value = counts.column.value(number).unwrap_or_default();
         let (desired, used) = match spread.target_percent(value) {
-            Some((percent, true)) => (count * f64::from(percent) / 100.0, counts.on(value)),
-            Some((percent, false)) => {
-                let unlisted: usize = counts
-                    .by_value
-                    .iter()
-                    .filter(|(v, _)| !spread.targets.iter().any(|t| &t.value == *v))
-                    .map(|(_, n)| n)
-                    .sum();
-                (count * f64::from(percent) / 100.0, unlisted)
-            }
+            Some((percent, true)) => (count * f64::from(percent) / 100.0, counts.on(number)),
+            Some((percent, false)) => (count * f64::from(percent) / 100.0, counts.unlisted),
             None => {
-                // One lookup: the value's tasks, and whether it is among the values seen.
-                let held = counts.by_value.get(value.as_str()).copied();
-                let values = counts.by_value.len() + usize::from(held.is_none());
-                (count / values as f64, held.unwrap_or(0))
+                let held = counts.on(number);
+                let values = counts.held + usize::from(held == 0);
+                (count / values as f64, held)
             }
         };
         weighted += weight * boost(desired, used as f64);
@@ -136,7 +138,9 @@ fn boost(desired: f64, used: f64) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use muster_model::{ConstraintOp, SpreadTarget};
+    use muster_model::{AgentId, ConstraintOp, Resources, SpreadTarget};
+
+    use crate::plan::{AgentView, TaskView};
 
     use super::*;
 
@@ -185,35 +189,65 @@ mod tests {
         assert_eq!(affinity(&[], &attributes("a")), None);
     }
 
+    /// Agents in zones `a` to `d` (positions 0 to 3) and one without a zone (4), and the
+    /// column of their zones.
+    fn zone_column() -> Arc<AttributeColumn> {
+        let agents: Vec<Arc<AgentView>> = ["a", "b", "c", "d", ""]
+            .iter()
+            .enumerate()
+            .map(|(n, zone)| {
+                let attributes = if zone.is_empty() {
+                    BTreeMap::new()
+                } else {
+                    attributes(zone)
+                };
+                Arc::new(AgentView::new(
+                    AgentId(format!("agent-{n}")),
+                    attributes,
+                    Resources::default(),
+                    Vec::<TaskView>::new(),
+                ))
+            })
+            .collect();
+        Arc::new(AttributeColumn::build("zone", &agents))
+    }
+
+    const A: usize = 0;
+    const B: usize = 1;
+    const C: usize = 2;
+    const D: usize = 3;
+    const NO_ZONE: usize = 4;
+
     #[test]
     fn a_value_below_its_target_ranks_above_one_at_it() {
         let group = zones(4, &[("a", 50), ("b", 25)]);
-        let mut counts = vec![SpreadCounts::new(&group.spreads[0])];
+        let spread_of = &group.spreads[0];
+        let mut counts = vec![SpreadCounts::new(zone_column())];
         // a holds 2 of its 2, b 0 of its 1; the unlisted values share 1.
-        counts[0].add(&attributes("a"), 2);
-        let score = |counts: &[SpreadCounts], zone: &str| {
-            spread(&group, counts, &attributes(zone)).unwrap_or(f64::NAN)
-        };
-        assert_eq!(score(&counts, "b"), 1.0);
-        assert_eq!(score(&counts, "c"), 1.0);
-        assert_eq!(score(&counts, "a"), -0.5);
-        counts[0].add(&attributes("c"), 1);
+        counts[0].add(spread_of, A, 2);
+        let score =
+            |counts: &[SpreadCounts], at: usize| spread(&group, counts, at).unwrap_or(f64::NAN);
+        assert_eq!(score(&counts, B), 1.0);
+        assert_eq!(score(&counts, C), 1.0);
+        assert_eq!(score(&counts, A), -0.5);
+        counts[0].add(spread_of, C, 1);
         // c and d share the unlisted 25 %: both are now at it.
-        assert_eq!(score(&counts, "d"), -1.0);
-        assert_eq!(spread(&group, &counts, &BTreeMap::new()), Some(-1.0));
+        assert_eq!(score(&counts, D), -1.0);
+        assert_eq!(spread(&group, &counts, NO_ZONE), Some(-1.0));
     }
 
     #[test]
     fn without_targets_values_share_evenly() {
         let group = zones(6, &[]);
-        let mut counts = vec![SpreadCounts::new(&group.spreads[0])];
-        counts[0].add(&attributes("a"), 2);
-        counts[0].add(&attributes("b"), 1);
-        let score = |zone: &str| spread(&group, &counts, &attributes(zone)).unwrap_or(f64::NAN);
+        let spread_of = &group.spreads[0];
+        let mut counts = vec![SpreadCounts::new(zone_column())];
+        counts[0].add(spread_of, A, 2);
+        counts[0].add(spread_of, B, 1);
+        let score = |at: usize| spread(&group, &counts, at).unwrap_or(f64::NAN);
         // Three values with c: 2 each.
-        assert_eq!(score("c"), 1.0);
+        assert_eq!(score(C), 1.0);
         // Two values: 3 each.
-        assert!((score("b") - 2.0 / 3.0).abs() < 1e-9);
-        assert!((score("a") - 1.0 / 3.0).abs() < 1e-9);
+        assert!((score(B) - 2.0 / 3.0).abs() < 1e-9);
+        assert!((score(A) - 1.0 / 3.0).abs() < 1e-9);
     }
 }

@@ -184,15 +184,15 @@ fn build_plan<P: Placer + ?Sized>(
         snapshot.agents_by_id()
     };
     // Positions in the job index are the snapshot's own, which `agents` then borrows.
-    let with_job = match &agents {
+    let index = match &agents {
         Cow::Borrowed(listed) if listed.len() == snapshot.agents.len() => {
-            snapshot.agents_with(&reconciled.job)
+            snapshot.index_of_agents()
         }
         _ => None,
     };
     let limit = placer.candidate_limit(agents.len());
     let stopping = plan.stop.iter().map(|stop| stop.task_id.as_str()).collect();
-    let mut search = Search::new(&agents, &reconciled.job, with_job, stopping, eval, limit);
+    let mut search = Search::new(&agents, &reconciled.job, index, stopping, eval, limit);
     let mut quota = if reconciled.missing.is_empty() {
         None
     } else {

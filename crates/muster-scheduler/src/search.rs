@@ -15,7 +15,7 @@ use foldhash::{HashMap, HashSet};
 use muster_model::{AssignedPort, Constraint, Evaluation, Resources};
 
 use crate::candidate::Candidate;
-use crate::plan::AgentView;
+use crate::plan::{AgentView, AttributeColumn, JobIndex};
 use crate::ranking::{self, SpreadCounts};
 use crate::reconcile::SlotRequest;
 
@@ -141,8 +141,11 @@ pub(crate) struct Search<'a> {
     job: &'a str,
     /// The job name's hash, for finding its tasks on each agent looked at.
     job_hash: u64,
-    /// The positions of the agents with a task of the job, from the snapshot's job index
-    /// when it holds: an agent not listed has none, with nothing of it read.
+    /// The snapshot's job index, when it holds for `agents`: the agents' attributes as
+    /// columns.
+    index: Option<&'a JobIndex>,
+    /// The positions of the agents with a task of the job, from the index: an agent not
+    /// listed has none, with nothing of it read.
     with_job: Option<&'a [u32]>,
     /// The tasks this plan stops: they count towards no group's tasks on their agents (the
     /// agents still run them, so their resources still count).
@@ -155,11 +158,12 @@ pub(crate) struct Search<'a> {
 }
 
 impl<'a> Search<'a> {
-    /// A search over `agents` for the slots of `job`, of which this plan stops `stopping`.
+    /// A search over `agents` for the slots of `job`, of which this plan stops `stopping`;
+    /// `index` is the snapshot's job index if it was built for exactly these agents.
     pub(crate) fn new(
         agents: &'a [Arc<AgentView>],
         job: &'a str,
-        with_job: Option<&'a [u32]>,
+        index: Option<&'a JobIndex>,
         stopping: HashSet<&'a str>,
         eval: &Evaluation,
         limit: Option<usize>,
@@ -170,7 +174,8 @@ impl<'a> Search<'a> {
             agents,
             job,
             job_hash: crate::plan::job_hash(job),
-            with_job,
+            index,
+            with_job: index.map(|index| index.agents_with(job)),
             stopping,
             added: HashMap::default(),
             groups: HashMap::default(),
@@ -329,7 +334,7 @@ impl<'a> Search<'a> {
             job_tasks: job_live + added.map_or(0, |a| a.tasks),
             group_tasks: group_live + added.map_or(0, |a| a.of_group(group)),
             affinity: ranking::affinity(&slot.group.affinities, &agent.attributes),
-            spread: ranking::spread(&slot.group, spreads, &agent.attributes),
+            spread: ranking::spread(&slot.group, spreads, at),
         }
     }
 
@@ -353,8 +358,8 @@ impl<'a> Search<'a> {
             search.recent.retain(|&r| r != at);
             search.recent.insert(0, at);
             search.recent.truncate(keep);
-            for counts in &mut search.spreads {
-                counts.add(&self.agents[at].attributes, 1);
+            for (spread, counts) in slot.group.spreads.iter().zip(&mut search.spreads) {
+                counts.add(spread, at, 1);
             }
         }
     }
@@ -366,12 +371,21 @@ impl<'a> Search<'a> {
         if group.spreads.is_empty() {
             return Vec::new();
         }
-        let mut counts: Vec<SpreadCounts> = group.spreads.iter().map(SpreadCounts::new).collect();
+        let mut counts: Vec<SpreadCounts> = group
+            .spreads
+            .iter()
+            .map(|spread| {
+                SpreadCounts::new(match self.index {
+                    Some(index) => index.attribute_column(&spread.attribute),
+                    None => Arc::new(AttributeColumn::build(&spread.attribute, self.agents)),
+                })
+            })
+            .collect();
         let mut count_at = |at: usize| {
             let n = self.job_and_group_tasks(at, &group.name).1;
             if n > 0 {
-                for spread in &mut counts {
-                    spread.add(&self.agents[at].attributes, n);
+                for (spread, counts) in group.spreads.iter().zip(&mut counts) {
+                    counts.add(spread, at, n);
                 }
             }
         };

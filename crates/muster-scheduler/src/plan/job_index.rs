@@ -4,6 +4,7 @@ use foldhash::HashMap;
 use std::sync::Arc;
 
 use super::agent_view::{AgentView, job_changes};
+use super::attribute_column::{AttributeColumn, Columns};
 
 /// For each job, the agents (by position in a snapshot's agents, ordered by id) with a task
 /// of it, running or recently ended: what lets a scheduler run cost what its job costs, not
@@ -22,6 +23,9 @@ pub struct JobIndex {
     /// never used). Checked where the list changed only: views kept from the list before
     /// stay in its order.
     ordered: bool,
+    /// The agents' attributes that spreads asked for, as columns, carried along like the
+    /// jobs.
+    columns: Columns,
 }
 
 impl JobIndex {
@@ -84,6 +88,11 @@ impl JobIndex {
             && changed
                 .iter()
                 .all(|&(_, at)| in_order(at as usize) && in_order(at as usize + 1));
+        let changed_at: Vec<u32> = changed.iter().map(|&(_, at)| at).collect();
+        let columns =
+            before
+                .columns
+                .carried(agents, renumbered.then_some(&moved_to[..]), &changed_at);
         let mut jobs = before.jobs.clone();
         if renumbered {
             // An agent joined or left: every position moves (monotonically, so each list
@@ -135,7 +144,14 @@ impl JobIndex {
             agents: agents.to_vec(),
             jobs,
             ordered,
+            columns,
         })
+    }
+
+    /// The agents' values of attribute `key`, by position, built the first time it is asked
+    /// for and then kept up to date by [`update`](Self::update).
+    pub fn attribute_column(&self, key: &str) -> Arc<AttributeColumn> {
+        self.columns.get(key, &self.agents)
     }
 
     /// The positions of the agents with a task of `job`, in order.
@@ -199,6 +215,17 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(7);
         let mut agents: Vec<Arc<AgentView>> = Vec::new();
         let mut index = JobIndex::update(None, &agents);
+        // Asked for once: from then on the index keeps the column with the agents.
+        index.attribute_column("zone");
+        let zones = ["x", "y", "z", ""];
+        let in_zone = |mut view: Arc<AgentView>, zone: &str| {
+            let attributes = &mut Arc::make_mut(&mut view).attributes;
+            attributes.clear();
+            if !zone.is_empty() {
+                attributes.insert("zone".to_owned(), zone.to_owned());
+            }
+            view
+        };
         for round in 0..500 {
             for _ in 0..rng.usize(1..4) {
                 let n = rng.u32(0..40);
@@ -228,8 +255,15 @@ mod tests {
                             Arc::make_mut(&mut agents[at]).add_task(Arc::new(task));
                         }
                     }
-                    (Ok(at), _) => agents[at] = running(n, &some_jobs),
-                    (Err(at), _) => agents.insert(at, running(n, &some_jobs)),
+                    (Ok(at), 3) => {
+                        agents[at] = in_zone(Arc::clone(&agents[at]), zones[rng.usize(..4)]);
+                    }
+                    (Ok(at), _) => {
+                        agents[at] = in_zone(running(n, &some_jobs), zones[n as usize % 4])
+                    }
+                    (Err(at), _) => {
+                        agents.insert(at, in_zone(running(n, &some_jobs), zones[n as usize % 4]));
+                    }
                 }
             }
             index = JobIndex::update(Some(&index), &agents);
@@ -246,6 +280,12 @@ mod tests {
                 assert_eq!(index.agents_with(job), expected, "round {round}, job {job}");
             }
             assert!(index.holds_for(&agents), "round {round}: kept in order");
+            let column = index.attribute_column("zone");
+            for (at, agent) in agents.iter().enumerate() {
+                let value = column.number_at(at).and_then(|n| column.value(n));
+                let expected = agent.attributes.get("zone").map(String::as_str);
+                assert_eq!(value, expected, "round {round}, zone of agent {at}");
+            }
         }
     }
 

@@ -14,10 +14,12 @@ use std::sync::Arc;
 use muster_model::{AgentId, Demand, Deployment, EvalId, Job, Quota, Resources, TaskState};
 
 mod agent_view;
+mod attribute_column;
 mod job_index;
 
 pub(crate) use agent_view::job_hash;
 pub use agent_view::{AgentView, JobGroup, TaskView};
+pub use attribute_column::AttributeColumn;
 pub use job_index::JobIndex;
 
 /// A consistent view of the cluster: the input of every scheduler.
@@ -65,10 +67,13 @@ impl ClusterSnapshot {
     /// agents; `None` if there is none, or its agents changed since it was built (then every
     /// agent must be looked at).
     pub fn agents_with(&self, job: &str) -> Option<&[u32]> {
+        self.index_of_agents().map(|index| index.agents_with(job))
+    }
+
+    /// Its [`JobIndex`], if it has one built for its agents as they are.
+    pub fn index_of_agents(&self) -> Option<&JobIndex> {
         let index = self.job_index.as_ref()?;
-        index
-            .holds_for(&self.agents)
-            .then(|| index.agents_with(job))
+        index.holds_for(&self.agents).then_some(&**index)
     }
 
     /// Its agents ordered by id, each once, as schedulers read them. A master's snapshots
