@@ -359,7 +359,7 @@ impl Timed {
 impl muster_scheduler::Backend for Timed {
     async fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> Result<Option<muster_scheduler::Assignment>, muster_scheduler::WorkerError> {
         self.time("dequeue", self.inner.dequeue(schedulers, timeout))
@@ -416,6 +416,7 @@ async fn channel_drain(count: usize) -> Duration {
         name: "system-0".into(),
         priority: 50,
         scheduler: SchedulerType::System,
+        named_scheduler: None,
         groups: Vec::new(),
         stopped: false,
         version: 1,

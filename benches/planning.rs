@@ -60,6 +60,7 @@ fn job(name: &str, scheduler: SchedulerType, count: u32, zoned: bool) -> Job {
     Job {
         name: name.into(),
         scheduler,
+        named_scheduler: None,
         priority: 50,
         stopped: false,
         version: 1,

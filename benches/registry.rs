@@ -204,6 +204,7 @@ fn job(rng: &mut fastrand::Rng, n: usize) -> Job {
         name: format!("job-{n}"),
         priority: 50,
         scheduler: SchedulerType::Service,
+        named_scheduler: None,
         groups: (0..3).map(|g| task_group(rng, n, g)).collect(),
         stopped: false,
         version: 0,

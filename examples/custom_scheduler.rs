@@ -1,11 +1,14 @@
 //! Your own scheduler, in your own program: it places each task on the agent that runs the
 //! fewest tasks, and talks to the leading master over gRPC.
 //!
-//! Run it against a dev cluster whose master runs no scheduler workers of its own, so that
-//! every job goes through this program. In one terminal:
+//! A job says which scheduler plans it: `scheduler = "fewest-tasks"` in its file, or none for
+//! its type's built-in one (`service`, `batch`, `system`), which the master's own workers
+//! serve. This program serves the names given with `--scheduler` (by default
+//! `fewest-tasks`), so it runs beside the built-in workers, each planning only its own jobs.
+//! In one terminal:
 //!
 //! ```text
-//! cargo run -- dev --workers 0
+//! cargo run -- dev
 //! ```
 //!
 //! In another (as many `--master` as you have masters; a standby sends the workers on to the
@@ -16,17 +19,19 @@
 //! ```
 //!
 //! (`cargo run --example custom_scheduler -- --help` lists the flags.) In a third, submit a job
-//! and watch it:
+//! that names this scheduler, and watch it:
 //!
 //! ```text
-//! cargo run -- job run examples/jobs/hello.toml
-//! cargo run -- job status hello
+//! cargo run -- job run examples/jobs/fewest-tasks.toml
+//! cargo run -- job status fewest-tasks
 //! ```
 //!
-//! This program prints each choice its placer makes and how each evaluation ended. Stop it
-//! with Ctrl-C: a job submitted then stays pending until a scheduler runs again. (If the master
-//! runs workers of its own, the default `--workers 2`, they and this program share the
-//! evaluations, each taking whichever the broker hands it.)
+//! This program
+//! prints each choice its placer makes and how each evaluation ended. Stop it with Ctrl-C: a
+//! job that names it then stays pending, and `muster eval list` says that no scheduler of that
+//! name is connected, until it runs again. To take over the built-in schedulers' jobs too, run
+//! the master with `--workers 0` and this program with `--scheduler service --scheduler batch
+//! --scheduler system`.
 //!
 //! How it fits together: for every change to a job the master makes an *evaluation* and queues
 //! it in its broker. A [`Worker`] takes one (`dequeue`), gets a snapshot of the cluster, and asks
@@ -126,6 +131,14 @@ struct Cli {
     /// How many workers to run.
     #[arg(long, value_name = "N", default_value_t = 2)]
     workers: usize,
+    /// A scheduler name to serve (jobs name it with `scheduler = "…"`); repeat for more. The
+    /// token's policy must allow each (`[scheduler] names`).
+    #[arg(
+        long = "scheduler",
+        value_name = "NAME",
+        default_value = "fewest-tasks"
+    )]
+    schedulers: Vec<String>,
     /// TLS and token (MUSTER_CACERT, MUSTER_CLIENT_CERT, MUSTER_CLIENT_KEY, MUSTER_TOKEN with
     /// policy `schedule`).
     #[command(flatten)]
@@ -137,6 +150,7 @@ async fn main() -> anyhow::Result<()> {
     let Cli {
         masters,
         workers: count,
+        schedulers,
         client,
     } = Cli::parse();
     muster_launch::init_logging_with("error");
@@ -147,13 +161,15 @@ async fn main() -> anyhow::Result<()> {
     let mut running = Vec::new();
     for number in 1..=count {
         let scheduler = PlacingScheduler::from_fn("fewest-tasks", fewest_tasks);
-        // Default config: every scheduler type (service, batch, system), up to 3 plans per
-        // evaluation when placements are rejected.
-        let worker = Worker::new(backend.clone(), scheduler, WorkerConfig::default());
+        // Only the named schedulers' evaluations; up to 3 plans per evaluation when
+        // placements are rejected.
+        let config = WorkerConfig::serving(schedulers.iter().cloned());
+        let worker = Worker::new(backend.clone(), scheduler, config);
         running.push(tokio::spawn(work(number, worker, stopped.clone())));
     }
     println!(
-        "{count} fewest-tasks worker(s) scheduling for {}; Ctrl-C stops",
+        "{count} fewest-tasks worker(s) serving {} for {}; Ctrl-C stops",
+        schedulers.join(", "),
         masters.join(", ")
     );
 
@@ -194,6 +210,7 @@ mod tests {
         let cli = Cli::try_parse_from(["custom_scheduler"])?;
         assert_eq!(cli.masters, ["127.0.0.1:5050"]);
         assert_eq!(cli.workers, 2);
+        assert_eq!(cli.schedulers, ["fewest-tasks"]);
         let cli = Cli::try_parse_from([
             "custom_scheduler",
             "--master",
@@ -202,9 +219,14 @@ mod tests {
             "10.0.0.2:5050",
             "--workers",
             "4",
+            "--scheduler",
+            "gang",
+            "--scheduler",
+            "service",
         ])?;
         assert_eq!(cli.masters, ["10.0.0.1:5050", "10.0.0.2:5050"]);
         assert_eq!(cli.workers, 4);
+        assert_eq!(cli.schedulers, ["gang", "service"]);
         let bad = Cli::try_parse_from(["custom_scheduler", "--workers", "many"])
             .expect_err("not a number");
         assert_eq!(bad.kind(), ErrorKind::ValueValidation);

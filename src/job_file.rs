@@ -46,6 +46,35 @@ mod tests {
     }
 
     #[test]
+    fn the_custom_scheduler_example_names_its_scheduler() -> anyhow::Result<()> {
+        let spec = read(
+            Path::new(concat!(
+                env!("CARGO_MANIFEST_DIR"),
+                "/examples/jobs/fewest-tasks.toml"
+            )),
+            "default",
+        )?;
+        assert_eq!(spec.scheduler, pb::SchedulerType::Service as i32);
+        assert_eq!(spec.scheduler_name, "fewest-tasks");
+        // The model reads it as named, and refuses another type's built-in scheduler.
+        let job = muster_model::Job::from_submitted(spec.clone())?;
+        assert_eq!(job.scheduler_name(), "fewest-tasks");
+        let batch = pb::Job {
+            scheduler_name: "batch".into(),
+            ..spec
+        };
+        let refused = muster_model::Job::from_submitted(batch).expect_err("batch is not service's");
+        assert_eq!(refused.field(), "scheduler");
+        assert!(
+            refused
+                .problem()
+                .contains("built-in scheduler of batch jobs"),
+            "{refused}"
+        );
+        Ok(())
+    }
+
+    #[test]
     fn the_placement_example_parses() -> anyhow::Result<()> {
         let spec = read(
             Path::new(concat!(

@@ -599,6 +599,7 @@ async fn channel_drain(count: usize) -> Duration {
         name: service_job_name(0),
         priority: 50,
         scheduler: SchedulerType::Service,
+        named_scheduler: None,
         groups: Vec::new(),
         stopped: false,
         version: 1,

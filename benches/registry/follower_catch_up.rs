@@ -42,6 +42,7 @@ fn large_job(n: usize, value: &str) -> Job {
         name: format!("large-job-{n}"),
         priority: 50,
         scheduler: SchedulerType::Batch,
+        named_scheduler: None,
         groups: vec![TaskGroup {
             name: "g".into(),
             count: 1,

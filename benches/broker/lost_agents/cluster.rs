@@ -217,7 +217,7 @@ impl Counting {
 impl muster_scheduler::Backend for Counting {
     async fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> Result<Option<muster_scheduler::Assignment>, muster_scheduler::WorkerError> {
         let assignment = self

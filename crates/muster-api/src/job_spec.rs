@@ -29,6 +29,11 @@ pub struct JobSpec {
     /// `service` (the default), `batch` or `system`.
     #[serde(rename = "type", default, skip_serializing_if = "String::is_empty")]
     pub kind: String,
+    /// The scheduler that plans it, when not its type's built-in one (`gang`): only workers
+    /// serving that name are handed its evaluations, and until one connects they wait, saying
+    /// so. Absent: the type's built-in scheduler.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub scheduler: String,
     /// 1 to 100; 0 or absent: 50.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: u32,
@@ -435,6 +440,7 @@ impl JobSpec {
             groups,
             stopped: false,
             version: 0,
+            scheduler_name: self.scheduler.clone(),
         })
     }
 
@@ -444,6 +450,7 @@ impl JobSpec {
             name: job.name.clone(),
             namespace: job.namespace.clone(),
             kind: scheduler_name(job.scheduler).to_owned(),
+            scheduler: job.scheduler_name.clone(),
             priority: job.priority,
             groups: job
                 .groups

@@ -47,8 +47,7 @@ use std::fmt;
 
 use muster_actor::{Context, Process, Reply};
 use muster_model::{
-    AgentId, Constraint, Demand, EvalId, EvalStatus, Evaluation, Resources, SchedulerType,
-    namespace_of,
+    AgentId, Constraint, Demand, EvalId, EvalStatus, Evaluation, Resources, namespace_of,
 };
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender, unbounded_channel};
 
@@ -174,8 +173,8 @@ impl Default for BlockedConfig {
 pub struct BlockedStats {
     /// Evaluations blocked now.
     pub total_blocked: usize,
-    /// Evaluations blocked now, per scheduler type (types with none are absent).
-    pub by_scheduler: BTreeMap<SchedulerType, usize>,
+    /// Evaluations blocked now, per scheduler name (names with none are absent).
+    pub by_scheduler: BTreeMap<String, usize>,
     /// Evaluations released so far (including missed unblocks released on arrival).
     pub total_unblocked: u64,
     /// Evaluations canceled so far.
@@ -454,7 +453,11 @@ impl BlockedEvals {
                 group.len += 1;
             }
         }
-        *self.stats.by_scheduler.entry(eval.scheduler).or_default() += 1;
+        *self
+            .stats
+            .by_scheduler
+            .entry(eval.scheduler_name().to_owned())
+            .or_default() += 1;
         self.stats.total_blocked += 1;
         self.by_id.insert(eval.id.clone(), key);
         self.by_job.insert(eval.job.clone(), key);
@@ -568,10 +571,10 @@ impl BlockedEvals {
                 self.by_quota.remove(namespace);
             }
         }
-        if let Some(n) = self.stats.by_scheduler.get_mut(&eval.scheduler) {
+        if let Some(n) = self.stats.by_scheduler.get_mut(eval.scheduler_name()) {
             *n = n.saturating_sub(1);
             if *n == 0 {
-                self.stats.by_scheduler.remove(&eval.scheduler);
+                self.stats.by_scheduler.remove(eval.scheduler_name());
             }
         }
         self.stats.total_blocked = self.stats.total_blocked.saturating_sub(1);

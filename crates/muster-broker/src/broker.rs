@@ -1,6 +1,9 @@
 //! The evaluation broker, with Nomad's semantics (the Nomad blog post "Load shedding in the Nomad eval broker").
 //!
-//! - **ready** queues, one per scheduler type, ordered by priority then age;
+//! - **ready** queues, one per scheduler name (the built-in `service`, `batch` and `system`,
+//!   and any a job names), ordered by priority then age; a worker dequeues only the names it
+//!   serves, and the broker keeps a [`SchedulerRoster`] of the names served, so that an
+//!   evaluation nobody serves can say so;
 //! - **unacked**: evaluations handed to a worker with a token and a nack timer;
 //! - **pending**: at most one evaluation per job is ready or unacked; the job's others wait here;
 //! - **cancelable**: on an ack, every pending evaluation of that job but the newest is dropped
@@ -20,19 +23,23 @@
 
 mod protocol;
 mod registry_writer;
+mod roster;
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::mem;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use muster_actor::{Context, Process, Reply, TimerHandle};
-use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType, Trigger};
+use muster_model::{BUILT_IN_SCHEDULERS, EvalId, EvalStatus, Evaluation, Trigger};
 use muster_registry::Op;
 
-pub use protocol::{BrokerConfig, BrokerError, BrokerMsg, BrokerStats, Delivery, QueueStats};
+pub use protocol::{
+    BrokerConfig, BrokerError, BrokerMsg, BrokerStats, Delivery, QueueStats, SchedulerPresence,
+};
 pub use registry_writer::{RegistryWriter, WriteFuture, registrar_writer};
+pub use roster::SchedulerRoster;
 
 /// Orders ready evaluations: higher priority first, then older (lower create index).
 type ReadyKey = (std::cmp::Reverse<u8>, u64, EvalId);
@@ -55,23 +62,26 @@ struct Unacked {
 #[derive(Debug)]
 struct Waiter {
     id: u64,
-    schedulers: Vec<SchedulerType>,
+    schedulers: Vec<String>,
     reply: Reply<Result<Option<Delivery>, BrokerError>>,
     timer: TimerHandle,
 }
 
 /// Evaluations dropped for a newer one of their job and not yet marked canceled in the
-/// registry, oldest first, with their count per scheduler type for stats.
+/// registry, oldest first, with their count per scheduler name for stats.
 #[derive(Debug, Default)]
 struct Cancelable {
     evals: Vec<Evaluation>,
-    counts: BTreeMap<SchedulerType, usize>,
+    counts: BTreeMap<String, usize>,
 }
 
 impl Cancelable {
     fn extend(&mut self, evals: impl IntoIterator<Item = Evaluation>) {
         for eval in evals {
-            *self.counts.entry(eval.scheduler).or_default() += 1;
+            *self
+                .counts
+                .entry(eval.scheduler_name().to_owned())
+                .or_default() += 1;
             self.evals.push(eval);
         }
     }
@@ -81,15 +91,15 @@ impl Cancelable {
         let take = self.evals.len().min(max);
         let taken: Vec<Evaluation> = self.evals.drain(..take).collect();
         for eval in &taken {
-            if let Some(count) = self.counts.get_mut(&eval.scheduler) {
+            if let Some(count) = self.counts.get_mut(eval.scheduler_name()) {
                 *count = count.saturating_sub(1);
             }
         }
         taken
     }
 
-    fn count(&self, scheduler: SchedulerType) -> usize {
-        self.counts.get(&scheduler).copied().unwrap_or(0)
+    fn count(&self, scheduler: &str) -> usize {
+        self.counts.get(scheduler).copied().unwrap_or(0)
     }
 
     fn is_empty(&self) -> bool {
@@ -107,7 +117,8 @@ impl Cancelable {
 pub struct EvalBroker {
     config: BrokerConfig,
     writer: Option<RegistryWriter>,
-    ready: BTreeMap<SchedulerType, BTreeMap<ReadyKey, Evaluation>>,
+    /// Per scheduler name.
+    ready: BTreeMap<String, BTreeMap<ReadyKey, Evaluation>>,
     unacked: HashMap<EvalId, Unacked>,
     /// The job's evaluation that is ready, unacked or waiting out a nack delay.
     in_flight: HashMap<String, EvalId>,
@@ -129,7 +140,9 @@ pub struct EvalBroker {
     writing: bool,
     /// The cancellations the write in flight carries, by scheduler type: still cancelable
     /// until it is written (the stats count them so).
-    canceling: BTreeMap<SchedulerType, usize>,
+    canceling: BTreeMap<String, usize>,
+    /// The scheduler names workers serve.
+    roster: SchedulerRoster,
     /// Bumped by every restore and disable: a registry write that completes in a later
     /// session is not this session's business.
     session: u64,
@@ -140,6 +153,7 @@ impl EvalBroker {
     /// A disabled broker; [`BrokerMsg::Restore`] enables it.
     pub fn new(config: BrokerConfig) -> Self {
         EvalBroker {
+            roster: SchedulerRoster::new(config.scheduler_gone_after),
             config,
             writer: None,
             ready: BTreeMap::new(),
@@ -160,6 +174,12 @@ impl EvalBroker {
             session: 0,
             stats: BrokerStats::default(),
         }
+    }
+
+    /// Its roster of the scheduler names workers serve, shared: take it before spawning the
+    /// broker to read it from elsewhere.
+    pub fn roster(&self) -> SchedulerRoster {
+        self.roster.clone()
     }
 
     fn enabled(&self) -> bool {
@@ -226,28 +246,40 @@ impl EvalBroker {
     fn make_ready(&mut self, eval: Evaluation, ctx: &mut Context<Self>) {
         // A waiting worker takes it at once; one that gave up (its request dropped) is skipped
         // rather than handed work that would sit unacked until the nack timer.
+        let roster = &self.roster;
         self.waiters.retain(|w| {
             let gone = w.reply.is_closed();
             if gone {
                 w.timer.cancel();
+                roster.waiting(&w.schedulers, false);
             }
             !gone
         });
         if let Some(position) = self
             .waiters
             .iter()
-            .position(|w| w.schedulers.contains(&eval.scheduler))
+            .position(|w| w.schedulers.iter().any(|s| s == eval.scheduler_name()))
             && let Some(waiter) = self.waiters.remove(position)
         {
             waiter.timer.cancel();
+            self.roster.waiting(&waiter.schedulers, false);
+            self.roster.asked(&waiter.schedulers);
             let delivery = self.deliver(eval, ctx);
             waiter.reply.send(Ok(Some(delivery)));
             return;
         }
-        self.ready
-            .entry(eval.scheduler)
-            .or_default()
-            .insert(ready_key(&eval), eval);
+        match self.ready.get_mut(eval.scheduler_name()) {
+            Some(queue) => {
+                queue.insert(ready_key(&eval), eval);
+            }
+            None => {
+                let name = eval.scheduler_name().to_owned();
+                self.ready
+                    .entry(name)
+                    .or_default()
+                    .insert(ready_key(&eval), eval);
+            }
+        }
     }
 
     /// Hands `eval` out: a fresh token and a nack timer.
@@ -275,7 +307,7 @@ impl EvalBroker {
 
     fn dequeue(
         &mut self,
-        schedulers: Vec<SchedulerType>,
+        schedulers: Vec<String>,
         timeout: Duration,
         reply: Reply<Result<Option<Delivery>, BrokerError>>,
         ctx: &mut Context<Self>,
@@ -283,17 +315,18 @@ impl EvalBroker {
         if !self.enabled() {
             return reply.send(Err(BrokerError::Disabled));
         }
-        // The best head among the worker's scheduler types.
+        self.roster.asked(&schedulers);
+        // The best head among the worker's schedulers.
         let best = schedulers
             .iter()
             .filter_map(|s| {
                 let queue = self.ready.get(s)?;
                 let (key, _) = queue.first_key_value()?;
-                Some((key.clone(), *s))
+                Some((key.clone(), s))
             })
             .min();
         if let Some((key, scheduler)) = best
-            && let Some(eval) = self.ready.get_mut(&scheduler).and_then(|q| q.remove(&key))
+            && let Some(eval) = self.ready.get_mut(scheduler).and_then(|q| q.remove(&key))
         {
             let delivery = self.deliver(eval, ctx);
             return reply.send(Ok(Some(delivery)));
@@ -304,6 +337,7 @@ impl EvalBroker {
         let id = self.next_waiter;
         self.next_waiter += 1;
         let timer = ctx.delay(timeout, BrokerMsg::DequeueTimeout(id));
+        self.roster.waiting(&schedulers, true);
         self.waiters.push_back(Waiter {
             id,
             schedulers,
@@ -448,7 +482,10 @@ impl EvalBroker {
         self.writing = true;
         self.canceling.clear();
         for eval in &canceled {
-            *self.canceling.entry(eval.scheduler).or_default() += 1;
+            *self
+                .canceling
+                .entry(eval.scheduler_name().to_owned())
+                .or_default() += 1;
         }
         self.stats.registry_writes += 1;
         let op = Op::Together(ops);
@@ -489,41 +526,60 @@ impl EvalBroker {
 
     fn stats(&self) -> BrokerStats {
         let mut stats = BrokerStats {
-            by_scheduler: SchedulerType::ALL
+            by_scheduler: BUILT_IN_SCHEDULERS
                 .iter()
-                .map(|s| (*s, QueueStats::default()))
+                .map(|s| ((*s).to_owned(), QueueStats::default()))
                 .collect(),
             ..self.stats.clone()
         };
-        let mut count = |scheduler: SchedulerType, field: fn(&mut QueueStats) -> &mut usize| {
-            if let Some(q) = stats.by_scheduler.get_mut(&scheduler) {
-                *field(q) += 1;
+        let mut count = |scheduler: &str, field: fn(&mut QueueStats) -> &mut usize| match stats
+            .by_scheduler
+            .get_mut(scheduler)
+        {
+            Some(q) => *field(q) += 1,
+            None => {
+                let mut q = QueueStats::default();
+                *field(&mut q) += 1;
+                stats.by_scheduler.insert(scheduler.to_owned(), q);
             }
         };
         for held in self.unacked.values() {
-            count(held.eval.scheduler, |q| &mut q.unacked);
+            count(held.eval.scheduler_name(), |q| &mut q.unacked);
         }
         for eval in &self.failed {
-            count(eval.scheduler, |q| &mut q.failed);
+            count(eval.scheduler_name(), |q| &mut q.failed);
         }
         for eval in self.delayed.values() {
-            count(eval.scheduler, |q| &mut q.delayed);
-        }
-        // The big queues are counted without walking them: ready by its per-type maps,
-        // pending by job (a job's evaluations share its scheduler type), cancelable by the
-        // counts it keeps.
-        for (scheduler, q) in &mut stats.by_scheduler {
-            q.ready = self.ready.get(scheduler).map_or(0, BTreeMap::len);
-            q.cancelable = self.cancelable.count(*scheduler)
-                + self.canceling.get(scheduler).copied().unwrap_or(0);
+            count(eval.scheduler_name(), |q| &mut q.delayed);
         }
         for waiting in self.pending.values() {
-            if let Some(q) = waiting
-                .first()
-                .and_then(|e| stats.by_scheduler.get_mut(&e.scheduler))
-            {
-                q.pending += waiting.len();
+            if let Some(eval) = waiting.first() {
+                // A job's evaluations share its scheduler.
+                for _ in waiting {
+                    count(eval.scheduler_name(), |q| &mut q.pending);
+                }
             }
+        }
+        // The big queues are counted without walking them: ready by its per-name maps,
+        // cancelable by the counts it keeps.
+        let served = self.roster.all();
+        let names: BTreeSet<&String> = (self.ready.keys())
+            .chain(self.cancelable.counts.keys())
+            .chain(self.canceling.keys())
+            .chain(served.keys())
+            .collect();
+        for name in names {
+            stats.by_scheduler.entry(name.clone()).or_default();
+        }
+        for (scheduler, q) in &mut stats.by_scheduler {
+            q.ready = self.ready.get(scheduler).map_or(0, BTreeMap::len);
+            q.cancelable = self.cancelable.count(scheduler)
+                + self.canceling.get(scheduler).copied().unwrap_or(0);
+            let presence = match served.get(scheduler) {
+                Some(presence) => *presence,
+                None => self.roster.presence(scheduler),
+            };
+            stats.schedulers.insert(scheduler.clone(), presence);
         }
         stats
     }
@@ -540,6 +596,7 @@ impl EvalBroker {
             waiter.timer.cancel();
             waiter.reply.send(Err(BrokerError::Disabled));
         }
+        self.roster.none_waiting();
         self.ready.clear();
         self.unacked.clear();
         self.in_flight.clear();
@@ -620,6 +677,10 @@ impl Process for EvalBroker {
                 if let Some(position) = self.waiters.iter().position(|w| w.id == id)
                     && let Some(waiter) = self.waiters.remove(position)
                 {
+                    self.roster.waiting(&waiter.schedulers, false);
+                    if !waiter.reply.is_closed() {
+                        self.roster.asked(&waiter.schedulers);
+                    }
                     waiter.reply.send(Ok(None));
                 }
             }

@@ -18,5 +18,5 @@ pub use blocked::{
 };
 pub use broker::{
     BrokerConfig, BrokerError, BrokerMsg, BrokerStats, Delivery, EvalBroker, QueueStats,
-    RegistryWriter, WriteFuture, registrar_writer,
+    RegistryWriter, SchedulerPresence, SchedulerRoster, WriteFuture, registrar_writer,
 };

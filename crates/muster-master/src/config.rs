@@ -90,8 +90,13 @@ pub struct MasterConfig {
     /// ([`RegistryConfig::encoding`](muster_registry::RegistryConfig)): MessagePack, the
     /// default; JSON, the encoding before it, to measure the difference (`benches/failover.rs`).
     pub registry_encoding: muster_registry::codec::Encoding,
-    /// Scheduler workers this master runs (they work only while it leads).
+    /// Scheduler workers this master runs (they work only while it leads); they serve the
+    /// built-in schedulers.
     pub workers: usize,
+    /// How long after a scheduler's last worker last asked for work its name counts as not
+    /// served, and its waiting evaluations say so (default 30 s; a worker waiting on it
+    /// serves it meanwhile).
+    pub scheduler_gone_after: Duration,
     /// How its workers place tasks.
     pub placement: Placement,
     /// How often the leading master checks that every job's running tasks match what it asks
@@ -176,6 +181,7 @@ impl MasterConfig {
             rejoin_damaged: false,
             registry_encoding: Default::default(),
             workers: 2,
+            scheduler_gone_after: Duration::from_secs(30),
             placement: Placement::Binpack,
             job_limits: muster_model::JobLimits::default(),
             agents_per_certificate: 1,

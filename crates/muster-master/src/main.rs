@@ -99,10 +99,15 @@ muster_launch::settings! {
         /// Largest share (0..1) of agents the deadline may mark unreachable.
         #[arg(long)]
         removal_limit: Option<f64> => removal_limit,
-        /// Scheduler workers this master runs while it leads; 0 leaves scheduling to workers in
-        /// other programs (see examples/custom_scheduler.rs).
+        /// Scheduler workers this master runs while it leads, serving the built-in schedulers
+        /// (service, batch, system); 0 leaves those to workers in other programs (see
+        /// examples/custom_scheduler.rs).
         #[arg(long)]
         workers: Option<usize> => workers,
+        /// How long after a scheduler's workers last asked for work its evaluations say that
+        /// no scheduler of that name is connected, e.g. 30s.
+        #[arg(long)]
+        scheduler_gone_after: Option<HumanDuration> => scheduler_gone_after,
         /// How often the leader checks that every job runs what it asks for, e.g. 30s.
         #[arg(long)]
         reconcile_interval: Option<HumanDuration> => reconcile_interval,

@@ -44,7 +44,7 @@ use std::time::Duration;
 
 use muster_actor::{Context, Pid, Process, System};
 use muster_broker::blocked::{BlockedEvals, ChannelSink, SinkReceivers};
-use muster_broker::{BrokerConfig, EvalBroker};
+use muster_broker::{BrokerConfig, EvalBroker, SchedulerRoster};
 use muster_registry::RegistryNode;
 use muster_transport::Node;
 
@@ -329,6 +329,8 @@ struct Metrics {
 pub struct Master {
     config: MasterConfig,
     broker: Pid<EvalBroker>,
+    /// Which scheduler names workers serve, shared with the broker.
+    schedulers: SchedulerRoster,
     blocked: Pid<BlockedEvals>,
     blocked_out: Option<SinkReceivers>,
     /// This master's `host:port`.
@@ -384,8 +386,13 @@ impl Master {
         system: &System,
     ) -> Self {
         let (sink, blocked_out) = ChannelSink::new();
+        let broker = EvalBroker::new(BrokerConfig {
+            scheduler_gone_after: config.scheduler_gone_after,
+            ..BrokerConfig::default()
+        });
         Master {
-            broker: system.spawn(EvalBroker::new(BrokerConfig::default())),
+            schedulers: broker.roster(),
+            broker: system.spawn(broker),
             blocked: system.spawn(BlockedEvals::new(sink)),
             blocked_out: Some(blocked_out),
             config,

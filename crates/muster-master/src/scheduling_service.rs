@@ -179,6 +179,33 @@ fn reason(error: WorkerError) -> String {
     }
 }
 
+/// The scheduler names a dequeue asks for: the built-in ones named by type, then those named
+/// by name, each once; at least one, each a valid name.
+fn scheduler_names(types: Vec<i32>, names: Vec<String>) -> Result<Vec<String>, Status> {
+    let types = each::<SchedulerType, _>(types, "schedulers").map_err(invalid)?;
+    let mut schedulers: Vec<String> = types.iter().map(|t| t.name().to_owned()).collect();
+    for (i, name) in names.into_iter().enumerate() {
+        // A built-in name is served as it is; any other must be a name a job could give.
+        let kind = SchedulerType::of_built_in(&name).unwrap_or(SchedulerType::Service);
+        muster_model::check_scheduler_name(kind, &name).map_err(|e| {
+            invalid(FieldError::new(
+                format!("scheduler_names[{i}]"),
+                e.problem().to_owned(),
+            ))
+        })?;
+        if !schedulers.contains(&name) {
+            schedulers.push(name);
+        }
+    }
+    if schedulers.is_empty() {
+        return Err(invalid(FieldError::new(
+            "scheduler_names",
+            "at least one scheduler is needed (by name, or by type in `schedulers`)",
+        )));
+    }
+    Ok(schedulers)
+}
+
 #[tonic::async_trait]
 impl Scheduling for SchedulingService {
     async fn dequeue(
@@ -186,25 +213,25 @@ impl Scheduling for SchedulingService {
         request: Request<pb::DequeueRequest>,
     ) -> Result<Response<pb::DequeueReply>, Status> {
         let caller = caller_of(&request);
-        // Evaluations are queued by scheduler type, not by namespace: a worker that may
-        // schedule only some namespaces would be handed others'.
+        // Evaluations are queued by scheduler, not by namespace: a worker that may schedule
+        // only some namespaces would be handed others'.
         if !caller.acl.may_schedule_everywhere() {
             return Err(Status::permission_denied(format!(
                 "token {} may schedule only some namespaces; dequeuing needs a scheduler rule \
                  for every namespace (`namespaces = [\"*\"]`), as evaluations are queued by \
-                 scheduler type",
+                 scheduler",
                 caller.described()
             )));
         }
         let request = request.into_inner();
-        if request.schedulers.is_empty() {
-            return Err(invalid(FieldError::new(
-                "schedulers",
-                "at least one scheduler type is needed",
+        let schedulers = scheduler_names(request.schedulers, request.scheduler_names)?;
+        if let Some(refused) = schedulers.iter().find(|name| !caller.acl.may_serve(name)) {
+            return Err(Status::permission_denied(format!(
+                "token {} may not serve scheduler {refused:?}: no scheduler rule of its \
+                 policies names it (`names = [\"{refused}\"]`)",
+                caller.described()
             )));
         }
-        let schedulers =
-            each::<SchedulerType, _>(request.schedulers, "schedulers").map_err(invalid)?;
         let timeout = std::time::Duration::from_millis(request.timeout_ms).min(MAX_DEQUEUE_TIMEOUT);
         match self.backend.dequeue(&schedulers, timeout).await {
             Ok(assignment) => Ok(Response::new(pb::DequeueReply {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use muster_actor::{AskError, Pid};
 use muster_broker::{BrokerError, BrokerMsg, EvalBroker};
-use muster_model::{EvalId, Evaluation, SchedulerType};
+use muster_model::{EvalId, Evaluation};
 use muster_scheduler::{
     Assignment, Backend, ClusterSnapshot, Demand, Plan, PlanResult, Scheduler, Worker,
     WorkerConfig, WorkerError, WorkerStats,
@@ -66,7 +66,7 @@ fn gone(e: AskError) -> WorkerError {
 impl Backend for LocalBackend {
     async fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> Result<Option<Assignment>, WorkerError> {
         let schedulers = schedulers.to_vec();
@@ -291,7 +291,7 @@ impl TimedBackend {
 impl Backend for TimedBackend {
     async fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> Result<Option<Assignment>, WorkerError> {
         let assignment = self.inner.dequeue(schedulers, timeout).await?;

@@ -238,6 +238,7 @@ mod tests {
             name: "web".into(),
             priority: 50,
             scheduler,
+            named_scheduler: None,
             groups: vec![TaskGroup {
                 name: "fe".into(),
                 count: 3,

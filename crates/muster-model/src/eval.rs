@@ -89,8 +89,12 @@ pub struct Evaluation {
     pub job: String,
     /// The job's priority when the evaluation was made.
     pub priority: u8,
-    /// Which scheduler handles it.
+    /// Its job's type.
     pub scheduler: SchedulerType,
+    /// The scheduler its job names instead of its type's built-in one: only workers serving
+    /// that name are handed it. See [`scheduler_name`](Self::scheduler_name).
+    #[serde(default)]
+    pub named_scheduler: Option<String>,
     /// Why it exists.
     pub trigger: Trigger,
     /// Where it is.
@@ -118,6 +122,7 @@ impl Evaluation {
             job: job.name.clone(),
             priority: job.priority,
             scheduler: job.scheduler,
+            named_scheduler: job.named_scheduler.clone(),
             trigger,
             status: EvalStatus::Pending,
             status_description: String::new(),
@@ -126,5 +131,13 @@ impl Evaluation {
             snapshot_index: 0,
             wait_until_ms: 0,
         }
+    }
+
+    /// The name of the scheduler that plans it (its queue in the broker): the one its job
+    /// names, or its type's built-in one.
+    pub fn scheduler_name(&self) -> &str {
+        self.named_scheduler
+            .as_deref()
+            .unwrap_or(self.scheduler.name())
     }
 }

@@ -38,7 +38,8 @@ impl SchedulerType {
         SchedulerType::System,
     ];
 
-    /// The lower-case name used in job files and stats.
+    /// The lower-case name used in job files and stats, which is also the name of its
+    /// built-in scheduler.
     pub fn name(self) -> &'static str {
         match self {
             SchedulerType::Service => "service",
@@ -46,7 +47,16 @@ impl SchedulerType {
             SchedulerType::System => "system",
         }
     }
+
+    /// The type whose built-in scheduler is called `name`, if one is.
+    pub fn of_built_in(name: &str) -> Option<SchedulerType> {
+        SchedulerType::ALL.into_iter().find(|t| t.name() == name)
+    }
 }
+
+/// The names of the built-in schedulers, which the master's own workers serve: one per
+/// [`SchedulerType`].
+pub const BUILT_IN_SCHEDULERS: [&str; 3] = ["service", "batch", "system"];
 
 impl fmt::Display for SchedulerType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -274,8 +284,14 @@ pub struct Job {
     pub name: String,
     /// 1 (lowest) to 100 (highest); orders evaluations in the broker.
     pub priority: u8,
-    /// Which scheduler places it.
+    /// What kind of job it is: how its tasks are kept (at a count, to completion, one per
+    /// agent), and which built-in scheduler plans it unless it names another.
     pub scheduler: SchedulerType,
+    /// The scheduler it names instead of its type's built-in one (`scheduler = "gang"`):
+    /// only workers serving that name plan it. `None` for the built-in one; see
+    /// [`scheduler_name`](Self::scheduler_name).
+    #[serde(default)]
+    pub named_scheduler: Option<String>,
     /// Its task groups.
     pub groups: Vec<TaskGroup>,
     /// Set when the job is stopped: its tasks should not run.
@@ -293,6 +309,13 @@ impl Job {
     /// Its name within its namespace.
     pub fn name_in_namespace(&self) -> &str {
         crate::namespace::split_job_id(&self.name).1
+    }
+
+    /// The name of the scheduler that plans it: the one it names, or its type's built-in one.
+    pub fn scheduler_name(&self) -> &str {
+        self.named_scheduler
+            .as_deref()
+            .unwrap_or(self.scheduler.name())
     }
 }
 
@@ -469,6 +492,7 @@ mod tests {
             name: "big".into(),
             priority: 50,
             scheduler: SchedulerType::Service,
+            named_scheduler: None,
             groups: (0..3).map(|i| group(i, 10)).collect(),
             stopped: false,
             version: 0,
@@ -499,6 +523,7 @@ mod tests {
             name: "j".into(),
             priority: 50,
             scheduler: SchedulerType::Batch,
+            named_scheduler: None,
             groups: vec![TaskGroup {
                 name: "g".into(),
                 count: 1,

@@ -50,6 +50,7 @@ pub mod resources;
 pub mod task;
 pub mod update;
 mod validate;
+pub use validate::check_scheduler_name;
 
 pub use agent::{AgentId, AgentInfo, AgentScheduling, Drain, DrainPhase, UnreachableAgent};
 pub use demand::Demand;
@@ -59,8 +60,9 @@ pub use deployment::{
 pub use error::FieldError;
 pub use eval::{EvalId, EvalStatus, Evaluation, Trigger};
 pub use job::{
-    BATCH_LOST_AFTER, DEFAULT_MAX_JOB_BYTES, DEFAULT_PRIORITY, Disconnect, DisconnectPolicy, Job,
-    JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING, Reconcile, SchedulerType, TaskGroup,
+    BATCH_LOST_AFTER, BUILT_IN_SCHEDULERS, DEFAULT_MAX_JOB_BYTES, DEFAULT_PRIORITY, Disconnect,
+    DisconnectPolicy, Job, JobLimits, MAX_ARGS, MAX_ENV, MAX_JOB_BYTES_CEILING, Reconcile,
+    SchedulerType, TaskGroup,
 };
 pub use lifecycle::{
     Check, CheckKind, DelayFunction, KillSignal, ReschedulePolicy, RestartMode, RestartPolicy,

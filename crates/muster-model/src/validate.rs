@@ -6,10 +6,34 @@ use crate::error::FieldError;
 use crate::job::{Job, MAX_ARGS, MAX_ENV, MAX_GROUP_COUNT, SchedulerType, TaskGroup};
 use crate::names::{Text, check_text, invalid, valid_name};
 
+/// Whether `name` may be the scheduler a job of type `kind` names: a name like a job's, and
+/// not the built-in scheduler of another type.
+///
+/// # Errors
+/// [`FieldError`] on `scheduler`, saying why.
+pub fn check_scheduler_name(kind: SchedulerType, name: &str) -> Result<(), FieldError> {
+    if !valid_name(name) {
+        return Err(invalid(
+            "scheduler",
+            format!("{name:?} must be 1 to 128 letters, digits, '-' or '_'"),
+        ));
+    }
+    match SchedulerType::of_built_in(name) {
+        Some(other) if other != kind => Err(invalid(
+            "scheduler",
+            format!(
+                "{name:?} is the built-in scheduler of {other} jobs; a {kind} job names \"{kind}\" or a scheduler of its own"
+            ),
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl Job {
     /// Checks the rules a submitted job must meet: a name of 1 to 128 letters, digits, `-` or
     /// `_` (the job's and each group's, groups' unique); a priority in `1..=100`; at least one
     /// group; a count of 1 to 10,000 (any for system jobs, which run one task per agent);
+    /// a scheduler name like a job's, not another type's built-in one;
     /// positive, finite cpus and at least 1 MiB of memory; a command; at most [`MAX_ARGS`]
     /// arguments and [`MAX_ENV`] variables, each variable named without `=`; constraints,
     /// affinities and spreads whose values suit their operators ([`Constraint::check`]). No text holds NUL or another control character, but for tab,
@@ -31,6 +55,9 @@ impl Job {
                 "priority",
                 format!("{} is not within 1..=100", self.priority),
             ));
+        }
+        if let Some(named) = &self.named_scheduler {
+            check_scheduler_name(self.scheduler, named)?;
         }
         if self.groups.is_empty() {
             return Err(invalid("groups", "a job needs at least one task group"));

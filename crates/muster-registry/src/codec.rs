@@ -122,6 +122,7 @@ mod tests {
             name: "control".into(),
             priority: 50,
             scheduler: SchedulerType::Batch,
+            named_scheduler: None,
             groups: vec![TaskGroup {
                 name: "g".into(),
                 count: 1,

@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use muster_model::convert::{all, read};
-use muster_model::{Demand, EvalId, Evaluation, SchedulerType};
+use muster_model::{Demand, EvalId, Evaluation};
 use muster_proto::scheduling as pb;
 use muster_proto::scheduling::scheduling_client::SchedulingClient;
 use muster_security::guard::WithToken;
@@ -379,13 +379,14 @@ impl RemoteBackend {
 impl Backend for RemoteBackend {
     async fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> Result<Option<Assignment>, WorkerError> {
         let poll = timeout.min(MAX_DEQUEUE_TIMEOUT);
         let request = pb::DequeueRequest {
-            schedulers: schedulers.iter().map(|&s| i32::from(s)).collect(),
+            schedulers: Vec::new(),
             timeout_ms: u64::try_from(poll.as_millis()).unwrap_or(u64::MAX),
+            scheduler_names: schedulers.to_vec(),
         };
         let reply = self
             .call(

@@ -357,6 +357,7 @@ mod tests {
             name: "web".into(),
             priority: 70,
             scheduler: SchedulerType::System,
+            named_scheduler: None,
             groups: vec![TaskGroup {
                 update: None,
                 migrate_max_parallel: 0,
@@ -410,6 +411,7 @@ mod tests {
             job: "web".into(),
             priority: 255,
             scheduler: SchedulerType::Batch,
+            named_scheduler: None,
             trigger,
             status,
             status_description: "why".into(),

@@ -25,7 +25,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use muster_model::{EvalId, EvalStatus, Evaluation, SchedulerType};
+use muster_model::{EvalId, EvalStatus, Evaluation};
 use tokio::sync::watch;
 
 use muster_model::Demand;
@@ -122,10 +122,12 @@ pub enum WorkerError {
 ///
 /// The futures must be `Send` so that a [`Worker`] can run on any tokio thread.
 pub trait Backend: Send + Sync {
-    /// Waits up to `timeout` for an evaluation of one of `schedulers`; `None` when none came.
+    /// Waits up to `timeout` for an evaluation for one of the schedulers named `schedulers`
+    /// (built-in ones, `service`, `batch`, `system`, or names jobs give); `None` when none
+    /// came.
     fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> impl Future<Output = Result<Option<Assignment>, WorkerError>> + Send;
 
@@ -175,7 +177,7 @@ pub trait Backend: Send + Sync {
 impl<B: Backend> Backend for Arc<B> {
     fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> impl Future<Output = Result<Option<Assignment>, WorkerError>> + Send {
         (**self).dequeue(schedulers, timeout)
@@ -229,8 +231,11 @@ impl<B: Backend> Backend for Arc<B> {
 /// How a [`Worker`] behaves.
 #[derive(Clone, Debug, PartialEq)]
 pub struct WorkerConfig {
-    /// The scheduler types it takes evaluations of.
-    pub schedulers: Vec<SchedulerType>,
+    /// The names of the schedulers it serves: it is handed only their evaluations. The
+    /// built-in ones by default (`service`, `batch`, `system`, see
+    /// [`BUILT_IN_SCHEDULERS`](muster_model::BUILT_IN_SCHEDULERS)); a custom scheduler names
+    /// its own ([`serving`](Self::serving)), which jobs name with `scheduler = "…"`.
+    pub schedulers: Vec<String>,
     /// How long one dequeue long-polls.
     pub dequeue_timeout: Duration,
     /// Plans in a row that commit nothing, per evaluation, at most (0 counts as 1); a plan
@@ -243,10 +248,23 @@ pub struct WorkerConfig {
     pub settling: usize,
 }
 
+impl WorkerConfig {
+    /// The default settings, serving the schedulers named `names` only.
+    pub fn serving<I: IntoIterator<Item = S>, S: Into<String>>(names: I) -> Self {
+        WorkerConfig {
+            schedulers: names.into_iter().map(Into::into).collect(),
+            ..WorkerConfig::default()
+        }
+    }
+}
+
 impl Default for WorkerConfig {
     fn default() -> Self {
         WorkerConfig {
-            schedulers: SchedulerType::ALL.to_vec(),
+            schedulers: muster_model::BUILT_IN_SCHEDULERS
+                .iter()
+                .map(|name| (*name).to_owned())
+                .collect(),
             dequeue_timeout: Duration::from_secs(1),
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             error_backoff: Duration::from_millis(500),
@@ -664,7 +682,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use muster_model::AgentId;
-    use muster_model::{Constraint, ConstraintOp, Job, TaskGroup};
+    use muster_model::{Constraint, ConstraintOp, Job, SchedulerType, TaskGroup};
 
     use super::*;
 
@@ -679,6 +697,7 @@ mod tests {
             name: "web".into(),
             priority: 50,
             scheduler: SchedulerType::Service,
+            named_scheduler: None,
             groups: vec![TaskGroup {
                 name: "fe".into(),
                 constraints: vec![rack.clone()],

@@ -154,13 +154,18 @@ pub struct AccessRule {
     pub policy: Access,
 }
 
-/// The scheduling API's rule: the namespaces whose evaluations a token may dequeue and plan.
+/// The scheduling API's rule: the namespaces whose evaluations a token may dequeue and plan,
+/// and the schedulers it may serve.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SchedulerRule {
     /// Namespace patterns (`*` for all).
     #[serde(default)]
     pub namespaces: Vec<String>,
+    /// Patterns of the scheduler names it may serve (`gang`, `gpu-*`, `*`); absent: every
+    /// name (as before schedulers had names), empty: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub names: Option<Vec<String>>,
 }
 
 /// A policy: what a token that carries it may do.
@@ -190,10 +195,10 @@ pub enum PolicyError {
     /// The text is not a policy.
     #[error("the policy is not valid: {0}")]
     Syntax(String),
-    /// A namespace pattern holds a character namespaces cannot.
+    /// A namespace or scheduler-name pattern holds a character names cannot.
     #[error(
-        "namespace pattern {0:?} is not valid (letters, digits, '-', '_' and '*' only, \
-         1 to 64 characters)"
+        "pattern {0:?} is not valid (letters, digits, '-', '_' and '*' only, 1 to 64 \
+         characters): a namespace or scheduler pattern"
     )]
     Pattern(String),
     /// The policy's name is not valid.
@@ -227,7 +232,13 @@ impl Policy {
     /// # Errors
     /// [`PolicyError::Pattern`] naming the first bad one.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        for pattern in self.namespace.keys().chain(&self.scheduler.namespaces) {
+        let names = self.scheduler.names.iter().flatten();
+        for pattern in self
+            .namespace
+            .keys()
+            .chain(&self.scheduler.namespaces)
+            .chain(names)
+        {
             if !valid_pattern(pattern) {
                 return Err(PolicyError::Pattern(pattern.clone()));
             }
@@ -332,6 +343,8 @@ pub struct Acl {
     agent: Access,
     operator: Access,
     scheduler: BTreeSet<String>,
+    /// Patterns of the scheduler names it may serve.
+    scheduler_names: BTreeSet<String>,
 }
 
 impl Acl {
@@ -363,6 +376,14 @@ impl Acl {
             acl.operator = acl.operator.max(policy.operator.policy);
             acl.scheduler
                 .extend(policy.scheduler.namespaces.iter().cloned());
+            if !policy.scheduler.namespaces.is_empty() {
+                match &policy.scheduler.names {
+                    Some(names) => acl.scheduler_names.extend(names.iter().cloned()),
+                    None => {
+                        acl.scheduler_names.insert("*".to_owned());
+                    }
+                }
+            }
         }
         acl
     }
@@ -425,6 +446,15 @@ impl Acl {
     /// Whether it may schedule every namespace's evaluations (a scheduler rule for `*`).
     pub fn may_schedule_everywhere(&self) -> bool {
         self.management || self.scheduler.contains("*")
+    }
+
+    /// Whether it may serve the scheduler named `name` (dequeue its evaluations).
+    pub fn may_serve(&self, name: &str) -> bool {
+        self.management
+            || self
+                .scheduler_names
+                .iter()
+                .any(|pattern| glob_matches(pattern, name))
     }
 
     /// Whether it may use the scheduling API at all.
@@ -520,5 +550,27 @@ mod tests {
     fn a_policy_reads_back_from_its_toml() {
         let policy = Policy::built_in("submit").expect("submit");
         assert_eq!(Policy::parse(&policy.to_toml()).as_ref(), Ok(policy));
+    }
+
+    #[test]
+    fn a_scheduler_rule_names_the_schedulers_a_token_may_serve() -> Result<(), PolicyError> {
+        let gang =
+            Policy::parse("[scheduler]\nnamespaces = [\"*\"]\nnames = [\"gang\", \"gpu-*\"]")?;
+        let acl = Acl::of([&gang]);
+        assert!(acl.may_serve("gang") && acl.may_serve("gpu-a100"));
+        assert!(!acl.may_serve("service") && !acl.may_serve("gangs"));
+        // Absent names: every scheduler, as before schedulers had names.
+        let any = Policy::parse("[scheduler]\nnamespaces = [\"*\"]")?;
+        assert!(Acl::of([&any]).may_serve("service"));
+        // No scheduling rule at all: none.
+        assert!(!Acl::of([&Policy::default()]).may_serve("service"));
+        let none = Policy::parse("[scheduler]\nnamespaces = [\"*\"]\nnames = []")?;
+        assert!(!Acl::of([&none]).may_serve("gang"));
+        assert!(Acl::management().may_serve("gang"));
+        assert!(matches!(
+            Policy::parse("[scheduler]\nnamespaces = [\"*\"]\nnames = [\"a/b\"]"),
+            Err(PolicyError::Pattern(_))
+        ));
+        Ok(())
     }
 }

@@ -19,9 +19,12 @@ pub struct EvaluationInfo {
     pub namespace: String,
     /// The job's priority when it was made.
     pub priority: u32,
-    /// The scheduler that handles it: `service`, `batch` or `system`.
+    /// Its job's type: `service`, `batch` or `system`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The scheduler that plans it: the one its job names (`gang`), or its type's built-in
+    /// one.
+    pub scheduler: String,
     /// What made it: `job-register`, `job-deregister`, `agent-unreachable`, `agent-update`,
     /// `unblocked`, `task-ended`, `failed-follow-up` or `reconcile`.
     pub triggered_by: String,
@@ -70,6 +73,10 @@ impl From<pb::Evaluation> for EvaluationInfo {
             namespace,
             priority: eval.priority,
             kind: scheduler_name(eval.scheduler).to_owned(),
+            scheduler: match eval.scheduler_name.as_str() {
+                "" => scheduler_name(eval.scheduler).to_owned(),
+                named => named.to_owned(),
+            },
             triggered_by: triggered_by.to_owned(),
             trigger_detail,
             status: status.to_owned(),

@@ -40,6 +40,8 @@ pub struct JobSummary {
     /// `service`, `batch` or `system`.
     #[serde(rename = "type")]
     pub kind: String,
+    /// The scheduler that plans it: the one it names (`gang`), or its type's built-in one.
+    pub scheduler: String,
     /// Its priority.
     pub priority: u32,
     /// Its current version.
@@ -99,6 +101,10 @@ impl From<cluster_pb::JobList> for JobList {
                     namespace: super::namespace_and_job(j.namespace, String::new()).0,
                     name: j.name,
                     kind: scheduler_name(j.scheduler).to_owned(),
+                    scheduler: match j.scheduler_name.as_str() {
+                        "" => scheduler_name(j.scheduler).to_owned(),
+                        named => named.to_owned(),
+                    },
                     priority: j.priority,
                     version: j.version,
                     stopped: j.stopped,

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use muster_actor::Reply;
-use muster_model::{EvalId, Evaluation, SchedulerType};
+use muster_model::{EvalId, Evaluation};
 
 use super::RegistryWriter;
 
@@ -26,6 +26,10 @@ pub struct BrokerConfig {
     pub failed_follow_up_delay: Duration,
     /// A random extra wait of up to this much, so failures do not retry in step (Nomad: 5 min).
     pub failed_follow_up_jitter: Duration,
+    /// How long after its last worker's last dequeue a scheduler name counts as no longer
+    /// served (while a worker waits on it, it is served): a worker between two long polls is
+    /// planning, not gone.
+    pub scheduler_gone_after: Duration,
 }
 
 impl Default for BrokerConfig {
@@ -38,6 +42,7 @@ impl Default for BrokerConfig {
             max_cancel_batch: 10_000,
             failed_follow_up_delay: Duration::from_secs(60),
             failed_follow_up_jitter: Duration::from_secs(300),
+            scheduler_gone_after: Duration::from_secs(30),
         }
     }
 }
@@ -65,7 +70,7 @@ pub enum BrokerError {
     Disabled,
 }
 
-/// Counts per scheduler type.
+/// Counts per scheduler name.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QueueStats {
     /// Ready to hand out.
@@ -82,11 +87,25 @@ pub struct QueueStats {
     pub delayed: usize,
 }
 
+/// Whether a worker serves a scheduler name.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SchedulerPresence {
+    /// A worker waits on it now, or asked for it within the broker's
+    /// [`scheduler_gone_after`](BrokerConfig::scheduler_gone_after).
+    pub served: bool,
+    /// When a worker last asked for it, as Unix time in ms; `None` if none has since this
+    /// broker was created (a master's broker lives as long as the process).
+    pub last_served_ms: Option<u64>,
+}
+
 /// The broker's counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct BrokerStats {
-    /// Per scheduler type.
-    pub by_scheduler: BTreeMap<SchedulerType, QueueStats>,
+    /// Per scheduler name: the built-in ones always, and every other with evaluations or
+    /// workers.
+    pub by_scheduler: BTreeMap<String, QueueStats>,
+    /// Whether each scheduler name of `by_scheduler` is served.
+    pub schedulers: BTreeMap<String, SchedulerPresence>,
     /// Evaluations marked canceled in the registry so far.
     pub canceled: u64,
     /// Registry writes the broker made (cancellations and failures).
@@ -96,7 +115,7 @@ pub struct BrokerStats {
 }
 
 impl BrokerStats {
-    /// The sum over scheduler types.
+    /// The sum over scheduler names.
     pub fn total(&self) -> QueueStats {
         self.by_scheduler
             .values()
@@ -119,8 +138,8 @@ pub enum BrokerMsg {
     /// Hand out the best ready evaluation for one of `schedulers`, waiting up to `timeout`
     /// for one; `None` if none came.
     Dequeue {
-        /// The scheduler types the worker runs.
-        schedulers: Vec<SchedulerType>,
+        /// The names of the schedulers the worker serves.
+        schedulers: Vec<String>,
         /// How long to wait.
         timeout: Duration,
         /// The answer.

@@ -28,6 +28,7 @@ fn eval(id: &str, job: &str, create_index: u64, snapshot_index: u64) -> Evaluati
         job: job.into(),
         priority: 50,
         scheduler: SchedulerType::Service,
+        named_scheduler: None,
         trigger: Trigger::JobRegister,
         status: EvalStatus::Blocked,
         status_description: String::new(),
@@ -266,7 +267,7 @@ async fn one_blocked_evaluation_per_job() {
     assert!(batches(&mut rx.canceled).is_empty());
     assert_eq!(s.total_blocked, 2);
     assert_eq!(s.total_canceled, 3);
-    assert_eq!(s.by_scheduler.get(&SchedulerType::Service), Some(&2));
+    assert_eq!(s.by_scheduler.get("service"), Some(&2));
 
     // The re-blocked evaluation's new demand is the one indexed.
     tell(&queue, change("r1", 1.0, 128, 5));

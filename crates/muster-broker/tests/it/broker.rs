@@ -48,6 +48,7 @@ fn eval(id: &str, job: &str, priority: u8, create_index: u64) -> Evaluation {
         job: job.into(),
         priority,
         scheduler: SchedulerType::Service,
+        named_scheduler: None,
         trigger: Trigger::JobRegister,
         status: EvalStatus::Pending,
         status_description: String::new(),
@@ -79,7 +80,7 @@ fn start(config: BrokerConfig, writes: &Writes, evals: Vec<Evaluation>) -> Pid<E
 async fn dequeue(broker: &Pid<EvalBroker>, timeout: Duration) -> Option<Delivery> {
     broker
         .ask(|reply| BrokerMsg::Dequeue {
-            schedulers: vec![SchedulerType::Service, SchedulerType::Batch],
+            schedulers: vec!["service".into(), "batch".into()],
             timeout,
             reply,
         })
@@ -377,7 +378,7 @@ async fn disable_refuses_work_and_restore_rebuilds_from_the_registry() {
         tokio::spawn(async move {
             broker
                 .ask(|reply| BrokerMsg::Dequeue {
-                    schedulers: vec![SchedulerType::System],
+                    schedulers: vec!["system".into()],
                     timeout: Duration::from_secs(60),
                     reply,
                 })
@@ -410,4 +411,76 @@ async fn disable_refuses_work_and_restore_rebuilds_from_the_registry() {
         None,
         "completed ones are not restored"
     );
+}
+
+async fn dequeue_names(
+    broker: &Pid<EvalBroker>,
+    names: &[&str],
+    timeout: Duration,
+) -> Option<Delivery> {
+    let schedulers = names.iter().map(|name| (*name).to_owned()).collect();
+    broker
+        .ask(|reply| BrokerMsg::Dequeue {
+            schedulers,
+            timeout,
+            reply,
+        })
+        .await
+        .expect("broker answers")
+        .expect("broker enabled")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_named_scheduler_gets_only_its_own_evaluations() {
+    let writes = Writes::default();
+    let mut gang = eval("g1", "train", 90, 1);
+    gang.named_scheduler = Some("gang".into());
+    let broker = start(
+        BrokerConfig::default(),
+        &writes,
+        vec![gang, eval("s1", "web", 50, 2)],
+    );
+    // The built-in workers skip the higher-priority gang evaluation.
+    let built_in = dequeue_names(&broker, &["service", "batch", "system"], Duration::ZERO).await;
+    assert_eq!(id(&built_in), Some("s1"));
+    assert_eq!(
+        id(&dequeue_names(&broker, &["service"], Duration::ZERO).await),
+        None
+    );
+    let before = stats(&broker).await;
+    assert_eq!(before.by_scheduler.get("gang").map(|q| q.ready), Some(1));
+    assert_eq!(before.schedulers.get("gang").map(|p| p.served), Some(false));
+    assert_eq!(
+        before.schedulers.get("service").map(|p| p.served),
+        Some(true)
+    );
+
+    // A worker waiting on `gang` is served it when it arrives, and counts as present.
+    assert_eq!(
+        id(&dequeue_names(&broker, &["gang"], Duration::ZERO).await),
+        Some("g1")
+    );
+    let waiting = {
+        let broker = broker.clone();
+        tokio::spawn(
+            async move { dequeue_names(&broker, &["gang"], Duration::from_secs(60)).await },
+        )
+    };
+    tokio::time::sleep(Duration::from_secs(45)).await;
+    let during = stats(&broker).await;
+    assert_eq!(during.schedulers.get("gang").map(|p| p.served), Some(true));
+    let mut next = eval("g2", "other-training", 90, 3);
+    next.named_scheduler = Some("gang".into());
+    broker
+        .tell(BrokerMsg::Enqueue(vec![next]))
+        .map_err(drop)
+        .expect("broker runs");
+    let delivered = waiting.await.expect("the waiting dequeue ends");
+    assert_eq!(id(&delivered), Some("g2"));
+
+    // Long after its last worker left, the name is no longer served.
+    tokio::time::sleep(BrokerConfig::default().scheduler_gone_after).await;
+    let after = stats(&broker).await;
+    let gang = after.schedulers.get("gang").copied().unwrap_or_default();
+    assert!(!gang.served && gang.last_served_ms.is_some(), "{gang:?}");
 }

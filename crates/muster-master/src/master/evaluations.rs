@@ -115,6 +115,18 @@ impl Master {
         });
     }
 
+    /// `eval` as a list shows it: a pending one whose scheduler no worker serves says so
+    /// (this master's broker knows, while it leads; a standby's lists show what is stored).
+    fn with_waiting_reason(&self, mut eval: Evaluation) -> Evaluation {
+        if eval.status == EvalStatus::Pending
+            && self.leading_term().is_some()
+            && let Some(reason) = self.schedulers.unserved_reason(eval.scheduler_name())
+        {
+            eval.status_description = reason;
+        }
+        eval
+    }
+
     /// Up to `limit` evaluations ([`DEFAULT_EVAL_LIMIT`] for 0, at most [`MAX_EVAL_LIMIT`])
     /// of `job` (every job's of `namespaces` if empty), newest first, and how many matched.
     fn evaluations(
@@ -142,7 +154,7 @@ impl Master {
                 .into_iter()
                 .take(limit)
                 .cloned()
-                .map(Into::into)
+                .map(|eval| self.with_waiting_reason(eval).into())
                 .collect();
             (evals, total)
         })

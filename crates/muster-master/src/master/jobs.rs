@@ -301,6 +301,7 @@ impl Master {
                             name: job.name_in_namespace().to_owned(),
                             namespace: job.namespace().to_owned(),
                             scheduler: i32::from(job.scheduler),
+                            scheduler_name: job.scheduler_name().to_owned(),
                             priority: u32::from(job.priority),
                             version: job.version,
                             stopped: job.stopped,

@@ -3,31 +3,33 @@
 
 use std::fmt;
 
-use muster_model::SchedulerType;
-use prometheus_client::encoding::{EncodeMetric, MetricEncoder, prometheus_text, text};
+use prometheus_client::encoding::{
+    EncodeLabelSet, EncodeMetric, MetricEncoder, prometheus_text, text,
+};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::metrics::{MetricType, TypedMetric};
 use prometheus_client::registry::{Registry, Unit};
 
+use super::Format;
 use super::instruments::MasterInstruments;
 use super::snapshot::{Figures, TASK_STATES};
-use super::{Format, Label};
 
 /// The values of one family, each with its labels, in order: a family built for one
 /// rendering.
 #[derive(Debug)]
-struct Series<M, const N: usize> {
-    values: Vec<([Label; N], M)>,
+struct Series<M, L> {
+    values: Vec<(L, M)>,
 }
 
-impl<M: TypedMetric, const N: usize> TypedMetric for Series<M, N> {
+impl<M: TypedMetric, L> TypedMetric for Series<M, L> {
     const TYPE: MetricType = M::TYPE;
 }
 
-impl<M, const N: usize> EncodeMetric for Series<M, N>
+impl<M, L> EncodeMetric for Series<M, L>
 where
     M: EncodeMetric + TypedMetric,
+    L: EncodeLabelSet + fmt::Debug,
 {
     fn encode(&self, mut encoder: MetricEncoder) -> Result<(), fmt::Error> {
         for (labels, metric) in &self.values {
@@ -45,7 +47,7 @@ where
     }
 }
 
-fn series<M, const N: usize>(values: impl IntoIterator<Item = ([Label; N], M)>) -> Series<M, N> {
+fn series<M, L>(values: impl IntoIterator<Item = (L, M)>) -> Series<M, L> {
     Series {
         values: values.into_iter().collect(),
     }
@@ -167,20 +169,36 @@ fn figures_registry(figures: &Figures) -> Registry {
     }
 
     // The broker and the blocked-queue.
+    // Every scheduler name the broker knows (the built-in ones always), and any only the
+    // blocked-queue holds evaluations of.
     let mut evaluations = Vec::new();
-    for scheduler in SchedulerType::ALL {
+    let mut served = Vec::new();
+    let names: std::collections::BTreeSet<&String> = (figures.broker.by_scheduler.keys())
+        .chain(figures.blocked.by_scheduler.keys())
+        .collect();
+    for scheduler in names {
         let q = figures
             .broker
             .by_scheduler
-            .get(&scheduler)
+            .get(scheduler)
             .copied()
             .unwrap_or_default();
         let blocked = figures
             .blocked
             .by_scheduler
-            .get(&scheduler)
+            .get(scheduler)
             .copied()
             .unwrap_or(0);
+        let presence = figures
+            .broker
+            .schedulers
+            .get(scheduler)
+            .copied()
+            .unwrap_or_default();
+        served.push((
+            [("scheduler", scheduler.clone())],
+            ConstGauge::new(u64::from(presence.served)),
+        ));
         for (state, count) in [
             ("ready", q.ready),
             ("unacked", q.unacked),
@@ -191,16 +209,25 @@ fn figures_registry(figures: &Figures) -> Registry {
             ("blocked", blocked),
         ] {
             evaluations.push((
-                [("scheduler", scheduler.name()), ("state", state)],
+                [
+                    ("scheduler", scheduler.clone()),
+                    ("state", state.to_owned()),
+                ],
                 ConstGauge::new(count as u64),
             ));
         }
     }
     r.register(
         "muster_broker_evaluations",
-        "Evaluations the eval broker holds, by scheduler type and state (ready, unacked, \
+        "Evaluations the eval broker holds, by scheduler name and state (ready, unacked, \
          pending, delayed, cancelable, failed), and those the blocked-queue holds (blocked)",
         series(evaluations),
+    );
+    r.register(
+        "muster_scheduler_served",
+        "Whether a worker serves each scheduler name the broker knows (1): one waits on it, \
+         or asked for it lately; 0 while its evaluations wait for one",
+        series(served),
     );
     counter(
         &mut r,
@@ -409,7 +436,7 @@ mod tests {
             },
             broker: BrokerStats {
                 by_scheduler: BTreeMap::from([(
-                    SchedulerType::Batch,
+                    "batch".to_owned(),
                     QueueStats {
                         ready: 5,
                         ..QueueStats::default()
@@ -419,7 +446,7 @@ mod tests {
                 ..BrokerStats::default()
             },
             blocked: BlockedStats {
-                by_scheduler: BTreeMap::from([(SchedulerType::Service, 2)]),
+                by_scheduler: BTreeMap::from([("service".to_owned(), 2)]),
                 ..BlockedStats::default()
             },
             raft: RaftFigures {

@@ -17,6 +17,7 @@ mod http_api;
 mod jobs;
 mod logs;
 mod metrics;
+mod named_schedulers;
 mod namespaces;
 mod plans_bound;
 mod ports;

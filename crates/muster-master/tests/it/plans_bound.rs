@@ -11,7 +11,7 @@ use anyhow::{Context as _, bail, ensure};
 use muster_agent::AgentHandle;
 use muster_master::testing;
 use muster_master::{MasterConfig, MasterServer};
-use muster_model::{AgentId, EvalId, SchedulerType};
+use muster_model::{AgentId, EvalId};
 use muster_proto::model as model_pb;
 use muster_scheduler::{Assignment, Backend, Plan, RemoteBackend, Scheduler, Stop};
 use muster_transport::Node;
@@ -103,7 +103,7 @@ impl Cluster {
             );
             if let Some(assignment) = self
                 .backend
-                .dequeue(&[SchedulerType::Service], Duration::from_secs(5))
+                .dequeue(&["service".to_owned()], Duration::from_secs(5))
                 .await?
             {
                 held.insert(assignment.eval.job.clone(), assignment);

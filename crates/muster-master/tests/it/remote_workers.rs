@@ -349,6 +349,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
         .dequeue(spb::DequeueRequest {
             schedulers: vec![model_pb::SchedulerType::Service as i32],
             timeout_ms: 10,
+            scheduler_names: Vec::new(),
         })
         .await
         .expect_err("a standby hands out no evaluations");
@@ -358,6 +359,7 @@ async fn a_standby_sends_remote_workers_to_the_leader() -> anyhow::Result<()> {
         .dequeue(spb::DequeueRequest {
             schedulers: vec![model_pb::SchedulerType::Service as i32, 42],
             timeout_ms: 10,
+            scheduler_names: Vec::new(),
         })
         .await
         .expect_err("unknown scheduler type");

@@ -164,6 +164,7 @@ mod tests {
             name: "team-a:web".into(),
             priority: 50,
             scheduler: SchedulerType::Service,
+            named_scheduler: None,
             groups: vec![TaskGroup {
                 name: "fe".into(),
                 count: 2,

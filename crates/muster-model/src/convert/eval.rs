@@ -91,6 +91,7 @@ impl From<Evaluation> for pb::Evaluation {
             modify_index: eval.modify_index,
             snapshot_index: eval.snapshot_index,
             wait_until_ms: eval.wait_until_ms,
+            scheduler_name: eval.named_scheduler.unwrap_or_default(),
         }
     }
 }
@@ -104,6 +105,7 @@ impl TryFrom<pb::Evaluation> for Evaluation {
             job: job_id_from_wire(&proto.namespace, proto.job),
             priority: priority(proto.priority, "priority")?,
             scheduler: read(proto.scheduler, "scheduler")?,
+            named_scheduler: (!proto.scheduler_name.is_empty()).then_some(proto.scheduler_name),
             trigger: required(proto.trigger, "trigger")?,
             status: read(proto.status, "status")?,
             status_description: proto.status_description,

@@ -295,6 +295,7 @@ impl From<Job> for pb::Job {
             groups: all(job.groups),
             stopped: job.stopped,
             version: job.version,
+            scheduler_name: job.named_scheduler.unwrap_or_default(),
         }
     }
 }
@@ -307,6 +308,7 @@ impl TryFrom<pb::Job> for Job {
             name: job_id_from_wire(&proto.namespace, proto.name),
             priority: priority(proto.priority, "priority")?,
             scheduler: read(proto.scheduler, "scheduler")?,
+            named_scheduler: (!proto.scheduler_name.is_empty()).then_some(proto.scheduler_name),
             groups: each(proto.groups, "groups")?,
             stopped: proto.stopped,
             version: proto.version,
@@ -414,10 +416,14 @@ impl Job {
                     .transpose()?,
             });
         }
+        // Naming the type's own built-in scheduler is naming none.
+        let named_scheduler =
+            Some(proto.scheduler_name).filter(|name| !name.is_empty() && name != scheduler.name());
         let job = Job {
             name: crate::namespace::job_id(&proto.namespace, &proto.name),
             priority,
             scheduler,
+            named_scheduler,
             groups,
             stopped: false,
             version: 0,
@@ -437,6 +443,7 @@ mod tests {
             namespace: String::new(),
             priority: 0,
             scheduler: pb::SchedulerType::Unspecified as i32,
+            scheduler_name: String::new(),
             groups: vec![pb::TaskGroup {
                 name: "greeter".into(),
                 count: 2,
@@ -510,6 +517,32 @@ mod tests {
             stopped: false,
             version: 0,
         }
+    }
+
+    #[test]
+    fn a_job_names_its_scheduler_or_takes_its_types() -> Result<(), FieldError> {
+        let named = |name: &str| {
+            Job::from_submitted(pb::Job {
+                scheduler_name: name.into(),
+                ..submitted()
+            })
+        };
+        assert_eq!(named("")?.named_scheduler, None);
+        assert_eq!(named("")?.scheduler_name(), "service");
+        // Its own type's built-in scheduler is no name of its own.
+        assert_eq!(named("service")?.named_scheduler, None);
+        let gang = named("gang")?;
+        assert_eq!(gang.scheduler_name(), "gang");
+        let eval = crate::Evaluation::new(&gang, crate::Trigger::JobRegister);
+        assert_eq!(eval.scheduler_name(), "gang");
+        // Round trip through the wire.
+        let back = Job::try_from(pb::Job::from(gang.clone()))?;
+        assert_eq!(back, gang);
+        for bad in ["system", "a b", "gang/1"] {
+            let refused = named(bad).expect_err(bad);
+            assert_eq!(refused.field(), "scheduler", "{bad}: {refused}");
+        }
+        Ok(())
     }
 
     #[test]

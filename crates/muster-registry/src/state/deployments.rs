@@ -210,6 +210,7 @@ mod tests {
             name: "web".into(),
             priority: 50,
             scheduler: SchedulerType::Service,
+            named_scheduler: None,
             groups: vec![TaskGroup {
                 name: "fe".into(),
                 count: 2,

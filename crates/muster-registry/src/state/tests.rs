@@ -157,6 +157,7 @@ fn jobs_get_versions_and_evals_get_indexes_and_statuses() {
         name: "web".into(),
         priority: 50,
         scheduler: SchedulerType::Service,
+        named_scheduler: None,
         groups: Vec::new(),
         stopped: false,
         version: 0,
@@ -200,6 +201,7 @@ fn system_job(name: &str) -> muster_model::Job {
         name: name.into(),
         priority: 50,
         scheduler: muster_model::SchedulerType::System,
+        named_scheduler: None,
         groups: Vec::new(),
         stopped: false,
         version: 0,
@@ -337,6 +339,7 @@ fn job_of(groups: &[(&str, u32, &str)]) -> muster_model::Job {
         name: "web".into(),
         priority: 50,
         scheduler: SchedulerType::Service,
+        named_scheduler: None,
         groups: groups
             .iter()
             .map(|&(name, count, command)| TaskGroup {
@@ -680,6 +683,7 @@ fn finished_batch_slots_stay_finished_while_their_group_exists() {
         name: "etl".into(),
         priority: 50,
         scheduler: muster_model::SchedulerType::Batch,
+        named_scheduler: None,
         groups: vec![muster_model::TaskGroup {
             name: "load".into(),
             count: 3,

@@ -269,6 +269,7 @@ async fn a_member_restarted_from_disk_keeps_what_it_applied() -> anyhow::Result<
         name: "web".into(),
         priority: 50,
         scheduler: SchedulerType::Service,
+        named_scheduler: None,
         groups: Vec::new(),
         stopped: false,
         version: 0,

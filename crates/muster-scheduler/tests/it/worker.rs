@@ -21,7 +21,7 @@ mod run;
 /// One call the worker made.
 #[derive(Clone, Debug, PartialEq)]
 enum Call {
-    Dequeue(Vec<SchedulerType>, Duration),
+    Dequeue(Vec<String>, Duration),
     Snapshot(u64),
     Submit { place: usize, stop: usize },
     Ack(EvalId, String),
@@ -123,7 +123,7 @@ impl Fake {
 impl Backend for Fake {
     async fn dequeue(
         &self,
-        schedulers: &[SchedulerType],
+        schedulers: &[String],
         timeout: Duration,
     ) -> Result<Option<Assignment>, WorkerError> {
         let next = {
@@ -271,7 +271,7 @@ impl Backend for Fake {
 
 fn config() -> WorkerConfig {
     WorkerConfig {
-        schedulers: vec![SchedulerType::Service, SchedulerType::Batch],
+        schedulers: vec!["service".into(), "batch".into()],
         dequeue_timeout: Duration::from_millis(250),
         ..WorkerConfig::default()
     }
@@ -321,7 +321,7 @@ async fn the_success_path_places_completes_and_acks() {
         fake.calls(),
         [
             Call::Dequeue(
-                vec![SchedulerType::Service, SchedulerType::Batch],
+                vec!["service".to_owned(), "batch".to_owned()],
                 Duration::from_millis(250)
             ),
             Call::Snapshot(10),

@@ -154,7 +154,7 @@ async function jobsPage(_, show) {
     table(["Name", "Namespace", "Type", "Version ", "Status", "Desired ", "Running ", "Pending ", "Finished ", "Failed ", "Lost ", "Unknown ", "Evals "],
       list.jobs.map((j) => h("tr", { "data-job": `${j.namespace}/${j.name}` },
         h("td", {}, jobLink(j.namespace, j.name)), h("td", { class: "namespace" }, j.namespace),
-        h("td", {}, j.type), num(j.version),
+        h("td", {}, j.scheduler && j.scheduler !== j.type ? `${j.type} · ${j.scheduler}` : j.type), num(j.version),
         h("td", { class: "job-status" }, badge(j.status)),
         num(j.desired), num(j.tasks.running), num(j.tasks.staging + j.tasks.starting),
         num(j.tasks.finished), num(j.tasks.failed), num(j.tasks.lost), num(j.tasks.unknown ?? 0), num(j.evaluations_in_flight),
@@ -203,7 +203,7 @@ async function jobPage([namespace, name], show) {
   show(
     h("h1", {}, `Job ${spec.name}`),
     h("p", {}, "Namespace ", h("code", { id: "job-namespace" }, spec.namespace || namespace),
-      ` · ${spec.type || "service"}, version ${job.version}, priority ${spec.priority || 50}`,
+      ` · ${spec.type || "service"}${spec.scheduler ? ` (scheduler ${spec.scheduler})` : ""}, version ${job.version}, priority ${spec.priority || 50}`,
       job.stopped ? [" — ", badge("stopped")] : null),
     stopControls(namespace, name, job.stopped),
     state.actionError ? h("p", { class: "error", id: "action-error" }, state.actionError) : null,
@@ -348,7 +348,7 @@ async function evaluationPage([id], show) {
   const row = (k, v) => h("tr", {}, h("th", {}, k), h("td", {}, v));
   show(h("h1", {}, `Evaluation ${e.id}`),
     h("table", {}, h("tbody", {},
-      row("Job", jobLink(e.namespace, e.job)), row("Namespace", e.namespace), row("Type", e.type),
+      row("Job", jobLink(e.namespace, e.job)), row("Namespace", e.namespace), row("Type", e.type), row("Scheduler", e.scheduler || e.type),
       row("Priority", e.priority), row("Triggered by", `${e.triggered_by} ${e.trigger_detail}`),
       row("Status", badge(e.status)), row("Description", e.status_description),
       row("Created at index", e.create_index), row("Modified at index", e.modify_index),

@@ -66,6 +66,7 @@ pub(crate) fn job(name: &str, scheduler: SchedulerType, groups: Vec<TaskGroup>) 
         name: name.to_owned(),
         priority: 50,
         scheduler,
+        named_scheduler: None,
         groups,
         stopped: false,
         version: 1,
