@@ -159,6 +159,7 @@ fn task_group(rng: &mut fastrand::Rng, job: usize, group: usize) -> TaskGroup {
         env.insert(format!("SETTING_{n}"), text(rng, 32));
     }
     TaskGroup {
+        gang: false,
         update: None,
         restart: None,
         reschedule: None,

@@ -34,6 +34,10 @@ pub struct JobSpec {
     /// so. Absent: the type's built-in scheduler.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub scheduler: String,
+    /// `gang = true` on the job: every group's tasks are placed all at once (see
+    /// [`GroupSpec::gang`]).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub gang: bool,
     /// 1 to 100; 0 or absent: 50.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub priority: u32,
@@ -115,6 +119,11 @@ pub struct GroupSpec {
     /// rolling and with canaries; absent: all at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update: Option<UpdateSpec>,
+    /// Whether its missing tasks are placed all at once or not at all (a training run, an MPI
+    /// job): none is placed until every one fits, and the evaluation waits saying how many
+    /// found room.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub gang: bool,
 }
 
 /// A port a group's tasks are given.
@@ -343,6 +352,7 @@ impl JobSpec {
                 });
             }
             groups.push(pb::TaskGroup {
+                gang: self.gang || g.gang,
                 name: g.name.clone(),
                 count: g.count,
                 resources: Some(pb::Resources {
@@ -451,6 +461,8 @@ impl JobSpec {
             namespace: job.namespace.clone(),
             kind: scheduler_name(job.scheduler).to_owned(),
             scheduler: job.scheduler_name.clone(),
+            // Said per group: a job-wide `gang` reads back on each of its groups.
+            gang: false,
             priority: job.priority,
             groups: job
                 .groups
@@ -523,6 +535,7 @@ impl JobSpec {
                         lifecycle::format_ms(g.max_run_duration_ms)
                     },
                     update: g.update.as_ref().map(UpdateSpec::from_proto),
+                    gang: g.gang,
                 })
                 .collect(),
         }
@@ -537,6 +550,10 @@ pub fn scheduler_name(scheduler: i32) -> &'static str {
         Ok(pb::SchedulerType::System) => "system",
         _ => "",
     }
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
 }
 
 fn scheduler(kind: &str) -> Result<pb::SchedulerType, SpecError> {
@@ -594,6 +611,23 @@ mod tests {
             pb::ConstraintOp::NotEqual as i32
         );
         assert_eq!(JobSpec::from_proto(&job), spec);
+        Ok(())
+    }
+
+    #[test]
+    fn a_job_names_its_scheduler_and_places_groups_all_at_once() -> Result<(), SpecError> {
+        let text = WEB.replace(
+            "type = \"service\"\n",
+            "type = \"service\"\nscheduler = \"gang\"\ngang = true\n",
+        );
+        let job = JobSpec::from_toml(&text)?.to_proto()?;
+        assert_eq!(job.scheduler_name, "gang");
+        assert!(job.groups.iter().all(|g| g.gang));
+        // Read back, the job-wide `gang` is said on each group.
+        let back = JobSpec::from_proto(&job);
+        assert_eq!(back.scheduler, "gang");
+        assert!(!back.gang && back.groups.iter().all(|g| g.gang));
+        assert_eq!(back.to_proto()?, job);
         Ok(())
     }
 

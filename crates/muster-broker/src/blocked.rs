@@ -17,6 +17,9 @@
 //!   that fits the agent's free resources by the model's one rule
 //!   ([`Resources::fits_in`]: cpus and memory both) and whose constraints all admit the
 //!   agent's attributes.
+//! - A demand of a group placed all at once ([`Demand::gang`]) is released only when the
+//!   agents whose room changed since it was planned, with the tasks that fitted then, can take
+//!   the whole group (`gangs.rs`), not at the first agent with room for one task.
 //! - A demand held back by its namespace's quota ([`Demand::over_quota`]) waits for the
 //!   namespace, not for capacity: a [`QuotaChange`] of the namespace releases it (a task of
 //!   the namespace ended, or its quota changed). A change of the quota itself releases every
@@ -42,8 +45,12 @@
 //! reaches holds evaluations that fit, so the cost follows the number of distinct demand shapes
 //! and of evaluations released, not the number blocked.
 
+mod gangs;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
+
+use gangs::GangWait;
 
 use muster_actor::{Context, Process, Reply};
 use muster_model::{
@@ -259,6 +266,8 @@ struct Shape {
 enum PastChange {
     /// Capacity freed on an agent.
     Capacity {
+        agent: AgentId,
+        free: Resources,
         attributes: BTreeMap<String, String>,
         mem_mb: u64,
         cpus: CpuKey,
@@ -326,6 +335,8 @@ pub struct BlockedEvals {
     by_job: HashMap<String, Key>,
     /// The evaluations each namespace's quota held back.
     by_quota: HashMap<String, HashSet<Key>>,
+    /// The evaluations waiting for room for a whole group, with their waits.
+    gangs: HashMap<Key, Vec<GangWait>>,
     next_key: Key,
     group_ids: HashMap<Vec<Constraint>, GroupId>,
     groups: HashMap<GroupId, Group>,
@@ -368,6 +379,7 @@ impl BlockedEvals {
             by_id: HashMap::new(),
             by_job: HashMap::new(),
             by_quota: HashMap::new(),
+            gangs: HashMap::new(),
             next_key: 0,
             group_ids: HashMap::new(),
             groups: HashMap::new(),
@@ -405,23 +417,30 @@ impl BlockedEvals {
             self.remove(key);
         }
 
-        // Demands held back by a quota wait for their namespace, the others for capacity.
+        // Demands held back by a quota wait for their namespace, gangs for room for all of
+        // their tasks, the others for capacity for one task.
+        let mut gangs: Vec<GangWait> = demands.iter().filter_map(GangWait::of).collect();
         let shapes: Vec<Shape> = if demands.is_empty() {
             vec![shape(&Demand::default())]
         } else {
-            let room = demands.iter().filter(|d| d.over_quota.is_none());
+            let room = demands
+                .iter()
+                .filter(|d| d.over_quota.is_none() && GangWait::of(d).is_none());
             room.map(shape).collect()
         };
         let held_by_quota = demands
             .iter()
             .any(|d| d.over_quota.is_some())
             .then(|| namespace_of(&eval.job).to_owned());
-        if let Some(why) = self.missed_unblock(
-            eval.snapshot_index,
-            &shapes,
-            namespace_of(&eval.job),
-            held_by_quota.is_some(),
-        ) {
+        if let Some(why) = self
+            .missed_unblock(
+                eval.snapshot_index,
+                &shapes,
+                namespace_of(&eval.job),
+                held_by_quota.is_some(),
+            )
+            .or_else(|| self.missed_gang_room(eval.snapshot_index, &mut gangs))
+        {
             eval.status_description = why;
             out.unblocked.push(eval);
             return;
@@ -467,12 +486,34 @@ impl BlockedEvals {
                 .or_default()
                 .insert(key);
         }
+        if !gangs.is_empty() {
+            self.gangs.insert(key, gangs);
+        }
         let entry = Entry {
             eval,
             slots,
             held_by_quota,
         };
         self.entries.insert(key, entry);
+    }
+
+    /// Why an evaluation whose `gangs` wait, planned against `snapshot_index`, is released at
+    /// once: the remembered changes after that index make room for one whole gang.
+    fn missed_gang_room(&self, snapshot_index: u64, gangs: &mut [GangWait]) -> Option<String> {
+        let after = snapshot_index.checked_add(1)?;
+        let changes = self
+            .history
+            .range((after, 0)..)
+            .filter_map(|(_, change)| match change {
+                PastChange::Capacity {
+                    agent,
+                    free,
+                    attributes,
+                    ..
+                } => Some((agent, attributes, free)),
+                PastChange::Quota { .. } => None,
+            });
+        gangs::room_since(changes, gangs).then(|| CAPACITY_CAME.to_owned())
     }
 
     /// Why an evaluation of `namespace` planned against `snapshot_index` is released at once:
@@ -497,6 +538,7 @@ impl BlockedEvals {
                     attributes,
                     mem_mb,
                     cpus,
+                    ..
                 } => shapes
                     .iter()
                     .any(|s| {
@@ -534,6 +576,7 @@ impl BlockedEvals {
     /// Takes an evaluation out of every index; returns it.
     fn remove(&mut self, key: Key) -> Option<Evaluation> {
         let entry = self.entries.remove(&key)?;
+        self.gangs.remove(&key);
         for slot in &entry.slots {
             let Some(group) = self.groups.get_mut(&slot.group) else {
                 continue;
@@ -596,6 +639,12 @@ impl BlockedEvals {
                     }
                 }
             }
+            for (&key, waits) in &mut self.gangs {
+                let room = [(&change.agent, &change.attributes, &change.free)];
+                if gangs::room_since(room.into_iter(), waits) {
+                    fitting.push(key);
+                }
+            }
             // An evaluation with several fitting demands appears more than once; `remove`
             // returns it only the first time.
             for key in fitting {
@@ -606,6 +655,8 @@ impl BlockedEvals {
             }
         }
         let past = PastChange::Capacity {
+            agent: change.agent,
+            free: change.free,
             attributes: change.attributes,
             mem_mb,
             cpus,
@@ -674,6 +725,7 @@ impl BlockedEvals {
         self.by_id.clear();
         self.by_job.clear();
         self.by_quota.clear();
+        self.gangs.clear();
         self.group_ids.clear();
         self.groups.clear();
         self.stats.total_blocked = 0;

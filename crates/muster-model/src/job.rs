@@ -134,6 +134,11 @@ pub struct TaskGroup {
     /// at once, with no deployment.
     #[serde(default)]
     pub update: Option<UpdatePolicy>,
+    /// Whether its missing tasks are placed all at once or not at all (a distributed training
+    /// run, an MPI job): a scheduler places none of them until every one fits, and the plan
+    /// applier commits such a plan's placements whole or not at all.
+    #[serde(default)]
+    pub gang: bool,
 }
 
 /// What becomes of a group's tasks while their agent is unreachable, and when it comes back
@@ -260,6 +265,8 @@ impl TaskGroup {
             max_run_duration_ms,
             // How tasks are replaced, not what they are.
             update: _,
+            // How tasks are placed, not what they are.
+            gang: _,
         } = self;
         *resources == other.resources
             && *command == other.command

@@ -168,6 +168,7 @@ fn build_plan<P: Placer + ?Sized>(
 ) -> Plan {
     let reconciled = reconcile(eval, snapshot);
     let mut plan = Plan {
+        atomic: false,
         eval: eval.id.clone(),
         job: reconciled.job.clone(),
         job_version: reconciled.job_version,
@@ -206,6 +207,8 @@ fn build_plan<P: Placer + ?Sized>(
         if let Some(over) = quota.as_ref().and_then(|usage| usage.refusal(need)) {
             if unplaced_groups.insert((slot.group.name.as_str(), true)) {
                 plan.unplaced.push(Demand {
+                    gang_fitting: 0,
+                    gang: 0,
                     resources: need.clone(),
                     constraints: slot.constraints().to_vec(),
                     over_quota: Some(over),
@@ -245,6 +248,8 @@ fn build_plan<P: Placer + ?Sized>(
             None => {
                 if unplaced_groups.insert((slot.group.name.as_str(), false)) {
                     plan.unplaced.push(Demand {
+                        gang_fitting: 0,
+                        gang: 0,
                         resources: need.clone(),
                         constraints: slot.constraints().to_vec(),
                         over_quota: None,
@@ -253,6 +258,7 @@ fn build_plan<P: Placer + ?Sized>(
             }
         }
     }
+    all_or_nothing(&mut plan, &reconciled.missing);
     tracing::debug!(
         eval = %plan.eval,
         job = %plan.job,
@@ -262,6 +268,52 @@ fn build_plan<P: Placer + ?Sized>(
         "planned"
     );
     plan
+}
+
+/// Applies the rule of groups placed all at once ([`TaskGroup::gang`]) to `plan`, whose
+/// missing slots were `missing`: a gang group with a slot left unplaced keeps none of its
+/// placements, and its demand says how many tasks must fit together and how many did; a plan
+/// that places a gang group whole is marked atomic, so that the applier commits it whole or
+/// not at all. (The dropped placements still counted as taken while the rest of this plan
+/// was made: other groups of the job may wait one round longer, never overcommit.)
+///
+/// [`TaskGroup::gang`]: muster_model::TaskGroup::gang
+fn all_or_nothing(plan: &mut Plan, missing: &[SlotRequest]) {
+    let mut gangs: Vec<(&str, u32)> = Vec::new();
+    for slot in missing.iter().filter(|slot| slot.group.gang) {
+        match gangs.iter_mut().find(|(name, _)| *name == slot.group.name) {
+            Some((_, n)) => *n += 1,
+            None => gangs.push((&slot.group.name, 1)),
+        }
+    }
+    for (group, wanted) in gangs {
+        let placed = plan.place.iter().filter(|p| p.group == group).count() as u32;
+        if placed == wanted {
+            plan.atomic = true;
+            continue;
+        }
+        plan.place.retain(|p| p.group != group);
+        let Some(slot) = missing.iter().find(|slot| slot.group.name == group) else {
+            continue;
+        };
+        // Its demand for room, if a slot found none, becomes the gang's (one held back by a
+        // quota stays as it is). Groups of one shape leave identical demands: any one is its.
+        if let Some(k) = plan.unplaced.iter().position(|d| {
+            d.over_quota.is_none()
+                && d.gang == 0
+                && d.resources == *slot.resources()
+                && d.constraints == slot.constraints()
+        }) {
+            plan.unplaced.remove(k);
+        }
+        plan.unplaced.push(Demand {
+            resources: slot.resources().clone(),
+            constraints: slot.constraints().to_vec(),
+            over_quota: None,
+            gang: wanted,
+            gang_fitting: placed,
+        });
+    }
 }
 
 /// Chooses the candidate that ends up most utilized, so that agents fill one after another and

@@ -252,6 +252,7 @@ impl TryFrom<pb::Stop> for Stop {
 impl From<Plan> for pb::Plan {
     fn from(this: Plan) -> Self {
         pb::Plan {
+            atomic: this.atomic,
             eval_id: this.eval.0,
             job: this.job,
             job_version: this.job_version,
@@ -277,6 +278,7 @@ impl TryFrom<pb::Plan> for Plan {
             stop: each(proto.stop, "stop")?,
             unplaced: each(proto.unplaced, "unplaced")?,
             eval_token: proto.eval_token,
+            atomic: proto.atomic,
         })
     }
 }
@@ -359,6 +361,7 @@ mod tests {
             scheduler: SchedulerType::System,
             named_scheduler: None,
             groups: vec![TaskGroup {
+                gang: false,
                 update: None,
                 migrate_max_parallel: 0,
                 disconnect: Default::default(),
@@ -551,6 +554,7 @@ mod tests {
             ClusterSnapshot::default()
         );
         let plan = Plan {
+            atomic: false,
             eval: EvalId("e-1".into()),
             job: "web".into(),
             job_version: 9,
@@ -562,11 +566,15 @@ mod tests {
             }],
             unplaced: vec![
                 Demand {
+                    gang_fitting: 0,
+                    gang: 0,
                     resources: resources(2.0, 10),
                     constraints: vec![rack(ConstraintOp::Equal, "r9")],
                     over_quota: None,
                 },
                 Demand {
+                    gang_fitting: 0,
+                    gang: 0,
                     resources: resources(1.0, 10),
                     constraints: Vec::new(),
                     over_quota: Some("namespace \"web\" is at its quota of 2 tasks".into()),
@@ -705,6 +713,8 @@ mod tests {
             "rejected[0].resources.cpus"
         );
         let proto = model_pb::Demand {
+            gang_fitting: 0,
+            gang: 0,
             resources: Some(model_pb::Resources::default()),
             constraints: vec![model_pb::Constraint {
                 op: 99,

@@ -671,6 +671,8 @@ fn demand_of(placement: &Placement, snapshot: &ClusterSnapshot) -> Demand {
         .map(|group| group.constraints.clone())
         .unwrap_or_default();
     Demand {
+        gang_fitting: 0,
+        gang: 0,
         resources: placement.resources.clone(),
         constraints,
         over_quota: None,

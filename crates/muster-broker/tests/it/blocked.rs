@@ -41,6 +41,8 @@ fn eval(id: &str, job: &str, create_index: u64, snapshot_index: u64) -> Evaluati
 
 fn demand(cpus: f64, mem_mb: u64, constraints: Vec<Constraint>) -> Demand {
     Demand {
+        gang_fitting: 0,
+        gang: 0,
         resources: Resources { cpus, mem_mb },
         constraints,
         over_quota: None,
@@ -698,4 +700,36 @@ async fn storm_of_144_callers_over_10_000_blocked() {
         max_probe <= LIMIT * 50,
         "the queue stopped answering for {max_probe:?}"
     );
+}
+
+#[tokio::test]
+async fn a_gang_waits_for_room_for_all_of_its_tasks() {
+    let (queue, mut rx) = start(BlockedConfig::default());
+    let gang = Demand {
+        gang: 4,
+        gang_fitting: 1,
+        ..demand(1.0, 512, vec![rack(ConstraintOp::NotEqual, "r9")])
+    };
+    tell(
+        &queue,
+        blocked(eval("train", "train", 1, 0), vec![gang.clone()]),
+    );
+    // Room for one task on one agent releases a task-by-task demand, not the gang.
+    tell(&queue, change("r1", 1.5, 4096, 1));
+    // An agent the gang's constraints refuse counts for nothing.
+    tell(&queue, change("r9", 8.0, 8192, 2));
+    assert_eq!(blocked_ids(&queue).await, set(&["train"]));
+    assert!(batches(&mut rx.unblocked).is_empty());
+    // The same agent's room grows: still 1 + 2.
+    tell(&queue, change("r1", 2.0, 4096, 3));
+    assert_eq!(blocked_ids(&queue).await, set(&["train"]));
+    tell(&queue, change("r2", 1.0, 512, 4));
+    assert_eq!(blocked_ids(&queue).await, set(&[]));
+    assert_eq!(ids(&batches(&mut rx.unblocked)), set(&["train"]));
+
+    // Blocked again, planned before changes that already make room: released at once.
+    tell(&queue, change("r3", 3.0, 4096, 6));
+    tell(&queue, blocked(eval("train", "train", 1, 5), vec![gang]));
+    assert_eq!(blocked_ids(&queue).await, set(&[]));
+    assert_eq!(ids(&batches(&mut rx.unblocked)), set(&["train"]));
 }

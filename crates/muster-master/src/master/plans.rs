@@ -229,6 +229,9 @@ impl Master {
             interner,
             ..
         } = &mut self.cluster;
+        // The placements that fit, with their tasks: committed below, all of them or (for an
+        // atomic plan with one refused) none.
+        let mut accepted = Vec::with_capacity(plan.place.len());
         for placement in plan.place {
             // Of the job as it is now: a group it still has, at its current version (a plan
             // made before an update, or a stop, is rejected and planned again).
@@ -304,9 +307,25 @@ impl Master {
                 launch_deadline,
                 message: Box::default(),
             };
+            accepted.push((placement, task, group.wire));
+        }
+        // An atomic plan with any placement refused commits none of them.
+        if plan.atomic && !result.rejected.is_empty() {
+            result
+                .rejected
+                .extend(accepted.drain(..).map(|(placement, _, _)| placement));
+        }
+        for (placement, task, wire) in accepted {
+            let (Some(agent), Some(launch)) = (
+                agents.get_mut(&placement.agent.0),
+                per_agent.get_mut(&placement.agent.0),
+            ) else {
+                result.rejected.push(placement);
+                continue;
+            };
             launch.runs.push(RunWire {
                 task: task.clone(),
-                group: group.wire,
+                group: wire,
             });
             agent.add_task(task);
             result.committed.push(placement);

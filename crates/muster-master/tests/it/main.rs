@@ -10,6 +10,7 @@ mod cli;
 mod drain;
 mod event_secrets;
 mod failover;
+mod gangs;
 mod grpcurl;
 mod health_reflection;
 mod heartbeats;

@@ -59,20 +59,7 @@ fn gang_worker(backend: &RemoteBackend) -> (watch::Sender<bool>, JoinHandle<Work
 }
 
 async fn running(master: &MasterServer, name: &str, count: usize) -> anyhow::Result<()> {
-    testing::job_when(master, name, "its tasks running", |status| {
-        status
-            .tasks
-            .iter()
-            .filter(|t| {
-                t.task
-                    .as_ref()
-                    .is_some_and(|t| t.state == model_pb::TaskState::Running as i32)
-            })
-            .count()
-            == count
-    })
-    .await?;
-    Ok(())
+    common::job_runs(master, name, count).await.map(drop)
 }
 
 /// Polls the evaluation list until job `name`'s newest evaluation says `words`.

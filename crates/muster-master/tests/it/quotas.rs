@@ -232,6 +232,8 @@ async fn the_applier_refuses_placements_past_a_quota_and_an_ended_task_releases_
     blocked.status = EvalStatus::Blocked;
     blocked.snapshot_index = snapshot_index;
     let demand = Demand {
+        gang_fitting: 0,
+        gang: 0,
         resources: refused.resources.clone(),
         constraints: Vec::new(),
         over_quota: Some(reason.clone()),

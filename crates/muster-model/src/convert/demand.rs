@@ -12,6 +12,8 @@ impl From<Demand> for pb::Demand {
             resources: Some(demand.resources.into()),
             constraints: all(demand.constraints),
             over_quota: demand.over_quota.unwrap_or_default(),
+            gang: demand.gang,
+            gang_fitting: demand.gang_fitting,
         }
     }
 }
@@ -24,6 +26,8 @@ impl TryFrom<pb::Demand> for Demand {
             resources: required(proto.resources, "resources")?,
             constraints: each(proto.constraints, "constraints")?,
             over_quota: Some(proto.over_quota).filter(|reason| !reason.is_empty()),
+            gang: proto.gang,
+            gang_fitting: proto.gang_fitting,
         })
     }
 }

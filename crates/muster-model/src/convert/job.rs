@@ -207,6 +207,7 @@ impl From<TaskGroup> for pb::TaskGroup {
             kill_timeout_ms: group.kill_timeout_ms,
             max_run_duration_ms: group.max_run_duration_ms.unwrap_or(0),
             update: group.update.map(Into::into),
+            gang: group.gang,
         }
     }
 }
@@ -280,6 +281,7 @@ impl TryFrom<pb::TaskGroup> for TaskGroup {
             max_run_duration_ms: (proto.max_run_duration_ms > 0)
                 .then_some(proto.max_run_duration_ms),
             update: proto.update.map(|u| read(u, "update")).transpose()?,
+            gang: proto.gang,
         })
     }
 }
@@ -414,6 +416,7 @@ impl Job {
                     .update
                     .map(|u| read(u, &format!("{field}.update")))
                     .transpose()?,
+                gang: group.gang,
             });
         }
         // Naming the type's own built-in scheduler is naming none.
@@ -445,6 +448,7 @@ mod tests {
             scheduler: pb::SchedulerType::Unspecified as i32,
             scheduler_name: String::new(),
             groups: vec![pb::TaskGroup {
+                gang: false,
                 name: "greeter".into(),
                 count: 2,
                 resources: Some(pb::Resources {

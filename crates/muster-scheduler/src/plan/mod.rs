@@ -171,6 +171,10 @@ pub struct Plan {
     /// the scheduling API applies a plan only for an evaluation its caller holds. The
     /// [`Worker`](crate::Worker) fills it in.
     pub eval_token: String,
+    /// All or nothing: the applier commits every placement or none (its stops apply either
+    /// way). [`PlacingScheduler`](crate::PlacingScheduler) marks a plan so when it places a
+    /// group whose tasks go all at once ([`TaskGroup::gang`](muster_model::TaskGroup::gang)).
+    pub atomic: bool,
 }
 
 impl Plan {
@@ -185,6 +189,7 @@ impl Plan {
             stop: Vec::new(),
             unplaced: Vec::new(),
             eval_token: String::new(),
+            atomic: false,
         }
     }
 

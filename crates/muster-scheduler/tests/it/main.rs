@@ -4,6 +4,7 @@
 mod common;
 
 mod drain;
+mod gang;
 mod placement;
 mod ports;
 mod preferences;

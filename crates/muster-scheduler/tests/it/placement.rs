@@ -250,11 +250,15 @@ fn the_cluster_full_reports_one_demand_per_short_group() {
             plan.unplaced,
             [
                 Demand {
+                    gang_fitting: 0,
+                    gang: 0,
                     resources: res(1.0, 256),
                     constraints: fe.constraints.clone(),
                     over_quota: None,
                 },
                 Demand {
+                    gang_fitting: 0,
+                    gang: 0,
                     resources: res(64.0, 64),
                     constraints: vec![],
                     over_quota: None,

@@ -410,6 +410,8 @@ async fn a_lack_of_capacity_blocks_the_evaluation() {
     let mut worker = Worker::new(Arc::clone(&fake), binpack(), config());
     let outcome = worker.run_once().await.expect("step");
     let demand = Demand {
+        gang_fitting: 0,
+        gang: 0,
         resources: res(1.0, 256),
         constraints: vec![],
         over_quota: None,
@@ -486,6 +488,8 @@ async fn placements_rejected_on_every_attempt_block_after_three() {
             placed: 0,
             stopped: 0,
             unplaced: vec![Demand {
+                gang_fitting: 0,
+                gang: 0,
                 resources: res(1.0, 256),
                 constraints: vec![],
                 over_quota: None,

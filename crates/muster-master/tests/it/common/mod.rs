@@ -316,3 +316,25 @@ pub(crate) fn follow_with_curl(
     let stdout = child.stdout.take().context("no stdout")?;
     Ok((child, tokio::io::BufReader::new(stdout).lines()))
 }
+
+/// Waits (up to [`testing::WAIT`]) until job `name` has exactly `count` tasks running, and
+/// returns its status then.
+pub(crate) async fn job_runs(
+    master: &muster_master::MasterServer,
+    name: &str,
+    count: usize,
+) -> anyhow::Result<muster_proto::cluster::JobStatusReply> {
+    muster_master::testing::job_when(master, name, &format!("{count} tasks running"), |status| {
+        status
+            .tasks
+            .iter()
+            .filter(|t| {
+                t.task
+                    .as_ref()
+                    .is_some_and(|t| t.state == muster_proto::model::TaskState::Running as i32)
+            })
+            .count()
+            == count
+    })
+    .await
+}
