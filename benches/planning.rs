@@ -147,6 +147,7 @@ fn snapshot(agents: usize, zoned: bool) -> ClusterSnapshot {
         .collect();
     let job_index = Some(JobIndex::update(None, &views));
     ClusterSnapshot {
+        preemption: Default::default(),
         deployments: Default::default(),
         index: 1,
         agents: views,

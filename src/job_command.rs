@@ -165,6 +165,13 @@ pub(crate) async fn run(
                     task.name, task.agent_id, task.task_id
                 )?;
             }
+            for task in &plan.preempt {
+                writeln!(
+                    out,
+                    "  x {} on {} ({}) preempted: its job's priority is lower",
+                    task.name, task.agent_id, task.task_id
+                )?;
+            }
             for line in &plan.unplaced {
                 writeln!(out, "  ! does not fit: {line}")?;
             }

@@ -97,6 +97,9 @@ pub struct MasterConfig {
     /// served, and its waiting evaluations say so (default 30 s; a worker waiting on it
     /// serves it meanwhile).
     pub scheduler_gone_after: Duration,
+    /// Which job types may stop tasks of lower-priority jobs to fit (Nomad's preemption
+    /// config): system jobs only by default.
+    pub preemption: muster_model::PreemptionConfig,
     /// How its workers place tasks.
     pub placement: Placement,
     /// How often the leading master checks that every job's running tasks match what it asks
@@ -182,6 +185,7 @@ impl MasterConfig {
             registry_encoding: Default::default(),
             workers: 2,
             scheduler_gone_after: Duration::from_secs(30),
+            preemption: muster_model::PreemptionConfig::default(),
             placement: Placement::Binpack,
             job_limits: muster_model::JobLimits::default(),
             agents_per_certificate: 1,
@@ -192,5 +196,49 @@ impl MasterConfig {
             http_listen: None,
             http_members: BTreeMap::new(),
         }
+    }
+}
+
+/// The `--preemption` setting: which job types may stop tasks of lower-priority jobs to fit,
+/// as a list (`system,service`) or `none`, in a flag or the config file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PreemptionSetting(pub muster_model::PreemptionConfig);
+
+impl std::str::FromStr for PreemptionSetting {
+    type Err = String;
+
+    fn from_str(list: &str) -> Result<Self, String> {
+        muster_model::PreemptionConfig::parse(list).map(PreemptionSetting)
+    }
+}
+
+impl std::fmt::Display for PreemptionSetting {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<muster_model::PreemptionConfig> for PreemptionSetting {
+    fn from(config: muster_model::PreemptionConfig) -> Self {
+        PreemptionSetting(config)
+    }
+}
+
+impl From<PreemptionSetting> for muster_model::PreemptionConfig {
+    fn from(setting: PreemptionSetting) -> Self {
+        setting.0
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for PreemptionSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        text.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl muster_launch::settings::Show for PreemptionSetting {
+    fn show(&self) -> Option<String> {
+        Some(self.to_string())
     }
 }

@@ -45,7 +45,7 @@ pub mod testing;
 pub mod visibility;
 mod workers;
 
-pub use config::{HTTP_PORT_OFFSET, MasterConfig, Placement};
+pub use config::{HTTP_PORT_OFFSET, MasterConfig, Placement, PreemptionSetting};
 pub use drop_later::wait_for_background_frees;
 pub use error::ServiceError;
 pub use master::{

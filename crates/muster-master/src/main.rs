@@ -108,6 +108,10 @@ muster_launch::settings! {
         /// no scheduler of that name is connected, e.g. 30s.
         #[arg(long)]
         scheduler_gone_after: Option<HumanDuration> => scheduler_gone_after,
+        /// Which job types may stop tasks of lower-priority jobs to fit: a list of service,
+        /// batch and system, or none.
+        #[arg(long, value_name = "TYPES")]
+        preemption: Option<muster_master::PreemptionSetting> => preemption,
         /// How often the leader checks that every job runs what it asks for, e.g. 30s.
         #[arg(long)]
         reconcile_interval: Option<HumanDuration> => reconcile_interval,
@@ -273,10 +277,15 @@ mod tests {
             &file,
             "data_dir = \"/tmp/m\"\nping_interval = \"20s\"\nworkers = 3\n\
              max_job_groups = 7\npings = true\npeers = [\"1=127.0.0.1:5050\"]\n\
-             [tls]\ninsecure = true\n",
+             preemption = \"service\"\n[tls]\ninsecure = true\n",
         )?;
         let file = file.to_string_lossy().into_owned();
         let config = config(parse(&["--config", &file, "--workers", "0"])?)?;
+        assert_eq!(config.preemption.to_string(), "service");
+        let flagged = super::config(parse(&["--config", &file, "--preemption", "system,batch"])?)?;
+        assert_eq!(flagged.preemption.to_string(), "batch,system");
+        let bad = parse(&["--preemption", "cron"]).expect_err("cron is no job type");
+        assert!(format!("{bad:#}").contains("\"cron\""), "{bad:#}");
         assert_eq!(config.ping_interval, std::time::Duration::from_secs(20));
         assert_eq!(config.workers, 0);
         assert_eq!(config.job_limits.max_groups, 7);

@@ -61,6 +61,7 @@ mod evaluations;
 mod jobs;
 mod leadership;
 mod plans;
+mod preemption;
 mod registry_writes;
 mod tasks;
 

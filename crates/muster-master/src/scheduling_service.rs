@@ -272,6 +272,21 @@ impl Scheduling for SchedulingService {
         let plan: Plan = required(request.into_inner().plan, "plan").map_err(invalid)?;
         self.held(&caller, &plan.eval, &plan.eval_token, &plan.job)
             .await?;
+        // A task is preempted only in a namespace the caller may schedule.
+        if let Some(victim) = plan
+            .preempt
+            .iter()
+            .find(|victim| !caller.acl.may_schedule(namespace_of(&victim.job)))
+        {
+            return Err(Status::permission_denied(format!(
+                "token {} may not preempt task {} of job {:?}: its policies' scheduler rules \
+                 do not name namespace {:?}",
+                caller.described(),
+                victim.task_id,
+                victim.job,
+                namespace_of(&victim.job)
+            )));
+        }
         match self.backend.submit(plan).await {
             Ok(result) => Ok(Response::new(result.into())),
             Err(error) => Err(self.refused(error).await),

@@ -78,6 +78,8 @@ pub enum Trigger {
     /// This deployment of the job moved on: new tasks turned healthy, canaries were promoted,
     /// or it was paused, resumed or failed.
     Deployment(String),
+    /// This task of the job was stopped so that a higher-priority job's task fits.
+    Preempted(String),
 }
 
 /// A unit of scheduling work for one job.

@@ -27,6 +27,8 @@
 //! - [`namespace`]: [`Namespace`], its [`Quota`] (and [`QuotaUsage`], a namespace's tasks
 //!   counted against it), and job ids (`team-a:web`) that carry a
 //!   job's namespace.
+//! - [`preemption`]: which job types may stop lower-priority tasks to fit
+//!   ([`PreemptionConfig`]).
 //! - [`demand`]: [`Demand`], what a task group could not place, and
 //!   [`blocked_description`](demand::blocked_description), why an evaluation is blocked.
 //! - [`error`]: [`FieldError`], a value that is invalid, naming the field.
@@ -46,6 +48,7 @@ mod names;
 pub mod namespace;
 pub mod placement;
 pub mod ports;
+pub mod preemption;
 pub mod resources;
 pub mod task;
 pub mod update;
@@ -76,5 +79,6 @@ pub use placement::{
     Affinity, Constraint, ConstraintOp, DEFAULT_SPREAD_WEIGHT, Spread, SpreadTarget,
 };
 pub use ports::{AssignedPort, PortRange, PortRequest};
+pub use preemption::PreemptionConfig;
 pub use resources::{Resources, utilization};
 pub use task::{Task, TaskState};

@@ -53,7 +53,8 @@ pub use muster_model as model;
 pub use muster_model::{Demand, TaskState, utilization};
 
 pub use plan::{
-    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Stop, TaskView,
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Preemption, Stop,
+    TaskView,
 };
 pub use reconcile::{
     CANARY_PREFIX, Reconciled, SlotRequest, counted_slot_index, reconcile, wants_counted_slot,

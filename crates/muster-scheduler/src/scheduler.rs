@@ -31,7 +31,7 @@ use muster_model::{AgentId, Evaluation};
 
 use muster_model::Demand;
 
-use crate::plan::{ClusterSnapshot, Plan};
+use crate::plan::{ClusterSnapshot, Plan, Preemption};
 use crate::reconcile::{SlotRequest, reconcile};
 use crate::search::Search;
 
@@ -169,6 +169,7 @@ fn build_plan<P: Placer + ?Sized>(
     let reconciled = reconcile(eval, snapshot);
     let mut plan = Plan {
         atomic: false,
+        preempt: Vec::new(),
         eval: eval.id.clone(),
         job: reconciled.job.clone(),
         job_version: reconciled.job_version,
@@ -194,6 +195,13 @@ fn build_plan<P: Placer + ?Sized>(
     let limit = placer.candidate_limit(agents.len());
     let stopping = plan.stop.iter().map(|stop| stop.task_id.as_str()).collect();
     let mut search = Search::new(&agents, &reconciled.job, index, stopping, eval, limit);
+    // The job's priority, if its type may preempt lower-priority tasks.
+    let preempting = snapshot
+        .jobs
+        .get(&reconciled.job)
+        .filter(|job| snapshot.preemption.allows(job.scheduler))
+        .map(|job| job.priority);
+    let priority_of = |job: &str| snapshot.jobs.get(job).map(|job| job.priority);
     let mut quota = if reconciled.missing.is_empty() {
         None
     } else {
@@ -234,9 +242,28 @@ fn build_plan<P: Placer + ?Sized>(
             found
         };
 
+        // No room anywhere: tasks of lower-priority jobs may make some, where allowed.
+        let mut victims = Vec::new();
+        let chosen = match (chosen, preempting) {
+            (Some(at), _) => Some(at),
+            // A gang is placed whole or not at all; it does not preempt (yet).
+            (None, Some(priority)) if !slot.group.gang => search
+                .preemptible(slot, priority, priority_of)
+                .map(|(at, taken)| {
+                    victims = taken;
+                    at
+                }),
+            (None, _) => None,
+        };
         let chosen = chosen.and_then(|at| Some((at, search.assign_ports(at, slot)?)));
         match chosen {
             Some((at, ports)) => {
+                search.preempt(at, &victims);
+                plan.preempt.extend(victims.iter().map(|task| Preemption {
+                    agent: agents[at].id.clone(),
+                    task_id: task.id().to_owned(),
+                    job: task.job().to_owned(),
+                }));
                 search.place(at, slot, &ports);
                 if let Some(usage) = &mut quota {
                     usage.add(need);

@@ -15,7 +15,7 @@ use foldhash::{HashMap, HashSet};
 use muster_model::{AssignedPort, Constraint, Evaluation, Resources};
 
 use crate::candidate::Candidate;
-use crate::plan::{AgentView, AttributeColumn, JobIndex};
+use crate::plan::{AgentView, AttributeColumn, JobIndex, TaskView};
 use crate::ranking::{self, SpreadCounts};
 use crate::reconcile::SlotRequest;
 
@@ -27,6 +27,8 @@ const RECENT_WITH_SPREADS: usize = 4;
 #[derive(Debug, Default)]
 struct Added {
     used: Resources,
+    /// What the tasks this plan preempts there held.
+    freed: Resources,
     tasks: usize,
     /// Of `tasks`, how many of each group.
     by_group: Vec<(Box<str>, usize)>,
@@ -150,6 +152,8 @@ pub(crate) struct Search<'a> {
     /// The tasks this plan stops: they count towards no group's tasks on their agents (the
     /// agents still run them, so their resources still count).
     stopping: HashSet<&'a str>,
+    /// The tasks this plan preempts, by id.
+    preempted: HashSet<String>,
     added: HashMap<usize, Added>,
     groups: HashMap<String, GroupSearch>,
     /// How many candidates a slot's search stops at (`None`: every fitting agent).
@@ -177,6 +181,7 @@ impl<'a> Search<'a> {
             index,
             with_job: index.map(|index| index.agents_with(job)),
             stopping,
+            preempted: HashSet::default(),
             added: HashMap::default(),
             groups: HashMap::default(),
             limit,
@@ -187,7 +192,9 @@ impl<'a> Search<'a> {
     fn used(&self, at: usize) -> Resources {
         let used = self.agents[at].used();
         match self.added.get(&at) {
-            Some(added) => used.saturating_add(&added.used),
+            Some(added) => used
+                .saturating_add(&added.used)
+                .saturating_sub(&added.freed),
             None => used.clone(),
         }
     }
@@ -233,12 +240,102 @@ impl<'a> Search<'a> {
     /// with room, (for a group kept on distinct agents) none of the group's tasks there, and
     /// the ports the group asks for free there.
     fn takes(&self, at: usize, slot: &SlotRequest, distinct: bool) -> bool {
+        self.fits(at, slot.resources()) && self.takes_but_for_room(at, slot, distinct)
+    }
+
+    /// [`takes`](Self::takes) but for its room.
+    fn takes_but_for_room(&self, at: usize, slot: &SlotRequest, distinct: bool) -> bool {
         let agent = &self.agents[at];
         agent.eligible
             && agent.admits(slot.constraints())
-            && self.fits(at, slot.resources())
             && !(distinct && self.group_tasks(at, &slot.group.name) > 0)
             && (slot.group.ports.is_empty() || self.ports_free(at, slot))
+    }
+
+    /// Where `slot` would fit if tasks of jobs of lower priority than `priority` stopped
+    /// (their jobs' priorities from `priority_of`): the agent, and those tasks, lowest
+    /// priority first (and the larger first among equals), as few as make room. Of the agents
+    /// that could, the one whose preempted tasks have the lowest highest priority, then the
+    /// fewest. Looks at every agent until it has found a few: only for a slot no agent has
+    /// room for, where preemption is allowed.
+    pub(crate) fn preemptible(
+        &self,
+        slot: &SlotRequest,
+        priority: u8,
+        priority_of: impl Fn(&str) -> Option<u8>,
+    ) -> Option<(usize, Vec<&'a TaskView>)> {
+        const ENOUGH: usize = 4;
+        let distinct = Constraint::any_distinct_hosts(slot.constraints());
+        let need = slot.resources();
+        let mut best: Option<((u8, usize), usize, Vec<&'a TaskView>)> = None;
+        let mut found = 0;
+        // A pinned slot (a system job's) may preempt on its own agent only.
+        let positions: Vec<usize> = match &slot.agent {
+            Some(pinned) => self
+                .agents
+                .binary_search_by(|agent| agent.id.cmp(pinned))
+                .ok()
+                .into_iter()
+                .collect(),
+            None => (0..self.agents.len()).collect(),
+        };
+        for at in positions {
+            if found >= ENOUGH {
+                break;
+            }
+            if !self.takes_but_for_room(at, slot, distinct) {
+                continue;
+            }
+            let agent: &'a AgentView = &self.agents[at];
+            let mut victims: Vec<(u8, &'a TaskView)> = agent
+                .tasks()
+                .iter()
+                .filter(|task| !task.state.is_terminal())
+                .filter(|task| {
+                    !self.stopping.contains(task.id()) && !self.preempted.contains(task.id())
+                })
+                .filter_map(|task| {
+                    let theirs = priority_of(task.job())?;
+                    (theirs < priority).then_some((theirs, &**task))
+                })
+                .collect();
+            victims.sort_by(|(pa, a), (pb, b)| {
+                pa.cmp(pb)
+                    .then(b.resources.cpus.total_cmp(&a.resources.cpus))
+                    .then(b.resources.mem_mb.cmp(&a.resources.mem_mb))
+                    .then(a.id().cmp(b.id()))
+            });
+            let mut free = agent.total.saturating_sub(&self.used(at));
+            let mut taken = Vec::new();
+            let mut highest = 0;
+            for (theirs, task) in victims {
+                if need.fits_in(&free) {
+                    break;
+                }
+                free = free.saturating_add(&task.resources);
+                highest = highest.max(theirs);
+                taken.push(task);
+            }
+            if taken.is_empty() || !need.fits_in(&free) {
+                continue;
+            }
+            found += 1;
+            let rank = (highest, taken.len());
+            if best.as_ref().is_none_or(|(best, _, _)| rank < *best) {
+                best = Some((rank, at, taken));
+            }
+        }
+        best.map(|(_, at, taken)| (at, taken))
+    }
+
+    /// Records that this plan stops `victims` on the agent at `at`: their room is free for
+    /// its placements, and no other slot preempts them again.
+    pub(crate) fn preempt(&mut self, at: usize, victims: &[&TaskView]) {
+        let added = self.added.entry(at).or_default();
+        for victim in victims {
+            added.freed = added.freed.saturating_add(&victim.resources);
+            self.preempted.insert(victim.id().to_owned());
+        }
     }
 
     /// The ports taken on the agent at `at`: its live tasks' and this plan's placements'.

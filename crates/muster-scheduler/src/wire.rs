@@ -9,11 +9,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use muster_model::convert::{all, each, read, required, sorted, unsorted};
-use muster_model::{AgentId, EvalId, FieldError, Quota};
+use muster_model::{AgentId, EvalId, FieldError, PreemptionConfig, Quota};
 use muster_proto::scheduling as pb;
 
 use crate::plan::{
-    AgentView, ClusterSnapshot, JobGroup, Placement, Plan, PlanResult, Stop, TaskView,
+    AgentView, ClusterSnapshot, JobGroup, Placement, Plan, PlanResult, Preemption, Stop, TaskView,
 };
 use crate::worker::Assignment;
 
@@ -128,6 +128,11 @@ impl From<ClusterSnapshot> for pb::ClusterSnapshot {
                 .map(|(namespace, quota)| (namespace, quota_to_wire(quota)))
                 .collect(),
             deployments: this.deployments.into_values().map(Into::into).collect(),
+            preemption: Some(pb::PreemptionConfig {
+                service: this.preemption.service,
+                batch: this.preemption.batch,
+                system: this.preemption.system,
+            }),
         }
     }
 }
@@ -185,6 +190,13 @@ impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
                 .into_iter()
                 .map(|d| (d.job.clone(), d))
                 .collect(),
+            preemption: proto
+                .preemption
+                .map_or_else(PreemptionConfig::default, |p| PreemptionConfig {
+                    service: p.service,
+                    batch: p.batch,
+                    system: p.system,
+                }),
         })
     }
 }
@@ -249,10 +261,33 @@ impl TryFrom<pb::Stop> for Stop {
     }
 }
 
+impl From<Preemption> for pb::Preemption {
+    fn from(this: Preemption) -> Self {
+        pb::Preemption {
+            agent: this.agent.0,
+            task_id: this.task_id,
+            job: this.job,
+        }
+    }
+}
+
+impl TryFrom<pb::Preemption> for Preemption {
+    type Error = FieldError;
+
+    fn try_from(proto: pb::Preemption) -> Result<Self, FieldError> {
+        Ok(Preemption {
+            agent: AgentId(proto.agent),
+            task_id: proto.task_id,
+            job: proto.job,
+        })
+    }
+}
+
 impl From<Plan> for pb::Plan {
     fn from(this: Plan) -> Self {
         pb::Plan {
             atomic: this.atomic,
+            preempt: all(this.preempt),
             eval_id: this.eval.0,
             job: this.job,
             job_version: this.job_version,
@@ -279,6 +314,7 @@ impl TryFrom<pb::Plan> for Plan {
             unplaced: each(proto.unplaced, "unplaced")?,
             eval_token: proto.eval_token,
             atomic: proto.atomic,
+            preempt: each(proto.preempt, "preempt")?,
         })
     }
 }
@@ -291,6 +327,7 @@ impl From<PlanResult> for pb::PlanResult {
             stopped: all(this.stopped),
             index: this.index,
             over_quota: this.over_quota.into_iter().collect(),
+            preempted: all(this.preempted),
         }
     }
 }
@@ -305,6 +342,7 @@ impl TryFrom<pb::PlanResult> for PlanResult {
             stopped: each(proto.stopped, "stopped")?,
             index: proto.index,
             over_quota: proto.over_quota.into_iter().collect(),
+            preempted: each(proto.preempted, "preempted")?,
         })
     }
 }
@@ -456,6 +494,7 @@ mod tests {
             TaskState::Lost,
         ];
         ClusterSnapshot {
+            preemption: Default::default(),
             deployments: Default::default(),
             index: 42,
             agents: vec![Arc::new(AgentView::new(
@@ -554,6 +593,7 @@ mod tests {
             ClusterSnapshot::default()
         );
         let plan = Plan {
+            preempt: Vec::new(),
             atomic: false,
             eval: EvalId("e-1".into()),
             job: "web".into(),
@@ -584,6 +624,7 @@ mod tests {
         };
         assert_eq!(round_trip::<pb::Plan, _>(plan.clone()), plan);
         let result = PlanResult {
+            preempted: Vec::new(),
             committed: vec![placement("web.fe[0]")],
             rejected: vec![placement("web.fe[1]")],
             stopped: plan.stop.clone(),

@@ -709,6 +709,7 @@ mod tests {
             version: 1,
         };
         let snapshot = ClusterSnapshot {
+            preemption: Default::default(),
             deployments: Default::default(),
             index: 1,
             agents: Vec::new(),

@@ -56,6 +56,7 @@ impl From<pb::Evaluation> for EvaluationInfo {
             Some(Kind::Reconcile(_)) => ("reconcile", String::new()),
             Some(Kind::AgentDrain(agent)) => ("agent-drain", agent),
             Some(Kind::Deployment(id)) => ("deployment", id),
+            Some(Kind::Preempted(task)) => ("preempted", task),
             None => ("unknown", String::new()),
         };
         let status = match pb::EvalStatus::try_from(eval.status) {

@@ -248,6 +248,8 @@ pub struct JobPlan {
     pub replaced: Vec<String>,
     /// What would not fit, one line per task group left short.
     pub unplaced: Vec<String>,
+    /// Tasks of lower-priority jobs that would be stopped to make room.
+    pub preempt: Vec<PlannedTask>,
 }
 
 impl From<cluster_pb::JobPlan> for JobPlan {
@@ -263,6 +265,7 @@ impl From<cluster_pb::JobPlan> for JobPlan {
             stop: plan.stop.into_iter().map(task).collect(),
             replaced: plan.replaced,
             unplaced: plan.unplaced,
+            preempt: plan.preempt.into_iter().map(task).collect(),
         }
     }
 }

@@ -461,12 +461,22 @@ impl Master {
             .iter()
             .map(|demand| format!("{demand:?}"))
             .collect();
+        let preempt = plan
+            .preempt
+            .iter()
+            .map(|p| pb::PlannedTask {
+                name: name_of(&p.agent, &p.task_id),
+                agent_id: p.agent.0.clone(),
+                task_id: p.task_id.clone(),
+            })
+            .collect();
         pb::JobPlan {
             version,
             place,
             stop,
             replaced,
             unplaced,
+            preempt,
         }
     }
 }

@@ -173,6 +173,7 @@ impl Master {
             job_index: Some(job_index),
             quotas,
             deployments,
+            preemption: self.config.preemption,
         }
     }
 
@@ -201,6 +202,9 @@ impl Master {
             committed: Vec::with_capacity(plan.place.len()),
             ..PlanResult::default()
         };
+        // Tasks of lower-priority jobs first, then the plan's own stops: both free room for
+        // its placements.
+        result.preempted = self.preempt(&plan, job.as_ref(), ctx);
         for stop in plan.stop {
             if self.stop_task(&stop, ctx) {
                 result.stopped.push(stop);
@@ -335,7 +339,10 @@ impl Master {
                 self.send_launch(agent_id, launch.runs, ctx);
             }
         }
-        result.index = if !result.committed.is_empty() || !result.stopped.is_empty() {
+        result.index = if !result.committed.is_empty()
+            || !result.stopped.is_empty()
+            || !result.preempted.is_empty()
+        {
             self.next_index()
         } else {
             self.current_index()

@@ -173,7 +173,9 @@ fn figures_registry(figures: &Figures) -> Registry {
     // blocked-queue holds evaluations of.
     let mut evaluations = Vec::new();
     let mut served = Vec::new();
-    let names: std::collections::BTreeSet<&String> = (figures.broker.by_scheduler.keys())
+    let built_in = muster_model::BUILT_IN_SCHEDULERS.map(str::to_owned);
+    let names: std::collections::BTreeSet<&String> = (built_in.iter())
+        .chain(figures.broker.by_scheduler.keys())
         .chain(figures.blocked.by_scheduler.keys())
         .collect();
     for scheduler in names {

@@ -22,6 +22,7 @@ mod named_schedulers;
 mod namespaces;
 mod plans_bound;
 mod ports;
+mod preemption;
 mod quotas;
 mod remote_workers;
 mod scheduling;

@@ -49,6 +49,7 @@ impl From<Trigger> for pb::Trigger {
             Trigger::Reconcile => Kind::Reconcile(pb::trigger::Reconcile {}),
             Trigger::AgentDrain(agent) => Kind::AgentDrain(agent.0),
             Trigger::Deployment(id) => Kind::Deployment(id),
+            Trigger::Preempted(task) => Kind::Preempted(task),
         };
         pb::Trigger { kind: Some(kind) }
     }
@@ -70,6 +71,7 @@ impl TryFrom<pb::Trigger> for Trigger {
             Some(Kind::Reconcile(_)) => Ok(Trigger::Reconcile),
             Some(Kind::AgentDrain(agent)) => Ok(Trigger::AgentDrain(AgentId(agent))),
             Some(Kind::Deployment(id)) => Ok(Trigger::Deployment(id)),
+            Some(Kind::Preempted(task)) => Ok(Trigger::Preempted(task)),
             None => Err(FieldError::new("", "none of its kinds is set")),
         }
     }

@@ -11,7 +11,9 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use muster_model::{AgentId, Demand, Deployment, EvalId, Job, Quota, Resources, TaskState};
+use muster_model::{
+    AgentId, Demand, Deployment, EvalId, Job, PreemptionConfig, Quota, Resources, TaskState,
+};
 
 mod agent_view;
 mod attribute_column;
@@ -51,6 +53,8 @@ pub struct ClusterSnapshot {
     /// ([`Deployment`]): how many outdated tasks a scheduler may replace now, and canaries.
     /// A job not listed replaces all of its outdated tasks at once.
     pub deployments: BTreeMap<String, Deployment>,
+    /// Which job types may stop lower-priority tasks to fit ([`PreemptionConfig`]).
+    pub preemption: PreemptionConfig,
 }
 
 impl ClusterSnapshot {
@@ -149,6 +153,19 @@ pub struct Stop {
     pub task_id: String,
 }
 
+/// A task a plan stops so that one of its placements fits: the applier checks that its job's
+/// priority is lower than the plan's job's, stops it before it launches anything, and
+/// evaluates its job again (its task is placed elsewhere when room allows).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Preemption {
+    /// The agent it runs on.
+    pub agent: AgentId,
+    /// The task.
+    pub task_id: String,
+    /// Its job.
+    pub job: String,
+}
+
 /// A scheduler's proposal for one evaluation.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan {
@@ -175,6 +192,10 @@ pub struct Plan {
     /// way). [`PlacingScheduler`](crate::PlacingScheduler) marks a plan so when it places a
     /// group whose tasks go all at once ([`TaskGroup::gang`](muster_model::TaskGroup::gang)).
     pub atomic: bool,
+    /// Tasks of lower-priority jobs to stop so that its placements fit (where the snapshot's
+    /// [`PreemptionConfig`] allows it for the job's type): the applier checks each victim's
+    /// priority and stops them before it launches anything.
+    pub preempt: Vec<Preemption>,
 }
 
 impl Plan {
@@ -190,6 +211,7 @@ impl Plan {
             unplaced: Vec::new(),
             eval_token: String::new(),
             atomic: false,
+            preempt: Vec::new(),
         }
     }
 
@@ -215,4 +237,6 @@ pub struct PlanResult {
     /// The state index after applying; a scheduler that plans again refreshes its snapshot to
     /// at least this index.
     pub index: u64,
+    /// The tasks it stopped for the plan's preemptions.
+    pub preempted: Vec<Preemption>,
 }

@@ -7,6 +7,7 @@ mod drain;
 mod gang;
 mod placement;
 mod ports;
+mod preemption;
 mod preferences;
 mod quota;
 mod reconcile;

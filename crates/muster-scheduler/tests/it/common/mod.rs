@@ -79,6 +79,7 @@ pub(crate) fn eval_for(job: &Job) -> Evaluation {
 
 pub(crate) fn snapshot(index: u64, agents: Vec<AgentView>, jobs: Vec<Job>) -> ClusterSnapshot {
     ClusterSnapshot {
+        preemption: Default::default(),
         deployments: Default::default(),
         index,
         agents: agents.into_iter().map(Arc::new).collect(),
