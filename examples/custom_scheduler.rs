@@ -45,12 +45,12 @@
 use std::time::Duration;
 
 use clap::Parser;
+use muster::launch::security::ClientFlags;
 use muster::model::AgentId;
 use muster::scheduler::{
     Candidate, Outcome, PlacingScheduler, RemoteBackend, Scheduler, SlotRequest, Worker,
     WorkerConfig, WorkerStats,
 };
-use muster_launch::security::ClientFlags;
 use tokio::sync::watch;
 
 /// The one decision this scheduler makes: of the agents the task fits on (`candidates`, never
@@ -153,7 +153,7 @@ async fn main() -> anyhow::Result<()> {
         schedulers,
         client,
     } = Cli::parse();
-    muster_launch::init_logging_with("error");
+    muster::launch::init_logging_with("error");
 
     // Connects lazily: the masters need not be up yet. The workers share its connections.
     let backend = RemoteBackend::connect(masters.clone(), client.security()?, client.token())?;

@@ -33,9 +33,9 @@ use muster::actor::{Context, Node, Process, Reply, System, Upid};
 // Ping and Pong are generated from proto/muster/example/v1/ping.proto. prost encodes them on the
 // wire; their proto full name (`muster.example.v1.Ping`) tells the serving node which decoder to
 // use.
+use muster::launch::security::TlsFlags;
 use muster::proto::example::{Ping, Pong};
-use muster_launch::security::TlsFlags;
-use muster_security::{Role, Security};
+use muster::security::{Role, Security};
 
 /// The serving process. Its message type is an ordinary Rust value; remote requests are turned
 /// into it by the decoder installed below.
@@ -131,7 +131,7 @@ enum Command {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    muster_launch::init_logging_with("error");
+    muster::launch::init_logging_with("error");
     let security = cli.tls.security_for_any(&[Role::Agent, Role::Master])?;
     match cli.command {
         Command::Serve { address } => serve(&address, security).await,

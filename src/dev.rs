@@ -135,6 +135,11 @@ pub(crate) async fn run(options: DevOptions) -> anyhow::Result<()> {
     let mut agent_config =
         AgentConfig::new(vec![master.address().to_owned()], data_dir.join("agent"));
     agent_config.registration_backoff_initial = Duration::from_millis(100);
+    // What it runs on, for constraints and examples to match (`os = "linux"`).
+    agent_config.attributes = BTreeMap::from([
+        ("os".to_owned(), std::env::consts::OS.to_owned()),
+        ("arch".to_owned(), std::env::consts::ARCH.to_owned()),
+    ]);
     let agent = muster::agent::start(&node, agent_config).await?;
     agent.report_registered(serving);
     let (agent_id, _) = tokio::time::timeout(Duration::from_secs(30), agent.registered())

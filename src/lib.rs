@@ -10,7 +10,10 @@
 //! - [`master`]: the master process and server (`muster-master`);
 //! - [`scheduler`]: the scheduler SDK: write a scheduler, run workers in your own program
 //!   against the leading master (`muster-scheduler`);
-//! - [`agent`]: the agent process (`muster-agent`).
+//! - [`agent`]: the agent process (`muster-agent`);
+//! - [`security`]: mutual TLS, tokens and policies (`muster-security`);
+//! - [`launch`]: what the binaries share at start-up, for programs of your own: logging,
+//!   and the TLS and token flags a client takes (`muster-launch`).
 //!
 //! Its binary, `muster`, runs a one-process dev cluster (`muster dev`) and shows a cluster's
 //! state (`muster status`).
@@ -23,9 +26,11 @@ pub mod actor {
     pub use muster_transport::*;
 }
 pub use muster_agent as agent;
+pub use muster_launch as launch;
 pub use muster_master as master;
 pub use muster_model as model;
 pub use muster_proto as proto;
 pub use muster_registry as registry;
 pub use muster_scheduler as scheduler;
+pub use muster_security as security;
 pub use muster_transport as transport;

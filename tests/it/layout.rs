@@ -108,3 +108,39 @@ fn every_file_allowed_to_be_long_is_there_is_long_and_says_its_one_job() -> anyh
     }
     Ok(())
 }
+
+/// The examples are built as a program outside this repository would build them: against the
+/// facade crate `muster` alone (`muster::scheduler::…`), never a workspace crate by its own
+/// name (`muster_launch::…`), which such a program would not depend on.
+#[test]
+fn the_examples_use_only_the_facade_crate() -> anyhow::Result<()> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    let mut files = Vec::new();
+    rust_files(&root, &mut files)?;
+    ensure!(files.len() >= 3, "examples not found in {}", root.display());
+    let mut reaching = Vec::new();
+    for file in &files {
+        let text = std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read {}", file.display()))?;
+        for (n, line) in text.lines().enumerate() {
+            let inner = line.match_indices("muster_").any(|(at, _)| {
+                let before = line[..at].chars().next_back();
+                let after = &line[at..];
+                !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+                    && after
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .next()
+                        .is_some_and(|word| after[word.len()..].starts_with("::"))
+            });
+            if inner {
+                reaching.push(format!("{}:{}: {}", file.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    ensure!(
+        reaching.is_empty(),
+        "examples reach past the facade crate (use muster::… instead):\n{}",
+        reaching.join("\n")
+    );
+    Ok(())
+}

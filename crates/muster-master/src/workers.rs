@@ -240,7 +240,7 @@ impl Workers {
     }
 
     /// Stops the workers after their current evaluation and returns what each did. A worker
-    /// still busy after [`WORKER_STOP_GRACE`] is abandoned (its task aborted, with a warning):
+    /// still busy after `WORKER_STOP_GRACE` (5 s) is abandoned (its task aborted, with a warning):
     /// a registry write that cannot commit, on a master left without a quorum, would
     /// otherwise hold the shutdown for good. Its evaluation stays unacked, and the broker of
     /// whichever master leads next hands it out again.

@@ -36,7 +36,7 @@ impl Job {
     /// a scheduler name like a job's, not another type's built-in one;
     /// positive, finite cpus and at least 1 MiB of memory; a command; at most [`MAX_ARGS`]
     /// arguments and [`MAX_ENV`] variables, each variable named without `=`; constraints,
-    /// affinities and spreads whose values suit their operators ([`Constraint::check`]). No text holds NUL or another control character, but for tab,
+    /// affinities and spreads whose values suit their operators ([`Constraint::check`](crate::Constraint::check)). No text holds NUL or another control character, but for tab,
     /// newline and carriage return in arguments and variables' values.
     ///
     /// # Errors

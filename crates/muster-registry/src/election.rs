@@ -1,14 +1,14 @@
 //! Elections after a pre-vote round (the Raft thesis, §9.6), driven here because openraft 0.9
 //! has no pre-vote of its own.
 //!
-//! openraft runs with elections off (`enable_elect = false`); [`drive_elections`] watches
+//! openraft runs with elections off (`enable_elect = false`); `drive_elections` watches
 //! this member instead. When it has heard no leader for its election timeout (openraft's own
 //! rule: a random time between the configured bounds, plus the leader lease while it last knew
 //! a leader), it asks every peer whether it *would* vote for it in the next term
 //! ([`PreVoteRequest`]), changing nothing on either side. Only when a majority says yes does it
 //! call openraft's election (`raft.trigger().elect()`), which raises its term.
 //!
-//! A peer says yes ([`judge`]) when it is not the leader, has not heard from a leader within
+//! A peer says yes (`judge`) when it is not the leader, has not heard from a leader within
 //! the lease (a committed vote refreshed less than `election_timeout_max` ago), is not in a
 //! later term, and the candidate's log is at least as up to date as its own. So a member cut
 //! off alone, or from the leader only, keeps its term: it cannot win the pre-vote, and when

@@ -248,7 +248,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
 }
 
 /// The tonic service that hands peers' raft requests to the local raft, and answers their
-/// pre-votes ([`election`](crate::election)).
+/// pre-votes ([`crate::election`]).
 #[derive(Clone)]
 pub struct RaftService {
     raft: Raft,

@@ -14,6 +14,91 @@
 //! [`spread()`] evens a job out over all agents, which makes concurrent optimistic schedulers
 //! collide far less.
 //!
+//! # Tutorial: a whole scheduler
+//!
+//! A scheduler serves a *name*: jobs that give it (`scheduler = "least-loaded"` in their
+//! file) are handed only to workers serving it, beside the master's own workers for the
+//! built-in `service`, `batch` and `system`. This one puts each task on the agent with the
+//! most free memory. First its one decision, tried against a cluster made in memory:
+//!
+//! ```
+//! use std::collections::BTreeMap;
+//! use std::sync::Arc;
+//!
+//! use muster_scheduler::model::{
+//!     AgentId, Evaluation, Job, Resources, SchedulerType, TaskGroup, Trigger,
+//! };
+//! use muster_scheduler::{
+//!     AgentView, Candidate, ClusterSnapshot, PlacingScheduler, Scheduler, SlotRequest, TaskView,
+//! };
+//!
+//! /// Of the agents the task fits on (never none), the one with the most memory free.
+//! fn most_free_memory(_slot: &SlotRequest, candidates: &[Candidate<'_>]) -> Option<AgentId> {
+//!     let best = candidates.iter().max_by_key(|c| c.free.mem_mb)?;
+//!     Some(best.id().clone())
+//! }
+//!
+//! let agent = |id: &str, mem_mb| {
+//!     let total = Resources { cpus: 4.0, mem_mb };
+//!     Arc::new(AgentView::new(AgentId(id.into()), BTreeMap::new(), total, Vec::<TaskView>::new()))
+//! };
+//! let job = Job {
+//!     name: "web".into(),
+//!     priority: 50,
+//!     scheduler: SchedulerType::Service,
+//!     named_scheduler: Some("least-loaded".into()),
+//!     groups: vec![TaskGroup {
+//!         name: "frontend".into(),
+//!         count: 2,
+//!         resources: Resources { cpus: 1.0, mem_mb: 512 },
+//!         command: "server".into(),
+//!         ..TaskGroup::default()
+//!     }],
+//!     stopped: false,
+//!     version: 1,
+//! };
+//! let snapshot = ClusterSnapshot {
+//!     agents: vec![agent("small", 1024), agent("big", 8192)],
+//!     jobs: BTreeMap::from([(job.name.clone(), job.clone())]),
+//!     ..ClusterSnapshot::default()
+//! };
+//! let mut scheduler = PlacingScheduler::from_fn("least-loaded", most_free_memory);
+//! let plan = scheduler.schedule(&Evaluation::new(&job, Trigger::JobRegister), &snapshot);
+//! // Both replicas go to `big`: after the first it still has the most memory free.
+//! let agents: Vec<&str> = plan.place.iter().map(|p| p.agent.0.as_str()).collect();
+//! assert_eq!(agents, ["big", "big"]);
+//! ```
+//!
+//! [`PlacingScheduler`] did the rest: which of the job's slots are missing, which agents have
+//! room and meet the constraints, the plan. Then the program: workers that serve the name,
+//! reaching the leading master over gRPC with TLS and a token whose policy may serve it
+//! (`[scheduler] names = ["least-loaded"]`; the built-in `schedule` policy serves any):
+//!
+//! ```no_run
+//! # use muster_scheduler::model::AgentId;
+//! # use muster_scheduler::{Candidate, PlacingScheduler, SlotRequest};
+//! # fn most_free_memory(_: &SlotRequest, c: &[Candidate<'_>]) -> Option<AgentId> { None }
+//! # async fn run(security: muster_security::Security, token: muster_security::TokenSecret)
+//! # -> Result<(), Box<dyn std::error::Error>> {
+//! use muster_scheduler::{RemoteBackend, Worker, WorkerConfig};
+//!
+//! let masters = vec!["10.0.0.1:5050".to_owned(), "10.0.0.2:5050".to_owned()];
+//! let backend = RemoteBackend::connect(masters, security, Some(token))?;
+//! let (stop, stopped) = tokio::sync::watch::channel(false);
+//! let scheduler = PlacingScheduler::from_fn("least-loaded", most_free_memory);
+//! let worker = Worker::new(backend, scheduler, WorkerConfig::serving(["least-loaded"]));
+//! let stats = worker.run(stopped).await; // until `stop.send(true)`
+//! println!("{} evaluations, {} placements", stats.dequeued, stats.placements_committed);
+//! # drop(stop);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! While no worker serves the name, its jobs wait and say so (`muster eval list`: `no
+//! scheduler "least-loaded" connected since …`). A job that needs all of its tasks at once
+//! sets `gang = true`; a scheduler that plans whole jobs itself implements [`Scheduler`]
+//! directly (the repository's `examples/gang_scheduler.rs`).
+//!
 //! # Layout
 //! - [`plan`]: what a scheduler sees ([`ClusterSnapshot`], [`AgentView`], [`TaskView`]) and what
 //!   it produces ([`Plan`] of [`Placement`]s and [`Stop`]s, [`Demand`]s left unplaced), and the

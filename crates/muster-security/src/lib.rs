@@ -12,7 +12,7 @@
 //!   registry and scheduling, resolved into an [`Acl`]; [`guard`]: the tonic layer that checks
 //!   a caller's certificate role and token against a table declared where a service is
 //!   installed.
-//! - [`testing`] (feature `testing`): one throwaway CA and its certificates for tests.
+//! - `testing` (feature `testing`): one throwaway CA and its certificates for tests.
 
 pub mod acl;
 pub mod certs;

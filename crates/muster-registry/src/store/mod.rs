@@ -1,5 +1,5 @@
 //! The registry's durable storage: openraft's log and state machine on one sled database
-//! (or, in a deterministic simulation, on a [`MemoryDisk`] behind the same code: [`disk`]).
+//! (or, in a deterministic simulation, on a [`MemoryDisk`] behind the same code: `disk`).
 //!
 //! One `sled::Db` per master, because a flush syncs the whole database. Trees:
 //! - `log`: raft entries keyed by big-endian index; an entry over 7 KiB is stored in pieces

@@ -26,7 +26,7 @@ pub struct AgentView {
     /// Whether new tasks may be placed on it (false while it drains, or as an operator set
     /// it).
     pub eligible: bool,
-    /// Where its drain is: its tasks move or stop (see [`reconcile`](crate::reconcile)).
+    /// Where its drain is: its tasks move or stop (see [`reconcile`](mod@crate::reconcile)).
     pub drain: DrainPhase,
     /// The ports it hands out to tasks that ask for a dynamic one.
     pub dynamic_ports: PortRange,

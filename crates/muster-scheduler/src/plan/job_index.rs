@@ -14,7 +14,7 @@ use super::attribute_column::{AttributeColumn, Columns};
 /// the same `Arc` as before costs a pointer comparison, a changed view the difference of its
 /// jobs, and only a change of the agents themselves (one joined or left) renumbers the
 /// positions. The index holds the views it was built from, so a snapshot whose agents were
-/// changed after it was built is detected ([`ClusterSnapshot::agents_with`]).
+/// changed after it was built is detected ([`ClusterSnapshot::agents_with`](super::ClusterSnapshot::agents_with)).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct JobIndex {
     agents: Vec<Arc<AgentView>>,
