@@ -1,8 +1,15 @@
 //! The remote groups: two nodes in this process, one tonic link over loopback, next to raw TCP
 //! and prost. They use the examples' messages (proto/muster/example/v1/ping.proto): `Ping` is
-//! both the told message and the asked request, `Pong` the answer.
+//! both the told message and the asked request, `Pong` the answer. The ask group also runs
+//! a bare tonic bidirectional stream that answers each `Ping` with a `Pong` (the example
+//! proto's `Echo` service) over the same mutual TLS: the floor of staying on tonic.
 
 use super::*;
+
+use futures_util::StreamExt as _;
+use muster::actor::NodeConfig;
+use muster::proto::example::echo_client::EchoClient;
+use muster::proto::example::echo_server::{Echo, EchoServer};
 
 /// Messages told over the link per iteration in `remote_tell`.
 const REMOTE_TELLS: u64 = 100_000;
@@ -345,6 +352,88 @@ impl RawAskClient {
     }
 }
 
+/// The bare tonic echo: each `Ping` of the stream answered with a `Pong`, nothing else.
+struct TonicEcho;
+
+#[tonic::async_trait]
+impl Echo for TonicEcho {
+    type EchoStream = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<Pong, tonic::Status>> + Send + 'static>,
+    >;
+
+    async fn echo(
+        &self,
+        request: tonic::Request<tonic::Streaming<Ping>>,
+    ) -> Result<tonic::Response<Self::EchoStream>, tonic::Status> {
+        let answers = request.into_inner().map(|ping| {
+            ping.map(|ping| Pong {
+                seq: ping.seq,
+                from: String::new(),
+            })
+        });
+        Ok(tonic::Response::new(Box::pin(answers)))
+    }
+}
+
+/// The asking end of the tonic echo floor: one bidirectional stream, over mutual TLS, to a
+/// server node serving [`TonicEcho`] beside its transport (as a master serves its APIs).
+struct TonicEchoClient {
+    /// The server's node (kept for its lifetime).
+    _server: Node,
+    requests: mpsc::Sender<Ping>,
+    answers: tonic::Streaming<Pong>,
+}
+
+impl TonicEchoClient {
+    async fn connect(system: &System) -> TonicEchoClient {
+        let listener = Node::listen("127.0.0.1:0").await.expect("bind the echo");
+        let routes = tonic::service::Routes::new(EchoServer::new(TonicEcho));
+        let server = Node::serve(system, listener, NodeConfig::new(tls("b")), routes)
+            .expect("serve the echo");
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{}", server.address()))
+                .expect("an endpoint");
+        let (channel, _) = tls("a")
+            .channel(endpoint, &[Role::Agent])
+            .await
+            .expect("connect to the echo");
+        let (requests, to_send) = mpsc::channel::<Ping>(16);
+        let outgoing = futures_util::stream::unfold(to_send, |mut to_send| async move {
+            to_send.recv().await.map(|ping| (ping, to_send))
+        });
+        let answers = EchoClient::new(channel)
+            .echo(outgoing)
+            .await
+            .expect("open the echo stream")
+            .into_inner();
+        TonicEchoClient {
+            _server: server,
+            requests,
+            answers,
+        }
+    }
+
+    /// One round trip: send the request on the stream, read the answer from it.
+    async fn ask(&mut self, seq: u64) -> Pong {
+        self.requests
+            .send(Ping { seq })
+            .await
+            .expect("the stream is open");
+        self.answers
+            .message()
+            .await
+            .expect("the echo answers")
+            .expect("the stream goes on")
+    }
+}
+
+async fn tonic_asks(tonic: Arc<tokio::sync::Mutex<TonicEchoClient>>, n: u64) {
+    let mut tonic = tonic.lock().await;
+    for seq in 0..n {
+        black_box(tonic.ask(seq).await.seq);
+    }
+}
+
 async fn remote_asks(echo: RemotePid, n: u64) {
     for seq in 0..n {
         let pong: Pong = echo.ask(Ping { seq }).await.expect("echo answers");
@@ -364,7 +453,8 @@ async fn raw_asks(raw: Arc<tokio::sync::Mutex<RawAskClient>>, n: u64) {
 async fn ask_latencies(
     echo: RemotePid,
     raw: Arc<tokio::sync::Mutex<RawAskClient>>,
-) -> (Vec<Duration>, Vec<Duration>) {
+    tonic: Arc<tokio::sync::Mutex<TonicEchoClient>>,
+) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
     let muster = on_worker(async move {
         let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
         for seq in 0..LATENCY_SAMPLES as u64 {
@@ -387,11 +477,22 @@ async fn ask_latencies(
         samples
     })
     .await;
+    let tonic = on_worker(async move {
+        let mut tonic = tonic.lock().await;
+        let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
+        for seq in 0..LATENCY_SAMPLES as u64 {
+            let start = Instant::now();
+            black_box(tonic.ask(seq).await.seq);
+            samples.push(start.elapsed());
+        }
+        samples
+    })
+    .await;
     let sorted = |mut samples: Vec<Duration>| {
         samples.sort_unstable();
         samples
     };
-    (sorted(muster), sorted(raw))
+    (sorted(muster), sorted(raw), sorted(tonic))
 }
 
 /// `p50 / p90 / p99` of sorted samples, in µs.
@@ -425,11 +526,15 @@ async fn ask_pair(a: Security, b: Security) -> (Nodes, RemotePid) {
 
 pub(super) fn bench_remote_ask(c: &mut Criterion) {
     let rt = runtime();
-    let (nodes, echo, plain, raw) = rt.block_on(async {
+    let (nodes, echo, plain, raw, tonic) = rt.block_on(async {
         let (nodes, echo) = ask_pair(tls("a"), tls("b")).await;
         let plain = ask_pair(Security::Insecure, Security::Insecure).await;
         let raw = Arc::new(tokio::sync::Mutex::new(RawAskClient::connect().await));
-        (nodes, echo, plain, raw)
+        let tonic = TonicEchoClient::connect(&nodes.system).await;
+        let tonic = Arc::new(tokio::sync::Mutex::new(tonic));
+        // Open the stream outside the timed loop.
+        tonic_asks(Arc::clone(&tonic), 10).await;
+        (nodes, echo, plain, raw, tonic)
     });
 
     let mut ran = false;
@@ -446,6 +551,11 @@ pub(super) fn bench_remote_ask(c: &mut Criterion) {
             .to_async(&rt)
             .iter(|| on_worker(remote_asks(plain.1.clone(), REMOTE_ASKS)));
     });
+    group.bench_function("tonic_bidi_echo_tls", |bench| {
+        bench
+            .to_async(&rt)
+            .iter(|| on_worker(tonic_asks(Arc::clone(&tonic), REMOTE_ASKS)));
+    });
     group.bench_function("raw_tcp_prost", |bench| {
         bench
             .to_async(&rt)
@@ -457,13 +567,23 @@ pub(super) fn bench_remote_ask(c: &mut Criterion) {
     // median (the target) needs each round trip timed on its own. Skipped when the group was
     // filtered out.
     if ran {
-        let (muster, raw_tcp) = rt.block_on(ask_latencies(echo.clone(), Arc::clone(&raw)));
-        let (plaintext, _) = rt.block_on(ask_latencies(plain.1.clone(), Arc::clone(&raw)));
+        let (muster, raw_tcp, tonic_echo) = rt.block_on(ask_latencies(
+            echo.clone(),
+            Arc::clone(&raw),
+            Arc::clone(&tonic),
+        ));
+        let (plaintext, _, _) = rt.block_on(ask_latencies(
+            plain.1.clone(),
+            Arc::clone(&raw),
+            Arc::clone(&tonic),
+        ));
         eprintln!(
             "remote_ask round trip over {LATENCY_SAMPLES} sequential asks: \
-             muster_remote_ask_tls {}; muster_remote_ask_plaintext {}; raw_tcp_prost {}",
+             muster_remote_ask_tls {}; muster_remote_ask_plaintext {}; tonic_bidi_echo_tls {}; \
+             raw_tcp_prost {}",
             percentiles(&muster),
             percentiles(&plaintext),
+            percentiles(&tonic_echo),
             percentiles(&raw_tcp)
         );
     }
