@@ -103,7 +103,7 @@ impl Cluster {
             );
             if let Some(assignment) = self
                 .backend
-                .dequeue(&["service".to_owned()], Duration::from_secs(5))
+                .dequeue(&built_in_schedulers(), Duration::from_secs(5))
                 .await?
             {
                 held.insert(assignment.eval.job.clone(), assignment);
@@ -143,6 +143,13 @@ impl Cluster {
         self.agent.stop().await;
         self.master.shutdown().await;
     }
+}
+
+/// The names of the built-in schedulers, which the workers of these tests serve.
+fn built_in_schedulers() -> Vec<String> {
+    muster_model::BUILT_IN_SCHEDULERS
+        .map(str::to_owned)
+        .to_vec()
 }
 
 fn refused<T: std::fmt::Debug, E: std::fmt::Display>(

@@ -2,10 +2,11 @@
 //! task of a lower-priority service job on a full agent (system jobs preempt by default), its
 //! own task runs there, and the service job is evaluated again, its task waiting for room.
 
-use anyhow::ensure;
+use anyhow::{Context as _, ensure};
 use muster_master::testing;
 use muster_master::{MasterConfig, MasterServer};
 use muster_proto::model as model_pb;
+use muster_scheduler::Backend as _;
 
 use crate::common::{self, agent_config, master_config, start_agent};
 
@@ -96,5 +97,39 @@ async fn a_system_job_preempts_a_lower_priority_task_which_is_evaluated_again() 
     ensure!(running == 1, "{after:#?}");
     agent.stop().await;
     master.shutdown().await;
+    Ok(())
+}
+
+/// Through the scheduling API: the snapshot says system jobs may preempt, the remote plan names
+/// the task, and the applier's answer lists it as preempted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_plan_preempts_through_the_scheduling_api() -> anyhow::Result<()> {
+    let cluster = crate::plans_bound::Cluster::start().await?;
+    // The agent has 4 cpus: four tasks of priority 10 fill it.
+    testing::submit(
+        &cluster.master,
+        job("filler", model_pb::SchedulerType::Service, 10, 4),
+    )
+    .await?;
+    let held = cluster.dequeue(&["filler"]).await?;
+    let filler = held.get("filler").context("filler dequeued")?;
+    let filled = cluster.backend.submit(cluster.plan(filler).await?).await?;
+    ensure!(filled.committed.len() == 4, "{filled:?}");
+
+    testing::submit(
+        &cluster.master,
+        job("monitor", model_pb::SchedulerType::System, 90, 1),
+    )
+    .await?;
+    let held = cluster.dequeue(&["monitor"]).await?;
+    let monitor = held.get("monitor").context("monitor dequeued")?;
+    let plan = cluster.plan(monitor).await?;
+    ensure!(plan.preempt.len() == 1 && plan.place.len() == 1, "{plan:?}");
+    ensure!(plan.preempt[0].job == "filler", "{plan:?}");
+    let result = cluster.backend.submit(plan).await?;
+    ensure!(result.preempted.len() == 1, "{result:?}");
+    ensure!(result.committed.len() == 1, "{result:?}");
+    ensure!(cluster.live_tasks("filler").await?.len() == 3);
+    cluster.shutdown().await;
     Ok(())
 }

@@ -337,6 +337,27 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
                 "the page reloaded"
             );
             page.screenshot(&screenshot_path())?;
+            // A job that names a scheduler nobody serves: the list says whose it is, and its
+            // evaluation says why it waits.
+            let named = json!({
+                "name": "trainer", "type": "batch", "scheduler": "nobody-serves",
+                "group": [{ "name": "w", "count": 1, "command": "true",
+                            "cpus": 0.1, "mem_mb": 16 }]
+            });
+            page.run(&format!(
+                "fetch('/v1/jobs', {{method: 'POST', headers: {{'X-Muster-Token': '{}'}}, body: JSON.stringify({named})}}); return true",
+                token.expose()
+            ))?;
+            page.open(&format!("{base}/ui/#/jobs"))?;
+            page.until(
+                "the named scheduler in the job list",
+                "return [...document.querySelectorAll('tr[data-job=\"default/trainer\"] td')].some(td => td.textContent === 'batch · nobody-serves')",
+            )?;
+            page.open(&format!("{base}/ui/#/evaluations"))?;
+            page.until(
+                "why its evaluation waits",
+                "return [...document.querySelectorAll('td')].some(td => td.textContent.startsWith('no scheduler \"nobody-serves\"'))",
+            )?;
             // The agents page shows how each agent takes work.
             page.open(&format!("{base}/ui/#/agents"))?;
             page.until(
