@@ -15,6 +15,10 @@
 //! Until every task fits, the job's evaluation waits (blocked), saying how many found room;
 //! the master's blocked-queue releases it when the room seen since adds up to the whole job.
 //! Only the facade crate `muster` is used, as a program outside this repository would.
+//!
+//! Kept short, it handles what a training job asks: one shape of task (its demand is the
+//! first slot's), no ports, no `distinct_hosts`, no system jobs. The built-in schedulers do
+//! all of that, gangs included (`gang = true`), when a job needs no placement of its own.
 
 use std::time::Duration;
 

@@ -43,7 +43,8 @@
 //! checks each group's constraints once, then walks only the memory keys at or below the free
 //! memory and, within each, only the cpu keys at or below the free cpus: every bucket it
 //! reaches holds evaluations that fit, so the cost follows the number of distinct demand shapes
-//! and of evaluations released, not the number blocked.
+//! and of evaluations released, not the number blocked. Gangs are the exception: each change
+//! is noted in every blocked gang (few, and each note a constraint check and a division).
 
 mod gangs;
 

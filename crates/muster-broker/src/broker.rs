@@ -119,6 +119,8 @@ pub struct EvalBroker {
     writer: Option<RegistryWriter>,
     /// Per scheduler name.
     ready: BTreeMap<String, BTreeMap<ReadyKey, Evaluation>>,
+    /// Where each evaluation of `ready` is: its scheduler and key.
+    ready_at: HashMap<EvalId, (String, ReadyKey)>,
     unacked: HashMap<EvalId, Unacked>,
     /// The job's evaluation that is ready, unacked or waiting out a nack delay.
     in_flight: HashMap<String, EvalId>,
@@ -157,6 +159,7 @@ impl EvalBroker {
             config,
             writer: None,
             ready: BTreeMap::new(),
+            ready_at: HashMap::new(),
             unacked: HashMap::new(),
             in_flight: HashMap::new(),
             pending: HashMap::new(),
@@ -200,6 +203,18 @@ impl EvalBroker {
         }
         match self.in_flight.get(&eval.job) {
             Some(current) if *current != eval.id => {
+                // A job now planned by another scheduler (its named one changed, or it was
+                // stopped): its evaluation still waiting in the old one's queue, handed to no
+                // worker, is superseded rather than waited behind (it may wait for a
+                // scheduler that never comes).
+                let current = current.clone();
+                if let Some(waiting) = self.ready_elsewhere(&current, eval.scheduler_name()) {
+                    self.cancelable.extend([waiting]);
+                    self.in_flight.insert(eval.job.clone(), eval.id.clone());
+                    self.make_ready(eval, ctx);
+                    self.write_next(ctx);
+                    return;
+                }
                 self.pending.entry(eval.job.clone()).or_default().push(eval);
             }
             Some(_) => {}
@@ -208,6 +223,18 @@ impl EvalBroker {
                 self.make_ready(eval, ctx);
             }
         }
+    }
+
+    /// Takes evaluation `id` out of its ready queue if it waits there for a scheduler other
+    /// than `scheduler` (it is not handed out).
+    fn ready_elsewhere(&mut self, id: &EvalId, scheduler: &str) -> Option<Evaluation> {
+        let (name, key) = self
+            .ready_at
+            .get(id)
+            .filter(|(name, _)| name != scheduler)?;
+        let eval = self.ready.get_mut(name)?.remove(key)?;
+        self.ready_at.remove(id);
+        Some(eval)
     }
 
     /// Keeps one timer, for the earliest held-back evaluation.
@@ -268,16 +295,18 @@ impl EvalBroker {
             waiter.reply.send(Ok(Some(delivery)));
             return;
         }
+        let key = ready_key(&eval);
+        self.ready_at.insert(
+            eval.id.clone(),
+            (eval.scheduler_name().to_owned(), key.clone()),
+        );
         match self.ready.get_mut(eval.scheduler_name()) {
             Some(queue) => {
-                queue.insert(ready_key(&eval), eval);
+                queue.insert(key, eval);
             }
             None => {
                 let name = eval.scheduler_name().to_owned();
-                self.ready
-                    .entry(name)
-                    .or_default()
-                    .insert(ready_key(&eval), eval);
+                self.ready.entry(name).or_default().insert(key, eval);
             }
         }
     }
@@ -328,6 +357,13 @@ impl EvalBroker {
         if let Some((key, scheduler)) = best
             && let Some(eval) = self.ready.get_mut(scheduler).and_then(|q| q.remove(&key))
         {
+            self.ready_at.remove(&eval.id);
+            // A name's empty queue goes (the built-in ones' stay, for stats).
+            if self.ready.get(scheduler).is_some_and(BTreeMap::is_empty)
+                && !BUILT_IN_SCHEDULERS.contains(&scheduler.as_str())
+            {
+                self.ready.remove(scheduler);
+            }
             let delivery = self.deliver(eval, ctx);
             return reply.send(Ok(Some(delivery)));
         }
@@ -598,6 +634,7 @@ impl EvalBroker {
         }
         self.roster.none_waiting();
         self.ready.clear();
+        self.ready_at.clear();
         self.unacked.clear();
         self.in_flight.clear();
         self.pending.clear();

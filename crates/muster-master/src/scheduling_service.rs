@@ -179,9 +179,21 @@ fn reason(error: WorkerError) -> String {
     }
 }
 
+/// The most scheduler names one dequeue may list.
+const MAX_SCHEDULER_NAMES: usize = 64;
+
 /// The scheduler names a dequeue asks for: the built-in ones named by type, then those named
 /// by name, each once; at least one, each a valid name.
 fn scheduler_names(types: Vec<i32>, names: Vec<String>) -> Result<Vec<String>, Status> {
+    if names.len() > MAX_SCHEDULER_NAMES {
+        return Err(invalid(FieldError::new(
+            "scheduler_names",
+            format!(
+                "{} names; a worker serves at most {MAX_SCHEDULER_NAMES} schedulers",
+                names.len()
+            ),
+        )));
+    }
     let types = each::<SchedulerType, _>(types, "schedulers").map_err(invalid)?;
     let mut schedulers: Vec<String> = types.iter().map(|t| t.name().to_owned()).collect();
     for (i, name) in names.into_iter().enumerate() {

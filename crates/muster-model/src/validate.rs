@@ -80,6 +80,13 @@ impl Job {
                     format!("{:?} is used by another group", group.name),
                 ));
             }
+            if self.scheduler == SchedulerType::System && group.gang {
+                return Err(invalid(
+                    field("gang"),
+                    "a system job runs a task on every agent that takes it, one by one: it cannot \
+                     be placed all at once",
+                ));
+            }
             if self.scheduler != SchedulerType::System && group.count == 0 {
                 return Err(invalid(field("count"), "must be at least 1"));
             }

@@ -384,7 +384,12 @@ impl Backend for RemoteBackend {
     ) -> Result<Option<Assignment>, WorkerError> {
         let poll = timeout.min(MAX_DEQUEUE_TIMEOUT);
         let request = pb::DequeueRequest {
-            schedulers: Vec::new(),
+            // The built-in ones by type too, as masters from before scheduler names read them.
+            schedulers: schedulers
+                .iter()
+                .filter_map(|name| muster_model::SchedulerType::of_built_in(name))
+                .map(i32::from)
+                .collect(),
             timeout_ms: u64::try_from(poll.as_millis()).unwrap_or(u64::MAX),
             scheduler_names: schedulers.to_vec(),
         };

@@ -24,7 +24,8 @@
 //! the agents hold now.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
 
 use muster_model::{AgentId, Evaluation};
@@ -208,12 +209,13 @@ fn build_plan<P: Placer + ?Sized>(
         crate::quota::usage(&snapshot.quotas, &agents, &plan.job, &plan.stop)
     };
     // Per group, whether it has a slot left unplaced for want of room (false) or by its
-    // namespace's quota (true): one demand each.
-    let mut unplaced_groups: HashSet<(&str, bool)> = HashSet::new();
+    // namespace's quota (true): one demand each, at this position in `plan.unplaced`.
+    let mut unplaced_groups: HashMap<(&str, bool), usize> = HashMap::new();
     for slot in &reconciled.missing {
         let need = slot.resources();
         if let Some(over) = quota.as_ref().and_then(|usage| usage.refusal(need)) {
-            if unplaced_groups.insert((slot.group.name.as_str(), true)) {
+            if let Entry::Vacant(entry) = unplaced_groups.entry((slot.group.name.as_str(), true)) {
+                entry.insert(plan.unplaced.len());
                 plan.unplaced.push(Demand {
                     gang_fitting: 0,
                     gang: 0,
@@ -225,7 +227,8 @@ fn build_plan<P: Placer + ?Sized>(
             continue;
         }
         let fitting = search.fitting(slot);
-        let chosen = if fitting.is_empty() {
+        let no_room = fitting.is_empty();
+        let chosen = if no_room {
             None
         } else {
             let candidates: Vec<Candidate<'_>> = search.candidates(&fitting, slot);
@@ -242,12 +245,13 @@ fn build_plan<P: Placer + ?Sized>(
             found
         };
 
-        // No room anywhere: tasks of lower-priority jobs may make some, where allowed.
+        // No room anywhere (not a placer that declined): tasks of lower-priority jobs may make
+        // some, where allowed.
         let mut victims = Vec::new();
         let chosen = match (chosen, preempting) {
             (Some(at), _) => Some(at),
             // A gang is placed whole or not at all; it does not preempt (yet).
-            (None, Some(priority)) if !slot.group.gang => search
+            (None, Some(priority)) if no_room && !slot.group.gang => search
                 .preemptible(slot, priority, priority_of)
                 .map(|(at, taken)| {
                     victims = taken;
@@ -273,7 +277,10 @@ fn build_plan<P: Placer + ?Sized>(
                 plan.place.push(placement);
             }
             None => {
-                if unplaced_groups.insert((slot.group.name.as_str(), false)) {
+                if let Entry::Vacant(entry) =
+                    unplaced_groups.entry((slot.group.name.as_str(), false))
+                {
+                    entry.insert(plan.unplaced.len());
                     plan.unplaced.push(Demand {
                         gang_fitting: 0,
                         gang: 0,
@@ -285,7 +292,7 @@ fn build_plan<P: Placer + ?Sized>(
             }
         }
     }
-    all_or_nothing(&mut plan, &reconciled.missing);
+    all_or_nothing(&mut plan, &reconciled.missing, &unplaced_groups);
     tracing::debug!(
         eval = %plan.eval,
         job = %plan.job,
@@ -305,7 +312,11 @@ fn build_plan<P: Placer + ?Sized>(
 /// was made: other groups of the job may wait one round longer, never overcommit.)
 ///
 /// [`TaskGroup::gang`]: muster_model::TaskGroup::gang
-fn all_or_nothing(plan: &mut Plan, missing: &[SlotRequest]) {
+fn all_or_nothing(
+    plan: &mut Plan,
+    missing: &[SlotRequest],
+    unplaced_groups: &HashMap<(&str, bool), usize>,
+) {
     let mut gangs: Vec<(&str, u32)> = Vec::new();
     for slot in missing.iter().filter(|slot| slot.group.gang) {
         match gangs.iter_mut().find(|(name, _)| *name == slot.group.name) {
@@ -320,26 +331,17 @@ fn all_or_nothing(plan: &mut Plan, missing: &[SlotRequest]) {
             continue;
         }
         plan.place.retain(|p| p.group != group);
-        let Some(slot) = missing.iter().find(|slot| slot.group.name == group) else {
+        // A gang held back by its namespace's quota waits for the quota (its demand says so);
+        // one short of room turns its demand into the gang's.
+        if unplaced_groups.contains_key(&(group, true)) {
             continue;
-        };
-        // Its demand for room, if a slot found none, becomes the gang's (one held back by a
-        // quota stays as it is). Groups of one shape leave identical demands: any one is its.
-        if let Some(k) = plan.unplaced.iter().position(|d| {
-            d.over_quota.is_none()
-                && d.gang == 0
-                && d.resources == *slot.resources()
-                && d.constraints == slot.constraints()
-        }) {
-            plan.unplaced.remove(k);
         }
-        plan.unplaced.push(Demand {
-            resources: slot.resources().clone(),
-            constraints: slot.constraints().to_vec(),
-            over_quota: None,
-            gang: wanted,
-            gang_fitting: placed,
-        });
+        if let Some(&k) = unplaced_groups.get(&(group, false))
+            && let Some(demand) = plan.unplaced.get_mut(k)
+        {
+            demand.gang = wanted;
+            demand.gang_fitting = placed;
+        }
     }
 }
 

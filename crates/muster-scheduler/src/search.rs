@@ -306,19 +306,29 @@ impl<'a> Search<'a> {
                     .then(a.id().cmp(b.id()))
             });
             let mut free = agent.total.saturating_sub(&self.used(at));
-            let mut taken = Vec::new();
-            let mut highest = 0;
+            let mut taken: Vec<(u8, &'a TaskView)> = Vec::new();
             for (theirs, task) in victims {
                 if need.fits_in(&free) {
                     break;
                 }
                 free = free.saturating_add(&task.resources);
-                highest = highest.max(theirs);
-                taken.push(task);
+                taken.push((theirs, task));
             }
             if taken.is_empty() || !need.fits_in(&free) {
                 continue;
             }
+            // Taken lowest priority first, some may be needless once a larger one is in (a
+            // 1-cpu task, then a 4-cpu one, for 4 cpus): from the highest down, give back each
+            // whose room is not needed.
+            for k in (0..taken.len()).rev() {
+                let without = free.saturating_sub(&taken[k].1.resources);
+                if need.fits_in(&without) {
+                    free = without;
+                    taken.remove(k);
+                }
+            }
+            let highest = taken.iter().map(|(p, _)| *p).max().unwrap_or(0);
+            let taken: Vec<&'a TaskView> = taken.into_iter().map(|(_, task)| task).collect();
             found += 1;
             let rank = (highest, taken.len());
             if best.as_ref().is_none_or(|(best, _, _)| rank < *best) {

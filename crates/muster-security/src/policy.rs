@@ -163,7 +163,9 @@ pub struct SchedulerRule {
     #[serde(default)]
     pub namespaces: Vec<String>,
     /// Patterns of the scheduler names it may serve (`gang`, `gpu-*`, `*`); absent: every
-    /// name (as before schedulers had names), empty: none.
+    /// name (as before schedulers had names), empty: none. Names count only in a rule for
+    /// every namespace (`namespaces = ["*"]`), as serving a scheduler hands out every
+    /// namespace's evaluations.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub names: Option<Vec<String>>,
 }
@@ -376,7 +378,10 @@ impl Acl {
             acl.operator = acl.operator.max(policy.operator.policy);
             acl.scheduler
                 .extend(policy.scheduler.namespaces.iter().cloned());
-            if !policy.scheduler.namespaces.is_empty() {
+            // Serving a scheduler hands out every namespace's evaluations: only a rule for
+            // every namespace grants names (one for some namespaces alone cannot widen
+            // another policy's names).
+            if policy.scheduler.namespaces.iter().any(|n| n == "*") {
                 match &policy.scheduler.names {
                     Some(names) => acl.scheduler_names.extend(names.iter().cloned()),
                     None => {
@@ -564,6 +569,11 @@ mod tests {
         assert!(Acl::of([&any]).may_serve("service"));
         // No scheduling rule at all: none.
         assert!(!Acl::of([&Policy::default()]).may_serve("service"));
+        // A rule for some namespaces grants no names: combined with one that names `gang`, the
+        // token still serves `gang` alone.
+        let team = Policy::parse("[scheduler]\nnamespaces = [\"team-a\"]")?;
+        let both = Acl::of([&gang, &team]);
+        assert!(both.may_serve("gang") && !both.may_serve("service"));
         let none = Policy::parse("[scheduler]\nnamespaces = [\"*\"]\nnames = []")?;
         assert!(!Acl::of([&none]).may_serve("gang"));
         assert!(Acl::management().may_serve("gang"));

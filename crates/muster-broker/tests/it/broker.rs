@@ -484,3 +484,25 @@ async fn a_named_scheduler_gets_only_its_own_evaluations() {
     let gang = after.schedulers.get("gang").copied().unwrap_or_default();
     assert!(!gang.served && gang.last_served_ms.is_some(), "{gang:?}");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_job_moved_to_another_scheduler_does_not_wait_behind_its_old_one() {
+    let writes = Writes::default();
+    let mut waiting = eval("g1", "train", 50, 1);
+    waiting.named_scheduler = Some("gang".into());
+    let broker = start(BrokerConfig::default(), &writes, vec![waiting]);
+    // No `gang` worker: the job is stopped (or re-pointed), and its new evaluation goes to the
+    // built-in service scheduler at once; the old one is canceled.
+    broker
+        .tell(BrokerMsg::Enqueue(vec![eval("s2", "train", 50, 2)]))
+        .map_err(drop)
+        .expect("broker runs");
+    let delivered = dequeue_names(&broker, &["service"], Duration::ZERO).await;
+    assert_eq!(id(&delivered), Some("s2"));
+    assert_eq!(
+        id(&dequeue_names(&broker, &["gang"], Duration::ZERO).await),
+        None
+    );
+    let after = stats(&broker).await;
+    assert_eq!(after.by_scheduler.get("gang").map(|q| q.ready), Some(0));
+}

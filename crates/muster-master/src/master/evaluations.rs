@@ -122,7 +122,11 @@ impl Master {
             && self.leading_term().is_some()
             && let Some(reason) = self.schedulers.unserved_reason(eval.scheduler_name())
         {
-            eval.status_description = reason;
+            eval.status_description = if eval.status_description.is_empty() {
+                reason
+            } else {
+                format!("{}; {reason}", eval.status_description)
+            };
         }
         eval
     }

@@ -190,7 +190,10 @@ impl Master {
                 return reply.send(Err(ServiceError::UnknownJob(name)));
             };
             job.stopped = true;
-            let eval = Evaluation::new(&job, Trigger::JobDeregister);
+            let mut eval = Evaluation::new(&job, Trigger::JobDeregister);
+            // Stopping needs no scheduler of its own: the type's built-in one stops every
+            // task of a stopped job, even while the job's named scheduler is not connected.
+            eval.named_scheduler = None;
             let eval_id = eval.id.0.clone();
             let _ = master.blocked.tell(BlockedMsg::Untrack(name.clone()));
             master.crash_loops.forget_job(&name);
@@ -461,13 +464,27 @@ impl Master {
             .iter()
             .map(|demand| format!("{demand:?}"))
             .collect();
+        // A task of another namespace is only counted: a dry run shows its caller no more
+        // than its own namespace.
+        let namespace = muster_model::namespace_of(&plan.job);
         let preempt = plan
             .preempt
             .iter()
-            .map(|p| pb::PlannedTask {
-                name: name_of(&p.agent, &p.task_id),
-                agent_id: p.agent.0.clone(),
-                task_id: p.task_id.clone(),
+            .map(|p| {
+                let own = muster_model::namespace_of(&p.job) == namespace;
+                pb::PlannedTask {
+                    name: if own {
+                        name_of(&p.agent, &p.task_id)
+                    } else {
+                        "a task of another namespace".to_owned()
+                    },
+                    agent_id: p.agent.0.clone(),
+                    task_id: if own {
+                        p.task_id.clone()
+                    } else {
+                        String::new()
+                    },
+                }
             })
             .collect();
         pb::JobPlan {

@@ -22,7 +22,8 @@ use muster_model::{
 use muster_proto::cluster as pb;
 
 use muster_scheduler::{
-    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Stop, TaskView,
+    AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Preemption, Stop,
+    TaskView,
 };
 
 use super::Master;
@@ -70,6 +71,9 @@ pub struct SchedulingPids {
     /// The master's instruments, for workers to observe their runs in.
     pub instruments: Arc<MasterInstruments>,
 }
+
+/// The most tasks a plan may preempt per placement it makes.
+const MAX_VICTIMS_PER_PLACEMENT: usize = 64;
 
 impl Master {
     /// [`GetSchedulingPids`].
@@ -202,9 +206,9 @@ impl Master {
             committed: Vec::with_capacity(plan.place.len()),
             ..PlanResult::default()
         };
-        // Tasks of lower-priority jobs first, then the plan's own stops: both free room for
-        // its placements.
-        result.preempted = self.preempt(&plan, job.as_ref(), ctx);
+        // The tasks of lower-priority jobs it may preempt: their room counts as free where it
+        // places, and they stop only where a placement is committed.
+        let victims = self.victims(&plan, job.as_ref());
         for stop in plan.stop {
             if self.stop_task(&stop, ctx) {
                 result.stopped.push(stop);
@@ -263,7 +267,12 @@ impl Master {
                 None => per_agent
                     .entry(placement.agent.0.clone())
                     .or_insert_with(|| AgentLaunch {
-                        free: agent.as_ref().map(|agent| agent.free()),
+                        free: agent.as_ref().map(|agent| {
+                            victims
+                                .iter()
+                                .filter(|(victim, _)| victim.agent == placement.agent)
+                                .fold(agent.free(), |free, (_, held)| free.saturating_add(held))
+                        }),
                         ports: None,
                         runs: Vec::with_capacity(1),
                     }),
@@ -319,6 +328,15 @@ impl Master {
                 .rejected
                 .extend(accepted.drain(..).map(|(placement, _, _)| placement));
         }
+        // The victims on agents that take placements stop first; the others keep running.
+        let placing: HashSet<&AgentId> = accepted.iter().map(|(p, _, _)| &p.agent).collect();
+        let victims: Vec<Preemption> = victims
+            .into_iter()
+            .filter(|(victim, _)| placing.contains(&victim.agent))
+            .map(|(victim, _)| victim)
+            .collect();
+        result.preempted = self.stop_victims(victims, job.as_ref(), ctx);
+        let agents = &mut self.cluster.agents;
         for (placement, task, wire) in accepted {
             let (Some(agent), Some(launch)) = (
                 agents.get_mut(&placement.agent.0),
@@ -380,6 +398,18 @@ impl Master {
     /// which does nothing). A scheduler answers one evaluation of one job; a plan that
     /// reaches past it is refused whole, whoever sent it.
     fn plan_in_bounds(&self, plan: &Plan) -> Result<(), ServiceError> {
+        // A victim makes room for a placement on its agent: never more victims than that.
+        if plan.preempt.len() > plan.place.len().saturating_mul(MAX_VICTIMS_PER_PLACEMENT) {
+            return Err(ServiceError::InvalidArgument {
+                field: "preempt".into(),
+                message: format!(
+                    "preempt: {} tasks for {} placements; a plan preempts at most \
+                     {MAX_VICTIMS_PER_PLACEMENT} tasks per placement",
+                    plan.preempt.len(),
+                    plan.place.len()
+                ),
+            });
+        }
         if let Some((i, placement)) = plan
             .place
             .iter()

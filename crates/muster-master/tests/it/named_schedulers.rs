@@ -191,6 +191,16 @@ async fn built_in_and_named_schedulers_each_place_only_their_own_jobs() -> anyho
             .is_leader
     );
 
+    // With its scheduler gone, a gang job can still be stopped: the stop goes to the built-in
+    // scheduler, and its tasks end.
+    admin
+        .stop_job(pb::StopJobRequest {
+            name: "train".into(),
+            ..pb::StopJobRequest::default()
+        })
+        .await?;
+    common::job_runs(&master, "train", 0).await?;
+
     // Back, it places it; the built-in job was never its to touch.
     let (stop, worker) = gang_worker(&backend);
     running(&master, "train-2", 1).await?;

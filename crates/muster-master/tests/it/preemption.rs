@@ -126,6 +126,15 @@ async fn a_remote_plan_preempts_through_the_scheduling_api() -> anyhow::Result<(
     let plan = cluster.plan(monitor).await?;
     ensure!(plan.preempt.len() == 1 && plan.place.len() == 1, "{plan:?}");
     ensure!(plan.preempt[0].job == "filler", "{plan:?}");
+    // A plan whose placement is refused (on an agent that is not there) stops nothing.
+    let mut elsewhere = plan.clone();
+    elsewhere.place[0].agent = muster_model::AgentId("not-an-agent".into());
+    let refused = cluster.backend.submit(elsewhere).await?;
+    ensure!(
+        refused.committed.is_empty() && refused.preempted.is_empty(),
+        "{refused:?}"
+    );
+    ensure!(cluster.live_tasks("filler").await?.len() == 4);
     let result = cluster.backend.submit(plan).await?;
     ensure!(result.preempted.len() == 1, "{result:?}");
     ensure!(result.committed.len() == 1, "{result:?}");

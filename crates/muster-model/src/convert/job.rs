@@ -524,6 +524,15 @@ mod tests {
     }
 
     #[test]
+    fn a_system_job_is_no_gang() {
+        let mut job = submitted();
+        job.scheduler = pb::SchedulerType::System as i32;
+        job.groups[0].gang = true;
+        let refused = Job::from_submitted(job).expect_err("a system gang");
+        assert_eq!(refused.field(), "groups[0].gang");
+    }
+
+    #[test]
     fn a_job_names_its_scheduler_or_takes_its_types() -> Result<(), FieldError> {
         let named = |name: &str| {
             Job::from_submitted(pb::Job {

@@ -11,6 +11,10 @@ use super::agent_view::AgentView;
 /// The number of an agent without the attribute.
 const ABSENT: u32 = u32::MAX;
 
+/// How many values a column keeps numbered, at least, before it starts afresh when it holds
+/// twice as many as there are agents.
+const MIN_VALUES_KEPT: usize = 64;
+
 /// The value of one attribute for each agent of a list (by position), each distinct value
 /// numbered once, in the order first seen.
 #[derive(Clone, Debug, Default)]
@@ -93,6 +97,11 @@ impl AttributeColumn {
         };
         for &p in changed {
             column.read(p as usize, &agents[p as usize]);
+        }
+        // Numbers are never taken back: once values no agent holds any more outnumber the
+        // agents (a spread on a per-host attribute, agents coming and going), start afresh.
+        if column.values.len() > (2 * agents.len()).max(MIN_VALUES_KEPT) {
+            return Some(AttributeColumn::build(&self.key, agents));
         }
         Some(column)
     }
@@ -185,5 +194,39 @@ impl PartialEq for Columns {
     /// Always: columns are a cache of what the agents say, not part of what an index means.
     fn eq(&self, _: &Columns) -> bool {
         true
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use muster_model::{AgentId, Resources};
+
+    use super::*;
+    use crate::plan::TaskView;
+
+    fn host(n: u32, value: &str) -> Arc<AgentView> {
+        Arc::new(AgentView::new(
+            AgentId(format!("agent-{n}")),
+            BTreeMap::from([("host".to_owned(), value.to_owned())]),
+            Resources::default(),
+            Vec::<TaskView>::new(),
+        ))
+    }
+
+    #[test]
+    fn values_no_agent_holds_are_forgotten_in_time() {
+        let mut agents = vec![host(0, "h-0"), host(1, "stays")];
+        let mut column = AttributeColumn::build("host", &agents);
+        for round in 1..500 {
+            agents[0] = host(0, &format!("h-{round}"));
+            column = column.carried(&agents, None, &[0]).unwrap_or(column);
+            assert!(column.values() <= MIN_VALUES_KEPT, "round {round}");
+            let now = column.number_at(0).and_then(|n| column.value(n));
+            assert_eq!(now, Some(format!("h-{round}").as_str()));
+            let kept = column.number_at(1).and_then(|n| column.value(n));
+            assert_eq!(kept, Some("stays"));
+        }
     }
 }

@@ -63,3 +63,23 @@ fn a_gang_that_fits_whole_is_placed_in_one_atomic_plan() {
     assert_eq!(plan.unplaced.len(), 1);
     assert_eq!(plan.unplaced[0].gang, 0);
 }
+
+#[test]
+fn a_gang_held_back_by_its_quota_waits_for_the_quota_alone() {
+    let mut group = group("workers", 4, 1.0, 256);
+    group.gang = true;
+    let job = job("team-a:train", SchedulerType::Batch, vec![group]);
+    let mut snapshot = snapshot(1, vec![agent("a", 8.0, 4096)], vec![job.clone()]);
+    snapshot.quotas.insert(
+        "team-a".to_owned(),
+        muster_model::Quota {
+            tasks: Some(3),
+            ..muster_model::Quota::default()
+        },
+    );
+    let plan = binpack().schedule(&eval_for(&job), &snapshot);
+    assert!(plan.place.is_empty(), "{:?}", plan.place);
+    assert_eq!(plan.unplaced.len(), 1, "{:?}", plan.unplaced);
+    assert!(plan.unplaced[0].over_quota.is_some());
+    assert_eq!(plan.unplaced[0].gang, 0);
+}

@@ -101,3 +101,33 @@ fn a_system_job_preempts_on_each_agent_by_default() {
     assert_eq!(victims[1], "low.g[0]-t");
     assert!(victims[0].starts_with("high.g["), "{victims:?}");
 }
+
+#[test]
+fn a_victim_whose_room_is_not_needed_is_given_back() {
+    // A 1-cpu task of priority 10 and a 4-cpu one of 20 fill the agent; 4 cpus are needed:
+    // taking the 10 first, then the 20, leaves the 10's room needless.
+    let mut small = job(
+        "small",
+        SchedulerType::Service,
+        vec![group("g", 1, 1.0, 64)],
+    );
+    small.priority = 10;
+    let mut large = job(
+        "large",
+        SchedulerType::Service,
+        vec![group("g", 1, 4.0, 64)],
+    );
+    large.priority = 20;
+    let agent = on(
+        agent("c", 5.0, 1024),
+        vec![
+            task("small.g[0]", "small", "g", 1.0, 64, TaskState::Running),
+            task("large.g[0]", "large", "g", 4.0, 64, TaskState::Running),
+        ],
+    );
+    let mut newcomer = newcomer(SchedulerType::Service, 50, 4.0);
+    newcomer.groups[0].resources = res(4.0, 64);
+    let mut snapshot = snapshot(1, vec![agent], vec![small, large, newcomer.clone()]);
+    snapshot.preemption = PreemptionConfig::parse("service").unwrap_or_default();
+    assert_eq!(preempted(&plan(&snapshot, &newcomer)), ["large.g[0]-t"]);
+}
