@@ -54,7 +54,15 @@ pub(crate) async fn spawn_logged(
         .append(true)
         .open(log)
         .with_context(|| format!("opening {}", log.display()))?;
-    spawn_listening_with(command, what, Stdio::from(file)).await
+    spawn_listening_with(command, what, Stdio::from(file))
+        .await
+        .map_err(|e| {
+            // Why it exited is in its log, which goes with the test's directory.
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(20).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            e.context(format!("the end of its log:\n{}", tail.join("\n")))
+        })
 }
 
 async fn spawn_listening_with(
@@ -262,10 +270,21 @@ impl Masters {
 /// A free port of `host` (a loopback address), as `host:port`: bound, then released for a
 /// child to bind.
 pub(crate) async fn free_port_on(host: &str) -> anyhow::Result<String> {
-    let listener = tokio::net::TcpListener::bind((host, 0))
-        .await
-        .with_context(|| format!("binding {host}"))?;
+    let listener = bind_below_ephemeral(host).await?;
     Ok(listener.local_addr()?.to_string())
+}
+
+/// A listener on a port of `host` below the kernel's ephemeral range (32768 and up): a port
+/// checked free and released for a server to bind must not be handed meanwhile to anything
+/// binding port 0 (a test's link proxy, another test's client), as an ephemeral one can be.
+async fn bind_below_ephemeral(host: &str) -> anyhow::Result<tokio::net::TcpListener> {
+    for _ in 0..1_000 {
+        let port = fastrand::u16(12_000..20_000);
+        if let Ok(listener) = tokio::net::TcpListener::bind((host, port)).await {
+            return Ok(listener);
+        }
+    }
+    bail!("no free port of {host} in 12000..20000")
 }
 
 /// `n` distinct free loopback addresses.
@@ -273,7 +292,7 @@ pub(crate) async fn free_ports(n: usize) -> anyhow::Result<Vec<String>> {
     // Held together so they differ, then released for the masters to bind.
     let mut listeners = Vec::new();
     for _ in 0..n {
-        listeners.push(tokio::net::TcpListener::bind("127.0.0.1:0").await?);
+        listeners.push(bind_below_ephemeral("127.0.0.1").await?);
     }
     listeners
         .iter()
