@@ -542,6 +542,15 @@ impl JobSpec {
     }
 }
 
+/// The scheduler that plans a job of type `scheduler` that names `named` (empty: none): the
+/// one it names, or its type's built-in one.
+pub fn planned_by(scheduler: i32, named: &str) -> String {
+    match named {
+        "" => scheduler_name(scheduler).to_owned(),
+        named => named.to_owned(),
+    }
+}
+
 /// The document's word for a scheduler type (`service`, `batch`, `system`; empty if unset).
 pub fn scheduler_name(scheduler: i32) -> &'static str {
     match pb::SchedulerType::try_from(scheduler) {

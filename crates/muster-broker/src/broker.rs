@@ -568,32 +568,31 @@ impl EvalBroker {
                 .collect(),
             ..self.stats.clone()
         };
-        let mut count = |scheduler: &str, field: fn(&mut QueueStats) -> &mut usize| match stats
-            .by_scheduler
-            .get_mut(scheduler)
-        {
-            Some(q) => *field(q) += 1,
-            None => {
-                let mut q = QueueStats::default();
-                *field(&mut q) += 1;
-                stats.by_scheduler.insert(scheduler.to_owned(), q);
-            }
-        };
+        let mut count =
+            |scheduler: &str, n: usize, field: fn(&mut QueueStats) -> &mut usize| match stats
+                .by_scheduler
+                .get_mut(scheduler)
+            {
+                Some(q) => *field(q) += n,
+                None => {
+                    let mut q = QueueStats::default();
+                    *field(&mut q) += n;
+                    stats.by_scheduler.insert(scheduler.to_owned(), q);
+                }
+            };
         for held in self.unacked.values() {
-            count(held.eval.scheduler_name(), |q| &mut q.unacked);
+            count(held.eval.scheduler_name(), 1, |q| &mut q.unacked);
         }
         for eval in &self.failed {
-            count(eval.scheduler_name(), |q| &mut q.failed);
+            count(eval.scheduler_name(), 1, |q| &mut q.failed);
         }
         for eval in self.delayed.values() {
-            count(eval.scheduler_name(), |q| &mut q.delayed);
+            count(eval.scheduler_name(), 1, |q| &mut q.delayed);
         }
         for waiting in self.pending.values() {
+            // A job's waiting evaluations are counted under its first one's scheduler.
             if let Some(eval) = waiting.first() {
-                // A job's evaluations share its scheduler.
-                for _ in waiting {
-                    count(eval.scheduler_name(), |q| &mut q.pending);
-                }
+                count(eval.scheduler_name(), waiting.len(), |q| &mut q.pending);
             }
         }
         // The big queues are counted without walking them: ready by its per-name maps,
@@ -611,10 +610,8 @@ impl EvalBroker {
             q.ready = self.ready.get(scheduler).map_or(0, BTreeMap::len);
             q.cancelable = self.cancelable.count(scheduler)
                 + self.canceling.get(scheduler).copied().unwrap_or(0);
-            let presence = match served.get(scheduler) {
-                Some(presence) => *presence,
-                None => self.roster.presence(scheduler),
-            };
+            // A name no worker ever asked for is not served.
+            let presence = served.get(scheduler).copied().unwrap_or_default();
             stats.schedulers.insert(scheduler.clone(), presence);
         }
         stats

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::ReadInfo;
-use crate::job_spec::scheduler_name;
+use crate::job_spec::{planned_by, scheduler_name};
 
 /// An evaluation: why a job was looked at, and how that ended.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -74,10 +74,7 @@ impl From<pb::Evaluation> for EvaluationInfo {
             namespace,
             priority: eval.priority,
             kind: scheduler_name(eval.scheduler).to_owned(),
-            scheduler: match eval.scheduler_name.as_str() {
-                "" => scheduler_name(eval.scheduler).to_owned(),
-                named => named.to_owned(),
-            },
+            scheduler: planned_by(eval.scheduler, &eval.scheduler_name),
             triggered_by: triggered_by.to_owned(),
             trigger_detail,
             status: status.to_owned(),

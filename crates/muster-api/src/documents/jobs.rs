@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::{DeploymentInfo, EvaluationInfo, ReadInfo, TaskInfo};
-use crate::job_spec::{JobSpec, scheduler_name};
+use crate::job_spec::{JobSpec, planned_by, scheduler_name};
 
 /// Tasks counted by state.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -101,10 +101,7 @@ impl From<cluster_pb::JobList> for JobList {
                     namespace: super::namespace_and_job(j.namespace, String::new()).0,
                     name: j.name,
                     kind: scheduler_name(j.scheduler).to_owned(),
-                    scheduler: match j.scheduler_name.as_str() {
-                        "" => scheduler_name(j.scheduler).to_owned(),
-                        named => named.to_owned(),
-                    },
+                    scheduler: planned_by(j.scheduler, &j.scheduler_name),
                     priority: j.priority,
                     version: j.version,
                     stopped: j.stopped,
