@@ -116,6 +116,9 @@ async fn live<P: Process>(
         if let Err(panic) = outcome {
             return ExitReason::Panicked(panic_message(&*panic));
         }
+        if let Err(panic) = std::panic::catch_unwind(AssertUnwindSafe(|| process.settled(ctx))) {
+            return ExitReason::Panicked(panic_message(&*panic));
+        }
         crate::reply::send_held_if_due();
     }
 }

@@ -64,6 +64,13 @@ pub trait Process: Send + Sized + 'static {
         let _ = (who, reason, ctx);
     }
 
+    /// Runs after each message, each continuation of [`Context::defer`] and each exit notice,
+    /// before the next is taken: the place to publish what the process's state has become
+    /// (a watch channel readers follow), whichever way it changed. The default does nothing.
+    fn settled(&mut self, ctx: &mut Context<Self>) {
+        let _ = ctx;
+    }
+
     /// Runs once after the last message, unless a handler panicked.
     fn stopped(&mut self, reason: &ExitReason) {
         let _ = reason;

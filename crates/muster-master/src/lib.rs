@@ -29,6 +29,7 @@
 
 pub mod authorization;
 mod cluster;
+mod cluster_watch;
 mod config;
 mod drop_later;
 mod error;

@@ -97,7 +97,9 @@ pub mod requests {
     pub use super::leadership::{
         EndPlacementHold, LeadershipChanged, ReregistrationDeadline, RetryLeading, UseNode,
     };
-    pub use super::plans::{GetSchedulingPids, GetSnapshot, SubmitPlan};
+    pub use super::plans::{
+        ClusterPulse, GetSchedulingPids, GetSnapshot, SubmitPlan, WatchChanges,
+    };
     pub use super::tasks::{CheckLaunches, LaunchTask, TaskLogs, TaskStatus};
 }
 
@@ -255,6 +257,8 @@ master_requests! {
     GetSchedulingPids(plans::GetSchedulingPids) => get_scheduling_pids,
     /// The cluster as schedulers see it.
     GetSnapshot(plans::GetSnapshot) => get_snapshot,
+    /// Follow the master's changes, to feed snapshots to a remote scheduler.
+    WatchChanges(plans::WatchChanges) => watch_changes,
     /// Apply a scheduler's plan.
     SubmitPlan(plans::SubmitPlan) => submit_plan,
     // ACL
@@ -360,6 +364,11 @@ pub struct Master {
     /// Whether this master can do its job: it leads (caught up), or it stands by and knows
     /// who leads. The gRPC health service reports it (see [`Master::serving`]).
     serving: tokio::sync::watch::Sender<bool>,
+    /// Moved after each request, timer or continuation handled (see [`plans::ClusterPulse`]).
+    pulse: tokio::sync::watch::Sender<plans::ClusterPulse>,
+    /// Set by a request that changed nothing a watcher follows (a snapshot): the pulse does
+    /// not move for it.
+    quiet: bool,
     /// The histograms and counters observed where things happen, shared with the scheduler
     /// workers (see [`crate::metrics`]).
     instruments: Arc<MasterInstruments>,
@@ -411,6 +420,8 @@ impl Master {
             deployment_watch: std::collections::HashMap::new(),
             leadership_lease: None,
             serving: tokio::sync::watch::Sender::new(false),
+            pulse: tokio::sync::watch::Sender::new(plans::ClusterPulse::default()),
+            quiet: false,
             instruments: Arc::new(MasterInstruments::new()),
             draining: std::collections::BTreeSet::new(),
             job_index: None,
@@ -443,6 +454,24 @@ impl Master {
             let changed = *serving != now;
             *serving = now;
             changed
+        });
+    }
+
+    /// Moves the [`plans::ClusterPulse`] for what was just handled, unless it changed nothing
+    /// a watcher follows.
+    fn publish_pulse(&mut self) {
+        if std::mem::take(&mut self.quiet) {
+            return;
+        }
+        let scheduling = match &self.role {
+            Role::Leading { recovery, .. } => recovery
+                .as_ref()
+                .is_none_or(|recovery| recovery.placements_held.is_none()),
+            Role::Standby { .. } | Role::Starting { .. } => false,
+        };
+        self.pulse.send_modify(|pulse| {
+            pulse.changes = pulse.changes.wrapping_add(1);
+            pulse.scheduling = scheduling;
         });
     }
 
@@ -538,7 +567,11 @@ impl Process for Master {
 
     async fn handle(&mut self, msg: MasterMsg, ctx: &mut Context<Self>) {
         self.on_message(msg, ctx);
+    }
+
+    fn settled(&mut self, _ctx: &mut Context<Self>) {
         self.publish_serving();
+        self.publish_pulse();
     }
 }
 

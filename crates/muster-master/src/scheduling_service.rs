@@ -13,12 +13,14 @@ use muster_model::{EvalId, Evaluation, SchedulerType, namespace_of};
 use muster_proto::scheduling as pb;
 use muster_proto::scheduling::scheduling_server::{Scheduling, SchedulingServer};
 use muster_scheduler::protocol::{DEFAULT_MAX_MESSAGE_SIZE, MAX_DEQUEUE_TIMEOUT};
+use muster_scheduler::replica::Feed;
 use muster_scheduler::{Backend, Demand, Plan, WorkerError};
 use muster_security::Caller;
 use tonic::{Request, Response, Status};
 
+use crate::cluster_watch::{self, visible_to};
 use crate::error::ServiceError;
-use crate::master::requests::{GetMetrics, GetState};
+use crate::master::requests::{GetMetrics, GetState, WatchChanges};
 use crate::visibility::caller_of;
 use crate::workers::LocalBackend;
 
@@ -47,8 +49,13 @@ impl SchedulingService {
             .max_encoding_message_size(DEFAULT_MAX_MESSAGE_SIZE)
     }
 
+    /// The master and broker it answers for.
+    pub(crate) fn backend(&self) -> &LocalBackend {
+        &self.backend
+    }
+
     /// `Ok` if this master leads; otherwise the error that sends the caller on.
-    async fn leading(&self) -> Result<(), ServiceError> {
+    pub(crate) async fn leading(&self) -> Result<(), ServiceError> {
         let master = self.backend.master();
         if master
             .ask(|reply| GetMetrics { reply }.into())
@@ -147,18 +154,6 @@ impl SchedulingService {
         };
         error.into()
     }
-}
-
-/// `snapshot` without the jobs' environments: a scheduler places tasks, it does not run
-/// them, and the plan applier takes what a task runs from the stored job, never from a plan.
-/// (Environments hold secrets; the `schedule` capability does not read them.)
-fn without_secrets(mut snapshot: pb::ClusterSnapshot) -> pb::ClusterSnapshot {
-    for job in snapshot.jobs.values_mut() {
-        for group in &mut job.groups {
-            group.env.clear();
-        }
-    }
-    snapshot
 }
 
 fn invalid(e: FieldError) -> Status {
@@ -262,18 +257,41 @@ impl Scheduling for SchedulingService {
         // A standby's snapshot is empty, not an error: ask who leads first.
         self.leading().await?;
         match self.backend.snapshot(min_index).await {
-            Ok(snapshot) => {
-                let mut snapshot = without_secrets(snapshot.into());
-                snapshot
-                    .jobs
-                    .retain(|id, _| caller.acl.may_schedule(namespace_of(id)));
-                snapshot
-                    .quotas
-                    .retain(|namespace, _| caller.acl.may_schedule(namespace));
-                Ok(Response::new(snapshot))
-            }
+            Ok(snapshot) => Ok(Response::new(visible_to(&caller, snapshot).into())),
             Err(error) => Err(self.refused(error).await),
         }
+    }
+
+    type WatchClusterStream = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<pb::ClusterChange, Status>> + Send + 'static>,
+    >;
+
+    async fn watch_cluster(
+        &self,
+        request: Request<pb::WatchClusterRequest>,
+    ) -> Result<Response<Self::WatchClusterStream>, Status> {
+        let caller = caller_of(&request);
+        let holding = request.into_inner().holding.unwrap_or_default();
+        self.leading().await?;
+        let pulse = self
+            .backend
+            .master()
+            .ask(|reply| WatchChanges { reply }.into())
+            .await
+            .map_err(ServiceError::from)?;
+        let (out, changes) = tokio::sync::mpsc::channel(2);
+        tokio::spawn(cluster_watch::run(
+            self.clone(),
+            caller,
+            Feed::new(holding),
+            pulse,
+            out,
+        ));
+        let stream = futures_util::stream::unfold(changes, |mut changes| async move {
+            let change = changes.recv().await?;
+            Some((change, changes))
+        });
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn submit_plan(

@@ -129,6 +129,7 @@ mod quota;
 pub mod ranking;
 pub mod reconcile;
 pub mod remote;
+pub mod replica;
 pub mod scheduler;
 mod search;
 pub mod wire;

@@ -37,6 +37,14 @@ pub const MAX_DEQUEUE_TIMEOUT: Duration = Duration::from_secs(30);
 /// The default largest message either side sends or accepts: snapshots of big clusters are big.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 64 * 1024 * 1024;
 
+/// How often a leader's `WatchCluster` stream carries a message when nothing changes (the
+/// index as it is), so that a watcher can tell a quiet cluster from a silent leader.
+pub const WATCH_KEEPALIVE: Duration = Duration::from_secs(1);
+
+/// How long a watcher waits for a message before it takes the leader as gone and watches
+/// again, at the leader it finds then.
+pub const WATCH_SILENCE: Duration = Duration::from_secs(5);
+
 /// Metadata key of a standby's answer: the leading master's `host:port`.
 pub const LEADER_METADATA: &str = "muster-leader";
 

@@ -36,6 +36,10 @@ use crate::protocol::{
 };
 use crate::worker::{Assignment, Backend, WorkerError};
 
+mod follower;
+
+pub use follower::Received;
+
 /// How a [`RemoteBackend`] talks to the masters.
 #[derive(Clone, Debug)]
 pub struct RemoteConfig {
@@ -50,6 +54,13 @@ pub struct RemoteConfig {
     pub call_timeout: Duration,
     /// The largest message sent or accepted.
     pub max_message_size: usize,
+    /// Keep a live copy of the cluster (`WatchCluster`, see [`replica`](crate::replica)) and
+    /// plan against it, rather than ask for a whole snapshot per evaluation. On by default;
+    /// a master that does not offer watches is asked for snapshots either way.
+    pub replica: bool,
+    /// How long an evaluation waits for the copy to reach its index before it is handed
+    /// back ([`WorkerError::StaleSnapshot`]), to be planned again.
+    pub index_wait: Duration,
 }
 
 impl RemoteConfig {
@@ -61,6 +72,8 @@ impl RemoteConfig {
             connect_timeout: Duration::from_secs(2),
             call_timeout: Duration::from_secs(30),
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
+            replica: true,
+            index_wait: Duration::from_secs(5),
         }
     }
 }
@@ -101,6 +114,10 @@ pub struct RemoteBackend {
 struct Inner {
     config: RemoteConfig,
     masters: Mutex<Masters>,
+    /// The live copy of the cluster and its progress.
+    replica: Arc<follower::Shared>,
+    /// Dropped with the last clone of the backend: the follower then ends.
+    alive: tokio::sync::watch::Sender<()>,
 }
 
 struct Masters {
@@ -241,6 +258,8 @@ impl RemoteBackend {
             inner: Arc::new(Inner {
                 config,
                 masters: Mutex::new(Masters { known, current: 0 }),
+                replica: Arc::new(follower::Shared::default()),
+                alive: tokio::sync::watch::Sender::new(()),
             }),
         })
     }
@@ -315,12 +334,12 @@ impl RemoteBackend {
         };
     }
 
-    /// Sends a request made by `make` to the leading master, following the leader.
-    /// `resend` says whether a request that may have reached a master that then went away
+    /// Sends a request made by `make` to the leading master, following the leader, with a
+    /// deadline of `timeout` (`None` for a stream that lasts). `resend` says whether a request that may have reached a master that then went away
     /// may be sent to another.
     async fn call<Req, Rep, F, Fut>(
         &self,
-        timeout: Duration,
+        timeout: Option<Duration>,
         resend: bool,
         make: impl Fn() -> Req,
         send: F,
@@ -334,7 +353,9 @@ impl RemoteBackend {
         for _ in 0..rounds.max(2) {
             let (address, client) = self.target();
             let mut request = Request::new(make());
-            request.set_timeout(timeout);
+            if let Some(timeout) = timeout {
+                request.set_timeout(timeout);
+            }
             let status = match send(client, request).await {
                 Ok(reply) => return Ok(reply.into_inner()),
                 Err(status) => status,
@@ -371,51 +392,38 @@ impl RemoteBackend {
         )))
     }
 
-    fn call_timeout(&self) -> Duration {
-        self.inner.config.call_timeout
+    fn call_timeout(&self) -> Option<Duration> {
+        Some(self.inner.config.call_timeout)
     }
-}
 
-impl Backend for RemoteBackend {
-    async fn dequeue(
+    /// Opens a watch of the cluster at the leader for a copy that holds `holding`; the
+    /// address of the master it is open at, and the stream.
+    async fn open_watch(
         &self,
-        schedulers: &[String],
-        timeout: Duration,
-    ) -> Result<Option<Assignment>, WorkerError> {
-        let poll = timeout.min(MAX_DEQUEUE_TIMEOUT);
-        let request = pb::DequeueRequest {
-            // The built-in ones by type too, as masters from before scheduler names read them.
-            schedulers: schedulers
-                .iter()
-                .filter_map(|name| muster_model::SchedulerType::of_built_in(name))
-                .map(i32::from)
-                .collect(),
-            timeout_ms: u64::try_from(poll.as_millis()).unwrap_or(u64::MAX),
-            scheduler_names: schedulers.to_vec(),
+        holding: pb::ReplicaDigest,
+    ) -> Result<(String, tonic::Streaming<pb::ClusterChange>), CallError> {
+        let request = pb::WatchClusterRequest {
+            holding: Some(holding),
         };
-        let reply = self
+        let stream = self
             .call(
-                poll + self.call_timeout(),
+                None,
                 true,
                 || request.clone(),
-                |mut client, request| async move { client.dequeue(request).await },
+                |mut client, request| async move { client.watch_cluster(request).await },
             )
-            .await
-            .map_err(|e| match e {
-                CallError::Unavailable(why) => WorkerError::Unavailable(why),
-                CallError::Status(status) => WorkerError::Dequeue(reason(&status)),
-            })?;
-        reply
-            .assignment
-            .map(|assignment| {
-                read::<Assignment, _>(assignment, "assignment").map_err(|e| {
-                    WorkerError::Dequeue(format!("the master's reply is malformed: {e}"))
-                })
-            })
-            .transpose()
+            .await?;
+        Ok((self.current(), stream))
     }
 
-    async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
+    /// What this backend has received of the cluster's state so far (snapshots asked for,
+    /// and the watch's changes), for those who measure it.
+    pub fn received(&self) -> Received {
+        self.inner.replica.received()
+    }
+
+    /// A whole snapshot, asked for (`Scheduling/Snapshot`).
+    async fn snapshot_asked(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
         let snapshot = self
             .call(
                 self.call_timeout(),
@@ -440,6 +448,9 @@ impl Backend for RemoteBackend {
                     reason: reason(&status),
                 },
             })?;
+        self.inner
+            .replica
+            .count_snapshot(prost::Message::encoded_len(&snapshot));
         let snapshot = ClusterSnapshot::try_from(snapshot).map_err(|e| WorkerError::Snapshot {
             min_index,
             reason: format!("the master's reply is malformed: {}", e.within("snapshot")),
@@ -451,6 +462,62 @@ impl Backend for RemoteBackend {
             });
         }
         Ok(snapshot)
+    }
+}
+
+impl Backend for RemoteBackend {
+    async fn dequeue(
+        &self,
+        schedulers: &[String],
+        timeout: Duration,
+    ) -> Result<Option<Assignment>, WorkerError> {
+        let poll = timeout.min(MAX_DEQUEUE_TIMEOUT);
+        let request = pb::DequeueRequest {
+            // The built-in ones by type too, as masters from before scheduler names read them.
+            schedulers: schedulers
+                .iter()
+                .filter_map(|name| muster_model::SchedulerType::of_built_in(name))
+                .map(i32::from)
+                .collect(),
+            timeout_ms: u64::try_from(poll.as_millis()).unwrap_or(u64::MAX),
+            scheduler_names: schedulers.to_vec(),
+        };
+        let reply = self
+            .call(
+                Some(poll + self.inner.config.call_timeout),
+                true,
+                || request.clone(),
+                |mut client, request| async move { client.dequeue(request).await },
+            )
+            .await
+            .map_err(|e| match e {
+                CallError::Unavailable(why) => WorkerError::Unavailable(why),
+                CallError::Status(status) => WorkerError::Dequeue(reason(&status)),
+            })?;
+        reply
+            .assignment
+            .map(|assignment| {
+                read::<Assignment, _>(assignment, "assignment").map_err(|e| {
+                    WorkerError::Dequeue(format!("the master's reply is malformed: {e}"))
+                })
+            })
+            .transpose()
+    }
+
+    async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
+        if !self.inner.config.replica || self.inner.replica.unsupported() {
+            return self.snapshot_asked(min_index).await;
+        }
+        follower::start(&self.inner);
+        match self
+            .inner
+            .replica
+            .snapshot_at(min_index, self.inner.config.index_wait)
+            .await
+        {
+            Err(follower::Unsupported) => self.snapshot_asked(min_index).await,
+            Ok(answer) => answer,
+        }
     }
 
     async fn submit(&self, plan: Plan) -> Result<PlanResult, WorkerError> {

@@ -137,7 +137,7 @@ impl From<ClusterSnapshot> for pb::ClusterSnapshot {
     }
 }
 
-fn quota_to_wire(quota: Quota) -> pb::Quota {
+pub(crate) fn quota_to_wire(quota: Quota) -> pb::Quota {
     pb::Quota {
         cpus: quota.cpus,
         mem_mb: quota.mem_mb,
@@ -146,7 +146,7 @@ fn quota_to_wire(quota: Quota) -> pb::Quota {
 }
 
 /// A quota from the wire: cpus, if limited, finite and not negative.
-fn quota_from_wire(proto: pb::Quota, field: &str) -> Result<Quota, FieldError> {
+pub(crate) fn quota_from_wire(proto: pb::Quota, field: &str) -> Result<Quota, FieldError> {
     if let Some(cpus) = proto.cpus
         && !(cpus.is_finite() && cpus >= 0.0)
     {
@@ -186,19 +186,29 @@ impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
             held: proto.held.into_iter().collect(),
             job_index: None,
             quotas,
-            deployments: each::<muster_model::Deployment, _>(proto.deployments, "deployments")?
-                .into_iter()
-                .map(|d| (d.job.clone(), d))
-                .collect(),
-            preemption: proto
-                .preemption
-                .map_or_else(PreemptionConfig::default, |p| PreemptionConfig {
-                    service: p.service,
-                    batch: p.batch,
-                    system: p.system,
-                }),
+            deployments: deployments_from_wire(proto.deployments)?,
+            preemption: preemption_from_wire(proto.preemption),
         })
     }
+}
+
+/// Deployments from the wire, by job.
+pub(crate) fn deployments_from_wire(
+    protos: Vec<muster_proto::model::Deployment>,
+) -> Result<BTreeMap<String, muster_model::Deployment>, FieldError> {
+    Ok(each::<muster_model::Deployment, _>(protos, "deployments")?
+        .into_iter()
+        .map(|d| (d.job.clone(), d))
+        .collect())
+}
+
+/// The preemption setting from the wire; the default if it is missing.
+pub(crate) fn preemption_from_wire(proto: Option<pb::PreemptionConfig>) -> PreemptionConfig {
+    proto.map_or_else(PreemptionConfig::default, |p| PreemptionConfig {
+        service: p.service,
+        batch: p.batch,
+        system: p.system,
+    })
 }
 
 impl From<Placement> for pb::Placement {

@@ -125,3 +125,51 @@ async fn a_continuation_is_dropped_once_the_process_has_ended() -> anyhow::Resul
     );
     Ok(())
 }
+
+/// Publishes its count after everything it handles, whichever way the count changed.
+struct Published {
+    count: u32,
+    out: tokio::sync::watch::Sender<u32>,
+}
+
+enum PublishedMsg {
+    /// Adds one now.
+    Add,
+    /// Adds one when `source` is ready, in a continuation.
+    AddLater(oneshot::Receiver<()>),
+}
+
+impl Process for Published {
+    type Message = PublishedMsg;
+
+    async fn handle(&mut self, msg: PublishedMsg, ctx: &mut Context<Self>) {
+        match msg {
+            PublishedMsg::Add => self.count += 1,
+            PublishedMsg::AddLater(source) => {
+                ctx.defer(source, |published: &mut Published, _, _| {
+                    published.count += 1;
+                });
+            }
+        }
+    }
+
+    fn settled(&mut self, _ctx: &mut Context<Self>) {
+        self.out.send_replace(self.count);
+    }
+}
+
+#[tokio::test]
+async fn settled_runs_after_messages_and_continuations_alike() -> anyhow::Result<()> {
+    let system = System::new();
+    let (out, mut seen) = tokio::sync::watch::channel(0);
+    let pid = system.spawn(Published { count: 0, out });
+    pid.tell(PublishedMsg::Add)?;
+    tokio::time::timeout(Duration::from_secs(10), seen.wait_for(|&n| n == 1)).await??;
+    let (ready, source) = oneshot::channel();
+    pid.tell(PublishedMsg::AddLater(source))?;
+    let _ = ready.send(());
+    // Only the continuation moves the count to 2; no message follows it.
+    tokio::time::timeout(Duration::from_secs(10), seen.wait_for(|&n| n == 2)).await??;
+    system.shutdown().await;
+    Ok(())
+}

@@ -49,6 +49,25 @@ pub struct GetSnapshot {
     pub reply: Reply<ClusterSnapshot>,
 }
 
+/// Follow the master's changes: a watch of [`ClusterPulse`], for a feed of snapshots to
+/// remote schedulers (`Scheduling/WatchCluster`).
+#[derive(Debug)]
+pub struct WatchChanges {
+    /// The watch.
+    pub reply: Reply<tokio::sync::watch::Receiver<ClusterPulse>>,
+}
+
+/// What a watcher of the master's state needs to know to take the next snapshot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ClusterPulse {
+    /// Counts the requests, timers and continuations handled, but for snapshots: a snapshot
+    /// taken after this moves may differ from one taken before.
+    pub changes: u64,
+    /// Whether this master leads and schedules: caught up, and not holding placements back
+    /// while the agents of a failover re-register.
+    pub scheduling: bool,
+}
+
 /// Apply a scheduler's plan: stops, then each placement that still fits.
 #[derive(Debug)]
 pub struct SubmitPlan {
@@ -58,7 +77,7 @@ pub struct SubmitPlan {
     pub reply: Reply<Result<PlanResult, ServiceError>>,
 }
 
-notice!(GetSchedulingPids, GetSnapshot);
+notice!(GetSchedulingPids, GetSnapshot, WatchChanges);
 answered_request!(SubmitPlan);
 
 /// The processes beside the master that hold its scheduling state.
@@ -95,7 +114,19 @@ impl Master {
         GetSnapshot { reply }: GetSnapshot,
         _ctx: &mut Context<Self>,
     ) {
+        // Taking a snapshot changes nothing a watcher follows.
+        self.quiet = true;
         reply.send(self.snapshot());
+    }
+
+    /// [`WatchChanges`].
+    pub(super) fn watch_changes(
+        &mut self,
+        WatchChanges { reply }: WatchChanges,
+        _ctx: &mut Context<Self>,
+    ) {
+        self.quiet = true;
+        reply.send(self.pulse.subscribe());
     }
 
     /// [`SubmitPlan`]: applied only by a master a quorum still follows (a leader paused and

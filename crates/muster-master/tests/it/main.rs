@@ -7,6 +7,7 @@ mod acl;
 mod agent_claims;
 mod attacks;
 mod cli;
+mod cluster_watch;
 mod drain;
 mod event_secrets;
 mod failover;

@@ -1,0 +1,278 @@
+//! The leader's side of a watch: what one watcher's copy holds, and the changes that bring it
+//! to the next snapshot.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+
+use muster_model::convert::unsorted;
+use muster_model::{Deployment, Job, PreemptionConfig, Quota};
+use muster_proto::scheduling as pb;
+use prost::Message;
+
+use super::digest;
+use super::wire::{settings_to_wire, task_to_wire};
+use crate::plan::{AgentView, ClusterSnapshot};
+
+/// The size a message of changes is kept under (an agent with its tasks is never split, so
+/// one agent of more than this makes a message of its own).
+pub const PAGE_BYTES: usize = 1 << 20;
+
+/// What one watcher holds, as far as the leader knows: the views and jobs it was last sent
+/// (or, after a resume, their digests).
+///
+/// [`Feed::changes`] turns each new [`ClusterSnapshot`] into the messages that bring the
+/// watcher's copy to it. A view the snapshot shares with the last one ([`Arc::ptr_eq`]) costs
+/// a pointer comparison; a changed one, its tasks compared by id and pointer; only what
+/// changed is sent.
+#[derive(Debug, Default)]
+pub struct Feed {
+    /// By agent id, in order.
+    agents: BTreeMap<String, Held<Arc<AgentView>>>,
+    jobs: BTreeMap<String, Held<Job>>,
+    /// The small parts as last sent; `None` before the first.
+    settings: Option<Settings>,
+    /// The index last sent.
+    index: Option<u64>,
+    page_bytes: usize,
+}
+
+/// What a watcher holds of one agent or job.
+#[derive(Debug)]
+enum Held<T> {
+    /// What it was sent.
+    Sent(T),
+    /// A digest of what it holds, told when it resumed.
+    Digest(u64),
+}
+
+/// The parts of a snapshot that are sent whole.
+#[derive(Clone, Debug, PartialEq)]
+pub(super) struct Settings {
+    pub(super) held: BTreeSet<String>,
+    pub(super) quotas: BTreeMap<String, Quota>,
+    pub(super) deployments: BTreeMap<String, Deployment>,
+    pub(super) preemption: PreemptionConfig,
+}
+
+impl Settings {
+    fn of(snapshot: &ClusterSnapshot) -> Self {
+        Settings {
+            held: snapshot.held.clone(),
+            quotas: snapshot.quotas.clone(),
+            deployments: snapshot.deployments.clone(),
+            preemption: snapshot.preemption,
+        }
+    }
+}
+
+impl Feed {
+    /// A feed for a watcher that holds `holding` (empty for nothing).
+    pub fn new(holding: pb::ReplicaDigest) -> Self {
+        Feed {
+            agents: holding
+                .agents
+                .into_iter()
+                .map(|(id, digest)| (id, Held::Digest(digest)))
+                .collect(),
+            jobs: holding
+                .jobs
+                .into_iter()
+                .map(|(name, digest)| (name, Held::Digest(digest)))
+                .collect(),
+            settings: None,
+            index: None,
+            page_bytes: PAGE_BYTES,
+        }
+    }
+
+    /// The same, with messages kept under `bytes` (tests page small clusters this way).
+    pub fn with_page_bytes(mut self, bytes: usize) -> Self {
+        self.page_bytes = bytes.max(1);
+        self
+    }
+
+    /// The messages that bring the watcher from what it holds to `snapshot`, the last marked
+    /// complete; none if it holds `snapshot` already. `snapshot` lists its agents by id, each
+    /// once, as a master's do.
+    pub fn changes(&mut self, snapshot: &ClusterSnapshot) -> Vec<pb::ClusterChange> {
+        let mut pages = Pages::new(self.page_bytes);
+        self.agent_changes(snapshot, &mut pages);
+        self.job_changes(snapshot, &mut pages);
+        let settings = Settings::of(snapshot);
+        let settings_changed = self.settings.as_ref() != Some(&settings);
+        if pages.is_empty() && !settings_changed && self.index == Some(snapshot.index) {
+            return Vec::new();
+        }
+        if settings_changed {
+            pages.last().settings = Some(settings_to_wire(&settings));
+            self.settings = Some(settings);
+        }
+        self.index = Some(snapshot.index);
+        pages.finish(snapshot.index)
+    }
+
+    fn agent_changes(&mut self, snapshot: &ClusterSnapshot, pages: &mut Pages) {
+        let mut was = std::mem::take(&mut self.agents);
+        for view in &snapshot.agents {
+            let change = match was.remove(&view.id.0) {
+                Some(Held::Sent(old)) if Arc::ptr_eq(&old, view) => None,
+                Some(Held::Sent(old)) => agent_change(&old, view),
+                Some(Held::Digest(held)) if held == digest::agent(view) => None,
+                Some(Held::Digest(_)) | None => Some(whole_agent(view)),
+            };
+            if let Some(change) = change {
+                pages.add(|page| page.agents.push(change));
+            }
+            self.agents
+                .insert(view.id.0.clone(), Held::Sent(Arc::clone(view)));
+        }
+        for gone in was.into_keys() {
+            pages.add(|page| page.agents_gone.push(gone));
+        }
+    }
+
+    fn job_changes(&mut self, snapshot: &ClusterSnapshot, pages: &mut Pages) {
+        let mut was = std::mem::take(&mut self.jobs);
+        for (name, job) in &snapshot.jobs {
+            let same = match was.remove(name) {
+                Some(Held::Sent(old)) => old == *job,
+                Some(Held::Digest(held)) => held == digest::job(job),
+                None => false,
+            };
+            if !same {
+                let wire: muster_proto::model::Job = job.clone().into();
+                pages.add(|page| page.jobs.push(wire));
+            }
+            self.jobs.insert(name.clone(), Held::Sent(job.clone()));
+        }
+        for gone in was.into_keys() {
+            pages.add(|page| page.jobs_gone.push(gone));
+        }
+    }
+}
+
+/// An agent new to the watcher, or held by digest only: all of it.
+fn whole_agent(view: &AgentView) -> pb::AgentChange {
+    pb::AgentChange {
+        id: view.id.0.clone(),
+        header: Some(header(view)),
+        replace_tasks: true,
+        tasks: view.tasks().iter().map(task_to_wire).collect(),
+        tasks_gone: Vec::new(),
+    }
+}
+
+/// An agent's fields without its tasks.
+fn header(view: &AgentView) -> pb::AgentView {
+    pb::AgentView {
+        id: view.id.0.clone(),
+        attributes: unsorted(view.attributes.clone()),
+        total: Some(view.total.clone().into()),
+        tasks: Vec::new(),
+        ineligible: !view.eligible,
+        drain: muster_proto::model::DrainPhase::from(view.drain).into(),
+        dynamic_ports: Some(view.dynamic_ports.into()),
+    }
+}
+
+/// What changed from `old` to `new` (the same agent), if anything did.
+fn agent_change(old: &AgentView, new: &AgentView) -> Option<pb::AgentChange> {
+    let header_changed = old.attributes != new.attributes
+        || old.total != new.total
+        || old.eligible != new.eligible
+        || old.drain != new.drain
+        || old.dynamic_ports != new.dynamic_ports;
+    let before: HashMap<&str, &Arc<crate::plan::TaskView>, foldhash::fast::RandomState> =
+        old.tasks().iter().map(|task| (task.id(), task)).collect();
+    let mut tasks = Vec::new();
+    let mut kept = 0;
+    for task in new.tasks() {
+        match before.get(task.id()) {
+            Some(was) if Arc::ptr_eq(was, task) || ***was == **task => kept += 1,
+            Some(_) => {
+                kept += 1;
+                tasks.push(task_to_wire(task));
+            }
+            None => tasks.push(task_to_wire(task)),
+        }
+    }
+    let tasks_gone: Vec<String> = if kept == before.len() {
+        Vec::new()
+    } else {
+        let now: std::collections::HashSet<&str, foldhash::fast::RandomState> =
+            new.tasks().iter().map(|task| task.id()).collect();
+        before
+            .keys()
+            .filter(|id| !now.contains(*id))
+            .map(|id| (*id).to_owned())
+            .collect()
+    };
+    if !header_changed && tasks.is_empty() && tasks_gone.is_empty() {
+        return None;
+    }
+    Some(pb::AgentChange {
+        id: new.id.0.clone(),
+        header: header_changed.then(|| header(new)),
+        replace_tasks: false,
+        tasks,
+        tasks_gone,
+    })
+}
+
+/// Messages of changes being filled, each kept under a size.
+struct Pages {
+    done: Vec<pb::ClusterChange>,
+    open: pb::ClusterChange,
+    /// The open message's encoded size: the sum of its additions' (repeated fields encode
+    /// element by element).
+    open_bytes: usize,
+    limit: usize,
+}
+
+impl Pages {
+    fn new(limit: usize) -> Self {
+        Pages {
+            done: Vec::new(),
+            open: pb::ClusterChange::default(),
+            open_bytes: 0,
+            limit,
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.done.is_empty() && self.open_bytes == 0
+    }
+
+    /// Adds to the open message with `add`; if that takes it over the limit, the message
+    /// without the addition is closed and the addition opens the next.
+    fn add(&mut self, add: impl FnOnce(&mut pb::ClusterChange)) {
+        let mut next = pb::ClusterChange::default();
+        add(&mut next);
+        let bytes = next.encoded_len();
+        if self.open_bytes > 0 && self.open_bytes + bytes > self.limit {
+            self.done.push(std::mem::take(&mut self.open));
+            self.open_bytes = 0;
+        }
+        self.open_bytes += bytes;
+        let open = &mut self.open;
+        open.agents.append(&mut next.agents);
+        open.agents_gone.append(&mut next.agents_gone);
+        open.jobs.append(&mut next.jobs);
+        open.jobs_gone.append(&mut next.jobs_gone);
+    }
+
+    fn last(&mut self) -> &mut pb::ClusterChange {
+        &mut self.open
+    }
+
+    /// Every message, the last complete at `index`.
+    fn finish(mut self, index: u64) -> Vec<pb::ClusterChange> {
+        for page in &mut self.done {
+            page.index = index;
+        }
+        self.open.index = index;
+        self.open.complete = true;
+        self.done.push(self.open);
+        self.done
+    }
+}
