@@ -21,6 +21,16 @@
 //! what the master holds per task; the heap is counted by a thin wrapper around mimalloc (the
 //! binaries' allocator) that adds up what is allocated and not freed.
 //!
+//! A fourth run, `Binpack remote`, moves the scheduler out of the master: the master runs no
+//! workers, and this binary started again as a second OS process runs two binpack workers
+//! behind a `RemoteBackend` over mutual TLS with a `schedule` token, planning against its live
+//! copy of the cluster (`Scheduling/WatchCluster`). It prints, besides the rate, the bytes of
+//! cluster state the scheduler received over the run and per job, then for one more job
+//! submitted into the full cluster, beside the size of a whole snapshot then (what that job's
+//! evaluation pulled before the copy). `MUSTER_C2M_PLACEMENT=remote-asking` runs it asking
+//! for a snapshot per evaluation instead (slow: each is the whole cluster), and `remote-both`
+//! runs in-master binpack, remote and remote-asking one after another.
+//!
 //! Baseline in the same run, `transport floor`: the same number of launches, each job's 1,000
 //! tasks as one-task `LaunchTasks` messages to 1,000 consecutive agents (the shape spread
 //! placement sends), told by a node of this program straight to the same stand-in agents over
@@ -42,7 +52,7 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use futures_util::stream;
 use muster::actor::{Context, Node, Pid, Process, RemoteError, System, Upid};
-use muster::master::requests::{GetMetrics, RegisterAgent};
+use muster::master::requests::{GetMetrics, GetSnapshot, RegisterAgent};
 use muster::master::{MasterConfig, MasterServer, Placement, testing as master_testing};
 use muster::proto::cluster as pb;
 use muster::proto::model as model_pb;
@@ -51,6 +61,8 @@ use muster_security::testing::TestPki;
 
 #[path = "common/counted.rs"]
 mod counted;
+#[path = "c2m/remote.rs"]
+mod remote;
 use counted::heap_in_use;
 
 /// The binaries' allocator, with what is in use counted (see [`heap_in_use`]).
@@ -188,11 +200,25 @@ fn agent_name(n: usize) -> String {
 // ---------------------------------------------------------------------------------------------
 // The jobs.
 
-/// How a run places: the master's placer, and whether jobs spread over zones.
+/// How a run places: the master's placer, whether jobs spread over zones, and where the
+/// scheduler runs.
 #[derive(Clone, Copy, Debug)]
 struct Variant {
     placement: Placement,
     zones: bool,
+    scheduler: Where,
+}
+
+/// Where a run's scheduler workers are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Where {
+    /// The master's own two.
+    InMaster,
+    /// Two in a second process (binpack), each evaluation planned against its live copy of
+    /// the cluster.
+    Remote,
+    /// The same, each evaluation asking for a whole snapshot (before the copy).
+    RemoteAsking,
 }
 
 /// The zones agents are dealt out over in a run with zones.
@@ -266,6 +292,20 @@ struct Figures {
     took: Duration,
     entries: u64,
     heap_per_task: f64,
+    /// For a remote scheduler: what it received.
+    remote: Option<RemoteFigures>,
+}
+
+/// What a remote scheduler received over the wire.
+struct RemoteFigures {
+    /// In the whole run.
+    run_bytes: u64,
+    /// For one more job submitted once the run's tasks were all placed.
+    one_job_bytes: u64,
+    /// A whole snapshot of the cluster then: what that job's evaluation pulled before the copy.
+    whole_snapshot_bytes: u64,
+    /// Watches opened.
+    watches: u64,
 }
 
 async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
@@ -277,13 +317,17 @@ async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
 }
 
 async fn run(variant: Variant, tasks: usize) -> Figures {
-    let Variant { placement, zones } = variant;
+    let Variant {
+        placement,
+        zones,
+        scheduler,
+    } = variant;
     let dir = tempfile::tempdir().expect("a temp dir");
     let master = master_testing::start_leading(MasterConfig {
         listen: "127.0.0.1:0".into(),
         data_dir: dir.path().join("master"),
         placement,
-        workers: 2,
+        workers: if scheduler == Where::InMaster { 2 } else { 0 },
         ping_interval: Duration::from_secs(3600),
         // The stand-in agents do not heartbeat, and never report a task running.
         heartbeat_min_ttl: Duration::from_secs(24 * 3600),
@@ -298,6 +342,20 @@ async fn run(variant: Variant, tasks: usize) -> Figures {
     let token = master_testing::bootstrap(master.address())
         .await
         .expect("ACLs bootstrap");
+    let mut remote_scheduler = if scheduler == Where::InMaster {
+        None
+    } else {
+        let schedule =
+            master_testing::create_token(master.address(), &token, "c2m-scheduler", "schedule")
+                .await
+                .expect("a schedule token");
+        let asks = scheduler == Where::RemoteAsking;
+        Some(remote::SchedulerProcess::start(
+            master.address(),
+            &schedule,
+            asks,
+        ))
+    };
 
     let system = System::new();
     let agents = Agents::start(&system).await;
@@ -376,6 +434,40 @@ async fn run(variant: Variant, tasks: usize) -> Figures {
     };
     let entries = metrics(&master).await.registry_entries - entries_before;
     let heap_per_task = (heap_in_use() - heap_before) as f64 / total as f64;
+    let remote = match remote_scheduler.as_mut() {
+        None => None,
+        Some(scheduler) => {
+            let after_run = scheduler.report().await;
+            // One more job, in the cluster as full as the run left it.
+            client
+                .clone()
+                .submit_job(pb::SubmitJobRequest {
+                    job: Some(job(jobs, zones)),
+                })
+                .await
+                .expect("the job is accepted");
+            let more = total + TASKS_PER_JOB as u64;
+            if let Err(launched) = agents.wait_launched(more, started, deadline * 2).await {
+                panic!("only {launched} of {more} tasks launched");
+            }
+            let after_one = scheduler.report().await;
+            let snapshot = master
+                .pid()
+                .ask(|reply| GetSnapshot { reply }.into())
+                .await
+                .expect("the master answers");
+            let whole = muster::proto::scheduling::ClusterSnapshot::from(snapshot);
+            Some(RemoteFigures {
+                run_bytes: after_run.bytes_since(&remote::Report::default()),
+                one_job_bytes: after_one.bytes_since(&after_run),
+                whole_snapshot_bytes: prost::Message::encoded_len(&whole) as u64,
+                watches: after_one.watches,
+            })
+        }
+    };
+    if let Some(scheduler) = remote_scheduler {
+        scheduler.stop().await;
+    }
 
     agents.node.shutdown();
     master.shutdown().await;
@@ -384,6 +476,7 @@ async fn run(variant: Variant, tasks: usize) -> Figures {
         took,
         entries,
         heap_per_task,
+        remote,
     }
 }
 
@@ -468,6 +561,10 @@ async fn transport_floor(tasks: usize) -> Duration {
 }
 
 fn main() {
+    if std::env::var_os(remote::MASTER).is_some() {
+        // Started by a remote run as its scheduler.
+        return remote::run_scheduler();
+    }
     if std::env::args().any(|arg| arg == "--list") {
         // `cargo bench -- --list` and test discovery: nothing to list but the bench itself.
         println!("c2m: benchmark");
@@ -481,26 +578,28 @@ fn main() {
             .unwrap_or_else(|| panic!("MUSTER_C2M_TASKS={value:?} is not a positive number")),
         Err(_) => DEFAULT_TASKS,
     };
-    let (binpack, spread, zones) = (
-        Variant {
-            placement: Placement::Binpack,
-            zones: false,
-        },
-        Variant {
-            placement: Placement::Spread,
-            zones: false,
-        },
-        Variant {
-            placement: Placement::Binpack,
-            zones: true,
-        },
-    );
+    let variant = |placement, zones, scheduler| Variant {
+        placement,
+        zones,
+        scheduler,
+    };
+    let binpack = variant(Placement::Binpack, false, Where::InMaster);
+    let spread = variant(Placement::Spread, false, Where::InMaster);
+    let zones = variant(Placement::Binpack, true, Where::InMaster);
+    let remote = variant(Placement::Binpack, false, Where::Remote);
+    let asking = variant(Placement::Binpack, false, Where::RemoteAsking);
     let variants = match std::env::var("MUSTER_C2M_PLACEMENT").as_deref() {
-        Err(_) => vec![binpack, spread, zones],
+        Err(_) => vec![binpack, spread, zones, remote],
         Ok("binpack") => vec![binpack],
         Ok("spread") => vec![spread],
         Ok("zones") => vec![zones],
-        Ok(other) => panic!("MUSTER_C2M_PLACEMENT={other:?} is not binpack, spread or zones"),
+        Ok("remote") => vec![remote],
+        Ok("remote-asking") => vec![asking],
+        Ok("remote-both") => vec![binpack, remote, asking],
+        Ok(other) => panic!(
+            "MUSTER_C2M_PLACEMENT={other:?} is not binpack, spread, zones, remote, \
+             remote-asking or remote-both"
+        ),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -514,6 +613,14 @@ fn main() {
         for variant in variants {
             let name = match variant {
                 Variant { zones: true, .. } => "Binpack+zones".to_owned(),
+                Variant {
+                    scheduler: Where::Remote,
+                    ..
+                } => "Binpack remote".to_owned(),
+                Variant {
+                    scheduler: Where::RemoteAsking,
+                    ..
+                } => "Binpack remote asking".to_owned(),
                 Variant { placement, .. } => format!("{placement:?}"),
             };
             eprintln!("{name}:");
@@ -526,6 +633,18 @@ fn main() {
                 figures.entries,
                 figures.heap_per_task,
             );
+            if let Some(remote) = figures.remote {
+                let jobs = tasks.div_ceil(TASKS_PER_JOB) as u64;
+                eprintln!(
+                    "c2m {name} wire: {} B of cluster state over the run = {} B per job; one \
+                     more job after: {} B (a whole snapshot then: {} B); {} watch(es)",
+                    remote.run_bytes,
+                    remote.run_bytes / jobs.max(1),
+                    remote.one_job_bytes,
+                    remote.whole_snapshot_bytes,
+                    remote.watches,
+                );
+            }
         }
         eprintln!("transport floor:");
         let floor = transport_floor(tasks).await;

@@ -88,12 +88,24 @@ pub(crate) async fn run(
                 }
                 last_sent = tokio::time::Instant::now();
             }
-        } else if let Err(redirect) = service.leading().await {
+        } else if !now.leading {
             // Standing by now: the watcher goes to the leader.
+            let redirect = match service.leading().await {
+                Err(redirect) => redirect,
+                Ok(()) => {
+                    ServiceError::Unavailable("this master is taking over; watch again".into())
+                }
+            };
             let _ = out.send(Err(redirect.into())).await;
             return;
+        } else if last_sent.elapsed() >= LOOK_AGAIN {
+            // Leading, holding placements while agents re-register: the watcher hears that
+            // this master is alive, and that its copy is not at a state of this leader's yet.
+            if out.send(Ok(pb::ClusterChange::default())).await.is_err() {
+                return;
+            }
+            last_sent = tokio::time::Instant::now();
         }
-        // Otherwise leading, holding placements while agents re-register: wait.
         tokio::select! {
             moved = pulse.changed() => {
                 if moved.is_err() {

@@ -469,8 +469,10 @@ impl Master {
                 .is_none_or(|recovery| recovery.placements_held.is_none()),
             Role::Standby { .. } | Role::Starting { .. } => false,
         };
+        let leading = matches!(self.role, Role::Leading { .. } | Role::Starting { .. });
         self.pulse.send_modify(|pulse| {
             pulse.changes = pulse.changes.wrapping_add(1);
+            pulse.leading = leading;
             pulse.scheduling = scheduling;
         });
     }

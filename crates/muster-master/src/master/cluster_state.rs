@@ -83,6 +83,8 @@ impl Request for ReadState {
 impl Master {
     /// [`GetState`].
     pub(super) fn get_state(&mut self, GetState { reply }: GetState, _ctx: &mut Context<Self>) {
+        // A read: nothing a watcher of the cluster follows moves.
+        self.quiet = true;
         reply.send(self.state());
     }
 
@@ -105,6 +107,7 @@ impl Master {
         GetMetrics { reply }: GetMetrics,
         ctx: &mut Context<Self>,
     ) {
+        self.quiet = true;
         self.send_metrics(reply, ctx);
     }
 

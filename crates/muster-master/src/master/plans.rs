@@ -60,9 +60,12 @@ pub struct WatchChanges {
 /// What a watcher of the master's state needs to know to take the next snapshot.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ClusterPulse {
-    /// Counts the requests, timers and continuations handled, but for snapshots: a snapshot
+    /// Counts the requests, timers and continuations handled, but for reads (snapshots,
+    /// state, metrics): a snapshot
     /// taken after this moves may differ from one taken before.
     pub changes: u64,
+    /// Whether this master leads (caught up with the registry or not).
+    pub leading: bool,
     /// Whether this master leads and schedules: caught up, and not holding placements back
     /// while the agents of a failover re-register.
     pub scheduling: bool,

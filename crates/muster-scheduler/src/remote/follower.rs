@@ -22,8 +22,14 @@ use crate::protocol::{WATCH_SILENCE, leader_hint};
 use crate::replica::Replica;
 use crate::worker::WorkerError;
 
+/// The first wait before opening a watch again.
+const FIRST_BACKOFF: Duration = Duration::from_millis(50);
+
 /// The longest wait between two attempts to open a watch.
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+
+/// How long a backend whose master offered no watch asks for snapshots before it tries again.
+const UNSUPPORTED_RETRY: Duration = Duration::from_secs(30);
 
 /// What a backend has received of the cluster's state.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -175,20 +181,28 @@ pub(super) fn start(inner: &Arc<Inner>) {
 
 /// Keeps the copy until the backend is dropped.
 async fn follow(backend: Weak<Inner>, shared: Arc<Shared>, mut alive: watch::Receiver<()>) {
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = FIRST_BACKOFF;
     loop {
         let Some(inner) = backend.upgrade() else {
             return;
         };
         let remote = RemoteBackend { inner };
         let holding = shared.replica().digest();
+        // Bounded, as the backend is held meanwhile: a master that takes the call and never
+        // answers must not keep it (and this task) alive.
+        let limit = remote.inner.config.call_timeout;
         let opened = tokio::select! {
-            opened = remote.open_watch(holding) => opened,
+            opened = tokio::time::timeout(limit, remote.open_watch(holding)) => opened
+                .unwrap_or_else(|_| Err(CallError::Unavailable(format!(
+                    "the master at {} did not open the watch within {limit:?}",
+                    remote.current()
+                )))),
             _ = alive.changed() => return,
         };
-        match opened {
+        let wait = match opened {
             Ok((address, stream)) => {
                 shared.count(|r| r.watches += 1);
+                shared.publish(|p| p.unsupported = false);
                 drop(remote);
                 let ended = tokio::select! {
                     ended = keep(&shared, stream) => ended,
@@ -196,27 +210,38 @@ async fn follow(backend: Weak<Inner>, shared: Arc<Shared>, mut alive: watch::Rec
                 };
                 tracing::debug!(master = %address, "the watch of the cluster ended: {ended}");
                 if let Some(inner) = backend.upgrade() {
-                    let remote = RemoteBackend { inner };
-                    remote.move_on(&address, ended.leader);
+                    RemoteBackend { inner }.move_on(&address, ended.leader);
                 }
                 shared.publish(|p| p.trouble = Some(ended.why));
-                backoff = Duration::from_millis(50);
+                // A watch that brought something starts the back-off afresh; one that failed
+                // at once backs off as an open that failed would.
+                if ended.received_any {
+                    backoff = FIRST_BACKOFF;
+                }
+                backoff
             }
             Err(CallError::Status(status)) if status.code() == Code::Unimplemented => {
+                // A master from before watches (or, in a rolling upgrade, an older standby
+                // answering first): snapshots are asked for meanwhile, and a watch is tried
+                // again after a while.
                 tracing::info!(
-                    "the leader offers no watch of the cluster (an older master): asking for \
-                     a snapshot per evaluation"
+                    "the master offers no watch of the cluster: asking for a snapshot per \
+                     evaluation, and trying again in {UNSUPPORTED_RETRY:?}"
                 );
                 shared.publish(|p| p.unsupported = true);
-                return;
+                UNSUPPORTED_RETRY
             }
-            Err(CallError::Unavailable(why)) => shared.publish(|p| p.trouble = Some(why)),
+            Err(CallError::Unavailable(why)) => {
+                shared.publish(|p| p.trouble = Some(why));
+                backoff
+            }
             Err(CallError::Status(status)) => {
                 shared.publish(|p| p.trouble = Some(super::reason(&status)));
+                backoff
             }
-        }
+        };
         tokio::select! {
-            () = tokio::time::sleep(backoff) => {}
+            () = tokio::time::sleep(wait) => {}
             _ = alive.changed() => return,
         }
         backoff = (backoff * 2).min(MAX_BACKOFF);
@@ -228,6 +253,8 @@ struct Ended {
     why: String,
     /// The leader a standby named.
     leader: Option<String>,
+    /// Whether any message arrived before it ended.
+    received_any: bool,
 }
 
 impl std::fmt::Display for Ended {
@@ -238,12 +265,14 @@ impl std::fmt::Display for Ended {
 
 /// Applies the watch's messages to the copy until it ends.
 async fn keep(shared: &Shared, mut stream: tonic::Streaming<pb::ClusterChange>) -> Ended {
+    let mut received_any = false;
     loop {
         let message = match tokio::time::timeout(WATCH_SILENCE, stream.message()).await {
             Err(_) => {
                 return Ended {
                     why: format!("the leader sent nothing for {WATCH_SILENCE:?}"),
                     leader: None,
+                    received_any,
                 };
             }
             Ok(message) => message,
@@ -254,6 +283,7 @@ async fn keep(shared: &Shared, mut stream: tonic::Streaming<pb::ClusterChange>) 
                 return Ended {
                     why: "the leader ended the watch".into(),
                     leader: None,
+                    received_any,
                 };
             }
             Err(status) => {
@@ -263,9 +293,11 @@ async fn keep(shared: &Shared, mut stream: tonic::Streaming<pb::ClusterChange>) 
                 return Ended {
                     why: super::reason(&status),
                     leader,
+                    received_any,
                 };
             }
         };
+        received_any = true;
         let applied = shared.take(change);
         match applied {
             Ok(()) => {}
@@ -276,6 +308,7 @@ async fn keep(shared: &Shared, mut stream: tonic::Streaming<pb::ClusterChange>) 
                         malformed.within("change")
                     ),
                     leader: None,
+                    received_any,
                 };
             }
         }

@@ -87,9 +87,18 @@ impl Replica {
                     ));
                 }
                 let mut view = AgentView::try_from(header).map_err(|e| e.within("header"))?;
-                if let (Some(was), false) = (was, change.replace_tasks) {
-                    let kept = Arc::unwrap_or_clone(was).into_tasks();
-                    view.update_tasks(|tasks| *tasks = kept);
+                match (was, change.replace_tasks) {
+                    (_, true) => {}
+                    (Some(was), false) => {
+                        let kept = Arc::unwrap_or_clone(was).into_tasks();
+                        view.update_tasks(|tasks| *tasks = kept);
+                    }
+                    (None, false) => {
+                        return Err(FieldError::new(
+                            "replace_tasks",
+                            format!("agent {:?} is new to the copy but not sent whole", id.0),
+                        ));
+                    }
                 }
                 view
             }

@@ -1,7 +1,7 @@
 //! The leader's side of a watch: what one watcher's copy holds, and the changes that bring it
 //! to the next snapshot.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_model::convert::unsorted;
@@ -184,29 +184,25 @@ fn agent_change(old: &AgentView, new: &AgentView) -> Option<pb::AgentChange> {
         || old.dynamic_ports != new.dynamic_ports;
     let before: HashMap<&str, &Arc<crate::plan::TaskView>, foldhash::fast::RandomState> =
         old.tasks().iter().map(|task| (task.id(), task)).collect();
+    let now: HashSet<&str, foldhash::fast::RandomState> =
+        new.tasks().iter().map(|task| task.id()).collect();
+    if before.len() != old.tasks().len() || now.len() != new.tasks().len() {
+        // An id twice on the agent (a task given up as lost that reported in again): changes
+        // by id cannot say which, so the agent goes whole.
+        return Some(whole_agent(new));
+    }
     let mut tasks = Vec::new();
-    let mut kept = 0;
     for task in new.tasks() {
         match before.get(task.id()) {
-            Some(was) if Arc::ptr_eq(was, task) || ***was == **task => kept += 1,
-            Some(_) => {
-                kept += 1;
-                tasks.push(task_to_wire(task));
-            }
-            None => tasks.push(task_to_wire(task)),
+            Some(was) if Arc::ptr_eq(was, task) || ***was == **task => {}
+            _ => tasks.push(task_to_wire(task)),
         }
     }
-    let tasks_gone: Vec<String> = if kept == before.len() {
-        Vec::new()
-    } else {
-        let now: std::collections::HashSet<&str, foldhash::fast::RandomState> =
-            new.tasks().iter().map(|task| task.id()).collect();
-        before
-            .keys()
-            .filter(|id| !now.contains(*id))
-            .map(|id| (*id).to_owned())
-            .collect()
-    };
+    let tasks_gone: Vec<String> = before
+        .keys()
+        .filter(|id| !now.contains(*id))
+        .map(|id| (*id).to_owned())
+        .collect();
     if !header_changed && tasks.is_empty() && tasks_gone.is_empty() {
         return None;
     }

@@ -315,3 +315,38 @@ fn a_change_to_an_agent_never_sent_is_refused_by_its_field() {
     assert!(error.to_string().contains("agents[0].header"), "{error}");
     assert!(replica.snapshot().is_none());
 }
+
+#[test]
+fn an_agent_holding_one_id_twice_is_sent_whole_and_copied_as_it_is() {
+    let mut leader = Leader::new(3);
+    let task = leader.task();
+    let other = leader.task();
+    let total = Resources {
+        cpus: 8.0,
+        mem_mb: 8192,
+    };
+    let view = AgentView::new(
+        AgentId("a".into()),
+        BTreeMap::new(),
+        total,
+        vec![task.clone(), other.clone()],
+    );
+    leader.agents.insert("a".into(), Arc::new(view));
+    let mut feed = Feed::new(pb::ReplicaDigest::default());
+    let mut replica = Replica::new();
+    apply(&mut replica, feed.changes(&leader.snapshot()));
+    // A task given up as lost reports in again: the same id, twice, and `other` gone.
+    let mut lost = task.clone();
+    lost.state = TaskState::Lost;
+    if let Some(view) = leader.agents.get_mut("a") {
+        Arc::make_mut(view).update_tasks(|tasks| *tasks = vec![Arc::new(lost), Arc::new(task)]);
+    }
+    leader.index += 1;
+    let pages = feed.changes(&leader.snapshot());
+    assert!(pages[0].agents[0].replace_tasks, "{pages:?}");
+    apply(&mut replica, pages);
+    assert_eq!(
+        normalized(replica.snapshot().expect("complete")),
+        normalized(leader.snapshot())
+    );
+}
