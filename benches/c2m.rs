@@ -166,8 +166,10 @@ impl Agents {
         started: Instant,
         deadline: Duration,
     ) -> Result<Duration, u64> {
-        let mut next_report = REPORT_EVERY.min(total);
-        let mut last = (0u64, Duration::ZERO);
+        // From the count so far: a second wait (one more job) reports only its own progress.
+        let already = self.launched.load(Ordering::Relaxed);
+        let mut next_report = ((already / REPORT_EVERY + 1) * REPORT_EVERY).min(total);
+        let mut last = (already, started.elapsed());
         loop {
             let launched = self.launched.load(Ordering::Relaxed);
             let now = started.elapsed();
@@ -304,8 +306,13 @@ struct RemoteFigures {
     one_job_bytes: u64,
     /// A whole snapshot of the cluster then: what that job's evaluation pulled before the copy.
     whole_snapshot_bytes: u64,
-    /// Watches opened.
+    /// Watches opened, and the messages they brought.
     watches: u64,
+    changes: u64,
+    /// Snapshots taken from the copy in the run, and the mean wait for the copy to reach an
+    /// evaluation's index.
+    copies: u64,
+    mean_wait: Duration,
 }
 
 async fn metrics(master: &MasterServer) -> pb::MasterMetrics {
@@ -436,8 +443,8 @@ async fn run(variant: Variant, tasks: usize) -> Figures {
     let heap_per_task = (heap_in_use() - heap_before) as f64 / total as f64;
     let remote = match remote_scheduler.as_mut() {
         None => None,
-        Some(scheduler) => {
-            let after_run = scheduler.report().await;
+        Some(process) => {
+            let after_run = process.report().await;
             // One more job, in the cluster as full as the run left it.
             client
                 .clone()
@@ -450,18 +457,30 @@ async fn run(variant: Variant, tasks: usize) -> Figures {
             if let Err(launched) = agents.wait_launched(more, started, deadline * 2).await {
                 panic!("only {launched} of {more} tasks launched");
             }
-            let after_one = scheduler.report().await;
             let snapshot = master
                 .pid()
                 .ask(|reply| GetSnapshot { reply }.into())
                 .await
                 .expect("the master answers");
+            // Until the copy holds what the job changed (a copy asking per evaluation has none).
+            let mut after_one = process.report().await;
+            let caught_up = Instant::now() + Duration::from_secs(30);
+            while scheduler != Where::RemoteAsking
+                && after_one.index < snapshot.index
+                && Instant::now() < caught_up
+            {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                after_one = process.report().await;
+            }
             let whole = muster::proto::scheduling::ClusterSnapshot::from(snapshot);
             Some(RemoteFigures {
                 run_bytes: after_run.bytes_since(&remote::Report::default()),
                 one_job_bytes: after_one.bytes_since(&after_run),
                 whole_snapshot_bytes: prost::Message::encoded_len(&whole) as u64,
                 watches: after_one.watches,
+                changes: after_one.changes,
+                copies: after_run.copies,
+                mean_wait: Duration::from_micros(after_run.waited_micros / after_run.copies.max(1)),
             })
         }
     };
@@ -637,12 +656,16 @@ fn main() {
                 let jobs = tasks.div_ceil(TASKS_PER_JOB) as u64;
                 eprintln!(
                     "c2m {name} wire: {} B of cluster state over the run = {} B per job; one \
-                     more job after: {} B (a whole snapshot then: {} B); {} watch(es)",
+                     more job after: {} B (a whole snapshot then: {} B); {} watch(es), {} \
+                     messages; {} snapshots of the copy, waiting {:?} on average for its index",
                     remote.run_bytes,
                     remote.run_bytes / jobs.max(1),
                     remote.one_job_bytes,
                     remote.whole_snapshot_bytes,
                     remote.watches,
+                    remote.changes,
+                    remote.copies,
+                    remote.mean_wait,
                 );
             }
         }

@@ -23,11 +23,24 @@ const CA: &str = "MUSTER_C2M_SCHEDULER_CA";
 const CERT: &str = "MUSTER_C2M_SCHEDULER_CERT";
 const KEY: &str = "MUSTER_C2M_SCHEDULER_KEY";
 const ASK: &str = "MUSTER_C2M_SCHEDULER_ASKS";
-const WORKERS: usize = 2;
+/// How many workers it runs: `MUSTER_C2M_REMOTE_WORKERS`, 2 by default (as many as the
+/// master runs of its own in the in-master runs).
+fn workers() -> usize {
+    std::env::var("MUSTER_C2M_REMOTE_WORKERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(2)
+}
 
 /// What the scheduler process has received, as it reports it.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct Report {
+    /// Snapshots taken from the copy, and the time they waited for it, summed.
+    pub(crate) copies: u64,
+    pub(crate) waited_micros: u64,
+    /// The index its copy is at (0 for none).
+    pub(crate) index: u64,
     pub(crate) snapshot_bytes: u64,
     pub(crate) change_bytes: u64,
     pub(crate) changes: u64,
@@ -43,6 +56,9 @@ impl Report {
                 .unwrap_or_else(|| panic!("the scheduler reports {name}: {line:?}"))
         };
         Report {
+            copies: field("copies"),
+            waited_micros: field("waited_micros"),
+            index: field("index"),
             snapshot_bytes: field("snapshot_bytes"),
             change_bytes: field("change_bytes"),
             changes: field("changes"),
@@ -138,7 +154,7 @@ pub(crate) fn run_scheduler() {
         let backend =
             RemoteBackend::connect_with(vec![var(MASTER)], config).expect("the master's address");
         let (stop, stopped) = tokio::sync::watch::channel(false);
-        let workers: Vec<_> = (0..WORKERS)
+        let workers: Vec<_> = (0..workers())
             .map(|_| {
                 let worker = Worker::new(
                     backend.clone(),
@@ -155,9 +171,15 @@ pub(crate) fn run_scheduler() {
         let mut stdout = tokio::io::stdout();
         while let Ok(Some(_)) = lines.next_line().await {
             let received = backend.received();
+            let index = backend.replica_index().unwrap_or(0);
             let line = format!(
-                "snapshot_bytes={} change_bytes={} changes={} watches={}\n",
-                received.snapshot_bytes, received.change_bytes, received.changes, received.watches
+                "copies={} waited_micros={} index={index} snapshot_bytes={} change_bytes={} changes={} watches={}\n",
+                received.copies,
+                received.waited_micros,
+                received.snapshot_bytes,
+                received.change_bytes,
+                received.changes,
+                received.watches
             );
             stdout.write_all(line.as_bytes()).await.expect("stdout");
             stdout.flush().await.expect("stdout");

@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::error::ServiceError;
-use crate::master::requests::{ClusterPulse, GetSnapshot};
+use crate::master::requests::{ClusterPulse, WatchSnapshot};
 use crate::scheduling_service::SchedulingService;
 
 /// How often a watch looks again with no change seen: what changes with the clock alone (a
@@ -59,22 +59,33 @@ pub(crate) async fn run(
     out: mpsc::Sender<Result<pb::ClusterChange, Status>>,
 ) {
     let mut last_sent = tokio::time::Instant::now();
+    // The registry index of the jobs the feed last took: the master leaves them out while
+    // it has applied nothing since.
+    let mut jobs_seen_at: Option<u64> = None;
     loop {
         let now = *pulse.borrow_and_update();
         if now.scheduling {
-            let snapshot = match service
+            let watched = match service
                 .backend()
                 .master()
-                .ask(|reply| GetSnapshot { reply }.into())
+                .ask(|reply| {
+                    WatchSnapshot {
+                        jobs_seen_at,
+                        reply,
+                    }
+                    .into()
+                })
                 .await
             {
-                Ok(snapshot) => visible_to(&caller, snapshot),
+                Ok(watched) => watched,
                 Err(gone) => {
                     let _ = out.send(Err(ServiceError::from(gone).into())).await;
                     return;
                 }
             };
-            let mut changes = feed.changes(&snapshot);
+            let snapshot = visible_to(&caller, watched.snapshot);
+            let mut changes = feed.changes_with(&snapshot, !watched.jobs_unchanged);
+            jobs_seen_at = Some(watched.jobs_at);
             if changes.is_empty() && last_sent.elapsed() >= LOOK_AGAIN {
                 changes.push(pb::ClusterChange {
                     index: snapshot.index,

@@ -98,7 +98,8 @@ pub mod requests {
         EndPlacementHold, LeadershipChanged, ReregistrationDeadline, RetryLeading, UseNode,
     };
     pub use super::plans::{
-        ClusterPulse, GetSchedulingPids, GetSnapshot, SubmitPlan, WatchChanges,
+        ClusterPulse, GetSchedulingPids, GetSnapshot, SubmitPlan, WatchChanges, WatchSnapshot,
+        WatchedSnapshot,
     };
     pub use super::tasks::{CheckLaunches, LaunchTask, TaskLogs, TaskStatus};
 }
@@ -259,6 +260,8 @@ master_requests! {
     GetSnapshot(plans::GetSnapshot) => get_snapshot,
     /// Follow the master's changes, to feed snapshots to a remote scheduler.
     WatchChanges(plans::WatchChanges) => watch_changes,
+    /// The cluster as schedulers see it, for a watch (the jobs only if changed).
+    WatchSnapshot(plans::WatchSnapshot) => watch_snapshot,
     /// Apply a scheduler's plan.
     SubmitPlan(plans::SubmitPlan) => submit_plan,
     // ACL
@@ -366,6 +369,10 @@ pub struct Master {
     serving: tokio::sync::watch::Sender<bool>,
     /// Moved after each request, timer or continuation handled (see [`plans::ClusterPulse`]).
     pulse: tokio::sync::watch::Sender<plans::ClusterPulse>,
+    /// The registry's applied index as the master last saw it: a write applied since moves
+    /// `state_index` past it, so that an index counting agents' and tasks' changes also
+    /// orders the registry's writes (see [`Master::publish_pulse`]).
+    applied_seen: u64,
     /// Set by a request that changed nothing a watcher follows (a snapshot): the pulse does
     /// not move for it.
     quiet: bool,
@@ -422,6 +429,7 @@ impl Master {
             serving: tokio::sync::watch::Sender::new(false),
             pulse: tokio::sync::watch::Sender::new(plans::ClusterPulse::default()),
             quiet: false,
+            applied_seen: 0,
             instruments: Arc::new(MasterInstruments::new()),
             draining: std::collections::BTreeSet::new(),
             job_index: None,
@@ -463,6 +471,18 @@ impl Master {
         if std::mem::take(&mut self.quiet) {
             return;
         }
+        // `state_index` runs ahead of the registry's index with each change to agents or
+        // tasks; a registry write applied since (a job, say) then gets an index below it, and
+        // a snapshot's index alone would not tell a copy taken before the write from one
+        // after. Moving past it here, once seen, does.
+        let applied = self.registry.reader().applied_index();
+        if applied > self.applied_seen {
+            self.applied_seen = applied;
+            if self.state_index >= applied {
+                self.state_index += 1;
+            }
+        }
+        let index = self.current_index();
         let scheduling = match &self.role {
             Role::Leading { recovery, .. } => recovery
                 .as_ref()
@@ -473,6 +493,7 @@ impl Master {
         self.pulse.send_modify(|pulse| {
             pulse.changes = pulse.changes.wrapping_add(1);
             pulse.leading = leading;
+            pulse.index = index;
             pulse.scheduling = scheduling;
         });
     }

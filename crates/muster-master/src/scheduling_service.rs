@@ -54,6 +54,20 @@ impl SchedulingService {
         &self.backend
     }
 
+    /// The master's state index now: asked of the master, so that what it handled before
+    /// (the write that made an evaluation just handed out) is counted. Newer than the
+    /// evaluation needs, by the changes since its write; measured, a copy that waits for them
+    /// plans against fresher agents, and its plans collide less than they gain.
+    async fn state_index(&self) -> Result<u64, ServiceError> {
+        let pulse = self
+            .backend
+            .master()
+            .ask(|reply| WatchChanges { reply }.into())
+            .await?;
+        let index = pulse.borrow().index;
+        Ok(index)
+    }
+
     /// `Ok` if this master leads; otherwise the error that sends the caller on.
     pub(crate) async fn leading(&self) -> Result<(), ServiceError> {
         let master = self.backend.master();
@@ -240,12 +254,16 @@ impl Scheduling for SchedulingService {
             )));
         }
         let timeout = std::time::Duration::from_millis(request.timeout_ms).min(MAX_DEQUEUE_TIMEOUT);
-        match self.backend.dequeue(&schedulers, timeout).await {
-            Ok(assignment) => Ok(Response::new(pb::DequeueReply {
-                assignment: assignment.map(Into::into),
-            })),
-            Err(error) => Err(self.refused(error).await),
+        let mut assignment = match self.backend.dequeue(&schedulers, timeout).await {
+            Ok(assignment) => assignment,
+            Err(error) => return Err(self.refused(error).await),
+        };
+        if let Some(assignment) = &mut assignment {
+            assignment.state_index = self.state_index().await?;
         }
+        Ok(Response::new(pb::DequeueReply {
+            assignment: assignment.map(Into::into),
+        }))
     }
 
     async fn snapshot(

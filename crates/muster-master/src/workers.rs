@@ -88,6 +88,8 @@ impl Backend for LocalBackend {
         Ok(delivery.map(|d| Assignment {
             eval: d.eval,
             token: d.token,
+            // A snapshot asked of the master after this is at least as new.
+            state_index: 0,
         }))
     }
 

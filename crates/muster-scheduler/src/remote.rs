@@ -416,6 +416,12 @@ impl RemoteBackend {
         Ok((self.current(), stream))
     }
 
+    /// The index its copy of the cluster is consistent at, if it keeps one and is not part
+    /// way through a change.
+    pub fn replica_index(&self) -> Option<u64> {
+        self.inner.replica.index()
+    }
+
     /// What this backend has received of the cluster's state so far (snapshots asked for,
     /// and the watch's changes), for those who measure it.
     pub fn received(&self) -> Received {

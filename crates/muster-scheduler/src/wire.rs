@@ -362,6 +362,7 @@ impl From<Assignment> for pb::Assignment {
         pb::Assignment {
             evaluation: Some(this.eval.into()),
             token: this.token,
+            state_index: this.state_index,
         }
     }
 }
@@ -373,6 +374,7 @@ impl TryFrom<pb::Assignment> for Assignment {
         Ok(Assignment {
             eval: required(proto.evaluation, "evaluation")?,
             token: proto.token,
+            state_index: proto.state_index,
         })
     }
 }
@@ -588,6 +590,7 @@ mod tests {
         let assignment = Assignment {
             eval: eval(Trigger::Unblocked, EvalStatus::Blocked),
             token: "tok".into(),
+            state_index: 12,
         };
         assert_eq!(
             round_trip::<pb::Assignment, _>(assignment.clone()),
@@ -739,6 +742,7 @@ mod tests {
         let error = error_of::<Assignment, _>(pb::Assignment {
             evaluation: None,
             token: "t".into(),
+            state_index: 0,
         });
         assert_eq!(error.field(), "evaluation");
 

@@ -48,6 +48,12 @@ pub struct Assignment {
     pub eval: Evaluation,
     /// Its delivery token, for ack and nack.
     pub token: String,
+    /// The master's state index when it handed the evaluation out, if the backend knows it
+    /// (0 otherwise): a snapshot at this index or later holds everything the evaluation was
+    /// made from. An evaluation's own `modify_index` counts registry writes only, while a
+    /// master's state index also counts changes to agents and tasks, so a copy of the cluster
+    /// kept apart from the master waits for this one.
+    pub state_index: u64,
 }
 
 /// Why a worker step failed. Backends report their failures with these variants.
@@ -518,7 +524,7 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
     async fn plan(&mut self, assignment: &Assignment) -> Result<Planned, WorkerError> {
         let mut eval = assignment.eval.clone();
         let max_attempts = self.config.max_attempts.max(1);
-        let mut min_index = eval.modify_index;
+        let mut min_index = eval.modify_index.max(assignment.state_index);
         let (mut attempts, mut placed, mut stopped) = (0u32, 0usize, 0usize);
         let mut fruitless = 0u32;
         let (snapshot_index, unplaced) = loop {

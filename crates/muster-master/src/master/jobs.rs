@@ -414,7 +414,7 @@ impl Master {
             .read(|state| state.jobs.get(&job.name).cloned());
         let job = muster_registry::next_version(old.as_ref(), job);
         let version = job.version;
-        let mut snapshot = self.snapshot();
+        let mut snapshot = self.snapshot(true);
         let eval = Evaluation::new(&job, muster_model::Trigger::JobRegister);
         snapshot.jobs.insert(job.name.clone(), job);
         let plan = match self.config.placement {

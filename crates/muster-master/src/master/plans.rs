@@ -49,6 +49,27 @@ pub struct GetSnapshot {
     pub reply: Reply<ClusterSnapshot>,
 }
 
+/// The cluster as schedulers see it, for a watch that has the jobs as of registry index
+/// `jobs_seen_at` already: they are left out if no registry write was applied since.
+#[derive(Debug)]
+pub struct WatchSnapshot {
+    /// The registry index the caller's jobs are as of, if it has any.
+    pub jobs_seen_at: Option<u64>,
+    /// The snapshot.
+    pub reply: Reply<WatchedSnapshot>,
+}
+
+/// A snapshot for a watch.
+#[derive(Debug)]
+pub struct WatchedSnapshot {
+    /// The snapshot; its jobs are empty when `jobs_unchanged`.
+    pub snapshot: ClusterSnapshot,
+    /// The registry index its jobs are as of (they may be newer).
+    pub jobs_at: u64,
+    /// The jobs are those the caller has: none were read.
+    pub jobs_unchanged: bool,
+}
+
 /// Follow the master's changes: a watch of [`ClusterPulse`], for a feed of snapshots to
 /// remote schedulers (`Scheduling/WatchCluster`).
 #[derive(Debug)]
@@ -66,6 +87,9 @@ pub struct ClusterPulse {
     pub changes: u64,
     /// Whether this master leads (caught up with the registry or not).
     pub leading: bool,
+    /// The master's state index: a snapshot taken after this pulse is at least this new,
+    /// and holds every registry write this master has seen applied.
+    pub index: u64,
     /// Whether this master leads and schedules: caught up, and not holding placements back
     /// while the agents of a failover re-register.
     pub scheduling: bool,
@@ -80,7 +104,7 @@ pub struct SubmitPlan {
     pub reply: Reply<Result<PlanResult, ServiceError>>,
 }
 
-notice!(GetSchedulingPids, GetSnapshot, WatchChanges);
+notice!(GetSchedulingPids, GetSnapshot, WatchChanges, WatchSnapshot);
 answered_request!(SubmitPlan);
 
 /// The processes beside the master that hold its scheduling state.
@@ -119,7 +143,28 @@ impl Master {
     ) {
         // Taking a snapshot changes nothing a watcher follows.
         self.quiet = true;
-        reply.send(self.snapshot());
+        reply.send(self.snapshot(true));
+    }
+
+    /// [`WatchSnapshot`].
+    pub(super) fn watch_snapshot(
+        &mut self,
+        WatchSnapshot {
+            jobs_seen_at,
+            reply,
+        }: WatchSnapshot,
+        _ctx: &mut Context<Self>,
+    ) {
+        self.quiet = true;
+        // Read before the jobs: they are at least this new, and unchanged while the registry
+        // applies nothing after it.
+        let jobs_at = self.registry.reader().applied_index();
+        let jobs_unchanged = jobs_seen_at == Some(jobs_at);
+        reply.send(WatchedSnapshot {
+            snapshot: self.snapshot(!jobs_unchanged),
+            jobs_at,
+            jobs_unchanged,
+        });
     }
 
     /// [`WatchChanges`].
@@ -146,13 +191,17 @@ impl Master {
         });
     }
 
-    /// The cluster as schedulers see it: connected agents with their tasks, the jobs, and the
-    /// namespaces' quotas. Agents whose tasks did not change since the last snapshot share
+    /// The cluster as schedulers see it: connected agents with their tasks, the jobs (unless
+    /// not `with_jobs`), and the namespaces' quotas. Agents whose tasks did not change since the last snapshot share
     /// their views with it.
-    pub(super) fn snapshot(&mut self) -> ClusterSnapshot {
+    pub(super) fn snapshot(&mut self, with_jobs: bool) -> ClusterSnapshot {
         let (jobs, quotas, deployments) = self.registry.reader().read(|state| {
             (
-                state.jobs.clone(),
+                if with_jobs {
+                    state.jobs.clone()
+                } else {
+                    std::collections::BTreeMap::new()
+                },
                 limited_quotas(&state.namespaces),
                 current_deployments(state),
             )

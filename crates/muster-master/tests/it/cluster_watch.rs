@@ -192,3 +192,55 @@ async fn a_remote_copy_equals_the_leaders_state_through_changes_and_a_failover()
     }
     Ok(())
 }
+
+/// A registry write (a job) moves the master's state index even when changes to agents and
+/// tasks have run it ahead of the registry's: a snapshot at an index taken after the write
+/// holds the job, so a copy that reached that index has it too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_job_written_moves_the_index_past_every_snapshot_before_it() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let master = testing::start_leading(MasterConfig {
+        workers: 1,
+        ..common::master_config(dir.path())
+    })
+    .await?;
+    let config = agent_config(
+        vec![master.address().to_owned()],
+        dir.path(),
+        "agent-1",
+        (8.0, 4096),
+    );
+    let (_node, agent, _) = common::start_agent("agent-1", config).await?;
+    for n in 0..8 {
+        // The task changes of the job before (staged, started, running) move the state index
+        // past the registry's.
+        let before = snapshot(&master).await?;
+        let name = format!("job-{n}");
+        testing::submit(&master, job(&name, 1)).await?;
+        let after = snapshot(&master).await?;
+        assert!(after.jobs.contains_key(&name));
+        assert!(
+            after.index > before.index,
+            "the write of {name} left the index at {}",
+            after.index
+        );
+        job_when(&master, &name, "running", |s| {
+            s.tasks.iter().any(|t| {
+                t.task
+                    .as_ref()
+                    .is_some_and(|t| t.state == model_pb::TaskState::Running as i32)
+            })
+        })
+        .await?;
+    }
+    agent.stop().await;
+    master.shutdown().await;
+    Ok(())
+}
+
+async fn snapshot(master: &MasterServer) -> anyhow::Result<ClusterSnapshot> {
+    Ok(master
+        .pid()
+        .ask(|reply| muster_master::requests::GetSnapshot { reply }.into())
+        .await?)
+}

@@ -44,6 +44,11 @@ pub struct Received {
     pub change_bytes: u64,
     /// Watches opened: the first, and each resumed after one ended.
     pub watches: u64,
+    /// Snapshots taken from the copy.
+    pub copies: u64,
+    /// The time evaluations waited for the copy to reach their index, summed, in
+    /// microseconds.
+    pub waited_micros: u64,
 }
 
 /// The copy, shared by the backend's clones and the task that keeps it.
@@ -90,6 +95,10 @@ impl Shared {
         });
     }
 
+    pub(super) fn index(&self) -> Option<u64> {
+        self.progress.borrow().index
+    }
+
     pub(super) fn unsupported(&self) -> bool {
         self.progress.borrow().unsupported
     }
@@ -100,7 +109,8 @@ impl Shared {
         min_index: u64,
         wait: Duration,
     ) -> Result<Result<ClusterSnapshot, WorkerError>, Unsupported> {
-        let deadline = tokio::time::Instant::now() + wait;
+        let started = tokio::time::Instant::now();
+        let deadline = started + wait;
         let mut progress = self.progress.subscribe();
         loop {
             let reached = |p: &Progress| p.unsupported || p.index.is_some_and(|i| i >= min_index);
@@ -125,6 +135,11 @@ impl Shared {
             if let Some(snapshot) = self.replica().snapshot()
                 && snapshot.index >= min_index
             {
+                let waited = started.elapsed().as_micros();
+                self.count(|r| {
+                    r.copies += 1;
+                    r.waited_micros += u64::try_from(waited).unwrap_or(u64::MAX);
+                });
                 return Ok(Ok(snapshot));
             }
         }

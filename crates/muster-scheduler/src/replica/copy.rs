@@ -26,8 +26,6 @@ pub struct Replica {
     index: Option<u64>,
     /// Built for the agents of the last snapshot given, and carried to the next.
     job_index: Option<Arc<JobIndex>>,
-    /// The snapshot of the copy as it is, once asked for.
-    built: Option<ClusterSnapshot>,
 }
 
 impl Replica {
@@ -50,7 +48,6 @@ impl Replica {
     /// the watcher drops it and watches afresh.
     pub fn apply(&mut self, change: pb::ClusterChange) -> Result<(), FieldError> {
         self.index = None;
-        self.built = None;
         for (i, agent) in change.agents.into_iter().enumerate() {
             self.apply_agent(agent)
                 .map_err(|e| e.within(&format!("agents[{i}]")))?;
@@ -131,31 +128,27 @@ impl Replica {
     }
 
     /// The copy as a snapshot, if it is consistent (see [`index`](Self::index)). Agents are
-    /// shared with the copy, and the [`JobIndex`] is carried from the last snapshot given.
+    /// shared with the copy, and the [`JobIndex`] is carried from the last snapshot given
+    /// (rebuilt only for the agents that changed since).
     pub fn snapshot(&mut self) -> Option<ClusterSnapshot> {
         let index = self.index?;
-        if let Some(built) = &self.built {
-            return Some(built.clone());
-        }
         let agents: Vec<Arc<AgentView>> = self.agents.values().cloned().collect();
         let job_index = JobIndex::update(self.job_index.as_ref(), &agents);
         self.job_index = Some(Arc::clone(&job_index));
-        let settings = self.settings.clone();
-        let built = ClusterSnapshot {
+        let mut snapshot = ClusterSnapshot {
             index,
             agents,
             jobs: self.jobs.clone(),
             job_index: Some(job_index),
-            ..settings.map_or_else(ClusterSnapshot::default, |s| ClusterSnapshot {
-                held: s.held,
-                quotas: s.quotas,
-                deployments: s.deployments,
-                preemption: s.preemption,
-                ..ClusterSnapshot::default()
-            })
+            ..ClusterSnapshot::default()
         };
-        self.built = Some(built.clone());
-        Some(built)
+        if let Some(settings) = &self.settings {
+            snapshot.held.clone_from(&settings.held);
+            snapshot.quotas.clone_from(&settings.quotas);
+            snapshot.deployments.clone_from(&settings.deployments);
+            snapshot.preemption = settings.preemption;
+        }
+        Some(snapshot)
     }
 
     /// What the copy holds, as digests: sent when watching again, so that only what differs

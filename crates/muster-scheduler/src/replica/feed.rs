@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_model::convert::unsorted;
-use muster_model::{Deployment, Job, PreemptionConfig, Quota};
+use muster_model::{Deployment, PreemptionConfig, Quota};
 use muster_proto::scheduling as pb;
 use prost::Message;
 
@@ -21,28 +21,23 @@ pub const PAGE_BYTES: usize = 1 << 20;
 /// (or, after a resume, their digests).
 ///
 /// [`Feed::changes`] turns each new [`ClusterSnapshot`] into the messages that bring the
-/// watcher's copy to it. A view the snapshot shares with the last one ([`Arc::ptr_eq`]) costs
-/// a pointer comparison; a changed one, its tasks compared by id and pointer; only what
-/// changed is sent.
+/// watcher's copy to it, walking the snapshot's agents and the ones last sent side by side (both
+/// in id order). A view the snapshot shares with the last one ([`Arc::ptr_eq`]) costs a
+/// pointer comparison; a changed one, its tasks compared by id and pointer; only what changed
+/// is sent. Jobs are compared by version: the registry gives every change to a job a new one.
 #[derive(Debug, Default)]
 pub struct Feed {
-    /// By agent id, in order.
-    agents: BTreeMap<String, Held<Arc<AgentView>>>,
-    jobs: BTreeMap<String, Held<Job>>,
+    /// The views last sent, in id order.
+    agents: Vec<Arc<AgentView>>,
+    /// Each job last sent, by name: its version and whether it was stopped.
+    jobs: BTreeMap<String, (u64, bool)>,
+    /// What a resumed watcher said it holds, until the first changes are worked out.
+    resumed: Option<pb::ReplicaDigest>,
     /// The small parts as last sent; `None` before the first.
     settings: Option<Settings>,
     /// The index last sent.
     index: Option<u64>,
     page_bytes: usize,
-}
-
-/// What a watcher holds of one agent or job.
-#[derive(Debug)]
-enum Held<T> {
-    /// What it was sent.
-    Sent(T),
-    /// A digest of what it holds, told when it resumed.
-    Digest(u64),
 }
 
 /// The parts of a snapshot that are sent whole.
@@ -69,19 +64,9 @@ impl Feed {
     /// A feed for a watcher that holds `holding` (empty for nothing).
     pub fn new(holding: pb::ReplicaDigest) -> Self {
         Feed {
-            agents: holding
-                .agents
-                .into_iter()
-                .map(|(id, digest)| (id, Held::Digest(digest)))
-                .collect(),
-            jobs: holding
-                .jobs
-                .into_iter()
-                .map(|(name, digest)| (name, Held::Digest(digest)))
-                .collect(),
-            settings: None,
-            index: None,
+            resumed: Some(holding),
             page_bytes: PAGE_BYTES,
+            ..Feed::default()
         }
     }
 
@@ -95,9 +80,28 @@ impl Feed {
     /// complete; none if it holds `snapshot` already. `snapshot` lists its agents by id, each
     /// once, as a master's do.
     pub fn changes(&mut self, snapshot: &ClusterSnapshot) -> Vec<pb::ClusterChange> {
+        self.changes_with(snapshot, true)
+    }
+
+    /// [`changes`](Self::changes), the snapshot's jobs left as they were last sent unless
+    /// `with_jobs` (a leader that knows its jobs did not change leaves them out of the
+    /// snapshot). The first changes always take the snapshot's jobs.
+    pub fn changes_with(
+        &mut self,
+        snapshot: &ClusterSnapshot,
+        with_jobs: bool,
+    ) -> Vec<pb::ClusterChange> {
         let mut pages = Pages::new(self.page_bytes);
-        self.agent_changes(snapshot, &mut pages);
-        self.job_changes(snapshot, &mut pages);
+        match self.resumed.take() {
+            Some(holding) => self.first_changes(holding, snapshot, &mut pages),
+            None => {
+                self.agent_changes(snapshot, &mut pages);
+                if with_jobs {
+                    self.job_changes(snapshot, &mut pages);
+                }
+            }
+        }
+        self.agents.clone_from(&snapshot.agents);
         let settings = Settings::of(snapshot);
         let settings_changed = self.settings.as_ref() != Some(&settings);
         if pages.is_empty() && !settings_changed && self.index == Some(snapshot.index) {
@@ -111,39 +115,89 @@ impl Feed {
         pages.finish(snapshot.index)
     }
 
-    fn agent_changes(&mut self, snapshot: &ClusterSnapshot, pages: &mut Pages) {
-        let mut was = std::mem::take(&mut self.agents);
+    /// The first changes: against the digests of what the watcher holds.
+    fn first_changes(
+        &mut self,
+        mut holding: pb::ReplicaDigest,
+        snapshot: &ClusterSnapshot,
+        pages: &mut Pages,
+    ) {
         for view in &snapshot.agents {
-            let change = match was.remove(&view.id.0) {
-                Some(Held::Sent(old)) if Arc::ptr_eq(&old, view) => None,
-                Some(Held::Sent(old)) => agent_change(&old, view),
-                Some(Held::Digest(held)) if held == digest::agent(view) => None,
-                Some(Held::Digest(_)) | None => Some(whole_agent(view)),
-            };
-            if let Some(change) = change {
+            if holding.agents.remove(&view.id.0) != Some(digest::agent(view)) {
+                let change = whole_agent(view);
                 pages.add(|page| page.agents.push(change));
             }
-            self.agents
-                .insert(view.id.0.clone(), Held::Sent(Arc::clone(view)));
         }
-        for gone in was.into_keys() {
-            pages.add(|page| page.agents_gone.push(gone));
+        let mut gone: Vec<String> = holding.agents.into_keys().collect();
+        gone.sort();
+        for id in gone {
+            pages.add(|page| page.agents_gone.push(id));
+        }
+        for (name, job) in &snapshot.jobs {
+            if holding.jobs.remove(name) != Some(digest::job(job)) {
+                let wire: muster_proto::model::Job = job.clone().into();
+                pages.add(|page| page.jobs.push(wire));
+            }
+            self.jobs.insert(name.clone(), (job.version, job.stopped));
+        }
+        let mut gone: Vec<String> = holding.jobs.into_keys().collect();
+        gone.sort();
+        for name in gone {
+            pages.add(|page| page.jobs_gone.push(name));
+        }
+    }
+
+    fn agent_changes(&mut self, snapshot: &ClusterSnapshot, pages: &mut Pages) {
+        let (was, now) = (&self.agents, &snapshot.agents);
+        let (mut i, mut j) = (0, 0);
+        while i < was.len() || j < now.len() {
+            let order = match (was.get(i), now.get(j)) {
+                (Some(old), Some(new)) if Arc::ptr_eq(old, new) => {
+                    (i, j) = (i + 1, j + 1);
+                    continue;
+                }
+                (Some(old), Some(new)) => old.id.cmp(&new.id),
+                (Some(_), None) => std::cmp::Ordering::Less,
+                (None, _) => std::cmp::Ordering::Greater,
+            };
+            match order {
+                std::cmp::Ordering::Equal => {
+                    if let Some(change) = agent_change(&was[i], &now[j]) {
+                        pages.add(|page| page.agents.push(change));
+                    }
+                    (i, j) = (i + 1, j + 1);
+                }
+                std::cmp::Ordering::Less => {
+                    let gone = was[i].id.0.clone();
+                    pages.add(|page| page.agents_gone.push(gone));
+                    i += 1;
+                }
+                std::cmp::Ordering::Greater => {
+                    let change = whole_agent(&now[j]);
+                    pages.add(|page| page.agents.push(change));
+                    j += 1;
+                }
+            }
         }
     }
 
     fn job_changes(&mut self, snapshot: &ClusterSnapshot, pages: &mut Pages) {
+        let unchanged = self.jobs.len() == snapshot.jobs.len()
+            && self
+                .jobs
+                .iter()
+                .zip(&snapshot.jobs)
+                .all(|((name, was), (now, job))| name == now && *was == (job.version, job.stopped));
+        if unchanged {
+            return;
+        }
         let mut was = std::mem::take(&mut self.jobs);
         for (name, job) in &snapshot.jobs {
-            let same = match was.remove(name) {
-                Some(Held::Sent(old)) => old == *job,
-                Some(Held::Digest(held)) => held == digest::job(job),
-                None => false,
-            };
-            if !same {
+            if was.remove(name) != Some((job.version, job.stopped)) {
                 let wire: muster_proto::model::Job = job.clone().into();
                 pages.add(|page| page.jobs.push(wire));
             }
-            self.jobs.insert(name.clone(), Held::Sent(job.clone()));
+            self.jobs.insert(name.clone(), (job.version, job.stopped));
         }
         for gone in was.into_keys() {
             pages.add(|page| page.jobs_gone.push(gone));

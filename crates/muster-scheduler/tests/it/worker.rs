@@ -87,6 +87,7 @@ impl Fake {
 
     fn enqueue(&self, eval: Evaluation, token: &str) {
         self.lock().queue.push_back(Assignment {
+            state_index: 0,
             eval,
             token: token.to_owned(),
         });
