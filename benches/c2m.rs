@@ -11,7 +11,7 @@
 //! asked for are placed. The clock starts at the first submission and stops when the agents
 //! have been told to launch the last task.
 //!
-//! It runs three times: with binpack placement, with spread placement, and with binpack and
+//! It runs four times (the fourth below): with binpack placement, with spread placement, with binpack and
 //! every job's group spread evenly over three zones (each agent in one of them, a `spread`
 //! block on `zone`: the ranking that counts the job's tasks per zone), and prints for each: a
 //! line per 100,000 placements (the time and the rate since the previous line), the time to

@@ -153,11 +153,15 @@ pub(crate) fn run_scheduler() {
         };
         let backend =
             RemoteBackend::connect_with(vec![var(MASTER)], config).expect("the master's address");
+        let timed = Timed {
+            inner: backend.clone(),
+            micros: std::sync::Arc::new(Default::default()),
+        };
         let (stop, stopped) = tokio::sync::watch::channel(false);
         let workers: Vec<_> = (0..workers())
             .map(|_| {
                 let worker = Worker::new(
-                    backend.clone(),
+                    timed.clone(),
                     muster::scheduler::binpack(),
                     WorkerConfig {
                         error_backoff: Duration::from_millis(10),
@@ -173,7 +177,8 @@ pub(crate) fn run_scheduler() {
             let received = backend.received();
             let index = backend.replica_index().unwrap_or(0);
             let line = format!(
-                "copies={} waited_micros={} index={index} snapshot_bytes={} change_bytes={} changes={} watches={}\n",
+                "{} copies={} waited_micros={} index={index} snapshot_bytes={} change_bytes={} changes={} watches={}\n",
+                timed.line(),
                 received.copies,
                 received.waited_micros,
                 received.snapshot_bytes,
@@ -184,9 +189,92 @@ pub(crate) fn run_scheduler() {
             stdout.write_all(line.as_bytes()).await.expect("stdout");
             stdout.flush().await.expect("stdout");
         }
+        eprintln!("c2m remote scheduler, time in calls (all workers): {}", timed.line());
         let _ = stop.send(true);
         for worker in workers {
             let _ = worker.await;
         }
     });
+}
+
+/// A backend that times each call of the one it wraps: where a remote evaluation's time goes.
+#[derive(Clone)]
+struct Timed {
+    inner: RemoteBackend,
+    /// Microseconds summed per call: dequeue, snapshot, submit, settle (ack, complete,
+    /// block, nack).
+    micros: std::sync::Arc<[std::sync::atomic::AtomicU64; 4]>,
+}
+
+impl Timed {
+    async fn time<T>(&self, slot: usize, call: impl std::future::Future<Output = T>) -> T {
+        let started = std::time::Instant::now();
+        let out = call.await;
+        let took = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        self.micros[slot].fetch_add(took, std::sync::atomic::Ordering::Relaxed);
+        out
+    }
+
+    fn line(&self) -> String {
+        let [dequeue, snapshot, submit, settle] =
+            [0, 1, 2, 3].map(|k| self.micros[k].load(std::sync::atomic::Ordering::Relaxed));
+        format!("dequeue_us={dequeue} snapshot_us={snapshot} submit_us={submit} settle_us={settle}")
+    }
+}
+
+impl muster::scheduler::Backend for Timed {
+    async fn dequeue(
+        &self,
+        schedulers: &[String],
+        timeout: Duration,
+    ) -> Result<Option<muster::scheduler::Assignment>, muster::scheduler::WorkerError> {
+        self.time(0, self.inner.dequeue(schedulers, timeout)).await
+    }
+
+    async fn snapshot(
+        &self,
+        min_index: u64,
+    ) -> Result<muster::scheduler::ClusterSnapshot, muster::scheduler::WorkerError> {
+        self.time(1, self.inner.snapshot(min_index)).await
+    }
+
+    async fn submit(
+        &self,
+        plan: muster::scheduler::Plan,
+    ) -> Result<muster::scheduler::PlanResult, muster::scheduler::WorkerError> {
+        self.time(2, self.inner.submit(plan)).await
+    }
+
+    async fn ack(
+        &self,
+        eval: &muster::model::EvalId,
+        token: &str,
+    ) -> Result<(), muster::scheduler::WorkerError> {
+        self.time(3, self.inner.ack(eval, token)).await
+    }
+
+    async fn nack(
+        &self,
+        eval: &muster::model::EvalId,
+        token: &str,
+    ) -> Result<(), muster::scheduler::WorkerError> {
+        self.time(3, self.inner.nack(eval, token)).await
+    }
+
+    async fn block(
+        &self,
+        eval: muster::model::Evaluation,
+        token: &str,
+        unplaced: Vec<muster::model::Demand>,
+    ) -> Result<(), muster::scheduler::WorkerError> {
+        self.time(3, self.inner.block(eval, token, unplaced)).await
+    }
+
+    async fn complete(
+        &self,
+        eval: &muster::model::Evaluation,
+        token: &str,
+    ) -> Result<(), muster::scheduler::WorkerError> {
+        self.time(3, self.inner.complete(eval, token)).await
+    }
 }
