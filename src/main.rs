@@ -84,7 +84,7 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         workers: usize,
     },
-    /// Show the cluster: the leader, agents with their tasks, frameworks.
+    /// Show the cluster: the leader, agents with their tasks, the jobs that own tasks.
     Status {
         /// Answer from the master given, whatever its role, without confirming leadership
         /// (faster, and works without a quorum; may be behind: says by how much)
@@ -210,9 +210,25 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // The reader of the output went away (`muster job list | head`): what it wanted, it
+        // has.
+        Err(e) if reader_gone(&e) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("muster: {e:#}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `error` is a write to a pipe whose reader closed it.
+fn reader_gone(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            || cause
+                .downcast_ref::<serde_json::Error>()
+                .and_then(|json| json.io_error_kind())
+                == Some(std::io::ErrorKind::BrokenPipe)
+    })
 }

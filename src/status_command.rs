@@ -23,7 +23,7 @@ pub(crate) async fn read_state(
 }
 
 /// `muster status`: the leader, the security in force, the agents with their tasks, and the
-/// frameworks.
+/// jobs that own tasks (a task's owner is its job; the wire calls it a framework, after Mesos).
 pub(crate) async fn run(
     connection: &Connection,
     stale: bool,
@@ -56,7 +56,7 @@ pub(crate) async fn run(
     print_agents(&mut out, &state)?;
     if !state.frameworks.is_empty() {
         let names: Vec<&str> = state.frameworks.iter().map(|f| f.id.as_str()).collect();
-        writeln!(out, "frameworks: {}", names.join(", "))?;
+        writeln!(out, "jobs with tasks: {}", names.join(", "))?;
     }
     Ok(())
 }

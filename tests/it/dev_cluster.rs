@@ -43,6 +43,24 @@ async fn dev_runs_a_cluster_that_status_shows() -> anyhow::Result<()> {
     );
     ensure!(text.contains(&format!("agent@{agent}")), "status: {text}");
     ensure!(text.contains("security: mutual TLS"), "status: {text}");
+    ensure!(!text.contains("frameworks"), "status: {text}");
+
+    // Into a pipe whose reader is gone (`muster status | head -0`): no error, nothing said.
+    for args in [&["status"][..], &["status", "--json"][..]] {
+        let (reader, writer) = std::io::pipe()?;
+        drop(reader);
+        let closed = muster(args)?
+            .stdout(std::process::Stdio::from(writer))
+            .stderr(std::process::Stdio::piped())
+            .spawn()?
+            .wait_with_output()
+            .await?;
+        let said = String::from_utf8_lossy(&closed.stderr);
+        ensure!(
+            closed.status.success() && said.is_empty(),
+            "{args:?}: {closed:?}"
+        );
+    }
 
     // Several masters in MUSTER_ADDR: one that is down is passed over, for leader-only and
     // stale calls alike; when none answers, each one's reason is named.

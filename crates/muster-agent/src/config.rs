@@ -190,11 +190,17 @@ impl AgentConfig {
         if self.hostname.trim().is_empty() {
             return invalid("hostname is empty");
         }
-        let (cpus, _) = self.resources;
-        if !cpus.is_finite() || cpus < 0.0 {
+        let (cpus, mem_mb) = self.resources;
+        if !cpus.is_finite() || cpus <= 0.0 {
             return Err(AgentError::InvalidConfig(format!(
-                "cpus must be a non-negative number, not {cpus}"
+                "cpus (--cpus) must be a positive number, not {cpus}: an agent with none can \
+                 run no task"
             )));
+        }
+        if mem_mb == 0 {
+            return invalid(
+                "mem_mb (--mem-mb) must be greater than zero: an agent with none can run no task",
+            );
         }
         if self.registration_backoff_initial.is_zero() {
             return invalid("registration_backoff_initial must be greater than zero");
@@ -226,6 +232,20 @@ impl AgentConfig {
             && user.trim().is_empty()
         {
             return invalid("task_user is empty (leave it out for the default)");
+        }
+        // A user this machine does not know would fail every task that runs as it.
+        let named = self
+            .task_user
+            .iter()
+            .map(|u| ("task_user (--task-user)", u));
+        let allowed =
+            (self.allowed_task_users.iter()).map(|u| ("allowed_task_users (--allow-task-user)", u));
+        for (setting, user) in named.chain(allowed) {
+            if let Err(error) = crate::task_user::Credentials::of(user) {
+                return Err(AgentError::InvalidConfig(format!(
+                    "{setting} names user {user:?}, which this machine cannot look up: {error}"
+                )));
+            }
         }
         Ok(())
     }
@@ -300,6 +320,36 @@ mod tests {
         config.registration_backoff_initial = Duration::ZERO;
         let err = config.validate().unwrap_err().to_string();
         assert!(err.contains("registration_backoff_initial"), "{err}");
+    }
+
+    #[test]
+    fn no_resources_and_unknown_users_are_named() {
+        let valid = AgentConfig::new(vec!["h:1".into()], "/tmp/x");
+        let mut config = valid.clone();
+        config.resources = (0.0, 1024);
+        let err = config.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("cpus (--cpus) must be a positive number"),
+            "{err}"
+        );
+        let mut config = valid.clone();
+        config.resources = (2.0, 0);
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("mem_mb (--mem-mb)"), "{err}");
+        let mut config = valid.clone();
+        config.task_user = Some("no-such-user-muster".into());
+        let err = config.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("task_user (--task-user) names user \"no-such-user-muster\""),
+            "{err}"
+        );
+        let mut config = valid.clone();
+        config.allowed_task_users = vec!["root".into(), "no-such-user-muster".into()];
+        let err = config.validate().unwrap_err().to_string();
+        assert!(err.contains("--allow-task-user"), "{err}");
+        let mut config = valid;
+        config.task_user = Some("root".into());
+        assert!(config.validate().is_ok());
     }
 
     #[test]

@@ -62,8 +62,9 @@ pub struct ReadInfo {
     pub stale: bool,
     /// The registry index the answering master had applied.
     pub applied_index: u64,
-    /// Milliseconds since the answering master last heard from the leader (0 on the leader).
-    pub last_contact_ms: u64,
+    /// Milliseconds since the answering master last heard from the leader (0 on the leader);
+    /// `null` if it never has.
+    pub last_contact_ms: Option<u64>,
     /// Whether the answering master knows a leader.
     pub known_leader: bool,
 }
@@ -73,7 +74,7 @@ impl From<Option<cluster_pb::ReadInfo>> for ReadInfo {
         read.map(|r| ReadInfo {
             stale: r.stale,
             applied_index: r.applied_index,
-            last_contact_ms: r.last_contact_ms,
+            last_contact_ms: (r.last_contact_ms != u64::MAX).then_some(r.last_contact_ms),
             known_leader: r.known_leader,
         })
         .unwrap_or_default()
@@ -146,6 +147,43 @@ fn redact_env(value: &mut serde_json::Value) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_standby_that_never_heard_a_leader_says_so_with_nulls() {
+        let state = cluster_pb::ClusterState {
+            term: 0,
+            read: Some(cluster_pb::ReadInfo {
+                stale: true,
+                applied_index: 0,
+                last_contact_ms: u64::MAX,
+                known_leader: false,
+            }),
+            ..cluster_pb::ClusterState::default()
+        };
+        let json = serde_json::to_value(ClusterStatus::from(&state)).expect("a document");
+        assert_eq!(json["term"], serde_json::Value::Null, "{json}");
+        assert_eq!(
+            json["read"]["last_contact_ms"],
+            serde_json::Value::Null,
+            "{json}"
+        );
+        let heard = cluster_pb::ClusterState {
+            term: 3,
+            read: Some(cluster_pb::ReadInfo {
+                last_contact_ms: 40,
+                ..cluster_pb::ReadInfo::default()
+            }),
+            ..cluster_pb::ClusterState::default()
+        };
+        let json = serde_json::to_value(ClusterStatus::from(&heard)).expect("a document");
+        assert_eq!(
+            (
+                json["term"].as_u64(),
+                json["read"]["last_contact_ms"].as_u64()
+            ),
+            (Some(3), Some(40))
+        );
+    }
 
     #[test]
     fn every_environment_in_an_events_payload_is_redacted() {

@@ -117,9 +117,11 @@ pub fn token_of(headers: &http::HeaderMap) -> Option<TokenSecret> {
     if let Some(value) = headers.get(TOKEN_HEADER).and_then(|v| v.to_str().ok()) {
         return Some(TokenSecret::new(value.trim()));
     }
+    // `Bearer <token>`, the scheme in any case (RFC 7235, section 2.1).
     let value = headers.get(http::header::AUTHORIZATION)?.to_str().ok()?;
-    let token = value.strip_prefix("Bearer ")?;
-    Some(TokenSecret::new(token.trim()))
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then(|| TokenSecret::new(token))
 }
 
 /// Checks one request against `requirement`: the [`Peer`] and [`Caller`] it passes as, or
@@ -264,5 +266,47 @@ impl tonic::service::Interceptor for WithToken {
             request.metadata_mut().insert(TOKEN_HEADER, value.clone());
         }
         Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with(name: &str, value: &str) -> http::HeaderMap {
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            http::HeaderName::from_bytes(name.as_bytes()).expect("a header name"),
+            http::HeaderValue::from_str(value).expect("a header value"),
+        );
+        headers
+    }
+
+    #[test]
+    fn a_bearer_token_is_read_whatever_the_case_of_its_scheme() {
+        for value in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER  s3cret ",
+            " Bearer s3cret",
+        ] {
+            let token = token_of(&with("authorization", value));
+            assert_eq!(
+                token.map(|t| t.expose().to_owned()).as_deref(),
+                Some("s3cret"),
+                "{value:?}"
+            );
+        }
+        for value in ["Basic s3cret", "Bearer", "Bearer   ", "Bearers3cret"] {
+            assert!(
+                token_of(&with("authorization", value)).is_none(),
+                "{value:?}"
+            );
+        }
+        let token = token_of(&with(TOKEN_HEADER, " s3cret "));
+        assert_eq!(
+            token.map(|t| t.expose().to_owned()).as_deref(),
+            Some("s3cret")
+        );
     }
 }

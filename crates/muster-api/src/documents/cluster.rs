@@ -13,8 +13,9 @@ pub struct ClusterStatus {
     pub leader: String,
     /// Whether the answering master leads.
     pub is_leader: bool,
-    /// The registry's raft term.
-    pub term: u64,
+    /// The registry's raft term; `null` on a master that has not yet heard of one (a standby
+    /// before its first leader).
+    pub term: Option<u64>,
     /// The registry's raft commit index as the answering master knows it: on the leader, the
     /// highest index a majority of the masters hold; on a standby, the index it applied (a
     /// lower bound). The index it applied is in `read`.
@@ -54,7 +55,7 @@ impl From<&cluster_pb::ClusterState> for ClusterStatus {
         ClusterStatus {
             leader: state.leader.clone(),
             is_leader: state.is_leader,
-            term: state.term,
+            term: (state.term > 0).then_some(state.term),
             commit_index: state.commit_index,
             recovering: state.recovering,
             insecure: state.insecure,

@@ -80,10 +80,10 @@ pub(super) fn read_response<T: serde::Serialize>(doc: T, read: &ReadInfo) -> Res
         "x-muster-known-leader",
         HeaderValue::from_static(if read.known_leader { "true" } else { "false" }),
     );
-    headers.insert(
-        "x-muster-last-contact",
-        HeaderValue::from(read.last_contact_ms),
-    );
+    // Left out by a master that has never heard from a leader.
+    if let Some(ms) = read.last_contact_ms {
+        headers.insert("x-muster-last-contact", HeaderValue::from(ms));
+    }
     response
 }
 
