@@ -24,6 +24,7 @@ mod list_command;
 mod namespace_command;
 mod operator_command;
 mod output;
+mod shell_command;
 mod status_command;
 mod tls_command;
 mod when;
@@ -141,6 +142,17 @@ enum Command {
         #[command(subcommand)]
         command: OperatorCommand,
     },
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (muster.1, and one per subcommand) into a directory.
+    Man {
+        /// Where (made if missing).
+        #[arg(long, value_name = "DIR", default_value = "man")]
+        out_dir: PathBuf,
+    },
 }
 
 /// `muster eval ...`
@@ -205,6 +217,13 @@ fn main() -> ExitCode {
             }
             Command::Operator { command } => {
                 operator_command::run(&target.resolve()?, command, format).await
+            }
+            Command::Completions { shell } => shell_command::completions::<Cli>(shell),
+            Command::Man { out_dir } => {
+                for path in shell_command::man_pages::<Cli>(&out_dir)? {
+                    println!("{}", path.display());
+                }
+                Ok(())
             }
         }
     });

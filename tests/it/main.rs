@@ -16,4 +16,5 @@ mod leader_pause;
 mod operator_snapshot;
 mod registry_crash;
 mod remote_process;
+mod shell_docs;
 mod task_lifecycle;

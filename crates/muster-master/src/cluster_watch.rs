@@ -8,6 +8,7 @@
 
 use std::time::Duration;
 
+use muster_actor::Pid;
 use muster_scheduler::protocol::WATCH_KEEPALIVE;
 
 use muster_model::namespace_of;
@@ -19,8 +20,8 @@ use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::error::ServiceError;
+use crate::master::Master;
 use crate::master::requests::{ClusterPulse, WatchSnapshot};
-use crate::scheduling_service::SchedulingService;
 
 /// How often a watch looks again with no change seen: what changes with the clock alone (a
 /// crash-looping slot's back-off ending) reaches the watcher within this, and a watcher sent
@@ -49,10 +50,12 @@ pub(crate) fn visible_to(caller: &Caller, mut snapshot: ClusterSnapshot) -> Clus
     snapshot
 }
 
-/// Feeds the watcher at `out` until it goes, or this master stops scheduling (then the last
-/// message is the status that sends it to the leader).
-pub(crate) async fn run(
-    service: SchedulingService,
+/// Feeds the watcher at `out` from the master at `master` until the watcher goes, or this
+/// master stops leading: then the last message is the status `redirect` answers, which sends
+/// the watcher to the leader.
+pub(crate) async fn run<R: Future<Output = Status>>(
+    master: Pid<Master>,
+    redirect: impl Fn() -> R,
     caller: Caller,
     mut feed: Feed,
     mut pulse: watch::Receiver<ClusterPulse>,
@@ -65,9 +68,7 @@ pub(crate) async fn run(
     loop {
         let now = *pulse.borrow_and_update();
         if now.scheduling {
-            let watched = match service
-                .backend()
-                .master()
+            let watched = match master
                 .ask(|reply| {
                     WatchSnapshot {
                         jobs_seen_at,
@@ -101,13 +102,7 @@ pub(crate) async fn run(
             }
         } else if !now.leading {
             // Standing by now: the watcher goes to the leader.
-            let redirect = match service.leading().await {
-                Err(redirect) => redirect,
-                Ok(()) => {
-                    ServiceError::Unavailable("this master is taking over; watch again".into())
-                }
-            };
-            let _ = out.send(Err(redirect.into())).await;
+            let _ = out.send(Err(redirect().await)).await;
             return;
         } else if last_sent.elapsed() >= LOOK_AGAIN {
             // Leading, holding placements while agents re-register: the watcher hears that

@@ -471,6 +471,13 @@ impl Master {
         if std::mem::take(&mut self.quiet) {
             return;
         }
+        self.publish_state();
+    }
+
+    /// Publishes the [`plans::ClusterPulse`] now, the registry's writes applied since counted:
+    /// also before evaluations go to the broker, so that a remote worker handed one reads an
+    /// index that covers the write that made it (see `scheduling_service.rs`, `dequeue`).
+    fn publish_state(&mut self) {
         // `state_index` runs ahead of the registry's index with each change to agents or
         // tasks; a registry write applied since (a job, say) then gets an index below it, and
         // a snapshot's index alone would not tell a copy taken before the write from one

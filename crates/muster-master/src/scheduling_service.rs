@@ -20,7 +20,7 @@ use tonic::{Request, Response, Status};
 
 use crate::cluster_watch::{self, visible_to};
 use crate::error::ServiceError;
-use crate::master::requests::{GetMetrics, GetState, WatchChanges};
+use crate::master::requests::{ClusterPulse, GetMetrics, GetState, WatchChanges};
 use crate::visibility::caller_of;
 use crate::workers::LocalBackend;
 
@@ -29,6 +29,8 @@ use crate::workers::LocalBackend;
 pub struct SchedulingService {
     backend: LocalBackend,
     address: String,
+    /// The master's pulse, once asked for (see `state_index`).
+    pulse: std::sync::Arc<tokio::sync::OnceCell<tokio::sync::watch::Receiver<ClusterPulse>>>,
 }
 
 impl SchedulingService {
@@ -38,6 +40,7 @@ impl SchedulingService {
         SchedulingService {
             backend,
             address: address.into(),
+            pulse: std::sync::Arc::default(),
         }
     }
 
@@ -49,27 +52,26 @@ impl SchedulingService {
             .max_encoding_message_size(DEFAULT_MAX_MESSAGE_SIZE)
     }
 
-    /// The master and broker it answers for.
-    pub(crate) fn backend(&self) -> &LocalBackend {
-        &self.backend
-    }
-
-    /// The master's state index now: asked of the master, so that what it handled before
-    /// (the write that made an evaluation just handed out) is counted. Newer than the
-    /// evaluation needs, by the changes since its write; measured, a copy that waits for them
-    /// plans against fresher agents, and its plans collide less than they gain.
+    /// The master's state index now, from its pulse: the master publishes it before it hands
+    /// evaluations to the broker, so it covers the write that made one just handed out. Newer
+    /// than the evaluation needs, by the changes since its write; measured, a copy that waits
+    /// for them plans against fresher agents, and its plans collide less than they gain.
     async fn state_index(&self) -> Result<u64, ServiceError> {
         let pulse = self
-            .backend
-            .master()
-            .ask(|reply| WatchChanges { reply }.into())
+            .pulse
+            .get_or_try_init(|| async {
+                self.backend
+                    .master()
+                    .ask(|reply| WatchChanges { reply }.into())
+                    .await
+            })
             .await?;
         let index = pulse.borrow().index;
         Ok(index)
     }
 
     /// `Ok` if this master leads; otherwise the error that sends the caller on.
-    pub(crate) async fn leading(&self) -> Result<(), ServiceError> {
+    async fn leading(&self) -> Result<(), ServiceError> {
         let master = self.backend.master();
         if master
             .ask(|reply| GetMetrics { reply }.into())
@@ -298,8 +300,19 @@ impl Scheduling for SchedulingService {
             .await
             .map_err(ServiceError::from)?;
         let (out, changes) = tokio::sync::mpsc::channel(2);
+        let service = self.clone();
+        let redirect = move || {
+            let service = service.clone();
+            async move {
+                match service.leading().await {
+                    Err(redirect) => Status::from(redirect),
+                    Ok(()) => Status::unavailable("this master is taking over; watch again"),
+                }
+            }
+        };
         tokio::spawn(cluster_watch::run(
-            self.clone(),
+            self.backend.master().clone(),
+            redirect,
             caller,
             Feed::new(holding),
             pulse,

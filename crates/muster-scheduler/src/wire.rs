@@ -9,13 +9,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use muster_model::convert::{all, each, read, required, sorted, unsorted};
-use muster_model::{AgentId, EvalId, FieldError, PreemptionConfig, Quota};
+use muster_model::{AgentId, EvalId, FieldError};
 use muster_proto::scheduling as pb;
 
 use crate::plan::{
     AgentView, ClusterSnapshot, JobGroup, Placement, Plan, PlanResult, Preemption, Stop, TaskView,
 };
 use crate::worker::Assignment;
+
+mod parts;
+
+pub(crate) use parts::{
+    deployments_from_wire, preemption_from_wire, quota_from_wire, quota_to_wire,
+};
 
 impl From<TaskView> for pb::TaskView {
     fn from(this: TaskView) -> Self {
@@ -137,31 +143,6 @@ impl From<ClusterSnapshot> for pb::ClusterSnapshot {
     }
 }
 
-pub(crate) fn quota_to_wire(quota: Quota) -> pb::Quota {
-    pb::Quota {
-        cpus: quota.cpus,
-        mem_mb: quota.mem_mb,
-        tasks: quota.tasks,
-    }
-}
-
-/// A quota from the wire: cpus, if limited, finite and not negative.
-pub(crate) fn quota_from_wire(proto: pb::Quota, field: &str) -> Result<Quota, FieldError> {
-    if let Some(cpus) = proto.cpus
-        && !(cpus.is_finite() && cpus >= 0.0)
-    {
-        return Err(FieldError::new(
-            format!("{field}.cpus"),
-            format!("{cpus} is not a number of cpus (finite, 0 or more)"),
-        ));
-    }
-    Ok(Quota {
-        cpus: proto.cpus,
-        mem_mb: proto.mem_mb,
-        tasks: proto.tasks,
-    })
-}
-
 impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
     type Error = FieldError;
 
@@ -190,25 +171,6 @@ impl TryFrom<pb::ClusterSnapshot> for ClusterSnapshot {
             preemption: preemption_from_wire(proto.preemption),
         })
     }
-}
-
-/// Deployments from the wire, by job.
-pub(crate) fn deployments_from_wire(
-    protos: Vec<muster_proto::model::Deployment>,
-) -> Result<BTreeMap<String, muster_model::Deployment>, FieldError> {
-    Ok(each::<muster_model::Deployment, _>(protos, "deployments")?
-        .into_iter()
-        .map(|d| (d.job.clone(), d))
-        .collect())
-}
-
-/// The preemption setting from the wire; the default if it is missing.
-pub(crate) fn preemption_from_wire(proto: Option<pb::PreemptionConfig>) -> PreemptionConfig {
-    proto.map_or_else(PreemptionConfig::default, |p| PreemptionConfig {
-        service: p.service,
-        batch: p.batch,
-        system: p.system,
-    })
 }
 
 impl From<Placement> for pb::Placement {
@@ -385,8 +347,8 @@ mod tests {
     use std::fmt;
 
     use muster_model::{
-        Constraint, ConstraintOp, Demand, EvalStatus, Evaluation, Job, Resources, SchedulerType,
-        TaskGroup, TaskState, Trigger,
+        Constraint, ConstraintOp, Demand, EvalStatus, Evaluation, Job, Quota, Resources,
+        SchedulerType, TaskGroup, TaskState, Trigger,
     };
     use muster_proto::model as model_pb;
 

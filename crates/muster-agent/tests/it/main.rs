@@ -5,6 +5,7 @@ mod common;
 
 mod agent;
 mod cli;
+mod dist;
 mod health;
 mod heartbeats;
 mod logs;

@@ -96,6 +96,8 @@ impl Master {
                         .filter_map(|id| state.evals.get(id).cloned())
                         .collect()
                 });
+                // The pulse first: a worker handed one of these reads the index from it.
+                master.publish_state();
                 let _ = master.broker.tell(BrokerMsg::Enqueue(stored));
             }
             done(master, ctx, written);

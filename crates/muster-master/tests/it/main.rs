@@ -8,6 +8,7 @@ mod agent_claims;
 mod attacks;
 mod cli;
 mod cluster_watch;
+mod dist;
 mod drain;
 mod event_secrets;
 mod failover;

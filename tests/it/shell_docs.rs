@@ -1,0 +1,48 @@
+//! `muster completions` and `muster man`: generated from the CLI's clap definitions, for
+//! every shell clap_complete knows and for every visible subcommand.
+
+use std::process::Command;
+
+use anyhow::ensure;
+
+const BIN: &str = env!("CARGO_BIN_EXE_muster");
+
+#[test]
+fn completions_name_the_commands_for_each_shell() -> anyhow::Result<()> {
+    for shell in ["bash", "zsh", "fish", "elvish", "powershell"] {
+        let output = Command::new(BIN).args(["completions", shell]).output()?;
+        ensure!(output.status.success(), "{shell}: {output:?}");
+        let script = String::from_utf8(output.stdout)?;
+        for word in ["muster", "job", "namespace", "operator", "completions"] {
+            ensure!(script.contains(word), "{shell} completions lack {word:?}");
+        }
+    }
+    let output = Command::new(BIN).args(["completions", "tcsh"]).output()?;
+    ensure!(!output.status.success(), "an unknown shell is refused");
+    let said = String::from_utf8_lossy(&output.stderr);
+    ensure!(said.contains("tcsh") && said.contains("bash"), "{said}");
+    Ok(())
+}
+
+#[test]
+fn man_writes_a_page_per_command() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("man");
+    let output = Command::new(BIN)
+        .args(["man", "--out-dir"])
+        .arg(&out)
+        .output()?;
+    ensure!(output.status.success(), "{output:?}");
+    for (page, says) in [
+        ("muster.1", ".TH muster 1"),
+        ("muster-job.1", "job"),
+        ("muster-job-run.1", "run"),
+        ("muster-operator-snapshot-save.1", "save"),
+    ] {
+        let text = std::fs::read_to_string(out.join(page))?;
+        ensure!(text.contains(says), "{page}: {text}");
+    }
+    let listed = String::from_utf8(output.stdout)?;
+    ensure!(listed.lines().count() > 20, "pages written: {listed}");
+    Ok(())
+}
