@@ -398,7 +398,7 @@ mod tests {
             &file,
             "masters = [\"127.0.0.1:5050\"]\ndata-dir = \"/tmp/a\"\nmem-mb = 512\n\
              task_output_max_bytes = 65536\nrecovery-timeout = \"2m\"\n\
-             allow-task-user = [\"alice\"]\n\
+             allow-task-user = [\"daemon\"]\n\
              [attributes]\nrack = \"r1\"\nzone = \"z1\"\n[tls]\ninsecure = true\n",
         )?;
         let config_arg = file.to_string_lossy().into_owned();
@@ -414,7 +414,7 @@ mod tests {
         assert_eq!(config.resources.1, 512);
         assert_eq!(config.task_output_max_bytes, 65536);
         assert_eq!(config.recovery_timeout, std::time::Duration::from_secs(120));
-        assert_eq!(config.allowed_task_users, ["alice"]);
+        assert_eq!(config.allowed_task_users, ["daemon"]);
         assert_eq!(
             config.attributes.get("rack").map(String::as_str),
             Some("r1")
