@@ -50,6 +50,14 @@ pub(super) struct Settings {
 }
 
 impl Settings {
+    /// Whether these are `snapshot`'s.
+    fn is_of(&self, snapshot: &ClusterSnapshot) -> bool {
+        self.held == snapshot.held
+            && self.quotas == snapshot.quotas
+            && self.deployments == snapshot.deployments
+            && self.preemption == snapshot.preemption
+    }
+
     fn of(snapshot: &ClusterSnapshot) -> Self {
         Settings {
             held: snapshot.held.clone(),
@@ -102,12 +110,13 @@ impl Feed {
             }
         }
         self.agents.clone_from(&snapshot.agents);
-        let settings = Settings::of(snapshot);
-        let settings_changed = self.settings.as_ref() != Some(&settings);
+        // Compared where they are; copied only when they changed (every round takes this).
+        let settings_changed = !self.settings.as_ref().is_some_and(|s| s.is_of(snapshot));
         if pages.is_empty() && !settings_changed && self.index == Some(snapshot.index) {
             return Vec::new();
         }
         if settings_changed {
+            let settings = Settings::of(snapshot);
             pages.last().settings = Some(settings_to_wire(&settings));
             self.settings = Some(settings);
         }
