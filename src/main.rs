@@ -24,6 +24,7 @@ mod list_command;
 mod namespace_command;
 mod operator_command;
 mod output;
+mod raft_command;
 mod shell_command;
 mod status_command;
 mod tls_command;

@@ -1,5 +1,5 @@
 //! `muster operator snapshot save|restore`: a point-in-time copy of the registry, and putting
-//! one back (Nomad's `nomad operator snapshot`).
+//! one back (Nomad's `nomad operator snapshot`); `muster operator raft` is in `raft_command`.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -11,6 +11,7 @@ use muster::registry::snapshot_file;
 
 use crate::connection::Connection;
 use crate::output::{Format, print_json};
+use crate::raft_command::RaftCommand;
 
 /// `muster operator ...`
 #[derive(Debug, Subcommand)]
@@ -19,6 +20,11 @@ pub(crate) enum OperatorCommand {
     Snapshot {
         #[command(subcommand)]
         command: SnapshotCommand,
+    },
+    /// See and change the masters' raft group while it runs.
+    Raft {
+        #[command(subcommand)]
+        command: RaftCommand,
     },
 }
 
@@ -46,7 +52,12 @@ pub(crate) async fn run(
     command: OperatorCommand,
     format: Format,
 ) -> anyhow::Result<()> {
-    let OperatorCommand::Snapshot { command } = command;
+    let command = match command {
+        OperatorCommand::Snapshot { command } => command,
+        OperatorCommand::Raft { command } => {
+            return crate::raft_command::run(connection, command, format).await;
+        }
+    };
     match command {
         SnapshotCommand::Save { file } => save(connection, &file, format).await,
         SnapshotCommand::Restore { file } => restore(connection, &file, format).await,

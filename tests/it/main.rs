@@ -14,6 +14,7 @@ mod job_edits;
 mod layout;
 mod leader_pause;
 mod operator_snapshot;
+mod raft_membership;
 mod registry_crash;
 mod remote_process;
 mod shell_docs;

@@ -52,6 +52,9 @@ pub(crate) struct MasterHost {
     /// Its election timeout: seeded, fixed for the run (openraft draws its own from a
     /// generator no seed reaches; a one-millisecond range leaves it nothing to draw).
     pub(crate) election_timeout: Duration,
+    /// When it starts outside the group and asks the others to add it (`--join`); `None`: one
+    /// of the group from the start.
+    pub(crate) joins_at: Option<Duration>,
 }
 
 /// An agent host.
@@ -73,21 +76,30 @@ pub(crate) fn master_addresses(masters: &[MasterHost]) -> Vec<String> {
         .collect()
 }
 
-/// Runs one incarnation of a master host until the simulation crashes it.
+/// Runs one incarnation of a master host until the simulation crashes it: one of the group
+/// `all`, or, if it `joins`, a master asking them to add it.
 pub(crate) async fn run_master(
     host: MasterHost,
     all: Vec<MasterHost>,
     record: Record,
 ) -> Result<(), Box<dyn std::error::Error>> {
+    if let Some(at) = host.joins_at {
+        tokio::time::sleep(at.saturating_sub(crate::record::now())).await;
+    }
     // A restarted process has what its store flushed, nothing more.
     host.disk.crash();
-    let members: BTreeMap<u64, String> = all
-        .iter()
-        .zip(master_addresses(&all))
-        .map(|(m, address)| (m.id, address))
-        .collect();
     let mut config = MasterConfig::new(TestPki::shared().security(Role::Master, &host.name));
     config.id = host.id;
+    let members: BTreeMap<u64, String> = if host.joins_at.is_some() {
+        config.join = master_addresses(&all);
+        let own = format!("{}:{MASTER_PORT}", turmoil::lookup(host.name.as_str()));
+        BTreeMap::from([(host.id, own)])
+    } else {
+        all.iter()
+            .zip(master_addresses(&all))
+            .map(|(m, address)| (m.id, address))
+            .collect()
+    };
     config.listen = members[&host.id].clone();
     config.members = members;
     config.registry_store = Some(host.disk.clone());

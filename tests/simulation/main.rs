@@ -14,7 +14,9 @@
 //! - crashes and restarts masters, agents' machines and agent processes, the latter also
 //!   right after a submission or a launch (launches in flight);
 //! - slows the network, and makes clients submit large jobs (hundreds of KiB, up to near the
-//!   1 MiB job limit) for a while.
+//!   1 MiB job limit) for a while;
+//! - in a third of the seeds, grows the group to five masters (two join) and shrinks it back
+//!   to three through the operator API (see `membership`).
 //!
 //! Then it heals everything and checks:
 //! - reads linearizable and no acknowledged write lost (stateright's checker);
@@ -48,6 +50,7 @@
 mod check;
 mod cluster;
 mod faults;
+mod membership;
 mod net;
 mod random;
 mod record;
@@ -396,8 +399,10 @@ fn run(seed: u64) -> Outcome {
             id,
             disk: MemoryDisk::default(),
             election_timeout: Duration::from_millis(400 + 300 * rank + rng.u64(0..100)),
+            joins_at: None,
         })
         .collect();
+
     let dirs = match (0..AGENTS)
         .map(|_| tempfile::tempdir())
         .collect::<Result<Vec<_>, _>>()
@@ -426,6 +431,9 @@ fn run(seed: u64) -> Outcome {
         sim.host(master.name.as_str(), move || {
             cluster::run_master(host.clone(), all.clone(), record.clone())
         });
+    }
+    if membership::changes_group(seed) {
+        membership::join_and_leave(&mut sim, &masters, &record);
     }
     for agent in &agents {
         let (host, all, record) = (agent.clone(), masters.clone(), record.clone());

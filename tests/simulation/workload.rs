@@ -289,8 +289,14 @@ impl Client {
     fn follow(&mut self, status: &tonic::Status) {
         match muster_scheduler::protocol::leader_hint(status) {
             Some(leader) => {
-                if let Some(i) = self.masters.iter().position(|m| *m == leader) {
-                    self.target = i;
+                // A master the client was not told of (one that joined the group) is learned
+                // from the hint.
+                match self.masters.iter().position(|m| *m == leader) {
+                    Some(i) => self.target = i,
+                    None => {
+                        self.masters.push(leader);
+                        self.target = self.masters.len() - 1;
+                    }
                 }
             }
             None => self.target = (self.target + 1) % self.masters.len(),

@@ -18,7 +18,7 @@ use utoipa::ToSchema;
 pub use agents::{
     AgentDetail, AgentList, AgentScheduling, AgentSummary, DrainRequest, EligibilityRequest,
 };
-pub use cluster::{ClusterStatus, Member};
+pub use cluster::{ClusterStatus, Member, RaftConfiguration, RaftServer};
 pub use deployments::{
     DeploymentGroupInfo, DeploymentInfo, DeploymentList, deployment_status_name,
 };

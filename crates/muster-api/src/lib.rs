@@ -12,8 +12,8 @@ pub use documents::{
     AgentDetail, AgentList, AgentScheduling, AgentSummary, ApiError, ClusterStatus,
     DeploymentGroupInfo, DeploymentInfo, DeploymentList, DrainRequest, EVENT_TOPICS,
     EligibilityRequest, EvaluationInfo, EvaluationList, Event, JobDetail, JobList, JobPlan,
-    JobSummary, JobVersion, JobVersions, Member, NamespaceInfo, PlannedTask, REDACTED, ReadInfo,
-    Submitted, TaskCounts, TaskInfo, TaskLogs, job_status,
+    JobSummary, JobVersion, JobVersions, Member, NamespaceInfo, PlannedTask, REDACTED,
+    RaftConfiguration, RaftServer, ReadInfo, Submitted, TaskCounts, TaskInfo, TaskLogs, job_status,
 };
 pub use job_spec::{
     AffinitySpec, CheckSpec, ConstraintSpec, DisconnectSpec, GroupSpec, JobSpec, PortSpec,

@@ -10,8 +10,8 @@
 //! | `Operator` | `ListDeployments` | client certificate, `read-job` somewhere (checked per namespace by the call) |
 //! | `Operator` | `SubmitJob`, `ChangeDeployment`, `StopJob`, `LaunchTask` | `submit-job`, `submit-job`, `stop-job`, `dispatch-job` somewhere (per namespace by the call) |
 //! | `Operator` | `DrainAgent`, `SetAgentEligibility` | agent `write` |
-//! | `Operator` | `GetMetrics` | operator `read` |
-//! | `Operator` | `SnapshotSave` | operator `write` |
+//! | `Operator` | `GetMetrics`, `ListRaftPeers` | operator `read` |
+//! | `Operator` | `SnapshotSave`, `AddRaftPeer`, `RemoveRaftPeer`, `TransferLeadership` | operator `write` |
 //! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken`, `ApplyPolicy`, `ListPolicies`, `DeletePolicy`, `ApplyNamespace`, `DeleteNamespace`, `SnapshotRestore` | a management token |
 //! | `Operator` | `AclBootstrap` | client certificate (the registry allows it once) |
 //! | `Scheduling` | every method | client certificate, a scheduler rule (checked per namespace by the call) |
@@ -66,6 +66,13 @@ pub fn operator_rules() -> Rules {
             token(Permission::Agent(Access::Write)),
         )
         .method("SnapshotSave", token(Permission::Operator(Access::Write)))
+        .method("ListRaftPeers", token(Permission::Operator(Access::Read)))
+        .method("AddRaftPeer", token(Permission::Operator(Access::Write)))
+        .method("RemoveRaftPeer", token(Permission::Operator(Access::Write)))
+        .method(
+            "TransferLeadership",
+            token(Permission::Operator(Access::Write)),
+        )
         .method("AclBootstrap", Requirement::Certificate(CLIENTS));
     for method in [
         "JobStatus",

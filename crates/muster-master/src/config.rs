@@ -31,6 +31,10 @@ pub struct MasterConfig {
     /// Every master of the group, id to `host:port`, this one included. Empty: a group of one
     /// at the listening address.
     pub members: BTreeMap<NodeId, String>,
+    /// Masters of a running group to ask to add this one (`--join`, any of them). Set:
+    /// `members` names this master alone; on first start it waits to be added as a learner,
+    /// catches up, and becomes a voter. Ignored once it is in a group.
+    pub join: Vec<String>,
     /// Where the registry is stored.
     pub data_dir: PathBuf,
     /// Keep the registry on this in-memory disk instead of in `data_dir` (deterministic
@@ -166,6 +170,7 @@ impl MasterConfig {
             id: 1,
             listen: "127.0.0.1:5050".into(),
             members: BTreeMap::new(),
+            join: Vec::new(),
             data_dir: PathBuf::from("muster-master-data"),
             registry_store: None,
             pings: false,

@@ -169,6 +169,7 @@ fn routes() -> Router<ApiState> {
             axum::routing::post(handlers::set_agent_eligibility),
         )
         .route("/v1/status", get(handlers::status))
+        .route("/v1/operator/raft", get(handlers::raft_configuration))
         .route("/v1/health/live", get(handlers::live))
         .route("/v1/health/ready", get(handlers::ready))
         .route("/v1/task/{id}/logs", get(handlers::task_logs))

@@ -15,7 +15,8 @@
 //!   their handlers, and `master.rs` lists and dispatches them in one place.
 //! - [`ServiceError`]: why the operator or scheduling API refused a request, and its gRPC
 //!   status.
-//! - [`OperatorService`]: cluster state, metrics and jobs over gRPC.
+//! - [`OperatorService`]: cluster state, metrics and jobs over gRPC; `raft_peers`: the
+//!   masters' raft group, listed and changed.
 //! - [`MasterServer`]: port, registry, process and API started together ([`MasterError`]:
 //!   why it could not start).
 //! - [`Workers`], [`LocalBackend`]: scheduler workers inside the master process.
@@ -38,6 +39,7 @@ mod launch_wire;
 mod master;
 pub mod metrics;
 mod operator;
+mod raft_peers;
 mod scheduling_service;
 mod server;
 mod task_record;

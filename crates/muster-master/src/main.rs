@@ -51,6 +51,13 @@ muster_launch::settings! {
         /// offset this master's --http-listen has; repeat for each (for a standby's redirects).
         #[arg(long = "http-peer", value_name = "ID=HOST:PORT")]
         http_peers: Vec<String>,
+        /// A master of a running group to ask to add this one, HOST:PORT (any of them; repeat
+        /// for several). On first start this master waits, empty, to be added as a learner,
+        /// catches up and becomes a voter; once in the group it is ignored. Give this
+        /// master's own address as its only --peer (ID=HOST:PORT) when its --listen is not
+        /// an address the others can reach.
+        #[arg(long = "join", value_name = "HOST:PORT")]
+        join: Vec<String>,
         /// Where the registry is stored (required).
         #[arg(long)]
         data_dir: Option<PathBuf>,
@@ -174,6 +181,13 @@ fn config(flags: MasterSettings) -> anyhow::Result<MasterConfig> {
     settings.apply(&mut config);
     config.http_members = parse_peers(&settings.http_peers)?;
     config.members = parse_peers(&settings.peers)?;
+    if !settings.join.is_empty() && config.members.keys().any(|id| *id != config.id) {
+        bail!(
+            "--join adds this master to a running group, which knows its members: give only \
+             this master's own --peer (ID=HOST:PORT), or none"
+        );
+    }
+    config.join = settings.join.clone();
     config.data_dir = settings
         .data_dir
         .context("--data-dir is required (or data_dir in the config file)")?;

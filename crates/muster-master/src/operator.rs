@@ -17,7 +17,7 @@ use muster_actor::Pid;
 use muster_model::namespace::{check_namespace, namespace_of};
 use muster_proto::cluster as pb;
 use muster_proto::cluster::operator_server::{Operator, OperatorServer};
-use muster_registry::{Op, StoredPolicy};
+use muster_registry::{Op, RegistryNode, StoredPolicy};
 use muster_security::{Capability, Policy, TokenType};
 use tonic::{Request, Response, Status};
 
@@ -29,6 +29,7 @@ use crate::master::requests::{
     SnapshotSave, StopJob, SubmitJob, SubscribeEvents, TaskLogs,
 };
 use crate::master::{EventFeed, Master};
+use crate::raft_peers;
 use crate::visibility::{
     NamespaceFilter, caller_of, job_in, namespace_or_default, require, show_job_status,
     show_job_versions, show_state, task_namespace,
@@ -59,6 +60,7 @@ fn event_message(event: &muster_api::Event) -> pb::EventMessage {
 #[derive(Clone, Debug)]
 pub struct OperatorService {
     master: Pid<Master>,
+    registry: RegistryNode,
 }
 
 /// The largest operator request or answer: a registry snapshot travels whole, and a restore
@@ -66,9 +68,15 @@ pub struct OperatorService {
 pub const MAX_OPERATOR_MESSAGE: usize = muster_registry::types::MAX_RAFT_MESSAGE;
 
 impl OperatorService {
-    /// Answers for `master`.
-    pub fn new(master: Pid<Master>) -> Self {
-        OperatorService { master }
+    /// Answers for `master`, whose registry member is `registry` (the raft group's calls go
+    /// to it directly).
+    pub fn new(master: Pid<Master>, registry: RegistryNode) -> Self {
+        OperatorService { master, registry }
+    }
+
+    /// This master's registry member.
+    pub(crate) fn registry(&self) -> &RegistryNode {
+        &self.registry
     }
 
     /// The service, ready to add to a tonic server. Messages up to
@@ -543,6 +551,41 @@ impl Operator for OperatorService {
             .await
             .map_err(ServiceError::from)??;
         Ok(Response::new(reply))
+    }
+
+    async fn list_raft_peers(
+        &self,
+        _request: Request<pb::ListRaftPeersRequest>,
+    ) -> Result<Response<pb::RaftPeerList>, Status> {
+        Ok(Response::new(raft_peers::list(&self.registry)))
+    }
+
+    async fn add_raft_peer(
+        &self,
+        request: Request<pb::AddRaftPeerRequest>,
+    ) -> Result<Response<pb::RaftPeerList>, Status> {
+        let request = request.into_inner();
+        raft_peers::add(&self.registry, request.id, &request.address).await?;
+        Ok(Response::new(raft_peers::list(&self.registry)))
+    }
+
+    async fn remove_raft_peer(
+        &self,
+        request: Request<pb::RemoveRaftPeerRequest>,
+    ) -> Result<Response<pb::RaftPeerList>, Status> {
+        let request = request.into_inner();
+        raft_peers::remove(&self.registry, request.id, request.force).await?;
+        Ok(Response::new(raft_peers::list(&self.registry)))
+    }
+
+    async fn transfer_leadership(
+        &self,
+        request: Request<pb::TransferLeadershipRequest>,
+    ) -> Result<Response<pb::TransferLeadershipReply>, Status> {
+        let to = request.into_inner().to;
+        Ok(Response::new(
+            raft_peers::transfer(&self.registry, to).await?,
+        ))
     }
 
     async fn apply_policy(

@@ -133,6 +133,7 @@ impl MasterServer {
             security: config.security.clone(),
             rejoin_damaged: config.rejoin_damaged,
             encoding: config.registry_encoding,
+            join: config.join.clone(),
         })
         .await?;
 
@@ -157,7 +158,7 @@ impl MasterServer {
             http_listener,
             &security,
             crate::http::router(crate::http::ApiState {
-                operator: OperatorService::new(master.clone()),
+                operator: OperatorService::new(master.clone(), registry.clone()),
                 master: master.clone(),
                 tokens: Arc::clone(&tokens),
                 rules: Arc::new(crate::authorization::operator_rules()),
@@ -177,7 +178,7 @@ impl MasterServer {
             .map_err(|e| MasterError::Config(format!("gRPC reflection: {e}")))?
             .add_service(registry.raft_service())
             .add_service(Guarded::new(
-                OperatorService::new(master.clone()).into_server(),
+                OperatorService::new(master.clone(), registry.clone()).into_server(),
                 operator_rules(),
                 &security,
                 Arc::clone(&tokens),

@@ -14,9 +14,9 @@
 //! off alone, or from the leader only, keeps its term: it cannot win the pre-vote, and when
 //! the network heals it does not depose a healthy leader with a higher term.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use muster_proto::registry::RaftPayload;
@@ -25,6 +25,7 @@ use muster_security::{Role, Security};
 use openraft::storage::RaftLogStorage;
 use openraft::{LogId, ServerState, Vote};
 use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::codec;
@@ -70,6 +71,33 @@ impl ElectionStats {
     /// member's term.
     pub fn lost(&self) -> u64 {
         self.lost.load(Ordering::Relaxed)
+    }
+}
+
+/// Set on a member the leader told to stand ([`ElectNowRequest`](crate::membership::ElectNowRequest)): until it lapses, the member's
+/// election driver stands as soon as a pre-vote passes, without waiting out its timeout.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ElectNow {
+    until: Arc<Mutex<Option<Instant>>>,
+}
+
+impl ElectNow {
+    /// Stand at once, for the next `window`.
+    pub(crate) fn set(&self, window: Duration) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + window);
+    }
+
+    /// Whether this member was told to stand and the window is still open.
+    pub(crate) fn active(&self) -> bool {
+        self.until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_some_and(|until| Instant::now() < until)
+    }
+
+    /// Done: this member leads, or gave up.
+    pub(crate) fn clear(&self) {
+        *self.until.lock().unwrap_or_else(|p| p.into_inner()) = None;
     }
 }
 
@@ -183,22 +211,79 @@ pub(crate) async fn judge(
     }
 }
 
-/// Runs this member's elections for good (until raft stops): see the module's docs.
+/// Another member's id and a client for it (or why none could be made).
+type PeerRaftClient = (NodeId, Result<RaftClient<Channel>, String>);
+
+/// The voters of the group and how to reach each other one, as raft's membership has them
+/// now (an address in this member's config takes precedence), with the clients made so far.
+struct Voters {
+    me: NodeId,
+    configured: BTreeMap<NodeId, String>,
+    security: Security,
+    clients: BTreeMap<(NodeId, String), Result<RaftClient<Channel>, String>>,
+}
+
+impl Voters {
+    /// Each configuration of the membership (two while a change is in its joint phase), and a
+    /// client for every other voter in them.
+    fn current(&mut self, raft: &Raft) -> (Vec<BTreeSet<NodeId>>, Vec<PeerRaftClient>) {
+        let membership = raft
+            .metrics()
+            .borrow()
+            .membership_config
+            .membership()
+            .clone();
+        let configs = membership.get_joint_config().clone();
+        let mut peers = Vec::new();
+        for id in membership.voter_ids().filter(|id| *id != self.me) {
+            let Some(address) = self
+                .configured
+                .get(&id)
+                .cloned()
+                .or_else(|| membership.get_node(&id).map(|node| node.addr.clone()))
+            else {
+                continue;
+            };
+            let security = &self.security;
+            let client = self
+                .clients
+                .entry((id, address.clone()))
+                .or_insert_with(|| peer_client(&address, security))
+                .clone();
+            peers.push((id, client));
+        }
+        (configs, peers)
+    }
+}
+
+/// Whether `granted` (this member included) holds a majority of every configuration.
+fn majority_in_each(configs: &[BTreeSet<NodeId>], granted: &BTreeSet<NodeId>) -> bool {
+    !configs.is_empty()
+        && configs
+            .iter()
+            .all(|config| config.intersection(granted).count() > config.len() / 2)
+}
+
+/// Runs this member's elections for good (until raft stops): see the module's docs. The
+/// voters are raft's membership at each round. While `elect_now` is set (the leader hands its
+/// leadership here), the member stands as soon as a pre-vote passes.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn drive_elections(
     raft: Raft,
     log: LogStore,
     me: NodeId,
-    members: BTreeMap<NodeId, String>,
+    configured: BTreeMap<NodeId, String>,
     security: Security,
     timing: ElectionTiming,
     stats: ElectionStats,
+    elect_now: ElectNow,
 ) {
-    let peers: Vec<(NodeId, Result<RaftClient<Channel>, String>)> = members
-        .iter()
-        .filter(|(id, _)| **id != me)
-        .map(|(id, address)| (*id, pre_vote_client(address, &security)))
-        .collect();
-    let quorum = members.len() / 2 + 1;
+    let mut voters = Voters {
+        me,
+        configured,
+        security,
+        clients: BTreeMap::new(),
+    };
     let mut timeout = timing.random_timeout();
     // Not before one election timeout from now: members started together do not all stand
     // at once.
@@ -207,13 +292,17 @@ pub(crate) async fn drive_elections(
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         ticks.tick().await;
-        if tokio::time::Instant::now() < not_before {
+        let urgent = elect_now.active();
+        if !urgent && tokio::time::Instant::now() < not_before {
             continue;
         }
         let Some(standing) = standing(&raft).await else {
             return;
         };
         if standing.state == ServerState::Leader || standing.state == ServerState::Learner {
+            if standing.state == ServerState::Leader {
+                elect_now.clear();
+            }
             continue;
         }
         let wait = if standing.vote.is_committed() {
@@ -221,7 +310,11 @@ pub(crate) async fn drive_elections(
         } else {
             timeout
         };
-        if standing.quiet.is_some_and(|quiet| quiet < wait) {
+        if !urgent && standing.quiet.is_some_and(|quiet| quiet < wait) {
+            continue;
+        }
+        let (configs, peers) = voters.current(&raft);
+        if !configs.iter().any(|config| config.contains(&me)) {
             continue;
         }
         let Some(last_log_id) = last_log_id(&log).await else {
@@ -232,7 +325,8 @@ pub(crate) async fn drive_elections(
             candidate: me,
             last_log_id,
         };
-        let granted = 1 + pre_vote_round(&peers, request, timing.timeout.0).await;
+        let mut granted = pre_vote_round(&peers, request, timing.timeout.0).await;
+        granted.insert(me);
         // A leader elected while the round was out (another member's round, a moment ahead)
         // makes its answers stale: standing now would depose it.
         let Some(after) = self::standing(&raft).await else {
@@ -244,22 +338,24 @@ pub(crate) async fn drive_elections(
                 after = %after.vote,
                 "pre-vote overtaken: this member's vote changed during the round"
             );
-        } else if granted >= quorum {
+        } else if majority_in_each(&configs, &granted) {
             stats.won.fetch_add(1, Ordering::Relaxed);
             tracing::info!(
                 term = request.term,
-                granted,
+                granted = granted.len(),
+                urgent,
                 "pre-vote won: standing for election"
             );
             if raft.trigger().elect().await.is_err() {
                 return;
             }
         } else {
-            stats.lost.fetch_add(1, Ordering::Relaxed);
+            if !urgent {
+                stats.lost.fetch_add(1, Ordering::Relaxed);
+            }
             tracing::debug!(
                 term = request.term,
-                granted,
-                quorum,
+                granted = granted.len(),
                 "pre-vote lost: not standing"
             );
         }
@@ -268,15 +364,15 @@ pub(crate) async fn drive_elections(
     }
 }
 
-/// Asks every peer at once; the number that granted within `deadline`. A peer that does not
-/// know the call (a master from before it) counts as granting: it votes as raft always did.
+/// Asks every peer at once; those that granted within `deadline`. A peer that does not know
+/// the call (a master from before it) counts as granting: it votes as raft always did.
 async fn pre_vote_round(
-    peers: &[(NodeId, Result<RaftClient<Channel>, String>)],
+    peers: &[PeerRaftClient],
     request: PreVoteRequest,
     deadline: Duration,
-) -> usize {
+) -> BTreeSet<NodeId> {
     let Ok(body) = codec::encode(&request) else {
-        return 0;
+        return BTreeSet::new();
     };
     let asks = peers.iter().map(|(peer, client)| {
         let body = body.clone();
@@ -308,11 +404,17 @@ async fn pre_vote_round(
     futures_util::future::join_all(asks)
         .await
         .into_iter()
-        .filter(|granted| *granted)
-        .count()
+        .zip(peers)
+        .filter(|(granted, _)| *granted)
+        .map(|(_, (peer, _))| *peer)
+        .collect()
 }
 
-fn pre_vote_client(address: &str, security: &Security) -> Result<RaftClient<Channel>, String> {
+/// A raft client for the member at `address`, connected on first use.
+pub(crate) fn peer_client(
+    address: &str,
+    security: &Security,
+) -> Result<RaftClient<Channel>, String> {
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| format!("bad raft address {address:?}: {e}"))?
         .tcp_nodelay(true)

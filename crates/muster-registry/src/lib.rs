@@ -11,6 +11,7 @@
 //! - [`RegistryState`]: the contents and the rules that change them.
 //! - [`codec`]: the binary encoding of entries, snapshots and raft messages.
 //! - [`election`]: elections after a pre-vote round, which openraft 0.9 lacks.
+//! - [`membership`]: changing the group while it runs, and moving leadership.
 //! - [`store`]: the log and state machine, on sled (or a [`MemoryDisk`] in simulations).
 //! - [`network`]: the raft client and server over tonic.
 //! - [`RegistryNode`]: one master's raft member, started from a [`RegistryConfig`].
@@ -19,6 +20,7 @@
 
 pub mod codec;
 pub mod election;
+pub mod membership;
 pub mod network;
 mod node;
 mod registrar;
@@ -28,6 +30,7 @@ pub mod store;
 pub mod types;
 mod write_error;
 
+pub use membership::{MembershipError, Peer};
 pub use network::LeaderContact;
 pub use node::{Leadership, RegistryConfig, RegistryError, RegistryNode};
 pub use registrar::{MAX_OPS_PER_ENTRY, Registrar, RegistrarMsg, RegistrarStats, WriteResult};

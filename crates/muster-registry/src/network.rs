@@ -36,7 +36,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
 
 use crate::codec;
-use crate::election::{self, ElectionTiming, PreVoteRequest};
+use crate::election::{self, ElectNow, ElectionTiming, PreVoteRequest};
+use crate::membership::{ElectNowRequest, JOIN_CATCH_UP, JoinRequest, Membership, PeerContacts};
 use crate::store::LogStore;
 use crate::types::{MAX_RAFT_MESSAGE, NodeId, Raft, TypeConfig};
 
@@ -46,6 +47,7 @@ pub struct NetworkFactory {
     security: Security,
     addresses: Arc<BTreeMap<NodeId, String>>,
     encoding: codec::Encoding,
+    contacts: PeerContacts,
 }
 
 impl NetworkFactory {
@@ -57,12 +59,18 @@ impl NetworkFactory {
             security,
             addresses: Arc::new(addresses),
             encoding: codec::Encoding::default(),
+            contacts: PeerContacts::default(),
         }
     }
 
     /// The same, sending requests in `encoding` (peers answer in the request's).
     pub fn with_encoding(self, encoding: codec::Encoding) -> Self {
         NetworkFactory { encoding, ..self }
+    }
+
+    /// The same, recording in `contacts` when each peer last answered.
+    pub fn with_contacts(self, contacts: PeerContacts) -> Self {
+        NetworkFactory { contacts, ..self }
     }
 }
 
@@ -98,6 +106,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
             client: connect(),
             heartbeats: connect(),
             encoding: self.encoding,
+            contacts: self.contacts.clone(),
         }
     }
 }
@@ -117,6 +126,8 @@ pub struct PeerClient {
     heartbeats: Result<RaftClient<Channel>, String>,
     /// How requests are written.
     encoding: codec::Encoding,
+    /// Where an answer from the peer is recorded.
+    contacts: PeerContacts,
 }
 
 /// An AppendEntries whose encoding is larger than this is sent with an empty AppendEntries
@@ -161,6 +172,7 @@ impl PeerClient {
         })?;
         let answer: Result<T, E> = codec::decode(&payload.into_inner().body)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
+        self.contacts.heard(self.target);
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -255,6 +267,8 @@ pub struct RaftService {
     contact: LeaderContact,
     log: LogStore,
     timing: ElectionTiming,
+    membership: Membership,
+    elect_now: ElectNow,
 }
 
 /// When this member last heard from a leader (an AppendEntries it accepted, heartbeats
@@ -287,18 +301,23 @@ impl std::fmt::Debug for RaftService {
 
 impl RaftService {
     /// Serves `raft`, recording each accepted AppendEntries in `contact`; pre-votes are judged
-    /// from `raft`'s state and `log`.
+    /// from `raft`'s state and `log`; joins go to `membership`, and a leader's hand-over sets
+    /// `elect_now`.
     pub(crate) fn new(
         raft: Raft,
         contact: LeaderContact,
         log: LogStore,
         timing: ElectionTiming,
+        membership: Membership,
+        elect_now: ElectNow,
     ) -> Self {
         RaftService {
             raft,
             contact,
             log,
             timing,
+            membership,
+            elect_now,
         }
     }
 
@@ -396,5 +415,55 @@ impl raft_server::Raft for RaftService {
         let body = codec::encode_as(encoding, &response)
             .map_err(|e| Status::internal(format!("cannot encode the pre-vote answer: {e}")))?;
         Ok(Response::new(RaftPayload { body: body.into() }))
+    }
+
+    async fn join(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        let body = request.into_inner().body;
+        let encoding = codec::Encoding::of(&body);
+        let asked: JoinRequest = decode_request("Join", &body)?;
+        tracing::info!(id = asked.id, address = %asked.address, "a master asks to join");
+        let added = self
+            .membership
+            .add(asked.id, &asked.address, JOIN_CATCH_UP)
+            .await;
+        answer(encoding, &added)
+    }
+
+    async fn elect_now(
+        &self,
+        request: Request<RaftPayload>,
+    ) -> Result<Response<RaftPayload>, Status> {
+        let body = request.into_inner().body;
+        let encoding = codec::Encoding::of(&body);
+        let asked: ElectNowRequest = decode_request("ElectNow", &body)?;
+        let metrics = self.raft.metrics().borrow().clone();
+        let answered: Result<(), String> = if metrics.current_leader != Some(asked.leader)
+            || metrics.vote.leader_id().term != asked.term
+        {
+            Err(format!(
+                "this member knows leader {:?} in term {}, not {} in term {}",
+                metrics.current_leader,
+                metrics.vote.leader_id().term,
+                asked.leader,
+                asked.term
+            ))
+        } else if !metrics
+            .membership_config
+            .membership()
+            .voter_ids()
+            .any(|voter| voter == self.membership.me)
+        {
+            Err("this member is not a voter".into())
+        } else {
+            tracing::info!(
+                leader = asked.leader,
+                term = asked.term,
+                "told to stand: the leader hands over"
+            );
+            // Its election needs the others' leases to lapse first.
+            self.elect_now.set(self.timing.lease() * 3);
+            Ok(())
+        };
+        answer(encoding, &answered)
     }
 }

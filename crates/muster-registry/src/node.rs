@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use muster_proto::registry::raft_server::RaftServer;
@@ -13,7 +14,8 @@ use openraft::error::{CheckIsLeaderError, ClientWriteError, InitializeError, Raf
 use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use tokio::sync::watch;
 
-use crate::election::{self, ElectionStats, ElectionTiming};
+use crate::election::{self, ElectNow, ElectionStats, ElectionTiming};
+use crate::membership::{self, JoinRequest, Membership, MembershipError, Peer, PeerContacts};
 use crate::network::{LeaderContact, NetworkFactory, RaftService};
 use crate::store::{self, Damage, LogStore, RegistryReader, StoreError, StoreLocation};
 use crate::types::{Batch, BatchOutcome, NodeId, Raft};
@@ -60,6 +62,11 @@ pub struct RegistryConfig {
     /// JSON, what the registry wrote before (both are always read; peers answer in the
     /// request's encoding). JSON is there to measure the difference in one run.
     pub encoding: crate::codec::Encoding,
+    /// Members of a running group to ask to add this one (any of them: a follower names the
+    /// leader). Empty: on first start the group is made from `members`. Set: `members` names
+    /// this member alone, and on first start it waits, empty, to be added as a learner, catches
+    /// up, and becomes a voter. A member already in a group (a restart) ignores it.
+    pub join: Vec<String>,
 }
 
 impl RegistryConfig {
@@ -81,6 +88,7 @@ impl RegistryConfig {
             security,
             rejoin_damaged: false,
             encoding: crate::codec::Encoding::default(),
+            join: Vec::new(),
         }
     }
 }
@@ -118,20 +126,20 @@ pub struct RegistryNode {
     raft: Raft,
     reader: RegistryReader,
     leadership: watch::Receiver<Leadership>,
-    members: Arc<BTreeMap<NodeId, String>>,
     security: Security,
     contact: LeaderContact,
     log: LogStore,
     timing: ElectionTiming,
     elections: ElectionStats,
+    membership: Membership,
+    elect_now: ElectNow,
 }
 
 impl fmt::Debug for RegistryNode {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RegistryNode")
             .field("id", &self.id)
-            .field("members", &self.members)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -256,11 +264,13 @@ impl RegistryNode {
             tick: heartbeat_of(config.id, config.heartbeat_interval),
             timeout: config.election_timeout,
         };
+        let contacts = PeerContacts::default();
         let raft = Raft::new(
             config.id,
             Arc::new(raft_config),
             NetworkFactory::new(config.security.clone(), config.members.clone())
-                .with_encoding(config.encoding),
+                .with_encoding(config.encoding)
+                .with_contacts(contacts.clone()),
             log.clone(),
             state_machine,
         )
@@ -271,7 +281,7 @@ impl RegistryNode {
             .is_initialized()
             .await
             .map_err(|e| RegistryError::Raft(e.to_string()))?;
-        if !initialized {
+        if !initialized && config.join.is_empty() {
             let members: BTreeMap<NodeId, BasicNode> = config
                 .members
                 .iter()
@@ -284,6 +294,7 @@ impl RegistryNode {
         }
 
         let elections = ElectionStats::default();
+        let elect_now = ElectNow::default();
         tokio::spawn(election::drive_elections(
             raft.clone(),
             log.clone(),
@@ -292,19 +303,41 @@ impl RegistryNode {
             config.security.clone(),
             timing,
             elections.clone(),
+            elect_now.clone(),
         ));
+        if !initialized && !config.join.is_empty() {
+            tokio::spawn(membership::join(
+                raft.clone(),
+                config.security.clone(),
+                config.join.clone(),
+                JoinRequest {
+                    id: config.id,
+                    address: config.members[&config.id].clone(),
+                },
+            ));
+        }
+        let membership = Membership {
+            me: config.id,
+            raft: raft.clone(),
+            contacts,
+            timing,
+            transferring: Arc::new(AtomicBool::new(false)),
+            security: config.security.clone(),
+            addresses: Arc::new(config.members.clone()),
+        };
         let leadership = watch_leadership(&raft, config.id, timing);
         Ok(RegistryNode {
             id: config.id,
             raft,
             reader,
             leadership,
-            members: Arc::new(config.members),
             security: config.security,
             contact: LeaderContact::default(),
             log,
             timing,
             elections,
+            membership,
+            elect_now,
         })
     }
 
@@ -323,9 +356,53 @@ impl RegistryNode {
         &self.reader
     }
 
-    /// The members of the group, id to address.
-    pub fn members(&self) -> &BTreeMap<NodeId, String> {
-        &self.members
+    /// The members of the group (voters and learners), id to address, as raft's membership
+    /// holds it now on this member.
+    pub fn members(&self) -> BTreeMap<NodeId, String> {
+        self.membership
+            .peers()
+            .into_iter()
+            .map(|peer| (peer.id, peer.address))
+            .collect()
+    }
+
+    /// The group, with the leader's view of each member when this member leads: `muster
+    /// operator raft list-peers`.
+    pub fn raft_peers(&self) -> Vec<Peer> {
+        self.membership.peers()
+    }
+
+    /// Adds master `id` at `address` to the group: a learner that catches up from this leader
+    /// within `catch_up`, then a voter. Leader only.
+    ///
+    /// # Errors
+    /// [`MembershipError`]: not the leader, the id or address taken, or the change did not
+    /// finish (what was done is named).
+    pub async fn add_peer(
+        &self,
+        id: NodeId,
+        address: &str,
+        catch_up: Duration,
+    ) -> Result<(), MembershipError> {
+        self.membership.add(id, address, catch_up).await
+    }
+
+    /// Removes master `id` from the group. Leader only; refused for the leader itself, and,
+    /// unless `force`, when the voters left that answer would be fewer than their quorum.
+    ///
+    /// # Errors
+    /// [`MembershipError`], naming why.
+    pub async fn remove_peer(&self, id: NodeId, force: bool) -> Result<(), MembershipError> {
+        self.membership.remove(id, force).await
+    }
+
+    /// Hands leadership to voter `to`, or to the one that answers and holds the most of the log,
+    /// and returns the new leader. Leader only; writes are refused while it happens.
+    ///
+    /// # Errors
+    /// [`MembershipError`], naming why, or who was elected instead.
+    pub async fn transfer_leadership(&self, to: Option<NodeId>) -> Result<NodeId, MembershipError> {
+        self.membership.transfer(to).await
     }
 
     /// The service that answers peers' raft traffic, taking it from master certificates
@@ -337,6 +414,8 @@ impl RegistryNode {
                 self.contact.clone(),
                 self.log.clone(),
                 self.timing,
+                self.membership.clone(),
+                self.elect_now.clone(),
             )
             .into_server(),
             Rules::new(Requirement::Certificate(&[Role::Master])),
@@ -406,6 +485,10 @@ impl RegistryNode {
     pub async fn write(&self, batch: Batch) -> Result<BatchOutcome, WriteError> {
         let mut leadership = self.leadership.clone();
         let standing = leadership.borrow().clone();
+        if self.membership.transferring.load(Ordering::Acquire) {
+            // Handing leadership over: a write now would renew the followers' leases.
+            return Err(WriteError::NotLeader { leader: None });
+        }
         if !standing.is_self {
             // Raft may still have this member lead, with its lease lapsed: such a write would
             // wait for a quorum that is not there.
@@ -500,9 +583,8 @@ impl RegistryNode {
 
     /// Members other than this one.
     pub fn peers(&self) -> BTreeSet<NodeId> {
-        self.members
-            .keys()
-            .copied()
+        self.members()
+            .into_keys()
             .filter(|id| *id != self.id)
             .collect()
     }

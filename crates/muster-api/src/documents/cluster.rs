@@ -30,7 +30,8 @@ pub struct ClusterStatus {
     pub agents_disconnected: u64,
     /// Agents marked unreachable.
     pub agents_unreachable: u64,
-    /// The registry's raft members (filled in by the HTTP API from the master's config).
+    /// The registry's raft members (filled in by the HTTP API from raft's membership as the
+    /// answering master holds it).
     #[serde(default)]
     pub members: Vec<Member>,
     /// How the read was answered.
@@ -48,6 +49,63 @@ pub struct Member {
     pub http_address: String,
     /// Whether it leads.
     pub leader: bool,
+}
+
+/// `GET /v1/operator/raft`: the masters' raft group, as the answering master knows it (ask the
+/// leader for each member's health).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RaftConfiguration {
+    /// The master that answered.
+    pub answered_by: u64,
+    /// Its raft term.
+    pub term: u64,
+    /// The registry index it applied.
+    pub applied_index: u64,
+    /// Every member: voters and learners.
+    pub servers: Vec<RaftServer>,
+}
+
+/// One master of the raft group and its health.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct RaftServer {
+    /// Its raft id.
+    pub id: u64,
+    /// Its gRPC address.
+    pub address: String,
+    /// False for a learner, still catching up before it votes.
+    pub voter: bool,
+    /// Whether it leads.
+    pub leader: bool,
+    /// From the leader: milliseconds since it last answered the leader (0 for the leader);
+    /// `null` elsewhere, or if it never has.
+    pub last_contact_ms: Option<u64>,
+    /// From the leader: the last log index it holds; for the answering master, its own.
+    pub log_index: Option<u64>,
+    /// From the leader: whether it answered within the leader lease; `null` elsewhere.
+    pub healthy: Option<bool>,
+}
+
+impl From<cluster_pb::RaftPeerList> for RaftConfiguration {
+    fn from(list: cluster_pb::RaftPeerList) -> Self {
+        RaftConfiguration {
+            answered_by: list.answered_by,
+            term: list.term,
+            applied_index: list.applied_index,
+            servers: list
+                .peers
+                .into_iter()
+                .map(|peer| RaftServer {
+                    id: peer.id,
+                    address: peer.address,
+                    voter: peer.voter,
+                    leader: peer.leader,
+                    last_contact_ms: peer.last_contact_ms,
+                    log_index: peer.log_index,
+                    healthy: peer.healthy,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl From<&cluster_pb::ClusterState> for ClusterStatus {

@@ -399,8 +399,9 @@ pub(crate) async fn status(
     let cluster = cluster_state(&state, &uri, &headers, query.stale).await?;
     let mut doc = ClusterStatus::from(&cluster);
     doc.members = state
-        .config
-        .members
+        .operator
+        .registry()
+        .members()
         .iter()
         .map(|(id, address)| muster_api::Member {
             id: *id,
@@ -411,6 +412,18 @@ pub(crate) async fn status(
         .collect();
     let read = doc.read.clone();
     Ok(read_response(doc, &read))
+}
+
+/// The masters' raft group and each member's health (`muster operator raft list-peers`).
+#[utoipa::path(get, path = "/v1/operator/raft", tag = "cluster",
+    responses((status = 200, body = muster_api::RaftConfiguration), (status = 401, body = ApiError), (status = 403, body = ApiError)))]
+pub(crate) async fn raft_configuration(
+    State(state): State<ApiState>,
+    headers: HeaderMap,
+) -> Result<Response, HttpError> {
+    state.authorize(&headers, "ListRaftPeers")?;
+    let list = crate::raft_peers::list(state.operator.registry());
+    Ok(Json(muster_api::RaftConfiguration::from(list)).into_response())
 }
 
 /// Liveness, for load balancers: the process answers. No token needed.

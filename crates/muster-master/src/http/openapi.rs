@@ -33,6 +33,7 @@ use super::{deployments, handlers, jobs, namespaces};
         handlers::drain_agent,
         handlers::set_agent_eligibility,
         handlers::status,
+        handlers::raft_configuration,
         handlers::live,
         handlers::ready,
         openapi_document,
@@ -54,7 +55,7 @@ use super::{deployments, handlers, jobs, namespaces};
     components(schemas(
         AgentDetail, AgentList, AgentSummary, ApiError, ClusterStatus, ConstraintSpec,
         muster_api::DisconnectSpec, muster_api::AffinitySpec, muster_api::SpreadSpec, muster_api::SpreadTargetSpec, muster_api::PortSpec, muster_api::RestartSpec, muster_api::RescheduleSpec, muster_api::CheckSpec, muster_api::UpdateSpec, EvaluationInfo, EvaluationList, GroupSpec, JobDetail, JobList, JobSpec, JobSummary,
-        ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member,
+        ReadInfo, Submitted, TaskCounts, TaskInfo, Event, TaskLogs, JobVersion, JobVersions, JobPlan, PlannedTask, muster_api::Member, muster_api::RaftConfiguration, muster_api::RaftServer,
         muster_api::AgentScheduling, muster_api::DrainRequest, muster_api::EligibilityRequest,
         muster_api::NamespaceInfo, muster_api::DeploymentInfo, muster_api::DeploymentGroupInfo,
         muster_api::DeploymentList, deployments::PromoteRequest

@@ -4,8 +4,9 @@
 //! off keeps its term and deposes no one when it returns; a leader cut from the others stands
 //! down within its lease, and a write sent to it fails at once instead of hanging.
 //!
-//! This file holds the members and the cases of one healthy group; `partitions`, `stores` (a
-//! member's damaged store) and `security` (who a member serves) hold the rest.
+//! This file holds the members and the cases of one healthy group; `membership` (the group
+//! changed while it runs), `partitions`, `stores` (a member's damaged store) and `security`
+//! (who a member serves) hold the rest.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -26,6 +27,7 @@ use muster_transport::{Node, NodeConfig};
 use tokio::time::{Instant, timeout};
 use tonic::service::Routes;
 
+mod membership;
 mod partitions;
 mod security;
 mod stores;
