@@ -21,6 +21,7 @@ mod job_command;
 mod job_edit_command;
 mod job_file;
 mod list_command;
+mod monitor_command;
 mod namespace_command;
 mod operator_command;
 mod output;
@@ -86,6 +87,9 @@ enum Command {
         #[arg(long, default_value_t = 2)]
         workers: usize,
     },
+    /// Stream a master's log as it happens, from a level of your choosing, without
+    /// restarting it (operator write; `--json`: one JSON object a line).
+    Monitor(monitor_command::MonitorArgs),
     /// Show the cluster: the leader, agents with their tasks, the jobs that own tasks.
     Status {
         /// Answer from the master given, whatever its role, without confirming leadership
@@ -199,6 +203,7 @@ fn main() -> ExitCode {
             Command::Status { stale } => {
                 status_command::run(&target.resolve()?, stale, format).await
             }
+            Command::Monitor(args) => monitor_command::run(&target.resolve()?, args, format).await,
             Command::Events { index, topics } => {
                 events_command::run(&target.resolve()?, index, topics, format).await
             }

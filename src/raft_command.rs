@@ -111,14 +111,14 @@ fn print_peers(list: &pb::RaftPeerList) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:<6} {:<24} {:<8} {:<7} {:<13} {:<10} HEALTHY",
-        "ID", "ADDRESS", "ROLE", "LEADER", "LAST CONTACT", "LOG INDEX"
+        "{:<6} {:<24} {:<8} {:<7} {:<13} {:<10} {:<8} VERSION",
+        "ID", "ADDRESS", "ROLE", "LEADER", "LAST CONTACT", "LOG INDEX", "HEALTHY"
     )?;
     let unknown = || "-".to_owned();
     for peer in &list.peers {
         writeln!(
             out,
-            "{:<6} {:<24} {:<8} {:<7} {:<13} {:<10} {}",
+            "{:<6} {:<24} {:<8} {:<7} {:<13} {:<10} {:<8} {}",
             peer.id,
             peer.address,
             if peer.voter { "voter" } else { "learner" },
@@ -130,6 +130,11 @@ fn print_peers(list: &pb::RaftPeerList) -> anyhow::Result<()> {
             peer.healthy
                 .map_or_else(unknown, |healthy| if healthy { "yes" } else { "no" }
                     .to_owned()),
+            if peer.version.is_empty() {
+                "-"
+            } else {
+                peer.version.as_str()
+            },
         )?;
     }
     writeln!(

@@ -53,6 +53,21 @@ pub(crate) async fn run(
             "mutual TLS, roles, ACL tokens"
         }
     )?;
+    for master in &state.masters {
+        writeln!(
+            out,
+            "master {} {} {}{} muster {}",
+            master.id,
+            master.address,
+            if master.voter { "voter" } else { "learner" },
+            if master.leader { " leader" } else { "" },
+            if master.version.is_empty() {
+                "(version unknown)"
+            } else {
+                master.version.as_str()
+            }
+        )?;
+    }
     print_agents(&mut out, &state)?;
     if !state.frameworks.is_empty() {
         let names: Vec<&str> = state.frameworks.iter().map(|f| f.id.as_str()).collect();
@@ -74,8 +89,16 @@ pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> an
     if !state.agents.is_empty() {
         writeln!(
             out,
-            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {:<9}  SCHEDULING",
-            "ID", "HOSTNAME", "ADDRESS", "CPUS", "MEM MB", "TASKS", "ISOLATION", "CONNECTED"
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {:<9}  {:<8}  SCHEDULING",
+            "ID",
+            "HOSTNAME",
+            "ADDRESS",
+            "CPUS",
+            "MEM MB",
+            "TASKS",
+            "ISOLATION",
+            "CONNECTED",
+            "VERSION"
         )?;
     }
     for agent in &state.agents {
@@ -88,7 +111,7 @@ pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> an
         let scheduling = muster_api::AgentScheduling::new(&agent.id, agent.scheduling.as_ref());
         writeln!(
             out,
-            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {:<9}  {}",
+            "  {:<12} {:<20} {:<28} {:>6} {:>8} {:>6}  {:<13} {:<9}  {:<8}  {}",
             agent.id,
             info.hostname,
             info.address,
@@ -97,6 +120,11 @@ pub(crate) fn print_agents(out: &mut impl Write, state: &pb::ClusterState) -> an
             agent.tasks.len(),
             isolation,
             agent.connected,
+            if agent.version.is_empty() {
+                "?"
+            } else {
+                agent.version.as_str()
+            },
             describe_scheduling(&scheduling)
         )?;
         for task in &agent.tasks {

@@ -8,13 +8,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use muster::proto::cluster as pb;
-use muster_security::testing::TestPki;
-use muster_security::{Role, TokenSecret};
-use tokio::process::Command;
+use muster_security::TokenSecret;
 use tokio::time::Instant;
 
 use crate::common::{
-    self, DEADLINE, Masters, binary, free_ports, leader_state_when, master_command,
+    self, DEADLINE, Masters, cli_with_token, free_ports, leader_state_when, master_command,
     spawn_listening, start_agents,
 };
 
@@ -25,18 +23,10 @@ async fn raft(
     token: &TokenSecret,
     args: &[&str],
 ) -> anyhow::Result<(bool, String, String)> {
-    let files = TestPki::shared().files(Role::Client, "test-client");
-    let output = Command::new(binary("muster")?)
+    let output = cli_with_token(masters, token)?
         .args(["operator", "raft"])
         .args(args)
         .arg("--json")
-        .env("RUST_LOG", "warn")
-        .env_remove("MUSTER_DEV_ENV")
-        .env("MUSTER_ADDR", masters.join(","))
-        .env("MUSTER_CACERT", &files.ca)
-        .env("MUSTER_CLIENT_CERT", &files.cert)
-        .env("MUSTER_CLIENT_KEY", &files.key)
-        .env("MUSTER_TOKEN", token.expose())
         .output()
         .await?;
     Ok((

@@ -1,5 +1,5 @@
 //! Start-up shared by Muster's programs (`muster`, `muster-master`, `muster-agent`, and the
-//! examples): logging to stderr, the tokio runtime, the wait for SIGINT or SIGTERM, the
+//! examples): logging to stderr, with a tap live monitors open ([`monitor`]), the tokio runtime, the wait for SIGINT or SIGTERM, the
 //! settings of the two servers from flags, a config file and defaults
 //! ([`settings`](mod@settings)), and their TLS settings ([`security`]).
 //!
@@ -25,6 +25,7 @@
 //! }
 //! ```
 
+pub mod monitor;
 pub mod security;
 pub mod settings;
 
@@ -67,16 +68,27 @@ pub fn colour(is_terminal: bool, no_color: Option<&OsStr>) -> bool {
     is_terminal && no_color.is_none_or(OsStr::is_empty)
 }
 
-/// The subscriber [`init_logging_with`] installs, writing to `writer`.
-fn subscriber<W>(filter: EnvFilter, ansi: bool, writer: W) -> impl tracing::Subscriber + Send + Sync
+/// The subscriber [`init_logging_with`] installs: lines to `writer` as `filter` lets them
+/// through, and events to `tap`'s monitors at their own level.
+fn subscriber<W>(
+    filter: EnvFilter,
+    ansi: bool,
+    writer: W,
+    tap: &monitor::LogTap,
+) -> impl tracing::Subscriber + Send + Sync
 where
     W: for<'w> MakeWriter<'w> + Send + Sync + 'static,
 {
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(writer)
-        .finish()
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    tracing_subscriber::registry()
+        .with(
+            tracing_subscriber::fmt::layer()
+                .with_ansi(ansi)
+                .with_writer(writer)
+                .with_filter(filter),
+        )
+        .with(tap.layer())
 }
 
 /// Logs to stderr with `RUST_LOG`'s filter, or [`DEFAULT_FILTER`] when it is unset. See
@@ -87,7 +99,8 @@ pub fn init_logging() {
 
 /// Logs to stderr with `RUST_LOG`'s filter, or `default` when it is unset (an invalid
 /// `RUST_LOG` is reported, then `default` is used). Colour only when stderr is a terminal (see
-/// [`colour`]). Does nothing if this process already has a global subscriber.
+/// [`colour`]). Live monitors open on [`monitor::tap`]. Does nothing if this process already
+/// has a global subscriber.
 pub fn init_logging_with(default: &str) {
     let rust_log = std::env::var("RUST_LOG").ok();
     let (filter, ignored) = filter(rust_log.as_deref(), default);
@@ -95,10 +108,14 @@ pub fn init_logging_with(default: &str) {
         std::io::stderr().is_terminal(),
         std::env::var_os("NO_COLOR").as_deref(),
     );
-    if tracing::subscriber::set_global_default(subscriber(filter, ansi, std::io::stderr)).is_ok()
-        && let Some(why) = ignored
+    let tap = monitor::LogTap::default();
+    if tracing::subscriber::set_global_default(subscriber(filter, ansi, std::io::stderr, &tap))
+        .is_ok()
     {
-        tracing::warn!("{why}");
+        monitor::install(tap);
+        if let Some(why) = ignored {
+            tracing::warn!("{why}");
+        }
     }
 }
 
@@ -184,7 +201,8 @@ mod tests {
     /// What `filter` lets through of a few events, logged as their crates would log them.
     fn logged(filter: EnvFilter, ansi: bool) -> String {
         let out = Captured::default();
-        tracing::subscriber::with_default(subscriber(filter, ansi, out.clone()), || {
+        let tap = monitor::LogTap::default();
+        tracing::subscriber::with_default(subscriber(filter, ansi, out.clone(), &tap), || {
             tracing::info!(target: "openraft::core::raft_core", "openraft info");
             tracing::warn!(target: "openraft::core::raft_core", "openraft warn");
             tracing::info!(target: "sled::pagecache", "sled info");

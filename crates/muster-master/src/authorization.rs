@@ -11,7 +11,7 @@
 //! | `Operator` | `SubmitJob`, `ChangeDeployment`, `StopJob`, `LaunchTask` | `submit-job`, `submit-job`, `stop-job`, `dispatch-job` somewhere (per namespace by the call) |
 //! | `Operator` | `DrainAgent`, `SetAgentEligibility` | agent `write` |
 //! | `Operator` | `GetMetrics`, `ListRaftPeers` | operator `read` |
-//! | `Operator` | `SnapshotSave`, `AddRaftPeer`, `RemoveRaftPeer`, `TransferLeadership` | operator `write` |
+//! | `Operator` | `SnapshotSave`, `AddRaftPeer`, `RemoveRaftPeer`, `TransferLeadership`, `Monitor` | operator `write` |
 //! | `Operator` | `CreateToken`, `ListTokens`, `DeleteToken`, `ApplyPolicy`, `ListPolicies`, `DeletePolicy`, `ApplyNamespace`, `DeleteNamespace`, `SnapshotRestore` | a management token |
 //! | `Operator` | `AclBootstrap` | client certificate (the registry allows it once) |
 //! | `Scheduling` | every method | client certificate, a scheduler rule (checked per namespace by the call) |
@@ -73,6 +73,7 @@ pub fn operator_rules() -> Rules {
             "TransferLeadership",
             token(Permission::Operator(Access::Write)),
         )
+        .method("Monitor", token(Permission::Operator(Access::Write)))
         .method("AclBootstrap", Requirement::Certificate(CLIENTS));
     for method in [
         "JobStatus",

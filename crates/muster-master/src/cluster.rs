@@ -32,6 +32,8 @@ pub(crate) struct AgentEntry {
     /// (0: an agent that does not fence launches by it): every launch to it is stamped with
     /// it, and the agent refuses one stamped with another.
     pub(crate) registration: u64,
+    /// Its build, as it said when it registered or re-registered with this master.
+    pub(crate) version: String,
     /// What schedulers see of it, built on demand and dropped whenever its tasks or info
     /// change (go through [`Cluster::agent_mut`] to change them; a task placed here is added
     /// to it in place, [`AgentEntry::add_task`]), so a snapshot shares the views of every
@@ -55,6 +57,7 @@ impl AgentEntry {
             ping_in_flight: false,
             launch_check_due: false,
             registration: 0,
+            version: String::new(),
             view: None,
             remote: None,
         }
@@ -76,6 +79,7 @@ impl AgentEntry {
             ping_in_flight: false,
             launch_check_due: false,
             registration,
+            version: String::new(),
             view: None,
             remote: None,
         }

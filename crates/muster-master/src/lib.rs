@@ -36,6 +36,7 @@ mod drop_later;
 mod error;
 pub mod http;
 mod launch_wire;
+mod log_monitor;
 mod master;
 pub mod metrics;
 mod operator;

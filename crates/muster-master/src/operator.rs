@@ -588,6 +588,21 @@ impl Operator for OperatorService {
         ))
     }
 
+    type MonitorStream = std::pin::Pin<
+        Box<dyn futures_util::Stream<Item = Result<pb::LogLine, Status>> + Send + 'static>,
+    >;
+
+    async fn monitor(
+        &self,
+        request: Request<pb::MonitorRequest>,
+    ) -> Result<Response<Self::MonitorStream>, Status> {
+        let request = request.into_inner();
+        Ok(Response::new(Box::pin(crate::log_monitor::stream(
+            &request.log_level,
+            request.json,
+        )?)))
+    }
+
     async fn apply_policy(
         &self,
         request: Request<pb::AclPolicy>,

@@ -28,6 +28,7 @@ pub(crate) fn list(registry: &RegistryNode) -> pb::RaftPeerList {
                 last_contact_ms: peer.last_contact.map(|since| since.as_millis() as u64),
                 log_index: peer.matched_index,
                 healthy: peer.healthy,
+                version: peer.version.unwrap_or_default(),
             })
             .collect(),
         answered_by: registry.id(),

@@ -1,7 +1,8 @@
 //! Generated prost messages and tonic services for Muster's wire protocols.
 //!
-//! This crate holds generated code only: conversions and logic live in the crates that own the
-//! domain types (`muster-model` for the shared ones). One module per protobuf package under
+//! This crate holds generated code, and which wire protocols this build speaks ([`version`]):
+//! conversions and logic live in the crates that own the domain types (`muster-model` for the
+//! shared ones). One module per protobuf package under
 //! `proto/` at the workspace root.
 //!
 //! # Layout
@@ -13,6 +14,8 @@
 //! - [`scheduling`]: scheduler workers in other programs and the leading master.
 
 #![allow(missing_docs, unreachable_pub, missing_debug_implementations)]
+
+pub mod version;
 
 /// The generated packages, nested as their names are so that references between packages
 /// (`muster.model.v1.Job` from `muster.scheduling.v1`) resolve.

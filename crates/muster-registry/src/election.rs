@@ -26,9 +26,10 @@ use openraft::storage::RaftLogStorage;
 use openraft::{LogId, ServerState, Vote};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 use crate::codec;
+use crate::peer_version::{self, VersionedChannel};
 use crate::store::LogStore;
 use crate::types::{MAX_RAFT_MESSAGE, NodeId, Raft};
 
@@ -152,12 +153,14 @@ async fn last_log_id(log: &LogStore) -> Option<Option<LogId<NodeId>>> {
     Some(log.clone().get_log_state().await.ok()?.last_log_id)
 }
 
-/// This member's answer to `request`: see the module's docs for the rule.
+/// This member's answer to `request`: see the module's docs for the rule. A leader handing its
+/// leadership to `handing_to` (0: to no one) grants that candidate, if its log is up to date.
 pub(crate) async fn judge(
     raft: &Raft,
     log: &LogStore,
     timing: ElectionTiming,
     request: PreVoteRequest,
+    handing_to: NodeId,
 ) -> PreVoteResponse {
     let not_running = || PreVoteResponse {
         granted: false,
@@ -173,10 +176,29 @@ pub(crate) async fn judge(
         term,
         reason,
     };
-    if me.state == ServerState::Leader {
+    let membership = raft
+        .metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .clone();
+    if !membership
+        .voter_ids()
+        .any(|voter| voter == request.candidate)
+    {
+        return refuse(format!(
+            "the candidate {} is not a voter of the group this member knows",
+            request.candidate
+        ));
+    }
+    let handing_over = me.state == ServerState::Leader && handing_to == request.candidate;
+    if me.state == ServerState::Leader && !handing_over {
         return refuse("this member leads".into());
     }
-    if me.vote.is_committed() && me.quiet.is_some_and(|quiet| quiet < timing.lease()) {
+    if !handing_over
+        && me.vote.is_committed()
+        && me.quiet.is_some_and(|quiet| quiet < timing.lease())
+    {
         return refuse(format!(
             "this member heard its leader {:?} ago, within the lease of {:?}",
             me.quiet.unwrap_or_default(),
@@ -212,7 +234,7 @@ pub(crate) async fn judge(
 }
 
 /// Another member's id and a client for it (or why none could be made).
-type PeerRaftClient = (NodeId, Result<RaftClient<Channel>, String>);
+type PeerRaftClient = (NodeId, Result<RaftClient<VersionedChannel>, String>);
 
 /// The voters of the group and how to reach each other one, as raft's membership has them
 /// now (an address in this member's config takes precedence), with the clients made so far.
@@ -220,7 +242,7 @@ struct Voters {
     me: NodeId,
     configured: BTreeMap<NodeId, String>,
     security: Security,
-    clients: BTreeMap<(NodeId, String), Result<RaftClient<Channel>, String>>,
+    clients: BTreeMap<(NodeId, String), Result<RaftClient<VersionedChannel>, String>>,
 }
 
 impl Voters {
@@ -414,13 +436,13 @@ async fn pre_vote_round(
 pub(crate) fn peer_client(
     address: &str,
     security: &Security,
-) -> Result<RaftClient<Channel>, String> {
+) -> Result<RaftClient<VersionedChannel>, String> {
     let endpoint = Endpoint::from_shared(format!("http://{address}"))
         .map_err(|e| format!("bad raft address {address:?}: {e}"))?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(1));
     let channel = security.lazy_channel(endpoint, &[Role::Master]);
-    Ok(RaftClient::new(channel)
+    Ok(RaftClient::new(peer_version::versioned(channel))
         .max_decoding_message_size(MAX_RAFT_MESSAGE)
         .max_encoding_message_size(MAX_RAFT_MESSAGE))
 }

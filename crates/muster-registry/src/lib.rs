@@ -23,6 +23,7 @@ pub mod election;
 pub mod membership;
 pub mod network;
 mod node;
+mod peer_version;
 mod registrar;
 pub mod snapshot_file;
 mod state;

@@ -13,7 +13,7 @@
 //! random election timeout, wins.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -28,6 +28,8 @@ use crate::codec;
 use crate::election::{ElectionTiming, peer_client};
 use crate::types::{NodeId, Raft};
 
+/// How long a removed voter is given to hear, as a learner, the configuration without it.
+const REMOVED_HEARS_WITHIN: Duration = Duration::from_secs(3);
 /// How long a membership change may take to commit once asked for.
 const CHANGE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long the chosen member may take to hold the leader's whole log before it is told to
@@ -54,6 +56,9 @@ pub struct Peer {
     /// On the leader: whether this member answered it within the leader lease (the longest
     /// election timeout). Unknown elsewhere.
     pub healthy: Option<bool>,
+    /// Its build, as its answers to the leader said it (the member asked: its own). Unknown
+    /// elsewhere, and for a master from before versions were said.
+    pub version: Option<String>,
 }
 
 /// Why a membership change was not made.
@@ -80,16 +85,19 @@ pub enum MembershipError {
 /// Clones share the record.
 #[derive(Clone, Debug, Default)]
 pub struct PeerContacts {
-    last: Arc<Mutex<BTreeMap<NodeId, Instant>>>,
+    last: Arc<Mutex<BTreeMap<NodeId, Answered>>>,
 }
 
+/// When a peer last answered, and the build its answer said.
+type Answered = (Instant, Option<String>);
+
 impl PeerContacts {
-    /// Records an answer from `peer` now.
-    pub(crate) fn heard(&self, peer: NodeId) {
+    /// Records an answer from `peer` now, which said it runs `version`.
+    pub(crate) fn heard(&self, peer: NodeId, version: Option<String>) {
         self.last
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(peer, Instant::now());
+            .insert(peer, (Instant::now(), version));
     }
 
     /// How long ago `peer` last answered, if it ever has.
@@ -98,7 +106,16 @@ impl PeerContacts {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(&peer)
-            .map(|at| at.elapsed())
+            .map(|(at, _)| at.elapsed())
+    }
+
+    /// The build `peer` last said it runs.
+    pub fn version(&self, peer: NodeId) -> Option<String> {
+        self.last
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&peer)
+            .and_then(|(_, version)| version.clone())
     }
 }
 
@@ -127,8 +144,11 @@ pub(crate) struct Membership {
     pub(crate) raft: Raft,
     pub(crate) contacts: PeerContacts,
     pub(crate) timing: ElectionTiming,
-    /// Set while this leader hands its leadership over: it takes no writes meanwhile.
+    /// Set while this leader hands its leadership over: it takes no writes and confirms no
+    /// reads meanwhile.
     pub(crate) transferring: Arc<AtomicBool>,
+    /// The member it hands over to, 0 otherwise: the one candidate it grants a pre-vote.
+    pub(crate) handing_to: Arc<AtomicU64>,
     pub(crate) security: Security,
     /// Addresses this member's config gives peers, which take precedence over raft's.
     pub(crate) addresses: Arc<BTreeMap<NodeId, String>>,
@@ -140,6 +160,15 @@ impl std::fmt::Debug for Membership {
             .field("me", &self.me)
             .finish_non_exhaustive()
     }
+}
+
+/// The voters of the configuration the group is moving to (the only one, outside a change).
+pub(crate) fn voters_now(membership: &openraft::Membership<NodeId, BasicNode>) -> BTreeSet<NodeId> {
+    membership
+        .get_joint_config()
+        .last()
+        .cloned()
+        .unwrap_or_default()
 }
 
 /// Turns openraft's refusal of a change into ours.
@@ -170,7 +199,7 @@ impl Membership {
     pub(crate) fn peers(&self) -> Vec<Peer> {
         let metrics = self.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership();
-        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let voters = voters_now(membership);
         let leading = metrics.state == ServerState::Leader;
         membership
             .nodes()
@@ -197,6 +226,11 @@ impl Membership {
                     },
                     matched_index: matched,
                     healthy: leading.then(|| self.reachable(*id)),
+                    version: if own {
+                        Some(muster_proto::version::BUILD_VERSION.to_owned())
+                    } else {
+                        self.contacts.version(*id)
+                    },
                 }
             })
             .collect()
@@ -220,8 +254,7 @@ impl Membership {
             .membership_config
             .membership()
             .get_node(&id)
-            .map(|node| node.addr.clone())
-            .unwrap_or_default();
+            .map(|node| node.addr.clone())?;
         Some((id, address))
     }
 
@@ -234,7 +267,10 @@ impl Membership {
         {
             Ok(())
         } else if metrics.current_leader == Some(self.me) {
-            Err(MembershipError::NotLeader { leader: None })
+            Err(MembershipError::Refused(format!(
+                "master {} is handing its leadership over: try again in a few seconds",
+                self.me
+            )))
         } else {
             Err(MembershipError::NotLeader {
                 leader: self.known_leader(),
@@ -269,6 +305,7 @@ impl Membership {
                 "{address:?} is not HOST:PORT"
             )));
         }
+        self.finish_joint_change().await?;
         let membership = self.membership();
         if let Some((other, _)) = membership
             .nodes()
@@ -281,30 +318,77 @@ impl Membership {
         match membership.get_node(&id) {
             Some(node) if node.addr != address => {
                 return Err(MembershipError::Refused(format!(
-                    "master {id} is already a member, at {}: give the new master a new id, \
-                     or remove {id} first",
+                    "master {id} is already a member, at {}: give the new master a new id",
                     node.addr
                 )));
             }
-            Some(_) if membership.voter_ids().any(|voter| voter == id) => return Ok(()),
-            _ => {}
+            Some(_) if voters_now(&membership).contains(&id) => return Ok(()),
+            Some(_) => {}
+            None => {
+                if let Some(configured) = self.addresses.get(&id)
+                    && configured != address
+                {
+                    return Err(MembershipError::Refused(format!(
+                        "master {id} is configured at {configured} (--peer) on this leader: \
+                         give the new master a new id"
+                    )));
+                }
+                tracing::info!(id, address, "adding a master as a learner");
+                self.change(ChangeMembers::AddNodes(BTreeMap::from([(
+                    id,
+                    BasicNode::new(address),
+                )])))
+                .await?;
+            }
         }
-        tracing::info!(id, address, "adding a master as a learner");
-        let added = tokio::time::timeout(
-            catch_up,
-            self.raft.add_learner(id, BasicNode::new(address), true),
-        )
-        .await
-        .map_err(|_| {
-            MembershipError::Failed(format!(
-                "master {id} was added as a learner but did not catch up within {catch_up:?}: \
-                 it stays a learner; ask again to make it a voter"
-            ))
-        })?;
-        added.map_err(change_error)?;
+        self.caught_up(id, catch_up).await?;
         tracing::info!(id, address, "the learner caught up: making it a voter");
         self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
             .await
+    }
+
+    /// Waits up to `within` for learner `id` to hold this leader's log as it is now.
+    async fn caught_up(&self, id: NodeId, within: Duration) -> Result<(), MembershipError> {
+        let target = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
+        let mut metrics = self.raft.metrics();
+        let reached = tokio::time::timeout(
+            within,
+            metrics.wait_for(|m| {
+                m.state != ServerState::Leader
+                    || m.replication
+                        .as_ref()
+                        .and_then(|replication| replication.get(&id).copied().flatten())
+                        .is_some_and(|log_id| log_id.index >= target)
+            }),
+        )
+        .await;
+        match reached {
+            Err(_) => Err(MembershipError::Failed(format!(
+                "master {id} is a learner but did not catch up with the leader's log (index \
+                 {target}) within {within:?}; ask again to make it a voter once it has"
+            ))),
+            Ok(Err(_)) => Err(MembershipError::Failed("raft stopped".into())),
+            Ok(Ok(now)) if now.state != ServerState::Leader => {
+                drop(now);
+                Err(MembershipError::NotLeader {
+                    leader: self.known_leader(),
+                })
+            }
+            Ok(Ok(_)) => Ok(()),
+        }
+    }
+
+    /// Finishes a change a cancelled caller left in its joint phase (both configurations in
+    /// force): the voters become those of the later one.
+    async fn finish_joint_change(&self) -> Result<(), MembershipError> {
+        let membership = self.membership();
+        let configs = membership.get_joint_config();
+        if configs.len() < 2 {
+            return Ok(());
+        }
+        let last = voters_now(&membership);
+        tracing::warn!(?configs, "finishing a membership change left half-done");
+        self.change(ChangeMembers::ReplaceAllVoters(last)).await
     }
 
     /// Removes master `id` from the group. Refused for the leader itself (move leadership
@@ -312,6 +396,7 @@ impl Membership {
     /// than a quorum of them.
     pub(crate) async fn remove(&self, id: NodeId, force: bool) -> Result<(), MembershipError> {
         self.leading()?;
+        self.finish_joint_change().await?;
         let membership = self.membership();
         if membership.get_node(&id).is_none() {
             let members: Vec<NodeId> = membership.nodes().map(|(id, _)| *id).collect();
@@ -325,7 +410,7 @@ impl Membership {
                  transfer-leadership`), then remove it"
             )));
         }
-        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let voters = voters_now(&membership);
         if !voters.contains(&id) {
             return self
                 .change(ChangeMembers::RemoveNodes(BTreeSet::from([id])))
@@ -342,7 +427,12 @@ impl Membership {
                 left.len()
             )));
         }
+        // First a learner, so that it hears the configuration without it (a member dropped at
+        // once never would, and would stand for elections with the old one); then gone.
         self.change(ChangeMembers::RemoveVoters(BTreeSet::from([id])))
+            .await?;
+        let _ = self.caught_up(id, REMOVED_HEARS_WITHIN).await;
+        self.change(ChangeMembers::RemoveNodes(BTreeSet::from([id])))
             .await
     }
 
@@ -352,16 +442,38 @@ impl Membership {
         change: ChangeMembers<NodeId, BasicNode>,
     ) -> Result<(), MembershipError> {
         tracing::info!(?change, "changing the raft group");
-        tokio::time::timeout(CHANGE_TIMEOUT, self.raft.change_membership(change, false))
-            .await
-            .map_err(|_| {
-                MembershipError::Failed(format!(
-                    "the change did not commit within {CHANGE_TIMEOUT:?}: a quorum of both the \
-                     old and the new voters must acknowledge it. It may still commit"
-                ))
-            })?
-            .map(|_| ())
-            .map_err(change_error)
+        let deadline = Instant::now() + CHANGE_TIMEOUT;
+        loop {
+            // On a task of its own: openraft commits a change in two entries (joint, then the
+            // new configuration) inside this one future, and a caller that gives up (a
+            // deadline, a client gone) must not stop it half-way.
+            let raft = self.raft.clone();
+            let attempt = change.clone();
+            let changing = tokio::spawn(async move { raft.change_membership(attempt, true).await });
+            let outcome = match tokio::time::timeout_at(deadline, changing).await {
+                Err(_) => {
+                    return Err(MembershipError::Failed(format!(
+                        "the change did not commit within {CHANGE_TIMEOUT:?}: a quorum of both \
+                         the old and the new voters must acknowledge it. It goes on, and \
+                         commits once they do"
+                    )));
+                }
+                Ok(Err(e)) => {
+                    return Err(MembershipError::Failed(format!("the change failed: {e}")));
+                }
+                Ok(Ok(outcome)) => outcome,
+            };
+            match outcome {
+                Ok(_) => return Ok(()),
+                // The change before this one has not committed its last entry yet: it will.
+                Err(RaftError::APIError(ClientWriteError::ChangeMembershipError(
+                    ChangeMembershipError::InProgress(_),
+                ))) if Instant::now() + self.timing.tick < deadline => {
+                    tokio::time::sleep(self.timing.tick).await;
+                }
+                Err(e) => return Err(change_error(e)),
+            }
+        }
     }
 
     /// Hands this leader's leadership to `to`, or to the voter that answers and holds the most
@@ -370,7 +482,7 @@ impl Membership {
         self.leading()?;
         let metrics = self.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership().clone();
-        let voters: BTreeSet<NodeId> = membership.voter_ids().collect();
+        let voters = voters_now(&membership);
         let matched = |id: NodeId| {
             metrics
                 .replication
@@ -398,7 +510,11 @@ impl Membership {
                 .filter(|id| *id != self.me && self.reachable(*id))
                 .max_by_key(|id| (matched(*id), std::cmp::Reverse(*id)))
                 .ok_or_else(|| {
-                    MembershipError::Refused("no other voter answers this leader".into())
+                    MembershipError::Refused(
+                        "no other voter answers this leader: add a master, or bring one back, \
+                         first"
+                            .into(),
+                    )
                 })?,
         };
         let address = self
@@ -410,8 +526,10 @@ impl Membership {
         let term = metrics.vote.leader_id().term;
         tracing::info!(target, term, "handing leadership over");
 
-        // Quiet: no writes and no heartbeats, so every follower's lease runs out from now.
-        let _quiet = Quiet::begin(self);
+        // No writes and no new read leases from here; the target catches up with heartbeats
+        // still on (without them the others' leases would run out first).
+        let began = Instant::now();
+        let quiet = Quiet::begin(self, target);
         let last = metrics.last_log_index.unwrap_or(0);
         let caught_up = Instant::now() + TRANSFER_CATCH_UP;
         loop {
@@ -433,6 +551,11 @@ impl Membership {
             }
             tokio::time::sleep(self.timing.tick / 4).await;
         }
+        // Now no heartbeats, so every follower's lease runs out; and the master's read lease
+        // (half the shortest election timeout from its last confirmation, none since `began`)
+        // has lapsed before anyone may be elected.
+        quiet.silence();
+        tokio::time::sleep_until(began + self.timing.timeout.0 / 2).await;
         let told = tell_elect_now(
             &self.security,
             &address,
@@ -487,16 +610,22 @@ impl Membership {
     }
 }
 
-/// While alive, the leader takes no writes and sends no heartbeats; both resume when it drops.
+/// While alive, the leader takes no writes and confirms no reads, and once silenced sends no
+/// heartbeats; all resume when it drops.
 struct Quiet<'a> {
     membership: &'a Membership,
 }
 
 impl<'a> Quiet<'a> {
-    fn begin(membership: &'a Membership) -> Self {
+    fn begin(membership: &'a Membership, to: NodeId) -> Self {
         membership.transferring.store(true, Ordering::Release);
-        membership.raft.runtime_config().heartbeat(false);
+        membership.handing_to.store(to, Ordering::Release);
         Quiet { membership }
+    }
+
+    /// No more heartbeats.
+    fn silence(&self) {
+        self.membership.raft.runtime_config().heartbeat(false);
     }
 }
 
@@ -542,11 +671,7 @@ pub(crate) async fn join(raft: Raft, security: Security, seeds: Vec<String>, req
         }
         let is_voter = {
             let metrics = raft.metrics().borrow().clone();
-            metrics
-                .membership_config
-                .membership()
-                .voter_ids()
-                .any(|voter| voter == request.id)
+            voters_now(metrics.membership_config.membership()).contains(&request.id)
         };
         if is_voter {
             tracing::info!(id = request.id, "this master is a voter of the group");
@@ -584,8 +709,14 @@ pub(crate) async fn join(raft: Raft, security: Security, seeds: Vec<String>, req
                 Err(e) => tracing::warn!(seed, error = %e, "--join: not added yet"),
             }
         }
+        // After a hint too: two members that name each other must not be asked in a spin.
+        tokio::time::sleep(if hinted.is_some() {
+            Duration::from_millis(100)
+        } else {
+            backoff
+        })
+        .await;
         if hinted.is_none() {
-            tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }

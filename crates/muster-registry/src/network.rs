@@ -32,12 +32,13 @@ use openraft::storage::RaftLogStorage as _;
 use openraft::{BasicNode, SnapshotMeta, Vote};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 use tonic::{Request, Response, Status};
 
 use crate::codec;
 use crate::election::{self, ElectNow, ElectionTiming, PreVoteRequest};
 use crate::membership::{ElectNowRequest, JOIN_CATCH_UP, JoinRequest, Membership, PeerContacts};
+use crate::peer_version::{self, VersionedChannel};
 use crate::store::LogStore;
 use crate::types::{MAX_RAFT_MESSAGE, NodeId, Raft, TypeConfig};
 
@@ -95,7 +96,7 @@ impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
                         .keep_alive_timeout(RAFT_KEEPALIVE_TIMEOUT)
                         .keep_alive_while_idle(true);
                     let channel = self.security.lazy_channel(endpoint, &[Role::Master]);
-                    RaftClient::new(channel)
+                    RaftClient::new(peer_version::versioned(channel))
                         .max_decoding_message_size(MAX_RAFT_MESSAGE)
                         .max_encoding_message_size(MAX_RAFT_MESSAGE)
                 })
@@ -121,9 +122,9 @@ const RAFT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
 pub struct PeerClient {
     target: NodeId,
     /// Every call openraft makes.
-    client: Result<RaftClient<Channel>, String>,
+    client: Result<RaftClient<VersionedChannel>, String>,
     /// The heartbeats sent beside large payloads ([`HEARTBEAT_BESIDE_PAYLOAD_BYTES`]).
-    heartbeats: Result<RaftClient<Channel>, String>,
+    heartbeats: Result<RaftClient<VersionedChannel>, String>,
     /// How requests are written.
     encoding: codec::Encoding,
     /// Where an answer from the peer is recorded.
@@ -147,7 +148,7 @@ type RpcResult<T, E = RaftError<NodeId>> = Result<T, RPCError<NodeId, BasicNode,
 struct CallFailed(String);
 
 impl PeerClient {
-    fn client<E: Error>(&self) -> RpcResult<RaftClient<Channel>, E> {
+    fn client<E: Error>(&self) -> RpcResult<RaftClient<VersionedChannel>, E> {
         self.client
             .clone()
             .map_err(|e| RPCError::Unreachable(Unreachable::new(&CallFailed(e))))
@@ -170,9 +171,10 @@ impl PeerClient {
                 _ => RPCError::Network(NetworkError::new(&failed)),
             }
         })?;
+        let version = peer_version::said(payload.metadata());
         let answer: Result<T, E> = codec::decode(&payload.into_inner().body)
             .map_err(|e| RPCError::Network(NetworkError::new(&e)))?;
-        self.contacts.heard(self.target);
+        self.contacts.heard(self.target, version);
         answer.map_err(|e| RPCError::RemoteError(RemoteError::new(self.target, e)))
     }
 }
@@ -341,7 +343,9 @@ fn answer<T: Serialize, E: Serialize>(
 ) -> Result<Response<RaftPayload>, Status> {
     let body = codec::encode_as(encoding, result)
         .map_err(|e| Status::internal(format!("cannot encode the raft answer: {e}")))?;
-    Ok(Response::new(RaftPayload { body: body.into() }))
+    let mut response = Response::new(RaftPayload { body: body.into() });
+    peer_version::say(response.metadata_mut());
+    Ok(response)
 }
 
 #[tonic::async_trait]
@@ -350,6 +354,7 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        peer_version::check(request.metadata())?;
         let body = request.into_inner().body;
         let encoding = codec::Encoding::of(&body);
         let rpc: AppendEntriesRequest<TypeConfig> = decode_request("AppendEntries", &body)?;
@@ -362,6 +367,7 @@ impl raft_server::Raft for RaftService {
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        peer_version::check(request.metadata())?;
         let body = request.into_inner().body;
         let encoding = codec::Encoding::of(&body);
         let rpc: VoteRequest<NodeId> = decode_request("Vote", &body)?;
@@ -391,6 +397,7 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<SnapshotChunk>,
     ) -> Result<Response<RaftPayload>, Status> {
+        peer_version::check(request.metadata())?;
         let chunk = request.into_inner();
         let encoding = codec::Encoding::of(&chunk.header);
         let header: SnapshotHeader = decode_request("InstallSnapshot", &chunk.header)?;
@@ -408,16 +415,24 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        peer_version::check(request.metadata())?;
         let body = request.into_inner().body;
         let encoding = codec::Encoding::of(&body);
         let asked: PreVoteRequest = decode_request("PreVote", &body)?;
-        let response = election::judge(&self.raft, &self.log, self.timing, asked).await;
+        let handing_to = self
+            .membership
+            .handing_to
+            .load(std::sync::atomic::Ordering::Acquire);
+        let response = election::judge(&self.raft, &self.log, self.timing, asked, handing_to).await;
         let body = codec::encode_as(encoding, &response)
             .map_err(|e| Status::internal(format!("cannot encode the pre-vote answer: {e}")))?;
-        Ok(Response::new(RaftPayload { body: body.into() }))
+        let mut answer = Response::new(RaftPayload { body: body.into() });
+        peer_version::say(answer.metadata_mut());
+        Ok(answer)
     }
 
     async fn join(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
+        peer_version::check(request.metadata())?;
         let body = request.into_inner().body;
         let encoding = codec::Encoding::of(&body);
         let asked: JoinRequest = decode_request("Join", &body)?;
@@ -433,6 +448,7 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
+        peer_version::check(request.metadata())?;
         let body = request.into_inner().body;
         let encoding = codec::Encoding::of(&body);
         let asked: ElectNowRequest = decode_request("ElectNow", &body)?;
@@ -447,11 +463,8 @@ impl raft_server::Raft for RaftService {
                 asked.leader,
                 asked.term
             ))
-        } else if !metrics
-            .membership_config
-            .membership()
-            .voter_ids()
-            .any(|voter| voter == self.membership.me)
+        } else if !crate::membership::voters_now(metrics.membership_config.membership())
+            .contains(&self.membership.me)
         {
             Err("this member is not a voter".into())
         } else {

@@ -4,7 +4,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use muster_proto::registry::raft_server::RaftServer;
@@ -305,7 +305,9 @@ impl RegistryNode {
             elections.clone(),
             elect_now.clone(),
         ));
-        if !initialized && !config.join.is_empty() {
+        // Whenever it is given: a master restarted before it became a voter still has to ask,
+        // and one that is a voter already finds so and stops.
+        if !config.join.is_empty() {
             tokio::spawn(membership::join(
                 raft.clone(),
                 config.security.clone(),
@@ -322,6 +324,7 @@ impl RegistryNode {
             contacts,
             timing,
             transferring: Arc::new(AtomicBool::new(false)),
+            handing_to: Arc::new(AtomicU64::new(0)),
             security: config.security.clone(),
             addresses: Arc::new(config.members.clone()),
         };
@@ -534,6 +537,10 @@ impl RegistryNode {
     /// an evaluation stored before the crash is in the registry it reads, not applied later
     /// behind its back.
     pub async fn catch_up(&self) -> Result<(), WriteError> {
+        if self.membership.transferring.load(Ordering::Acquire) {
+            // Handing leadership over: no new read lease may start (see `membership`).
+            return Err(WriteError::NotLeader { leader: None });
+        }
         // Bounded as the write below is: a confirmation round a quorum never answers (a peer
         // that voted and then went quiet) would otherwise keep this master starting for good.
         let confirmed =

@@ -56,6 +56,14 @@ pub struct Assignment {
     pub state_index: u64,
 }
 
+impl Assignment {
+    /// The index a snapshot must reach to plan this evaluation: its own write, and everything
+    /// the master held when it handed it out ([`state_index`](Self::state_index)).
+    pub fn min_index(&self) -> u64 {
+        self.eval.modify_index.max(self.state_index)
+    }
+}
+
 /// Why a worker step failed. Backends report their failures with these variants.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum WorkerError {
@@ -524,7 +532,7 @@ impl<B: Backend, S: Scheduler> Worker<B, S> {
     async fn plan(&mut self, assignment: &Assignment) -> Result<Planned, WorkerError> {
         let mut eval = assignment.eval.clone();
         let max_attempts = self.config.max_attempts.max(1);
-        let mut min_index = eval.modify_index.max(assignment.state_index);
+        let mut min_index = assignment.min_index();
         let (mut attempts, mut placed, mut stopped) = (0u32, 0usize, 0usize);
         let mut fruitless = 0u32;
         let (snapshot_index, unplaced) = loop {

@@ -18,7 +18,9 @@ use crate::peer::{MEMBER_ROLES, PeerLink, counted};
 use crate::receive::NodeInner;
 use crate::route_cache::RouteCache;
 use crate::sync::lock;
-use crate::wire::{Envelopes, FrameCodec, Item, LINK_PATH, SAME_HEAD_HEADER};
+use muster_proto::version;
+
+use crate::wire::{Envelopes, FrameCodec, HelloRef, Item, LINK_PATH, SAME_HEAD_HEADER};
 use muster_actor::RemoteError;
 
 /// The server half: a peer connected to us. `Transport.Link` served by hand rather than through
@@ -109,8 +111,14 @@ async fn accept(
         })
         .ok_or_else(|| Status::invalid_argument("the first frame must carry hello"))?;
     let reads_same_head = hello.reads_same_head;
+    let (their_version, theirs) = said_version(&hello);
     let hello = String::from_utf8(hello.node.to_vec())
         .map_err(|_| Status::invalid_argument("the hello's node is not UTF-8"))?;
+    let (our_version, ours) = &node.config.version;
+    if let Err(refusal) = version::check(ours, our_version, &hello, &theirs, &their_version) {
+        tracing::warn!(peer = %hello, "{refusal}");
+        return Err(Status::failed_precondition(refusal));
+    }
     let link = PeerLink::new(hello.clone(), node.limits(), Arc::clone(&node.stats));
     link.set_peer_reads_same_head(reads_same_head);
     // On an insecure node, sends to the peer go back over this stream, unless we already
@@ -150,5 +158,28 @@ async fn accept(
         SAME_HEAD_HEADER,
         tonic::metadata::MetadataValue::from_static("1"),
     );
+    for (name, value) in [
+        (version::VERSION_HEADER, our_version.clone()),
+        (version::PROTOCOL_HEADER, version::protocols_header(ours)),
+    ] {
+        if let Ok(value) = value.parse() {
+            response.metadata_mut().insert(name, value);
+        }
+    }
     Ok(response)
+}
+
+/// The build and wire protocols a hello says; a node from before versions were said speaks
+/// protocol 1.
+fn said_version(hello: &HelloRef<'_>) -> (String, std::ops::RangeInclusive<u32>) {
+    let version = match std::str::from_utf8(hello.version) {
+        Ok("") | Err(_) => "before 0.1".to_owned(),
+        Ok(version) => version.to_owned(),
+    };
+    let clamp = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+    let protocols = match hello.protocols {
+        (0, 0) => 1..=1,
+        (oldest, newest) => clamp(oldest)..=clamp(newest),
+    };
+    (version, protocols)
 }

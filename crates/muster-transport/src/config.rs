@@ -46,6 +46,10 @@ pub struct NodeConfig {
     /// on (behind a proxy, a NAT or a container's port mapping): its processes' addresses and
     /// its greeting name it. `None` (the default): the listen address.
     pub advertise: Option<String>,
+    /// The build this node says it is in its hello, and the wire protocols it says it speaks
+    /// (default: this build's, [`muster_proto::version`]). A peer whose protocols do not
+    /// overlap is refused, both builds named. Set otherwise only to test mixed versions.
+    pub version: (String, std::ops::RangeInclusive<u32>),
 }
 
 impl NodeConfig {
@@ -62,6 +66,10 @@ impl NodeConfig {
             keepalive_interval: Duration::from_secs(5),
             keepalive_timeout: Duration::from_secs(5),
             advertise: None,
+            version: (
+                muster_proto::version::BUILD_VERSION.to_owned(),
+                muster_proto::version::protocols(),
+            ),
         }
     }
 

@@ -16,7 +16,9 @@ use crate::peer::{MEMBER_ROLES, PeerLink, counted};
 use crate::receive::NodeInner;
 use crate::route_cache::RouteCache;
 use crate::sync::lock;
-use crate::wire::{FrameCodec, LINK_PATH, SAME_HEAD_HEADER};
+use muster_proto::version;
+
+use crate::wire::{FrameCodec, LINK_PATH, SAME_HEAD_HEADER, hello_frame};
 use muster_actor::RemoteError;
 
 impl NodeInner {
@@ -110,7 +112,9 @@ async fn connect(
         .map_err(|e| format!("link not ready: {}", source_chain(&e)))?;
     // Until the peer answers, it may be a node that does not read `same_head`.
     link.set_peer_reads_same_head(false);
-    let outbound = counted(&node.stats, link.frames(Some(&node.address)));
+    let (version, protocols) = &node.config.version;
+    let hello = hello_frame(&node.address, version, protocols);
+    let outbound = counted(&node.stats, link.frames(Some(hello)));
     let response = client
         .streaming(
             Request::new(outbound),
@@ -119,6 +123,19 @@ async fn connect(
         )
         .await
         .map_err(|status| format!("link refused: {status}"))?;
+    // A node from before versions were said speaks protocol 1.
+    let header = |name| {
+        response
+            .metadata()
+            .get(name)
+            .and_then(|value| value.to_str().ok())
+            .map(str::to_owned)
+    };
+    let theirs = header(version::PROTOCOL_HEADER)
+        .and_then(|value| version::parse_protocols(&value))
+        .unwrap_or(1..=1);
+    let their_version = header(version::VERSION_HEADER).unwrap_or_else(|| "before 0.1".into());
+    version::check(protocols, version, &link.node, &theirs, &their_version)?;
     let reads_same_head = response
         .metadata()
         .get(SAME_HEAD_HEADER)

@@ -18,7 +18,7 @@ use tokio::time::Instant;
 
 use crate::stats::Stats;
 use crate::sync::lock;
-use crate::wire::{EnvelopeHead, EnvelopeWriter, expand_same_heads, hello_frame};
+use crate::wire::{EnvelopeHead, EnvelopeWriter, expand_same_heads};
 use muster_actor::{ExitReason, ProcessRef, RemoteError, Upid};
 
 /// What an ask's caller receives: the reply or error envelope, or why none will come.
@@ -343,10 +343,10 @@ impl PeerLink {
     }
 
     /// The frames to write on a new connection of this link: the greeting `hello` if given
-    /// (the connecting side's address), then whatever is queued, as it is queued. Queued frames
+    /// (the connecting side's, [`hello_frame`]), then whatever is queued, as it is queued. Queued frames
     /// outlive a connection, so a reconnect picks up where the lost one stopped; the stream of
     /// an older connection ends once a newer one exists.
-    pub(crate) fn frames(self: &Arc<Self>, hello: Option<&str>) -> Frames {
+    pub(crate) fn frames(self: &Arc<Self>, hello: Option<Bytes>) -> Frames {
         let generation = {
             let mut outbox = lock(&self.outbox);
             outbox.generation += 1;
@@ -358,7 +358,7 @@ impl PeerLink {
         };
         Frames {
             link: Arc::clone(self),
-            hello: hello.map(hello_frame),
+            hello,
             generation,
         }
     }

@@ -16,7 +16,7 @@
 //! (`Hello.reads_same_head` one way, the `muster-same-head` response header the other): the
 //! reader fills the head in from the envelope before it.
 
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
@@ -50,6 +50,9 @@ const SAME_HEAD: u64 = 8;
 /// `Hello` field numbers.
 const HELLO_NODE: u64 = 1;
 const HELLO_READS_SAME_HEAD: u64 = 2;
+const HELLO_VERSION: u64 = 3;
+const HELLO_OLDEST_PROTOCOL: u64 = 4;
+const HELLO_NEWEST_PROTOCOL: u64 = 5;
 
 /// The response header by which the accepting node of a link says it reads `same_head`.
 pub(crate) const SAME_HEAD_HEADER: &str = "muster-same-head";
@@ -266,13 +269,21 @@ fn put_bytes_field(buf: &mut impl BufMut, field: u64, bytes: &[u8]) {
 }
 
 /// A frame that carries only `hello`: who is connecting, and that it reads `same_head`.
-pub(crate) fn hello_frame(node: &str) -> Bytes {
-    let hello_len = bytes_field_len(node.len()) + varint_field_len(1);
+pub(crate) fn hello_frame(node: &str, version: &str, protocols: &RangeInclusive<u32>) -> Bytes {
+    let (oldest, newest) = (u64::from(*protocols.start()), u64::from(*protocols.end()));
+    let hello_len = bytes_field_len(node.len())
+        + varint_field_len(1)
+        + bytes_field_len(version.len())
+        + varint_field_len(oldest)
+        + varint_field_len(newest);
     let mut frame = BytesMut::with_capacity(1 + varint_len(hello_len as u64) + hello_len);
     frame.put_u8(key(FRAME_HELLO, LENGTH_DELIMITED));
     put_varint(&mut frame, hello_len as u64);
     put_bytes_field(&mut frame, HELLO_NODE, node.as_bytes());
     put_varint_field(&mut frame, HELLO_READS_SAME_HEAD, 1);
+    put_bytes_field(&mut frame, HELLO_VERSION, version.as_bytes());
+    put_varint_field(&mut frame, HELLO_OLDEST_PROTOCOL, oldest);
+    put_varint_field(&mut frame, HELLO_NEWEST_PROTOCOL, newest);
     frame.freeze()
 }
 
@@ -299,6 +310,11 @@ pub(crate) struct HelloRef<'a> {
     pub(crate) node: &'a [u8],
     /// It reads envelopes with `same_head` set.
     pub(crate) reads_same_head: bool,
+    /// Its build (empty from a node before versions were said).
+    pub(crate) version: &'a [u8],
+    /// The wire protocols it speaks (0 both from a node before versions were said: it speaks
+    /// protocol 1).
+    pub(crate) protocols: (u64, u64),
 }
 
 /// What a frame holds, element by element.
@@ -448,6 +464,8 @@ fn read_item<'a>(frame: &'a [u8], at: &mut usize) -> Option<Item<'a>> {
                 let mut read = HelloRef {
                     node: &[],
                     reads_same_head: false,
+                    version: &[],
+                    protocols: (0, 0),
                 };
                 while i < hello.len() {
                     let key = read_varint(hello, &mut i)?;
@@ -457,6 +475,15 @@ fn read_item<'a>(frame: &'a [u8], at: &mut usize) -> Option<Item<'a>> {
                         }
                         (HELLO_READS_SAME_HEAD, VARINT) => {
                             read.reads_same_head = read_varint(hello, &mut i)? != 0;
+                        }
+                        (HELLO_VERSION, LENGTH_DELIMITED) => {
+                            read.version = &hello[read_delimited(hello, &mut i)?];
+                        }
+                        (HELLO_OLDEST_PROTOCOL, VARINT) => {
+                            read.protocols.0 = read_varint(hello, &mut i)?;
+                        }
+                        (HELLO_NEWEST_PROTOCOL, VARINT) => {
+                            read.protocols.1 = read_varint(hello, &mut i)?;
                         }
                         (_, wire_type) => skip(hello, &mut i, wire_type)?,
                     }

@@ -123,6 +123,23 @@ pub(crate) fn agent_command(
     Ok(command)
 }
 
+/// The `muster` CLI against `masters` (any of them), with the shared test CA's client
+/// certificate and `token`, and no dev cluster to fall back on; the caller adds the command.
+pub(crate) fn cli_with_token(masters: &[String], token: &TokenSecret) -> anyhow::Result<Command> {
+    let files = TestPki::shared().files(Role::Client, "test-client");
+    let mut command = Command::new(binary("muster")?);
+    command
+        .env("RUST_LOG", "warn")
+        .env_remove("MUSTER_DEV_ENV")
+        .env_remove("MUSTER_NAMESPACE")
+        .env("MUSTER_ADDR", masters.join(","))
+        .env("MUSTER_CACERT", &files.ca)
+        .env("MUSTER_CLIENT_CERT", &files.cert)
+        .env("MUSTER_CLIENT_KEY", &files.key)
+        .env("MUSTER_TOKEN", token.expose());
+    Ok(command)
+}
+
 /// Starts agents `0..count` of every master of `masters` ([`agent_command`]), each on a free
 /// port of loopback, its tasks ending with it (`--stop-tasks-on-exit`), with the flags `extra`
 /// gives agent `n`; returns them once each listens.

@@ -152,6 +152,7 @@ impl Agent {
                 let request = RegisterAgent {
                     info: Some(self.info.clone()),
                     registration: self.registration,
+                    version: muster_proto::version::BUILD_VERSION.to_owned(),
                 };
                 Box::pin(async move {
                     remote
@@ -186,6 +187,7 @@ impl Agent {
             completed_tasks: self.tasks.completed(),
             tasks_sharing_labels,
             registration: self.registration,
+            version: muster_proto::version::BUILD_VERSION.to_owned(),
         };
         let stripped = fit_within(&mut request, REREGISTRATION_BUDGET);
         if stripped > 0 {

@@ -43,6 +43,10 @@ pub struct AgentSummary {
     pub drain: String,
     /// The deadline of the drain under way, in milliseconds since the Unix epoch; 0 if none.
     pub drain_deadline_ms: u64,
+    /// Its build, as it said when it last registered; empty if not known (not registered
+    /// since a failover, unreachable, or from before versions were said).
+    #[serde(default)]
+    pub version: String,
 }
 
 /// `POST /v1/agent/{id}/drain`: start, change or cancel an agent's drain.
@@ -187,25 +191,28 @@ fn summary(
         eligible,
         drain,
         drain_deadline_ms,
+        version: String::new(),
+    }
+}
+
+/// A connected or disconnected agent (one the leader's in-memory table holds).
+fn connected_summary(a: &cluster_pb::AgentState) -> AgentSummary {
+    let status = if a.connected { "ready" } else { "disconnected" };
+    AgentSummary {
+        version: a.version.clone(),
+        ..summary(
+            &a.id,
+            a.info.as_ref(),
+            a.scheduling.as_ref(),
+            status,
+            &a.tasks,
+        )
     }
 }
 
 impl From<&cluster_pb::ClusterState> for AgentList {
     fn from(state: &cluster_pb::ClusterState) -> Self {
-        let mut agents: Vec<AgentSummary> = state
-            .agents
-            .iter()
-            .map(|a| {
-                let status = if a.connected { "ready" } else { "disconnected" };
-                summary(
-                    &a.id,
-                    a.info.as_ref(),
-                    a.scheduling.as_ref(),
-                    status,
-                    &a.tasks,
-                )
-            })
-            .collect();
+        let mut agents: Vec<AgentSummary> = state.agents.iter().map(connected_summary).collect();
         agents.sort_by(|a, b| a.id.cmp(&b.id));
         let mut unreachable: Vec<AgentSummary> = state
             .unreachable
@@ -235,15 +242,8 @@ impl AgentDetail {
     pub fn find(state: &cluster_pb::ClusterState, id: &str) -> Option<AgentDetail> {
         let read: ReadInfo = state.read.into();
         if let Some(a) = state.agents.iter().find(|a| a.id == id) {
-            let status = if a.connected { "ready" } else { "disconnected" };
             return Some(AgentDetail {
-                agent: summary(
-                    &a.id,
-                    a.info.as_ref(),
-                    a.scheduling.as_ref(),
-                    status,
-                    &a.tasks,
-                ),
+                agent: connected_summary(a),
                 tasks: a
                     .tasks
                     .iter()

@@ -30,8 +30,8 @@ pub struct ClusterStatus {
     pub agents_disconnected: u64,
     /// Agents marked unreachable.
     pub agents_unreachable: u64,
-    /// The registry's raft members (filled in by the HTTP API from raft's membership as the
-    /// answering master holds it).
+    /// The registry's raft members, as raft's membership on the answering master holds them
+    /// (their HTTP addresses filled in by the HTTP API).
     #[serde(default)]
     pub members: Vec<Member>,
     /// How the read was answered.
@@ -49,6 +49,13 @@ pub struct Member {
     pub http_address: String,
     /// Whether it leads.
     pub leader: bool,
+    /// Whether it votes (false: a learner catching up).
+    #[serde(default)]
+    pub voter: bool,
+    /// Its build, as the answering master knows it (the leader knows every member's); empty
+    /// where unknown.
+    #[serde(default)]
+    pub version: String,
 }
 
 /// `GET /v1/operator/raft`: the masters' raft group, as the answering master knows it (ask the
@@ -83,6 +90,10 @@ pub struct RaftServer {
     pub log_index: Option<u64>,
     /// From the leader: whether it answered within the leader lease; `null` elsewhere.
     pub healthy: Option<bool>,
+    /// Its build, as it said on raft (known to the leader for every member); empty where
+    /// unknown.
+    #[serde(default)]
+    pub version: String,
 }
 
 impl From<cluster_pb::RaftPeerList> for RaftConfiguration {
@@ -102,6 +113,7 @@ impl From<cluster_pb::RaftPeerList> for RaftConfiguration {
                     last_contact_ms: peer.last_contact_ms,
                     log_index: peer.log_index,
                     healthy: peer.healthy,
+                    version: peer.version,
                 })
                 .collect(),
         }
@@ -120,7 +132,18 @@ impl From<&cluster_pb::ClusterState> for ClusterStatus {
             agents_ready: state.agents.iter().filter(|a| a.connected).count() as u64,
             agents_disconnected: state.agents.iter().filter(|a| !a.connected).count() as u64,
             agents_unreachable: state.unreachable.len() as u64,
-            members: Vec::new(),
+            members: state
+                .masters
+                .iter()
+                .map(|master| Member {
+                    id: master.id,
+                    address: master.address.clone(),
+                    http_address: String::new(),
+                    leader: master.leader,
+                    voter: master.voter,
+                    version: master.version.clone(),
+                })
+                .collect(),
             read: state.read.into(),
         }
     }

@@ -398,18 +398,12 @@ pub(crate) async fn status(
     let query = parsed(query)?;
     let cluster = cluster_state(&state, &uri, &headers, query.stale).await?;
     let mut doc = ClusterStatus::from(&cluster);
-    doc.members = state
-        .operator
-        .registry()
-        .members()
-        .iter()
-        .map(|(id, address)| muster_api::Member {
-            id: *id,
-            address: address.clone(),
-            http_address: state.config.leader_http(address).unwrap_or_default(),
-            leader: *address == cluster.leader,
-        })
-        .collect();
+    for member in &mut doc.members {
+        member.http_address = state
+            .config
+            .leader_http(&member.address)
+            .unwrap_or_default();
+    }
     let read = doc.read.clone();
     Ok(read_response(doc, &read))
 }

@@ -246,6 +246,7 @@ impl Master {
             return reply.send(not_leader(self.leader().as_ref()));
         }
         let registration = request.registration;
+        let version = request.version;
         let Some(info) = request.info else {
             return reply.send(refused("RegisterAgent carries no agent info".into()));
         };
@@ -304,10 +305,10 @@ impl Master {
                     if master.leading_term() == Some(term) {
                         tracing::info!(agent = %id, address = %info.address, "agent registered");
                         master.metrics.registered += 1;
-                        master.cluster.agents.insert(
-                            id.0.clone(),
-                            AgentEntry::connected(info, registration, Vec::new(), Vec::new()),
-                        );
+                        let mut entry =
+                            AgentEntry::connected(info, registration, Vec::new(), Vec::new());
+                        entry.version = version;
+                        master.cluster.agents.insert(id.0.clone(), entry);
                         master.heartbeat_received(&id.0);
                         master.publish_agent(&id.0, "agent-registered");
                         master.agent_joined(&id.0, ctx);

@@ -331,10 +331,12 @@ impl Master {
                     .collect(),
                 connected: agent.connected,
                 scheduling: scheduling_of(id),
+                version: agent.version.clone(),
             })
             .collect();
         agents.sort_by(|a, b| a.id.cmp(&b.id));
         state.agents = agents;
+        state.masters = crate::raft_peers::list(&self.registry).peers;
         let mut frameworks: Vec<pb::Framework> =
             self.cluster.frameworks.values().cloned().collect();
         frameworks.sort_by(|a, b| a.id.cmp(&b.id));

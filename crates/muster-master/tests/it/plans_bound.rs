@@ -114,7 +114,7 @@ impl Cluster {
 
     /// The plan the built-in spread scheduler makes for `assignment`, as its holder sends it.
     pub(crate) async fn plan(&self, assignment: &Assignment) -> anyhow::Result<Plan> {
-        let snapshot = self.backend.snapshot(assignment.eval.modify_index).await?;
+        let snapshot = self.backend.snapshot(assignment.min_index()).await?;
         let mut plan = muster_scheduler::spread().schedule(&assignment.eval, &snapshot);
         plan.eval_token.clone_from(&assignment.token);
         Ok(plan)

@@ -150,10 +150,7 @@ async fn plan_ignoring_quotas(
     cluster: &Cluster,
     assignment: &muster_scheduler::Assignment,
 ) -> anyhow::Result<(muster_scheduler::Plan, u64)> {
-    let mut snapshot = cluster
-        .backend
-        .snapshot(assignment.eval.modify_index)
-        .await?;
+    let mut snapshot = cluster.backend.snapshot(assignment.min_index()).await?;
     let quota = snapshot.quotas.get("team-a").and_then(|q| q.tasks);
     ensure!(
         quota == Some(2),

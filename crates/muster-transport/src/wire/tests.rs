@@ -29,7 +29,7 @@ fn append_new(
 #[test]
 fn appended_envelopes_are_a_frame_prost_reads() {
     let mut buf = BytesMut::new();
-    buf.put_slice(&hello_frame("10.0.0.1:7000"));
+    buf.put_slice(&hello_frame("10.0.0.1:7000", "0.1.0", &(1..=1)));
     let long_body = vec![7u8; 300];
     append_new(&mut buf, (Kind::Tell, b"sink", b"a.B", 0), b"xy");
     append_new(&mut buf, (Kind::Ask, b"echo", b"a.C", u64::MAX), &long_body);
@@ -49,6 +49,9 @@ fn appended_envelopes_are_a_frame_prost_reads() {
         Some(Hello {
             node: "10.0.0.1:7000".into(),
             reads_same_head: true,
+            version: "0.1.0".into(),
+            oldest_protocol: 1,
+            newest_protocol: 1,
         })
     );
     assert_eq!(
@@ -97,6 +100,9 @@ fn frames_prost_writes_are_read_back() {
         hello: Some(Hello {
             node: "n:1".into(),
             reads_same_head: false,
+            version: "0.2.0".into(),
+            oldest_protocol: 1,
+            newest_protocol: 2,
         }),
         envelopes: vec![
             Envelope {
@@ -117,7 +123,9 @@ fn frames_prost_writes_are_read_back() {
         items[0],
         Ok(Item::Hello(HelloRef {
             node: b"n:1",
-            reads_same_head: false
+            reads_same_head: false,
+            version: b"0.2.0",
+            protocols: (1, 2),
         }))
     ));
     for item in &items[1..] {
@@ -174,7 +182,7 @@ fn a_frame_with_same_head_expands_to_whole_envelopes_for_a_peer_that_does_not_re
     let tell = EnvelopeHead::new(Kind::Tell, b"sink", b"a.B");
     let ask = EnvelopeHead::new(Kind::Ask, b"echo", b"a.C");
     let mut buf = BytesMut::new();
-    buf.put_slice(&hello_frame("n:1"));
+    buf.put_slice(&hello_frame("n:1", "0.1.0", &(1..=1)));
     append(&mut buf, &EnvelopeWriter::new(&tell, 0), b"1");
     append_with(&mut buf, &EnvelopeWriter::new(&tell, 0), true, b"2");
     append(&mut buf, &EnvelopeWriter::new(&ask, 9), b"3");
@@ -261,7 +269,7 @@ fn a_broken_frame_ends_with_an_error_after_what_was_read() {
 #[test]
 fn truncated_frames_never_panic() {
     let mut buf = BytesMut::new();
-    buf.put_slice(&hello_frame("node:1"));
+    buf.put_slice(&hello_frame("node:1", "0.1.0", &(1..=1)));
     append_new(&mut buf, (Kind::Ask, b"echo", b"a.C", 1 << 40), &[1, 2, 3]);
     for end in 0..buf.len() {
         for item in Envelopes::new(&buf[..end]) {

@@ -21,6 +21,7 @@ use tokio::task::JoinHandle;
 
 mod hostile_peers;
 mod lost_peers;
+mod versions;
 
 #[derive(Clone, PartialEq, prost::Message)]
 struct Ping {
@@ -370,10 +371,25 @@ async fn raw_link(node: &Node) -> anyhow::Result<(mpsc::Sender<Frame>, tonic::St
     raw_link_as(node, &member()).await
 }
 
-/// A raw link to `node` opened with `security`.
+/// A raw link to `node` opened with `security`, its hello saying no version (a node from
+/// before versions, which speaks protocol 1).
 async fn raw_link_as(
     node: &Node,
     security: &Security,
+) -> anyhow::Result<(mpsc::Sender<Frame>, tonic::Streaming<Frame>)> {
+    let hello = Hello {
+        node: "127.0.0.1:1".into(),
+        reads_same_head: false,
+        ..Hello::default()
+    };
+    raw_link_saying(node, security, hello).await
+}
+
+/// A raw link to `node` opened with `security`, greeting it with `hello`.
+async fn raw_link_saying(
+    node: &Node,
+    security: &Security,
+    hello: Hello,
 ) -> anyhow::Result<(mpsc::Sender<Frame>, tonic::Streaming<Frame>)> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{}", node.address()))?;
     let (channel, _) = security
@@ -385,10 +401,7 @@ async fn raw_link_as(
     let (frames, rx) = mpsc::channel(16);
     frames
         .send(Frame {
-            hello: Some(Hello {
-                node: "127.0.0.1:1".into(),
-                reads_same_head: false,
-            }),
+            hello: Some(hello),
             envelopes: vec![],
         })
         .await?;

@@ -45,6 +45,7 @@ impl Master {
             completed_tasks,
             tasks_sharing_labels,
             registration,
+            version,
         } = request;
         let (mut tasks, mut tasks_sharing_labels) = (tasks, tasks_sharing_labels);
         let mut kill = Vec::new();
@@ -146,15 +147,14 @@ impl Master {
                 .collect();
             completed_tasks.extend(forgotten);
         }
-        let previous = self.cluster.agents.insert(
-            agent_id.clone(),
-            AgentEntry::connected(
-                registry_info(&info.unwrap_or_default(), identity),
-                registration,
-                tasks,
-                completed_tasks,
-            ),
+        let mut entry = AgentEntry::connected(
+            registry_info(&info.unwrap_or_default(), identity),
+            registration,
+            tasks,
+            completed_tasks,
         );
+        entry.version = version;
+        let previous = self.cluster.agents.insert(agent_id.clone(), entry);
         // A re-registration counts as a heartbeat, but does not cut short the long first TTL
         // a new leader gave the agent.
         self.heartbeat_received_not_earlier(&agent_id);

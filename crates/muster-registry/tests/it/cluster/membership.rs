@@ -168,7 +168,17 @@ async fn three_grow_to_five_and_back_to_three_while_written_and_none_is_lost() -
         members[&first].registry.remove_peer(*id, false).await?;
     }
     for id in &leaving {
-        members.remove(id).context("leaving member")?.stop().await;
+        // It heard the configuration without it (it was a learner for that), so it stands
+        // for no election with the old one.
+        let gone = members.remove(id).context("leaving member")?;
+        let deadline = Instant::now() + DEADLINE;
+        while voters(&gone.registry).contains(id) {
+            if Instant::now() > deadline {
+                bail!("removed member {id} never saw itself removed");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        gone.stop().await;
     }
     let staying: Vec<NodeId> = members.keys().copied().collect();
     until_voters(&members, &staying).await?;

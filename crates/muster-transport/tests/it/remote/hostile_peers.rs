@@ -146,6 +146,7 @@ async fn a_broken_envelope_is_refused_by_id_and_the_rest_of_its_frame_delivered(
                 hello: Some(Hello {
                     node: "127.0.0.1:1".into(),
                     reads_same_head: false,
+                    ..Hello::default()
                 }),
                 envelopes: vec![],
             }

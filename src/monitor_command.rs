@@ -1,0 +1,88 @@
+//! `muster monitor`: a master's log as it happens, from the level asked for (Nomad's
+//! `monitor`). The master gathers that level for the stream alone, and stops when it ends.
+
+use std::io::Write as _;
+
+use anyhow::{Context as _, bail};
+use muster::proto::cluster as pb;
+
+use crate::connection::Connection;
+use crate::output::Format;
+
+/// `muster monitor`'s flags.
+#[derive(Debug, clap::Args)]
+pub(crate) struct MonitorArgs {
+    /// The master to watch, by raft id: `2` or `master-2` [default: the leader].
+    #[arg(long)]
+    node: Option<String>,
+    /// The lowest level shown: trace, debug, info, warn or error.
+    #[arg(long, default_value = "info")]
+    log_level: String,
+}
+
+/// A master's id from `2` or `master-2`.
+fn master_id(node: &str) -> anyhow::Result<u64> {
+    node.strip_prefix("master-")
+        .unwrap_or(node)
+        .parse()
+        .with_context(|| format!("--node {node:?} is not a master's id (2, or master-2)"))
+}
+
+/// Streams the log of the master `args` names until it ends or this program is stopped.
+pub(crate) async fn run(
+    connection: &Connection,
+    args: MonitorArgs,
+    format: Format,
+) -> anyhow::Result<()> {
+    muster_launch::monitor::parse_level(&args.log_level).map_err(anyhow::Error::msg)?;
+    let peers = connection
+        .at_leader(
+            |mut client| async move { client.list_raft_peers(pb::ListRaftPeersRequest {}).await },
+        )
+        .await?;
+    let id = match &args.node {
+        Some(node) => master_id(node)?,
+        None => peers.answered_by,
+    };
+    let Some(master) = peers.peers.iter().find(|peer| peer.id == id) else {
+        let ids: Vec<u64> = peers.peers.iter().map(|peer| peer.id).collect();
+        bail!("there is no master {id}; the masters are {ids:?}");
+    };
+    let mut client = connection.client(&master.address).await?;
+    let mut lines = client
+        .monitor(pb::MonitorRequest {
+            log_level: args.log_level.clone(),
+            json: format.is_json(),
+        })
+        .await
+        .with_context(|| {
+            format!(
+                "master {id} at {} refused to stream its log",
+                master.address
+            )
+        })?
+        .into_inner();
+    while let Some(line) = lines
+        .message()
+        .await
+        .with_context(|| format!("the log stream of master {id} broke"))?
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{}", line.line)?;
+        out.flush()?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::master_id;
+
+    #[test]
+    fn a_master_is_named_by_its_id_with_or_without_its_prefix() {
+        assert_eq!(master_id("2").ok(), Some(2));
+        assert_eq!(master_id("master-12").ok(), Some(12));
+        let refused = master_id("m2").expect_err("not an id").to_string();
+        assert!(refused.contains("\"m2\""), "{refused}");
+    }
+}
