@@ -202,7 +202,7 @@ impl Connection {
             call(client)
                 .await
                 .map(tonic::Response::into_inner)
-                .map_err(|status| answered(address, status))
+                .map_err(|status| self.answered(address, status))
         })
         .await
     }
@@ -256,13 +256,13 @@ impl Connection {
             Err(status) => status,
         };
         let Some(leader) = leader_hint(&refused).filter(|leader| leader != address) else {
-            return Err(answered(address, refused));
+            return Err(self.answered(address, refused));
         };
         let client = self.client(&leader).await.map_err(Attempt::Next)?;
         call(client)
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|status| answered(&leader, status))
+            .map_err(|status| self.answered(&leader, status))
     }
 }
 
@@ -272,6 +272,38 @@ enum Attempt {
     Final(anyhow::Error),
     /// The master could not take the call (unreachable, or knows no leader): the next may.
     Next(anyhow::Error),
+}
+
+/// Failures of a plaintext call that met a TLS port: the HTTP/2 layer reads the TLS
+/// handshake's bytes as a broken frame, or the server drops the connection.
+const PLAINTEXT_AT_TLS: &[&str] = &[
+    "h2 protocol error",
+    "http2 error",
+    "operation was canceled",
+    "frame with invalid size",
+    "connection reset",
+];
+
+/// What the CLI says after a plaintext call failed as one to a TLS port does.
+const PLAINTEXT_HINT: &str = "this CLI spoke plaintext, since no TLS settings were given and \
+    no dev cluster was found; a master run with TLS needs MUSTER_CACERT (the cluster's CA), \
+    MUSTER_CLIENT_CERT and MUSTER_CLIENT_KEY (a client certificate: `muster tls cert create \
+    --role client`), or --ca-cert, --client-cert and --client-key, and a token in MUSTER_TOKEN";
+
+impl Connection {
+    /// What `status` from the master at `address` means for the call ([`answered`]), with
+    /// what is missing when a plaintext call failed as one to a TLS port does.
+    fn answered(&self, address: &str, status: tonic::Status) -> Attempt {
+        let message = status.message().to_ascii_lowercase();
+        if self.security.is_insecure() && PLAINTEXT_AT_TLS.iter().any(|sign| message.contains(sign))
+        {
+            return Attempt::Final(anyhow::anyhow!(
+                "the master at {address} did not take a plaintext call ({}): {PLAINTEXT_HINT}",
+                status.message()
+            ));
+        }
+        answered(address, status)
+    }
 }
 
 /// What `status` from the master at `address` means for the call: `UNAVAILABLE` (a broken

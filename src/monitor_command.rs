@@ -36,9 +36,11 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     muster_launch::monitor::parse_level(&args.log_level).map_err(anyhow::Error::msg)?;
     let peers = connection
-        .at_leader(
-            |mut client| async move { client.list_raft_peers(pb::ListRaftPeersRequest {}).await },
-        )
+        .at_leader(|mut client| async move {
+            client
+                .list_raft_peers(pb::ListRaftPeersRequest { stale: false })
+                .await
+        })
         .await?;
     let id = match &args.node {
         Some(node) => master_id(node)?,

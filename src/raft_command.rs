@@ -13,8 +13,13 @@ use crate::output::{Format, print_json};
 #[derive(Debug, Subcommand)]
 pub(crate) enum RaftCommand {
     /// The masters of the group: id, address, voter or learner, the leader, and from the
-    /// leader when each last answered and how much of the log it holds (operator read).
-    ListPeers,
+    /// leader when each last answered, how much of the log it holds, whether it is healthy and
+    /// its build (operator read).
+    ListPeers {
+        /// Answer from the master given, whatever its role: its own view, without health.
+        #[arg(long)]
+        stale: bool,
+    },
     /// Add a running master to the group: it becomes a learner, catches up from the leader,
     /// then votes (operator write). A master started with --join does this itself.
     AddPeer {
@@ -49,10 +54,12 @@ pub(crate) async fn run(
     format: Format,
 ) -> anyhow::Result<()> {
     let list = match command {
-        RaftCommand::ListPeers => {
+        RaftCommand::ListPeers { stale } => {
             connection
-                .at_leader(|mut client| async move {
-                    client.list_raft_peers(pb::ListRaftPeersRequest {}).await
+                .read(stale, |mut client| async move {
+                    client
+                        .list_raft_peers(pb::ListRaftPeersRequest { stale })
+                        .await
                 })
                 .await?
         }

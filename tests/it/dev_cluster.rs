@@ -452,3 +452,39 @@ async fn status_names_an_unreachable_master() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cli_without_tls_settings_at_a_tls_master_says_what_to_set() -> anyhow::Result<()> {
+    let cluster = DevCluster::start().await?;
+    for token in [None, Some("a-token-but-no-ca")] {
+        let mut command = Command::new(BIN);
+        command
+            .arg("status")
+            .env("RUST_LOG", "warn")
+            // No dev cluster to fall back on, and no TLS settings.
+            .env("MUSTER_DEV_ENV", cluster.dir().join("none"))
+            .env("MUSTER_ADDR", &cluster.master)
+            .env_remove("MUSTER_CACERT")
+            .env_remove("MUSTER_CLIENT_CERT")
+            .env_remove("MUSTER_CLIENT_KEY")
+            .env_remove("MUSTER_TOKEN");
+        if let Some(token) = token {
+            command.env("MUSTER_TOKEN", token);
+        }
+        let output = tokio::time::timeout(common::DEADLINE, command.output())
+            .await
+            .context("the CLI hung")??;
+        ensure!(
+            !output.status.success(),
+            "a plaintext status read a TLS master"
+        );
+        let err = String::from_utf8_lossy(&output.stderr);
+        ensure!(
+            err.contains("plaintext")
+                && err.contains("MUSTER_CACERT")
+                && err.contains("--role client"),
+            "with token {token:?}, the error says what to set: {err}"
+        );
+    }
+    cluster.stop().await
+}

@@ -67,7 +67,7 @@ async fn voters(masters: &[String], record: &Record) -> Option<(BTreeSet<u64>, O
         };
         let Ok(Ok(list)) = tokio::time::timeout(
             CALL_DEADLINE,
-            client.list_raft_peers(pb::ListRaftPeersRequest {}),
+            client.list_raft_peers(pb::ListRaftPeersRequest { stale: false }),
         )
         .await
         else {

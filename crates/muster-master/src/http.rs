@@ -13,6 +13,7 @@
 //! `GET /v1/openapi.json` is the OpenAPI document, generated from the handlers ([`openapi`]).
 //! `/ui/` serves the web UI, whose assets are embedded in the binary.
 
+mod body_limit;
 mod deployments;
 mod events;
 mod handlers;
@@ -121,6 +122,7 @@ pub(crate) fn router(state: ApiState) -> axum::Router {
     routes()
         .merge(ui::routes())
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(axum::middleware::from_fn(body_limit::limit_bodies))
         .with_state(state)
 }
 

@@ -555,8 +555,11 @@ impl Operator for OperatorService {
 
     async fn list_raft_peers(
         &self,
-        _request: Request<pb::ListRaftPeersRequest>,
+        request: Request<pb::ListRaftPeersRequest>,
     ) -> Result<Response<pb::RaftPeerList>, Status> {
+        if !request.get_ref().stale {
+            raft_peers::leading(&self.registry)?;
+        }
         Ok(Response::new(raft_peers::list(&self.registry)))
     }
 

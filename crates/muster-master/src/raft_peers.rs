@@ -37,6 +37,15 @@ pub(crate) fn list(registry: &RegistryNode) -> pb::RaftPeerList {
     }
 }
 
+/// Ok on the leader; elsewhere the refusal leader-only calls answer with, naming the leader.
+pub(crate) fn leading(registry: &RegistryNode) -> Result<(), Status> {
+    let leadership = registry.leadership().borrow().clone();
+    if leadership.is_self {
+        return Ok(());
+    }
+    Err(ServiceError::not_leader(leadership.leader.map(|(_, address)| address)).into())
+}
+
 /// The status a refused or unfinished change answers with.
 fn status(error: MembershipError) -> Status {
     match error {

@@ -56,6 +56,14 @@ pub struct Member {
     /// where unknown.
     #[serde(default)]
     pub version: String,
+    /// From the leader: whether it answered the leader within the leader lease; `null` on a
+    /// standby.
+    #[serde(default)]
+    pub healthy: Option<bool>,
+    /// From the leader: milliseconds since it last answered the leader; `null` on a standby,
+    /// or if it never has.
+    #[serde(default)]
+    pub last_contact_ms: Option<u64>,
 }
 
 /// `GET /v1/operator/raft`: the masters' raft group, as the answering master knows it (ask the
@@ -142,6 +150,8 @@ impl From<&cluster_pb::ClusterState> for ClusterStatus {
                     leader: master.leader,
                     voter: master.voter,
                     version: master.version.clone(),
+                    healthy: master.healthy,
+                    last_contact_ms: master.last_contact_ms,
                 })
                 .collect(),
             read: state.read.into(),

@@ -682,3 +682,35 @@ async fn a_job_over_the_size_cap_or_with_a_nul_is_refused_alike_on_http_and_grpc
     server.shutdown().await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_is_answered_413_with_a_json_document() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = muster_master::testing::start_leading(MasterConfig {
+        workers: 0,
+        ..master_config(dir.path())
+    })
+    .await?;
+    let management = bootstrap(server.address()).await?;
+    let limit = muster_master::http::MAX_BODY_BYTES;
+    let body = format!("{{\"name\": \"{}\"}}", "x".repeat(limit + 1024));
+    let answer = curl(
+        &server,
+        "POST",
+        "/v1/jobs",
+        Some(("x-muster-token", &management)),
+        Some(&body),
+    )
+    .await?;
+    ensure!(answer.status == 413, "{answer:?}");
+    ensure!(code(&answer) == "payload_too_large", "{answer:?}");
+    let message = answer.body["message"].as_str().unwrap_or_default();
+    ensure!(
+        message.contains(&body.len().to_string()) && message.contains(&limit.to_string()),
+        "the refusal names the size and the limit: {message}"
+    );
+    // The server goes on.
+    let live = curl(&server, "GET", "/v1/health/live", None, None).await?;
+    ensure!(live.status == 200, "{live:?}");
+    Ok(())
+}

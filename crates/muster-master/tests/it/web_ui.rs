@@ -364,6 +364,15 @@ async fn a_job_goes_running_then_finished_on_the_page_without_a_reload() -> anyh
                 "the agent eligible on the agents page",
                 "return [...document.querySelectorAll('td span.state')].some(s => s.textContent === 'eligible')",
             )?;
+            // The overview shows each master's health and build, as the leader sees them.
+            page.open(&format!("{base}/ui/#/"))?;
+            page.until(
+                "the master healthy, with its build, on the overview",
+                &format!(
+                    "const row = document.querySelector('tr[data-master=\"1\"]'); return row?.querySelector('.master-health')?.textContent === 'healthy' && row.lastChild.textContent === '{}'",
+                    muster_proto::version::BUILD_VERSION
+                ),
+            )?;
             Ok(())
         }
     };

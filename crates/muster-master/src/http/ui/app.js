@@ -90,6 +90,16 @@ const scope = () => (state.namespace === ALL
 
 // --- pages ----------------------------------------------------------------------------------
 
+// A master's health as the leader sees it: healthy, or how long since it last answered.
+function health(m) {
+  if (m.healthy === true) return badge("healthy");
+  if (m.healthy === false) {
+    return m.last_contact_ms == null ? badge("unreachable")
+      : h("span", {}, badge("unreachable"), ` last answered ${Math.round(m.last_contact_ms / 1000)}s ago`);
+  }
+  return "—";
+}
+
 async function overview(_, show) {
   const [status, jobs, agents] = await Promise.all([
     api("/v1/status"), api(`/v1/jobs?${inNamespace()}`), api("/v1/agents"),
@@ -113,9 +123,10 @@ async function overview(_, show) {
     ),
     status.recovering ? h("p", { class: "error" }, "Recovering: waiting for agents to re-register after a failover.") : null,
     h("h2", {}, "Masters"),
-    table(["Id", "Address", "HTTP", "Role"], (status.members || []).map((m) => h("tr", {},
+    table(["Id", "Address", "HTTP", "Role", "Health", "Version"], (status.members || []).map((m) => h("tr", { "data-master": m.id },
       h("td", {}, m.id), h("td", {}, h("code", {}, m.address)), h("td", {}, h("code", {}, m.http_address)),
-      h("td", {}, badge(m.leader ? "leader" : "standby"))))),
+      h("td", {}, badge(m.leader ? "leader" : (m.voter === false ? "learner" : "standby"))),
+      h("td", { class: "master-health" }, health(m)), h("td", {}, m.version || "—")))),
     h("p", { class: "muted" }, status.insecure ? "INSECURE: no TLS, no tokens." : "Mutual TLS between members; ACL tokens on."),
     h("h2", {}, "Recent events"),
     h("p", { class: "muted" }, `${scope()} Agents' events are shown to tokens that may read agents.`),
