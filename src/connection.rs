@@ -160,6 +160,13 @@ impl Connection {
             .timeout(self.timeout);
         let channel = match self.security.channel(endpoint, &[Role::Master]).await {
             Ok((channel, _)) => channel,
+            Err(e) if self.security.is_insecure() && refuses_plaintext(address).await => {
+                bail!(
+                    "the master at {address} did not take a plaintext connection ({}): \
+                     {PLAINTEXT_HINT}",
+                    chain(&e)
+                );
+            }
             Err(e) => {
                 let mut message = format!("cannot reach a master at {address}: {}", chain(&e));
                 if let Some(dev) = &self.from_dev {
@@ -199,10 +206,10 @@ impl Connection {
         let call = &call;
         self.each_master(|address| async move {
             let client = self.client(address).await.map_err(Attempt::Next)?;
-            call(client)
-                .await
-                .map(tonic::Response::into_inner)
-                .map_err(|status| self.answered(address, status))
+            match call(client).await {
+                Ok(reply) => Ok(reply.into_inner()),
+                Err(status) => Err(self.answered(address, status).await),
+            }
         })
         .await
     }
@@ -256,13 +263,13 @@ impl Connection {
             Err(status) => status,
         };
         let Some(leader) = leader_hint(&refused).filter(|leader| leader != address) else {
-            return Err(self.answered(address, refused));
+            return Err(self.answered(address, refused).await);
         };
         let client = self.client(&leader).await.map_err(Attempt::Next)?;
-        call(client)
-            .await
-            .map(tonic::Response::into_inner)
-            .map_err(|status| self.answered(&leader, status))
+        match call(client).await {
+            Ok(reply) => Ok(reply.into_inner()),
+            Err(status) => Err(self.answered(&leader, status).await),
+        }
     }
 }
 
@@ -274,29 +281,56 @@ enum Attempt {
     Next(anyhow::Error),
 }
 
-/// Failures of a plaintext call that met a TLS port: the HTTP/2 layer reads the TLS
-/// handshake's bytes as a broken frame, or the server drops the connection.
-const PLAINTEXT_AT_TLS: &[&str] = &[
-    "h2 protocol error",
-    "http2 error",
-    "operation was canceled",
-    "frame with invalid size",
-    "connection reset",
-];
-
-/// What the CLI says after a plaintext call failed as one to a TLS port does.
+/// What the CLI says after a plaintext call failed at a port that speaks TLS.
 const PLAINTEXT_HINT: &str = "this CLI spoke plaintext, since no TLS settings were given and \
     no dev cluster was found; a master run with TLS needs MUSTER_CACERT (the cluster's CA), \
     MUSTER_CLIENT_CERT and MUSTER_CLIENT_KEY (a client certificate: `muster tls cert create \
     --role client`), or --ca-cert, --client-cert and --client-key, and a token in MUSTER_TOKEN";
 
+/// How long the TLS probe waits for the port's answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Whether the port at `address` is not a plaintext HTTP/2 server: sent HTTP/2's connection
+/// preface, a plaintext server answers with a SETTINGS frame (type 4, the frame header's
+/// fourth byte), while a TLS server answers with an alert record (0x15) or closes the
+/// connection.
+async fn refuses_plaintext(address: &str) -> bool {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let probe = async {
+        let mut stream = tokio::net::TcpStream::connect(address).await.ok()?;
+        stream
+            .write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .ok()?;
+        let mut head = [0u8; 4];
+        let mut read = 0;
+        while read < head.len() {
+            match stream.read(&mut head[read..]).await {
+                Ok(0) | Err(_) => return Some(read == 0 || head[0] == 0x15),
+                Ok(n) => read += n,
+            }
+        }
+        Some(head[3] != 0x04)
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, probe).await,
+        Ok(Some(true))
+    )
+}
+
 impl Connection {
-    /// What `status` from the master at `address` means for the call ([`answered`]), with
-    /// what is missing when a plaintext call failed as one to a TLS port does.
-    fn answered(&self, address: &str, status: tonic::Status) -> Attempt {
-        let message = status.message().to_ascii_lowercase();
-        if self.security.is_insecure() && PLAINTEXT_AT_TLS.iter().any(|sign| message.contains(sign))
-        {
+    /// What `status` from the master at `address` means for the call ([`answered`]); when a
+    /// plaintext call failed below gRPC (no status from a server) at a port that speaks TLS,
+    /// what is missing.
+    async fn answered(&self, address: &str, status: tonic::Status) -> Attempt {
+        let below_grpc = matches!(
+            status.code(),
+            tonic::Code::Unknown
+                | tonic::Code::Internal
+                | tonic::Code::Unavailable
+                | tonic::Code::Cancelled
+        ) && status.metadata().is_empty();
+        if self.security.is_insecure() && below_grpc && refuses_plaintext(address).await {
             return Attempt::Final(anyhow::anyhow!(
                 "the master at {address} did not take a plaintext call ({}): {PLAINTEXT_HINT}",
                 status.message()
