@@ -176,16 +176,14 @@ pub(crate) async fn judge(
         term,
         reason,
     };
-    let membership = raft
+    let candidate_votes = raft
         .metrics()
         .borrow()
         .membership_config
         .membership()
-        .clone();
-    if !membership
         .voter_ids()
-        .any(|voter| voter == request.candidate)
-    {
+        .any(|voter| voter == request.candidate);
+    if !candidate_votes {
         return refuse(format!(
             "the candidate {} is not a voter of the group this member knows",
             request.candidate
@@ -249,12 +247,7 @@ impl Voters {
     /// Each configuration of the membership (two while a change is in its joint phase), and a
     /// client for every other voter in them.
     fn current(&mut self, raft: &Raft) -> (Vec<BTreeSet<NodeId>>, Vec<PeerRaftClient>) {
-        let membership = raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .clone();
+        let membership = crate::types::membership_of(raft);
         let configs = membership.get_joint_config().clone();
         let mut peers = Vec::new();
         for id in membership.voter_ids().filter(|id| *id != self.me) {

@@ -171,6 +171,16 @@ pub(crate) fn voters_now(membership: &openraft::Membership<NodeId, BasicNode>) -
         .unwrap_or_default()
 }
 
+/// The last log index `id` holds, as this leader's replication figures say (`None` off the
+/// leader, or before `id` answered).
+fn matched_index(metrics: &openraft::RaftMetrics<NodeId, BasicNode>, id: NodeId) -> Option<u64> {
+    metrics
+        .replication
+        .as_ref()
+        .and_then(|replication| replication.get(&id).copied().flatten())
+        .map(|log_id| log_id.index)
+}
+
 /// Turns openraft's refusal of a change into ours.
 fn change_error(e: RaftError<NodeId, ClientWriteError<NodeId, BasicNode>>) -> MembershipError {
     match e {
@@ -208,11 +218,7 @@ impl Membership {
                 let matched = if own {
                     metrics.last_log_index
                 } else {
-                    metrics
-                        .replication
-                        .as_ref()
-                        .and_then(|replication| replication.get(id).copied().flatten())
-                        .map(|log_id| log_id.index)
+                    matched_index(&metrics, *id)
                 };
                 Peer {
                     id: *id,
@@ -238,12 +244,7 @@ impl Membership {
 
     /// The group's membership as this member holds it now.
     fn membership(&self) -> openraft::Membership<NodeId, BasicNode> {
-        self.raft
-            .metrics()
-            .borrow()
-            .membership_config
-            .membership()
-            .clone()
+        crate::types::membership_of(&self.raft)
     }
 
     /// The leader as this member knows it.
@@ -341,31 +342,39 @@ impl Membership {
                 .await?;
             }
         }
-        self.caught_up(id, catch_up).await?;
+        self.caught_up(
+            id,
+            catch_up,
+            "it stays a learner: ask again to make it a voter once it has",
+        )
+        .await?;
         tracing::info!(id, address, "the learner caught up: making it a voter");
         self.change(ChangeMembers::AddVoterIds(BTreeSet::from([id])))
             .await
     }
 
-    /// Waits up to `within` for learner `id` to hold this leader's log as it is now.
-    async fn caught_up(&self, id: NodeId, within: Duration) -> Result<(), MembershipError> {
+    /// Waits up to `within` for member `id` to hold this leader's log as it is now; if it
+    /// does not, the failure says so and then `otherwise` (what stays as it was).
+    async fn caught_up(
+        &self,
+        id: NodeId,
+        within: Duration,
+        otherwise: &str,
+    ) -> Result<(), MembershipError> {
         let target = self.raft.metrics().borrow().last_log_index.unwrap_or(0);
         let mut metrics = self.raft.metrics();
         let reached = tokio::time::timeout(
             within,
             metrics.wait_for(|m| {
                 m.state != ServerState::Leader
-                    || m.replication
-                        .as_ref()
-                        .and_then(|replication| replication.get(&id).copied().flatten())
-                        .is_some_and(|log_id| log_id.index >= target)
+                    || matched_index(m, id).is_some_and(|index| index >= target)
             }),
         )
         .await;
         match reached {
             Err(_) => Err(MembershipError::Failed(format!(
-                "master {id} is a learner but did not catch up with the leader's log (index \
-                 {target}) within {within:?}; ask again to make it a voter once it has"
+                "master {id} did not catch up with this leader's log (index {target}) within \
+                 {within:?}; {otherwise}"
             ))),
             Ok(Err(_)) => Err(MembershipError::Failed("raft stopped".into())),
             Ok(Ok(now)) if now.state != ServerState::Leader => {
@@ -431,7 +440,9 @@ impl Membership {
         // once never would, and would stand for elections with the old one); then gone.
         self.change(ChangeMembers::RemoveVoters(BTreeSet::from([id])))
             .await?;
-        let _ = self.caught_up(id, REMOVED_HEARS_WITHIN).await;
+        let _ = self
+            .caught_up(id, REMOVED_HEARS_WITHIN, "it is removed anyway")
+            .await;
         self.change(ChangeMembers::RemoveNodes(BTreeSet::from([id])))
             .await
     }
@@ -483,13 +494,7 @@ impl Membership {
         let metrics = self.raft.metrics().borrow().clone();
         let membership = metrics.membership_config.membership().clone();
         let voters = voters_now(&membership);
-        let matched = |id: NodeId| {
-            metrics
-                .replication
-                .as_ref()
-                .and_then(|replication| replication.get(&id).copied().flatten())
-                .map_or(0, |log_id| log_id.index)
-        };
+        let matched = |id: NodeId| matched_index(&metrics, id).unwrap_or(0);
         let target = match to {
             Some(id) if id == self.me => return Ok(id),
             Some(id) if !voters.contains(&id) => {
@@ -530,27 +535,8 @@ impl Membership {
         // still on (without them the others' leases would run out first).
         let began = Instant::now();
         let quiet = Quiet::begin(self, target);
-        let last = metrics.last_log_index.unwrap_or(0);
-        let caught_up = Instant::now() + TRANSFER_CATCH_UP;
-        loop {
-            let now = self.raft.metrics().borrow().clone();
-            let held = now
-                .replication
-                .as_ref()
-                .and_then(|replication| replication.get(&target).copied().flatten())
-                .map_or(0, |log_id| log_id.index);
-            if held >= now.last_log_index.unwrap_or(last) {
-                break;
-            }
-            if Instant::now() > caught_up {
-                return Err(MembershipError::Failed(format!(
-                    "master {target} did not catch up with this leader's log (index {}) within \
-                     {TRANSFER_CATCH_UP:?}; leadership stays here",
-                    now.last_log_index.unwrap_or(last)
-                )));
-            }
-            tokio::time::sleep(self.timing.tick / 4).await;
-        }
+        self.caught_up(target, TRANSFER_CATCH_UP, "leadership stays here")
+            .await?;
         // Now no heartbeats, so every follower's lease runs out; and the master's read lease
         // (half the shortest election timeout from its last confirmation, none since `began`)
         // has lapsed before anyone may be elected.

@@ -336,12 +336,23 @@ fn decode_request<T: DeserializeOwned>(what: &str, body: &[u8]) -> Result<T, Sta
         .map_err(|e| Status::invalid_argument(format!("malformed {what} request: {e}")))
 }
 
-/// The answer to a request, written in the request's encoding.
-fn answer<T: Serialize, E: Serialize>(
+/// A peer's `what` request, once its sender's version is checked ([`peer_version::check`]),
+/// and the encoding to answer in.
+fn read_request<T: DeserializeOwned>(
+    what: &str,
+    request: Request<RaftPayload>,
+) -> Result<(T, codec::Encoding), Status> {
+    peer_version::check(request.metadata())?;
+    let body = request.into_inner().body;
+    Ok((decode_request(what, &body)?, codec::Encoding::of(&body)))
+}
+
+/// The answer to a request, written in the request's encoding, saying this master's version.
+fn answer<T: Serialize>(
     encoding: codec::Encoding,
-    result: &Result<T, E>,
+    value: &T,
 ) -> Result<Response<RaftPayload>, Status> {
-    let body = codec::encode_as(encoding, result)
+    let body = codec::encode_as(encoding, value)
         .map_err(|e| Status::internal(format!("cannot encode the raft answer: {e}")))?;
     let mut response = Response::new(RaftPayload { body: body.into() });
     peer_version::say(response.metadata_mut());
@@ -354,11 +365,8 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        peer_version::check(request.metadata())?;
-        let body = request.into_inner().body;
-        let encoding = codec::Encoding::of(&body);
-        let rpc: AppendEntriesRequest<TypeConfig> = decode_request("AppendEntries", &body)?;
-        drop(body);
+        let (rpc, encoding): (AppendEntriesRequest<TypeConfig>, _) =
+            read_request("AppendEntries", request)?;
         let answered = self.raft.append_entries(rpc).await;
         if matches!(answered, Ok(openraft::raft::AppendEntriesResponse::Success)) {
             self.contact.heard();
@@ -367,10 +375,7 @@ impl raft_server::Raft for RaftService {
     }
 
     async fn vote(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        peer_version::check(request.metadata())?;
-        let body = request.into_inner().body;
-        let encoding = codec::Encoding::of(&body);
-        let rpc: VoteRequest<NodeId> = decode_request("Vote", &body)?;
+        let (rpc, encoding): (VoteRequest<NodeId>, _) = read_request("Vote", request)?;
         let last_log_id = self
             .log
             .clone()
@@ -415,27 +420,17 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        peer_version::check(request.metadata())?;
-        let body = request.into_inner().body;
-        let encoding = codec::Encoding::of(&body);
-        let asked: PreVoteRequest = decode_request("PreVote", &body)?;
+        let (asked, encoding): (PreVoteRequest, _) = read_request("PreVote", request)?;
         let handing_to = self
             .membership
             .handing_to
             .load(std::sync::atomic::Ordering::Acquire);
         let response = election::judge(&self.raft, &self.log, self.timing, asked, handing_to).await;
-        let body = codec::encode_as(encoding, &response)
-            .map_err(|e| Status::internal(format!("cannot encode the pre-vote answer: {e}")))?;
-        let mut answer = Response::new(RaftPayload { body: body.into() });
-        peer_version::say(answer.metadata_mut());
-        Ok(answer)
+        answer(encoding, &response)
     }
 
     async fn join(&self, request: Request<RaftPayload>) -> Result<Response<RaftPayload>, Status> {
-        peer_version::check(request.metadata())?;
-        let body = request.into_inner().body;
-        let encoding = codec::Encoding::of(&body);
-        let asked: JoinRequest = decode_request("Join", &body)?;
+        let (asked, encoding): (JoinRequest, _) = read_request("Join", request)?;
         tracing::info!(id = asked.id, address = %asked.address, "a master asks to join");
         let added = self
             .membership
@@ -448,10 +443,7 @@ impl raft_server::Raft for RaftService {
         &self,
         request: Request<RaftPayload>,
     ) -> Result<Response<RaftPayload>, Status> {
-        peer_version::check(request.metadata())?;
-        let body = request.into_inner().body;
-        let encoding = codec::Encoding::of(&body);
-        let asked: ElectNowRequest = decode_request("ElectNow", &body)?;
+        let (asked, encoding): (ElectNowRequest, _) = read_request("ElectNow", request)?;
         let metrics = self.raft.metrics().borrow().clone();
         let answered: Result<(), String> = if metrics.current_leader != Some(asked.leader)
             || metrics.vote.leader_id().term != asked.term

@@ -336,6 +336,15 @@ pub struct BatchOutcome {
     pub results: Vec<Result<Outcome, OpError>>,
 }
 
+/// The group's membership as `raft`'s member holds it now (a copy: the metrics are not held).
+pub(crate) fn membership_of(raft: &Raft) -> openraft::Membership<NodeId, openraft::BasicNode> {
+    raft.metrics()
+        .borrow()
+        .membership_config
+        .membership()
+        .clone()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
