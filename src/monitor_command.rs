@@ -1,5 +1,6 @@
-//! `muster monitor`: a master's log as it happens, from the level asked for (Nomad's
-//! `monitor`). The master gathers that level for the stream alone, and stops when it ends.
+//! `muster monitor`: a master's or an agent's log as it happens, from the level asked for
+//! (Nomad's `monitor`). The node gathers that level for the stream alone, and stops when it
+//! ends; an agent's log comes through the leader.
 
 use std::io::Write as _;
 
@@ -13,8 +14,12 @@ use crate::output::Format;
 #[derive(Debug, clap::Args)]
 pub(crate) struct MonitorArgs {
     /// The master to watch, by raft id: `2` or `master-2` [default: the leader].
-    #[arg(long)]
+    #[arg(long, conflicts_with = "agent")]
     node: Option<String>,
+    /// The agent to watch instead, by id (`muster agent list`); its log comes through the
+    /// leader.
+    #[arg(long)]
+    agent: Option<String>,
     /// The lowest level shown: trace, debug, info, warn or error.
     #[arg(long, default_value = "info")]
     log_level: String,
@@ -35,6 +40,21 @@ pub(crate) async fn run(
     format: Format,
 ) -> anyhow::Result<()> {
     muster_launch::monitor::parse_level(&args.log_level).map_err(anyhow::Error::msg)?;
+    if let Some(agent_id) = args.agent {
+        let request = pb::MonitorRequest {
+            log_level: args.log_level,
+            json: format.is_json(),
+            agent_id: agent_id.clone(),
+        };
+        let lines = connection
+            .at_leader(|mut client| {
+                let request = request.clone();
+                async move { client.monitor(request).await }
+            })
+            .await
+            .with_context(|| format!("agent {agent_id}'s log could not be streamed"))?;
+        return print_lines(lines, &format!("agent {agent_id}")).await;
+    }
     let peers = connection
         .at_leader(|mut client| async move {
             client
@@ -51,10 +71,11 @@ pub(crate) async fn run(
         bail!("there is no master {id}; the masters are {ids:?}");
     };
     let mut client = connection.client(&master.address).await?;
-    let mut lines = client
+    let lines = client
         .monitor(pb::MonitorRequest {
             log_level: args.log_level.clone(),
             json: format.is_json(),
+            agent_id: String::new(),
         })
         .await
         .with_context(|| {
@@ -64,10 +85,15 @@ pub(crate) async fn run(
             )
         })?
         .into_inner();
+    print_lines(lines, &format!("master {id}")).await
+}
+
+/// Prints each line of `node`'s log stream as it arrives, until the stream ends.
+async fn print_lines(mut lines: tonic::Streaming<pb::LogLine>, node: &str) -> anyhow::Result<()> {
     while let Some(line) = lines
         .message()
         .await
-        .with_context(|| format!("the log stream of master {id} broke"))?
+        .with_context(|| format!("the log stream of {node} broke"))?
     {
         let mut out = std::io::stdout().lock();
         writeln!(out, "{}", line.line)?;

@@ -46,3 +46,47 @@ fn man_writes_a_page_per_command() -> anyhow::Result<()> {
     ensure!(listed.lines().count() > 20, "pages written: {listed}");
     Ok(())
 }
+
+/// `muster-master` and `muster-agent --generate`: each binary's man page and completions, from
+/// the clap definition that parses its flags.
+#[test]
+fn the_master_and_the_agent_generate_their_man_pages_and_completions() -> anyhow::Result<()> {
+    for (binary, flag) in [
+        ("muster-master", "--data-dir"),
+        ("muster-agent", "--master"),
+    ] {
+        let path = crate::common::binary(binary)?;
+        let output = Command::new(&path).args(["--generate", "man"]).output()?;
+        ensure!(output.status.success(), "{binary} man: {output:?}");
+        let page = String::from_utf8(output.stdout)?;
+        ensure!(
+            page.contains(&format!(".TH {binary} 1")),
+            "{binary}: {page}"
+        );
+        ensure!(
+            page.contains(&flag.replace('-', "\\-")),
+            "{binary} man lacks {flag}"
+        );
+        for shell in ["bash", "zsh", "fish"] {
+            let output = Command::new(&path)
+                .args(["--generate", &format!("complete-{shell}")])
+                .output()?;
+            ensure!(output.status.success(), "{binary} {shell}: {output:?}");
+            let script = String::from_utf8(output.stdout)?;
+            ensure!(
+                script.contains(binary) && script.contains(flag.trim_start_matches('-')),
+                "{binary}'s {shell} completions lack {flag}"
+            );
+        }
+        let output = Command::new(&path)
+            .args(["--generate", "complete-tcsh"])
+            .output()?;
+        ensure!(!output.status.success(), "{binary}: tcsh was taken");
+        let said = String::from_utf8_lossy(&output.stderr);
+        ensure!(
+            said.contains("tcsh") && said.contains("complete-bash"),
+            "{said}"
+        );
+    }
+    Ok(())
+}

@@ -21,6 +21,7 @@
 
 mod fencing;
 mod handle;
+mod log_sessions;
 mod master_link;
 mod recovery;
 mod supervision;
@@ -35,8 +36,8 @@ use std::time::Duration;
 use muster_actor::{AskError, Context, ExitReason, Process, ProcessRef, Reply, TimerHandle, Upid};
 use muster_proto::cluster::Framework;
 use muster_proto::cluster::{
-    KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong, ReadTaskOutput,
-    RegistrationReply, RunTask, RunTaskReply, TaskOutputChunk,
+    AgentLogLines, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong,
+    ReadAgentLog, ReadTaskOutput, RegistrationReply, RunTask, RunTaskReply, TaskOutputChunk,
 };
 use muster_proto::model::{AgentInfo, Task};
 use muster_transport::Node;
@@ -95,6 +96,12 @@ impl AgentMsg {
         AgentMsg(Msg::ReadTaskOutput(request, reply))
     }
 
+    /// A master's read of this agent's log for `muster monitor --agent`: opens a session at a
+    /// level, returns the lines since the last read, or closes it (see [`ReadAgentLog`]).
+    pub fn read_log(request: ReadAgentLog, reply: Reply<AgentLogLines>) -> Self {
+        AgentMsg(Msg::ReadLog(request, reply))
+    }
+
     /// A local ask for what the agent counts ([`AgentFigures`]): answered at once, with the
     /// running tasks' processes and cgroups but not their usage, which the asker reads off the
     /// agent's thread (see [`crate::metrics::gather`]).
@@ -111,6 +118,7 @@ impl fmt::Debug for AgentMsg {
             Msg::LaunchTasks(..) => "LaunchTasks",
             Msg::KillTask(..) => "KillTask",
             Msg::ReadTaskOutput(..) => "ReadTaskOutput",
+            Msg::ReadLog(..) => "ReadLog",
             Msg::CheckOutput => "CheckOutput",
             Msg::Start => "Start",
             Msg::Round { .. } => "Round",
@@ -137,6 +145,7 @@ enum Msg {
     LaunchTasks(LaunchTasks),
     KillTask(KillTask, Reply<KillTaskReply>),
     ReadTaskOutput(ReadTaskOutput, Reply<TaskOutputChunk>),
+    ReadLog(ReadAgentLog, Reply<AgentLogLines>),
     /// Time to rotate the running tasks' output files that are past their limit.
     CheckOutput,
     /// Sent once by [`start`] after the process is registered on the node.
@@ -253,6 +262,8 @@ pub struct Agent {
     /// Task status updates not yet sent to a master (the agent was not registered), oldest
     /// first, the latest per task only; bounded (see [`Agent::report`]).
     unsent_updates: VecDeque<Task>,
+    /// The masters' reads of this agent's log (`muster monitor --agent`).
+    log_sessions: log_sessions::LogSessions,
 }
 
 impl fmt::Debug for Agent {
@@ -317,6 +328,7 @@ impl Process for Agent {
                 reply.send(answer);
             }
             Msg::ReadTaskOutput(request, reply) => self.read_task_output(request, reply),
+            Msg::ReadLog(request, reply) => self.log_sessions.answer(request, reply),
             Msg::CheckOutput => self.check_output(ctx),
             Msg::Start => {
                 for (framework, task, process) in std::mem::take(&mut self.recovered) {

@@ -187,6 +187,27 @@ pub enum Received {
     Dropped(u64),
 }
 
+impl Received {
+    /// What a reader is shown: the line as text, or as `json`, or a note of the lines lost.
+    pub fn render(&self, json: bool) -> String {
+        match self {
+            Received::Line(line) if json => line.json.clone(),
+            Received::Line(line) => line.text.clone(),
+            Received::Dropped(n) => {
+                format!("({n} lines dropped: this monitor fell behind the log)")
+            }
+        }
+    }
+
+    /// The line's level (`DEBUG`), or `""` for a note of lines lost.
+    pub fn level_name(&self) -> &'static str {
+        match self {
+            Received::Line(line) => line.level.as_str(),
+            Received::Dropped(_) => "",
+        }
+    }
+}
+
 impl Monitor {
     /// The next line at this monitor's level, or how many it missed; `None` once the tap is
     /// gone.
@@ -197,6 +218,20 @@ impl Monitor {
                 Ok(_) => {}
                 Err(broadcast::error::RecvError::Lagged(n)) => return Some(Received::Dropped(n)),
                 Err(broadcast::error::RecvError::Closed) => return None,
+            }
+        }
+    }
+
+    /// The next line if one is already waiting, without waiting for one.
+    pub fn try_next(&mut self) -> Option<Received> {
+        loop {
+            match self.receiver.try_recv() {
+                Ok(line) if line.level <= self.level => return Some(Received::Line(line)),
+                Ok(_) => {}
+                Err(broadcast::error::TryRecvError::Lagged(n)) => {
+                    return Some(Received::Dropped(n));
+                }
+                Err(_) => return None,
             }
         }
     }

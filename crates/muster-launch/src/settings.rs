@@ -12,10 +12,12 @@
 //! Durations are [`HumanDuration`]s (`10s`, `5m`) and sizes [`ByteSize`]s (`10MiB`), in the
 //! flags and the file alike.
 
+mod generate;
 mod reference;
 mod values;
 
 use std::collections::BTreeMap;
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
@@ -333,8 +335,21 @@ pub fn command<S: CommandFactory>(defaults: &[(&'static str, String)]) -> Comman
 
 /// Parses this process's arguments with `command`; prints the help, the version or the error
 /// and exits as clap does.
-pub fn parse<S: FromArgMatches>(mut command: Command) -> S {
+///
+/// Every program gains `--generate KIND`, which prints its man page or its completions for a
+/// shell from `command` and exits (see `generate`).
+pub fn parse<S: FromArgMatches>(command: Command) -> S {
+    let mut command = generate::with_generate(command);
     let mut matches = command.get_matches_mut();
+    if let Some(kind) = matches.get_one::<String>(generate::GENERATE) {
+        let mut out = std::io::stdout().lock();
+        let written = generate::generate(&command, kind, &mut out).and_then(|()| out.flush());
+        if let Err(error) = written {
+            eprintln!("{}: --generate {kind}: {error}", command.get_name());
+            std::process::exit(1);
+        }
+        std::process::exit(0);
+    }
     S::from_arg_matches_mut(&mut matches).unwrap_or_else(|error| error.format(&mut command).exit())
 }
 

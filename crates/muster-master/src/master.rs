@@ -101,7 +101,7 @@ pub mod requests {
         ClusterPulse, GetSchedulingPids, GetSnapshot, SubmitPlan, WatchChanges, WatchSnapshot,
         WatchedSnapshot,
     };
-    pub use super::tasks::{CheckLaunches, LaunchTask, TaskLogs, TaskStatus};
+    pub use super::tasks::{AgentLink, CheckLaunches, LaunchTask, TaskLogs, TaskStatus};
 }
 
 /// What every request to the master says about itself.
@@ -218,6 +218,8 @@ master_requests! {
     LaunchTask(tasks::LaunchTask) => launch_task,
     /// A piece of a task's output.
     TaskLogs(tasks::TaskLogs) => task_logs,
+    /// The way to an agent, for a monitor of its log.
+    AgentLink(tasks::AgentLink) => agent_link,
     /// Timer: the launches on an agent past their deadline are lost.
     CheckLaunches(tasks::CheckLaunches) => check_launches,
     // jobs

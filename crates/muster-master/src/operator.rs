@@ -23,10 +23,10 @@ use tonic::{Request, Response, Status};
 
 use crate::error::ServiceError;
 use crate::master::requests::{
-    BootstrapAcl, ChangeAccess, ChangeDeployment, CreateToken, DeleteToken, DrainAgent, GetMetrics,
-    JobStatus, JobVersions, LaunchTask, ListDeployments, ListEvaluations, ListJobs, ListNamespaces,
-    ListPolicies, ListTokens, PlanJob, ReadState, SetAgentEligibility, SnapshotRestore,
-    SnapshotSave, StopJob, SubmitJob, SubscribeEvents, TaskLogs,
+    AgentLink, BootstrapAcl, ChangeAccess, ChangeDeployment, CreateToken, DeleteToken, DrainAgent,
+    GetMetrics, JobStatus, JobVersions, LaunchTask, ListDeployments, ListEvaluations, ListJobs,
+    ListNamespaces, ListPolicies, ListTokens, PlanJob, ReadState, SetAgentEligibility,
+    SnapshotRestore, SnapshotSave, StopJob, SubmitJob, SubscribeEvents, TaskLogs,
 };
 use crate::master::{EventFeed, Master};
 use crate::raft_peers;
@@ -600,7 +600,28 @@ impl Operator for OperatorService {
         request: Request<pb::MonitorRequest>,
     ) -> Result<Response<Self::MonitorStream>, Status> {
         let request = request.into_inner();
-        Ok(Response::new(Box::pin(crate::log_monitor::stream(
+        if request.agent_id.is_empty() {
+            return Ok(Response::new(Box::pin(crate::log_monitor::stream(
+                &request.log_level,
+                request.json,
+            )?)));
+        }
+        let agent_id = request.agent_id;
+        let (agent, ping_timeout) = self
+            .master
+            .ask(|reply| {
+                AgentLink {
+                    agent_id: agent_id.clone(),
+                    reply,
+                }
+                .into()
+            })
+            .await
+            .map_err(ServiceError::from)??;
+        Ok(Response::new(Box::pin(crate::log_monitor::agent_stream(
+            agent_id,
+            agent,
+            ping_timeout,
             &request.log_level,
             request.json,
         )?)))

@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use muster_actor::{ExitReason, Pid, Upid};
 use muster_proto::cluster::{
-    Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong,
-    ReadTaskOutput, RunTask, RunTaskReply, TaskOutputChunk,
+    AgentLogLines, Framework, KillTask, KillTaskReply, LaunchTasks, LeaderAnnouncement, Ping, Pong,
+    ReadAgentLog, ReadTaskOutput, RunTask, RunTaskReply, TaskOutputChunk,
 };
 use muster_proto::model::{AgentInfo, Resources, Task};
 use muster_transport::Node;
@@ -330,6 +330,7 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
         counts: super::Counts::default(),
         rebase_term: false,
         unsent_updates: VecDeque::new(),
+        log_sessions: super::log_sessions::LogSessions::new(muster_launch::monitor::tap().cloned()),
     };
     let pid = node.system().spawn(agent);
     const MASTERS: &[muster_security::Role] = &[muster_security::Role::Master];
@@ -348,6 +349,9 @@ pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, Agen
                 })
                 .install_ask_from::<ReadTaskOutput, TaskOutputChunk>(MASTERS, |m, r, _| {
                     AgentMsg::read_task_output(m, r)
+                })
+                .install_ask_from::<ReadAgentLog, AgentLogLines>(MASTERS, |m, r, _| {
+                    AgentMsg::read_log(m, r)
                 });
         }
         Err(e) => {

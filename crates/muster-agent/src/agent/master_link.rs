@@ -508,6 +508,7 @@ impl Agent {
                 let ttl = Duration::from_millis(ttl_ms);
                 self.heartbeat_ttl = Some(ttl.max(MIN_HEARTBEAT_INTERVAL));
                 let next = (ttl / 2).max(MIN_HEARTBEAT_INTERVAL);
+                tracing::debug!(%master, ttl_ms, ?next, "heartbeat answered");
                 let generation = self.generation;
                 ctx.delay(next, AgentMsg(Msg::SendHeartbeat { generation }));
             }

@@ -13,6 +13,7 @@ use muster_proto::model::{self as model_pb, Task};
 use muster_registry::Op;
 use muster_scheduler::Stop;
 use muster_security::Peer;
+use muster_transport::RemotePid;
 use tokio::time::Instant;
 
 pub(super) mod crash_loops;
@@ -52,6 +53,16 @@ pub struct TaskLogs {
     pub reply: Reply<Result<pb::TaskOutputChunk, ServiceError>>,
 }
 
+/// The way to an agent's actor (`muster monitor --agent`), with how long it may take to
+/// answer a ping.
+#[derive(Debug)]
+pub struct AgentLink {
+    /// The agent.
+    pub agent_id: String,
+    /// Its actor and the ping timeout, or why it cannot be reached.
+    pub reply: Reply<Result<(RemotePid, Duration), ServiceError>>,
+}
+
 /// The master's timer: the launches on an agent still STAGING past their deadline are lost.
 #[derive(Debug)]
 pub struct CheckLaunches {
@@ -66,7 +77,7 @@ impl Request for TaskStatus {
     fn refuse(self, _error: ServiceError) {}
 }
 
-answered_request!(LaunchTask, TaskLogs);
+answered_request!(LaunchTask, TaskLogs, AgentLink);
 notice!(CheckLaunches);
 
 /// The first wait before a kill that did not arrive is sent again.
@@ -540,25 +551,15 @@ impl Master {
                 .chain(&agent.completed_tasks)
                 .any(|t| t.id() == request.task_id)
         });
-        let Some((agent_id, agent)) = found else {
+        let Some((agent_id, _)) = found else {
             return reply.send(Err(ServiceError::UnknownTask(request.task_id)));
         };
-        if !agent.connected {
-            return reply.send(Err(ServiceError::Unavailable(format!(
-                "agent {agent_id}, where task {} ran, is not connected",
-                request.task_id
-            ))));
-        }
-        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<muster_actor::Upid>())
-        else {
-            return reply.send(Err(ServiceError::Unavailable(format!(
-                "agent {agent_id} has no usable address {:?}",
-                agent.info.address
-            ))));
-        };
-        let remote = node.remote(upid);
-        let timeout = self.config.ping_timeout;
         let agent_id = agent_id.clone();
+        let remote = match self.reach_agent(&agent_id) {
+            Ok(remote) => remote,
+            Err(error) => return reply.send(Err(error)),
+        };
+        let timeout = self.config.ping_timeout;
         tokio::spawn(async move {
             let answer = remote
                 .ask_timeout::<pb::ReadTaskOutput, pb::TaskOutputChunk>(timeout, request)
@@ -574,6 +575,42 @@ impl Master {
                 ))),
             });
         });
+    }
+
+    /// [`AgentLink`]: the way to a connected agent, for a monitor of its log.
+    pub(super) fn agent_link(
+        &mut self,
+        AgentLink { agent_id, reply }: AgentLink,
+        _ctx: &mut Context<Self>,
+    ) {
+        if self.leading_term().is_none() {
+            return reply.send(Err(self.not_leading()));
+        }
+        reply.send(
+            self.reach_agent(&agent_id)
+                .map(|remote| (remote, self.config.ping_timeout)),
+        );
+    }
+
+    /// The agent `agent_id`'s actor, if it is known, connected and has an address this master
+    /// can reach.
+    fn reach_agent(&self, agent_id: &str) -> Result<RemotePid, ServiceError> {
+        let Some(agent) = self.cluster.agents.get(agent_id) else {
+            return Err(ServiceError::UnknownAgent(agent_id.to_owned()));
+        };
+        if !agent.connected {
+            return Err(ServiceError::Unavailable(format!(
+                "agent {agent_id} is not connected"
+            )));
+        }
+        let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<muster_actor::Upid>())
+        else {
+            return Err(ServiceError::Unavailable(format!(
+                "agent {agent_id} has no usable address {:?}",
+                agent.info.address
+            )));
+        };
+        Ok(node.remote(upid))
     }
 
     /// [`LaunchTask`]: an operator's task, launched on the agent it names as it is.
