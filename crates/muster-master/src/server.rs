@@ -2,6 +2,8 @@
 //! started together.
 
 use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
 
 use muster_actor::{Pid, System};
 use muster_proto::cluster as pb;
@@ -65,7 +67,17 @@ impl MasterServer {
     ///
     /// # Errors
     /// [`MasterError`] naming the address, data dir or config problem.
-    pub async fn start(config: MasterConfig) -> Result<Self, MasterError> {
+    #[inline(never)]
+    pub fn start(
+        config: MasterConfig,
+    ) -> Pin<Box<dyn Future<Output = Result<Self, MasterError>> + Send>> {
+        // A plain function that boxes the start: the whole start-up, and every future it awaits, is
+        // compiled here once rather than again in each crate that awaits it (an `async fn` is
+        // compiled where it is first polled, and release builds share no generic code).
+        Box::pin(Self::start_here(config))
+    }
+
+    async fn start_here(config: MasterConfig) -> Result<Self, MasterError> {
         config.job_limits.validate().map_err(MasterError::Config)?;
         if config.agents_per_certificate == 0 {
             return Err(MasterError::Config(

@@ -2,7 +2,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
@@ -210,7 +212,17 @@ impl RegistryNode {
     ///
     /// # Errors
     /// [`RegistryError`] naming the data directory, the config problem, or openraft's refusal.
-    pub async fn start(config: RegistryConfig) -> Result<Self, RegistryError> {
+    #[inline(never)]
+    pub fn start(
+        config: RegistryConfig,
+    ) -> Pin<Box<dyn Future<Output = Result<Self, RegistryError>> + Send>> {
+        // A plain function that boxes the start: the whole start-up, and every future it awaits, is
+        // compiled here once rather than again in each crate that awaits it (an `async fn` is
+        // compiled where it is first polled, and release builds share no generic code).
+        Box::pin(Self::start_here(config))
+    }
+
+    async fn start_here(config: RegistryConfig) -> Result<Self, RegistryError> {
         if !config.members.contains_key(&config.id) {
             return Err(RegistryError::Config(format!(
                 "member id {} is not among the members {:?}",

@@ -33,7 +33,9 @@ pub async fn health_service(
         }
     }
     // The reporter starts with "" SERVING: set the truth before anyone can ask.
-    report(&reporter, services, *serving.borrow_and_update()).await;
+    // Read into a local: a `Ref` held across the await would make this future not `Send`.
+    let now = *serving.borrow_and_update();
+    report(&reporter, services, now).await;
     tokio::spawn(async move {
         while serving.changed().await.is_ok() {
             let now = *serving.borrow_and_update();

@@ -3,6 +3,8 @@
 //! [`AgentHandle`] asks it for its id or a [`AgentSnapshot`] and watches its [`AgentStatus`].
 
 use std::collections::{HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use muster_actor::{ExitReason, Pid, Upid};
@@ -206,7 +208,18 @@ impl AgentHandle {
 /// created or written, [`AgentError::StateFile`]/[`AgentError::InvalidStoredId`] for a stored id
 /// that cannot be read, [`AgentError::Node`] if a process named `agent` is already registered on
 /// the node.
-pub async fn start(node: &Node, config: AgentConfig) -> Result<AgentHandle, AgentError> {
+#[inline(never)]
+pub fn start<'a>(
+    node: &'a Node,
+    config: AgentConfig,
+) -> Pin<Box<dyn Future<Output = Result<AgentHandle, AgentError>> + Send + 'a>> {
+    // A plain function that boxes the start: the whole start-up, and every future it awaits, is
+    // compiled here once rather than again in each crate that awaits it (an `async fn` is
+    // compiled where it is first polled, and release builds share no generic code).
+    Box::pin(start_here(node, config))
+}
+
+async fn start_here(node: &Node, config: AgentConfig) -> Result<AgentHandle, AgentError> {
     config.validate()?;
     let masters = config.master_upids()?;
     let upid = Upid::new("agent", node.address())
