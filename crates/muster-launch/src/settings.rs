@@ -344,11 +344,14 @@ pub fn parse<S: FromArgMatches>(command: Command) -> S {
     if let Some(kind) = matches.get_one::<String>(generate::GENERATE) {
         let mut out = std::io::stdout().lock();
         let written = generate::generate(&command, kind, &mut out).and_then(|()| out.flush());
-        if let Err(error) = written {
-            eprintln!("{}: --generate {kind}: {error}", command.get_name());
-            std::process::exit(1);
+        match written {
+            // The reader went away (`--generate man | head`): what it wanted, it has.
+            Err(error) if error.kind() != std::io::ErrorKind::BrokenPipe => {
+                eprintln!("{}: --generate {kind}: {error}", command.get_name());
+                std::process::exit(1);
+            }
+            _ => std::process::exit(0),
         }
-        std::process::exit(0);
     }
     S::from_arg_matches_mut(&mut matches).unwrap_or_else(|error| error.format(&mut command).exit())
 }
