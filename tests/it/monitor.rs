@@ -174,7 +174,11 @@ async fn monitor_an_agent(dir: &std::path::Path) -> anyhow::Result<()> {
     monitor.kill().await?;
     common::poll_within("the agent closes the session", DEADLINE, || {
         let log = std::fs::read_to_string(&agent_log).map_err(|e| e.to_string())?;
-        if log.contains("a monitor closed") {
+        // The close the stream's end sends, not the idle timer's ("a monitor closed: nobody
+        // read it"), which would come 10 s later.
+        if log.contains("nobody read it") {
+            Err("the session closed by its idle timer: the stream's end sent no close".to_owned())
+        } else if log.contains("a monitor closed session=") {
             Ok(())
         } else {
             Err("no \"a monitor closed\" in the agent's log".to_owned())

@@ -1,8 +1,9 @@
 //! `muster operator raft` against three real `muster-master` processes with two real agents:
 //! `list-peers` shows every master and the leader; `transfer-leadership` moves the leader and
 //! the agents re-register with the new one; a fourth master started with `--join` becomes a
-//! voter, and `remove-peer` takes it out again; removing the leader is refused, saying what to
-//! do first.
+//! voter (the agents keep its address, which the leader names in its heartbeat replies), and
+//! `remove-peer` takes it out again (the agents forget it); removing the leader is refused,
+//! saying what to do first.
 
 use std::time::Duration;
 
@@ -157,12 +158,33 @@ async fn leadership_moves_the_agents_follow_and_a_joined_master_comes_and_goes()
         .find(|s| s.id == 4)
         .context("master 4")?;
     assert_eq!(joined.address, address);
+    // The leader names it to the agents in its heartbeat replies; they keep it for a restart.
+    let kept = dir.path().join("agent-0").join("meta").join("masters");
+    let named = format!("master@{address}");
+    common::poll_within("the agent keeps master 4", common::DEADLINE, || {
+        let text = std::fs::read_to_string(&kept).unwrap_or_default();
+        if text.lines().any(|line| line == named) {
+            Ok(())
+        } else {
+            Err(format!("{}: {text:?}", kept.display()))
+        }
+    })
+    .await?;
 
     // ... and leaves again.
     let (ok, out, err) = raft(&masters.addresses, &root, &["remove-peer", "4"]).await?;
     ensure!(ok, "remove-peer 4: {err}");
     let list: muster_api::RaftConfiguration = serde_json::from_str(&out)?;
     assert_eq!(voters(&list), vec![1, 2, 3], "{out}");
+    common::poll_within("the agent forgets master 4", common::DEADLINE, || {
+        let text = std::fs::read_to_string(&kept).unwrap_or_default();
+        if text.lines().count() == 3 && !text.lines().any(|line| line == named) {
+            Ok(())
+        } else {
+            Err(format!("{}: {text:?}", kept.display()))
+        }
+    })
+    .await?;
     fourth.kill().await?;
     common::kill_marked_under(&dir.path().to_string_lossy());
     Ok(())

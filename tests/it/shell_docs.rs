@@ -79,17 +79,19 @@ fn the_master_and_the_agent_generate_their_man_pages_and_completions() -> anyhow
             );
         }
         // Into a reader that stops at once (`| head -1`): no "Broken pipe", success.
-        let mut child = Command::new(&path)
-            .args(["--generate", "man"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
-            .spawn()?;
-        drop(child.stdout.take());
-        let cut = child.wait_with_output()?;
-        ensure!(
-            cut.status.success() && cut.stderr.is_empty(),
-            "{binary} into a closed pipe: {cut:?}"
-        );
+        for kind in ["man", "complete-bash"] {
+            let mut child = Command::new(&path)
+                .args(["--generate", kind])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()?;
+            drop(child.stdout.take());
+            let cut = child.wait_with_output()?;
+            ensure!(
+                cut.status.success() && cut.stderr.is_empty(),
+                "{binary} --generate {kind} into a closed pipe: {cut:?}"
+            );
+        }
         let output = Command::new(&path)
             .args(["--generate", "complete-tcsh"])
             .output()?;

@@ -208,7 +208,14 @@ pub struct Agent {
     runner: Arc<dyn TaskRunner>,
     /// Whom its tasks run as.
     task_users: TaskUsers,
+    /// The masters a registration round tries: the configured ones, then those the leader
+    /// named last (`learned_masters`) that are not among them.
     masters: Vec<Upid>,
+    /// The masters the agent was configured with (`--master`).
+    configured_masters: Vec<Upid>,
+    /// The raft group's masters as the leader last named them in a heartbeat reply, kept in
+    /// the data directory across restarts.
+    learned_masters: Vec<Upid>,
     info: AgentInfo,
     agent_id: Option<String>,
     status: watch::Sender<AgentStatus>,

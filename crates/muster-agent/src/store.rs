@@ -27,6 +27,8 @@ use muster_proto::cluster::{Framework, RunTask};
 use muster_proto::model::Task;
 use prost::Message as _;
 
+use muster_actor::Upid;
+
 use crate::AgentError;
 use crate::atomic_file::write_atomically;
 
@@ -183,6 +185,46 @@ pub(crate) fn read_registration(data_dir: &Path) -> Result<u64, AgentError> {
 /// Records, durably, the agent's registration number `registration`.
 pub(crate) fn write_registration(data_dir: &Path, registration: u64) -> Result<(), AgentError> {
     write_number(data_dir, REGISTRATION_FILE, registration)
+}
+
+/// Name of the file holding the masters the leader last named, under `meta/`: one
+/// `master@host:port` a line.
+const MASTERS_FILE: &str = "masters";
+
+/// The masters the leader last named ([`write_learned_masters`]), none if it never named
+/// any. A file that cannot be read, or a line that is no address, is skipped with a warning:
+/// the configured masters still stand.
+pub(crate) fn read_learned_masters(data_dir: &Path) -> Vec<Upid> {
+    let path = data_dir.join("meta").join(MASTERS_FILE);
+    let text = match fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Vec::new(),
+        Err(error) => {
+            tracing::warn!(path = %path.display(), %error, "cannot read the masters last named; using the configured ones");
+            return Vec::new();
+        }
+    };
+    text.lines()
+        .map(str::trim)
+        .filter(|line| !line.is_empty())
+        .filter_map(|line| match line.parse::<Upid>() {
+            Ok(upid) => Some(upid),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), line, %error, "skipping a line that names no master");
+                None
+            }
+        })
+        .collect()
+}
+
+/// Records, durably, the masters the leader named, for the agent's next start.
+pub(crate) fn write_learned_masters(data_dir: &Path, masters: &[Upid]) -> Result<(), AgentError> {
+    let dir = data_dir.join("meta");
+    let path = dir.join(MASTERS_FILE);
+    let text: String = masters.iter().map(|m| format!("{m}\n")).collect();
+    fs::create_dir_all(&dir)
+        .and_then(|()| write_atomically(&path, text.as_bytes(), true))
+        .map_err(|source| AgentError::StateFile { path, source })
 }
 
 /// The number in `meta/<file>` (0 if there is none).
@@ -360,6 +402,22 @@ pub(crate) fn read_checkpoints(data_dir: &Path) -> Result<Vec<Checkpoint>, Agent
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_masters_the_leader_named_round_trip_and_a_bad_line_is_skipped() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        assert!(
+            read_learned_masters(dir.path()).is_empty(),
+            "none named yet"
+        );
+        let named: Vec<Upid> = vec!["master@10.0.0.1:5050".parse()?, "master@h2:5051".parse()?];
+        write_learned_masters(dir.path(), &named)?;
+        assert_eq!(read_learned_masters(dir.path()), named);
+        let file = dir.path().join("meta").join(MASTERS_FILE);
+        std::fs::write(&file, "master@10.0.0.1:5050\nnot an address\n\n")?;
+        assert_eq!(read_learned_masters(dir.path()), named[..1].to_vec());
+        Ok(())
+    }
 
     #[test]
     fn agent_id_round_trips_and_leaves_no_temporary_file() -> Result<(), AgentError> {

@@ -5,6 +5,7 @@
 use std::collections::VecDeque;
 use std::time::Duration;
 
+use muster_actor::{AskError, RemoteError};
 use muster_launch::monitor;
 use muster_proto::cluster as pb;
 use muster_transport::RemotePid;
@@ -128,6 +129,18 @@ impl AgentLogReader {
                     self.session = lines.session;
                     self.pending.extend(lines.lines);
                 }
+                // The session ended while the stream's reader did not read (a paused pager),
+                // or the agent restarted: open another, saying lines were lost.
+                Ok(lines) if lines.session_unknown && self.session != 0 => {
+                    self.session = 0;
+                    self.pending.push_back(pb::LogLine {
+                        line: format!(
+                            "(lines lost: agent {agent_id}'s log session ended while this \
+                             stream was not read; reopened)"
+                        ),
+                        level: String::new(),
+                    });
+                }
                 Ok(lines) => {
                     self.ended = true;
                     return Some(Err(Status::failed_precondition(format!(
@@ -135,10 +148,20 @@ impl AgentLogReader {
                         lines.error
                     ))));
                 }
-                Err(error) => {
+                Err(
+                    error @ (AskError::Timeout(_)
+                    | AskError::Stopped
+                    | AskError::Remote(RemoteError::ConnectionLost(_))),
+                ) => {
                     self.ended = true;
                     return Some(Err(Status::unavailable(format!(
                         "agent {agent_id} stopped answering: {error}"
+                    ))));
+                }
+                Err(error) => {
+                    self.ended = true;
+                    return Some(Err(Status::failed_precondition(format!(
+                        "reading agent {agent_id}'s log failed: {error}"
                     ))));
                 }
             }
@@ -148,6 +171,8 @@ impl AgentLogReader {
 
 impl Drop for AgentLogReader {
     fn drop(&mut self) {
+        // A stream dropped while its first read is under way has no session id to close: that
+        // session closes once unread, 10 s on.
         if self.session == 0 {
             return;
         }

@@ -226,13 +226,14 @@ async fn start_here(node: &Node, config: AgentConfig) -> Result<AgentHandle, Age
         .map_err(|e| AgentError::Node(muster_transport::NodeError::InvalidName(e)))?;
 
     let data_dir = config.data_dir.clone();
-    let (agent_id, checkpoints, term, registration) = blocking(move || {
+    let (agent_id, checkpoints, term, registration, learned_masters) = blocking(move || {
         store::check_data_dir(&data_dir)?;
         Ok((
             store::read_agent_id(&data_dir)?,
             store::read_checkpoints(&data_dir)?,
             store::read_term(&data_dir)?,
             store::read_registration(&data_dir)?,
+            store::read_learned_masters(&data_dir),
         ))
     })
     .await?;
@@ -319,7 +320,9 @@ async fn start_here(node: &Node, config: AgentConfig) -> Result<AgentHandle, Age
         config,
         runner,
         task_users,
-        masters,
+        masters: super::master_link::with_learned(&masters, &learned_masters),
+        configured_masters: masters,
+        learned_masters,
         info,
         agent_id,
         status: status_tx,

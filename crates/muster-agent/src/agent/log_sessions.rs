@@ -25,6 +25,10 @@ const LONGEST_WAIT: Duration = Duration::from_secs(5);
 /// The most lines one read returns.
 const LINES_PER_READ: usize = 512;
 
+/// A read stops taking lines once they add up to this many bytes (far below the transport's
+/// message limit, whatever the lines' length).
+const BYTES_PER_READ: usize = 1024 * 1024;
+
 /// The open sessions, by id, on one log tap.
 #[derive(Clone, Debug)]
 pub(crate) struct LogSessions {
@@ -53,8 +57,8 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 fn refuse(session: u64, error: String) -> AgentLogLines {
     AgentLogLines {
         session,
-        lines: Vec::new(),
         error,
+        ..AgentLogLines::default()
     }
 }
 
@@ -92,25 +96,30 @@ impl LogSessions {
             match lock(&self.inner).open.get(&request.session) {
                 Some(session) => (request.session, Arc::clone(session)),
                 None => {
-                    return refuse(
-                        request.session,
-                        format!(
-                            "no log session {} on this agent (a session ends once unread for \
-                             {} s)",
+                    return AgentLogLines {
+                        session_unknown: true,
+                        ..refuse(
                             request.session,
-                            SESSION_IDLE.as_secs()
-                        ),
-                    );
+                            format!(
+                                "no log session {} on this agent (a session ends once unread \
+                                 for {} s)",
+                                request.session,
+                                SESSION_IDLE.as_secs()
+                            ),
+                        )
+                    };
                 }
             }
         };
         let wait = Duration::from_millis(u64::from(request.wait_ms)).min(LONGEST_WAIT);
+        // A read under way counts as one, from its start to its end.
+        *lock(&session.last_read) = Instant::now() + wait;
         let lines = session.read(wait).await;
         *lock(&session.last_read) = Instant::now();
         AgentLogLines {
             session: id,
             lines,
-            error: String::new(),
+            ..AgentLogLines::default()
         }
     }
 
@@ -170,12 +179,15 @@ impl Session {
             return lines;
         };
         let mut received = Some(first);
+        let mut bytes = 0;
         while let Some(line) = received {
-            lines.push(LogLine {
+            let line = LogLine {
                 line: line.render(self.json),
                 level: line.level_name().to_owned(),
-            });
-            if lines.len() == LINES_PER_READ {
+            };
+            bytes += line.line.len();
+            lines.push(line);
+            if lines.len() == LINES_PER_READ || bytes >= BYTES_PER_READ {
                 break;
             }
             received = monitor.try_next();
@@ -235,6 +247,7 @@ mod tests {
             "{}",
             refused.error
         );
+        assert!(refused.session_unknown, "the master may open another");
         assert_eq!(sessions.open_count(), 0);
     }
 

@@ -493,6 +493,7 @@ impl Agent {
         if let Ok(reply) = &answered {
             self.observe_term(reply.term);
         }
+        let named_masters = answered.as_ref().ok().map(|reply| reply.masters.clone());
         match answered.map(|reply| reply.result) {
             Ok(Some(heartbeat_reply::Result::TtlMs(ttl_ms))) => {
                 if self.heartbeats != Heartbeats::Active {
@@ -505,6 +506,9 @@ impl Agent {
                     }
                 }
                 self.last_ping = Instant::now();
+                if let Some(named) = &named_masters {
+                    self.learn_masters(named);
+                }
                 let ttl = Duration::from_millis(ttl_ms);
                 self.heartbeat_ttl = Some(ttl.max(MIN_HEARTBEAT_INTERVAL));
                 let next = (ttl / 2).max(MIN_HEARTBEAT_INTERVAL);
@@ -538,6 +542,35 @@ impl Agent {
                 self.lose_master(ctx);
             }
         }
+    }
+
+    /// The leader named the raft group's masters in a heartbeat reply: if they differ from
+    /// those it named last, they join the masters a round tries (after the configured ones)
+    /// and are kept in the data directory for the next start. An address that does not parse
+    /// is skipped; an empty list (a master from before the field) changes nothing.
+    fn learn_masters(&mut self, named: &[String]) {
+        if named.is_empty() {
+            return;
+        }
+        let learned: Vec<Upid> = named
+            .iter()
+            .filter_map(|address| match address.parse::<Upid>() {
+                Ok(upid) => Some(upid),
+                Err(error) => {
+                    tracing::warn!(%address, %error, "the leader named a master that is no address");
+                    None
+                }
+            })
+            .collect();
+        if learned == self.learned_masters {
+            return;
+        }
+        tracing::info!(masters = ?learned.iter().map(ToString::to_string).collect::<Vec<_>>(), "the leader named the masters of the group");
+        if let Err(error) = store::write_learned_masters(&self.config.data_dir, &learned) {
+            tracing::warn!(%error, "cannot keep the masters the leader named; a restart tries the configured ones");
+        }
+        self.masters = with_learned(&self.configured_masters, &learned);
+        self.learned_masters = learned;
     }
 
     /// A new leader announced itself: unless the agent follows a newer term, or is registered
@@ -642,3 +675,31 @@ const PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(250
 
 /// How long one look waits for a master's TCP connection.
 const PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(500);
+
+/// The masters a round tries: `configured` in order, then those of `learned` not among them.
+pub(super) fn with_learned(configured: &[Upid], learned: &[Upid]) -> Vec<Upid> {
+    let mut masters = configured.to_vec();
+    for master in learned {
+        if !masters.contains(master) {
+            masters.push(master.clone());
+        }
+    }
+    masters
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_tries_the_configured_masters_then_the_named_ones_not_among_them() {
+        let upid = |s: &str| s.parse::<Upid>().expect("an address");
+        let configured = [upid("master@a:1"), upid("master@b:1")];
+        let named = [upid("master@b:1"), upid("master@c:1")];
+        assert_eq!(
+            with_learned(&configured, &named),
+            vec![upid("master@a:1"), upid("master@b:1"), upid("master@c:1")]
+        );
+        assert_eq!(with_learned(&configured, &[]), configured.to_vec());
+    }
+}

@@ -101,7 +101,7 @@ impl Process for FakeMaster {
                 };
                 reply.send(HeartbeatReply {
                     result: Some(result),
-                    term: 0,
+                    ..HeartbeatReply::default()
                 });
             }
         }

@@ -6,6 +6,7 @@
 use std::io::Write;
 
 use clap::{Arg, Command};
+use clap_complete::Generator as _;
 
 /// The argument's id.
 pub(super) const GENERATE: &str = "generate";
@@ -53,8 +54,12 @@ pub(super) fn generate(command: &Command, kind: &str, out: &mut dyn Write) -> st
                 format!("--generate {kind:?} is not one of {}", KINDS.join(", ")),
             )
         })?;
-    clap_complete::generate(shell, &mut command.clone(), name, out);
-    Ok(())
+    // `try_generate`, which returns a failed write (a reader gone away) where `generate` would
+    // panic on it.
+    let mut command = command.clone();
+    command.set_bin_name(name);
+    command.build();
+    shell.try_generate(&command, out)
 }
 
 #[cfg(test)]

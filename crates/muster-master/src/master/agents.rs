@@ -180,10 +180,21 @@ fn heartbeat_reply(result: pb::heartbeat_reply::Result) -> pb::HeartbeatReply {
     pb::HeartbeatReply {
         result: Some(result),
         term: 0,
+        masters: Vec::new(),
     }
 }
 
 impl Master {
+    /// The raft group's masters now, as agents address them (`master@host:port`): every
+    /// master serves the actor transport on its raft address.
+    fn master_processes(&self) -> Vec<String> {
+        self.registry
+            .members()
+            .values()
+            .map(|address| format!("master@{address}"))
+            .collect()
+    }
+
     /// [`RegisterAgent`].
     pub(super) fn register_agent(
         &mut self,
@@ -448,6 +459,7 @@ impl Master {
         reply.send(pb::HeartbeatReply {
             result: Some(Answer::TtlMs(ttl_ms)),
             term: self.term,
+            masters: self.master_processes(),
         });
     }
 }

@@ -598,14 +598,16 @@ impl Master {
         let Some(agent) = self.cluster.agents.get(agent_id) else {
             return Err(ServiceError::UnknownAgent(agent_id.to_owned()));
         };
+        // FAILED_PRECONDITION, not UNAVAILABLE: the leader answered, and another master
+        // would not do better.
         if !agent.connected {
-            return Err(ServiceError::Unavailable(format!(
+            return Err(ServiceError::FailedPrecondition(format!(
                 "agent {agent_id} is not connected"
             )));
         }
         let (Some(node), Ok(upid)) = (&self.node, agent.info.address.parse::<muster_actor::Upid>())
         else {
-            return Err(ServiceError::Unavailable(format!(
+            return Err(ServiceError::FailedPrecondition(format!(
                 "agent {agent_id} has no usable address {:?}",
                 agent.info.address
             )));
