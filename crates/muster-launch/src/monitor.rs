@@ -108,6 +108,17 @@ pub fn parse_level(name: &str) -> Result<Level, String> {
         .map_err(|_| format!("log level {name:?} is not one of trace, debug, info, warn, error"))
 }
 
+/// A monitor's level as a request gives it: empty means `info`, else as [`parse_level`].
+///
+/// # Errors
+/// As [`parse_level`].
+pub fn requested_level(name: &str) -> Result<Level, String> {
+    match name.trim() {
+        "" => Ok(Level::INFO),
+        named => parse_level(named),
+    }
+}
+
 impl Default for LogTap {
     fn default() -> Self {
         LogTap {

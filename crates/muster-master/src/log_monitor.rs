@@ -22,10 +22,7 @@ pub(crate) fn stream(
     json: bool,
 ) -> Result<impl futures_util::Stream<Item = Result<pb::LogLine, Status>> + Send + 'static, Status>
 {
-    let level = match log_level.trim() {
-        "" => tracing::Level::INFO,
-        named => monitor::parse_level(named).map_err(Status::invalid_argument)?,
-    };
+    let level = monitor::requested_level(log_level).map_err(Status::invalid_argument)?;
     let tap = monitor::tap().ok_or_else(|| {
         Status::failed_precondition(
             "this master runs inside a program that installed its own logger: it has no log \
@@ -65,9 +62,7 @@ pub(crate) fn agent_stream(
     json: bool,
 ) -> Result<impl futures_util::Stream<Item = Result<pb::LogLine, Status>> + Send + 'static, Status>
 {
-    if !log_level.trim().is_empty() {
-        monitor::parse_level(log_level).map_err(Status::invalid_argument)?;
-    }
+    monitor::requested_level(log_level).map_err(Status::invalid_argument)?;
     tracing::info!(agent = %agent_id, log_level, json, "a monitor of an agent opened");
     let reader = AgentLogReader {
         agent_id,

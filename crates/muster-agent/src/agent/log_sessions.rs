@@ -125,10 +125,7 @@ impl LogSessions {
 
     /// A new session at the request's level, with the timer that closes it once unread.
     fn open(&self, request: &ReadAgentLog) -> Result<(u64, Arc<Session>), String> {
-        let level = match request.log_level.trim() {
-            "" => tracing::Level::INFO,
-            named => monitor::parse_level(named)?,
-        };
+        let level = monitor::requested_level(&request.log_level)?;
         let tap = self.tap.as_ref().ok_or_else(|| {
             "this agent runs inside a program that installed its own logger: it has no log to \
              monitor"

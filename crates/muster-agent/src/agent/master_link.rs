@@ -484,7 +484,7 @@ impl Agent {
     fn on_heartbeat_answer(
         &mut self,
         ctx: &mut Context<Self>,
-        answered: Result<HeartbeatReply, AskError>,
+        mut answered: Result<HeartbeatReply, AskError>,
     ) {
         let Connection::Registered { master } = &self.connection else {
             return;
@@ -493,7 +493,10 @@ impl Agent {
         if let Ok(reply) = &answered {
             self.observe_term(reply.term);
         }
-        let named_masters = answered.as_ref().ok().map(|reply| reply.masters.clone());
+        let named_masters = answered
+            .as_mut()
+            .ok()
+            .map(|reply| std::mem::take(&mut reply.masters));
         match answered.map(|reply| reply.result) {
             Ok(Some(heartbeat_reply::Result::TtlMs(ttl_ms))) => {
                 if self.heartbeats != Heartbeats::Active {
