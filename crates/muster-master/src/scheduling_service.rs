@@ -14,6 +14,7 @@ use muster_proto::scheduling as pb;
 use muster_proto::scheduling::scheduling_server::{Scheduling, SchedulingServer};
 use muster_scheduler::protocol::{DEFAULT_MAX_MESSAGE_SIZE, MAX_DEQUEUE_TIMEOUT};
 use muster_scheduler::replica::Feed;
+use muster_scheduler::wire::brief_plan_result;
 use muster_scheduler::{Backend, Demand, Plan, WorkerError};
 use muster_security::Caller;
 use tonic::{Request, Response, Status};
@@ -330,7 +331,9 @@ impl Scheduling for SchedulingService {
         request: Request<pb::SubmitPlanRequest>,
     ) -> Result<Response<pb::PlanResult>, Status> {
         let caller = caller_of(&request);
-        let plan: Plan = required(request.into_inner().plan, "plan").map_err(invalid)?;
+        let request = request.into_inner();
+        let brief = request.brief;
+        let plan: Plan = required(request.plan, "plan").map_err(invalid)?;
         self.held(&caller, &plan.eval, &plan.eval_token, &plan.job)
             .await?;
         // A task is preempted only in a namespace the caller may schedule.
@@ -349,6 +352,7 @@ impl Scheduling for SchedulingService {
             )));
         }
         match self.backend.submit(plan).await {
+            Ok(result) if brief => Ok(Response::new(brief_plan_result(result))),
             Ok(result) => Ok(Response::new(result.into())),
             Err(error) => Err(self.refused(error).await),
         }

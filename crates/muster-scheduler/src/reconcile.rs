@@ -90,10 +90,6 @@ impl SlotRequest {
             job: self.job.clone(),
             group: self.group.name.clone(),
             resources: self.group.resources.clone(),
-            command: self.group.command.clone(),
-            args: self.group.args.clone(),
-            env: self.group.env.clone(),
-            user: self.group.user.clone(),
             job_version: self.job_version,
             ports: Vec::new(),
         }

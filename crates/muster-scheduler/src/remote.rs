@@ -528,14 +528,16 @@ impl Backend for RemoteBackend {
 
     async fn submit(&self, plan: Plan) -> Result<PlanResult, WorkerError> {
         let eval = plan.eval.clone();
-        let request = pb::SubmitPlanRequest {
-            plan: Some(plan.into()),
+        // Sent from the plan, which stays here: the answer names its placements by task id.
+        let request = || pb::SubmitPlanRequest {
+            plan: Some(pb::Plan::from(&plan)),
+            brief: true,
         };
         let result = self
             .call(
                 self.call_timeout(),
                 false,
-                || request.clone(),
+                request,
                 |mut client, request| async move { client.submit_plan(request).await },
             )
             .await
@@ -546,7 +548,7 @@ impl Backend for RemoteBackend {
                     reason: reason(&status),
                 },
             })?;
-        PlanResult::try_from(result).map_err(|e| WorkerError::Submit {
+        crate::wire::plan_result_from_brief(plan, result).map_err(|e| WorkerError::Submit {
             eval,
             reason: format!("the master's reply is malformed: {}", e.within("result")),
         })

@@ -17,7 +17,10 @@ use crate::plan::{
 };
 use crate::worker::Assignment;
 
+mod brief;
 mod parts;
+
+pub use brief::{brief_plan_result, plan_result_from_brief};
 
 pub(crate) use parts::{
     deployments_from_wire, preemption_from_wire, quota_from_wire, quota_to_wire,
@@ -182,12 +185,9 @@ impl From<Placement> for pb::Placement {
             job: this.job,
             group: this.group,
             resources: Some(this.resources.into()),
-            command: this.command,
-            args: this.args,
-            env: unsorted(this.env),
             job_version: this.job_version,
-            user: this.user,
             ports: all(this.ports),
+            ..pb::Placement::default()
         }
     }
 }
@@ -203,11 +203,7 @@ impl TryFrom<pb::Placement> for Placement {
             job: proto.job,
             group: proto.group,
             resources: required(proto.resources, "resources")?,
-            command: proto.command,
-            args: proto.args,
-            env: sorted(proto.env),
             job_version: proto.job_version,
-            user: proto.user,
             ports: each(proto.ports, "ports")?,
         })
     }
@@ -300,6 +296,8 @@ impl From<PlanResult> for pb::PlanResult {
             index: this.index,
             over_quota: this.over_quota.into_iter().collect(),
             preempted: all(this.preempted),
+            committed_ids: Vec::new(),
+            rejected_ids: Vec::new(),
         }
     }
 }
@@ -445,11 +443,7 @@ mod tests {
             job: "web".into(),
             group: "fe".into(),
             resources: resources(1.5, 64),
-            command: "sh".into(),
-            args: vec!["-c".into(), "true".into()],
-            env: BTreeMap::from([("B".to_owned(), "2".to_owned())]),
             job_version: 9,
-            user: String::new(),
             ports: vec![muster_model::AssignedPort {
                 label: "http".into(),
                 port: 20_400,

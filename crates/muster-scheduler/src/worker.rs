@@ -742,11 +742,7 @@ mod tests {
                 cpus: 1.0,
                 mem_mb: 2,
             },
-            command: String::new(),
-            args: Vec::new(),
-            env: BTreeMap::new(),
             job_version: 1,
-            user: String::new(),
             ports: Vec::new(),
         };
         assert_eq!(demand_of(&placement("fe"), &snapshot).constraints, [rack]);

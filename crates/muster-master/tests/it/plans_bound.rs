@@ -13,7 +13,10 @@ use muster_master::testing;
 use muster_master::{MasterConfig, MasterServer};
 use muster_model::{AgentId, EvalId};
 use muster_proto::model as model_pb;
+use muster_proto::scheduling as spb;
+use muster_proto::scheduling::scheduling_client::SchedulingClient;
 use muster_scheduler::{Assignment, Backend, Plan, RemoteBackend, Scheduler, Stop};
+use muster_security::guard::WithToken;
 use muster_transport::Node;
 
 use crate::common::{agent_config, master_config, start_agent, state};
@@ -49,6 +52,8 @@ pub(crate) struct Cluster {
     agent: AgentHandle,
     pub(crate) agent_id: String,
     pub(crate) backend: RemoteBackend,
+    /// The backend's `schedule` token.
+    schedule: muster_security::TokenSecret,
     /// The management token.
     pub(crate) root: muster_security::TokenSecret,
     dir: tempfile::TempDir,
@@ -75,7 +80,7 @@ impl Cluster {
         let backend = RemoteBackend::connect(
             vec![master.address().to_owned()],
             testing::client_security(),
-            Some(schedule),
+            Some(schedule.clone()),
         )?;
         Ok(Cluster {
             master,
@@ -83,6 +88,7 @@ impl Cluster {
             agent,
             agent_id,
             backend,
+            schedule,
             root,
             dir,
         })
@@ -118,6 +124,22 @@ impl Cluster {
         let mut plan = muster_scheduler::spread().schedule(&assignment.eval, &snapshot);
         plan.eval_token.clone_from(&assignment.token);
         Ok(plan)
+    }
+
+    /// Submits `plan` as it stands, past the SDK, answered whole.
+    pub(crate) async fn submit_on_the_wire(
+        &self,
+        plan: spb::Plan,
+    ) -> anyhow::Result<spb::PlanResult> {
+        let mut client = SchedulingClient::with_interceptor(
+            testing::channel(self.master.address(), &testing::client_security()).await?,
+            WithToken::new(Some(&self.schedule))?,
+        );
+        let request = spb::SubmitPlanRequest {
+            plan: Some(plan),
+            brief: false,
+        };
+        Ok(client.submit_plan(request).await?.into_inner())
     }
 
     /// The tasks of `job` the master counts as running (or about to), with their records.
@@ -182,10 +204,6 @@ async fn a_schedule_token_plans_only_what_it_was_handed() -> anyhow::Result<()> 
             cpus: 0.1,
             mem_mb: 16,
         },
-        command: "sh".into(),
-        args: vec!["-c".into(), format!("id > {}", marker.display())],
-        env: BTreeMap::new(),
-        user: "root".into(),
         job_version: version,
     };
 
@@ -267,17 +285,26 @@ async fn a_schedule_token_plans_only_what_it_was_handed() -> anyhow::Result<()> 
     );
 
     // A plan for `web` whose placement names a program, an environment and a user of its
-    // own: the task runs what `web` says.
-    let mut tampered = cluster.plan(web).await?;
+    // own (sent past the SDK, whose placements name none): the task runs what `web` says.
+    let mut tampered = spb::Plan::from(&cluster.plan(web).await?);
     ensure!(tampered.place.len() == 1, "{tampered:?}");
     let task_id = tampered.place[0].task_id.clone();
     let stored = tampered.place[0].job_version;
-    tampered.place[0] = muster_scheduler::Placement {
+    tampered.place[0] = spb::Placement {
         task_id: task_id.clone(),
-        ..planted("web", "main", stored)
+        command: "sh".into(),
+        args: vec!["-c".into(), format!("id > {}", marker.display())],
+        env: [("SECRET".to_owned(), "planted".to_owned())].into(),
+        user: "root".into(),
+        ..spb::Placement::from(planted("web", "main", stored))
     };
-    let applied = cluster.backend.submit(tampered).await?;
-    ensure!(applied.committed.len() == 1, "{applied:?}");
+    let applied = cluster.submit_on_the_wire(tampered).await?;
+    ensure!(
+        applied.committed.len() == 1
+            && applied.committed[0].command.is_empty()
+            && applied.committed[0].user.is_empty(),
+        "the master kept the plan's program: {applied:?}"
+    );
     let deadline = tokio::time::Instant::now() + DEADLINE;
     let running = loop {
         let live = cluster.live_tasks("web").await?;

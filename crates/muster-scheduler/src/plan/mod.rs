@@ -97,7 +97,9 @@ impl ClusterSnapshot {
     }
 }
 
-/// A task to start on an agent.
+/// A task to start on an agent: a slot of a job's group, at a job version, on an agent. What
+/// the task runs (program, arguments, environment, user) is not in it: the plan applier takes
+/// that from the stored job's group at `job_version`, whatever a scheduler says.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Placement {
     /// The agent.
@@ -110,16 +112,8 @@ pub struct Placement {
     pub job: String,
     /// Its task group.
     pub group: String,
-    /// What it needs.
+    /// What it needs: its group's resources, as the scheduler fitted them.
     pub resources: Resources,
-    /// The program it runs.
-    pub command: String,
-    /// Its arguments.
-    pub args: Vec<String>,
-    /// Its environment.
-    pub env: BTreeMap<String, String>,
-    /// The user it runs as; empty for the agent's task user.
-    pub user: String,
     /// The job version it was placed at; 0 if unknown. A task placed at a version older than
     /// its group's [`spec_version`](muster_model::TaskGroup::spec_version) is
     /// outdated and replaced.

@@ -18,10 +18,6 @@ fn one_placement(agent: &str, task_id: &str) -> muster_scheduler::Plan {
             cpus: 1.0,
             mem_mb: 64,
         },
-        command: "sleep".into(),
-        args: vec!["60".into()],
-        env: BTreeMap::new(),
-        user: String::new(),
         job_version: 1,
     });
     plan
