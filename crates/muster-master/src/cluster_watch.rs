@@ -6,6 +6,7 @@
 //! slower than the changes gets them merged: the channel to it holds two messages, and the next
 //! snapshot is compared with what it was last sent, not with every state between.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use muster_actor::Pid;
@@ -21,7 +22,7 @@ use tonic::Status;
 
 use crate::error::ServiceError;
 use crate::master::Master;
-use crate::master::requests::{ClusterPulse, WatchSnapshot};
+use crate::master::requests::{ClusterPulse, JobsSeen, WatchSnapshot, jobs_seen_of};
 
 /// How often a watch looks again with no change seen: what changes with the clock alone (a
 /// crash-looping slot's back-off ending) reaches the watcher within this, and a watcher sent
@@ -65,6 +66,8 @@ pub(crate) async fn run<R: Future<Output = Status>>(
     // The registry index of the jobs the feed last took: the master leaves them out while
     // it has applied nothing since.
     let mut jobs_seen_at: Option<u64> = None;
+    // Their versions: the master compares them instead of copying every job for the feed.
+    let mut jobs_seen: Option<Arc<JobsSeen>> = None;
     loop {
         let now = *pulse.borrow_and_update();
         if now.scheduling {
@@ -72,6 +75,7 @@ pub(crate) async fn run<R: Future<Output = Status>>(
                 .ask(|reply| {
                     WatchSnapshot {
                         jobs_seen_at,
+                        jobs_seen: jobs_seen.clone(),
                         reply,
                     }
                     .into()
@@ -84,6 +88,9 @@ pub(crate) async fn run<R: Future<Output = Status>>(
                     return;
                 }
             };
+            if !watched.jobs_unchanged {
+                jobs_seen = Some(Arc::new(jobs_seen_of(&watched.snapshot.jobs)));
+            }
             let snapshot = visible_to(&caller, watched.snapshot);
             let mut changes = feed.changes_with(&snapshot, !watched.jobs_unchanged);
             jobs_seen_at = Some(watched.jobs_at);

@@ -50,13 +50,26 @@ pub struct GetSnapshot {
 }
 
 /// The cluster as schedulers see it, for a watch that has the jobs as of registry index
-/// `jobs_seen_at` already: they are left out if no registry write was applied since.
+/// `jobs_seen_at` already: they are left out if no registry write was applied since, or if
+/// every job is at the version (and stopped or not) `jobs_seen` says.
 #[derive(Debug)]
 pub struct WatchSnapshot {
     /// The registry index the caller's jobs are as of, if it has any.
     pub jobs_seen_at: Option<u64>,
+    /// The caller's jobs, by name: their versions and whether they were stopped.
+    pub jobs_seen: Option<Arc<JobsSeen>>,
     /// The snapshot.
     pub reply: Reply<WatchedSnapshot>,
+}
+
+/// Each job's version and whether it was stopped, by name: what a watch compares jobs by.
+pub type JobsSeen = std::collections::BTreeMap<String, (u64, bool)>;
+
+/// The versions of `jobs`, as a watch compares them.
+pub fn jobs_seen_of(jobs: &std::collections::BTreeMap<String, muster_model::Job>) -> JobsSeen {
+    jobs.iter()
+        .map(|(name, job)| (name.clone(), (job.version, job.stopped)))
+        .collect()
 }
 
 /// A snapshot for a watch.
@@ -151,17 +164,31 @@ impl Master {
         &mut self,
         WatchSnapshot {
             jobs_seen_at,
+            jobs_seen,
             reply,
         }: WatchSnapshot,
         _ctx: &mut Context<Self>,
     ) {
         self.quiet = true;
         // Read before the jobs: they are at least this new, and unchanged while the registry
-        // applies nothing after it.
+        // applies nothing after it. Most writes (evaluations, agents) change no job: comparing
+        // versions is cheaper than copying every job for the watch to compare.
         let jobs_at = self.registry.reader().applied_index();
-        let jobs_unchanged = jobs_seen_at == Some(jobs_at);
+        let jobs_unchanged = jobs_seen_at == Some(jobs_at)
+            || jobs_seen.is_some_and(|seen| {
+                self.registry.reader().read(|state| {
+                    seen.len() == state.jobs.len()
+                        && seen
+                            .iter()
+                            .zip(&state.jobs)
+                            .all(|((name, was), (now, job))| {
+                                name == now && *was == (job.version, job.stopped)
+                            })
+                })
+            });
         reply.send(WatchedSnapshot {
-            snapshot: self.snapshot(!jobs_unchanged),
+            // A watch sends views, not the schedulers' index of jobs by agent.
+            snapshot: self.cluster_snapshot(!jobs_unchanged, false),
             jobs_at,
             jobs_unchanged,
         });
@@ -195,6 +222,12 @@ impl Master {
     /// not `with_jobs`), and the namespaces' quotas. Agents whose tasks did not change since the last snapshot share
     /// their views with it.
     pub(super) fn snapshot(&mut self, with_jobs: bool) -> ClusterSnapshot {
+        self.cluster_snapshot(with_jobs, true)
+    }
+
+    /// [`snapshot`](Self::snapshot), with the [`JobIndex`] (by agent, for the in-master
+    /// schedulers) only if `with_job_index`.
+    fn cluster_snapshot(&mut self, with_jobs: bool, with_job_index: bool) -> ClusterSnapshot {
         let (jobs, quotas, deployments) = self.registry.reader().read(|state| {
             (
                 if with_jobs {
@@ -244,8 +277,11 @@ impl Master {
             })
             .collect();
         debug_assert!(agents.is_sorted_by(|a, b| a.id < b.id));
-        let job_index = JobIndex::update(self.job_index.as_ref(), &agents);
-        self.job_index = Some(Arc::clone(&job_index));
+        let job_index = with_job_index.then(|| {
+            let job_index = JobIndex::update(self.job_index.as_ref(), &agents);
+            self.job_index = Some(Arc::clone(&job_index));
+            job_index
+        });
         ClusterSnapshot {
             index: self.current_index(),
             agents,
@@ -257,7 +293,7 @@ impl Master {
                 held.extend(self.batch_slots_stopping());
                 held
             },
-            job_index: Some(job_index),
+            job_index,
             quotas,
             deployments,
             preemption: self.config.preemption,

@@ -9,6 +9,7 @@ use anyhow::bail;
 use muster_master::requests::GetMetrics;
 use muster_master::testing::{self, job_when};
 use muster_master::{MasterConfig, MasterServer};
+use muster_proto::cluster as pb;
 use muster_proto::model as model_pb;
 use muster_proto::scheduling as spb;
 use muster_scheduler::{Backend, ClusterSnapshot, RemoteBackend, RemoteConfig};
@@ -106,8 +107,10 @@ async fn a_remote_copy_equals_the_leaders_state_through_changes_and_a_failover()
     let members = free_addresses(3).await?;
     let mut masters = Vec::new();
     for id in [1, 2, 3] {
+        // Retrying: a member's address, picked free, may be taken for a moment by another
+        // member's outgoing connection.
         masters.push(
-            MasterServer::start(MasterConfig {
+            common::start_retrying(MasterConfig {
                 workers: 1,
                 ..member_config(id, &members, dir.path())
             })
@@ -157,7 +160,24 @@ async fn a_remote_copy_equals_the_leaders_state_through_changes_and_a_failover()
         .await?;
     }
     copy_matches(&watching, &asking).await?;
+    // Registry writes that change no job (evaluations completed, tasks reported) came between
+    // these; the master leaves the jobs out of the watch's snapshots while their versions are
+    // what the watch holds, and sends a job once it changes: one updated, one stopped.
+    testing::submit(&masters[first], job("web", 4)).await?;
+    let mut admin = testing::operator(masters[first].address(), Some(&root)).await?;
+    admin
+        .stop_job(pb::StopJobRequest {
+            name: "batchy".into(),
+            ..pb::StopJobRequest::default()
+        })
+        .await?;
+    copy_matches(&watching, &asking).await?;
     let copy = watching.snapshot(0).await?;
+    assert_eq!(
+        copy.jobs["web"].groups[0].count, 4,
+        "the update reached the copy"
+    );
+    assert!(copy.jobs["batchy"].stopped, "the stop reached the copy");
     assert_eq!(copy.agents.len(), 2);
     assert!(copy.agents.iter().map(|a| a.tasks().len()).sum::<usize>() >= 9);
     assert!(
