@@ -37,6 +37,7 @@ use crate::protocol::{
 use crate::worker::{Assignment, Backend, WorkerError};
 
 mod follower;
+mod own_plans;
 
 pub use follower::Received;
 
@@ -106,6 +107,10 @@ pub enum RemoteError {
 /// twice before it fails with [`WorkerError::Unavailable`]; the worker then backs off. A plan
 /// whose master went away after it was sent is not sent again elsewhere (it may have been
 /// applied): the worker nacks the evaluation, and whoever gets it next plans afresh.
+///
+/// The snapshots it gives its workers carry the placements of their own plans that the copy
+/// of the cluster does not show yet (on their way, or committed at a later index), as staged
+/// tasks: workers sharing a backend do not plan into each other's room.
 #[derive(Clone)]
 pub struct RemoteBackend {
     inner: Arc<Inner>,
@@ -116,6 +121,8 @@ struct Inner {
     masters: Mutex<Masters>,
     /// The live copy of the cluster and its progress.
     replica: Arc<follower::Shared>,
+    /// The workers' plans its snapshots may not show yet, which they add.
+    own_plans: own_plans::OwnPlans,
     /// Dropped with the last clone of the backend: the follower then ends.
     alive: tokio::sync::watch::Sender<()>,
 }
@@ -259,6 +266,7 @@ impl RemoteBackend {
                 config,
                 masters: Mutex::new(Masters { known, current: 0 }),
                 replica: Arc::new(follower::Shared::default()),
+                own_plans: own_plans::OwnPlans::default(),
                 alive: tokio::sync::watch::Sender::new(()),
             }),
         })
@@ -429,6 +437,23 @@ impl RemoteBackend {
     }
 
     /// A whole snapshot, asked for (`Scheduling/Snapshot`).
+    /// The cluster at `min_index` or later: from the copy, or asked for if there is none.
+    async fn cluster_at(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
+        if !self.inner.config.replica || self.inner.replica.unsupported() {
+            return self.snapshot_asked(min_index).await;
+        }
+        follower::start(&self.inner);
+        match self
+            .inner
+            .replica
+            .snapshot_at(min_index, self.inner.config.index_wait)
+            .await
+        {
+            Err(follower::Unsupported) => self.snapshot_asked(min_index).await,
+            Ok(answer) => answer,
+        }
+    }
+
     async fn snapshot_asked(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
         let snapshot = self
             .call(
@@ -511,23 +536,14 @@ impl Backend for RemoteBackend {
     }
 
     async fn snapshot(&self, min_index: u64) -> Result<ClusterSnapshot, WorkerError> {
-        if !self.inner.config.replica || self.inner.replica.unsupported() {
-            return self.snapshot_asked(min_index).await;
-        }
-        follower::start(&self.inner);
-        match self
-            .inner
-            .replica
-            .snapshot_at(min_index, self.inner.config.index_wait)
-            .await
-        {
-            Err(follower::Unsupported) => self.snapshot_asked(min_index).await,
-            Ok(answer) => answer,
-        }
+        let mut snapshot = self.cluster_at(min_index).await?;
+        self.inner.own_plans.add_to(&mut snapshot);
+        Ok(snapshot)
     }
 
     async fn submit(&self, plan: Plan) -> Result<PlanResult, WorkerError> {
         let eval = plan.eval.clone();
+        let submitting = self.inner.own_plans.submitting(&plan);
         // Sent from the plan, which stays here: the answer names its placements by task id.
         let request = || pb::SubmitPlanRequest {
             plan: Some(pb::Plan::from(&plan)),
@@ -548,10 +564,13 @@ impl Backend for RemoteBackend {
                     reason: reason(&status),
                 },
             })?;
-        crate::wire::plan_result_from_brief(plan, result).map_err(|e| WorkerError::Submit {
-            eval,
-            reason: format!("the master's reply is malformed: {}", e.within("result")),
-        })
+        let result =
+            crate::wire::plan_result_from_brief(plan, result).map_err(|e| WorkerError::Submit {
+                eval,
+                reason: format!("the master's reply is malformed: {}", e.within("result")),
+            })?;
+        submitting.answered(&result);
+        Ok(result)
     }
 
     async fn ack(&self, eval: &EvalId, token: &str) -> Result<(), WorkerError> {

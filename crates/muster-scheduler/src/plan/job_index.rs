@@ -160,7 +160,7 @@ impl JobIndex {
     }
 
     /// Whether it was built for exactly these views, ordered by id.
-    pub(super) fn holds_for(&self, agents: &[Arc<AgentView>]) -> bool {
+    pub(crate) fn holds_for(&self, agents: &[Arc<AgentView>]) -> bool {
         self.ordered
             && self.agents.len() == agents.len()
             && self

@@ -1,0 +1,254 @@
+//! The placements a `RemoteBackend`'s own workers submitted that the snapshots it gives may
+//! not show yet: a plan on its way to the master, or committed at an index its copy of the
+//! cluster has not reached.
+//!
+//! Two workers planning against one copy would otherwise both fill the agents it shows free,
+//! and the master would refuse the second plan's placements for the first's; the second
+//! worker would then wait for the copy to bring the first's back and plan again. Each
+//! snapshot the backend gives carries them instead, as staged tasks, until the copy reaches
+//! the index the master committed them at.
+//!
+//! They only ever add tasks the master holds, or may soon: a placement the master rejects
+//! leaves with its answer, and a plan with no answer (an error, a lost connection, a caller
+//! that gave up) leaves when its submission ends. After [`KEPT_FOR`] a plan leaves whatever
+//! the copy's index says (a new leader counts its indexes anew). The master's plan applier
+//! stays the judge of what fits.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use muster_model::AgentId;
+
+use crate::plan::{ClusterSnapshot, JobIndex, Plan, PlanResult, TaskView};
+
+/// How long a plan's placements are added at most: far longer than a copy takes to catch up
+/// (milliseconds), short enough that a stale one costs little room.
+pub(super) const KEPT_FOR: Duration = Duration::from_secs(5);
+
+/// The backend's plans that its snapshots add.
+#[derive(Debug, Default)]
+pub(super) struct OwnPlans {
+    plans: Mutex<Vec<OwnPlan>>,
+    next_id: AtomicU64,
+}
+
+#[derive(Debug)]
+struct OwnPlan {
+    id: u64,
+    /// The master's index for it, once it answered.
+    committed_at: Option<u64>,
+    since: Instant,
+    /// Its placements, as the tasks they stage, by agent.
+    tasks: Vec<(AgentId, Arc<TaskView>)>,
+}
+
+/// A plan being submitted: its placements count until it is [`answered`](Self::answered),
+/// and leave if it is dropped unanswered.
+#[derive(Debug)]
+pub(super) struct Submitting<'a> {
+    plans: &'a OwnPlans,
+    id: u64,
+    answered: bool,
+}
+
+impl OwnPlans {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<OwnPlan>> {
+        self.plans.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Counts `plan`'s placements from now on.
+    pub(super) fn submitting(&self, plan: &Plan) -> Submitting<'_> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        if !plan.place.is_empty() {
+            let tasks = plan
+                .place
+                .iter()
+                .map(|p| (p.agent.clone(), Arc::new(p.staged_task())))
+                .collect();
+            self.lock().push(OwnPlan {
+                id,
+                committed_at: None,
+                since: Instant::now(),
+                tasks,
+            });
+        }
+        Submitting {
+            plans: self,
+            id,
+            answered: false,
+        }
+    }
+
+    /// Adds to `snapshot` the placements of plans it may not show: not answered yet, or
+    /// committed after its index. An agent it does not have, or that holds the task already,
+    /// is left as it is.
+    pub(super) fn add_to(&self, snapshot: &mut ClusterSnapshot) {
+        let mut plans = self.lock();
+        let now = Instant::now();
+        plans.retain(|plan| {
+            now.duration_since(plan.since) < KEPT_FOR
+                && plan.committed_at.is_none_or(|at| at > snapshot.index)
+        });
+        let mut added = false;
+        for (agent, task) in plans.iter().flat_map(|plan| &plan.tasks) {
+            let Ok(at) = snapshot.agents.binary_search_by(|view| view.id.cmp(agent)) else {
+                continue;
+            };
+            let view = &mut snapshot.agents[at];
+            if view.tasks().iter().any(|held| held.id() == task.id()) {
+                continue;
+            }
+            Arc::make_mut(view).add_task(Arc::clone(task));
+            added = true;
+        }
+        if added {
+            snapshot.job_index = Some(JobIndex::update(
+                snapshot.job_index.as_ref(),
+                &snapshot.agents,
+            ));
+        }
+    }
+}
+
+impl Submitting<'_> {
+    /// The master answered: the committed placements count until the copy reaches
+    /// `result.index`; the rejected ones no longer.
+    pub(super) fn answered(mut self, result: &PlanResult) {
+        self.answered = true;
+        let committed: HashSet<&str> = result
+            .committed
+            .iter()
+            .map(|p| p.task_id.as_str())
+            .collect();
+        let mut plans = self.plans.lock();
+        if let Some(plan) = plans.iter_mut().find(|plan| plan.id == self.id) {
+            plan.tasks.retain(|(_, task)| committed.contains(task.id()));
+            plan.committed_at = Some(result.index);
+        }
+        plans.retain(|plan| !plan.tasks.is_empty());
+    }
+}
+
+impl Drop for Submitting<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.plans.lock().retain(|plan| plan.id != self.id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use muster_model::{EvalId, Resources};
+
+    use super::*;
+    use crate::plan::{AgentView, Placement};
+
+    fn agent(n: u32) -> Arc<AgentView> {
+        Arc::new(AgentView::new(
+            AgentId(format!("agent-{n}")),
+            BTreeMap::new(),
+            Resources {
+                cpus: 4.0,
+                mem_mb: 1024,
+            },
+            Vec::<TaskView>::new(),
+        ))
+    }
+
+    fn at(index: u64) -> ClusterSnapshot {
+        let agents = vec![agent(1), agent(2)];
+        ClusterSnapshot {
+            index,
+            job_index: Some(JobIndex::update(None, &agents)),
+            agents,
+            ..ClusterSnapshot::default()
+        }
+    }
+
+    fn placement(agent: u32, slot: u32) -> Placement {
+        Placement {
+            agent: AgentId(format!("agent-{agent}")),
+            task_id: format!("web.fe[{slot}]-0000000{slot}"),
+            name: format!("web.fe[{slot}]"),
+            job: "web".into(),
+            group: "fe".into(),
+            resources: Resources {
+                cpus: 1.0,
+                mem_mb: 64,
+            },
+            job_version: 1,
+            ports: Vec::new(),
+        }
+    }
+
+    /// The task ids on each agent of `snapshot`.
+    fn tasks(snapshot: &ClusterSnapshot) -> Vec<Vec<String>> {
+        snapshot
+            .agents
+            .iter()
+            .map(|agent| agent.tasks().iter().map(|t| t.id().to_owned()).collect())
+            .collect()
+    }
+
+    fn plan() -> Plan {
+        let mut plan = Plan::empty(EvalId("eval-1".into()), "web", 7);
+        plan.place = vec![placement(1, 0), placement(2, 1), placement(3, 2)];
+        plan
+    }
+
+    #[test]
+    fn a_plan_counts_while_submitted_then_its_committed_placements_until_the_copy_has_them() {
+        let own = OwnPlans::default();
+        let submitting = own.submitting(&plan());
+        let mut snapshot = at(7);
+        own.add_to(&mut snapshot);
+        // Agent 3 is not in the snapshot: that placement is left out.
+        assert_eq!(
+            tasks(&snapshot),
+            [["web.fe[0]-00000000"], ["web.fe[1]-00000001"]]
+        );
+        assert_eq!(snapshot.agents[0].used().cpus, 1.0);
+        let index = snapshot.job_index.as_ref().expect("a job index");
+        assert!(index.holds_for(&snapshot.agents), "the job index follows");
+
+        // Committed at 9, one of them rejected.
+        let result = PlanResult {
+            committed: vec![placement(2, 1)],
+            rejected: vec![placement(1, 0), placement(3, 2)],
+            index: 9,
+            ..PlanResult::default()
+        };
+        submitting.answered(&result);
+        let mut behind = at(8);
+        own.add_to(&mut behind);
+        assert_eq!(tasks(&behind), [vec![], vec!["web.fe[1]-00000001"]]);
+        let mut caught_up = at(9);
+        own.add_to(&mut caught_up);
+        assert_eq!(tasks(&caught_up), [Vec::<String>::new(), vec![]]);
+        // Gone for good: an older snapshot no longer gets it.
+        let mut older = at(8);
+        own.add_to(&mut older);
+        assert_eq!(tasks(&older), [Vec::<String>::new(), vec![]]);
+    }
+
+    #[test]
+    fn a_plan_left_unanswered_counts_no_more_and_a_task_held_already_is_not_added_twice() {
+        let own = OwnPlans::default();
+        let submitting = own.submitting(&plan());
+        let mut snapshot = at(7);
+        own.add_to(&mut snapshot);
+        // The copy caught up with the staged task before the answer came.
+        let mut again = snapshot.clone();
+        own.add_to(&mut again);
+        assert_eq!(tasks(&again), tasks(&snapshot));
+        drop(submitting);
+        let mut after = at(7);
+        own.add_to(&mut after);
+        assert_eq!(tasks(&after), [Vec::<String>::new(), vec![]]);
+    }
+}
