@@ -110,7 +110,8 @@ pub enum RemoteError {
 ///
 /// The snapshots it gives its workers carry the placements of their own plans that the copy
 /// of the cluster does not show yet (on their way, or committed at a later index), as staged
-/// tasks: workers sharing a backend do not plan into each other's room.
+/// tasks of no job: workers sharing a backend do not plan into each other's room, and no slot
+/// counts as filled by a placement that may not come to be.
 #[derive(Clone)]
 pub struct RemoteBackend {
     inner: Arc<Inner>,

@@ -10,28 +10,46 @@
 //!
 //! They only ever add tasks the master holds, or may soon: a placement the master rejects
 //! leaves with its answer, and a plan with no answer (an error, a lost connection, a caller
-//! that gave up) leaves when its submission ends. After [`KEPT_FOR`] a plan leaves whatever
-//! the copy's index says (a new leader counts its indexes anew). The master's plan applier
-//! stays the judge of what fits.
+//! that gave up) leaves when its submission ends. Committed ones leave once a snapshot is at
+//! their index, or older than one given before (the copy follows a new leader, which counts
+//! its indexes anew), and any after [`KEPT_FOR`]. The master's plan applier stays the judge
+//! of what fits.
+//!
+//! The tasks added hold room and ports but belong to no job ([`OWN_PLAN_JOB`]): they fill no
+//! job's slot and are preempted by none. A placement that does not come to be (its plan
+//! refused because the evaluation went to another worker, or its leader gone before its agent
+//! heard of it) can then cost room for a moment, never a slot left empty.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use muster_model::AgentId;
+use muster_model::{AgentId, TaskState};
 
-use crate::plan::{ClusterSnapshot, JobIndex, Plan, PlanResult, TaskView};
+use crate::plan::{ClusterSnapshot, JobGroup, JobIndex, Plan, PlanResult, TaskView};
 
 /// How long a plan's placements are added at most: far longer than a copy takes to catch up
 /// (milliseconds), short enough that a stale one costs little room.
-pub(super) const KEPT_FOR: Duration = Duration::from_secs(5);
+pub(super) const KEPT_FOR: Duration = Duration::from_secs(1);
+
+/// The job the added tasks are staged under: no job's id, in no namespace (names of both are
+/// letters, digits, `-` and `_`), so reconciliation counts them in no slot, preemption never
+/// picks them, and no namespace's quota counts them.
+pub(super) const OWN_PLAN_JOB: &str = "(own plans):(a plan of this backend)";
 
 /// The backend's plans that its snapshots add.
 #[derive(Debug, Default)]
 pub(super) struct OwnPlans {
-    plans: Mutex<Vec<OwnPlan>>,
+    plans: Mutex<Plans>,
     next_id: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+struct Plans {
+    plans: Vec<OwnPlan>,
+    /// The newest snapshot index seen.
+    newest: u64,
 }
 
 #[derive(Debug)]
@@ -54,7 +72,7 @@ pub(super) struct Submitting<'a> {
 }
 
 impl OwnPlans {
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<OwnPlan>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Plans> {
         self.plans.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -65,9 +83,20 @@ impl OwnPlans {
             let tasks = plan
                 .place
                 .iter()
-                .map(|p| (p.agent.clone(), Arc::new(p.staged_task())))
+                .map(|p| {
+                    let staged = TaskView::new(
+                        &p.task_id,
+                        &p.name,
+                        JobGroup::new(OWN_PLAN_JOB, &p.group),
+                        p.resources.clone(),
+                        TaskState::Staging,
+                        p.job_version,
+                    )
+                    .with_ports(p.ports.iter().map(|port| port.port).collect::<Vec<_>>());
+                    (p.agent.clone(), Arc::new(staged))
+                })
                 .collect();
-            self.lock().push(OwnPlan {
+            self.lock().plans.push(OwnPlan {
                 id,
                 committed_at: None,
                 since: Instant::now(),
@@ -85,14 +114,20 @@ impl OwnPlans {
     /// committed after its index. An agent it does not have, or that holds the task already,
     /// is left as it is.
     pub(super) fn add_to(&self, snapshot: &mut ClusterSnapshot) {
-        let mut plans = self.lock();
+        let mut own = self.lock();
         let now = Instant::now();
-        plans.retain(|plan| {
+        let went_back = snapshot.index < own.newest;
+        own.newest = own.newest.max(snapshot.index);
+        let newest = own.newest;
+        own.plans.retain(|plan| {
             now.duration_since(plan.since) < KEPT_FOR
-                && plan.committed_at.is_none_or(|at| at > snapshot.index)
+                && match plan.committed_at {
+                    None => true,
+                    Some(at) => !went_back && at > newest,
+                }
         });
         let mut added = false;
-        for (agent, task) in plans.iter().flat_map(|plan| &plan.tasks) {
+        for (agent, task) in own.plans.iter().flat_map(|plan| &plan.tasks) {
             let Ok(at) = snapshot.agents.binary_search_by(|view| view.id.cmp(agent)) else {
                 continue;
             };
@@ -122,19 +157,19 @@ impl Submitting<'_> {
             .iter()
             .map(|p| p.task_id.as_str())
             .collect();
-        let mut plans = self.plans.lock();
-        if let Some(plan) = plans.iter_mut().find(|plan| plan.id == self.id) {
+        let mut own = self.plans.lock();
+        if let Some(plan) = own.plans.iter_mut().find(|plan| plan.id == self.id) {
             plan.tasks.retain(|(_, task)| committed.contains(task.id()));
             plan.committed_at = Some(result.index);
         }
-        plans.retain(|plan| !plan.tasks.is_empty());
+        own.plans.retain(|plan| !plan.tasks.is_empty());
     }
 }
 
 impl Drop for Submitting<'_> {
     fn drop(&mut self) {
         if !self.answered {
-            self.plans.lock().retain(|plan| plan.id != self.id);
+            self.plans.lock().plans.retain(|plan| plan.id != self.id);
         }
     }
 }
@@ -212,7 +247,24 @@ mod tests {
             tasks(&snapshot),
             [["web.fe[0]-00000000"], ["web.fe[1]-00000001"]]
         );
+        // They hold room, but fill none of the job's slots.
         assert_eq!(snapshot.agents[0].used().cpus, 1.0);
+        assert!(snapshot.agents[0].tasks_of("web").is_empty());
+        assert_eq!(snapshot.agents[0].tasks()[0].job(), OWN_PLAN_JOB);
+        let quotas = [(
+            muster_model::DEFAULT_NAMESPACE.to_owned(),
+            muster_model::Quota {
+                cpus: Some(1.0),
+                ..muster_model::Quota::default()
+            },
+        )]
+        .into();
+        let usage = crate::quota::usage(&quotas, &snapshot.agents, "web", &[]);
+        assert_eq!(
+            usage.map(|u| u.used.cpus),
+            Some(0.0),
+            "no quota counts them"
+        );
         let index = snapshot.job_index.as_ref().expect("a job index");
         assert!(index.holds_for(&snapshot.agents), "the job index follows");
 
@@ -250,5 +302,23 @@ mod tests {
         let mut after = at(7);
         own.add_to(&mut after);
         assert_eq!(tasks(&after), [Vec::<String>::new(), vec![]]);
+    }
+
+    #[test]
+    fn a_snapshot_older_than_one_given_before_drops_what_was_committed() {
+        let own = OwnPlans::default();
+        let submitting = own.submitting(&plan());
+        submitting.answered(&PlanResult {
+            committed: vec![placement(1, 0)],
+            index: 50,
+            ..PlanResult::default()
+        });
+        let mut before = at(40);
+        own.add_to(&mut before);
+        assert_eq!(tasks(&before)[0], ["web.fe[0]-00000000"]);
+        // A new leader: the copy now counts from 12.
+        let mut new_leader = at(12);
+        own.add_to(&mut new_leader);
+        assert_eq!(tasks(&new_leader), [Vec::<String>::new(), vec![]]);
     }
 }
