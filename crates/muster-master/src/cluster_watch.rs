@@ -15,14 +15,14 @@ use muster_scheduler::protocol::WATCH_KEEPALIVE;
 use muster_model::namespace_of;
 use muster_proto::scheduling as pb;
 use muster_scheduler::ClusterSnapshot;
-use muster_scheduler::replica::Feed;
+use muster_scheduler::replica::{Feed, JobVersions, job_versions};
 use muster_security::Caller;
 use tokio::sync::{mpsc, watch};
 use tonic::Status;
 
 use crate::error::ServiceError;
 use crate::master::Master;
-use crate::master::requests::{ClusterPulse, JobsSeen, WatchSnapshot, jobs_seen_of};
+use crate::master::requests::{ClusterPulse, WatchSnapshot};
 
 /// How often a watch looks again with no change seen: what changes with the clock alone (a
 /// crash-looping slot's back-off ending) reaches the watcher within this, and a watcher sent
@@ -67,7 +67,7 @@ pub(crate) async fn run<R: Future<Output = Status>>(
     // it has applied nothing since.
     let mut jobs_seen_at: Option<u64> = None;
     // Their versions: the master compares them instead of copying every job for the feed.
-    let mut jobs_seen: Option<Arc<JobsSeen>> = None;
+    let mut jobs_seen: Option<Arc<JobVersions>> = None;
     loop {
         let now = *pulse.borrow_and_update();
         if now.scheduling {
@@ -89,7 +89,7 @@ pub(crate) async fn run<R: Future<Output = Status>>(
                 }
             };
             if !watched.jobs_unchanged {
-                jobs_seen = Some(Arc::new(jobs_seen_of(&watched.snapshot.jobs)));
+                jobs_seen = Some(Arc::new(job_versions(&watched.snapshot.jobs)));
             }
             let snapshot = visible_to(&caller, watched.snapshot);
             let mut changes = feed.changes_with(&snapshot, !watched.jobs_unchanged);

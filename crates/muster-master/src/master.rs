@@ -98,8 +98,8 @@ pub mod requests {
         EndPlacementHold, LeadershipChanged, ReregistrationDeadline, RetryLeading, UseNode,
     };
     pub use super::plans::{
-        ClusterPulse, GetSchedulingPids, GetSnapshot, JobsSeen, SubmitPlan, WatchChanges,
-        WatchSnapshot, WatchedSnapshot, jobs_seen_of,
+        ClusterPulse, GetSchedulingPids, GetSnapshot, SubmitPlan, WatchChanges, WatchSnapshot,
+        WatchedSnapshot,
     };
     pub use super::tasks::{AgentLink, CheckLaunches, LaunchTask, TaskLogs, TaskStatus};
 }

@@ -374,10 +374,15 @@ impl RegistryNode {
     /// The members of the group (voters and learners), id to address, as raft's membership
     /// holds it now on this member.
     pub fn members(&self) -> BTreeMap<NodeId, String> {
-        self.membership
-            .peers()
-            .into_iter()
-            .map(|peer| (peer.id, peer.address))
+        // Read in place: a master names the group in every heartbeat reply, and needs no
+        // member's replication status for it.
+        let metrics = self.raft.metrics();
+        let metrics = metrics.borrow();
+        metrics
+            .membership_config
+            .membership()
+            .nodes()
+            .map(|(id, node)| (*id, node.addr.clone()))
             .collect()
     }
 

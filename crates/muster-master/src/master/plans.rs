@@ -21,6 +21,7 @@ use muster_model::{
 };
 use muster_proto::cluster as pb;
 
+use muster_scheduler::replica::{JobVersions, same_job_versions};
 use muster_scheduler::{
     AgentView, ClusterSnapshot, JobGroup, JobIndex, Placement, Plan, PlanResult, Preemption, Stop,
     TaskView,
@@ -57,19 +58,9 @@ pub struct WatchSnapshot {
     /// The registry index the caller's jobs are as of, if it has any.
     pub jobs_seen_at: Option<u64>,
     /// The caller's jobs, by name: their versions and whether they were stopped.
-    pub jobs_seen: Option<Arc<JobsSeen>>,
+    pub jobs_seen: Option<Arc<JobVersions>>,
     /// The snapshot.
     pub reply: Reply<WatchedSnapshot>,
-}
-
-/// Each job's version and whether it was stopped, by name: what a watch compares jobs by.
-pub type JobsSeen = std::collections::BTreeMap<String, (u64, bool)>;
-
-/// The versions of `jobs`, as a watch compares them.
-pub fn jobs_seen_of(jobs: &std::collections::BTreeMap<String, muster_model::Job>) -> JobsSeen {
-    jobs.iter()
-        .map(|(name, job)| (name.clone(), (job.version, job.stopped)))
-        .collect()
 }
 
 /// A snapshot for a watch.
@@ -176,15 +167,9 @@ impl Master {
         let jobs_at = self.registry.reader().applied_index();
         let jobs_unchanged = jobs_seen_at == Some(jobs_at)
             || jobs_seen.is_some_and(|seen| {
-                self.registry.reader().read(|state| {
-                    seen.len() == state.jobs.len()
-                        && seen
-                            .iter()
-                            .zip(&state.jobs)
-                            .all(|((name, was), (now, job))| {
-                                name == now && *was == (job.version, job.stopped)
-                            })
-                })
+                self.registry
+                    .reader()
+                    .read(|state| same_job_versions(&seen, &state.jobs))
             });
         reply.send(WatchedSnapshot {
             // A watch sends views, not the schedulers' index of jobs by agent.

@@ -126,10 +126,15 @@ impl Placement {
     /// The task this placement starts, as a scheduler sees it before its agent reports it
     /// (staging).
     pub fn staged_task(&self) -> TaskView {
+        self.staged_task_of(&self.job)
+    }
+
+    /// [`staged_task`](Self::staged_task), staged under job `job` rather than its own.
+    pub(crate) fn staged_task_of(&self, job: &str) -> TaskView {
         TaskView::new(
             &self.task_id,
             &self.name,
-            JobGroup::new(&self.job, &self.group),
+            JobGroup::new(job, &self.group),
             self.resources.clone(),
             TaskState::Staging,
             self.job_version,

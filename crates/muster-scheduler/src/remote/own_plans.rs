@@ -25,9 +25,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use muster_model::{AgentId, TaskState};
+use muster_model::AgentId;
 
-use crate::plan::{ClusterSnapshot, JobGroup, JobIndex, Plan, PlanResult, TaskView};
+use crate::plan::{ClusterSnapshot, JobIndex, Plan, PlanResult, TaskView};
 
 /// How long a plan's placements are added at most: far longer than a copy takes to catch up
 /// (milliseconds), short enough that a stale one costs little room.
@@ -83,18 +83,7 @@ impl OwnPlans {
             let tasks = plan
                 .place
                 .iter()
-                .map(|p| {
-                    let staged = TaskView::new(
-                        &p.task_id,
-                        &p.name,
-                        JobGroup::new(OWN_PLAN_JOB, &p.group),
-                        p.resources.clone(),
-                        TaskState::Staging,
-                        p.job_version,
-                    )
-                    .with_ports(p.ports.iter().map(|port| port.port).collect::<Vec<_>>());
-                    (p.agent.clone(), Arc::new(staged))
-                })
+                .map(|p| (p.agent.clone(), Arc::new(p.staged_task_of(OWN_PLAN_JOB))))
                 .collect();
             self.lock().plans.push(OwnPlan {
                 id,
@@ -221,6 +210,13 @@ mod tests {
         }
     }
 
+    /// A snapshot at `index`, as `own` gives it.
+    fn given(own: &OwnPlans, index: u64) -> ClusterSnapshot {
+        let mut snapshot = at(index);
+        own.add_to(&mut snapshot);
+        snapshot
+    }
+
     /// The task ids on each agent of `snapshot`.
     fn tasks(snapshot: &ClusterSnapshot) -> Vec<Vec<String>> {
         snapshot
@@ -240,8 +236,7 @@ mod tests {
     fn a_plan_counts_while_submitted_then_its_committed_placements_until_the_copy_has_them() {
         let own = OwnPlans::default();
         let submitting = own.submitting(&plan());
-        let mut snapshot = at(7);
-        own.add_to(&mut snapshot);
+        let snapshot = given(&own, 7);
         // Agent 3 is not in the snapshot: that placement is left out.
         assert_eq!(
             tasks(&snapshot),
@@ -276,15 +271,12 @@ mod tests {
             ..PlanResult::default()
         };
         submitting.answered(&result);
-        let mut behind = at(8);
-        own.add_to(&mut behind);
+        let behind = given(&own, 8);
         assert_eq!(tasks(&behind), [vec![], vec!["web.fe[1]-00000001"]]);
-        let mut caught_up = at(9);
-        own.add_to(&mut caught_up);
+        let caught_up = given(&own, 9);
         assert_eq!(tasks(&caught_up), [Vec::<String>::new(), vec![]]);
         // Gone for good: an older snapshot no longer gets it.
-        let mut older = at(8);
-        own.add_to(&mut older);
+        let older = given(&own, 8);
         assert_eq!(tasks(&older), [Vec::<String>::new(), vec![]]);
     }
 
@@ -292,15 +284,13 @@ mod tests {
     fn a_plan_left_unanswered_counts_no_more_and_a_task_held_already_is_not_added_twice() {
         let own = OwnPlans::default();
         let submitting = own.submitting(&plan());
-        let mut snapshot = at(7);
-        own.add_to(&mut snapshot);
+        let snapshot = given(&own, 7);
         // The copy caught up with the staged task before the answer came.
         let mut again = snapshot.clone();
         own.add_to(&mut again);
         assert_eq!(tasks(&again), tasks(&snapshot));
         drop(submitting);
-        let mut after = at(7);
-        own.add_to(&mut after);
+        let after = given(&own, 7);
         assert_eq!(tasks(&after), [Vec::<String>::new(), vec![]]);
     }
 
@@ -313,12 +303,10 @@ mod tests {
             index: 50,
             ..PlanResult::default()
         });
-        let mut before = at(40);
-        own.add_to(&mut before);
+        let before = given(&own, 40);
         assert_eq!(tasks(&before)[0], ["web.fe[0]-00000000"]);
         // A new leader: the copy now counts from 12.
-        let mut new_leader = at(12);
-        own.add_to(&mut new_leader);
+        let new_leader = given(&own, 12);
         assert_eq!(tasks(&new_leader), [Vec::<String>::new(), vec![]]);
     }
 }

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use muster_model::convert::unsorted;
-use muster_model::{Deployment, PreemptionConfig, Quota};
+use muster_model::{Deployment, Job, PreemptionConfig, Quota};
 use muster_proto::scheduling as pb;
 use prost::Message;
 
@@ -16,6 +16,26 @@ use crate::plan::{AgentView, ClusterSnapshot};
 /// The size a message of changes is kept under (an agent with its tasks is never split, so
 /// one agent of more than this makes a message of its own).
 pub const PAGE_BYTES: usize = 1 << 20;
+
+/// Each job's version and whether it was stopped, by name: what a feed compares jobs by.
+pub type JobVersions = BTreeMap<String, (u64, bool)>;
+
+/// The versions of `jobs`, as a feed compares them.
+pub fn job_versions(jobs: &BTreeMap<String, Job>) -> JobVersions {
+    jobs.iter()
+        .map(|(name, job)| (name.clone(), (job.version, job.stopped)))
+        .collect()
+}
+
+/// Whether `jobs` are the same jobs as `seen`, each at the version (and stopped or not) it
+/// says: then a feed has no job to send.
+pub fn same_job_versions(seen: &JobVersions, jobs: &BTreeMap<String, Job>) -> bool {
+    seen.len() == jobs.len()
+        && seen
+            .iter()
+            .zip(jobs)
+            .all(|((name, was), (now, job))| name == now && *was == (job.version, job.stopped))
+}
 
 /// What one watcher holds, as far as the leader knows: the views and jobs it was last sent
 /// (or, after a resume, their digests).
@@ -30,7 +50,7 @@ pub struct Feed {
     /// The views last sent, in id order.
     agents: Vec<Arc<AgentView>>,
     /// Each job last sent, by name: its version and whether it was stopped.
-    jobs: BTreeMap<String, (u64, bool)>,
+    jobs: JobVersions,
     /// What a resumed watcher said it holds, until the first changes are worked out.
     resumed: Option<pb::ReplicaDigest>,
     /// The small parts as last sent; `None` before the first.
@@ -191,13 +211,7 @@ impl Feed {
     }
 
     fn job_changes(&mut self, snapshot: &ClusterSnapshot, pages: &mut Pages) {
-        let unchanged = self.jobs.len() == snapshot.jobs.len()
-            && self
-                .jobs
-                .iter()
-                .zip(&snapshot.jobs)
-                .all(|((name, was), (now, job))| name == now && *was == (job.version, job.stopped));
-        if unchanged {
+        if same_job_versions(&self.jobs, &snapshot.jobs) {
             return;
         }
         let mut was = std::mem::take(&mut self.jobs);

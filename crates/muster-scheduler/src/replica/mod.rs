@@ -24,7 +24,7 @@ mod feed;
 mod wire;
 
 pub use copy::Replica;
-pub use feed::{Feed, PAGE_BYTES};
+pub use feed::{Feed, JobVersions, PAGE_BYTES, job_versions, same_job_versions};
 
 #[cfg(test)]
 mod tests;
