@@ -448,51 +448,74 @@ async fn raw_asks(raw: Arc<tokio::sync::Mutex<RawAskClient>>, n: u64) {
     }
 }
 
-/// Times `LATENCY_SAMPLES` round trips one by one, on a worker, for both cases, and returns
-/// the sorted samples of each.
+/// Round trips per case in one block of `ask_latencies`: the cases take turns block by block,
+/// so that a change in the shared machine's load falls on every case alike.
+const LATENCY_BLOCK: usize = 100;
+
+/// The round trips `ask_latencies` timed for each case, sorted.
+struct AskLatencies {
+    muster_tls: Vec<Duration>,
+    muster_plaintext: Vec<Duration>,
+    tonic_echo: Vec<Duration>,
+    raw_tcp: Vec<Duration>,
+}
+
+/// Times `LATENCY_SAMPLES` round trips of each case one by one, on a worker, the cases taking
+/// turns in blocks of `LATENCY_BLOCK`.
 async fn ask_latencies(
     echo: RemotePid,
+    plain: RemotePid,
     raw: Arc<tokio::sync::Mutex<RawAskClient>>,
     tonic: Arc<tokio::sync::Mutex<TonicEchoClient>>,
-) -> (Vec<Duration>, Vec<Duration>, Vec<Duration>) {
-    let muster = on_worker(async move {
-        let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
-        for seq in 0..LATENCY_SAMPLES as u64 {
-            let start = Instant::now();
-            let pong: Pong = echo.ask(Ping { seq }).await.expect("echo answers");
-            samples.push(start.elapsed());
-            black_box(pong.seq);
-        }
-        samples
-    });
-    let muster = muster.await;
-    let raw = on_worker(async move {
+) -> AskLatencies {
+    on_worker(async move {
         let mut raw = raw.lock().await;
-        let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
-        for seq in 0..LATENCY_SAMPLES as u64 {
-            let start = Instant::now();
-            black_box(raw.ask(seq).await.seq);
-            samples.push(start.elapsed());
-        }
-        samples
-    })
-    .await;
-    let tonic = on_worker(async move {
         let mut tonic = tonic.lock().await;
-        let mut samples = Vec::with_capacity(LATENCY_SAMPLES);
-        for seq in 0..LATENCY_SAMPLES as u64 {
-            let start = Instant::now();
-            black_box(tonic.ask(seq).await.seq);
-            samples.push(start.elapsed());
+        let mut latencies = AskLatencies {
+            muster_tls: Vec::with_capacity(LATENCY_SAMPLES),
+            muster_plaintext: Vec::with_capacity(LATENCY_SAMPLES),
+            tonic_echo: Vec::with_capacity(LATENCY_SAMPLES),
+            raw_tcp: Vec::with_capacity(LATENCY_SAMPLES),
+        };
+        let mut seq = 0u64;
+        while latencies.muster_tls.len() < LATENCY_SAMPLES {
+            time_remote_asks(&echo, &mut latencies.muster_tls, &mut seq).await;
+            time_remote_asks(&plain, &mut latencies.muster_plaintext, &mut seq).await;
+            for _ in 0..LATENCY_BLOCK {
+                seq += 1;
+                let start = Instant::now();
+                black_box(tonic.ask(seq).await.seq);
+                latencies.tonic_echo.push(start.elapsed());
+            }
+            for _ in 0..LATENCY_BLOCK {
+                seq += 1;
+                let start = Instant::now();
+                black_box(raw.ask(seq).await.seq);
+                latencies.raw_tcp.push(start.elapsed());
+            }
         }
-        samples
+        for samples in [
+            &mut latencies.muster_tls,
+            &mut latencies.muster_plaintext,
+            &mut latencies.tonic_echo,
+            &mut latencies.raw_tcp,
+        ] {
+            samples.sort_unstable();
+        }
+        latencies
     })
-    .await;
-    let sorted = |mut samples: Vec<Duration>| {
-        samples.sort_unstable();
-        samples
-    };
-    (sorted(muster), sorted(raw), sorted(tonic))
+    .await
+}
+
+/// Times `LATENCY_BLOCK` asks of `echo` one by one into `samples`.
+async fn time_remote_asks(echo: &RemotePid, samples: &mut Vec<Duration>, seq: &mut u64) {
+    for _ in 0..LATENCY_BLOCK {
+        *seq += 1;
+        let start = Instant::now();
+        let pong: Pong = echo.ask(Ping { seq: *seq }).await.expect("echo answers");
+        samples.push(start.elapsed());
+        black_box(pong.seq);
+    }
 }
 
 /// `p50 / p90 / p99` of sorted samples, in µs.
@@ -567,24 +590,23 @@ pub(super) fn bench_remote_ask(c: &mut Criterion) {
     // median (the target) needs each round trip timed on its own. Skipped when the group was
     // filtered out.
     if ran {
-        let (muster, raw_tcp, tonic_echo) = rt.block_on(ask_latencies(
+        let latencies = rt.block_on(ask_latencies(
             echo.clone(),
-            Arc::clone(&raw),
-            Arc::clone(&tonic),
-        ));
-        let (plaintext, _, _) = rt.block_on(ask_latencies(
             plain.1.clone(),
             Arc::clone(&raw),
             Arc::clone(&tonic),
         ));
+        let median = |sorted: &[Duration]| sorted[sorted.len() / 2].as_secs_f64();
         eprintln!(
-            "remote_ask round trip over {LATENCY_SAMPLES} sequential asks: \
-             muster_remote_ask_tls {}; muster_remote_ask_plaintext {}; tonic_bidi_echo_tls {}; \
-             raw_tcp_prost {}",
-            percentiles(&muster),
-            percentiles(&plaintext),
-            percentiles(&tonic_echo),
-            percentiles(&raw_tcp)
+            "remote_ask round trip over {LATENCY_SAMPLES} sequential asks each, the cases \
+             taking turns {LATENCY_BLOCK} at a time: muster_remote_ask_tls {}; \
+             muster_remote_ask_plaintext {}; tonic_bidi_echo_tls {}; raw_tcp_prost {}; \
+             p50 muster_remote_ask_tls / tonic_bidi_echo_tls = {:.2}",
+            percentiles(&latencies.muster_tls),
+            percentiles(&latencies.muster_plaintext),
+            percentiles(&latencies.tonic_echo),
+            percentiles(&latencies.raw_tcp),
+            median(&latencies.muster_tls) / median(&latencies.tonic_echo),
         );
     }
     rt.block_on(nodes.shutdown());
