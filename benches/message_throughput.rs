@@ -48,7 +48,8 @@
 //!   2,000 times, against a task that reads a request, writes the answer and flushes (the
 //!   physical reference). Target: median round trip (TLS) within 1.2 × the tonic echo's.
 //!   Criterion's time / 2,000 is the mean round trip; after the group the bench times 5,000
-//!   round trips one by one for each case and prints p50 / p90 / p99 (`eprintln`).
+//!   round trips one by one for each case, the cases taking turns 100 at a time, and prints
+//!   p50 / p90 / p99 and the ratio of the two medians the target compares (`eprintln`).
 //!
 //! The receiver signals the end of a tell batch itself: it is told first how many messages to
 //! expect and answers a oneshot when it has counted them all. (The remote sink runs in this
