@@ -100,7 +100,8 @@ impl OwnPlans {
     }
 
     /// Adds to `snapshot` the placements of plans it may not show: not answered yet, or
-    /// committed after its index. An agent it does not have, or that holds the task already,
+    /// committed after the newest index seen (none once a snapshot goes back, as a copy that
+    /// follows a new leader does). An agent it does not have, or that holds the task already,
     /// is left as it is.
     pub(super) fn add_to(&self, snapshot: &mut ClusterSnapshot) {
         let mut own = self.lock();
